@@ -1,0 +1,108 @@
+//! The crate's error type.
+//!
+//! One enum for every failure a source, the planner or the Flight service can report. Each
+//! variant carries the context a person needs to act (which capture instance, which LSNs),
+//! and `flight::status` maps every variant to exactly one gRPC code, with no catch-all arm, so
+//! a new variant cannot reach a client without a deliberate decision.
+
+use crate::lsn::Lsn;
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong serving CDC data.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The changes a range starts with were purged by CDC cleanup before planning.
+    #[error(
+        "capture instance '{capture_instance}': changes from {requested} were purged by CDC cleanup \
+         (current min_lsn is {min_lsn}); a re-snapshot of the table is required{hint}"
+    )]
+    ChangesPurged {
+        /// The capture instance read.
+        capture_instance: String,
+        /// The first LSN the range needed.
+        requested: Lsn,
+        /// The capture instance's lowest retained LSN.
+        min_lsn: Lsn,
+        /// Extra context (an older capture instance that was dropped, for example).
+        hint: String,
+    },
+    /// CDC cleanup passed the start of a range while it was being read: rows may be missing.
+    #[error(
+        "capture instance '{capture_instance}': CDC cleanup moved min_lsn to {min_lsn} while the \
+         range from {from} was being read, so the stream may be short; a re-snapshot of the table \
+         is required"
+    )]
+    PurgedDuringRead {
+        /// The capture instance read.
+        capture_instance: String,
+        /// The first LSN of the range.
+        from: Lsn,
+        /// The capture instance's lowest retained LSN after the read.
+        min_lsn: Lsn,
+    },
+    /// No tracked table of that name.
+    #[error("table '{table}' is not tracked by CDC here (list_flights shows the tracked tables)")]
+    TableNotFound {
+        /// The name asked for.
+        table: String,
+    },
+    /// No capture instance of that name.
+    #[error("capture instance '{name}' does not exist{hint}")]
+    CaptureInstanceNotFound {
+        /// The name asked for.
+        name: String,
+        /// Similar names, when there are some.
+        hint: String,
+    },
+    /// A request that cannot be served as given.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The source's schema changed in a way the request cannot hold.
+    #[error("{0}")]
+    SchemaChanged(String),
+    /// A ticket that does not decode.
+    #[error("ticket is malformed: {0}")]
+    TicketMalformed(String),
+    /// A ticket whose signature does not match: edited, forged or signed with another key.
+    #[error("ticket signature does not match: the ticket was edited or signed with another key")]
+    TicketForged,
+    /// A transient failure of the source (connection dropped, timeout): retrying may succeed.
+    #[error("source unavailable: {0}")]
+    SourceUnavailable(String),
+    /// An I/O failure on local state (the simulated database's directory).
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// An Arrow failure while building or encoding batches.
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    /// State that breaks an invariant (a corrupt file, an impossible position).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// An [`Error::InvalidArgument`] from anything printable.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error::InvalidArgument(message.into())
+    }
+
+    /// An [`Error::Io`] with its context.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// Whether retrying the same call may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::SourceUnavailable(_))
+    }
+}

@@ -1,0 +1,26 @@
+//! mssql-cdc-flight: SQL Server change data capture served as Apache Arrow Flight streams.
+//!
+//! The server reads offset-addressed LSN ranges of CDC change tables and serves them as Arrow
+//! record batches over Flight, together with the planning calls a change stream needs
+//! (offsets, capture instances, split points). It keeps no pipeline state: every request
+//! carries what it needs, and tickets are self-contained and signed, so any replica holding
+//! the ticket key serves any ticket.
+//!
+//! - [`lsn`] and [`offset`]: LSNs and stream positions in their wire forms.
+//! - [`source`]: the [`source::CdcSource`] seam with two implementations, the embedded
+//!   simulated database ([`sim`]) and SQL Server.
+//! - [`flight`]: the Flight service, its commands, actions and tickets.
+//! - [`client`]: a Rust client of the service.
+
+
+pub mod error;
+
+pub mod lsn;
+pub mod offset;
+pub mod sim;
+pub mod source;
+pub mod types;
+
+pub use error::{Error, Result};
+pub use lsn::Lsn;
+pub use offset::{CommitTime, Offset};

@@ -1,0 +1,403 @@
+//! Reading the simulated database through [`CdcSource`].
+//!
+//! Every call reads the newest published manifest, so commits published by a workload in
+//! another process are visible on the next request. A change read streams segment batches
+//! from a blocking task through a bounded channel (backpressure: the task waits while the
+//! consumer is slow) and re-reads `min_lsn` before every batch, so a cleanup during the read
+//! removes the rows it purged, as SQL Server's change table does; the Flight layer's guard
+//! after the read turns that into `DATA_LOSS`.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, FixedSizeBinaryArray, StringArray, new_null_array};
+use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+use arrow::compute::cast;
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::SimDb;
+use super::storage::{
+    CaptureInstanceState, Manifest, SEGMENT_CDC_COLUMNS, SEGMENT_START_LSN, SegmentReader, lsn_at, start_lsns,
+};
+use crate::error::{Error, Result};
+use crate::lsn::Lsn;
+use crate::offset::CommitTime;
+use crate::source::{
+    BatchStream, CaptureInstance, CdcSource, ChangeRead, DdlEntry, Tile, TrackedTable,
+};
+use crate::types::{OutputColumn, output_schema};
+
+impl SimDb {
+    async fn simulate_latency(&self) {
+        let latency = self.faults().latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+    }
+
+    fn published_instance(manifest: &Manifest, name: &str) -> Result<CaptureInstanceState> {
+        manifest.capture_instance(name).cloned().ok_or_else(|| {
+            let similar: Vec<&str> = manifest
+                .capture_instances
+                .iter()
+                .filter(|ci| ci.name.eq_ignore_ascii_case(name))
+                .map(|ci| ci.name.as_str())
+                .collect();
+            Error::CaptureInstanceNotFound {
+                name: name.to_string(),
+                hint: if similar.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (did you mean {}?)", similar.join(", "))
+                },
+            }
+        })
+    }
+
+    /// Calls `visit` with the commit LSN of every retained change row in `[from, to]`, in order.
+    fn scan_start_lsns(&self, name: &str, from: Lsn, to: Lsn, mut visit: impl FnMut(Lsn)) -> Result<()> {
+        let manifest = self.store.manifest()?;
+        let state = Self::published_instance(&manifest, name)?;
+        let from = from.max(state.min_lsn);
+        for segment in state.segments.iter().filter(|s| s.max_lsn >= from && s.min_lsn <= to) {
+            let path = self.store.segment_path(name, &segment.file);
+            let mut reader = match SegmentReader::open(&path, Some(vec![SEGMENT_START_LSN])) {
+                Ok(reader) => reader,
+                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(error) => return Err(error),
+            };
+            for index in reader.batches_overlapping(from, to) {
+                let batch = reader.read(index)?;
+                let lsns = start_lsns(&batch)?;
+                let (low, high) = row_bounds(lsns, from, to);
+                for row in low..high {
+                    visit(lsn_at(lsns, row));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Rows `[low, high)` of a sorted LSN column that lie in `[from, to]`.
+fn row_bounds(lsns: &FixedSizeBinaryArray, from: Lsn, to: Lsn) -> (usize, usize) {
+    let partition = |predicate: &dyn Fn(Lsn) -> bool| {
+        let (mut low, mut high) = (0, lsns.len());
+        while low < high {
+            let middle = low + (high - low) / 2;
+            if predicate(lsn_at(lsns, middle)) {
+                low = middle + 1;
+            } else {
+                high = middle;
+            }
+        }
+        low
+    };
+    let low = partition(&|lsn| lsn < from);
+    let high = partition(&|lsn| lsn <= to);
+    (low, high.max(low))
+}
+
+/// An LSN column as `0x` + 20 upper-case hex digits per row.
+fn hex_column(lsns: &FixedSizeBinaryArray) -> Result<ArrayRef> {
+    let rows = lsns.len();
+    let mut values = vec![0u8; rows * 22];
+    for (row, out) in values.chunks_exact_mut(22).enumerate() {
+        let lsn = lsn_at(lsns, row);
+        let out: &mut [u8; 22] = out.try_into().expect("chunks of 22");
+        lsn.write_hex(out);
+    }
+    let offsets: Vec<i32> = (0..=rows).map(|row| (row * 22) as i32).collect();
+    let array = StringArray::try_new(
+        OffsetBuffer::new(ScalarBuffer::from(offsets)),
+        Buffer::from_vec(values),
+        None,
+    )?;
+    Ok(Arc::new(array))
+}
+
+fn constant_string(value: &str, rows: usize) -> Result<ArrayRef> {
+    let offsets: Vec<i32> = (0..=rows).map(|row| (row * value.len()) as i32).collect();
+    let values = value.as_bytes().repeat(rows);
+    Ok(Arc::new(StringArray::try_new(
+        OffsetBuffer::new(ScalarBuffer::from(offsets)),
+        Buffer::from_vec(values),
+        None,
+    )?))
+}
+
+/// Turns segment rows into the output schema.
+struct OutputShaper {
+    capture_instance: String,
+    schema: SchemaRef,
+    include_command_id: bool,
+    /// For each output column: its index in the segment, or `None` (reads NULL).
+    sources: Vec<Option<usize>>,
+}
+
+impl OutputShaper {
+    fn new(state: &CaptureInstanceState, columns: &[OutputColumn], include_command_id: bool) -> Self {
+        let sources = columns
+            .iter()
+            .map(|column| {
+                state
+                    .columns
+                    .iter()
+                    .position(|captured| captured.name == column.name)
+                    .map(|position| SEGMENT_CDC_COLUMNS + position)
+            })
+            .collect();
+        OutputShaper {
+            capture_instance: state.name.clone(),
+            schema: output_schema(columns, include_command_id),
+            include_command_id,
+            sources,
+        }
+    }
+
+    fn shape(&self, rows: &RecordBatch) -> Result<RecordBatch> {
+        let count = rows.num_rows();
+        let binary = |index: usize| {
+            rows.column(index)
+                .as_any()
+                .downcast_ref::<FixedSizeBinaryArray>()
+                .ok_or_else(|| Error::Internal("segment lsn column is not binary(10)".into()))
+        };
+        let mut arrays: Vec<ArrayRef> = vec![
+            constant_string(&self.capture_instance, count)?,
+            hex_column(binary(0)?)?,
+            hex_column(binary(1)?)?,
+            Arc::clone(rows.column(2)),
+        ];
+        if self.include_command_id {
+            arrays.push(Arc::clone(rows.column(3)));
+        }
+        arrays.push(Arc::clone(rows.column(4)));
+        let first_captured = arrays.len();
+        for (position, source) in self.sources.iter().enumerate() {
+            let field = self.schema.field(first_captured + position);
+            let array = match source {
+                Some(index) => {
+                    let array = rows.column(*index);
+                    if array.data_type() == field.data_type() {
+                        Arc::clone(array)
+                    } else {
+                        cast(array, field.data_type()).map_err(|error| {
+                            Error::SchemaChanged(format!(
+                                "column '{}' of capture instance '{}' cannot be read as {}: {error}",
+                                field.name(),
+                                self.capture_instance,
+                                field.data_type()
+                            ))
+                        })?
+                    }
+                }
+                None => new_null_array(field.data_type(), count),
+            };
+            arrays.push(array);
+        }
+        Ok(RecordBatch::try_new(Arc::clone(&self.schema), arrays)?)
+    }
+}
+
+#[async_trait::async_trait]
+impl CdcSource for SimDb {
+    fn describe(&self) -> String {
+        format!("sim:{}", self.store.dir().display())
+    }
+
+    async fn tracked_tables(&self) -> Result<Vec<TrackedTable>> {
+        self.simulate_latency().await;
+        let manifest = self.store.manifest()?;
+        let mut tables = Vec::new();
+        for definition in &manifest.tables {
+            let mut instances: Vec<CaptureInstance> = manifest
+                .capture_instances
+                .iter()
+                .filter(|ci| ci.table == definition.table)
+                .map(|ci| CaptureInstance {
+                    name: ci.name.clone(),
+                    table: ci.table.clone(),
+                    start_lsn: ci.start_lsn,
+                    create_date: ci.create_date,
+                    columns: ci.columns.clone(),
+                    index_columns: ci.index_columns.clone(),
+                })
+                .collect();
+            if instances.is_empty() {
+                continue;
+            }
+            instances.sort_by_key(|ci| (ci.create_date, ci.start_lsn));
+            tables.push(TrackedTable {
+                table: definition.table.clone(),
+                capture_instances: instances,
+            });
+        }
+        Ok(tables)
+    }
+
+    async fn max_lsn(&self) -> Result<Option<Lsn>> {
+        self.simulate_latency().await;
+        Ok(self.store.manifest()?.max_lsn)
+    }
+
+    async fn min_lsn(&self, capture_instance: &str) -> Result<Lsn> {
+        self.simulate_latency().await;
+        let manifest = self.store.manifest()?;
+        Ok(Self::published_instance(&manifest, capture_instance)?.min_lsn)
+    }
+
+    async fn lsn_to_time(&self, lsn: Lsn) -> Result<Option<CommitTime>> {
+        self.simulate_latency().await;
+        let manifest = self.store.manifest()?;
+        let mapping = self.store.mapping(&manifest)?;
+        Ok(mapping.find(lsn)?.map(|entry| entry.end_time.to_millis_precision()))
+    }
+
+    async fn nth_commit_after(&self, lsn: Lsn, n: u64) -> Result<Option<Lsn>> {
+        if n == 0 {
+            return Err(Error::invalid("nth_commit_after needs n >= 1"));
+        }
+        self.simulate_latency().await;
+        let manifest = self.store.manifest()?;
+        let mapping = self.store.mapping(&manifest)?;
+        let first = mapping.first_after(lsn)?;
+        if first >= mapping.len() {
+            return Ok(None);
+        }
+        let index = first.saturating_add(n - 1).min(mapping.len() - 1);
+        Ok(Some(mapping.get(index)?.lsn))
+    }
+
+    async fn ddl_history(&self, capture_instance: &str, from: Lsn, to: Lsn) -> Result<Vec<DdlEntry>> {
+        self.simulate_latency().await;
+        let manifest = self.store.manifest()?;
+        Self::published_instance(&manifest, capture_instance)?;
+        Ok(manifest
+            .ddl_history
+            .iter()
+            .filter(|entry| entry.capture_instance == capture_instance && entry.ddl_lsn > from && entry.ddl_lsn <= to)
+            .cloned()
+            .collect())
+    }
+
+    async fn split_points(&self, capture_instance: &str, from: Lsn, to: Lsn, n: u32) -> Result<Vec<Tile>> {
+        if n == 0 {
+            return Err(Error::invalid("split_points needs n >= 1"));
+        }
+        self.simulate_latency().await;
+        let db = self.clone();
+        let name = capture_instance.to_string();
+        tokio::task::spawn_blocking(move || {
+            let mut total = 0u64;
+            db.scan_start_lsns(&name, from, to, |_| total += 1)?;
+            if total == 0 {
+                return Ok(Vec::new());
+            }
+            // Tiles of about total/n rows, each closed on the first commit boundary after
+            // its target, so a transaction never spans two tiles.
+            let target = total.div_ceil(u64::from(n));
+            let mut tiles = Vec::new();
+            let (mut rows, mut last) = (0u64, None::<Lsn>);
+            db.scan_start_lsns(&name, from, to, |lsn| {
+                if let Some(previous) = last {
+                    if rows >= target && lsn != previous {
+                        tiles.push(Tile { last_lsn: previous, rows });
+                        rows = 0;
+                    }
+                }
+                rows += 1;
+                last = Some(lsn);
+            })?;
+            if let Some(previous) = last {
+                tiles.push(Tile { last_lsn: previous, rows });
+            }
+            Ok(tiles)
+        })
+        .await
+        .map_err(|error| Error::Internal(format!("split_points task failed: {error}")))?
+    }
+
+    async fn read_changes(&self, read: ChangeRead) -> Result<BatchStream> {
+        self.simulate_latency().await;
+        let manifest = self.store.manifest()?;
+        let state = Self::published_instance(&manifest, &read.capture_instance)?;
+        if read.from > read.to {
+            return Err(Error::invalid(format!("read from {} is past its end {}", read.from, read.to)));
+        }
+        let shaper = OutputShaper::new(&state, &read.columns, read.include_command_id);
+        let (sender, receiver) = mpsc::channel::<Result<RecordBatch>>(2);
+        let db = self.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(error) = db.produce_changes(&state, &read, &shaper, &sender) {
+                let _ = sender.blocking_send(Err(error));
+            }
+        });
+        Ok(ReceiverStream::new(receiver).boxed())
+    }
+}
+
+impl SimDb {
+    /// Sends the rows of `read` to `sender`; returns early when the receiver is gone.
+    fn produce_changes(
+        &self,
+        state: &CaptureInstanceState,
+        read: &ChangeRead,
+        shaper: &OutputShaper,
+        sender: &mpsc::Sender<Result<RecordBatch>>,
+    ) -> Result<()> {
+        let mut rows_read = 0u64;
+        let segments = state
+            .segments
+            .iter()
+            .filter(|segment| segment.max_lsn >= read.from && segment.min_lsn <= read.to);
+        for segment in segments {
+            let path = self.store.segment_path(&state.name, &segment.file);
+            let mut reader = match SegmentReader::open(&path, None) {
+                Ok(reader) => reader,
+                // Removed by a cleanup since the read began: its rows are purged, which the
+                // min_lsn filter below and the guard after the read account for.
+                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(error) => return Err(error),
+            };
+            for index in reader.batches_overlapping(read.from, read.to) {
+                let latency = self.faults().latency;
+                if !latency.is_zero() {
+                    std::thread::sleep(latency);
+                }
+                let batch = reader.read(index)?;
+                let min_lsn = Self::published_instance(self.store.manifest()?.as_ref(), &state.name)?.min_lsn;
+                let lsns = start_lsns(&batch)?;
+                let (low, high) = row_bounds(lsns, read.from.max(min_lsn), read.to);
+                if low >= high {
+                    continue;
+                }
+                let rows = batch.slice(low, high - low);
+                let row_width = (batch.get_array_memory_size() / batch.num_rows().max(1)).max(1) + 64;
+                let per_batch = read.batch_rows.min(read.batch_bytes / row_width).max(1);
+                let mut offset = 0;
+                while offset < rows.num_rows() {
+                    let length = per_batch.min(rows.num_rows() - offset);
+                    let shaped = shaper.shape(&rows.slice(offset, length))?;
+                    offset += length;
+                    if sender.blocking_send(Ok(shaped)).is_err() {
+                        return Ok(());
+                    }
+                    rows_read += length as u64;
+                    if self.take_dropped_connection(rows_read) {
+                        return Err(Error::SourceUnavailable(
+                            "the connection to the source was dropped during the read (injected fault)".into(),
+                        ));
+                    }
+                    if let Some(cleanup) = self.take_cleanup_during_read(rows_read) {
+                        self.cleanup(cleanup.capture_instance.as_deref(), cleanup.low_water_mark)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,88 @@
+//! The sample database: the seed lab's `dbo.customers` and `dbo.orders`, plus a wide table
+//! for benchmarks.
+
+use super::TableSpec;
+use crate::source::TableName;
+
+fn spec(table: &str, key: &str, columns: &[(&str, &str, bool)]) -> TableSpec {
+    TableSpec {
+        table: table.parse().expect("sample table names are valid"),
+        columns: columns
+            .iter()
+            .map(|(name, sql_type, nullable)| (name.to_string(), sql_type.to_string(), *nullable))
+            .collect(),
+        key: key.to_string(),
+    }
+}
+
+/// `dbo.customers`: an int key and text, decimal, date-time, bit and GUID columns.
+pub fn customers() -> TableSpec {
+    spec(
+        "dbo.customers",
+        "customer_id",
+        &[
+            ("customer_id", "int", false),
+            ("name", "nvarchar(100)", false),
+            ("email", "nvarchar(200)", true),
+            ("balance", "decimal(12,2)", false),
+            ("segment", "tinyint", false),
+            ("created_at", "datetime2(7)", false),
+            ("last_login", "datetime", true),
+            ("is_active", "bit", false),
+            ("external_id", "uniqueidentifier", false),
+        ],
+    )
+}
+
+/// `dbo.orders`: a bigint key and money, smallint, varchar, nvarchar(max), date, float and
+/// datetimeoffset columns (ten columns: the benchmarks' narrow row).
+pub fn orders() -> TableSpec {
+    spec(
+        "dbo.orders",
+        "order_id",
+        &[
+            ("order_id", "bigint", false),
+            ("customer_id", "int", false),
+            ("amount", "money", false),
+            ("quantity", "smallint", false),
+            ("status", "varchar(20)", false),
+            ("note", "nvarchar(max)", true),
+            ("ordered_at", "datetime2(3)", false),
+            ("shipped_on", "date", true),
+            ("discount_rate", "float", true),
+            ("placed_at", "datetimeoffset(7)", false),
+        ],
+    )
+}
+
+/// The two sample tables.
+pub fn sample_tables() -> Vec<TableSpec> {
+    vec![customers(), orders()]
+}
+
+/// A table with `columns` columns (the key included) cycling through the sample types: the
+/// benchmarks' wide row.
+pub fn wide_table(table: TableName, columns: usize) -> TableSpec {
+    const TYPES: [(&str, bool); 10] = [
+        ("int", false),
+        ("nvarchar(50)", true),
+        ("decimal(18,4)", false),
+        ("datetime2(7)", false),
+        ("bit", false),
+        ("bigint", true),
+        ("varchar(30)", false),
+        ("float", true),
+        ("date", false),
+        ("uniqueidentifier", false),
+    ];
+    let mut specs = vec![("id".to_string(), "bigint".to_string(), false)];
+    for index in 1..columns.max(1) {
+        let (sql_type, nullable) = TYPES[index % TYPES.len()];
+        specs.push((format!("c{index:02}"), sql_type.to_string(), nullable));
+    }
+    TableSpec {
+        table,
+        columns: specs,
+        key: "id".to_string(),
+    }
+}

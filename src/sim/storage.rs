@@ -1,0 +1,671 @@
+//! How the simulated database lies on disk.
+//!
+//! ```text
+//! <dir>/manifest.json          the catalog and every published position; replaced atomically
+//!                              (write a temporary file, then rename): the commit point
+//! <dir>/lsn_time_mapping.bin   cdc.lsn_time_mapping: append-only 32-byte records
+//!                              (start_lsn, kind, tran_begin_time, tran_end_time)
+//! <dir>/ct/<ci>/<n>.arrow      change-table segments: Arrow IPC files sorted by
+//!                              (__$start_lsn, __$command_id, __$seqval, __$operation)
+//! <dir>/state/<table>-<v>.bin  the tables' current rows as (key, content) pairs
+//! <dir>/writer.lock            held by the one process that writes
+//! ```
+//!
+//! A reader (the Flight server) never locks: it reloads the manifest when the file changed and
+//! reads only what the manifest publishes, so a workload can run in another process while
+//! the server serves. Mapping records past the manifest's count and segments it does not list
+//! are invisible; a writer that dies between writing them and the manifest leaves nothing a
+//! reader sees.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arrow::array::{Array, FixedSizeBinaryArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow::ipc::reader::FileReader;
+use arrow::ipc::writer::FileWriter;
+use arrow::record_batch::RecordBatch;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::lsn::{LSN_LEN, Lsn};
+use crate::offset::CommitTime;
+use crate::source::{CapturedColumn, DdlEntry, TableName};
+use crate::types::SqlType;
+
+/// Version of the on-disk format; a directory of another version is refused.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One column of a simulated table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnDef {
+    /// Column name.
+    pub name: String,
+    /// `column_id` in the table (never reused after a drop).
+    pub column_id: i32,
+    /// SQL Server type.
+    #[serde(
+        serialize_with = "crate::source::serialize_sql_type",
+        deserialize_with = "crate::source::deserialize_sql_type"
+    )]
+    pub sql_type: SqlType,
+    /// Whether NULL is allowed.
+    pub nullable: bool,
+}
+
+/// A simulated table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableDef {
+    /// Schema and name.
+    pub table: TableName,
+    /// Columns in `column_id` order.
+    pub columns: Vec<ColumnDef>,
+    /// Primary key column (one integer column).
+    pub key: String,
+    /// Next key an insert takes.
+    pub next_key: i64,
+    /// Rows in the table now.
+    pub row_count: u64,
+    /// File under `state/` holding the current rows, when the table has any.
+    pub state_file: Option<String>,
+}
+
+impl TableDef {
+    /// The column with this name.
+    pub fn column(&self, name: &str) -> Option<&ColumnDef> {
+        self.columns.iter().find(|column| column.name == name)
+    }
+}
+
+/// One change-table segment file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRef {
+    /// File name under `ct/<ci>/`.
+    pub file: String,
+    /// Lowest commit LSN in the file.
+    pub min_lsn: Lsn,
+    /// Highest commit LSN in the file.
+    pub max_lsn: Lsn,
+    /// Rows in the file.
+    pub rows: u64,
+}
+
+/// A capture instance and its change table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureInstanceState {
+    /// Capture instance name.
+    pub name: String,
+    /// Source table.
+    pub table: TableName,
+    /// Commit LSN of the enable.
+    pub start_lsn: Lsn,
+    /// Creation time.
+    pub create_date: CommitTime,
+    /// Captured columns (types as at the enable).
+    pub columns: Vec<CapturedColumn>,
+    /// Unique index columns.
+    pub index_columns: Vec<String>,
+    /// Lowest LSN still held (moved by cleanup).
+    pub min_lsn: Lsn,
+    /// Segments in LSN order.
+    pub segments: Vec<SegmentRef>,
+    /// Number the next segment file takes.
+    pub next_segment: u64,
+}
+
+/// The published state of the database: everything a reader may see.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// On-disk format version.
+    pub format: u32,
+    /// Publication counter.
+    pub version: u64,
+    /// Database name.
+    pub database: String,
+    /// The next LSN the writer allocates.
+    pub next_lsn: Lsn,
+    /// Commit time of the last commit.
+    pub last_commit_time: CommitTime,
+    /// Tables.
+    pub tables: Vec<TableDef>,
+    /// Capture instances (also disabled ones are removed from here).
+    pub capture_instances: Vec<CaptureInstanceState>,
+    /// DDL history of every capture instance.
+    pub ddl_history: Vec<DdlEntry>,
+    /// Records published in `lsn_time_mapping.bin`.
+    pub mapping_entries: u64,
+    /// First record not removed by cleanup.
+    pub mapping_retained_from: u64,
+    /// `sys.fn_cdc_get_max_lsn()`: the last mapping entry's LSN.
+    pub max_lsn: Option<Lsn>,
+}
+
+impl Manifest {
+    /// The table with this name.
+    pub fn table(&self, table: &TableName) -> Option<&TableDef> {
+        self.tables.iter().find(|def| &def.table == table)
+    }
+
+    /// The capture instance with this exact name.
+    pub fn capture_instance(&self, name: &str) -> Option<&CaptureInstanceState> {
+        self.capture_instances.iter().find(|ci| ci.name == name)
+    }
+}
+
+/// Kind of an `lsn_time_mapping` record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MappingKind {
+    /// A transaction that changed tracked rows (or DDL, or an enable).
+    Commit = 1,
+    /// An idle ("dummy") entry the capture job writes when nothing happened.
+    Idle = 2,
+}
+
+/// One `cdc.lsn_time_mapping` row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MappingEntry {
+    /// `start_lsn`: the commit LSN.
+    pub lsn: Lsn,
+    /// Commit or idle entry.
+    pub kind: MappingKind,
+    /// `tran_begin_time`.
+    pub begin_time: CommitTime,
+    /// `tran_end_time` (UTC in the simulator).
+    pub end_time: CommitTime,
+}
+
+const MAPPING_RECORD: usize = 32;
+
+impl MappingEntry {
+    fn encode(&self) -> [u8; MAPPING_RECORD] {
+        let mut out = [0u8; MAPPING_RECORD];
+        out[..LSN_LEN].copy_from_slice(self.lsn.as_bytes());
+        out[LSN_LEN] = self.kind as u8;
+        out[16..24].copy_from_slice(&self.begin_time.0.to_le_bytes());
+        out[24..32].copy_from_slice(&self.end_time.0.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8; MAPPING_RECORD]) -> Result<Self> {
+        let lsn = Lsn::try_from_slice(&bytes[..LSN_LEN]).expect("slice has 10 bytes");
+        let kind = match bytes[LSN_LEN] {
+            1 => MappingKind::Commit,
+            2 => MappingKind::Idle,
+            other => {
+                return Err(Error::Internal(format!(
+                    "lsn_time_mapping record at {lsn} has unknown kind {other}"
+                )));
+            }
+        };
+        let time = |range: std::ops::Range<usize>| {
+            let mut raw = [0u8; 8];
+            raw.copy_from_slice(&bytes[range]);
+            CommitTime(i64::from_le_bytes(raw))
+        };
+        Ok(MappingEntry {
+            lsn,
+            kind,
+            begin_time: time(16..24),
+            end_time: time(24..32),
+        })
+    }
+}
+
+/// Read access to the published `lsn_time_mapping` records `[retained_from, entries)`.
+pub struct MappingView {
+    file: Option<File>,
+    retained_from: u64,
+    entries: u64,
+}
+
+impl MappingView {
+    /// Number of visible records.
+    pub fn len(&self) -> u64 {
+        self.entries - self.retained_from
+    }
+
+    /// Whether no record is visible.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The visible record at `index` (0 = first retained).
+    pub fn get(&self, index: u64) -> Result<MappingEntry> {
+        let file = self
+            .file
+            .as_ref()
+            .ok_or_else(|| Error::Internal("lsn_time_mapping.bin is missing".into()))?;
+        let mut bytes = [0u8; MAPPING_RECORD];
+        let position = (self.retained_from + index) * MAPPING_RECORD as u64;
+        file.read_exact_at(&mut bytes, position)
+            .map_err(|error| Error::io("reading lsn_time_mapping.bin", error))?;
+        MappingEntry::decode(&bytes)
+    }
+
+    /// Index of the first visible record whose LSN is greater than `lsn` (`len()` when none).
+    pub fn first_after(&self, lsn: Lsn) -> Result<u64> {
+        let (mut low, mut high) = (0, self.len());
+        while low < high {
+            let middle = low + (high - low) / 2;
+            if self.get(middle)?.lsn <= lsn {
+                low = middle + 1;
+            } else {
+                high = middle;
+            }
+        }
+        Ok(low)
+    }
+
+    /// The record with exactly this LSN.
+    pub fn find(&self, lsn: Lsn) -> Result<Option<MappingEntry>> {
+        let after = self.first_after(lsn)?;
+        if after == 0 {
+            return Ok(None);
+        }
+        let entry = self.get(after - 1)?;
+        Ok((entry.lsn == lsn).then_some(entry))
+    }
+}
+
+/// The internal schema of a change-table segment: the CDC columns, the commit time copied
+/// from `lsn_time_mapping` (so a read needs no join), then the captured columns.
+pub fn segment_schema(columns: &[CapturedColumn]) -> SchemaRef {
+    let mut fields = vec![
+        Field::new("__$start_lsn", DataType::FixedSizeBinary(LSN_LEN as i32), false),
+        Field::new("__$seqval", DataType::FixedSizeBinary(LSN_LEN as i32), false),
+        Field::new("__$operation", DataType::Int32, false),
+        Field::new("__$command_id", DataType::Int32, false),
+        Field::new(
+            "__$commit_ts",
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+            false,
+        ),
+    ];
+    for column in columns {
+        let data_type = column
+            .sql_type
+            .arrow_type()
+            .expect("simulated tables only use mapped types");
+        fields.push(Field::new(&column.name, data_type, true));
+    }
+    Arc::new(Schema::new(fields))
+}
+
+/// Index of `__$start_lsn` in a segment.
+pub const SEGMENT_START_LSN: usize = 0;
+/// Number of CDC columns in front of the captured columns in a segment.
+pub const SEGMENT_CDC_COLUMNS: usize = 5;
+/// Footer metadata key listing each record batch's first and last commit LSN.
+const BATCH_BOUNDS_KEY: &str = "mssql_cdc_sim.batch_bounds";
+
+/// The commit LSNs of a segment batch's rows.
+pub fn start_lsns(batch: &RecordBatch) -> Result<&FixedSizeBinaryArray> {
+    batch
+        .column(SEGMENT_START_LSN)
+        .as_any()
+        .downcast_ref::<FixedSizeBinaryArray>()
+        .ok_or_else(|| Error::Internal("segment column __$start_lsn is not binary(10)".into()))
+}
+
+/// The LSN of row `index` of a binary(10) column.
+pub fn lsn_at(array: &FixedSizeBinaryArray, index: usize) -> Lsn {
+    Lsn::try_from_slice(array.value(index)).expect("binary(10) values have 10 bytes")
+}
+
+/// Writes a segment file from batches sorted by commit LSN; returns its [`SegmentRef`].
+pub fn write_segment(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<SegmentRef> {
+    let file_name = path
+        .file_name()
+        .and_then(|name| name.to_str())
+        .ok_or_else(|| Error::Internal(format!("bad segment path {}", path.display())))?
+        .to_string();
+    let temporary = path.with_extension("arrow.tmp");
+    let file = File::create(&temporary)
+        .map_err(|error| Error::io(format!("creating {}", temporary.display()), error))?;
+    let mut writer = FileWriter::try_new(std::io::BufWriter::new(file), schema)?;
+    let mut bounds = Vec::new();
+    let mut rows = 0u64;
+    for batch in batches.iter().filter(|batch| batch.num_rows() > 0) {
+        let lsns = start_lsns(batch)?;
+        bounds.push((lsn_at(lsns, 0), lsn_at(lsns, lsns.len() - 1)));
+        rows += batch.num_rows() as u64;
+        writer.write(batch)?;
+    }
+    let (Some(first), Some(last)) = (bounds.first().copied(), bounds.last().copied()) else {
+        return Err(Error::Internal("a segment needs at least one row".into()));
+    };
+    let bounds_text: Vec<String> = bounds
+        .iter()
+        .map(|(low, high)| format!("{low}-{high}"))
+        .collect();
+    writer.write_metadata(BATCH_BOUNDS_KEY, bounds_text.join(","));
+    writer.finish()?;
+    let mut inner = writer.into_inner()?;
+    inner
+        .flush()
+        .map_err(|error| Error::io(format!("writing {}", temporary.display()), error))?;
+    drop(inner);
+    fs::rename(&temporary, path)
+        .map_err(|error| Error::io(format!("publishing {}", path.display()), error))?;
+    Ok(SegmentRef {
+        file: file_name,
+        min_lsn: first.0,
+        max_lsn: last.1,
+        rows,
+    })
+}
+
+/// An open segment file and the LSN bounds of its batches.
+pub struct SegmentReader {
+    reader: FileReader<std::io::BufReader<File>>,
+    bounds: Vec<(Lsn, Lsn)>,
+}
+
+impl SegmentReader {
+    /// Opens a segment, optionally reading only some columns (by index in the segment schema).
+    pub fn open(path: &Path, projection: Option<Vec<usize>>) -> Result<Self> {
+        let file = File::open(path)
+            .map_err(|error| Error::io(format!("opening {}", path.display()), error))?;
+        let reader = FileReader::try_new_buffered(file, projection)?;
+        let bounds_text = reader
+            .custom_metadata()
+            .get(BATCH_BOUNDS_KEY)
+            .cloned()
+            .unwrap_or_default();
+        let mut bounds = Vec::new();
+        for pair in bounds_text.split(',').filter(|pair| !pair.is_empty()) {
+            let parsed = pair
+                .split_once('-')
+                .and_then(|(low, high)| Some((low.parse().ok()?, high.parse().ok()?)));
+            let Some(bound) = parsed else {
+                return Err(Error::Internal(format!(
+                    "segment {} has corrupt batch bounds",
+                    path.display()
+                )));
+            };
+            bounds.push(bound);
+        }
+        if bounds.len() != reader.num_batches() {
+            return Err(Error::Internal(format!(
+                "segment {} lists {} batch bounds for {} batches",
+                path.display(),
+                bounds.len(),
+                reader.num_batches()
+            )));
+        }
+        Ok(SegmentReader { reader, bounds })
+    }
+
+    /// Indexes of the batches that may hold commits in `[from, to]`.
+    pub fn batches_overlapping(&self, from: Lsn, to: Lsn) -> std::ops::Range<usize> {
+        let start = self.bounds.partition_point(|(_, high)| *high < from);
+        let end = self.bounds.partition_point(|(low, _)| *low <= to);
+        start..end.max(start)
+    }
+
+    /// Reads batch `index`.
+    pub fn read(&mut self, index: usize) -> Result<RecordBatch> {
+        self.reader.set_index(index)?;
+        self.reader
+            .next()
+            .ok_or_else(|| Error::Internal(format!("segment batch {index} is missing")))?
+            .map_err(Error::from)
+    }
+}
+
+/// The file stamp used to notice that another process published.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    inode: u64,
+    size: u64,
+    modified_nanos: i64,
+}
+
+fn stamp_of(path: &Path) -> Result<FileStamp> {
+    let metadata = fs::metadata(path)
+        .map_err(|error| Error::io(format!("reading {}", path.display()), error))?;
+    Ok(FileStamp {
+        inode: metadata.ino(),
+        size: metadata.size(),
+        modified_nanos: metadata.mtime() * 1_000_000_000 + metadata.mtime_nsec(),
+    })
+}
+
+struct Inner {
+    manifest: Arc<Manifest>,
+    stamp: FileStamp,
+    writer_lock: Option<File>,
+    mapping_file: Option<File>,
+}
+
+/// The directory of a simulated database, shared by its readers and its writer in one
+/// process.
+pub struct Store {
+    dir: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+impl Store {
+    /// Opens an initialised directory.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let manifest_path = dir.join("manifest.json");
+        if !manifest_path.exists() {
+            return Err(Error::invalid(format!(
+                "{} is not a simulated CDC database (no manifest.json); create one with \
+                 `mssql-cdc-flight sim init {}`",
+                dir.display(),
+                dir.display()
+            )));
+        }
+        let (manifest, stamp) = read_manifest(&manifest_path)?;
+        Ok(Store {
+            dir: dir.to_path_buf(),
+            inner: Mutex::new(Inner {
+                manifest: Arc::new(manifest),
+                stamp,
+                writer_lock: None,
+                mapping_file: None,
+            }),
+        })
+    }
+
+    /// Creates a new directory holding `manifest` (which must be empty of data).
+    pub fn create(dir: &Path, manifest: Manifest) -> Result<Self> {
+        fs::create_dir_all(dir.join("ct"))
+            .and_then(|()| fs::create_dir_all(dir.join("state")))
+            .map_err(|error| Error::io(format!("creating {}", dir.display()), error))?;
+        if dir.join("manifest.json").exists() {
+            return Err(Error::invalid(format!(
+                "{} already holds a simulated database",
+                dir.display()
+            )));
+        }
+        File::create(dir.join("lsn_time_mapping.bin"))
+            .map_err(|error| Error::io("creating lsn_time_mapping.bin", error))?;
+        write_manifest(&dir.join("manifest.json"), &manifest)?;
+        Store::open(dir)
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn lock_inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The newest published manifest (re-read when another process published).
+    pub fn manifest(&self) -> Result<Arc<Manifest>> {
+        let mut inner = self.lock_inner();
+        self.refresh(&mut inner)?;
+        Ok(Arc::clone(&inner.manifest))
+    }
+
+    fn refresh(&self, inner: &mut Inner) -> Result<()> {
+        let path = self.dir.join("manifest.json");
+        let stamp = stamp_of(&path)?;
+        if stamp != inner.stamp {
+            let (manifest, stamp) = read_manifest(&path)?;
+            if manifest.mapping_entries < inner.manifest.mapping_entries {
+                // The mapping file may have been replaced; reopen it.
+                inner.mapping_file = None;
+            }
+            inner.manifest = Arc::new(manifest);
+            inner.stamp = stamp;
+        }
+        Ok(())
+    }
+
+    /// A view of the published mapping records of `manifest`.
+    pub fn mapping(&self, manifest: &Manifest) -> Result<MappingView> {
+        let mut inner = self.lock_inner();
+        if inner.mapping_file.is_none() {
+            let path = self.dir.join("lsn_time_mapping.bin");
+            inner.mapping_file = Some(
+                File::open(&path)
+                    .map_err(|error| Error::io(format!("opening {}", path.display()), error))?,
+            );
+        }
+        let file = inner
+            .mapping_file
+            .as_ref()
+            .map(File::try_clone)
+            .transpose()
+            .map_err(|error| Error::io("opening lsn_time_mapping.bin", error))?;
+        Ok(MappingView {
+            file,
+            retained_from: manifest.mapping_retained_from,
+            entries: manifest.mapping_entries,
+        })
+    }
+
+    /// Path of a segment file.
+    pub fn segment_path(&self, capture_instance: &str, file: &str) -> PathBuf {
+        self.dir.join("ct").join(capture_instance).join(file)
+    }
+
+    /// Applies `change` to the newest manifest and publishes the result, holding the writer
+    /// lock (taken on first use and kept for the life of this store).
+    pub fn publish<T>(&self, change: impl FnOnce(&Store, &mut Manifest) -> Result<T>) -> Result<T> {
+        let mut inner = self.lock_inner();
+        if inner.writer_lock.is_none() {
+            let path = self.dir.join("writer.lock");
+            let file = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(|error| Error::io(format!("opening {}", path.display()), error))?;
+            file.try_lock().map_err(|_| {
+                Error::invalid(format!(
+                    "another process is writing to {} (a `sim run`?); wait for it to finish",
+                    self.dir.display()
+                ))
+            })?;
+            inner.writer_lock = Some(file);
+        }
+        self.refresh(&mut inner)?;
+        let mut next = (*inner.manifest).clone();
+        let result = change(self, &mut next)?;
+        next.version += 1;
+        let path = self.dir.join("manifest.json");
+        write_manifest(&path, &next)?;
+        inner.stamp = stamp_of(&path)?;
+        inner.manifest = Arc::new(next);
+        Ok(result)
+    }
+
+    /// Appends mapping records after the published ones (call inside [`Store::publish`],
+    /// then raise `mapping_entries`).
+    pub fn append_mapping(&self, manifest: &Manifest, entries: &[MappingEntry]) -> Result<()> {
+        let path = self.dir.join("lsn_time_mapping.bin");
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|error| Error::io(format!("opening {}", path.display()), error))?;
+        let mut bytes = Vec::with_capacity(entries.len() * MAPPING_RECORD);
+        for entry in entries {
+            bytes.extend_from_slice(&entry.encode());
+        }
+        // Records past the published count (left by a writer that died) are overwritten.
+        file.write_all_at(&bytes, manifest.mapping_entries * MAPPING_RECORD as u64)
+            .map_err(|error| Error::io("appending to lsn_time_mapping.bin", error))?;
+        Ok(())
+    }
+
+    /// Writes a table's rows to a new state file; returns its name.
+    pub fn write_state(&self, table: &TableName, version: u64, rows: &BTreeMap<i64, u64>) -> Result<String> {
+        let name = format!("{}.{}-{version}.bin", table.schema, table.name);
+        let path = self.dir.join("state").join(&name);
+        let mut bytes = Vec::with_capacity(rows.len() * 16);
+        for (key, content) in rows {
+            bytes.extend_from_slice(&key.to_le_bytes());
+            bytes.extend_from_slice(&content.to_le_bytes());
+        }
+        fs::write(&path, bytes).map_err(|error| Error::io(format!("writing {}", path.display()), error))?;
+        Ok(name)
+    }
+
+    /// Reads a table's rows from its state file.
+    pub fn read_state(&self, table: &TableDef) -> Result<BTreeMap<i64, u64>> {
+        let Some(name) = &table.state_file else {
+            return Ok(BTreeMap::new());
+        };
+        let path = self.dir.join("state").join(name);
+        let bytes = fs::read(&path).map_err(|error| Error::io(format!("reading {}", path.display()), error))?;
+        if bytes.len() % 16 != 0 {
+            return Err(Error::Internal(format!("{} is truncated", path.display())));
+        }
+        Ok(bytes
+            .chunks_exact(16)
+            .map(|pair| {
+                let mut key = [0u8; 8];
+                let mut content = [0u8; 8];
+                key.copy_from_slice(&pair[..8]);
+                content.copy_from_slice(&pair[8..]);
+                (i64::from_le_bytes(key), u64::from_le_bytes(content))
+            })
+            .collect())
+    }
+
+    /// Removes a file no published manifest refers to any more; failures only warn, since a
+    /// reader may still hold it open (it stays readable until closed).
+    pub fn remove_unreferenced(&self, path: &Path) {
+        if let Err(error) = fs::remove_file(path) {
+            if error.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %path.display(), %error, "could not remove an unreferenced file");
+            }
+        }
+    }
+}
+
+fn read_manifest(path: &Path) -> Result<(Manifest, FileStamp)> {
+    // Stamp first: a publish racing this read changes the stamp, so the next call re-reads.
+    let stamp = stamp_of(path)?;
+    let text = fs::read_to_string(path)
+        .map_err(|error| Error::io(format!("reading {}", path.display()), error))?;
+    let manifest: Manifest = serde_json::from_str(&text)
+        .map_err(|error| Error::Internal(format!("{} is corrupt: {error}", path.display())))?;
+    if manifest.format != FORMAT_VERSION {
+        return Err(Error::invalid(format!(
+            "{} has format {} but this build reads format {FORMAT_VERSION}",
+            path.display(),
+            manifest.format
+        )));
+    }
+    Ok((manifest, stamp))
+}
+
+fn write_manifest(path: &Path, manifest: &Manifest) -> Result<()> {
+    let temporary = path.with_extension("json.tmp");
+    let text = serde_json::to_vec_pretty(manifest)
+        .map_err(|error| Error::Internal(format!("manifest does not serialise: {error}")))?;
+    fs::write(&temporary, text)
+        .and_then(|()| fs::rename(&temporary, path))
+        .map_err(|error| Error::io(format!("writing {}", path.display()), error))
+}

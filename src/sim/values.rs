@@ -1,0 +1,321 @@
+//! Deterministic column values of simulated rows.
+//!
+//! A simulated row is a key and a 64-bit *content* number; every other column's value is a
+//! pure function of `(content, column_id)`. So the database stores only `(key, content)`
+//! pairs for its current rows, an update is a new content number, a before-image is the old
+//! one, and a test can recompute any value it expects without a second copy of the data.
+//! Values cover each type's shape: NULLs in nullable columns (one in eight), non-ASCII text,
+//! sub-second times at the declared precision, decimals at full precision.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder, Float32Builder,
+    Float64Builder, Int16Builder, Int32Builder, Int64Builder, StringBuilder,
+    TimestampMicrosecondBuilder,
+};
+use arrow::datatypes::DataType;
+
+use super::storage::ColumnDef;
+use crate::types::{Length, SqlType};
+
+/// SplitMix64: a fast, well-mixed 64-bit hash step.
+pub fn mix(mut value: u64) -> u64 {
+    value = value.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    value = (value ^ (value >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    value = (value ^ (value >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    value ^ (value >> 31)
+}
+
+fn column_hash(content: u64, column_id: i32) -> u64 {
+    mix(content ^ (u64::from(column_id as u32)).wrapping_mul(0xD6E8_FEB8_6659_FD93))
+}
+
+const WORDS: [&str; 16] = [
+    "alpha", "bravo", "Zoë", "delta", "écho", "foxtrot", "golf", "hôtel", "india", "juliett",
+    "kilo", "lima", "Müller", "november", "oscar", "東京",
+];
+
+/// 2020-01-01T00:00:00 in microseconds since the Unix epoch.
+const BASE_MICROS: i64 = 1_577_836_800_000_000;
+const TEN_YEARS_MICROS: u64 = 10 * 365 * 86_400 * 1_000_000;
+
+/// A builder for one column of the Arrow type a SQL type is served as.
+pub enum ColumnBuilder {
+    /// bit
+    Boolean(BooleanBuilder),
+    /// tinyint, smallint
+    Int16(Int16Builder),
+    /// int
+    Int32(Int32Builder),
+    /// bigint
+    Int64(Int64Builder),
+    /// real
+    Float32(Float32Builder),
+    /// float
+    Float64(Float64Builder),
+    /// decimal, numeric, money, smallmoney
+    Decimal(Decimal128Builder),
+    /// date
+    Date(Date32Builder),
+    /// date-times
+    Timestamp(TimestampMicrosecondBuilder),
+    /// text types, time, uniqueidentifier
+    Utf8(StringBuilder),
+    /// binary types
+    Binary(BinaryBuilder),
+}
+
+impl ColumnBuilder {
+    /// A builder for values of `sql_type`.
+    pub fn new(sql_type: &SqlType, capacity: usize) -> Self {
+        match sql_type.arrow_type() {
+            Some(DataType::Boolean) => ColumnBuilder::Boolean(BooleanBuilder::with_capacity(capacity)),
+            Some(DataType::Int16) => ColumnBuilder::Int16(Int16Builder::with_capacity(capacity)),
+            Some(DataType::Int32) => ColumnBuilder::Int32(Int32Builder::with_capacity(capacity)),
+            Some(DataType::Int64) => ColumnBuilder::Int64(Int64Builder::with_capacity(capacity)),
+            Some(DataType::Float32) => ColumnBuilder::Float32(Float32Builder::with_capacity(capacity)),
+            Some(DataType::Float64) => ColumnBuilder::Float64(Float64Builder::with_capacity(capacity)),
+            Some(DataType::Decimal128(precision, scale)) => ColumnBuilder::Decimal(
+                Decimal128Builder::with_capacity(capacity)
+                    .with_precision_and_scale(precision, scale)
+                    .expect("decimal types come from validated SQL types"),
+            ),
+            Some(DataType::Date32) => ColumnBuilder::Date(Date32Builder::with_capacity(capacity)),
+            Some(DataType::Timestamp(_, zone)) => ColumnBuilder::Timestamp(
+                TimestampMicrosecondBuilder::with_capacity(capacity).with_timezone_opt(zone),
+            ),
+            Some(DataType::Binary) => ColumnBuilder::Binary(BinaryBuilder::with_capacity(capacity, capacity * 16)),
+            _ => ColumnBuilder::Utf8(StringBuilder::with_capacity(capacity, capacity * 24)),
+        }
+    }
+
+    /// Appends the value column `column` has in a row with this key and content.
+    pub fn append_generated(&mut self, column: &ColumnDef, is_key: bool, key: i64, content: u64) {
+        let hash = column_hash(content, column.column_id);
+        if column.nullable && !is_key && mix(hash) % 8 == 0 {
+            self.append_null();
+            return;
+        }
+        match self {
+            ColumnBuilder::Boolean(builder) => builder.append_value(hash & 1 == 1),
+            ColumnBuilder::Int16(builder) => builder.append_value(match column.sql_type {
+                SqlType::TinyInt => (hash % 256) as i16,
+                _ if is_key => key as i16,
+                _ => hash as i16,
+            }),
+            ColumnBuilder::Int32(builder) => {
+                builder.append_value(if is_key { key as i32 } else { (hash >> 33) as i32 })
+            }
+            ColumnBuilder::Int64(builder) => {
+                builder.append_value(if is_key { key } else { (hash >> 1) as i64 })
+            }
+            ColumnBuilder::Float32(builder) => builder.append_value((hash % 1_000_000) as f32 / 100.0),
+            ColumnBuilder::Float64(builder) => {
+                builder.append_value((hash % 1_000_000_000) as f64 / 1000.0)
+            }
+            ColumnBuilder::Decimal(builder) => {
+                let precision = match column.sql_type {
+                    SqlType::Decimal { precision, .. } => precision,
+                    SqlType::Money => 19,
+                    _ => 10,
+                };
+                let digits = u32::from(precision).min(18);
+                let modulus = 10u64.pow(digits);
+                let magnitude = i128::from(hash % modulus);
+                let signed = if hash >> 63 == 1 { -magnitude } else { magnitude };
+                builder.append_value(signed);
+            }
+            ColumnBuilder::Date(builder) => builder.append_value(18_262 + (hash % 3_650) as i32),
+            ColumnBuilder::Timestamp(builder) => builder.append_value(timestamp_value(&column.sql_type, hash)),
+            ColumnBuilder::Utf8(builder) => builder.append_value(text_value(&column.sql_type, key, hash)),
+            ColumnBuilder::Binary(builder) => builder.append_value(binary_value(&column.sql_type, hash)),
+        }
+    }
+
+    /// Appends NULL.
+    pub fn append_null(&mut self) {
+        match self {
+            ColumnBuilder::Boolean(builder) => builder.append_null(),
+            ColumnBuilder::Int16(builder) => builder.append_null(),
+            ColumnBuilder::Int32(builder) => builder.append_null(),
+            ColumnBuilder::Int64(builder) => builder.append_null(),
+            ColumnBuilder::Float32(builder) => builder.append_null(),
+            ColumnBuilder::Float64(builder) => builder.append_null(),
+            ColumnBuilder::Decimal(builder) => builder.append_null(),
+            ColumnBuilder::Date(builder) => builder.append_null(),
+            ColumnBuilder::Timestamp(builder) => builder.append_null(),
+            ColumnBuilder::Utf8(builder) => builder.append_null(),
+            ColumnBuilder::Binary(builder) => builder.append_null(),
+        }
+    }
+
+    /// The built array; the builder starts over empty.
+    pub fn finish(&mut self) -> ArrayRef {
+        match self {
+            ColumnBuilder::Boolean(builder) => Arc::new(builder.finish()),
+            ColumnBuilder::Int16(builder) => Arc::new(builder.finish()),
+            ColumnBuilder::Int32(builder) => Arc::new(builder.finish()),
+            ColumnBuilder::Int64(builder) => Arc::new(builder.finish()),
+            ColumnBuilder::Float32(builder) => Arc::new(builder.finish()),
+            ColumnBuilder::Float64(builder) => Arc::new(builder.finish()),
+            ColumnBuilder::Decimal(builder) => Arc::new(builder.finish()),
+            ColumnBuilder::Date(builder) => Arc::new(builder.finish()),
+            ColumnBuilder::Timestamp(builder) => Arc::new(builder.finish()),
+            ColumnBuilder::Utf8(builder) => Arc::new(builder.finish()),
+            ColumnBuilder::Binary(builder) => Arc::new(builder.finish()),
+        }
+    }
+}
+
+fn timestamp_value(sql_type: &SqlType, hash: u64) -> i64 {
+    let micros = BASE_MICROS + (hash % TEN_YEARS_MICROS) as i64;
+    let seconds = micros.div_euclid(1_000_000) * 1_000_000;
+    match sql_type {
+        SqlType::SmallDateTime => micros.div_euclid(60_000_000) * 60_000_000,
+        // datetime keeps 1/300 s ticks, rounded to microseconds as the decoder does.
+        SqlType::DateTime => seconds + (((hash >> 40) % 300) as i64 * 1_000_000 + 150) / 300,
+        SqlType::DateTime2 { precision } | SqlType::DateTimeOffset { precision } if *precision < 6 => {
+            let unit = 10i64.pow(6 - u32::from(*precision));
+            micros.div_euclid(unit) * unit
+        }
+        _ => micros,
+    }
+}
+
+fn text_value(sql_type: &SqlType, key: i64, hash: u64) -> String {
+    match sql_type {
+        SqlType::UniqueIdentifier => {
+            let high = hash;
+            let low = mix(hash);
+            format!(
+                "{:08X}-{:04X}-{:04X}-{:04X}-{:012X}",
+                high >> 32,
+                (high >> 16) & 0xFFFF,
+                high & 0xFFFF,
+                low >> 48,
+                low & 0xFFFF_FFFF_FFFF
+            )
+        }
+        SqlType::Time { precision } => {
+            let total = hash % (86_400 * 10_000_000);
+            let (seconds, fraction) = (total / 10_000_000, total % 10_000_000);
+            let clock = format!("{:02}:{:02}:{:02}", seconds / 3600, (seconds / 60) % 60, seconds % 60);
+            if *precision == 0 {
+                clock
+            } else {
+                let digits = format!("{fraction:07}");
+                let kept = &digits[..usize::from(*precision)];
+                format!("{clock}.{kept:0<7}")
+            }
+        }
+        SqlType::Xml => format!("<row key=\"{key}\" value=\"{}\"/>", hash % 100_000),
+        _ => {
+            let word = WORDS[(hash % WORDS.len() as u64) as usize];
+            let mut text = format!("{word} {}", (hash >> 8) % 1_000_000);
+            let limit = match sql_type {
+                SqlType::Char(Length::Limited(n))
+                | SqlType::VarChar(Length::Limited(n))
+                | SqlType::NChar(Length::Limited(n))
+                | SqlType::NVarChar(Length::Limited(n)) => *n as usize,
+                _ => {
+                    // (max) and text types: a longer value, up to about 400 characters.
+                    let repeats = (hash >> 56) as usize % 16;
+                    for _ in 0..repeats {
+                        text.push_str(" lorem ipsum dolor");
+                    }
+                    usize::MAX
+                }
+            };
+            if text.chars().count() > limit {
+                text = text.chars().take(limit).collect();
+            }
+            if matches!(sql_type, SqlType::Char(_) | SqlType::NChar(_)) {
+                let padding = limit.saturating_sub(text.chars().count());
+                text.extend(std::iter::repeat_n(' ', padding));
+            }
+            text
+        }
+    }
+}
+
+fn binary_value(sql_type: &SqlType, hash: u64) -> Vec<u8> {
+    let length = match sql_type {
+        SqlType::Binary(Length::Limited(n)) => *n as usize,
+        SqlType::VarBinary(Length::Limited(n)) => (1 + (hash % 32) as usize).min(*n as usize),
+        SqlType::RowVersion => 8,
+        _ => 16 + (hash % 48) as usize,
+    };
+    let mut bytes = Vec::with_capacity(length);
+    let mut state = hash;
+    while bytes.len() < length {
+        state = mix(state);
+        bytes.extend_from_slice(&state.to_le_bytes());
+    }
+    bytes.truncate(length);
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Array, StringArray, TimestampMicrosecondArray};
+
+    fn column(sql_type: &str, nullable: bool) -> ColumnDef {
+        ColumnDef {
+            name: "c".into(),
+            column_id: 3,
+            sql_type: sql_type.parse().expect("type"),
+            nullable,
+        }
+    }
+
+    #[test]
+    fn values_are_a_function_of_content_and_respect_declared_sizes() {
+        let def = column("nvarchar(8)", false);
+        let mut first = ColumnBuilder::new(&def.sql_type, 4);
+        let mut second = ColumnBuilder::new(&def.sql_type, 4);
+        for content in 0..100u64 {
+            first.append_generated(&def, false, 1, content);
+            second.append_generated(&def, false, 1, content);
+        }
+        let (a, b) = (first.finish(), second.finish());
+        assert_eq!(&a, &b);
+        let strings = a.as_any().downcast_ref::<StringArray>().expect("utf8");
+        assert!(strings.iter().flatten().all(|s| s.chars().count() <= 8));
+    }
+
+    #[test]
+    fn nullable_columns_get_some_nulls_and_keys_never() {
+        let def = column("int", true);
+        let mut builder = ColumnBuilder::new(&def.sql_type, 1000);
+        for content in 0..1000u64 {
+            builder.append_generated(&def, false, 7, content);
+        }
+        let nulls = builder.finish().null_count();
+        assert!((50..250).contains(&nulls), "{nulls} nulls in 1000");
+        let mut keys = ColumnBuilder::new(&def.sql_type, 1000);
+        for content in 0..1000u64 {
+            keys.append_generated(&def, true, 7, content);
+        }
+        assert_eq!(keys.finish().null_count(), 0);
+    }
+
+    #[test]
+    fn times_honour_their_precision() {
+        let def = column("datetime2(3)", false);
+        let mut builder = ColumnBuilder::new(&def.sql_type, 100);
+        for content in 0..100u64 {
+            builder.append_generated(&def, false, 0, content);
+        }
+        let array = builder.finish();
+        let times = array.as_any().downcast_ref::<TimestampMicrosecondArray>().expect("timestamps");
+        assert!(times.values().iter().all(|micros| micros % 1000 == 0));
+        let time = text_value(&SqlType::Time { precision: 3 }, 0, 123_456_789_012);
+        assert_eq!(time.len(), "00:00:00.0000000".len());
+        assert!(time.ends_with("0000"), "{time}");
+        let guid = text_value(&SqlType::UniqueIdentifier, 0, 42);
+        assert_eq!(guid.len(), 36);
+        assert_eq!(guid, guid.to_uppercase());
+    }
+}

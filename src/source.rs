@@ -1,0 +1,291 @@
+//! The source seam: what the Flight service needs from a CDC database.
+//!
+//! [`CdcSource`] is implemented by the embedded simulated database ([`crate::sim`]) and by the
+//! SQL Server client. Every call maps to one documented CDC function or catalog read of SQL
+//! Server (named on each method), so both implementations answer alike and one conformance
+//! suite tests them.
+//!
+//! A change read covers the closed interval `[from, to]` of commit LSNs of one capture
+//! instance and yields Arrow batches in the output schema (see [`crate::types`]), ordered by
+//! `(_start_lsn, _command_id, _seqval, _operation)`. The caller turns the half-open offsets
+//! `(start, end]` of the protocol into `[increment(start), end]` before asking.
+
+use std::fmt;
+use std::str::FromStr;
+
+use arrow::record_batch::RecordBatch;
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::lsn::Lsn;
+use crate::offset::CommitTime;
+use crate::types::{OutputColumn, SqlType};
+
+/// A table name, `schema.table`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TableName {
+    /// The schema, `dbo` by default.
+    pub schema: String,
+    /// The table.
+    pub name: String,
+}
+
+impl TableName {
+    /// A table name from its parts.
+    pub fn new(schema: impl Into<String>, name: impl Into<String>) -> Self {
+        TableName {
+            schema: schema.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The default capture instance name SQL Server gives the table: `<schema>_<table>`.
+    pub fn default_capture_instance(&self) -> String {
+        format!("{}_{}", self.schema, self.name)
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.schema, self.name)
+    }
+}
+
+impl FromStr for TableName {
+    type Err = Error;
+
+    /// Parses `schema.table` or `table` (schema `dbo`); square brackets are stripped.
+    fn from_str(text: &str) -> Result<Self> {
+        let unbracket = |part: &str| part.trim().trim_start_matches('[').trim_end_matches(']').to_string();
+        let parts: Vec<&str> = text.split('.').collect();
+        let (schema, name) = match parts.as_slice() {
+            [name] => ("dbo".to_string(), unbracket(name)),
+            [schema, name] => (unbracket(schema), unbracket(name)),
+            _ => {
+                return Err(Error::invalid(format!(
+                    "table '{text}' must be written as schema.table, for example dbo.orders"
+                )));
+            }
+        };
+        if schema.is_empty() || name.is_empty() {
+            return Err(Error::invalid(format!(
+                "table '{text}' must be written as schema.table, for example dbo.orders"
+            )));
+        }
+        Ok(TableName { schema, name })
+    }
+}
+
+/// One column a capture instance captures (`sys.sp_cdc_get_captured_columns`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapturedColumn {
+    /// The column name.
+    pub name: String,
+    /// The source table's `column_id`.
+    pub column_id: i32,
+    /// Position in the change table (`column_ordinal`).
+    pub ordinal: i32,
+    /// The SQL Server type.
+    #[serde(with = "sql_type_text")]
+    pub sql_type: SqlType,
+}
+
+/// A capture instance of a tracked table (`sys.sp_cdc_help_change_data_capture`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureInstance {
+    /// The capture instance name.
+    pub name: String,
+    /// The source table.
+    pub table: TableName,
+    /// The commit LSN of its enable: from here on every commit of the table is captured.
+    pub start_lsn: Lsn,
+    /// When it was created (orders two instances of one table with `start_lsn`).
+    pub create_date: CommitTime,
+    /// Captured columns by ordinal.
+    pub columns: Vec<CapturedColumn>,
+    /// The columns of the unique index CDC uses (`index_column_list`); empty when none.
+    pub index_columns: Vec<String>,
+}
+
+/// A tracked table and its capture instances, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrackedTable {
+    /// The table.
+    pub table: TableName,
+    /// Its capture instances, ordered by `(create_date, start_lsn)`.
+    pub capture_instances: Vec<CaptureInstance>,
+}
+
+/// One DDL statement recorded for a capture instance (`sys.sp_cdc_get_ddl_history`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DdlEntry {
+    /// The capture instance it was recorded for.
+    pub capture_instance: String,
+    /// The commit LSN of the DDL.
+    pub ddl_lsn: Lsn,
+    /// Its commit time.
+    pub ddl_time: CommitTime,
+    /// The statement text.
+    pub ddl_command: String,
+}
+
+/// One tile of a range's change rows (the seed's NTILE split points).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tile {
+    /// The last commit LSN in the tile; the next tile starts after it.
+    pub last_lsn: Lsn,
+    /// Change rows in the tile.
+    pub rows: u64,
+}
+
+/// What to read from a change table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChangeRead {
+    /// The capture instance.
+    pub capture_instance: String,
+    /// First commit LSN to read (inclusive).
+    pub from: Lsn,
+    /// Last commit LSN to read (inclusive).
+    pub to: Lsn,
+    /// Output columns in order; a column this instance does not capture reads NULL.
+    pub columns: Vec<OutputColumn>,
+    /// Whether to include `_command_id`.
+    pub include_command_id: bool,
+    /// Upper bound of rows per batch.
+    pub batch_rows: usize,
+    /// Upper bound of bytes per batch (Arrow buffer memory), one row at least.
+    pub batch_bytes: usize,
+}
+
+/// A stream of change batches in the output schema.
+pub type BatchStream = BoxStream<'static, Result<RecordBatch>>;
+
+/// What the Flight service needs from a CDC database.
+///
+/// Implementations are cheap to share (`Arc<dyn CdcSource>`) and hold no per-client state:
+/// every call carries what it needs.
+#[async_trait::async_trait]
+pub trait CdcSource: Send + Sync + 'static {
+    /// A short description for logs (never a secret).
+    fn describe(&self) -> String;
+
+    /// Tracked tables and their capture instances (`sys.sp_cdc_help_change_data_capture`).
+    async fn tracked_tables(&self) -> Result<Vec<TrackedTable>>;
+
+    /// The capture instances of one table, oldest first; `Error::TableNotFound` when none.
+    async fn capture_instances(&self, table: &TableName) -> Result<Vec<CaptureInstance>> {
+        let tables = self.tracked_tables().await?;
+        tables
+            .into_iter()
+            .find(|tracked| &tracked.table == table)
+            .map(|tracked| tracked.capture_instances)
+            .ok_or_else(|| Error::TableNotFound {
+                table: table.to_string(),
+            })
+    }
+
+    /// One capture instance by exact name.
+    async fn capture_instance(&self, name: &str) -> Result<CaptureInstance> {
+        let tables = self.tracked_tables().await?;
+        let all: Vec<CaptureInstance> = tables
+            .into_iter()
+            .flat_map(|tracked| tracked.capture_instances)
+            .collect();
+        if let Some(found) = all.iter().find(|ci| ci.name == name) {
+            return Ok(found.clone());
+        }
+        let similar: Vec<&str> = all
+            .iter()
+            .filter(|ci| ci.name.eq_ignore_ascii_case(name))
+            .map(|ci| ci.name.as_str())
+            .collect();
+        let hint = if similar.is_empty() {
+            String::new()
+        } else {
+            format!(" (did you mean {}?)", similar.join(", "))
+        };
+        Err(Error::CaptureInstanceNotFound {
+            name: name.to_string(),
+            hint,
+        })
+    }
+
+    /// The highest LSN CDC has processed (`sys.fn_cdc_get_max_lsn()`); `None` before any.
+    async fn max_lsn(&self) -> Result<Option<Lsn>>;
+
+    /// The lowest LSN still held for a capture instance (`sys.fn_cdc_get_min_lsn(ci)`).
+    async fn min_lsn(&self, capture_instance: &str) -> Result<Lsn>;
+
+    /// The next LSN (`sys.fn_cdc_increment_lsn`).
+    async fn increment_lsn(&self, lsn: Lsn) -> Result<Lsn> {
+        Ok(lsn.increment())
+    }
+
+    /// The previous LSN (`sys.fn_cdc_decrement_lsn`).
+    async fn decrement_lsn(&self, lsn: Lsn) -> Result<Lsn> {
+        Ok(lsn.decrement())
+    }
+
+    /// The commit time (UTC) of the commit at exactly `lsn` (`cdc.lsn_time_mapping`);
+    /// `None` when no commit has that LSN.
+    async fn lsn_to_time(&self, lsn: Lsn) -> Result<Option<CommitTime>>;
+
+    /// The LSN of the n-th commit after `lsn` (database-wide `cdc.lsn_time_mapping` rows,
+    /// idle entries included), or the last one when fewer follow; `None` when none follows.
+    async fn nth_commit_after(&self, lsn: Lsn, n: u64) -> Result<Option<Lsn>>;
+
+    /// DDL recorded for a capture instance with `from < ddl_lsn <= to`.
+    async fn ddl_history(&self, capture_instance: &str, from: Lsn, to: Lsn)
+    -> Result<Vec<DdlEntry>>;
+
+    /// Splits the change rows of `[from, to]` into at most `n` tiles of about equal rows, each
+    /// ending on a commit boundary, in LSN order. An empty range gives no tiles.
+    async fn split_points(
+        &self,
+        capture_instance: &str,
+        from: Lsn,
+        to: Lsn,
+        n: u32,
+    ) -> Result<Vec<Tile>>;
+
+    /// Streams the change rows of `[read.from, read.to]` in the output schema.
+    async fn read_changes(&self, read: ChangeRead) -> Result<BatchStream>;
+}
+
+mod sql_type_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::types::SqlType;
+
+    /// Writes a SQL type as its T-SQL text.
+    pub fn serialize<S: Serializer>(value: &SqlType, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&value.to_string())
+    }
+
+    /// Reads a SQL type from its T-SQL text.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<SqlType, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+pub use sql_type_text::{deserialize as deserialize_sql_type, serialize as serialize_sql_type};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_parse_with_and_without_schema() {
+        assert_eq!("dbo.orders".parse::<TableName>().expect("ok"), TableName::new("dbo", "orders"));
+        assert_eq!("orders".parse::<TableName>().expect("ok"), TableName::new("dbo", "orders"));
+        assert_eq!(
+            "[sales].[order lines]".parse::<TableName>().expect("ok"),
+            TableName::new("sales", "order lines")
+        );
+        assert!("a.b.c".parse::<TableName>().is_err());
+        assert!(".orders".parse::<TableName>().is_err());
+        assert_eq!(TableName::new("dbo", "orders").default_capture_instance(), "dbo_orders");
+    }
+}
