@@ -7,14 +7,13 @@
 //! the ticket key serves any ticket.
 //!
 //! - [`lsn`] and [`offset`]: LSNs and stream positions in their wire forms.
-//! - [`source`]: the [`source::CdcSource`] seam with two implementations, the embedded
-//!   simulated database ([`sim`]) and SQL Server.
+//! - [`source`]: the [`source::CdcSource`] seam; [`sim`] is the embedded simulated database.
 //! - [`flight`]: the Flight service, its commands, actions and tickets.
 //! - [`client`]: a Rust client of the service.
 
-
+pub mod client;
 pub mod error;
-
+pub mod flight;
 pub mod lsn;
 pub mod offset;
 pub mod sim;

@@ -1,0 +1,186 @@
+//! A Rust client of the Flight service.
+//!
+//! It wraps the protocol (JSON actions and commands, signed tickets) and, above all, the
+//! completeness rule: [`CdcClient::read_endpoint`] succeeds only when the stream ended with
+//! its completion marker, so a caller never commits a stream that was cut short.
+
+use std::time::Duration;
+
+use arrow::record_batch::RecordBatch;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{Action, Criteria, FlightDescriptor, FlightInfo, Ticket};
+use futures::{StreamExt, TryStreamExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::flight::protocol::{COMPLETION_TYPE, ChangesCommand, Command, Completion, PlanMetadata};
+
+/// What a client call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an error status.
+    #[error("{}: {}", .0.code(), .0.message())]
+    Status(Box<tonic::Status>),
+    /// The connection could not be made.
+    #[error("cannot connect to {url}: {message}")]
+    Connect {
+        /// The server address.
+        url: String,
+        /// Why.
+        message: String,
+    },
+    /// The stream ended without its completion marker: do not commit it.
+    #[error("the stream ended without its completion marker after {rows} rows; do not commit it")]
+    Incomplete {
+        /// Rows received before the end.
+        rows: u64,
+    },
+    /// A payload that does not decode.
+    #[error("bad response: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// The gRPC code, when the server answered with one.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            ClientError::Status(status) => Some(status.code()),
+            _ => None,
+        }
+    }
+}
+
+impl From<tonic::Status> for ClientError {
+    fn from(status: tonic::Status) -> Self {
+        ClientError::Status(Box::new(status))
+    }
+}
+
+impl From<FlightError> for ClientError {
+    fn from(error: FlightError) -> Self {
+        match error {
+            FlightError::Tonic(status) => ClientError::Status(status),
+            other => ClientError::Protocol(other.to_string()),
+        }
+    }
+}
+
+/// Result of client calls.
+pub type ClientResult<T> = Result<T, ClientError>;
+
+/// A client of one server (cheap to clone: calls multiplex on one HTTP/2 connection).
+#[derive(Clone)]
+pub struct CdcClient {
+    inner: FlightServiceClient<Channel>,
+}
+
+/// A plan of a change range.
+#[derive(Debug, Clone)]
+pub struct ChangesPlan {
+    /// The `FlightInfo` as served (schema, endpoints with tickets).
+    pub info: FlightInfo,
+    /// Its app_metadata.
+    pub metadata: PlanMetadata,
+}
+
+impl CdcClient {
+    /// Connects to `url` (`http://host:port`).
+    pub async fn connect(url: &str) -> ClientResult<Self> {
+        let connect_error = |message: String| ClientError::Connect {
+            url: url.to_string(),
+            message,
+        };
+        let channel = Endpoint::from_shared(url.to_string())
+            .map_err(|error| connect_error(error.to_string()))?
+            .connect_timeout(Duration::from_secs(10))
+            .tcp_nodelay(true)
+            .http2_adaptive_window(true)
+            .initial_stream_window_size(Some(4 << 20))
+            .initial_connection_window_size(Some(16 << 20))
+            .connect()
+            .await
+            .map_err(|error| connect_error(error.to_string()))?;
+        Ok(CdcClient {
+            inner: FlightServiceClient::new(channel).max_decoding_message_size(256 << 20),
+        })
+    }
+
+    /// Calls an action with a JSON body and decodes its JSON answer.
+    pub async fn action<T: DeserializeOwned>(&self, name: &str, body: &impl Serialize) -> ClientResult<T> {
+        let body = serde_json::to_vec(body).map_err(|error| ClientError::Protocol(error.to_string()))?;
+        let mut results = self
+            .inner
+            .clone()
+            .do_action(Action::new(name, body))
+            .await?
+            .into_inner();
+        let result = results
+            .message()
+            .await?
+            .ok_or_else(|| ClientError::Protocol(format!("action {name} returned no result")))?;
+        serde_json::from_slice(&result.body).map_err(|error| ClientError::Protocol(error.to_string()))
+    }
+
+    /// Every tracked table's `FlightInfo`.
+    pub async fn list_tables(&self) -> ClientResult<Vec<FlightInfo>> {
+        let stream = self.inner.clone().list_flights(Criteria::default()).await?.into_inner();
+        Ok(stream.try_collect().await?)
+    }
+
+    /// Plans a change range.
+    pub async fn plan_changes(&self, command: &ChangesCommand) -> ClientResult<ChangesPlan> {
+        let descriptor = FlightDescriptor::new_cmd(Command::Changes(command.clone()).to_bytes());
+        let info = self.inner.clone().get_flight_info(descriptor).await?.into_inner();
+        let metadata = serde_json::from_slice(&info.app_metadata)
+            .map_err(|error| ClientError::Protocol(format!("plan metadata: {error}")))?;
+        Ok(ChangesPlan { info, metadata })
+    }
+
+    /// Reads one endpoint, handing each batch to `on_batch`; returns the completion marker,
+    /// or [`ClientError::Incomplete`] when the stream ended without it.
+    pub async fn read_endpoint(
+        &self,
+        ticket: &Ticket,
+        mut on_batch: impl FnMut(RecordBatch),
+    ) -> ClientResult<Completion> {
+        let response = self.inner.clone().do_get(ticket.clone()).await?.into_inner();
+        let mut decoder = FlightDataDecoder::new(response.map_err(FlightError::from));
+        let mut rows = 0u64;
+        let mut completion = None;
+        while let Some(message) = decoder.next().await {
+            let message = message?;
+            match message.payload {
+                DecodedPayload::RecordBatch(batch) => {
+                    if completion.is_some() {
+                        return Err(ClientError::Protocol("data after the completion marker".into()));
+                    }
+                    rows += batch.num_rows() as u64;
+                    on_batch(batch);
+                }
+                DecodedPayload::None if !message.inner.app_metadata.is_empty() => {
+                    let marker: Completion = serde_json::from_slice(&message.inner.app_metadata)
+                        .map_err(|error| ClientError::Protocol(format!("completion marker: {error}")))?;
+                    if marker.kind != COMPLETION_TYPE || marker.rows != rows {
+                        return Err(ClientError::Protocol(format!(
+                            "completion marker says {} rows of type {} but {rows} arrived",
+                            marker.rows, marker.kind
+                        )));
+                    }
+                    completion = Some(marker);
+                }
+                DecodedPayload::None | DecodedPayload::Schema(_) => {}
+            }
+        }
+        completion.ok_or(ClientError::Incomplete { rows })
+    }
+
+    /// Reads one endpoint into memory.
+    pub async fn collect_endpoint(&self, ticket: &Ticket) -> ClientResult<(Vec<RecordBatch>, Completion)> {
+        let mut batches = Vec::new();
+        let completion = self.read_endpoint(ticket, |batch| batches.push(batch)).await?;
+        Ok((batches, completion))
+    }
+}

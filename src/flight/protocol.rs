@@ -1,0 +1,377 @@
+//! The JSON protocol: descriptor commands, action bodies and app_metadata payloads.
+//!
+//! Everything a client sends or reads besides Arrow data is JSON, so a pyarrow user needs
+//! only the standard library (docs/protocol.md). Unknown fields are refused, so a misspelt
+//! option fails loudly instead of being ignored.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::lsn::Lsn;
+use crate::offset::{CommitTime, Offset};
+
+/// Default most rows per batch (the seed's `arrowBatchSize`).
+pub const DEFAULT_BATCH_ROWS: usize = 10_000;
+/// Default most bytes per batch.
+pub const DEFAULT_BATCH_BYTES: usize = 8 << 20;
+/// Default smallest partition: tiles are merged until they hold this many rows.
+pub const DEFAULT_MIN_PARTITION_ROWS: u64 = 50_000;
+/// Most partitions one plan may ask for.
+pub const MAX_PARTITIONS: u32 = 256;
+
+/// A descriptor command (`FlightDescriptor.cmd`): a JSON object with a `type`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    /// `{"type": "table", "table": "dbo.orders"}`: a table's schema.
+    Table(TableCommand),
+    /// `{"type": "changes", ...}`: a change range.
+    Changes(ChangesCommand),
+}
+
+/// The `table` command.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableCommand {
+    /// `schema.table`.
+    pub table: String,
+}
+
+/// IPC compression of a stream's batches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    /// Uncompressed (fastest on a local network).
+    #[default]
+    None,
+    /// LZ4 frame per buffer.
+    Lz4,
+    /// ZSTD per buffer.
+    Zstd,
+}
+
+/// The `changes` command: plan the change range `(from, to]` of a table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangesCommand {
+    /// `schema.table`.
+    pub table: String,
+    /// The last processed commit LSN (exclusive).
+    pub from: Lsn,
+    /// The last commit LSN to read (inclusive); default `max_lsn`.
+    #[serde(default)]
+    pub to: Option<Lsn>,
+    /// Start from this capture instance instead of the table's oldest.
+    #[serde(default)]
+    pub capture_instance: Option<String>,
+    /// Most partitions (endpoints) per capture instance; default 1.
+    #[serde(default)]
+    pub partitions: Option<u32>,
+    /// Tiles are merged until each holds this many rows; default 50,000.
+    #[serde(default)]
+    pub min_partition_rows: Option<u64>,
+    /// Captured columns to serve, in order; default all of the table's instances.
+    #[serde(default)]
+    pub columns: Option<Vec<String>>,
+    /// Serve `_command_id`; default true.
+    #[serde(default)]
+    pub include_command_id: Option<bool>,
+    /// Most rows per batch; default 10,000.
+    #[serde(default)]
+    pub batch_rows: Option<usize>,
+    /// Most bytes per batch; default 8 MiB.
+    #[serde(default)]
+    pub batch_bytes: Option<usize>,
+    /// IPC compression; default none.
+    #[serde(default)]
+    pub compression: Option<Compression>,
+}
+
+impl ChangesCommand {
+    /// A command for `(from, to]` of `table` with every option at its default.
+    pub fn new(table: impl Into<String>, from: Lsn, to: Option<Lsn>) -> Self {
+        ChangesCommand {
+            table: table.into(),
+            from,
+            to,
+            capture_instance: None,
+            partitions: None,
+            min_partition_rows: None,
+            columns: None,
+            include_command_id: None,
+            batch_rows: None,
+            batch_bytes: None,
+            compression: None,
+        }
+    }
+}
+
+impl Command {
+    /// Parses a descriptor command.
+    pub fn parse(bytes: &[u8]) -> Result<Self> {
+        let mut value: serde_json::Value = serde_json::from_slice(bytes).map_err(|error| {
+            Error::invalid(format!("the descriptor command is not JSON: {error}"))
+        })?;
+        let object = value
+            .as_object_mut()
+            .ok_or_else(|| Error::invalid("the descriptor command must be a JSON object"))?;
+        let kind = object
+            .remove("type")
+            .and_then(|kind| kind.as_str().map(str::to_string))
+            .ok_or_else(|| {
+                Error::invalid("the descriptor command needs a \"type\": \"table\" or \"changes\"")
+            })?;
+        match kind.as_str() {
+            "table" => Ok(Command::Table(from_json_value("table command", value)?)),
+            "changes" => Ok(Command::Changes(from_json_value("changes command", value)?)),
+            other => Err(Error::invalid(format!(
+                "unknown command type '{other}' (use \"table\" or \"changes\")"
+            ))),
+        }
+    }
+
+    /// The command as descriptor bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let (kind, mut value) = match self {
+            Command::Table(command) => ("table", serde_json::to_value(command)),
+            Command::Changes(command) => ("changes", serde_json::to_value(command)),
+        };
+        let value = value.as_mut().expect("commands serialise");
+        if let Some(object) = value.as_object_mut() {
+            object.retain(|_, field| !field.is_null());
+            object.insert("type".into(), serde_json::Value::String(kind.into()));
+        }
+        serde_json::to_vec(value).expect("commands serialise")
+    }
+}
+
+fn from_json_value<T: DeserializeOwned>(what: &str, value: serde_json::Value) -> Result<T> {
+    serde_json::from_value(value).map_err(|error| Error::invalid(format!("bad {what}: {error}")))
+}
+
+/// Parses an action body (empty means `{}`).
+pub fn parse_body<T: DeserializeOwned>(action: &str, body: &[u8]) -> Result<T> {
+    let body = if body.iter().all(u8::is_ascii_whitespace) { b"{}".as_slice() } else { body };
+    serde_json::from_slice(body).map_err(|error| Error::invalid(format!("bad body for action '{action}': {error}")))
+}
+
+/// Body of actions that take one LSN (`increment_lsn`, `decrement_lsn`, `lsn_to_time`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LsnBody {
+    /// The LSN.
+    pub lsn: Lsn,
+}
+
+/// Body of `nth_commit_after`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NthCommitBody {
+    /// Count commits after this LSN.
+    pub lsn: Lsn,
+    /// Which commit (1 = the next).
+    pub n: u64,
+}
+
+/// Body of actions about one capture instance (`min_lsn`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureInstanceBody {
+    /// The capture instance.
+    pub capture_instance: String,
+}
+
+/// Body of actions about one table (`capture_instances`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableBody {
+    /// `schema.table`.
+    pub table: String,
+}
+
+/// Body of `ddl_history`, `split_points` and `count_changes`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RangeBody {
+    /// The capture instance.
+    pub capture_instance: String,
+    /// Lower bound: exclusive for `ddl_history`, inclusive otherwise.
+    pub from: Lsn,
+    /// Upper bound (inclusive).
+    pub to: Lsn,
+    /// Tiles wanted (`split_points` only).
+    #[serde(default)]
+    pub n: Option<u32>,
+}
+
+/// Where a new stream starts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitialOffsetBody {
+    /// `schema.table`.
+    pub table: String,
+    /// `earliest` (default), `latest`, or an LSN already processed.
+    #[serde(default)]
+    pub starting: Option<String>,
+}
+
+/// Body of `latest_offset`: the end of the next range.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatestOffsetBody {
+    /// The current offset (none: any end up to `upper`).
+    #[serde(default)]
+    pub start: Option<Offset>,
+    /// Cap the range at this many commits after `start` (the seed's `maxCommitsPerBatch`).
+    #[serde(default)]
+    pub max_commits: Option<u64>,
+    /// An upper bound below `max_lsn` (an available-now target recorded at start).
+    #[serde(default)]
+    pub upper: Option<Lsn>,
+}
+
+/// Answer of actions that return an LSN.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LsnAnswer {
+    /// The LSN, or null when there is none.
+    pub lsn: Option<Lsn>,
+}
+
+/// Answer of `lsn_to_time`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimeAnswer {
+    /// Commit time (UTC, ms), or null when no commit has the LSN.
+    pub commit_ts: Option<CommitTime>,
+}
+
+/// Answer of `count_changes`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CountAnswer {
+    /// Change rows in the range.
+    pub rows: u64,
+}
+
+/// A capture instance as actions and `list_flights` describe it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CaptureInstanceInfo {
+    /// Name.
+    pub name: String,
+    /// `schema.table`.
+    pub table: String,
+    /// Commit LSN of its enable.
+    pub start_lsn: Lsn,
+    /// Lowest LSN still held.
+    pub min_lsn: Lsn,
+    /// Creation time.
+    pub create_date: CommitTime,
+    /// Captured columns in order, `{"name", "column_id", "ordinal", "sql_type"}`.
+    pub columns: Vec<crate::source::CapturedColumn>,
+    /// Unique index columns.
+    pub index_columns: Vec<String>,
+}
+
+/// An event of a planned range (app_metadata of the `FlightInfo`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RangeEvent {
+    /// `capture_instance_switched` or `schema_change`.
+    pub event: String,
+    /// The capture instance it concerns (the newer one for a switch).
+    pub capture_instance: String,
+    /// The LSN it happened at.
+    pub lsn: Lsn,
+    /// Its commit time.
+    pub commit_ts: Option<CommitTime>,
+    /// `old -> new` (and the columns the newer one lacks) or the DDL text.
+    pub detail: String,
+}
+
+/// One capture-instance range of a plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RangeInfo {
+    /// Capture instance read.
+    pub capture_instance: String,
+    /// First commit LSN (inclusive).
+    pub from: Lsn,
+    /// Last commit LSN (inclusive).
+    pub to: Lsn,
+    /// Change rows counted at planning.
+    pub rows: u64,
+}
+
+/// app_metadata of a change plan's `FlightInfo`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlanMetadata {
+    /// `schema.table`.
+    pub table: String,
+    /// Exclusive start as asked.
+    pub from: Lsn,
+    /// Inclusive end.
+    pub to: Lsn,
+    /// Commit time of `to` (the next offset's `commit_ts`).
+    pub to_commit_ts: Option<CommitTime>,
+    /// `max_lsn` when planned.
+    pub max_lsn: Option<Lsn>,
+    /// Rows counted at planning.
+    pub rows: u64,
+    /// Capture-instance ranges in order.
+    pub ranges: Vec<RangeInfo>,
+    /// Events inside the range.
+    pub events: Vec<RangeEvent>,
+}
+
+/// app_metadata of one endpoint.
+pub type EndpointMetadata = RangeInfo;
+
+/// The completion marker: the app_metadata of the last message of every complete stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    /// Always `"complete"`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Capture instance read.
+    pub capture_instance: String,
+    /// First commit LSN of the range.
+    pub from: Lsn,
+    /// Last commit LSN of the range.
+    pub to: Lsn,
+    /// Rows sent.
+    pub rows: u64,
+    /// Arrow memory of the batches sent.
+    pub bytes: u64,
+    /// Seconds the read took on the server.
+    pub seconds: f64,
+    /// `min_lsn` of the capture instance after the read (the retention watermark).
+    pub min_lsn: Lsn,
+    /// `max_lsn` after the read.
+    pub max_lsn: Option<Lsn>,
+    /// Commit time of `max_lsn` (for capture lag).
+    pub max_commit_ts: Option<CommitTime>,
+}
+
+/// Name of the completion marker's `type`.
+pub const COMPLETION_TYPE: &str = "complete";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_round_trip_and_refuse_unknown_fields() {
+        let command = Command::Changes(ChangesCommand::new("dbo.orders", Lsn::ZERO, None));
+        assert_eq!(Command::parse(&command.to_bytes()).expect("parses"), command);
+        let error = Command::parse(br#"{"type":"changes","table":"t","from":"0x01","partitons":2}"#)
+            .expect_err("misspelt option");
+        assert!(error.to_string().contains("partitons"), "{error}");
+        assert!(Command::parse(b"not json").is_err());
+        assert!(Command::parse(br#"{"table":"t"}"#).is_err());
+        assert!(Command::parse(br#"{"type":"drop","table":"t"}"#).is_err());
+        assert!(Command::parse(br#"{"type":"changes","table":"t","from":"0xZZ"}"#).is_err());
+    }
+
+    #[test]
+    fn empty_action_bodies_read_as_empty_objects() {
+        let body: LatestOffsetBody = parse_body("latest_offset", b"").expect("empty");
+        assert_eq!(body.start, None);
+        assert!(parse_body::<LsnBody>("lsn_to_time", b"{}").is_err());
+    }
+}
