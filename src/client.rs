@@ -147,33 +147,47 @@ impl CdcClient {
         mut on_batch: impl FnMut(RecordBatch),
     ) -> ClientResult<Completion> {
         let response = self.inner.clone().do_get(ticket.clone()).await?.into_inner();
-        let mut decoder = FlightDataDecoder::new(response.map_err(FlightError::from));
+        // The completion marker is a metadata-only message (empty IPC header), the Flight
+        // convention arrow-rs' decoder does not accept: take it out before decoding.
+        let marker = std::sync::Arc::new(std::sync::Mutex::new(None::<bytes::Bytes>));
+        let seen = std::sync::Arc::clone(&marker);
+        let data = response.map_err(FlightError::from).try_filter_map(move |data| {
+            let keep = if data.data_header.is_empty() {
+                if let Ok(mut slot) = seen.lock() {
+                    *slot = Some(data.app_metadata);
+                }
+                None
+            } else {
+                Some(data)
+            };
+            futures::future::ready(Ok(keep))
+        });
+        let mut decoder = FlightDataDecoder::new(data);
         let mut rows = 0u64;
-        let mut completion = None;
         while let Some(message) = decoder.next().await {
-            let message = message?;
-            match message.payload {
-                DecodedPayload::RecordBatch(batch) => {
-                    if completion.is_some() {
-                        return Err(ClientError::Protocol("data after the completion marker".into()));
-                    }
-                    rows += batch.num_rows() as u64;
-                    on_batch(batch);
+            if let DecodedPayload::RecordBatch(batch) = message?.payload {
+                if marker.lock().map(|slot| slot.is_some()).unwrap_or(false) {
+                    return Err(ClientError::Protocol("data after the completion marker".into()));
                 }
-                DecodedPayload::None if !message.inner.app_metadata.is_empty() => {
-                    let marker: Completion = serde_json::from_slice(&message.inner.app_metadata)
-                        .map_err(|error| ClientError::Protocol(format!("completion marker: {error}")))?;
-                    if marker.kind != COMPLETION_TYPE || marker.rows != rows {
-                        return Err(ClientError::Protocol(format!(
-                            "completion marker says {} rows of type {} but {rows} arrived",
-                            marker.rows, marker.kind
-                        )));
-                    }
-                    completion = Some(marker);
-                }
-                DecodedPayload::None | DecodedPayload::Schema(_) => {}
+                rows += batch.num_rows() as u64;
+                on_batch(batch);
             }
         }
+        let metadata = marker.lock().ok().and_then(|mut slot| slot.take());
+        let completion = match metadata {
+            Some(metadata) => {
+                let marker: Completion = serde_json::from_slice(&metadata)
+                    .map_err(|error| ClientError::Protocol(format!("completion marker: {error}")))?;
+                if marker.kind != COMPLETION_TYPE || marker.rows != rows {
+                    return Err(ClientError::Protocol(format!(
+                        "completion marker says {} rows of type {} but {rows} arrived",
+                        marker.rows, marker.kind
+                    )));
+                }
+                Some(marker)
+            }
+            None => None,
+        };
         completion.ok_or(ClientError::Incomplete { rows })
     }
 

@@ -299,15 +299,13 @@ fn merge_tiles(capture_instance: &str, from: Lsn, to: Lsn, tiles: &[crate::sourc
             rows = 0;
         }
     }
-    if rows < min_rows && rows > 0 {
+    // A short tail, or only idle commits after the last tile, joins the read before it.
+    if rows < min_rows {
         if let Some(last) = reads.last_mut() {
             last.to = to;
             last.rows += rows;
             return reads;
         }
-    }
-    if reads.last().is_some_and(|last| last.to == to) {
-        return reads;
     }
     reads.push(PlannedRead {
         capture_instance: capture_instance.to_string(),
@@ -335,6 +333,14 @@ mod tests {
             reads.iter().map(|read| (read.from.to_u128(), read.to.to_u128(), read.rows)).collect();
         // 4 tiles make 120 rows; the last 2 tiles (60 rows) join the previous read.
         assert_eq!(bounds, vec![(1, 40, 120), (41, 105, 180)]);
+    }
+
+    #[test]
+    fn idle_commits_after_the_last_tile_join_the_last_read() {
+        let tiles = [Tile { last_lsn: lsn(10), rows: 200 }, Tile { last_lsn: lsn(20), rows: 200 }];
+        let reads = merge_tiles("ci", lsn(1), lsn(30), &tiles, 100);
+        let bounds: Vec<(u128, u128)> = reads.iter().map(|read| (read.from.to_u128(), read.to.to_u128())).collect();
+        assert_eq!(bounds, vec![(1, 10), (11, 30)]);
     }
 
     #[test]
