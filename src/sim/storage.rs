@@ -438,8 +438,8 @@ fn stamp_of(path: &Path) -> Result<FileStamp> {
 struct Inner {
     manifest: Arc<Manifest>,
     stamp: FileStamp,
+    /// The directory's writer lock, held while a [`super::SimWriter`] of this process lives.
     writer_lock: Option<File>,
-    mapping_file: Option<File>,
 }
 
 /// The directory of a simulated database, shared by its readers and its writer in one
@@ -447,6 +447,7 @@ struct Inner {
 pub struct Store {
     dir: PathBuf,
     inner: Mutex<Inner>,
+    mapping_file: Mutex<Option<File>>,
 }
 
 impl Store {
@@ -468,8 +469,8 @@ impl Store {
                 manifest: Arc::new(manifest),
                 stamp,
                 writer_lock: None,
-                mapping_file: None,
             }),
+            mapping_file: Mutex::new(None),
         })
     }
 
@@ -511,10 +512,6 @@ impl Store {
         let stamp = stamp_of(&path)?;
         if stamp != inner.stamp {
             let (manifest, stamp) = read_manifest(&path)?;
-            if manifest.mapping_entries < inner.manifest.mapping_entries {
-                // The mapping file may have been replaced; reopen it.
-                inner.mapping_file = None;
-            }
             inner.manifest = Arc::new(manifest);
             inner.stamp = stamp;
         }
@@ -523,16 +520,14 @@ impl Store {
 
     /// A view of the published mapping records of `manifest`.
     pub fn mapping(&self, manifest: &Manifest) -> Result<MappingView> {
-        let mut inner = self.lock_inner();
-        if inner.mapping_file.is_none() {
+        let mut cached = self.mapping_file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if cached.is_none() {
             let path = self.dir.join("lsn_time_mapping.bin");
-            inner.mapping_file = Some(
-                File::open(&path)
-                    .map_err(|error| Error::io(format!("opening {}", path.display()), error))?,
+            *cached = Some(
+                File::open(&path).map_err(|error| Error::io(format!("opening {}", path.display()), error))?,
             );
         }
-        let file = inner
-            .mapping_file
+        let file = cached
             .as_ref()
             .map(File::try_clone)
             .transpose()
@@ -544,31 +539,55 @@ impl Store {
         })
     }
 
+    fn lock_directory(&self) -> Result<File> {
+        let path = self.dir.join("writer.lock");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|error| Error::io(format!("opening {}", path.display()), error))?;
+        file.try_lock().map_err(|_| {
+            Error::invalid(format!(
+                "another process is writing to {} (a `sim run`?); wait for it to finish",
+                self.dir.display()
+            ))
+        })?;
+        Ok(file)
+    }
+
+    /// Takes the directory's writer lock for a writer of this process, which holds it until
+    /// [`Store::release_writer`]: one writer allocates LSNs at a time.
+    pub fn acquire_writer(&self) -> Result<()> {
+        let mut inner = self.lock_inner();
+        if inner.writer_lock.is_some() {
+            return Err(Error::invalid(format!(
+                "a writer is already open on {} in this process",
+                self.dir.display()
+            )));
+        }
+        inner.writer_lock = Some(self.lock_directory()?);
+        Ok(())
+    }
+
+    /// Releases the writer lock taken by [`Store::acquire_writer`].
+    pub fn release_writer(&self) {
+        self.lock_inner().writer_lock = None;
+    }
+
     /// Path of a segment file.
     pub fn segment_path(&self, capture_instance: &str, file: &str) -> PathBuf {
         self.dir.join("ct").join(capture_instance).join(file)
     }
 
-    /// Applies `change` to the newest manifest and publishes the result, holding the writer
-    /// lock (taken on first use and kept for the life of this store).
+    /// Applies `change` to the newest manifest and publishes the result, under the writer
+    /// lock (this process's writer's, or taken for this publish alone, as a cleanup does).
     pub fn publish<T>(&self, change: impl FnOnce(&Store, &mut Manifest) -> Result<T>) -> Result<T> {
         let mut inner = self.lock_inner();
-        if inner.writer_lock.is_none() {
-            let path = self.dir.join("writer.lock");
-            let file = OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-                .map_err(|error| Error::io(format!("opening {}", path.display()), error))?;
-            file.try_lock().map_err(|_| {
-                Error::invalid(format!(
-                    "another process is writing to {} (a `sim run`?); wait for it to finish",
-                    self.dir.display()
-                ))
-            })?;
-            inner.writer_lock = Some(file);
-        }
+        let _lock_for_this_publish = match inner.writer_lock {
+            Some(_) => None,
+            None => Some(self.lock_directory()?),
+        };
         self.refresh(&mut inner)?;
         let mut next = (*inner.manifest).clone();
         let result = change(self, &mut next)?;

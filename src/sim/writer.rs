@@ -232,11 +232,17 @@ pub struct SimWriter {
 
 impl SimWriter {
     pub(super) fn new(db: SimDb, clock: Clock, seed: u64) -> Result<Self> {
-        let manifest = db.manifest()?;
+        db.store.acquire_writer()?;
+        let release = |error: Error| {
+            db.store.release_writer();
+            error
+        };
+        let manifest = db.manifest().map_err(release)?;
         let mut tables = BTreeMap::new();
         let mut next_keys = BTreeMap::new();
         for table in &manifest.tables {
-            tables.insert(table.table.clone(), TableRows::from_map(db.store.read_state(table)?));
+            let rows = db.store.read_state(table).map_err(release)?;
+            tables.insert(table.table.clone(), TableRows::from_map(rows));
             next_keys.insert(table.table.clone(), table.next_key);
         }
         let mut writer = SimWriter {
@@ -591,6 +597,13 @@ impl SimWriter {
         })?;
         self.publish()?;
         Ok(lsn)
+    }
+}
+
+impl Drop for SimWriter {
+    fn drop(&mut self) {
+        // Unpublished commits are lost, as uncommitted work is when a process dies.
+        self.db.store.release_writer();
     }
 }
 

@@ -1,0 +1,614 @@
+//! The Flight service end to end: a real server on 127.0.0.1:0 over a simulated database,
+//! each call's happy and error path, and the faults production brings.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use arrow::array::{Array, StringArray};
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{Criteria, Empty, FlightDescriptor, Ticket};
+use common::{FlightFixture, SimFixture, all_null, read_plan, read_range, row_count, stream_rows};
+use futures::TryStreamExt;
+use mssql_cdc_flight::client::ClientError;
+use mssql_cdc_flight::flight::protocol::{
+    CaptureInstanceInfo, ChangesCommand, Command, CountAnswer, InitialOffsetBody, LatestOffsetBody, LsnAnswer,
+    PlanMetadata, TableCommand, TimeAnswer,
+};
+use mssql_cdc_flight::flight::ticket::TicketSigner;
+use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
+use mssql_cdc_flight::sim::{CleanupDuringRead, Faults, KeyUpdateStyle};
+use mssql_cdc_flight::source::{CdcSource, Tile};
+use mssql_cdc_flight::{Lsn, Offset};
+use serde_json::json;
+use tonic::Code;
+
+fn orders() -> mssql_cdc_flight::source::TableName {
+    "dbo.orders".parse().expect("table")
+}
+
+/// A database with seeded rows and a mixed workload, served by a fixture.
+async fn loaded(commits: u64) -> (SimFixture, FlightFixture) {
+    let sim = SimFixture::new();
+    let mut writer = sim.writer(11);
+    let spec = WorkloadSpec {
+        commits: Some(commits),
+        max_rows_per_statement: 5,
+        ..WorkloadSpec::default()
+    };
+    workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
+    let flight = FlightFixture::start(Arc::new(sim.db.clone())).await;
+    (sim, flight)
+}
+
+async fn earliest(flight: &FlightFixture, table: &str) -> Offset {
+    flight
+        .client
+        .action("initial_offset", &InitialOffsetBody { table: table.into(), starting: None })
+        .await
+        .expect("initial offset")
+}
+
+async fn raw_client(flight: &FlightFixture) -> FlightServiceClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(flight.url.clone()).expect("url").connect().await.expect("connect");
+    FlightServiceClient::new(channel)
+}
+
+fn code(error: ClientError) -> Code {
+    error.code().unwrap_or_else(|| panic!("expected a status, got {error}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_read_through_flight_equals_what_the_database_committed() {
+    let (sim, flight) = loaded(600).await;
+    let start = earliest(&flight, "dbo.orders").await;
+    let (plan, batches) = read_range(&flight.client, "dbo.orders", start.lsn, None, 4).await;
+    let expected = sim.journal_rows("dbo.orders");
+    assert!(expected.len() > 1000, "workload too small: {}", expected.len());
+    let streamed = stream_rows(&batches, "order_id");
+    // Same rows, once each, in the ordering key (_start_lsn, _command_id, _seqval, _operation).
+    assert_eq!(streamed, expected);
+    assert!(plan.info.endpoint.len() > 1, "4 partitions asked, {} endpoints", plan.info.endpoint.len());
+    assert_eq!(plan.info.total_records as usize, expected.len());
+    assert_eq!(plan.metadata.rows as usize, expected.len());
+    // Updates are 3 then 4 sharing a seqval; every seqval is below its commit LSN.
+    for pair in streamed.windows(2) {
+        if pair[0].operation == 3 && pair[1].operation == 4 && pair[0].key == pair[1].key {
+            assert_eq!(pair[0].seqval, pair[1].seqval);
+        }
+    }
+    assert!(streamed.iter().all(|row| row.seqval < row.start_lsn));
+    let capture_instances: &StringArray =
+        batches[0].column(0).as_any().downcast_ref().expect("_capture_instance is utf8");
+    assert_eq!(capture_instances.value(0), "dbo_orders");
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_survive_the_trip() {
+    let sim = SimFixture::new();
+    let mut writer = sim.writer(5);
+    let mut tx = writer.begin();
+    let keys = tx.insert(&orders(), 50).expect("insert");
+    tx.commit().expect("commit");
+    writer.publish().expect("publish");
+    let manifest = sim.db.manifest().expect("manifest");
+    let definition = manifest.table(&orders()).expect("orders").clone();
+    let flight = FlightFixture::start(Arc::new(sim.db.clone())).await;
+    let start = earliest(&flight, "dbo.orders").await;
+    let (_, batches) = read_range(&flight.client, "dbo.orders", start.lsn, None, 1).await;
+    // Regenerate the expected rows column by column from (key, content) and compare arrays.
+    let batch = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+    for column in &definition.columns {
+        let mut builder = mssql_cdc_flight::sim::values::ColumnBuilder::new(&column.sql_type, keys.len());
+        for key in &keys {
+            let content = writer.content_of(&orders(), *key).expect("row");
+            builder.append_generated(column, column.name == definition.key, *key, content);
+        }
+        let expected = builder.finish();
+        let actual = batch.column_by_name(&column.name).expect("column");
+        assert_eq!(actual.as_ref(), expected.as_ref(), "column {}", column.name);
+    }
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_updates_are_recorded_as_delete_insert_or_in_place() {
+    let sim = SimFixture::new();
+    let mut writer = sim.writer(3);
+    let mut tx = writer.begin();
+    tx.insert(&orders(), 2).expect("insert");
+    tx.commit().expect("commit");
+    let mut tx = writer.begin();
+    tx.update_key(&orders(), 1, 100, KeyUpdateStyle::DeleteInsert).expect("split");
+    tx.update_key(&orders(), 2, 200, KeyUpdateStyle::InPlace).expect("in place");
+    tx.commit().expect("commit").expect("lsn");
+    writer.publish().expect("publish");
+    let flight = FlightFixture::start(Arc::new(sim.db.clone())).await;
+    let start = earliest(&flight, "dbo.orders").await;
+    let (_, batches) = read_range(&flight.client, "dbo.orders", start.lsn, None, 1).await;
+    let rows = stream_rows(&batches, "order_id");
+    let last: Vec<(i32, i32, i64)> = rows[2..].iter().map(|row| (row.command_id, row.operation, row.key)).collect();
+    assert_eq!(last, vec![(1, 1, 1), (1, 2, 100), (2, 3, 2), (2, 4, 200)]);
+    assert_ne!(rows[2].seqval, rows[3].seqval, "a split update has two log records");
+    assert_eq!(rows[4].seqval, rows[5].seqval, "an in-place key update shares its seqval");
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_flights_get_schema_and_list_actions() {
+    let (_sim, flight) = loaded(20).await;
+    let infos = flight.client.list_tables().await.expect("list");
+    assert_eq!(infos.len(), 2);
+    let metadata: serde_json::Value = serde_json::from_slice(&infos[1].app_metadata).expect("json");
+    assert_eq!(metadata["table"], "dbo.orders");
+    assert_eq!(metadata["capture_instances"][0]["name"], "dbo_orders");
+    assert_eq!(metadata["capture_instances"][0]["index_columns"], json!(["order_id"]));
+
+    let mut raw = raw_client(&flight).await;
+    let table = Command::Table(TableCommand { table: "dbo.customers".into() });
+    let schema = raw
+        .get_schema(FlightDescriptor::new_cmd(table.to_bytes()))
+        .await
+        .expect("schema")
+        .into_inner();
+    let schema = arrow::datatypes::Schema::try_from(&schema).expect("ipc schema");
+    assert_eq!(schema.fields().len(), 6 + 9);
+    assert_eq!(schema.field(6).name(), "customer_id");
+
+    let mut changes = ChangesCommand::new("dbo.orders", Lsn::ZERO, None);
+    changes.columns = Some(vec!["status".into(), "order_id".into()]);
+    changes.include_command_id = Some(false);
+    let schema = raw
+        .get_schema(FlightDescriptor::new_cmd(Command::Changes(changes).to_bytes()))
+        .await
+        .expect("schema")
+        .into_inner();
+    let schema = arrow::datatypes::Schema::try_from(&schema).expect("ipc schema");
+    let names: Vec<&str> = schema.fields().iter().map(|field| field.name().as_str()).collect();
+    assert_eq!(names, ["_capture_instance", "_start_lsn", "_seqval", "_operation", "_commit_ts", "status", "order_id"]);
+
+    let missing = Command::Table(TableCommand { table: "dbo.nope".into() });
+    let error = raw.get_schema(FlightDescriptor::new_cmd(missing.to_bytes())).await.expect_err("unknown");
+    assert_eq!(error.code(), Code::NotFound);
+    let error = raw.get_schema(FlightDescriptor::new_cmd(b"{".to_vec())).await.expect_err("bad json");
+    assert_eq!(error.code(), Code::InvalidArgument);
+
+    let actions: Vec<_> = raw.list_actions(Empty {}).await.expect("actions").into_inner().try_collect().await.expect("list");
+    assert_eq!(actions.len(), mssql_cdc_flight::flight::ACTIONS.len());
+    let flights: Vec<_> =
+        raw.list_flights(Criteria::default()).await.expect("flights").into_inner().try_collect().await.expect("list");
+    assert_eq!(flights.len(), 2);
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_action_answers_and_refuses_bad_input() {
+    let (sim, flight) = loaded(200).await;
+    let client = &flight.client;
+    let source = sim.db.clone();
+    let max: LsnAnswer = client.action("max_lsn", &json!({})).await.expect("max_lsn");
+    let max = max.lsn.expect("a max lsn");
+    assert_eq!(Some(max), source.max_lsn().await.expect("source max"));
+    let min: LsnAnswer = client.action("min_lsn", &json!({"capture_instance": "dbo_orders"})).await.expect("min");
+    let min = min.lsn.expect("min lsn");
+    let next: LsnAnswer = client.action("increment_lsn", &json!({"lsn": min})).await.expect("increment");
+    assert_eq!(next.lsn, Some(min.increment()));
+    let previous: LsnAnswer = client.action("decrement_lsn", &json!({"lsn": min})).await.expect("decrement");
+    assert_eq!(previous.lsn, Some(min.decrement()));
+    let time: TimeAnswer = client.action("lsn_to_time", &json!({"lsn": max})).await.expect("time");
+    assert!(time.commit_ts.is_some());
+    let none: TimeAnswer = client.action("lsn_to_time", &json!({"lsn": max.increment()})).await.expect("time");
+    assert_eq!(none.commit_ts, None);
+    let third: LsnAnswer = client.action("nth_commit_after", &json!({"lsn": min, "n": 3})).await.expect("nth");
+    assert_eq!(third.lsn, source.nth_commit_after(min, 3).await.expect("source nth"));
+    let beyond: LsnAnswer = client.action("nth_commit_after", &json!({"lsn": max, "n": 3})).await.expect("nth");
+    assert_eq!(beyond.lsn, None);
+    let capped: LsnAnswer = client.action("nth_commit_after", &json!({"lsn": min, "n": 1_000_000})).await.expect("nth");
+    assert_eq!(capped.lsn, Some(max));
+    let instances: Vec<CaptureInstanceInfo> =
+        client.action("capture_instances", &json!({"table": "dbo.orders"})).await.expect("instances");
+    assert_eq!(instances.len(), 1);
+    assert_eq!(instances[0].columns.len(), 10);
+    let ddl: Vec<serde_json::Value> = client
+        .action("ddl_history", &json!({"capture_instance": "dbo_orders", "from": Lsn::ZERO, "to": max}))
+        .await
+        .expect("ddl");
+    assert!(ddl.is_empty());
+    let tiles: Vec<Tile> = client
+        .action("split_points", &json!({"capture_instance": "dbo_orders", "from": min, "to": max, "n": 4}))
+        .await
+        .expect("split");
+    assert!((2..=4).contains(&tiles.len()), "{} tiles", tiles.len());
+    let count: CountAnswer = client
+        .action("count_changes", &json!({"capture_instance": "dbo_orders", "from": min, "to": max}))
+        .await
+        .expect("count");
+    assert_eq!(count.rows, tiles.iter().map(|tile| tile.rows).sum::<u64>());
+    assert_eq!(count.rows as usize, sim.journal_rows("dbo.orders").len());
+
+    for (name, body, expected) in [
+        ("no_such_action", json!({}), Code::InvalidArgument),
+        ("max_lsn", json!({"extra": 1}), Code::InvalidArgument),
+        ("min_lsn", json!({"capture_instance": "dbo_nope"}), Code::NotFound),
+        ("min_lsn", json!({"capture_instance": "DBO_ORDERS"}), Code::NotFound),
+        ("increment_lsn", json!({"lsn": "0xZZ"}), Code::InvalidArgument),
+        ("lsn_to_time", json!({}), Code::InvalidArgument),
+        ("nth_commit_after", json!({"lsn": min, "n": 0}), Code::InvalidArgument),
+        ("capture_instances", json!({"table": "dbo.nope"}), Code::NotFound),
+        ("split_points", json!({"capture_instance": "dbo_orders", "from": max, "to": min, "n": 2}), Code::InvalidArgument),
+        ("split_points", json!({"capture_instance": "dbo_orders", "from": min, "to": max, "n": 0}), Code::InvalidArgument),
+        ("initial_offset", json!({"table": "dbo.orders", "starting": "yesterday"}), Code::InvalidArgument),
+        ("latest_offset", json!({"max_commits": 0}), Code::InvalidArgument),
+    ] {
+        let error = client.action::<serde_json::Value>(name, &body).await.expect_err(name);
+        assert_eq!(code(error), expected, "{name} {body}");
+    }
+    let hint = client
+        .action::<serde_json::Value>("min_lsn", &json!({"capture_instance": "DBO_ORDERS"}))
+        .await
+        .expect_err("case");
+    assert!(hint.to_string().contains("did you mean dbo_orders"), "{hint}");
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_follow_the_seed_rules() {
+    let (_sim, flight) = loaded(100).await;
+    let client = &flight.client;
+    let start = earliest(&flight, "dbo.orders").await;
+    let min: LsnAnswer = client.action("min_lsn", &json!({"capture_instance": "dbo_orders"})).await.expect("min");
+    assert_eq!(start.lsn, min.lsn.expect("min").decrement(), "earliest is just before min_lsn");
+    let latest: Offset = client
+        .action("latest_offset", &LatestOffsetBody { start: Some(start), max_commits: None, upper: None })
+        .await
+        .expect("latest");
+    let max: LsnAnswer = client.action("max_lsn", &json!({})).await.expect("max");
+    assert_eq!(Some(latest.lsn), max.lsn);
+    assert!(latest.commit_ts.is_some());
+    let capped: Offset = client
+        .action("latest_offset", &LatestOffsetBody { start: Some(start), max_commits: Some(5), upper: None })
+        .await
+        .expect("capped");
+    let fifth: LsnAnswer = client.action("nth_commit_after", &json!({"lsn": start.lsn, "n": 5})).await.expect("nth");
+    assert_eq!(Some(capped.lsn), fifth.lsn);
+    let same: Offset = client
+        .action("latest_offset", &LatestOffsetBody { start: Some(latest), max_commits: Some(5), upper: None })
+        .await
+        .expect("nothing new");
+    assert_eq!(same, latest, "nothing newer: the start comes back");
+    let upper: Offset = client
+        .action("latest_offset", &LatestOffsetBody { start: Some(start), max_commits: None, upper: Some(capped.lsn) })
+        .await
+        .expect("upper");
+    assert_eq!(upper.lsn, capped.lsn);
+    let newest: Offset = client
+        .action("initial_offset", &InitialOffsetBody { table: "dbo.orders".into(), starting: Some("latest".into()) })
+        .await
+        .expect("latest start");
+    assert_eq!(newest.lsn, latest.lsn);
+    let explicit: Offset = client
+        .action("initial_offset", &InitialOffsetBody { table: "dbo.orders".into(), starting: Some("2a".into()) })
+        .await
+        .expect("explicit");
+    assert_eq!(explicit.lsn.to_string(), "0x0000000000000000002A");
+    // Batches capped at 5 commits walk the history without gaps or overlaps.
+    let mut position = start;
+    let mut total = 0;
+    for _ in 0..200 {
+        let end: Offset = client
+            .action("latest_offset", &LatestOffsetBody { start: Some(position), max_commits: Some(5), upper: None })
+            .await
+            .expect("step");
+        if end == position {
+            break;
+        }
+        let (_, batches) = read_range(client, "dbo.orders", position.lsn, Some(end.lsn), 1).await;
+        total += row_count(&batches);
+        position = end;
+    }
+    assert_eq!(position.lsn, latest.lsn);
+    let count: CountAnswer = client
+        .action("count_changes", &json!({"capture_instance": "dbo_orders", "from": start.lsn.increment(), "to": latest.lsn}))
+        .await
+        .expect("count");
+    assert_eq!(total as u64, count.rows);
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_plans_are_refused_with_a_reason() {
+    let (_sim, flight) = loaded(50).await;
+    let client = &flight.client;
+    let max: LsnAnswer = client.action("max_lsn", &json!({})).await.expect("max");
+    let max = max.lsn.expect("max");
+    let cases: Vec<(ChangesCommand, Code, &str)> = vec![
+        (ChangesCommand::new("dbo.orders", max, Some(max.decrement())), Code::InvalidArgument, "is past to"),
+        (ChangesCommand::new("dbo.orders", Lsn::ZERO, Some(max.increment())), Code::InvalidArgument, "past max_lsn"),
+        (ChangesCommand::new("dbo.nope", Lsn::ZERO, None), Code::NotFound, "dbo.nope"),
+        (ChangesCommand::new("a.b.c", Lsn::ZERO, None), Code::InvalidArgument, "schema.table"),
+        (
+            ChangesCommand { columns: Some(vec!["nope".into()]), ..ChangesCommand::new("dbo.orders", max, None) },
+            Code::InvalidArgument,
+            "not captured",
+        ),
+        (
+            ChangesCommand { partitions: Some(0), ..ChangesCommand::new("dbo.orders", max, None) },
+            Code::InvalidArgument,
+            "partitions",
+        ),
+        (
+            ChangesCommand { capture_instance: Some("dbo_nope".into()), ..ChangesCommand::new("dbo.orders", max, None) },
+            Code::NotFound,
+            "dbo_nope",
+        ),
+    ];
+    for (command, expected, text) in cases {
+        let error = client.plan_changes(&command).await.expect_err("refused");
+        assert!(error.to_string().contains(text), "{error}");
+        assert_eq!(code(error), expected);
+    }
+    let mut raw = raw_client(&flight).await;
+    let misspelt = br#"{"type":"changes","table":"dbo.orders","from":"0x00","partitons":2}"#.to_vec();
+    let error = raw.get_flight_info(FlightDescriptor::new_cmd(misspelt)).await.expect_err("unknown option");
+    assert_eq!(error.code(), Code::InvalidArgument);
+    assert!(error.message().contains("partitons"), "{}", error.message());
+    // An empty range plans no endpoint.
+    let empty = client.plan_changes(&ChangesCommand::new("dbo.orders", max, Some(max))).await.expect("empty");
+    assert!(empty.info.endpoint.is_empty());
+    assert_eq!(empty.info.total_records, 0);
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_is_cut_at_a_newer_capture_instance() {
+    let sim = SimFixture::new();
+    let mut writer = sim.writer(21);
+    let spec = WorkloadSpec { commits: Some(150), mix: "insert=1,update=1,delete=0.2".parse().expect("mix"), ..WorkloadSpec::default() };
+    workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("before");
+    let added_at = writer.add_column(&orders(), "discount", "decimal(9,2)", true).expect("add column");
+    let mut columns: Vec<String> =
+        sim.db.manifest().expect("manifest").table(&orders()).expect("t").columns.iter().map(|c| c.name.clone()).collect();
+    columns.sort();
+    let switch_at = writer.enable_capture_instance(&orders(), "dbo_orders_v2", &columns).expect("enable");
+    workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("after");
+    let flight = FlightFixture::start(Arc::new(sim.db.clone())).await;
+    let start = earliest(&flight, "dbo.orders").await;
+    let (plan, batches) = read_range(&flight.client, "dbo.orders", start.lsn, None, 2).await;
+    let metadata: &PlanMetadata = &plan.metadata;
+    let ranges: Vec<(&str, Lsn, Lsn)> =
+        metadata.ranges.iter().map(|range| (range.capture_instance.as_str(), range.from, range.to)).collect();
+    assert_eq!(ranges.len(), 2);
+    assert_eq!(ranges[0].0, "dbo_orders");
+    assert_eq!(ranges[0].2, switch_at.decrement(), "older instance ends just before S");
+    assert_eq!((ranges[1].0, ranges[1].1), ("dbo_orders_v2", switch_at), "newer instance starts at S");
+    let events: Vec<(&str, Lsn)> = metadata.events.iter().map(|event| (event.event.as_str(), event.lsn)).collect();
+    assert_eq!(events, vec![("schema_change", added_at), ("capture_instance_switched", switch_at)]);
+    assert!(metadata.events[1].detail.starts_with("dbo_orders -> dbo_orders_v2"));
+    assert!(metadata.events[0].detail.contains("ADD [discount] decimal(9,2)"));
+    // Every change exactly once (no commit from both instances), the union schema holding
+    // the new column: NULL before the switch, values after it.
+    assert_eq!(stream_rows(&batches, "order_id"), sim.journal_rows("dbo.orders"));
+    let (before, after): (Vec<_>, Vec<_>) = batches.iter().cloned().partition(|batch| {
+        let instance: &StringArray = batch.column(0).as_any().downcast_ref().expect("utf8");
+        instance.value(0) == "dbo_orders"
+    });
+    assert!(!before.is_empty() && !after.is_empty());
+    assert!(all_null(&before, "discount"));
+    assert!(!all_null(&after, "discount"));
+    // A range entirely after the switch reads only the newer instance, with no event.
+    let (late, _) = read_range(&flight.client, "dbo.orders", switch_at, None, 1).await;
+    assert_eq!(late.metadata.ranges.len(), 1);
+    assert!(late.metadata.events.is_empty());
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_entries_advance_the_offset_of_a_quiet_table() {
+    let (sim, flight) = loaded(30).await;
+    let client = &flight.client;
+    let before: Offset = client.action("latest_offset", &LatestOffsetBody { start: None, max_commits: None, upper: None }).await.expect("latest");
+    let mut writer = sim.writer(9);
+    for _ in 0..3 {
+        writer.idle();
+    }
+    writer.publish().expect("publish");
+    let after: Offset = client
+        .action("latest_offset", &LatestOffsetBody { start: Some(before), max_commits: None, upper: None })
+        .await
+        .expect("latest");
+    assert!(after.lsn > before.lsn, "idle entries move max_lsn");
+    assert!(after.commit_ts > before.commit_ts, "and the commit time the verdict needs");
+    let (plan, batches) = read_range(client, "dbo.orders", before.lsn, Some(after.lsn), 1).await;
+    assert_eq!(plan.info.endpoint.len(), 1, "an idle range is still read, so its guard runs");
+    assert_eq!(row_count(&batches), 0);
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purged_changes_are_data_loss_before_planning() {
+    let (sim, flight) = loaded(100).await;
+    let start = earliest(&flight, "dbo.orders").await;
+    let cut = sim.db.nth_commit_after(start.lsn, 40).await.expect("nth").expect("commit");
+    sim.db.cleanup(Some("dbo_orders"), cut).expect("cleanup");
+    let error = flight
+        .client
+        .plan_changes(&ChangesCommand::new("dbo.orders", start.lsn, None))
+        .await
+        .expect_err("purged");
+    let message = error.to_string();
+    assert_eq!(code(error), Code::DataLoss);
+    assert!(message.contains("dbo_orders"), "{message}");
+    assert!(message.contains(&start.lsn.increment().to_string()), "names the requested lsn: {message}");
+    assert!(message.contains(&cut.to_string()), "names min_lsn: {message}");
+    // From just before the new min_lsn on, the range is whole again.
+    let (_, batches) = read_range(&flight.client, "dbo.orders", cut.decrement(), None, 1).await;
+    let expected: Vec<_> =
+        sim.journal_rows("dbo.orders").into_iter().filter(|row| row.start_lsn >= cut.to_string()).collect();
+    assert_eq!(stream_rows(&batches, "order_id"), expected);
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_during_the_read_is_data_loss_never_a_short_stream() {
+    let (sim, flight) = loaded(400).await;
+    let start = earliest(&flight, "dbo.orders").await;
+    let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
+    command.batch_rows = Some(100);
+    let plan = flight.client.plan_changes(&command).await.expect("plan");
+    let cut = sim.db.nth_commit_after(start.lsn, 300).await.expect("nth").expect("commit");
+    sim.db.set_faults(Faults {
+        cleanup_during_read: Some(CleanupDuringRead {
+            capture_instance: Some("dbo_orders".into()),
+            low_water_mark: cut,
+            after_rows: 200,
+        }),
+        ..Faults::default()
+    });
+    let ticket = plan.info.endpoint[0].ticket.clone().expect("ticket");
+    let mut rows = 0;
+    let error = flight.client.read_endpoint(&ticket, |batch| rows += batch.num_rows()).await.expect_err("loss");
+    assert!(rows >= 200, "the read was under way: {rows} rows");
+    assert!(error.to_string().contains("while the range"), "{error}");
+    assert_eq!(code(error), Code::DataLoss);
+    // Replaying the ticket now fails at once: its start is purged.
+    let replay = flight.client.collect_endpoint(&ticket).await.expect_err("replay");
+    assert_eq!(code(replay), Code::DataLoss);
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_source_connection_is_unavailable_and_incomplete() {
+    let (sim, flight) = loaded(200).await;
+    let start = earliest(&flight, "dbo.orders").await;
+    let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
+    command.batch_rows = Some(50);
+    let plan = flight.client.plan_changes(&command).await.expect("plan");
+    sim.db.set_faults(Faults { drop_connection_after_rows: Some(100), ..Faults::default() });
+    let ticket = plan.info.endpoint[0].ticket.clone().expect("ticket");
+    let error = flight.client.collect_endpoint(&ticket).await.expect_err("dropped");
+    assert_eq!(code(error), Code::Unavailable);
+    // The fault is spent: the same ticket now reads whole.
+    let (batches, completion) = flight.client.collect_endpoint(&ticket).await.expect("retry");
+    assert_eq!(completion.rows as usize, row_count(&batches));
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_ticket_read_twice_gives_identical_rows_and_on_another_replica() {
+    let (sim, flight) = loaded(300).await;
+    let start = earliest(&flight, "dbo.orders").await;
+    let plan = flight.client.plan_changes(&ChangesCommand::new("dbo.orders", start.lsn, None)).await.expect("plan");
+    // More commits after planning must not change what the ticket reads.
+    let mut writer = sim.writer(77);
+    workload::run(&mut writer, &WorkloadSpec { commits: Some(50), ..WorkloadSpec::default() }, &AtomicBool::new(false))
+        .expect("more");
+    let (first, _) = read_plan(&flight.client, &plan).await.expect("first");
+    let (second, _) = read_plan(&flight.client, &plan).await.expect("second");
+    assert_eq!(first, second);
+    // A replica with the same key redeems the ticket; one with another key refuses it.
+    let replica = FlightFixture::start(Arc::new(sim.db.clone())).await;
+    let (third, _) = read_plan(&replica.client, &plan).await.expect("replica");
+    assert_eq!(first, third);
+    let stranger = FlightFixture::start_with_key(Arc::new(sim.db.clone()), TicketSigner::random().expect("key")).await;
+    let error = read_plan(&stranger.client, &plan).await.expect_err("other key");
+    assert_eq!(code(error), Code::PermissionDenied);
+    for fixture in [flight, replica, stranger] {
+        fixture.shutdown_and_wait().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_concurrent_reads_all_complete() {
+    let (sim, flight) = loaded(500).await;
+    let start = earliest(&flight, "dbo.orders").await;
+    let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
+    command.partitions = Some(8);
+    command.min_partition_rows = Some(1);
+    command.batch_rows = Some(64);
+    let plan = flight.client.plan_changes(&command).await.expect("plan");
+    assert_eq!(plan.info.endpoint.len(), 8);
+    let mut reads = Vec::new();
+    for endpoint in &plan.info.endpoint {
+        let client = flight.client.clone();
+        let ticket = endpoint.ticket.clone().expect("ticket");
+        reads.push(tokio::spawn(async move { client.collect_endpoint(&ticket).await }));
+    }
+    let mut batches = Vec::new();
+    for read in reads {
+        let (endpoint_batches, completion) = read.await.expect("task").expect("read");
+        assert_eq!(completion.rows as usize, row_count(&endpoint_batches));
+        batches.extend(endpoint_batches);
+    }
+    assert_eq!(stream_rows(&batches, "order_id"), sim.journal_rows("dbo.orders"));
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tampered_and_garbage_tickets_are_refused() {
+    let (_sim, flight) = loaded(50).await;
+    let start = earliest(&flight, "dbo.orders").await;
+    let plan = flight.client.plan_changes(&ChangesCommand::new("dbo.orders", start.lsn, None)).await.expect("plan");
+    let ticket = plan.info.endpoint[0].ticket.clone().expect("ticket");
+    let mut bytes = ticket.ticket.to_vec();
+    // Widen the range: flip a bit of the body (the to_lsn sits near the middle).
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    let error = flight.client.collect_endpoint(&Ticket::new(bytes)).await.expect_err("tampered");
+    assert_eq!(code(error), Code::PermissionDenied);
+    let error = flight.client.collect_endpoint(&Ticket::new(b"hello".to_vec())).await.expect_err("garbage");
+    assert_eq!(code(error), Code::InvalidArgument);
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_published_while_serving_are_seen_on_the_next_request() {
+    let (sim, flight) = loaded(20).await;
+    let before: LsnAnswer = flight.client.action("max_lsn", &json!({})).await.expect("max");
+    // A second handle on the directory, as `sim run` in another process would be.
+    let other = mssql_cdc_flight::sim::SimDb::open(&sim.db.dir()).expect("open");
+    let mut writer = other.writer(mssql_cdc_flight::sim::Clock::Wall, 4).expect("writer");
+    let mut tx = writer.begin();
+    tx.insert(&orders(), 3).expect("insert");
+    let lsn = tx.commit().expect("commit").expect("lsn");
+    writer.publish().expect("publish");
+    let after: LsnAnswer = flight.client.action("max_lsn", &json!({})).await.expect("max");
+    assert!(after.lsn > before.lsn);
+    assert_eq!(after.lsn, Some(lsn));
+    // The live writer's lock stops a second writer of the directory.
+    let error = sim.db.writer(mssql_cdc_flight::sim::Clock::Wall, 1).err().expect("locked");
+    assert!(error.to_string().contains("another process is writing"), "{error}");
+    let error = other.writer(mssql_cdc_flight::sim::Clock::Wall, 1).err().expect("one per process");
+    assert!(error.to_string().contains("already open"), "{error}");
+    drop(writer);
+    other.writer(mssql_cdc_flight::sim::Clock::Wall, 1).expect("free again");
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reports_serving() {
+    let (_sim, flight) = loaded(5).await;
+    let channel = tonic::transport::Endpoint::from_shared(flight.url.clone()).expect("url").connect().await.expect("connect");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let response = health
+        .check(tonic_health::pb::HealthCheckRequest { service: "arrow.flight.protocol.FlightService".into() })
+        .await
+        .expect("health")
+        .into_inner();
+    assert_eq!(response.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_slows_but_does_not_break_reads() {
+    let (sim, flight) = loaded(50).await;
+    sim.db.set_faults(Faults { latency: Duration::from_millis(20), ..Faults::default() });
+    let start = earliest(&flight, "dbo.orders").await;
+    let started = std::time::Instant::now();
+    let (_, batches) = read_range(&flight.client, "dbo.orders", start.lsn, None, 1).await;
+    assert!(started.elapsed() >= Duration::from_millis(20));
+    assert_eq!(stream_rows(&batches, "order_id"), sim.journal_rows("dbo.orders"));
+    flight.shutdown_and_wait().await;
+}
