@@ -97,9 +97,8 @@ impl CdcClient {
             .map_err(|error| connect_error(error.to_string()))?
             .connect_timeout(Duration::from_secs(10))
             .tcp_nodelay(true)
-            .http2_adaptive_window(true)
-            .initial_stream_window_size(Some(4 << 20))
-            .initial_connection_window_size(Some(16 << 20))
+            .initial_stream_window_size(Some(crate::flight::STREAM_WINDOW))
+            .initial_connection_window_size(Some(crate::flight::CONNECTION_WINDOW))
             .connect()
             .await
             .map_err(|error| connect_error(error.to_string()))?;

@@ -17,6 +17,11 @@ use mssql_cdc_flight::sim::{Clock, SimDb, sample};
 use mssql_cdc_flight::source::{CdcSource, TableName};
 use mssql_cdc_flight::{CommitTime, Lsn, Offset};
 
+// Streams allocate and free multi-megabyte Arrow and IPC buffers per batch; glibc hands
+// those to mmap/munmap each time (page faults, zeroed pages), mimalloc reuses them.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Serve SQL Server change data capture as Arrow Flight streams.
 #[derive(Parser)]
 #[command(version, about)]

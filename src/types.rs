@@ -357,6 +357,20 @@ pub fn output_schema(columns: &[OutputColumn], include_command_id: bool) -> Sche
     Arc::new(Schema::new(fields))
 }
 
+/// The Arrow memory the rows of `batch` use, counting only the parts of shared buffers its
+/// (possibly sliced) columns reach. `RecordBatch::get_array_memory_size` counts whole
+/// buffers, so a column sliced from an IPC message reports the entire message.
+pub fn batch_slice_size(batch: &arrow::record_batch::RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|column| {
+            let data = column.to_data();
+            data.get_slice_memory_size().unwrap_or_else(|_| column.get_array_memory_size())
+        })
+        .sum()
+}
+
 /// Number of metadata columns in front of the captured columns.
 pub fn metadata_column_count(include_command_id: bool) -> usize {
     if include_command_id { 6 } else { 5 }

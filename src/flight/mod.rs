@@ -54,8 +54,17 @@ use ticket::{ChangeRangeTicket, TicketBody, TicketColumn, TicketKind, TicketSign
 
 /// Largest message the server accepts from a client.
 const MAX_DECODING_MESSAGE_SIZE: usize = 16 << 20;
-/// Target size of one `FlightData` message (the encoder splits larger batches).
-const MAX_FLIGHT_DATA_SIZE: usize = 4 << 20;
+/// The encoder's own split is off: it sizes batches by whole buffers, so a column sliced
+/// from an IPC segment would count the entire segment message and every batch would be cut
+/// into slivers. Sources bound batches by rows and bytes themselves (`batch_bytes`).
+const MAX_FLIGHT_DATA_SIZE: usize = usize::MAX;
+
+/// HTTP/2 flow-control windows. Fixed and large: the adaptive window sizes itself by the
+/// bandwidth-delay product, which on a fast, short link (loopback, a LAN) stays near the
+/// 64 KiB default and makes the sender wait for a window update every 64 KiB.
+pub const STREAM_WINDOW: u32 = 16 << 20;
+/// Connection-level window, shared by the streams of one connection.
+pub const CONNECTION_WINDOW: u32 = 64 << 20;
 
 /// The actions `do_action` serves, with their descriptions (also `list_actions`).
 pub const ACTIONS: [(&str, &str); 12] = [
@@ -109,9 +118,8 @@ pub async fn serve(
         .set_serving::<FlightServiceServer<CdcFlightService>>()
         .await;
     let mut builder = tonic::transport::Server::builder()
-        .http2_adaptive_window(Some(true))
-        .initial_stream_window_size(Some(4 << 20))
-        .initial_connection_window_size(Some(16 << 20))
+        .initial_stream_window_size(Some(STREAM_WINDOW))
+        .initial_connection_window_size(Some(CONNECTION_WINDOW))
         .tcp_nodelay(true);
     if let Some(identity) = tls {
         let config = tonic::transport::ServerTlsConfig::new()
@@ -430,7 +438,7 @@ async fn produce_range(
         while let Some(batch) = stream.next().await {
             let batch = batch?;
             rows += batch.num_rows() as u64;
-            bytes += batch.get_array_memory_size() as u64;
+            bytes += crate::types::batch_slice_size(&batch) as u64;
             if batches.send(Ok(batch)).await.is_err() {
                 return Ok(None); // the client went away
             }

@@ -376,7 +376,9 @@ impl SimDb {
                     continue;
                 }
                 let rows = batch.slice(low, high - low);
-                let row_width = (batch.get_array_memory_size() / batch.num_rows().max(1)).max(1) + 64;
+                // Output row width: the captured values plus two 22-byte LSN strings and the
+                // other metadata columns.
+                let row_width = crate::types::batch_slice_size(&rows) / rows.num_rows() + 64;
                 let per_batch = read.batch_rows.min(read.batch_bytes / row_width).max(1);
                 let mut offset = 0;
                 while offset < rows.num_rows() {

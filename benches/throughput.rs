@@ -1,0 +1,211 @@
+//! Throughput and memory of serving change ranges.
+//!
+//! For a narrow table (10 captured columns) and a wide one (60), it measures
+//! (a) scanning a range of the simulated source in process (`CdcSource::read_changes`) and
+//! (b) the same range through `do_get` of the real server binary, on loopback, read by the
+//! Rust client, and reports rows/s, MB/s (Arrow memory of the batches), (b)/(a), and the
+//! server process's peak RSS (`VmHWM`).
+//!
+//! `cargo bench --bench throughput`; sizes with `BENCH_NARROW_ROWS` (default 10,000,000)
+//! and `BENCH_WIDE_ROWS` (default 1,000,000); `BENCH_DIR` keeps the generated databases.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use futures::StreamExt;
+use mssql_cdc_flight::client::CdcClient;
+use mssql_cdc_flight::flight::protocol::ChangesCommand;
+use mssql_cdc_flight::sim::{Clock, SimDb, sample};
+use mssql_cdc_flight::source::{CdcSource, ChangeRead, TableName};
+use mssql_cdc_flight::types::OutputColumn;
+use mssql_cdc_flight::{CommitTime, Lsn};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const SEED_ROWS: usize = 100_000;
+const ROWS_PER_TRANSACTION: usize = 1_000;
+
+fn env_rows(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
+}
+
+/// Seeds `SEED_ROWS` rows, then updates them until `rows` change rows exist (2 per update).
+fn generate(db: &SimDb, table: &TableName, rows: u64) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let mut writer = db.writer(Clock::Virtual { step_micros: 1_000 }, 42)?;
+    for _ in 0..SEED_ROWS / ROWS_PER_TRANSACTION {
+        let mut tx = writer.begin();
+        tx.insert(table, ROWS_PER_TRANSACTION)?;
+        tx.commit()?;
+    }
+    let mut written = SEED_ROWS as u64;
+    while written < rows {
+        let mut tx = writer.begin();
+        let keys = tx.random_keys(table, ROWS_PER_TRANSACTION / 2)?;
+        tx.update(table, &keys)?;
+        written += tx.change_count() as u64;
+        tx.commit()?;
+    }
+    writer.publish()?;
+    Ok(written as f64 / started.elapsed().as_secs_f64())
+}
+
+struct Measure {
+    rows: u64,
+    bytes: u64,
+    seconds: f64,
+}
+
+impl Measure {
+    fn rows_per_second(&self) -> f64 {
+        self.rows as f64 / self.seconds
+    }
+    fn mb_per_second(&self) -> f64 {
+        self.bytes as f64 / 1e6 / self.seconds
+    }
+}
+
+async fn scan_in_process(db: &SimDb, table: &TableName) -> anyhow::Result<Measure> {
+    let instance = db.capture_instances(table).await?.remove(0);
+    let columns = instance
+        .columns
+        .iter()
+        .map(|column| OutputColumn { name: column.name.clone(), sql_type: column.sql_type.clone() })
+        .collect();
+    let read = ChangeRead {
+        capture_instance: instance.name.clone(),
+        from: db.min_lsn(&instance.name).await?,
+        to: db.max_lsn().await?.unwrap_or(Lsn::ZERO),
+        columns,
+        include_command_id: true,
+        batch_rows: mssql_cdc_flight::flight::protocol::DEFAULT_BATCH_ROWS,
+        batch_bytes: mssql_cdc_flight::flight::protocol::DEFAULT_BATCH_BYTES,
+    };
+    let started = Instant::now();
+    let mut stream = db.read_changes(read).await?;
+    let (mut rows, mut bytes) = (0u64, 0u64);
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        rows += batch.num_rows() as u64;
+        bytes += mssql_cdc_flight::types::batch_slice_size(&batch) as u64;
+    }
+    Ok(Measure { rows, bytes, seconds: started.elapsed().as_secs_f64() })
+}
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(dir: &Path) -> anyhow::Result<Self> {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mssql-cdc-flight"))
+            .args(["serve", "--source", &format!("sim:{}", dir.display()), "--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout")).read_line(&mut line)?;
+        let address = line.trim().strip_prefix("listening on ").ok_or_else(|| anyhow::anyhow!("server said {line}"))?;
+        Ok(Server { url: format!("http://{address}"), child })
+    }
+
+    /// Peak resident memory of the server process so far, in MiB.
+    fn peak_rss_mib(&self) -> anyhow::Result<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let line = status
+            .lines()
+            .find(|line| line.starts_with("VmHWM:"))
+            .ok_or_else(|| anyhow::anyhow!("no VmHWM"))?;
+        let kib: f64 = line.split_whitespace().nth(1).unwrap_or("0").parse()?;
+        Ok(kib / 1024.0)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn read_through_flight(url: &str, table: &TableName, partitions: u32) -> anyhow::Result<Measure> {
+    let client = CdcClient::connect(url).await?;
+    let instances: Vec<serde_json::Value> =
+        client.action("capture_instances", &serde_json::json!({"table": table.to_string()})).await?;
+    let min_lsn: Lsn = serde_json::from_value(instances[0]["min_lsn"].clone())?;
+    let mut command = ChangesCommand::new(table.to_string(), min_lsn.decrement(), None);
+    command.partitions = Some(partitions);
+    let started = Instant::now();
+    let plan = client.plan_changes(&command).await?;
+    let mut reads = Vec::new();
+    for endpoint in &plan.info.endpoint {
+        let client = client.clone();
+        let ticket = endpoint.ticket.clone().expect("ticket");
+        reads.push(tokio::spawn(async move {
+            let mut bytes = 0u64;
+            let completion = client.read_endpoint(&ticket, |batch| bytes += mssql_cdc_flight::types::batch_slice_size(&batch) as u64).await?;
+            anyhow::Ok((completion.rows, bytes))
+        }));
+    }
+    let (mut rows, mut bytes) = (0u64, 0u64);
+    for read in reads {
+        let (endpoint_rows, endpoint_bytes) = read.await??;
+        rows += endpoint_rows;
+        bytes += endpoint_bytes;
+    }
+    Ok(Measure { rows, bytes, seconds: started.elapsed().as_secs_f64() })
+}
+
+fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let temporary = tempfile::tempdir()?;
+    let base = std::env::var("BENCH_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| temporary.path().to_path_buf());
+    let cases = [
+        ("narrow (10 columns)", sample::orders(), env_rows("BENCH_NARROW_ROWS", 10_000_000)),
+        ("wide (60 columns)", sample::wide_table("dbo.wide".parse()?, 60), env_rows("BENCH_WIDE_ROWS", 1_000_000)),
+    ];
+    println!("| table | rows | generate rows/s | (a) in-process rows/s | (a) MB/s | (b) do_get rows/s | (b) MB/s | (b)/(a) | (b) 2 partitions rows/s | server peak RSS MiB |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (name, spec, rows) in cases {
+        let dir = base.join(spec.table.name.clone());
+        let db = if dir.join("manifest.json").exists() {
+            SimDb::open(&dir)?
+        } else {
+            SimDb::create(&dir, std::slice::from_ref(&spec), CommitTime(1_767_225_600_000_000))?
+        };
+        let generated = if db.manifest()?.capture_instances[0].segments.is_empty() {
+            format!("{:.0}", generate(&db, &spec.table, rows)?)
+        } else {
+            "reused".to_string()
+        };
+        let (scan, flight, flight_two, rss) = runtime.block_on(async {
+            // Warm the page cache once so both paths read from memory.
+            scan_in_process(&db, &spec.table).await?;
+            let scan = scan_in_process(&db, &spec.table).await?;
+            let server = Server::start(&dir)?;
+            let flight = read_through_flight(&server.url, &spec.table, 1).await?;
+            let flight_two = read_through_flight(&server.url, &spec.table, 2).await?;
+            let rss = server.peak_rss_mib()?;
+            anyhow::Ok((scan, flight, flight_two, rss))
+        })?;
+        assert_eq!(scan.rows, flight.rows, "both paths read the same rows");
+        println!(
+            "| {name} | {} | {generated} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} |",
+            scan.rows,
+            scan.rows_per_second(),
+            scan.mb_per_second(),
+            flight.rows_per_second(),
+            flight.mb_per_second(),
+            flight.rows_per_second() / scan.rows_per_second(),
+            flight_two.rows_per_second(),
+            rss,
+        );
+    }
+    Ok(())
+}
