@@ -29,7 +29,10 @@ const SEED_ROWS: usize = 100_000;
 const ROWS_PER_TRANSACTION: usize = 1_000;
 
 fn env_rows(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Seeds `SEED_ROWS` rows, then updates them until `rows` change rows exist (2 per update).
@@ -73,7 +76,10 @@ async fn scan_in_process(db: &SimDb, table: &TableName) -> anyhow::Result<Measur
     let columns = instance
         .columns
         .iter()
-        .map(|column| OutputColumn { name: column.name.clone(), sql_type: column.sql_type.clone() })
+        .map(|column| OutputColumn {
+            name: column.name.clone(),
+            sql_type: column.sql_type.clone(),
+        })
         .collect();
     let read = ChangeRead {
         capture_instance: instance.name.clone(),
@@ -92,7 +98,11 @@ async fn scan_in_process(db: &SimDb, table: &TableName) -> anyhow::Result<Measur
         rows += batch.num_rows() as u64;
         bytes += mssql_cdc_flight::types::batch_slice_size(&batch) as u64;
     }
-    Ok(Measure { rows, bytes, seconds: started.elapsed().as_secs_f64() })
+    Ok(Measure {
+        rows,
+        bytes,
+        seconds: started.elapsed().as_secs_f64(),
+    })
 }
 
 struct Server {
@@ -103,15 +113,27 @@ struct Server {
 impl Server {
     fn start(dir: &Path) -> anyhow::Result<Self> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mssql-cdc-flight"))
-            .args(["serve", "--source", &format!("sim:{}", dir.display()), "--listen", "127.0.0.1:0"])
+            .args([
+                "serve",
+                "--source",
+                &format!("sim:{}", dir.display()),
+                "--listen",
+                "127.0.0.1:0",
+            ])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()?;
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("piped stdout")).read_line(&mut line)?;
-        let address = line.trim().strip_prefix("listening on ").ok_or_else(|| anyhow::anyhow!("server said {line}"))?;
-        Ok(Server { url: format!("http://{address}"), child })
+        let address = line
+            .trim()
+            .strip_prefix("listening on ")
+            .ok_or_else(|| anyhow::anyhow!("server said {line}"))?;
+        Ok(Server {
+            url: format!("http://{address}"),
+            child,
+        })
     }
 
     /// Peak resident memory of the server process so far, in MiB.
@@ -133,10 +155,18 @@ impl Drop for Server {
     }
 }
 
-async fn read_through_flight(url: &str, table: &TableName, partitions: u32) -> anyhow::Result<Measure> {
+async fn read_through_flight(
+    url: &str,
+    table: &TableName,
+    partitions: u32,
+) -> anyhow::Result<Measure> {
     let client = CdcClient::connect(url).await?;
-    let instances: Vec<serde_json::Value> =
-        client.action("capture_instances", &serde_json::json!({"table": table.to_string()})).await?;
+    let instances: Vec<serde_json::Value> = client
+        .action(
+            "capture_instances",
+            &serde_json::json!({"table": table.to_string()}),
+        )
+        .await?;
     let min_lsn: Lsn = serde_json::from_value(instances[0]["min_lsn"].clone())?;
     let mut command = ChangesCommand::new(table.to_string(), min_lsn.decrement(), None);
     command.partitions = Some(partitions);
@@ -148,7 +178,11 @@ async fn read_through_flight(url: &str, table: &TableName, partitions: u32) -> a
         let ticket = endpoint.ticket.clone().expect("ticket");
         reads.push(tokio::spawn(async move {
             let mut bytes = 0u64;
-            let completion = client.read_endpoint(&ticket, |batch| bytes += mssql_cdc_flight::types::batch_slice_size(&batch) as u64).await?;
+            let completion = client
+                .read_endpoint(&ticket, |batch| {
+                    bytes += mssql_cdc_flight::types::batch_slice_size(&batch) as u64
+                })
+                .await?;
             anyhow::Ok((completion.rows, bytes))
         }));
     }
@@ -158,26 +192,48 @@ async fn read_through_flight(url: &str, table: &TableName, partitions: u32) -> a
         rows += endpoint_rows;
         bytes += endpoint_bytes;
     }
-    Ok(Measure { rows, bytes, seconds: started.elapsed().as_secs_f64() })
+    Ok(Measure {
+        rows,
+        bytes,
+        seconds: started.elapsed().as_secs_f64(),
+    })
 }
 
 fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let temporary = tempfile::tempdir()?;
-    let base = std::env::var("BENCH_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| temporary.path().to_path_buf());
+    let base = std::env::var("BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| temporary.path().to_path_buf());
     let cases = [
-        ("narrow (10 columns)", sample::orders(), env_rows("BENCH_NARROW_ROWS", 10_000_000)),
-        ("wide (60 columns)", sample::wide_table("dbo.wide".parse()?, 60), env_rows("BENCH_WIDE_ROWS", 1_000_000)),
+        (
+            "narrow (10 columns)",
+            sample::orders(),
+            env_rows("BENCH_NARROW_ROWS", 10_000_000),
+        ),
+        (
+            "wide (60 columns)",
+            sample::wide_table("dbo.wide".parse()?, 60),
+            env_rows("BENCH_WIDE_ROWS", 1_000_000),
+        ),
     ];
-    println!("| table | rows | generate rows/s | (a) in-process rows/s | (a) MB/s | (b) do_get rows/s | (b) MB/s | (b)/(a) | (b) 2 partitions rows/s | server peak RSS MiB |");
+    println!(
+        "| table | rows | generate rows/s | (a) in-process rows/s | (a) MB/s | (b) do_get rows/s | (b) MB/s | (b)/(a) | (b) 2 partitions rows/s | server peak RSS MiB |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for (name, spec, rows) in cases {
         let dir = base.join(spec.table.name.clone());
         let db = if dir.join("manifest.json").exists() {
             SimDb::open(&dir)?
         } else {
-            SimDb::create(&dir, std::slice::from_ref(&spec), CommitTime(1_767_225_600_000_000))?
+            SimDb::create(
+                &dir,
+                std::slice::from_ref(&spec),
+                CommitTime(1_767_225_600_000_000),
+            )?
         };
         let generated = if db.manifest()?.capture_instances[0].segments.is_empty() {
             format!("{:.0}", generate(&db, &spec.table, rows)?)

@@ -108,8 +108,13 @@ impl CdcClient {
     }
 
     /// Calls an action with a JSON body and decodes its JSON answer.
-    pub async fn action<T: DeserializeOwned>(&self, name: &str, body: &impl Serialize) -> ClientResult<T> {
-        let body = serde_json::to_vec(body).map_err(|error| ClientError::Protocol(error.to_string()))?;
+    pub async fn action<T: DeserializeOwned>(
+        &self,
+        name: &str,
+        body: &impl Serialize,
+    ) -> ClientResult<T> {
+        let body =
+            serde_json::to_vec(body).map_err(|error| ClientError::Protocol(error.to_string()))?;
         let mut results = self
             .inner
             .clone()
@@ -120,19 +125,30 @@ impl CdcClient {
             .message()
             .await?
             .ok_or_else(|| ClientError::Protocol(format!("action {name} returned no result")))?;
-        serde_json::from_slice(&result.body).map_err(|error| ClientError::Protocol(error.to_string()))
+        serde_json::from_slice(&result.body)
+            .map_err(|error| ClientError::Protocol(error.to_string()))
     }
 
     /// Every tracked table's `FlightInfo`.
     pub async fn list_tables(&self) -> ClientResult<Vec<FlightInfo>> {
-        let stream = self.inner.clone().list_flights(Criteria::default()).await?.into_inner();
+        let stream = self
+            .inner
+            .clone()
+            .list_flights(Criteria::default())
+            .await?
+            .into_inner();
         Ok(stream.try_collect().await?)
     }
 
     /// Plans a change range.
     pub async fn plan_changes(&self, command: &ChangesCommand) -> ClientResult<ChangesPlan> {
         let descriptor = FlightDescriptor::new_cmd(Command::Changes(command.clone()).to_bytes());
-        let info = self.inner.clone().get_flight_info(descriptor).await?.into_inner();
+        let info = self
+            .inner
+            .clone()
+            .get_flight_info(descriptor)
+            .await?
+            .into_inner();
         let metadata = serde_json::from_slice(&info.app_metadata)
             .map_err(|error| ClientError::Protocol(format!("plan metadata: {error}")))?;
         Ok(ChangesPlan { info, metadata })
@@ -145,28 +161,37 @@ impl CdcClient {
         ticket: &Ticket,
         mut on_batch: impl FnMut(RecordBatch),
     ) -> ClientResult<Completion> {
-        let response = self.inner.clone().do_get(ticket.clone()).await?.into_inner();
+        let response = self
+            .inner
+            .clone()
+            .do_get(ticket.clone())
+            .await?
+            .into_inner();
         // The completion marker is a metadata-only message (empty IPC header), the Flight
         // convention arrow-rs' decoder does not accept: take it out before decoding.
         let marker = std::sync::Arc::new(std::sync::Mutex::new(None::<bytes::Bytes>));
         let seen = std::sync::Arc::clone(&marker);
-        let data = response.map_err(FlightError::from).try_filter_map(move |data| {
-            let keep = if data.data_header.is_empty() {
-                if let Ok(mut slot) = seen.lock() {
-                    *slot = Some(data.app_metadata);
-                }
-                None
-            } else {
-                Some(data)
-            };
-            futures::future::ready(Ok(keep))
-        });
+        let data = response
+            .map_err(FlightError::from)
+            .try_filter_map(move |data| {
+                let keep = if data.data_header.is_empty() {
+                    if let Ok(mut slot) = seen.lock() {
+                        *slot = Some(data.app_metadata);
+                    }
+                    None
+                } else {
+                    Some(data)
+                };
+                futures::future::ready(Ok(keep))
+            });
         let mut decoder = FlightDataDecoder::new(data);
         let mut rows = 0u64;
         while let Some(message) = decoder.next().await {
             if let DecodedPayload::RecordBatch(batch) = message?.payload {
                 if marker.lock().map(|slot| slot.is_some()).unwrap_or(false) {
-                    return Err(ClientError::Protocol("data after the completion marker".into()));
+                    return Err(ClientError::Protocol(
+                        "data after the completion marker".into(),
+                    ));
                 }
                 rows += batch.num_rows() as u64;
                 on_batch(batch);
@@ -175,8 +200,9 @@ impl CdcClient {
         let metadata = marker.lock().ok().and_then(|mut slot| slot.take());
         let completion = match metadata {
             Some(metadata) => {
-                let marker: Completion = serde_json::from_slice(&metadata)
-                    .map_err(|error| ClientError::Protocol(format!("completion marker: {error}")))?;
+                let marker: Completion = serde_json::from_slice(&metadata).map_err(|error| {
+                    ClientError::Protocol(format!("completion marker: {error}"))
+                })?;
                 if marker.kind != COMPLETION_TYPE || marker.rows != rows {
                     return Err(ClientError::Protocol(format!(
                         "completion marker says {} rows of type {} but {rows} arrived",
@@ -191,9 +217,14 @@ impl CdcClient {
     }
 
     /// Reads one endpoint into memory.
-    pub async fn collect_endpoint(&self, ticket: &Ticket) -> ClientResult<(Vec<RecordBatch>, Completion)> {
+    pub async fn collect_endpoint(
+        &self,
+        ticket: &Ticket,
+    ) -> ClientResult<(Vec<RecordBatch>, Completion)> {
         let mut batches = Vec::new();
-        let completion = self.read_endpoint(ticket, |batch| batches.push(batch)).await?;
+        let completion = self
+            .read_endpoint(ticket, |batch| batches.push(batch))
+            .await?;
         Ok((batches, completion))
     }
 }

@@ -189,13 +189,19 @@ mod tests {
     fn refuses_what_is_not_an_lsn() {
         assert_eq!("".parse::<Lsn>(), Err(LsnParseError::Empty));
         assert_eq!("0x".parse::<Lsn>(), Err(LsnParseError::Empty));
-        assert!(matches!("0x12G4".parse::<Lsn>(), Err(LsnParseError::NotHex(_))));
+        assert!(matches!(
+            "0x12G4".parse::<Lsn>(),
+            Err(LsnParseError::NotHex(_))
+        ));
         assert!(matches!(
             "0x000000000000000000001".parse::<Lsn>(),
             Err(LsnParseError::TooLong(_))
         ));
         assert!(matches!("-1".parse::<Lsn>(), Err(LsnParseError::NotHex(_))));
-        assert_eq!(Lsn::try_from_slice(&[1, 2]), Err(LsnParseError::WrongLength(2)));
+        assert_eq!(
+            Lsn::try_from_slice(&[1, 2]),
+            Err(LsnParseError::WrongLength(2))
+        );
     }
 
     #[test]

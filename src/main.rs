@@ -50,7 +50,11 @@ struct ServeArgs {
     #[arg(long, env = "MSSQL_CDC_FLIGHT_SOURCE")]
     source: String,
     /// Address to listen on; port 0 picks a free port (the chosen address is printed).
-    #[arg(long, env = "MSSQL_CDC_FLIGHT_LISTEN", default_value = "127.0.0.1:50051")]
+    #[arg(
+        long,
+        env = "MSSQL_CDC_FLIGHT_LISTEN",
+        default_value = "127.0.0.1:50051"
+    )]
     listen: String,
     #[command(flatten)]
     key: TicketKeyArgs,
@@ -73,10 +77,13 @@ struct TicketKeyArgs {
 impl TicketKeyArgs {
     fn signer(&self) -> anyhow::Result<TicketSigner> {
         let Some(path) = &self.ticket_key_file else {
-            tracing::warn!("no ticket key file: using a random key, so only this process redeems its tickets");
+            tracing::warn!(
+                "no ticket key file: using a random key, so only this process redeems its tickets"
+            );
             return Ok(TicketSigner::random()?);
         };
-        let text = std::fs::read(path).with_context(|| format!("reading ticket key {}", path.display()))?;
+        let text = std::fs::read(path)
+            .with_context(|| format!("reading ticket key {}", path.display()))?;
         let trimmed = String::from_utf8_lossy(&text).trim().to_string();
         let secret = match hex::decode(&trimmed) {
             Ok(bytes) if trimmed.len() == 64 => bytes,
@@ -136,7 +143,10 @@ struct WorkloadArgs {
     #[arg(long)]
     rate: Option<f64>,
     /// Weights of the kinds of work: insert, update, delete, key_update, idle.
-    #[arg(long, default_value = "insert=0.45,update=0.35,delete=0.12,key_update=0.03,idle=0.05")]
+    #[arg(
+        long,
+        default_value = "insert=0.45,update=0.35,delete=0.12,key_update=0.03,idle=0.05"
+    )]
     mix: String,
     /// Statements per transaction, at most.
     #[arg(long, default_value_t = 4)]
@@ -233,7 +243,11 @@ struct SimEnableArgs {
 #[derive(Args)]
 struct ReadArgs {
     /// Server address.
-    #[arg(long, env = "MSSQL_CDC_FLIGHT_URL", default_value = "http://127.0.0.1:50051")]
+    #[arg(
+        long,
+        env = "MSSQL_CDC_FLIGHT_URL",
+        default_value = "http://127.0.0.1:50051"
+    )]
     server: String,
     /// Table to read (schema.table).
     #[arg(long, default_value = "dbo.orders")]
@@ -274,7 +288,9 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     match cli.command {
         Commands::Serve(args) => runtime.block_on(serve(args)),
         Commands::Sim(command) => sim(command),
@@ -289,7 +305,9 @@ fn main() -> anyhow::Result<()> {
 fn open_source(text: &str) -> anyhow::Result<Arc<dyn CdcSource>> {
     match text.split_once(':') {
         Some(("sim", dir)) => Ok(Arc::new(SimDb::open(&PathBuf::from(dir))?)),
-        _ => bail!("unknown source '{text}': use sim:<DIR> (a directory made by `mssql-cdc-flight sim init`)"),
+        _ => bail!(
+            "unknown source '{text}': use sim:<DIR> (a directory made by `mssql-cdc-flight sim init`)"
+        ),
     }
 }
 
@@ -316,7 +334,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let signer = args.key.signer()?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(TlsIdentity {
-            certificate: std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?,
+            certificate: std::fs::read(cert)
+                .with_context(|| format!("reading {}", cert.display()))?,
             key: std::fs::read(key).with_context(|| format!("reading {}", key.display()))?,
         }),
         _ => None,
@@ -369,8 +388,14 @@ fn sim(command: SimCommand) -> anyhow::Result<()> {
                 report.idle,
                 report.rows,
                 report.rows as f64 / seconds.max(1e-9),
-                report.first_lsn.map(|lsn| lsn.to_string()).unwrap_or_default(),
-                report.last_lsn.map(|lsn| lsn.to_string()).unwrap_or_default(),
+                report
+                    .first_lsn
+                    .map(|lsn| lsn.to_string())
+                    .unwrap_or_default(),
+                report
+                    .last_lsn
+                    .map(|lsn| lsn.to_string())
+                    .unwrap_or_default(),
             );
         }
         SimCommand::Cleanup(args) => {
@@ -382,7 +407,12 @@ fn sim(command: SimCommand) -> anyhow::Result<()> {
         SimCommand::AddColumn(args) => {
             let db = SimDb::open(&args.dir)?;
             let mut writer = db.writer(Clock::Wall, 0)?;
-            let lsn = writer.add_column(&args.table.parse()?, &args.column, &args.sql_type, !args.not_null)?;
+            let lsn = writer.add_column(
+                &args.table.parse()?,
+                &args.column,
+                &args.sql_type,
+                !args.not_null,
+            )?;
             println!("column {} added at {lsn}", args.column);
         }
         SimCommand::EnableCaptureInstance(args) => {
@@ -391,7 +421,11 @@ fn sim(command: SimCommand) -> anyhow::Result<()> {
             let columns = if args.columns.is_empty() {
                 let manifest = db.manifest()?;
                 let definition = manifest.table(&table).context("no such table")?;
-                definition.columns.iter().map(|column| column.name.clone()).collect()
+                definition
+                    .columns
+                    .iter()
+                    .map(|column| column.name.clone())
+                    .collect()
             } else {
                 args.columns.clone()
             };
@@ -406,7 +440,10 @@ fn sim(command: SimCommand) -> anyhow::Result<()> {
 
 fn ctrlc_flag(flag: Arc<AtomicBool>) {
     std::thread::spawn(move || {
-        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
             return;
         };
         runtime.block_on(async {
@@ -417,7 +454,11 @@ fn ctrlc_flag(flag: Arc<AtomicBool>) {
     });
 }
 
-fn seed_rows(writer: &mut mssql_cdc_flight::sim::SimWriter, table: &TableName, rows: usize) -> anyhow::Result<()> {
+fn seed_rows(
+    writer: &mut mssql_cdc_flight::sim::SimWriter,
+    table: &TableName,
+    rows: usize,
+) -> anyhow::Result<()> {
     let mut remaining = rows;
     while remaining > 0 {
         let count = remaining.min(100);
@@ -434,12 +475,18 @@ fn print_info(db: &SimDb) -> anyhow::Result<()> {
     println!("simulated CDC database {}", db.dir().display());
     println!(
         "  max_lsn {}  commits {}  last commit {}",
-        manifest.max_lsn.map(|lsn| lsn.to_string()).unwrap_or_else(|| "none".into()),
+        manifest
+            .max_lsn
+            .map(|lsn| lsn.to_string())
+            .unwrap_or_else(|| "none".into()),
         manifest.mapping_entries - manifest.mapping_retained_from,
         manifest.last_commit_time
     );
     for table in &manifest.tables {
-        println!("  table {} ({} rows, key {})", table.table, table.row_count, table.key);
+        println!(
+            "  table {} ({} rows, key {})",
+            table.table, table.row_count, table.key
+        );
     }
     for ci in &manifest.capture_instances {
         let rows: u64 = ci.segments.iter().map(|segment| segment.rows).sum();
@@ -456,7 +503,11 @@ fn print_info(db: &SimDb) -> anyhow::Result<()> {
 }
 
 /// Reads `(from, latest]` of a table with every endpoint in parallel; returns the new offset.
-async fn read_changes(client: &CdcClient, args: &ReadArgs, start: Option<Offset>) -> anyhow::Result<Offset> {
+async fn read_changes(
+    client: &CdcClient,
+    args: &ReadArgs,
+    start: Option<Offset>,
+) -> anyhow::Result<Offset> {
     let start = match start {
         Some(offset) => offset,
         None => {
@@ -501,7 +552,9 @@ async fn read_changes(client: &CdcClient, args: &ReadArgs, start: Option<Offset>
     for endpoint in &plan.info.endpoint {
         let client = client.clone();
         let ticket = endpoint.ticket.clone().context("endpoint without ticket")?;
-        reads.push(tokio::spawn(async move { client.collect_endpoint(&ticket).await }));
+        reads.push(tokio::spawn(async move {
+            client.collect_endpoint(&ticket).await
+        }));
     }
     let mut operations = [0u64; 5];
     let mut total = 0u64;
@@ -548,7 +601,10 @@ async fn read_changes(client: &CdcClient, args: &ReadArgs, start: Option<Offset>
 
 async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     let temporary = tempfile::tempdir()?;
-    let dir = args.dir.clone().unwrap_or_else(|| temporary.path().join("cdc_sim"));
+    let dir = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| temporary.path().join("cdc_sim"));
     println!("1. simulated CDC database in {}", dir.display());
     let now = CommitTime(chrono::Utc::now().timestamp_micros());
     let db = SimDb::create(&dir, &sample::sample_tables(), now)?;
@@ -560,15 +616,24 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     seed_rows(&mut writer, &"dbo.customers".parse()?, 200)?;
     seed_rows(&mut writer, &"dbo.orders".parse()?, 500)?;
     let report = mssql_cdc_flight::sim::workload::run(&mut writer, &spec, &AtomicBool::new(false))?;
-    println!("   workload: {} transactions, {} change rows", report.transactions, report.rows);
+    println!(
+        "   workload: {} transactions, {} change rows",
+        report.transactions, report.rows
+    );
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let source: Arc<dyn CdcSource> = Arc::new(db.clone());
-    let server = tokio::spawn(flight::serve(listener, source, TicketSigner::random()?, None, async {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(flight::serve(
+        listener,
+        source,
+        TicketSigner::random()?,
+        None,
+        async {
+            let _ = stopped.await;
+        },
+    ));
     println!("2. flight server on {address}");
     let client = CdcClient::connect(&format!("http://{address}")).await?;
     let read = ReadArgs {
@@ -586,7 +651,10 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         mssql_cdc_flight::sim::workload::run(&mut writer, &spec, &AtomicBool::new(false))
     })
     .await??;
-    println!("4. {} more transactions committed while the server runs", report.transactions);
+    println!(
+        "4. {} more transactions committed while the server runs",
+        report.transactions
+    );
     println!("5. read the next range from the offset of step 3");
     read_changes(&client, &ReadArgs { show: 0, ..read }, Some(offset)).await?;
     let _ = stop.send(());

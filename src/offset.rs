@@ -166,7 +166,10 @@ mod tests {
         let time = CommitTime::parse_iso("2026-01-01T00:00:00").expect("time");
         assert_eq!(time.to_iso_millis(), "2026-01-01T00:00:00.000");
         let unknown = Offset::new(Lsn::ZERO, None);
-        assert_eq!(unknown.to_json(), r#"{"lsn":"0x00000000000000000000","commit_ts":""}"#);
+        assert_eq!(
+            unknown.to_json(),
+            r#"{"lsn":"0x00000000000000000000","commit_ts":""}"#
+        );
         let back: Offset = serde_json::from_str(&unknown.to_json()).expect("parses");
         assert_eq!(back, unknown);
     }

@@ -57,7 +57,12 @@ impl FromStr for TableName {
 
     /// Parses `schema.table` or `table` (schema `dbo`); square brackets are stripped.
     fn from_str(text: &str) -> Result<Self> {
-        let unbracket = |part: &str| part.trim().trim_start_matches('[').trim_end_matches(']').to_string();
+        let unbracket = |part: &str| {
+            part.trim()
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string()
+        };
         let parts: Vec<&str> = text.split('.').collect();
         let (schema, name) = match parts.as_slice() {
             [name] => ("dbo".to_string(), unbracket(name)),
@@ -236,8 +241,12 @@ pub trait CdcSource: Send + Sync + 'static {
     async fn nth_commit_after(&self, lsn: Lsn, n: u64) -> Result<Option<Lsn>>;
 
     /// DDL recorded for a capture instance with `from < ddl_lsn <= to`.
-    async fn ddl_history(&self, capture_instance: &str, from: Lsn, to: Lsn)
-    -> Result<Vec<DdlEntry>>;
+    async fn ddl_history(
+        &self,
+        capture_instance: &str,
+        from: Lsn,
+        to: Lsn,
+    ) -> Result<Vec<DdlEntry>>;
 
     /// Splits the change rows of `[from, to]` into at most `n` tiles of about equal rows, each
     /// ending on a commit boundary, in LSN order. An empty range gives no tiles.
@@ -278,14 +287,23 @@ mod tests {
 
     #[test]
     fn table_names_parse_with_and_without_schema() {
-        assert_eq!("dbo.orders".parse::<TableName>().expect("ok"), TableName::new("dbo", "orders"));
-        assert_eq!("orders".parse::<TableName>().expect("ok"), TableName::new("dbo", "orders"));
+        assert_eq!(
+            "dbo.orders".parse::<TableName>().expect("ok"),
+            TableName::new("dbo", "orders")
+        );
+        assert_eq!(
+            "orders".parse::<TableName>().expect("ok"),
+            TableName::new("dbo", "orders")
+        );
         assert_eq!(
             "[sales].[order lines]".parse::<TableName>().expect("ok"),
             TableName::new("sales", "order lines")
         );
         assert!("a.b.c".parse::<TableName>().is_err());
         assert!(".orders".parse::<TableName>().is_err());
-        assert_eq!(TableName::new("dbo", "orders").default_capture_instance(), "dbo_orders");
+        assert_eq!(
+            TableName::new("dbo", "orders").default_capture_instance(),
+            "dbo_orders"
+        );
     }
 }

@@ -45,15 +45,24 @@ pub enum SqlType {
     BigInt,
     Real,
     Float,
-    Decimal { precision: u8, scale: u8 },
+    Decimal {
+        precision: u8,
+        scale: u8,
+    },
     Money,
     SmallMoney,
     Date,
     DateTime,
     SmallDateTime,
-    DateTime2 { precision: u8 },
-    DateTimeOffset { precision: u8 },
-    Time { precision: u8 },
+    DateTime2 {
+        precision: u8,
+    },
+    DateTimeOffset {
+        precision: u8,
+    },
+    Time {
+        precision: u8,
+    },
     Char(Length),
     VarChar(Length),
     NChar(Length),
@@ -96,9 +105,9 @@ impl SqlType {
             SqlType::Money => DataType::Decimal128(19, 4),
             SqlType::SmallMoney => DataType::Decimal128(10, 4),
             SqlType::Date => DataType::Date32,
-            SqlType::DateTime
-            | SqlType::SmallDateTime
-            | SqlType::DateTime2 { .. } => DataType::Timestamp(TimeUnit::Microsecond, None),
+            SqlType::DateTime | SqlType::SmallDateTime | SqlType::DateTime2 { .. } => {
+                DataType::Timestamp(TimeUnit::Microsecond, None)
+            }
             SqlType::DateTimeOffset { .. } => {
                 DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
             }
@@ -240,7 +249,9 @@ impl FromStr for SqlType {
                 let precision = parts.first().copied().unwrap_or(18);
                 let scale = parts.get(1).copied().unwrap_or(0);
                 if !(1..=38).contains(&precision) || scale > precision {
-                    return Err(error("precision must be 1 to 38 and scale at most precision"));
+                    return Err(error(
+                        "precision must be 1 to 38 and scale at most precision",
+                    ));
                 }
                 Ok(SqlType::Decimal {
                     precision: precision as u8,
@@ -350,7 +361,11 @@ pub fn output_schema(columns: &[OutputColumn], include_command_id: bool) -> Sche
             .expect("output columns are validated to have an arrow type");
         fields.push(
             Field::new(&column.name, data_type, true).with_metadata(
-                [(SQL_TYPE_METADATA_KEY.to_string(), column.sql_type.to_string())].into(),
+                [(
+                    SQL_TYPE_METADATA_KEY.to_string(),
+                    column.sql_type.to_string(),
+                )]
+                .into(),
             ),
         );
     }
@@ -366,7 +381,8 @@ pub fn batch_slice_size(batch: &arrow::record_batch::RecordBatch) -> usize {
         .iter()
         .map(|column| {
             let data = column.to_data();
-            data.get_slice_memory_size().unwrap_or_else(|_| column.get_array_memory_size())
+            data.get_slice_memory_size()
+                .unwrap_or_else(|_| column.get_array_memory_size())
         })
         .sum()
 }
@@ -407,17 +423,32 @@ mod tests {
 
     #[test]
     fn applies_sql_server_defaults_and_case() {
-        assert_eq!("DECIMAL".parse::<SqlType>().expect("ok").to_string(), "decimal(18,0)");
-        assert_eq!("Numeric(9, 2)".parse::<SqlType>().expect("ok").to_string(), "decimal(9,2)");
-        assert_eq!("datetime2".parse::<SqlType>().expect("ok").to_string(), "datetime2(7)");
+        assert_eq!(
+            "DECIMAL".parse::<SqlType>().expect("ok").to_string(),
+            "decimal(18,0)"
+        );
+        assert_eq!(
+            "Numeric(9, 2)".parse::<SqlType>().expect("ok").to_string(),
+            "decimal(9,2)"
+        );
+        assert_eq!(
+            "datetime2".parse::<SqlType>().expect("ok").to_string(),
+            "datetime2(7)"
+        );
         assert_eq!("float(10)".parse::<SqlType>().expect("ok"), SqlType::Real);
-        assert_eq!("sysname".parse::<SqlType>().expect("ok").to_string(), "nvarchar(128)");
+        assert_eq!(
+            "sysname".parse::<SqlType>().expect("ok").to_string(),
+            "nvarchar(128)"
+        );
     }
 
     #[test]
     fn refuses_bad_types_with_the_reason() {
         let error = "decimal(50,2)".parse::<SqlType>().expect_err("too wide");
-        assert!(error.to_string().contains("precision must be 1 to 38"), "{error}");
+        assert!(
+            error.to_string().contains("precision must be 1 to 38"),
+            "{error}"
+        );
         assert!("nvarchar(5000)".parse::<SqlType>().is_err());
         assert!("int(4)".parse::<SqlType>().is_err());
         assert!("strange".parse::<SqlType>().is_err());
@@ -427,12 +458,18 @@ mod tests {
     #[test]
     fn maps_to_delta_safe_arrow_types() {
         assert_eq!(SqlType::TinyInt.arrow_type(), Some(DataType::Int16));
-        assert_eq!(SqlType::Money.arrow_type(), Some(DataType::Decimal128(19, 4)));
+        assert_eq!(
+            SqlType::Money.arrow_type(),
+            Some(DataType::Decimal128(19, 4))
+        );
         assert_eq!(
             SqlType::DateTime2 { precision: 7 }.arrow_type(),
             Some(DataType::Timestamp(TimeUnit::Microsecond, None))
         );
-        assert_eq!(SqlType::Time { precision: 7 }.arrow_type(), Some(DataType::Utf8));
+        assert_eq!(
+            SqlType::Time { precision: 7 }.arrow_type(),
+            Some(DataType::Utf8)
+        );
         assert_eq!(SqlType::Unsupported("geography".into()).arrow_type(), None);
     }
 
@@ -459,7 +496,11 @@ mod tests {
             ]
         );
         assert_eq!(
-            schema.field(6).metadata().get(SQL_TYPE_METADATA_KEY).map(String::as_str),
+            schema
+                .field(6)
+                .metadata()
+                .get(SQL_TYPE_METADATA_KEY)
+                .map(String::as_str),
             Some("int")
         );
         assert_eq!(output_schema(&[], false).fields().len(), 5);

@@ -14,8 +14,8 @@ use common::{FlightFixture, SimFixture, all_null, read_plan, read_range, row_cou
 use futures::TryStreamExt;
 use mssql_cdc_flight::client::ClientError;
 use mssql_cdc_flight::flight::protocol::{
-    CaptureInstanceInfo, ChangesCommand, Command, CountAnswer, InitialOffsetBody, LatestOffsetBody, LsnAnswer,
-    PlanMetadata, TableCommand, TimeAnswer,
+    CaptureInstanceInfo, ChangesCommand, Command, CountAnswer, InitialOffsetBody, LatestOffsetBody,
+    LsnAnswer, PlanMetadata, TableCommand, TimeAnswer,
 };
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
@@ -46,18 +46,30 @@ async fn loaded(commits: u64) -> (SimFixture, FlightFixture) {
 async fn earliest(flight: &FlightFixture, table: &str) -> Offset {
     flight
         .client
-        .action("initial_offset", &InitialOffsetBody { table: table.into(), starting: None })
+        .action(
+            "initial_offset",
+            &InitialOffsetBody {
+                table: table.into(),
+                starting: None,
+            },
+        )
         .await
         .expect("initial offset")
 }
 
 async fn raw_client(flight: &FlightFixture) -> FlightServiceClient<tonic::transport::Channel> {
-    let channel = tonic::transport::Endpoint::from_shared(flight.url.clone()).expect("url").connect().await.expect("connect");
+    let channel = tonic::transport::Endpoint::from_shared(flight.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
     FlightServiceClient::new(channel)
 }
 
 fn code(error: ClientError) -> Code {
-    error.code().unwrap_or_else(|| panic!("expected a status, got {error}"))
+    error
+        .code()
+        .unwrap_or_else(|| panic!("expected a status, got {error}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,11 +78,19 @@ async fn a_range_read_through_flight_equals_what_the_database_committed() {
     let start = earliest(&flight, "dbo.orders").await;
     let (plan, batches) = read_range(&flight.client, "dbo.orders", start.lsn, None, 4).await;
     let expected = sim.journal_rows("dbo.orders");
-    assert!(expected.len() > 1000, "workload too small: {}", expected.len());
+    assert!(
+        expected.len() > 1000,
+        "workload too small: {}",
+        expected.len()
+    );
     let streamed = stream_rows(&batches, "order_id");
     // Same rows, once each, in the ordering key (_start_lsn, _command_id, _seqval, _operation).
     assert_eq!(streamed, expected);
-    assert!(plan.info.endpoint.len() > 1, "4 partitions asked, {} endpoints", plan.info.endpoint.len());
+    assert!(
+        plan.info.endpoint.len() > 1,
+        "4 partitions asked, {} endpoints",
+        plan.info.endpoint.len()
+    );
     assert_eq!(plan.info.total_records as usize, expected.len());
     assert_eq!(plan.metadata.rows as usize, expected.len());
     // Updates are 3 then 4 sharing a seqval; every seqval is below its commit LSN.
@@ -80,8 +100,11 @@ async fn a_range_read_through_flight_equals_what_the_database_committed() {
         }
     }
     assert!(streamed.iter().all(|row| row.seqval < row.start_lsn));
-    let capture_instances: &StringArray =
-        batches[0].column(0).as_any().downcast_ref().expect("_capture_instance is utf8");
+    let capture_instances: &StringArray = batches[0]
+        .column(0)
+        .as_any()
+        .downcast_ref()
+        .expect("_capture_instance is utf8");
     assert_eq!(capture_instances.value(0), "dbo_orders");
     flight.shutdown_and_wait().await;
 }
@@ -102,7 +125,8 @@ async fn values_survive_the_trip() {
     // Regenerate the expected rows column by column from (key, content) and compare arrays.
     let batch = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
     for column in &definition.columns {
-        let mut builder = mssql_cdc_flight::sim::values::ColumnBuilder::new(&column.sql_type, keys.len());
+        let mut builder =
+            mssql_cdc_flight::sim::values::ColumnBuilder::new(&column.sql_type, keys.len());
         for key in &keys {
             let content = writer.content_of(&orders(), *key).expect("row");
             builder.append_generated(column, column.name == definition.key, *key, content);
@@ -122,18 +146,29 @@ async fn key_updates_are_recorded_as_delete_insert_or_in_place() {
     tx.insert(&orders(), 2).expect("insert");
     tx.commit().expect("commit");
     let mut tx = writer.begin();
-    tx.update_key(&orders(), 1, 100, KeyUpdateStyle::DeleteInsert).expect("split");
-    tx.update_key(&orders(), 2, 200, KeyUpdateStyle::InPlace).expect("in place");
+    tx.update_key(&orders(), 1, 100, KeyUpdateStyle::DeleteInsert)
+        .expect("split");
+    tx.update_key(&orders(), 2, 200, KeyUpdateStyle::InPlace)
+        .expect("in place");
     tx.commit().expect("commit").expect("lsn");
     writer.publish().expect("publish");
     let flight = FlightFixture::start(Arc::new(sim.db.clone())).await;
     let start = earliest(&flight, "dbo.orders").await;
     let (_, batches) = read_range(&flight.client, "dbo.orders", start.lsn, None, 1).await;
     let rows = stream_rows(&batches, "order_id");
-    let last: Vec<(i32, i32, i64)> = rows[2..].iter().map(|row| (row.command_id, row.operation, row.key)).collect();
+    let last: Vec<(i32, i32, i64)> = rows[2..]
+        .iter()
+        .map(|row| (row.command_id, row.operation, row.key))
+        .collect();
     assert_eq!(last, vec![(1, 1, 1), (1, 2, 100), (2, 3, 2), (2, 4, 200)]);
-    assert_ne!(rows[2].seqval, rows[3].seqval, "a split update has two log records");
-    assert_eq!(rows[4].seqval, rows[5].seqval, "an in-place key update shares its seqval");
+    assert_ne!(
+        rows[2].seqval, rows[3].seqval,
+        "a split update has two log records"
+    );
+    assert_eq!(
+        rows[4].seqval, rows[5].seqval,
+        "an in-place key update shares its seqval"
+    );
     flight.shutdown_and_wait().await;
 }
 
@@ -145,10 +180,15 @@ async fn list_flights_get_schema_and_list_actions() {
     let metadata: serde_json::Value = serde_json::from_slice(&infos[1].app_metadata).expect("json");
     assert_eq!(metadata["table"], "dbo.orders");
     assert_eq!(metadata["capture_instances"][0]["name"], "dbo_orders");
-    assert_eq!(metadata["capture_instances"][0]["index_columns"], json!(["order_id"]));
+    assert_eq!(
+        metadata["capture_instances"][0]["index_columns"],
+        json!(["order_id"])
+    );
 
     let mut raw = raw_client(&flight).await;
-    let table = Command::Table(TableCommand { table: "dbo.customers".into() });
+    let table = Command::Table(TableCommand {
+        table: "dbo.customers".into(),
+    });
     let schema = raw
         .get_schema(FlightDescriptor::new_cmd(table.to_bytes()))
         .await
@@ -162,24 +202,62 @@ async fn list_flights_get_schema_and_list_actions() {
     changes.columns = Some(vec!["status".into(), "order_id".into()]);
     changes.include_command_id = Some(false);
     let schema = raw
-        .get_schema(FlightDescriptor::new_cmd(Command::Changes(changes).to_bytes()))
+        .get_schema(FlightDescriptor::new_cmd(
+            Command::Changes(changes).to_bytes(),
+        ))
         .await
         .expect("schema")
         .into_inner();
     let schema = arrow::datatypes::Schema::try_from(&schema).expect("ipc schema");
-    let names: Vec<&str> = schema.fields().iter().map(|field| field.name().as_str()).collect();
-    assert_eq!(names, ["_capture_instance", "_start_lsn", "_seqval", "_operation", "_commit_ts", "status", "order_id"]);
+    let names: Vec<&str> = schema
+        .fields()
+        .iter()
+        .map(|field| field.name().as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "_capture_instance",
+            "_start_lsn",
+            "_seqval",
+            "_operation",
+            "_commit_ts",
+            "status",
+            "order_id"
+        ]
+    );
 
-    let missing = Command::Table(TableCommand { table: "dbo.nope".into() });
-    let error = raw.get_schema(FlightDescriptor::new_cmd(missing.to_bytes())).await.expect_err("unknown");
+    let missing = Command::Table(TableCommand {
+        table: "dbo.nope".into(),
+    });
+    let error = raw
+        .get_schema(FlightDescriptor::new_cmd(missing.to_bytes()))
+        .await
+        .expect_err("unknown");
     assert_eq!(error.code(), Code::NotFound);
-    let error = raw.get_schema(FlightDescriptor::new_cmd(b"{".to_vec())).await.expect_err("bad json");
+    let error = raw
+        .get_schema(FlightDescriptor::new_cmd(b"{".to_vec()))
+        .await
+        .expect_err("bad json");
     assert_eq!(error.code(), Code::InvalidArgument);
 
-    let actions: Vec<_> = raw.list_actions(Empty {}).await.expect("actions").into_inner().try_collect().await.expect("list");
+    let actions: Vec<_> = raw
+        .list_actions(Empty {})
+        .await
+        .expect("actions")
+        .into_inner()
+        .try_collect()
+        .await
+        .expect("list");
     assert_eq!(actions.len(), mssql_cdc_flight::flight::ACTIONS.len());
-    let flights: Vec<_> =
-        raw.list_flights(Criteria::default()).await.expect("flights").into_inner().try_collect().await.expect("list");
+    let flights: Vec<_> = raw
+        .list_flights(Criteria::default())
+        .await
+        .expect("flights")
+        .into_inner()
+        .try_collect()
+        .await
+        .expect("list");
     assert_eq!(flights.len(), 2);
     flight.shutdown_and_wait().await;
 }
@@ -192,38 +270,76 @@ async fn every_action_answers_and_refuses_bad_input() {
     let max: LsnAnswer = client.action("max_lsn", &json!({})).await.expect("max_lsn");
     let max = max.lsn.expect("a max lsn");
     assert_eq!(Some(max), source.max_lsn().await.expect("source max"));
-    let min: LsnAnswer = client.action("min_lsn", &json!({"capture_instance": "dbo_orders"})).await.expect("min");
+    let min: LsnAnswer = client
+        .action("min_lsn", &json!({"capture_instance": "dbo_orders"}))
+        .await
+        .expect("min");
     let min = min.lsn.expect("min lsn");
-    let next: LsnAnswer = client.action("increment_lsn", &json!({"lsn": min})).await.expect("increment");
+    let next: LsnAnswer = client
+        .action("increment_lsn", &json!({"lsn": min}))
+        .await
+        .expect("increment");
     assert_eq!(next.lsn, Some(min.increment()));
-    let previous: LsnAnswer = client.action("decrement_lsn", &json!({"lsn": min})).await.expect("decrement");
+    let previous: LsnAnswer = client
+        .action("decrement_lsn", &json!({"lsn": min}))
+        .await
+        .expect("decrement");
     assert_eq!(previous.lsn, Some(min.decrement()));
-    let time: TimeAnswer = client.action("lsn_to_time", &json!({"lsn": max})).await.expect("time");
+    let time: TimeAnswer = client
+        .action("lsn_to_time", &json!({"lsn": max}))
+        .await
+        .expect("time");
     assert!(time.commit_ts.is_some());
-    let none: TimeAnswer = client.action("lsn_to_time", &json!({"lsn": max.increment()})).await.expect("time");
+    let none: TimeAnswer = client
+        .action("lsn_to_time", &json!({"lsn": max.increment()}))
+        .await
+        .expect("time");
     assert_eq!(none.commit_ts, None);
-    let third: LsnAnswer = client.action("nth_commit_after", &json!({"lsn": min, "n": 3})).await.expect("nth");
-    assert_eq!(third.lsn, source.nth_commit_after(min, 3).await.expect("source nth"));
-    let beyond: LsnAnswer = client.action("nth_commit_after", &json!({"lsn": max, "n": 3})).await.expect("nth");
+    let third: LsnAnswer = client
+        .action("nth_commit_after", &json!({"lsn": min, "n": 3}))
+        .await
+        .expect("nth");
+    assert_eq!(
+        third.lsn,
+        source.nth_commit_after(min, 3).await.expect("source nth")
+    );
+    let beyond: LsnAnswer = client
+        .action("nth_commit_after", &json!({"lsn": max, "n": 3}))
+        .await
+        .expect("nth");
     assert_eq!(beyond.lsn, None);
-    let capped: LsnAnswer = client.action("nth_commit_after", &json!({"lsn": min, "n": 1_000_000})).await.expect("nth");
+    let capped: LsnAnswer = client
+        .action("nth_commit_after", &json!({"lsn": min, "n": 1_000_000}))
+        .await
+        .expect("nth");
     assert_eq!(capped.lsn, Some(max));
-    let instances: Vec<CaptureInstanceInfo> =
-        client.action("capture_instances", &json!({"table": "dbo.orders"})).await.expect("instances");
+    let instances: Vec<CaptureInstanceInfo> = client
+        .action("capture_instances", &json!({"table": "dbo.orders"}))
+        .await
+        .expect("instances");
     assert_eq!(instances.len(), 1);
     assert_eq!(instances[0].columns.len(), 10);
     let ddl: Vec<serde_json::Value> = client
-        .action("ddl_history", &json!({"capture_instance": "dbo_orders", "from": Lsn::ZERO, "to": max}))
+        .action(
+            "ddl_history",
+            &json!({"capture_instance": "dbo_orders", "from": Lsn::ZERO, "to": max}),
+        )
         .await
         .expect("ddl");
     assert!(ddl.is_empty());
     let tiles: Vec<Tile> = client
-        .action("split_points", &json!({"capture_instance": "dbo_orders", "from": min, "to": max, "n": 4}))
+        .action(
+            "split_points",
+            &json!({"capture_instance": "dbo_orders", "from": min, "to": max, "n": 4}),
+        )
         .await
         .expect("split");
     assert!((2..=4).contains(&tiles.len()), "{} tiles", tiles.len());
     let count: CountAnswer = client
-        .action("count_changes", &json!({"capture_instance": "dbo_orders", "from": min, "to": max}))
+        .action(
+            "count_changes",
+            &json!({"capture_instance": "dbo_orders", "from": min, "to": max}),
+        )
         .await
         .expect("count");
     assert_eq!(count.rows, tiles.iter().map(|tile| tile.rows).sum::<u64>());
@@ -232,25 +348,67 @@ async fn every_action_answers_and_refuses_bad_input() {
     for (name, body, expected) in [
         ("no_such_action", json!({}), Code::InvalidArgument),
         ("max_lsn", json!({"extra": 1}), Code::InvalidArgument),
-        ("min_lsn", json!({"capture_instance": "dbo_nope"}), Code::NotFound),
-        ("min_lsn", json!({"capture_instance": "DBO_ORDERS"}), Code::NotFound),
-        ("increment_lsn", json!({"lsn": "0xZZ"}), Code::InvalidArgument),
+        (
+            "min_lsn",
+            json!({"capture_instance": "dbo_nope"}),
+            Code::NotFound,
+        ),
+        (
+            "min_lsn",
+            json!({"capture_instance": "DBO_ORDERS"}),
+            Code::NotFound,
+        ),
+        (
+            "increment_lsn",
+            json!({"lsn": "0xZZ"}),
+            Code::InvalidArgument,
+        ),
         ("lsn_to_time", json!({}), Code::InvalidArgument),
-        ("nth_commit_after", json!({"lsn": min, "n": 0}), Code::InvalidArgument),
-        ("capture_instances", json!({"table": "dbo.nope"}), Code::NotFound),
-        ("split_points", json!({"capture_instance": "dbo_orders", "from": max, "to": min, "n": 2}), Code::InvalidArgument),
-        ("split_points", json!({"capture_instance": "dbo_orders", "from": min, "to": max, "n": 0}), Code::InvalidArgument),
-        ("initial_offset", json!({"table": "dbo.orders", "starting": "yesterday"}), Code::InvalidArgument),
-        ("latest_offset", json!({"max_commits": 0}), Code::InvalidArgument),
+        (
+            "nth_commit_after",
+            json!({"lsn": min, "n": 0}),
+            Code::InvalidArgument,
+        ),
+        (
+            "capture_instances",
+            json!({"table": "dbo.nope"}),
+            Code::NotFound,
+        ),
+        (
+            "split_points",
+            json!({"capture_instance": "dbo_orders", "from": max, "to": min, "n": 2}),
+            Code::InvalidArgument,
+        ),
+        (
+            "split_points",
+            json!({"capture_instance": "dbo_orders", "from": min, "to": max, "n": 0}),
+            Code::InvalidArgument,
+        ),
+        (
+            "initial_offset",
+            json!({"table": "dbo.orders", "starting": "yesterday"}),
+            Code::InvalidArgument,
+        ),
+        (
+            "latest_offset",
+            json!({"max_commits": 0}),
+            Code::InvalidArgument,
+        ),
     ] {
-        let error = client.action::<serde_json::Value>(name, &body).await.expect_err(name);
+        let error = client
+            .action::<serde_json::Value>(name, &body)
+            .await
+            .expect_err(name);
         assert_eq!(code(error), expected, "{name} {body}");
     }
     let hint = client
         .action::<serde_json::Value>("min_lsn", &json!({"capture_instance": "DBO_ORDERS"}))
         .await
         .expect_err("case");
-    assert!(hint.to_string().contains("did you mean dbo_orders"), "{hint}");
+    assert!(
+        hint.to_string().contains("did you mean dbo_orders"),
+        "{hint}"
+    );
     flight.shutdown_and_wait().await;
 }
 
@@ -259,38 +417,88 @@ async fn offsets_follow_the_seed_rules() {
     let (_sim, flight) = loaded(100).await;
     let client = &flight.client;
     let start = earliest(&flight, "dbo.orders").await;
-    let min: LsnAnswer = client.action("min_lsn", &json!({"capture_instance": "dbo_orders"})).await.expect("min");
-    assert_eq!(start.lsn, min.lsn.expect("min").decrement(), "earliest is just before min_lsn");
+    let min: LsnAnswer = client
+        .action("min_lsn", &json!({"capture_instance": "dbo_orders"}))
+        .await
+        .expect("min");
+    assert_eq!(
+        start.lsn,
+        min.lsn.expect("min").decrement(),
+        "earliest is just before min_lsn"
+    );
     let latest: Offset = client
-        .action("latest_offset", &LatestOffsetBody { start: Some(start), max_commits: None, upper: None })
+        .action(
+            "latest_offset",
+            &LatestOffsetBody {
+                start: Some(start),
+                max_commits: None,
+                upper: None,
+            },
+        )
         .await
         .expect("latest");
     let max: LsnAnswer = client.action("max_lsn", &json!({})).await.expect("max");
     assert_eq!(Some(latest.lsn), max.lsn);
     assert!(latest.commit_ts.is_some());
     let capped: Offset = client
-        .action("latest_offset", &LatestOffsetBody { start: Some(start), max_commits: Some(5), upper: None })
+        .action(
+            "latest_offset",
+            &LatestOffsetBody {
+                start: Some(start),
+                max_commits: Some(5),
+                upper: None,
+            },
+        )
         .await
         .expect("capped");
-    let fifth: LsnAnswer = client.action("nth_commit_after", &json!({"lsn": start.lsn, "n": 5})).await.expect("nth");
+    let fifth: LsnAnswer = client
+        .action("nth_commit_after", &json!({"lsn": start.lsn, "n": 5}))
+        .await
+        .expect("nth");
     assert_eq!(Some(capped.lsn), fifth.lsn);
     let same: Offset = client
-        .action("latest_offset", &LatestOffsetBody { start: Some(latest), max_commits: Some(5), upper: None })
+        .action(
+            "latest_offset",
+            &LatestOffsetBody {
+                start: Some(latest),
+                max_commits: Some(5),
+                upper: None,
+            },
+        )
         .await
         .expect("nothing new");
     assert_eq!(same, latest, "nothing newer: the start comes back");
     let upper: Offset = client
-        .action("latest_offset", &LatestOffsetBody { start: Some(start), max_commits: None, upper: Some(capped.lsn) })
+        .action(
+            "latest_offset",
+            &LatestOffsetBody {
+                start: Some(start),
+                max_commits: None,
+                upper: Some(capped.lsn),
+            },
+        )
         .await
         .expect("upper");
     assert_eq!(upper.lsn, capped.lsn);
     let newest: Offset = client
-        .action("initial_offset", &InitialOffsetBody { table: "dbo.orders".into(), starting: Some("latest".into()) })
+        .action(
+            "initial_offset",
+            &InitialOffsetBody {
+                table: "dbo.orders".into(),
+                starting: Some("latest".into()),
+            },
+        )
         .await
         .expect("latest start");
     assert_eq!(newest.lsn, latest.lsn);
     let explicit: Offset = client
-        .action("initial_offset", &InitialOffsetBody { table: "dbo.orders".into(), starting: Some("2a".into()) })
+        .action(
+            "initial_offset",
+            &InitialOffsetBody {
+                table: "dbo.orders".into(),
+                starting: Some("2a".into()),
+            },
+        )
         .await
         .expect("explicit");
     assert_eq!(explicit.lsn.to_string(), "0x0000000000000000002A");
@@ -299,7 +507,14 @@ async fn offsets_follow_the_seed_rules() {
     let mut total = 0;
     for _ in 0..200 {
         let end: Offset = client
-            .action("latest_offset", &LatestOffsetBody { start: Some(position), max_commits: Some(5), upper: None })
+            .action(
+                "latest_offset",
+                &LatestOffsetBody {
+                    start: Some(position),
+                    max_commits: Some(5),
+                    upper: None,
+                },
+            )
             .await
             .expect("step");
         if end == position {
@@ -325,22 +540,47 @@ async fn bad_plans_are_refused_with_a_reason() {
     let max: LsnAnswer = client.action("max_lsn", &json!({})).await.expect("max");
     let max = max.lsn.expect("max");
     let cases: Vec<(ChangesCommand, Code, &str)> = vec![
-        (ChangesCommand::new("dbo.orders", max, Some(max.decrement())), Code::InvalidArgument, "is past to"),
-        (ChangesCommand::new("dbo.orders", Lsn::ZERO, Some(max.increment())), Code::InvalidArgument, "past max_lsn"),
-        (ChangesCommand::new("dbo.nope", Lsn::ZERO, None), Code::NotFound, "dbo.nope"),
-        (ChangesCommand::new("a.b.c", Lsn::ZERO, None), Code::InvalidArgument, "schema.table"),
         (
-            ChangesCommand { columns: Some(vec!["nope".into()]), ..ChangesCommand::new("dbo.orders", max, None) },
+            ChangesCommand::new("dbo.orders", max, Some(max.decrement())),
+            Code::InvalidArgument,
+            "is past to",
+        ),
+        (
+            ChangesCommand::new("dbo.orders", Lsn::ZERO, Some(max.increment())),
+            Code::InvalidArgument,
+            "past max_lsn",
+        ),
+        (
+            ChangesCommand::new("dbo.nope", Lsn::ZERO, None),
+            Code::NotFound,
+            "dbo.nope",
+        ),
+        (
+            ChangesCommand::new("a.b.c", Lsn::ZERO, None),
+            Code::InvalidArgument,
+            "schema.table",
+        ),
+        (
+            ChangesCommand {
+                columns: Some(vec!["nope".into()]),
+                ..ChangesCommand::new("dbo.orders", max, None)
+            },
             Code::InvalidArgument,
             "not captured",
         ),
         (
-            ChangesCommand { partitions: Some(0), ..ChangesCommand::new("dbo.orders", max, None) },
+            ChangesCommand {
+                partitions: Some(0),
+                ..ChangesCommand::new("dbo.orders", max, None)
+            },
             Code::InvalidArgument,
             "partitions",
         ),
         (
-            ChangesCommand { capture_instance: Some("dbo_nope".into()), ..ChangesCommand::new("dbo.orders", max, None) },
+            ChangesCommand {
+                capture_instance: Some("dbo_nope".into()),
+                ..ChangesCommand::new("dbo.orders", max, None)
+            },
             Code::NotFound,
             "dbo_nope",
         ),
@@ -351,12 +591,19 @@ async fn bad_plans_are_refused_with_a_reason() {
         assert_eq!(code(error), expected);
     }
     let mut raw = raw_client(&flight).await;
-    let misspelt = br#"{"type":"changes","table":"dbo.orders","from":"0x00","partitons":2}"#.to_vec();
-    let error = raw.get_flight_info(FlightDescriptor::new_cmd(misspelt)).await.expect_err("unknown option");
+    let misspelt =
+        br#"{"type":"changes","table":"dbo.orders","from":"0x00","partitons":2}"#.to_vec();
+    let error = raw
+        .get_flight_info(FlightDescriptor::new_cmd(misspelt))
+        .await
+        .expect_err("unknown option");
     assert_eq!(error.code(), Code::InvalidArgument);
     assert!(error.message().contains("partitons"), "{}", error.message());
     // An empty range plans no endpoint.
-    let empty = client.plan_changes(&ChangesCommand::new("dbo.orders", max, Some(max))).await.expect("empty");
+    let empty = client
+        .plan_changes(&ChangesCommand::new("dbo.orders", max, Some(max)))
+        .await
+        .expect("empty");
     assert!(empty.info.endpoint.is_empty());
     assert_eq!(empty.info.total_records, 0);
     flight.shutdown_and_wait().await;
@@ -366,31 +613,79 @@ async fn bad_plans_are_refused_with_a_reason() {
 async fn a_range_is_cut_at_a_newer_capture_instance() {
     let sim = SimFixture::new();
     let mut writer = sim.writer(21);
-    let spec = WorkloadSpec { commits: Some(150), mix: "insert=1,update=1,delete=0.2".parse().expect("mix"), ..WorkloadSpec::default() };
+    let spec = WorkloadSpec {
+        commits: Some(150),
+        mix: "insert=1,update=1,delete=0.2".parse().expect("mix"),
+        ..WorkloadSpec::default()
+    };
     workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("before");
-    let added_at = writer.add_column(&orders(), "discount", "decimal(9,2)", true).expect("add column");
-    let mut columns: Vec<String> =
-        sim.db.manifest().expect("manifest").table(&orders()).expect("t").columns.iter().map(|c| c.name.clone()).collect();
+    let added_at = writer
+        .add_column(&orders(), "discount", "decimal(9,2)", true)
+        .expect("add column");
+    let mut columns: Vec<String> = sim
+        .db
+        .manifest()
+        .expect("manifest")
+        .table(&orders())
+        .expect("t")
+        .columns
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
     columns.sort();
-    let switch_at = writer.enable_capture_instance(&orders(), "dbo_orders_v2", &columns).expect("enable");
+    let switch_at = writer
+        .enable_capture_instance(&orders(), "dbo_orders_v2", &columns)
+        .expect("enable");
     workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("after");
     let flight = FlightFixture::start(Arc::new(sim.db.clone())).await;
     let start = earliest(&flight, "dbo.orders").await;
     let (plan, batches) = read_range(&flight.client, "dbo.orders", start.lsn, None, 2).await;
     let metadata: &PlanMetadata = &plan.metadata;
-    let ranges: Vec<(&str, Lsn, Lsn)> =
-        metadata.ranges.iter().map(|range| (range.capture_instance.as_str(), range.from, range.to)).collect();
+    let ranges: Vec<(&str, Lsn, Lsn)> = metadata
+        .ranges
+        .iter()
+        .map(|range| (range.capture_instance.as_str(), range.from, range.to))
+        .collect();
     assert_eq!(ranges.len(), 2);
     assert_eq!(ranges[0].0, "dbo_orders");
-    assert_eq!(ranges[0].2, switch_at.decrement(), "older instance ends just before S");
-    assert_eq!((ranges[1].0, ranges[1].1), ("dbo_orders_v2", switch_at), "newer instance starts at S");
-    let events: Vec<(&str, Lsn)> = metadata.events.iter().map(|event| (event.event.as_str(), event.lsn)).collect();
-    assert_eq!(events, vec![("schema_change", added_at), ("capture_instance_switched", switch_at)]);
-    assert!(metadata.events[1].detail.starts_with("dbo_orders -> dbo_orders_v2"));
-    assert!(metadata.events[0].detail.contains("ADD [discount] decimal(9,2)"));
+    assert_eq!(
+        ranges[0].2,
+        switch_at.decrement(),
+        "older instance ends just before S"
+    );
+    assert_eq!(
+        (ranges[1].0, ranges[1].1),
+        ("dbo_orders_v2", switch_at),
+        "newer instance starts at S"
+    );
+    let events: Vec<(&str, Lsn)> = metadata
+        .events
+        .iter()
+        .map(|event| (event.event.as_str(), event.lsn))
+        .collect();
+    assert_eq!(
+        events,
+        vec![
+            ("schema_change", added_at),
+            ("capture_instance_switched", switch_at)
+        ]
+    );
+    assert!(
+        metadata.events[1]
+            .detail
+            .starts_with("dbo_orders -> dbo_orders_v2")
+    );
+    assert!(
+        metadata.events[0]
+            .detail
+            .contains("ADD [discount] decimal(9,2)")
+    );
     // Every change exactly once (no commit from both instances), the union schema holding
     // the new column: NULL before the switch, values after it.
-    assert_eq!(stream_rows(&batches, "order_id"), sim.journal_rows("dbo.orders"));
+    assert_eq!(
+        stream_rows(&batches, "order_id"),
+        sim.journal_rows("dbo.orders")
+    );
     let (before, after): (Vec<_>, Vec<_>) = batches.iter().cloned().partition(|batch| {
         let instance: &StringArray = batch.column(0).as_any().downcast_ref().expect("utf8");
         instance.value(0) == "dbo_orders"
@@ -409,20 +704,44 @@ async fn a_range_is_cut_at_a_newer_capture_instance() {
 async fn idle_entries_advance_the_offset_of_a_quiet_table() {
     let (sim, flight) = loaded(30).await;
     let client = &flight.client;
-    let before: Offset = client.action("latest_offset", &LatestOffsetBody { start: None, max_commits: None, upper: None }).await.expect("latest");
+    let before: Offset = client
+        .action(
+            "latest_offset",
+            &LatestOffsetBody {
+                start: None,
+                max_commits: None,
+                upper: None,
+            },
+        )
+        .await
+        .expect("latest");
     let mut writer = sim.writer(9);
     for _ in 0..3 {
         writer.idle();
     }
     writer.publish().expect("publish");
     let after: Offset = client
-        .action("latest_offset", &LatestOffsetBody { start: Some(before), max_commits: None, upper: None })
+        .action(
+            "latest_offset",
+            &LatestOffsetBody {
+                start: Some(before),
+                max_commits: None,
+                upper: None,
+            },
+        )
         .await
         .expect("latest");
     assert!(after.lsn > before.lsn, "idle entries move max_lsn");
-    assert!(after.commit_ts > before.commit_ts, "and the commit time the verdict needs");
+    assert!(
+        after.commit_ts > before.commit_ts,
+        "and the commit time the verdict needs"
+    );
     let (plan, batches) = read_range(client, "dbo.orders", before.lsn, Some(after.lsn), 1).await;
-    assert_eq!(plan.info.endpoint.len(), 1, "an idle range is still read, so its guard runs");
+    assert_eq!(
+        plan.info.endpoint.len(),
+        1,
+        "an idle range is still read, so its guard runs"
+    );
     assert_eq!(row_count(&batches), 0);
     flight.shutdown_and_wait().await;
 }
@@ -431,7 +750,12 @@ async fn idle_entries_advance_the_offset_of_a_quiet_table() {
 async fn purged_changes_are_data_loss_before_planning() {
     let (sim, flight) = loaded(100).await;
     let start = earliest(&flight, "dbo.orders").await;
-    let cut = sim.db.nth_commit_after(start.lsn, 40).await.expect("nth").expect("commit");
+    let cut = sim
+        .db
+        .nth_commit_after(start.lsn, 40)
+        .await
+        .expect("nth")
+        .expect("commit");
     sim.db.cleanup(Some("dbo_orders"), cut).expect("cleanup");
     let error = flight
         .client
@@ -441,12 +765,21 @@ async fn purged_changes_are_data_loss_before_planning() {
     let message = error.to_string();
     assert_eq!(code(error), Code::DataLoss);
     assert!(message.contains("dbo_orders"), "{message}");
-    assert!(message.contains(&start.lsn.increment().to_string()), "names the requested lsn: {message}");
-    assert!(message.contains(&cut.to_string()), "names min_lsn: {message}");
+    assert!(
+        message.contains(&start.lsn.increment().to_string()),
+        "names the requested lsn: {message}"
+    );
+    assert!(
+        message.contains(&cut.to_string()),
+        "names min_lsn: {message}"
+    );
     // From just before the new min_lsn on, the range is whole again.
     let (_, batches) = read_range(&flight.client, "dbo.orders", cut.decrement(), None, 1).await;
-    let expected: Vec<_> =
-        sim.journal_rows("dbo.orders").into_iter().filter(|row| row.start_lsn >= cut.to_string()).collect();
+    let expected: Vec<_> = sim
+        .journal_rows("dbo.orders")
+        .into_iter()
+        .filter(|row| row.start_lsn >= cut.to_string())
+        .collect();
     assert_eq!(stream_rows(&batches, "order_id"), expected);
     flight.shutdown_and_wait().await;
 }
@@ -458,7 +791,12 @@ async fn a_cleanup_during_the_read_is_data_loss_never_a_short_stream() {
     let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
     command.batch_rows = Some(100);
     let plan = flight.client.plan_changes(&command).await.expect("plan");
-    let cut = sim.db.nth_commit_after(start.lsn, 300).await.expect("nth").expect("commit");
+    let cut = sim
+        .db
+        .nth_commit_after(start.lsn, 300)
+        .await
+        .expect("nth")
+        .expect("commit");
     sim.db.set_faults(Faults {
         cleanup_during_read: Some(CleanupDuringRead {
             capture_instance: Some("dbo_orders".into()),
@@ -469,12 +807,20 @@ async fn a_cleanup_during_the_read_is_data_loss_never_a_short_stream() {
     });
     let ticket = plan.info.endpoint[0].ticket.clone().expect("ticket");
     let mut rows = 0;
-    let error = flight.client.read_endpoint(&ticket, |batch| rows += batch.num_rows()).await.expect_err("loss");
+    let error = flight
+        .client
+        .read_endpoint(&ticket, |batch| rows += batch.num_rows())
+        .await
+        .expect_err("loss");
     assert!(rows >= 200, "the read was under way: {rows} rows");
     assert!(error.to_string().contains("while the range"), "{error}");
     assert_eq!(code(error), Code::DataLoss);
     // Replaying the ticket now fails at once: its start is purged.
-    let replay = flight.client.collect_endpoint(&ticket).await.expect_err("replay");
+    let replay = flight
+        .client
+        .collect_endpoint(&ticket)
+        .await
+        .expect_err("replay");
     assert_eq!(code(replay), Code::DataLoss);
     flight.shutdown_and_wait().await;
 }
@@ -486,12 +832,23 @@ async fn a_dropped_source_connection_is_unavailable_and_incomplete() {
     let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
     command.batch_rows = Some(50);
     let plan = flight.client.plan_changes(&command).await.expect("plan");
-    sim.db.set_faults(Faults { drop_connection_after_rows: Some(100), ..Faults::default() });
+    sim.db.set_faults(Faults {
+        drop_connection_after_rows: Some(100),
+        ..Faults::default()
+    });
     let ticket = plan.info.endpoint[0].ticket.clone().expect("ticket");
-    let error = flight.client.collect_endpoint(&ticket).await.expect_err("dropped");
+    let error = flight
+        .client
+        .collect_endpoint(&ticket)
+        .await
+        .expect_err("dropped");
     assert_eq!(code(error), Code::Unavailable);
     // The fault is spent: the same ticket now reads whole.
-    let (batches, completion) = flight.client.collect_endpoint(&ticket).await.expect("retry");
+    let (batches, completion) = flight
+        .client
+        .collect_endpoint(&ticket)
+        .await
+        .expect("retry");
     assert_eq!(completion.rows as usize, row_count(&batches));
     flight.shutdown_and_wait().await;
 }
@@ -500,11 +857,22 @@ async fn a_dropped_source_connection_is_unavailable_and_incomplete() {
 async fn the_same_ticket_read_twice_gives_identical_rows_and_on_another_replica() {
     let (sim, flight) = loaded(300).await;
     let start = earliest(&flight, "dbo.orders").await;
-    let plan = flight.client.plan_changes(&ChangesCommand::new("dbo.orders", start.lsn, None)).await.expect("plan");
+    let plan = flight
+        .client
+        .plan_changes(&ChangesCommand::new("dbo.orders", start.lsn, None))
+        .await
+        .expect("plan");
     // More commits after planning must not change what the ticket reads.
     let mut writer = sim.writer(77);
-    workload::run(&mut writer, &WorkloadSpec { commits: Some(50), ..WorkloadSpec::default() }, &AtomicBool::new(false))
-        .expect("more");
+    workload::run(
+        &mut writer,
+        &WorkloadSpec {
+            commits: Some(50),
+            ..WorkloadSpec::default()
+        },
+        &AtomicBool::new(false),
+    )
+    .expect("more");
     let (first, _) = read_plan(&flight.client, &plan).await.expect("first");
     let (second, _) = read_plan(&flight.client, &plan).await.expect("second");
     assert_eq!(first, second);
@@ -512,8 +880,14 @@ async fn the_same_ticket_read_twice_gives_identical_rows_and_on_another_replica(
     let replica = FlightFixture::start(Arc::new(sim.db.clone())).await;
     let (third, _) = read_plan(&replica.client, &plan).await.expect("replica");
     assert_eq!(first, third);
-    let stranger = FlightFixture::start_with_key(Arc::new(sim.db.clone()), TicketSigner::random().expect("key")).await;
-    let error = read_plan(&stranger.client, &plan).await.expect_err("other key");
+    let stranger = FlightFixture::start_with_key(
+        Arc::new(sim.db.clone()),
+        TicketSigner::random().expect("key"),
+    )
+    .await;
+    let error = read_plan(&stranger.client, &plan)
+        .await
+        .expect_err("other key");
     assert_eq!(code(error), Code::PermissionDenied);
     for fixture in [flight, replica, stranger] {
         fixture.shutdown_and_wait().await;
@@ -534,7 +908,9 @@ async fn eight_concurrent_reads_all_complete() {
     for endpoint in &plan.info.endpoint {
         let client = flight.client.clone();
         let ticket = endpoint.ticket.clone().expect("ticket");
-        reads.push(tokio::spawn(async move { client.collect_endpoint(&ticket).await }));
+        reads.push(tokio::spawn(async move {
+            client.collect_endpoint(&ticket).await
+        }));
     }
     let mut batches = Vec::new();
     for read in reads {
@@ -542,7 +918,10 @@ async fn eight_concurrent_reads_all_complete() {
         assert_eq!(completion.rows as usize, row_count(&endpoint_batches));
         batches.extend(endpoint_batches);
     }
-    assert_eq!(stream_rows(&batches, "order_id"), sim.journal_rows("dbo.orders"));
+    assert_eq!(
+        stream_rows(&batches, "order_id"),
+        sim.journal_rows("dbo.orders")
+    );
     flight.shutdown_and_wait().await;
 }
 
@@ -550,15 +929,27 @@ async fn eight_concurrent_reads_all_complete() {
 async fn tampered_and_garbage_tickets_are_refused() {
     let (_sim, flight) = loaded(50).await;
     let start = earliest(&flight, "dbo.orders").await;
-    let plan = flight.client.plan_changes(&ChangesCommand::new("dbo.orders", start.lsn, None)).await.expect("plan");
+    let plan = flight
+        .client
+        .plan_changes(&ChangesCommand::new("dbo.orders", start.lsn, None))
+        .await
+        .expect("plan");
     let ticket = plan.info.endpoint[0].ticket.clone().expect("ticket");
     let mut bytes = ticket.ticket.to_vec();
     // Widen the range: flip a bit of the body (the to_lsn sits near the middle).
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0x40;
-    let error = flight.client.collect_endpoint(&Ticket::new(bytes)).await.expect_err("tampered");
+    let error = flight
+        .client
+        .collect_endpoint(&Ticket::new(bytes))
+        .await
+        .expect_err("tampered");
     assert_eq!(code(error), Code::PermissionDenied);
-    let error = flight.client.collect_endpoint(&Ticket::new(b"hello".to_vec())).await.expect_err("garbage");
+    let error = flight
+        .client
+        .collect_endpoint(&Ticket::new(b"hello".to_vec()))
+        .await
+        .expect_err("garbage");
     assert_eq!(code(error), Code::InvalidArgument);
     flight.shutdown_and_wait().await;
 }
@@ -566,49 +957,86 @@ async fn tampered_and_garbage_tickets_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_published_while_serving_are_seen_on_the_next_request() {
     let (sim, flight) = loaded(20).await;
-    let before: LsnAnswer = flight.client.action("max_lsn", &json!({})).await.expect("max");
+    let before: LsnAnswer = flight
+        .client
+        .action("max_lsn", &json!({}))
+        .await
+        .expect("max");
     // A second handle on the directory, as `sim run` in another process would be.
     let other = mssql_cdc_flight::sim::SimDb::open(&sim.db.dir()).expect("open");
-    let mut writer = other.writer(mssql_cdc_flight::sim::Clock::Wall, 4).expect("writer");
+    let mut writer = other
+        .writer(mssql_cdc_flight::sim::Clock::Wall, 4)
+        .expect("writer");
     let mut tx = writer.begin();
     tx.insert(&orders(), 3).expect("insert");
     let lsn = tx.commit().expect("commit").expect("lsn");
     writer.publish().expect("publish");
-    let after: LsnAnswer = flight.client.action("max_lsn", &json!({})).await.expect("max");
+    let after: LsnAnswer = flight
+        .client
+        .action("max_lsn", &json!({}))
+        .await
+        .expect("max");
     assert!(after.lsn > before.lsn);
     assert_eq!(after.lsn, Some(lsn));
     // The live writer's lock stops a second writer of the directory.
-    let error = sim.db.writer(mssql_cdc_flight::sim::Clock::Wall, 1).err().expect("locked");
-    assert!(error.to_string().contains("another process is writing"), "{error}");
-    let error = other.writer(mssql_cdc_flight::sim::Clock::Wall, 1).err().expect("one per process");
+    let error = sim
+        .db
+        .writer(mssql_cdc_flight::sim::Clock::Wall, 1)
+        .err()
+        .expect("locked");
+    assert!(
+        error.to_string().contains("another process is writing"),
+        "{error}"
+    );
+    let error = other
+        .writer(mssql_cdc_flight::sim::Clock::Wall, 1)
+        .err()
+        .expect("one per process");
     assert!(error.to_string().contains("already open"), "{error}");
     drop(writer);
-    other.writer(mssql_cdc_flight::sim::Clock::Wall, 1).expect("free again");
+    other
+        .writer(mssql_cdc_flight::sim::Clock::Wall, 1)
+        .expect("free again");
     flight.shutdown_and_wait().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_reports_serving() {
     let (_sim, flight) = loaded(5).await;
-    let channel = tonic::transport::Endpoint::from_shared(flight.url.clone()).expect("url").connect().await.expect("connect");
+    let channel = tonic::transport::Endpoint::from_shared(flight.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
     let response = health
-        .check(tonic_health::pb::HealthCheckRequest { service: "arrow.flight.protocol.FlightService".into() })
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "arrow.flight.protocol.FlightService".into(),
+        })
         .await
         .expect("health")
         .into_inner();
-    assert_eq!(response.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    assert_eq!(
+        response.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
     flight.shutdown_and_wait().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_slows_but_does_not_break_reads() {
     let (sim, flight) = loaded(50).await;
-    sim.db.set_faults(Faults { latency: Duration::from_millis(20), ..Faults::default() });
+    sim.db.set_faults(Faults {
+        latency: Duration::from_millis(20),
+        ..Faults::default()
+    });
     let start = earliest(&flight, "dbo.orders").await;
     let started = std::time::Instant::now();
     let (_, batches) = read_range(&flight.client, "dbo.orders", start.lsn, None, 1).await;
     assert!(started.elapsed() >= Duration::from_millis(20));
-    assert_eq!(stream_rows(&batches, "order_id"), sim.journal_rows("dbo.orders"));
+    assert_eq!(
+        stream_rows(&batches, "order_id"),
+        sim.journal_rows("dbo.orders")
+    );
     flight.shutdown_and_wait().await;
 }

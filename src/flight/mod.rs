@@ -48,7 +48,8 @@ use crate::types::{OutputColumn, output_schema};
 use protocol::{
     COMPLETION_TYPE, CaptureInstanceBody, CaptureInstanceInfo, ChangesCommand, Command, Completion,
     Compression, CountAnswer, DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS, InitialOffsetBody,
-    LatestOffsetBody, LsnAnswer, LsnBody, NthCommitBody, RangeBody, TableBody, TimeAnswer, parse_body,
+    LatestOffsetBody, LsnAnswer, LsnBody, NthCommitBody, RangeBody, TableBody, TimeAnswer,
+    parse_body,
 };
 use ticket::{ChangeRangeTicket, TicketBody, TicketColumn, TicketKind, TicketSigner};
 
@@ -69,17 +70,50 @@ pub const CONNECTION_WINDOW: u32 = 64 << 20;
 /// The actions `do_action` serves, with their descriptions (also `list_actions`).
 pub const ACTIONS: [(&str, &str); 12] = [
     ("max_lsn", "{} -> {\"lsn\"}: sys.fn_cdc_get_max_lsn()"),
-    ("min_lsn", "{\"capture_instance\"} -> {\"lsn\"}: sys.fn_cdc_get_min_lsn(ci)"),
-    ("increment_lsn", "{\"lsn\"} -> {\"lsn\"}: sys.fn_cdc_increment_lsn"),
-    ("decrement_lsn", "{\"lsn\"} -> {\"lsn\"}: sys.fn_cdc_decrement_lsn"),
-    ("lsn_to_time", "{\"lsn\"} -> {\"commit_ts\"}: commit time (UTC) of the commit at lsn"),
-    ("nth_commit_after", "{\"lsn\", \"n\"} -> {\"lsn\"}: the n-th commit after lsn (or the last)"),
-    ("capture_instances", "{\"table\"} -> [capture instance]: the table's instances, oldest first"),
-    ("ddl_history", "{\"capture_instance\", \"from\", \"to\"} -> [ddl]: DDL with from < lsn <= to"),
-    ("split_points", "{\"capture_instance\", \"from\", \"to\", \"n\"} -> [{\"last_lsn\", \"rows\"}]"),
-    ("count_changes", "{\"capture_instance\", \"from\", \"to\"} -> {\"rows\"}: change rows in [from, to]"),
-    ("initial_offset", "{\"table\", \"starting\"} -> offset: where a new stream starts"),
-    ("latest_offset", "{\"start\", \"max_commits\", \"upper\"} -> offset: the end of the next range"),
+    (
+        "min_lsn",
+        "{\"capture_instance\"} -> {\"lsn\"}: sys.fn_cdc_get_min_lsn(ci)",
+    ),
+    (
+        "increment_lsn",
+        "{\"lsn\"} -> {\"lsn\"}: sys.fn_cdc_increment_lsn",
+    ),
+    (
+        "decrement_lsn",
+        "{\"lsn\"} -> {\"lsn\"}: sys.fn_cdc_decrement_lsn",
+    ),
+    (
+        "lsn_to_time",
+        "{\"lsn\"} -> {\"commit_ts\"}: commit time (UTC) of the commit at lsn",
+    ),
+    (
+        "nth_commit_after",
+        "{\"lsn\", \"n\"} -> {\"lsn\"}: the n-th commit after lsn (or the last)",
+    ),
+    (
+        "capture_instances",
+        "{\"table\"} -> [capture instance]: the table's instances, oldest first",
+    ),
+    (
+        "ddl_history",
+        "{\"capture_instance\", \"from\", \"to\"} -> [ddl]: DDL with from < lsn <= to",
+    ),
+    (
+        "split_points",
+        "{\"capture_instance\", \"from\", \"to\", \"n\"} -> [{\"last_lsn\", \"rows\"}]",
+    ),
+    (
+        "count_changes",
+        "{\"capture_instance\", \"from\", \"to\"} -> {\"rows\"}: change rows in [from, to]",
+    ),
+    (
+        "initial_offset",
+        "{\"table\", \"starting\"} -> offset: where a new stream starts",
+    ),
+    (
+        "latest_offset",
+        "{\"start\", \"max_commits\", \"upper\"} -> offset: the end of the next range",
+    ),
 ];
 
 /// The Flight service over a [`CdcSource`]; build it with [`make_server`].
@@ -89,7 +123,10 @@ pub struct CdcFlightService {
 }
 
 /// The service wrapped for tonic, with message limits set.
-pub fn make_server(source: Arc<dyn CdcSource>, signer: TicketSigner) -> FlightServiceServer<CdcFlightService> {
+pub fn make_server(
+    source: Arc<dyn CdcSource>,
+    signer: TicketSigner,
+) -> FlightServiceServer<CdcFlightService> {
     FlightServiceServer::new(CdcFlightService { source, signer })
         .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE)
         .max_encoding_message_size(usize::MAX)
@@ -122,8 +159,9 @@ pub async fn serve(
         .initial_connection_window_size(Some(CONNECTION_WINDOW))
         .tcp_nodelay(true);
     if let Some(identity) = tls {
-        let config = tonic::transport::ServerTlsConfig::new()
-            .identity(tonic::transport::Identity::from_pem(identity.certificate, identity.key));
+        let config = tonic::transport::ServerTlsConfig::new().identity(
+            tonic::transport::Identity::from_pem(identity.certificate, identity.key),
+        );
         builder = builder
             .tls_config(config)
             .map_err(|error| Error::invalid(format!("bad TLS identity: {error}")))?;
@@ -151,7 +189,11 @@ fn ipc_options(compression: u32) -> Result<IpcWriteOptions> {
         0 => None,
         1 => Some(CompressionType::LZ4_FRAME),
         2 => Some(CompressionType::ZSTD),
-        other => return Err(Error::TicketMalformed(format!("unknown compression {other}"))),
+        other => {
+            return Err(Error::TicketMalformed(format!(
+                "unknown compression {other}"
+            )));
+        }
     };
     Ok(IpcWriteOptions::default().try_with_compression(kind)?)
 }
@@ -172,7 +214,9 @@ impl CdcFlightService {
         for instance in &instances {
             infos.push(self.instance_info(instance.clone()).await?);
         }
-        let command = Command::Table(protocol::TableCommand { table: table.to_string() });
+        let command = Command::Table(protocol::TableCommand {
+            table: table.to_string(),
+        });
         Ok(FlightInfo::new()
             .try_with_schema(&output_schema(&columns, true))?
             .with_descriptor(FlightDescriptor::new_cmd(command.to_bytes()))
@@ -182,7 +226,10 @@ impl CdcFlightService {
             }))))
     }
 
-    async fn instance_info(&self, instance: crate::source::CaptureInstance) -> Result<CaptureInstanceInfo> {
+    async fn instance_info(
+        &self,
+        instance: crate::source::CaptureInstance,
+    ) -> Result<CaptureInstanceInfo> {
         Ok(CaptureInstanceInfo {
             min_lsn: self.source.min_lsn(&instance.name).await?,
             name: instance.name,
@@ -194,11 +241,17 @@ impl CdcFlightService {
         })
     }
 
-    async fn changes_info(&self, command: &ChangesCommand, descriptor: FlightDescriptor) -> Result<FlightInfo> {
+    async fn changes_info(
+        &self,
+        command: &ChangesCommand,
+        descriptor: FlightDescriptor,
+    ) -> Result<FlightInfo> {
         let batch_rows = command.batch_rows.unwrap_or(DEFAULT_BATCH_ROWS);
         let batch_bytes = command.batch_bytes.unwrap_or(DEFAULT_BATCH_BYTES);
         if batch_rows == 0 || batch_bytes == 0 {
-            return Err(Error::invalid("batch_rows and batch_bytes must be at least 1"));
+            return Err(Error::invalid(
+                "batch_rows and batch_bytes must be at least 1",
+            ));
         }
         let include_command_id = command.include_command_id.unwrap_or(true);
         let plan = planner::plan_changes(self.source.as_ref(), command).await?;
@@ -254,33 +307,49 @@ impl CdcFlightService {
         let source = self.source.as_ref();
         Ok(match name {
             "max_lsn" => {
-                parse_body::<serde_json::Map<String, serde_json::Value>>(name, body).and_then(|map| {
-                    map.is_empty().then_some(()).ok_or_else(|| Error::invalid("max_lsn takes no fields"))
-                })?;
-                json_bytes(&LsnAnswer { lsn: source.max_lsn().await? })
+                parse_body::<serde_json::Map<String, serde_json::Value>>(name, body).and_then(
+                    |map| {
+                        map.is_empty()
+                            .then_some(())
+                            .ok_or_else(|| Error::invalid("max_lsn takes no fields"))
+                    },
+                )?;
+                json_bytes(&LsnAnswer {
+                    lsn: source.max_lsn().await?,
+                })
             }
             "min_lsn" => {
                 let body: CaptureInstanceBody = parse_body(name, body)?;
-                json_bytes(&LsnAnswer { lsn: Some(source.min_lsn(&body.capture_instance).await?) })
+                json_bytes(&LsnAnswer {
+                    lsn: Some(source.min_lsn(&body.capture_instance).await?),
+                })
             }
             "increment_lsn" => {
                 let body: LsnBody = parse_body(name, body)?;
-                json_bytes(&LsnAnswer { lsn: Some(source.increment_lsn(body.lsn).await?) })
+                json_bytes(&LsnAnswer {
+                    lsn: Some(source.increment_lsn(body.lsn).await?),
+                })
             }
             "decrement_lsn" => {
                 let body: LsnBody = parse_body(name, body)?;
-                json_bytes(&LsnAnswer { lsn: Some(source.decrement_lsn(body.lsn).await?) })
+                json_bytes(&LsnAnswer {
+                    lsn: Some(source.decrement_lsn(body.lsn).await?),
+                })
             }
             "lsn_to_time" => {
                 let body: LsnBody = parse_body(name, body)?;
-                json_bytes(&TimeAnswer { commit_ts: source.lsn_to_time(body.lsn).await? })
+                json_bytes(&TimeAnswer {
+                    commit_ts: source.lsn_to_time(body.lsn).await?,
+                })
             }
             "nth_commit_after" => {
                 let body: NthCommitBody = parse_body(name, body)?;
                 if body.n == 0 {
                     return Err(Error::invalid("nth_commit_after needs n >= 1"));
                 }
-                json_bytes(&LsnAnswer { lsn: source.nth_commit_after(body.lsn, body.n).await? })
+                json_bytes(&LsnAnswer {
+                    lsn: source.nth_commit_after(body.lsn, body.n).await?,
+                })
             }
             "capture_instances" => {
                 let body: TableBody = parse_body(name, body)?;
@@ -293,22 +362,39 @@ impl CdcFlightService {
             "ddl_history" => {
                 let body: RangeBody = parse_body(name, body)?;
                 check_range(&body)?;
-                json_bytes(&source.ddl_history(&body.capture_instance, body.from, body.to).await?)
+                json_bytes(
+                    &source
+                        .ddl_history(&body.capture_instance, body.from, body.to)
+                        .await?,
+                )
             }
             "split_points" => {
                 let body: RangeBody = parse_body(name, body)?;
                 check_range(&body)?;
-                let n = body.n.ok_or_else(|| Error::invalid("split_points needs n"))?;
+                let n = body
+                    .n
+                    .ok_or_else(|| Error::invalid("split_points needs n"))?;
                 if n == 0 || n > protocol::MAX_PARTITIONS {
-                    return Err(Error::invalid(format!("n must be 1 to {}", protocol::MAX_PARTITIONS)));
+                    return Err(Error::invalid(format!(
+                        "n must be 1 to {}",
+                        protocol::MAX_PARTITIONS
+                    )));
                 }
-                json_bytes(&source.split_points(&body.capture_instance, body.from, body.to, n).await?)
+                json_bytes(
+                    &source
+                        .split_points(&body.capture_instance, body.from, body.to, n)
+                        .await?,
+                )
             }
             "count_changes" => {
                 let body: RangeBody = parse_body(name, body)?;
                 check_range(&body)?;
-                let tiles = source.split_points(&body.capture_instance, body.from, body.to, 1).await?;
-                json_bytes(&CountAnswer { rows: tiles.iter().map(|tile| tile.rows).sum() })
+                let tiles = source
+                    .split_points(&body.capture_instance, body.from, body.to, 1)
+                    .await?;
+                json_bytes(&CountAnswer {
+                    rows: tiles.iter().map(|tile| tile.rows).sum(),
+                })
             }
             "initial_offset" => {
                 let body: InitialOffsetBody = parse_body(name, body)?;
@@ -320,7 +406,10 @@ impl CdcFlightService {
             }
             other => {
                 let known: Vec<&str> = ACTIONS.iter().map(|(name, _)| *name).collect();
-                return Err(Error::invalid(format!("unknown action '{other}' (known: {})", known.join(", "))));
+                return Err(Error::invalid(format!(
+                    "unknown action '{other}' (known: {})",
+                    known.join(", ")
+                )));
             }
         })
     }
@@ -337,7 +426,9 @@ impl CdcFlightService {
         let instances = self.source.capture_instances(&table).await?;
         match body.starting.as_deref().unwrap_or("earliest") {
             "earliest" => {
-                let oldest = instances.first().ok_or_else(|| Error::TableNotFound { table: table.to_string() })?;
+                let oldest = instances.first().ok_or_else(|| Error::TableNotFound {
+                    table: table.to_string(),
+                })?;
                 let min_lsn = self.source.min_lsn(&oldest.name).await?;
                 self.offset_at(min_lsn.decrement()).await
             }
@@ -352,7 +443,9 @@ impl CdcFlightService {
             }
             explicit => {
                 let lsn: Lsn = explicit.parse().map_err(|error| {
-                    Error::invalid(format!("starting must be earliest, latest or an LSN: {error}"))
+                    Error::invalid(format!(
+                        "starting must be earliest, latest or an LSN: {error}"
+                    ))
                 })?;
                 self.offset_at(lsn).await
             }
@@ -363,7 +456,9 @@ impl CdcFlightService {
     /// after `start`; `start` itself when nothing is newer.
     async fn latest_offset(&self, body: &LatestOffsetBody) -> Result<Offset> {
         if body.max_commits == Some(0) {
-            return Err(Error::invalid("max_commits must be at least 1; omit it to read up to max_lsn"));
+            return Err(Error::invalid(
+                "max_commits must be at least 1; omit it to read up to max_lsn",
+            ));
         }
         let max_lsn = self.source.max_lsn().await?.unwrap_or(Lsn::ZERO);
         let mut upper = body.upper.map_or(max_lsn, |upper| upper.min(max_lsn));
@@ -371,10 +466,10 @@ impl CdcFlightService {
             if upper <= start.lsn {
                 return Ok(*start);
             }
-            if let Some(n) = body.max_commits {
-                if let Some(nth) = self.source.nth_commit_after(start.lsn, n).await? {
-                    upper = upper.min(nth);
-                }
+            if let Some(n) = body.max_commits
+                && let Some(nth) = self.source.nth_commit_after(start.lsn, n).await?
+            {
+                upper = upper.min(nth);
             }
         }
         self.offset_at(upper).await
@@ -383,7 +478,10 @@ impl CdcFlightService {
 
 fn check_range(body: &RangeBody) -> Result<()> {
     if body.from > body.to {
-        return Err(Error::invalid(format!("from {} is past to {}", body.from, body.to)));
+        return Err(Error::invalid(format!(
+            "from {} is past to {}",
+            body.from, body.to
+        )));
     }
     Ok(())
 }
@@ -396,10 +494,9 @@ fn change_read(ticket: &ChangeRangeTicket) -> Result<ChangeRead> {
     for column in &ticket.columns {
         columns.push(OutputColumn {
             name: column.name.clone(),
-            sql_type: column
-                .sql_type
-                .parse()
-                .map_err(|error: crate::types::SqlTypeParseError| Error::TicketMalformed(error.to_string()))?,
+            sql_type: column.sql_type.parse().map_err(
+                |error: crate::types::SqlTypeParseError| Error::TicketMalformed(error.to_string()),
+            )?,
         });
     }
     let usize_of = |value: u64| usize::try_from(value).unwrap_or(usize::MAX).max(1);
@@ -499,7 +596,9 @@ impl FlightService for CdcFlightService {
         &self,
         _request: Request<Streaming<HandshakeRequest>>,
     ) -> std::result::Result<Response<Self::HandshakeStream>, Status> {
-        Err(Status::unimplemented("handshake is not needed: calls carry no session"))
+        Err(Status::unimplemented(
+            "handshake is not needed: calls carry no session",
+        ))
     }
 
     async fn list_flights(
@@ -529,7 +628,9 @@ impl FlightService for CdcFlightService {
         &self,
         _request: Request<FlightDescriptor>,
     ) -> std::result::Result<Response<PollInfo>, Status> {
-        Err(Status::unimplemented("poll_flight_info: plans are immediate, use get_flight_info"))
+        Err(Status::unimplemented(
+            "poll_flight_info: plans are immediate, use get_flight_info",
+        ))
     }
 
     async fn get_schema(
@@ -544,9 +645,12 @@ impl FlightService for CdcFlightService {
             }
             Command::Changes(command) => {
                 let table: TableName = command.table.parse()?;
-                let instances =
-                    planner::stream_instances(self.source.as_ref(), &table, command.capture_instance.as_deref())
-                        .await?;
+                let instances = planner::stream_instances(
+                    self.source.as_ref(),
+                    &table,
+                    command.capture_instance.as_deref(),
+                )
+                .await?;
                 let columns = planner::select_columns(
                     &table,
                     planner::union_columns(&table, &instances)?,
@@ -560,24 +664,35 @@ impl FlightService for CdcFlightService {
         Ok(Response::new(result))
     }
 
-    async fn do_get(&self, request: Request<Ticket>) -> std::result::Result<Response<Self::DoGetStream>, Status> {
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> std::result::Result<Response<Self::DoGetStream>, Status> {
         let body = self.signer.verify(&request.get_ref().ticket)?;
         let Some(TicketKind::ChangeRange(range)) = body.kind else {
-            return Err(Status::invalid_argument("ticket is malformed: it names nothing to read"));
+            return Err(Status::invalid_argument(
+                "ticket is malformed: it names nothing to read",
+            ));
         };
         let read = change_read(&range)?;
         let schema = output_schema(&read.columns, read.include_command_id);
         let options = ipc_options(range.compression)?;
         let (batch_sender, batch_receiver) = mpsc::channel(2);
         let (done_sender, done_receiver) = oneshot::channel();
-        tokio::spawn(produce_range(Arc::clone(&self.source), read, batch_sender, done_sender));
+        tokio::spawn(produce_range(
+            Arc::clone(&self.source),
+            read,
+            batch_sender,
+            done_sender,
+        ));
         let data = FlightDataEncoderBuilder::new()
             .with_schema(schema)
             .with_options(options)
             .with_max_flight_data_size(MAX_FLIGHT_DATA_SIZE)
             .build(ReceiverStream::new(batch_receiver))
             .map_err(Status::from);
-        let marker = futures::stream::once(done_receiver).filter_map(|marker| async move { marker.ok().map(Ok) });
+        let marker = futures::stream::once(done_receiver)
+            .filter_map(|marker| async move { marker.ok().map(Ok) });
         Ok(Response::new(data.chain(marker).boxed()))
     }
 
@@ -588,10 +703,15 @@ impl FlightService for CdcFlightService {
         Err(Status::unimplemented("do_put: the server is read-only"))
     }
 
-    async fn do_action(&self, request: Request<Action>) -> std::result::Result<Response<Self::DoActionStream>, Status> {
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> std::result::Result<Response<Self::DoActionStream>, Status> {
         let answer = self.action(request.get_ref()).await?;
         let result = arrow_flight::Result { body: answer };
-        Ok(Response::new(futures::stream::once(async move { Ok(result) }).boxed()))
+        Ok(Response::new(
+            futures::stream::once(async move { Ok(result) }).boxed(),
+        ))
     }
 
     async fn list_actions(
@@ -604,7 +724,9 @@ impl FlightService for CdcFlightService {
                 description: (*description).to_string(),
             })
         });
-        Ok(Response::new(futures::stream::iter(actions.collect::<Vec<_>>()).boxed()))
+        Ok(Response::new(
+            futures::stream::iter(actions.collect::<Vec<_>>()).boxed(),
+        ))
     }
 
     async fn do_exchange(

@@ -57,7 +57,9 @@ pub fn type_fits(older: &SqlType, newer: &SqlType) -> bool {
         return true;
     }
     match (older, newer) {
-        (a, b) if integer_rank(a).is_some() && integer_rank(b).is_some() => integer_rank(a) <= integer_rank(b),
+        (a, b) if integer_rank(a).is_some() && integer_rank(b).is_some() => {
+            integer_rank(a) <= integer_rank(b)
+        }
         (TinyInt | SmallInt | Int, Float) | (Real, Float) => true,
         (TinyInt | SmallInt | Int | BigInt, Decimal { precision, scale }) => {
             let digits = match older {
@@ -67,11 +69,21 @@ pub fn type_fits(older: &SqlType, newer: &SqlType) -> bool {
             };
             precision.saturating_sub(*scale) >= digits
         }
-        (Decimal { precision: p1, scale: s1 }, Decimal { precision: p2, scale: s2 }) => {
-            s2 >= s1 && p2.saturating_sub(*s2) >= p1.saturating_sub(*s1)
-        }
+        (
+            Decimal {
+                precision: p1,
+                scale: s1,
+            },
+            Decimal {
+                precision: p2,
+                scale: s2,
+            },
+        ) => s2 >= s1 && p2.saturating_sub(*s2) >= p1.saturating_sub(*s1),
         (Date, DateTime2 { .. } | DateTime) => true,
-        (VarChar(_) | Char(_), VarChar(crate::types::Length::Max) | NVarChar(crate::types::Length::Max)) => true,
+        (
+            VarChar(_) | Char(_),
+            VarChar(crate::types::Length::Max) | NVarChar(crate::types::Length::Max),
+        ) => true,
         (NVarChar(_) | NChar(_), NVarChar(crate::types::Length::Max)) => true,
         _ => older.arrow_type().is_some() && older.arrow_type() == newer.arrow_type(),
     }
@@ -79,11 +91,17 @@ pub fn type_fits(older: &SqlType, newer: &SqlType) -> bool {
 
 /// The columns of a table's capture instances joined by name, older instance first; a column
 /// two instances type differently takes the newer type when it holds the older's values.
-pub fn union_columns(table: &TableName, instances: &[CaptureInstance]) -> Result<Vec<OutputColumn>> {
+pub fn union_columns(
+    table: &TableName,
+    instances: &[CaptureInstance],
+) -> Result<Vec<OutputColumn>> {
     let mut columns: Vec<OutputColumn> = Vec::new();
     for instance in instances {
         for captured in &instance.columns {
-            if RESERVED_COLUMN_NAMES.iter().any(|reserved| reserved.eq_ignore_ascii_case(&captured.name)) {
+            if RESERVED_COLUMN_NAMES
+                .iter()
+                .any(|reserved| reserved.eq_ignore_ascii_case(&captured.name))
+            {
                 return Err(Error::invalid(format!(
                     "{table}: captured column '{}' clashes with a metadata column name",
                     captured.name
@@ -96,7 +114,10 @@ pub fn union_columns(table: &TableName, instances: &[CaptureInstance]) -> Result
                     captured.name, captured.sql_type
                 )));
             }
-            match columns.iter_mut().find(|column| column.name == captured.name) {
+            match columns
+                .iter_mut()
+                .find(|column| column.name == captured.name)
+            {
                 Some(existing) if type_fits(&existing.sql_type, &captured.sql_type) => {
                     existing.sql_type = captured.sql_type.clone();
                 }
@@ -118,13 +139,20 @@ pub fn union_columns(table: &TableName, instances: &[CaptureInstance]) -> Result
 }
 
 /// Keeps the requested columns, in the requested order.
-pub fn select_columns(table: &TableName, all: Vec<OutputColumn>, requested: Option<&[String]>) -> Result<Vec<OutputColumn>> {
+pub fn select_columns(
+    table: &TableName,
+    all: Vec<OutputColumn>,
+    requested: Option<&[String]>,
+) -> Result<Vec<OutputColumn>> {
     let Some(requested) = requested else {
         return Ok(all);
     };
     let mut selected = Vec::new();
     for name in requested {
-        if selected.iter().any(|column: &OutputColumn| &column.name == name) {
+        if selected
+            .iter()
+            .any(|column: &OutputColumn| &column.name == name)
+        {
             return Err(Error::invalid(format!("column '{name}' is listed twice")));
         }
         let column = all.iter().find(|column| &column.name == name).ok_or_else(|| {
@@ -147,12 +175,13 @@ pub async fn stream_instances(
 ) -> Result<Vec<CaptureInstance>> {
     let mut instances = source.capture_instances(table).await?;
     if let Some(name) = start_with {
-        let position = instances.iter().position(|ci| ci.name == name).ok_or_else(|| {
-            Error::CaptureInstanceNotFound {
+        let position = instances
+            .iter()
+            .position(|ci| ci.name == name)
+            .ok_or_else(|| Error::CaptureInstanceNotFound {
                 name: name.to_string(),
                 hint: format!(" for table {table}"),
-            }
-        })?;
+            })?;
         instances.drain(..position);
     }
     Ok(instances)
@@ -163,11 +192,20 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
     let table: TableName = command.table.parse()?;
     let partitions = command.partitions.unwrap_or(1);
     if partitions == 0 || partitions > MAX_PARTITIONS {
-        return Err(Error::invalid(format!("partitions must be 1 to {MAX_PARTITIONS}, not {partitions}")));
+        return Err(Error::invalid(format!(
+            "partitions must be 1 to {MAX_PARTITIONS}, not {partitions}"
+        )));
     }
-    let min_partition_rows = command.min_partition_rows.unwrap_or(DEFAULT_MIN_PARTITION_ROWS).max(1);
+    let min_partition_rows = command
+        .min_partition_rows
+        .unwrap_or(DEFAULT_MIN_PARTITION_ROWS)
+        .max(1);
     let instances = stream_instances(source, &table, command.capture_instance.as_deref()).await?;
-    let columns = select_columns(&table, union_columns(&table, &instances)?, command.columns.as_deref())?;
+    let columns = select_columns(
+        &table,
+        union_columns(&table, &instances)?,
+        command.columns.as_deref(),
+    )?;
     let max_lsn = source.max_lsn().await?;
     let ceiling = max_lsn.unwrap_or(Lsn::ZERO);
     let to = command.to.unwrap_or(ceiling);
@@ -194,7 +232,11 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
     };
     let mut reads = Vec::new();
     if command.from == to {
-        return Ok(ChangePlan { columns, reads, metadata });
+        return Ok(ChangePlan {
+            columns,
+            reads,
+            metadata,
+        });
     }
     let mut cursor = command.from.increment();
     for (index, instance) in instances.iter().enumerate() {
@@ -228,7 +270,12 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
             let older = &instances[index - 1];
             let missing: Vec<&str> = columns
                 .iter()
-                .filter(|column| !instance.columns.iter().any(|captured| captured.name == column.name))
+                .filter(|column| {
+                    !instance
+                        .columns
+                        .iter()
+                        .any(|captured| captured.name == column.name)
+                })
                 .map(|column| column.name.as_str())
                 .collect();
             let mut detail = format!("{} -> {}", older.name, instance.name);
@@ -243,7 +290,10 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
                 detail,
             });
         }
-        for ddl in source.ddl_history(&instance.name, cursor.decrement(), end).await? {
+        for ddl in source
+            .ddl_history(&instance.name, cursor.decrement(), end)
+            .await?
+        {
             metadata.events.push(RangeEvent {
                 event: "schema_change".into(),
                 capture_instance: ddl.capture_instance,
@@ -253,7 +303,9 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
             });
         }
         let tiles = if partitions > 1 {
-            source.split_points(&instance.name, cursor, end, partitions).await?
+            source
+                .split_points(&instance.name, cursor, end, partitions)
+                .await?
         } else {
             let rows: u64 = source
                 .split_points(&instance.name, cursor, end, 1)
@@ -261,7 +313,10 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
                 .iter()
                 .map(|tile| tile.rows)
                 .sum();
-            vec![crate::source::Tile { last_lsn: end, rows }]
+            vec![crate::source::Tile {
+                last_lsn: end,
+                rows,
+            }]
         };
         let instance_reads = merge_tiles(&instance.name, cursor, end, &tiles, min_partition_rows);
         let rows: u64 = instance_reads.iter().map(|read| read.rows).sum();
@@ -276,13 +331,23 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
         cursor = end.increment();
     }
     metadata.events.sort_by_key(|event| event.lsn);
-    Ok(ChangePlan { columns, reads, metadata })
+    Ok(ChangePlan {
+        columns,
+        reads,
+        metadata,
+    })
 }
 
 /// Turns tiles into reads of at least `min_rows` each covering `[from, to]` exactly: tiles
 /// are merged in order, a short tail joins the read before it, and the last read ends at
 /// `to` so the reads together cover the whole range (idle commits included).
-fn merge_tiles(capture_instance: &str, from: Lsn, to: Lsn, tiles: &[crate::source::Tile], min_rows: u64) -> Vec<PlannedRead> {
+fn merge_tiles(
+    capture_instance: &str,
+    from: Lsn,
+    to: Lsn,
+    tiles: &[crate::source::Tile],
+    min_rows: u64,
+) -> Vec<PlannedRead> {
     let mut reads: Vec<PlannedRead> = Vec::new();
     let mut start = from;
     let mut rows = 0;
@@ -300,12 +365,12 @@ fn merge_tiles(capture_instance: &str, from: Lsn, to: Lsn, tiles: &[crate::sourc
         }
     }
     // A short tail, or only idle commits after the last tile, joins the read before it.
-    if rows < min_rows {
-        if let Some(last) = reads.last_mut() {
-            last.to = to;
-            last.rows += rows;
-            return reads;
-        }
+    if rows < min_rows
+        && let Some(last) = reads.last_mut()
+    {
+        last.to = to;
+        last.rows += rows;
+        return reads;
     }
     reads.push(PlannedRead {
         capture_instance: capture_instance.to_string(),
@@ -327,26 +392,54 @@ mod tests {
 
     #[test]
     fn tiles_merge_to_the_minimum_and_cover_the_range() {
-        let tiles: Vec<Tile> = (1..=10).map(|i| Tile { last_lsn: lsn(i * 10), rows: 30 }).collect();
+        let tiles: Vec<Tile> = (1..=10)
+            .map(|i| Tile {
+                last_lsn: lsn(i * 10),
+                rows: 30,
+            })
+            .collect();
         let reads = merge_tiles("ci", lsn(1), lsn(105), &tiles, 100);
-        let bounds: Vec<(u128, u128, u64)> =
-            reads.iter().map(|read| (read.from.to_u128(), read.to.to_u128(), read.rows)).collect();
+        let bounds: Vec<(u128, u128, u64)> = reads
+            .iter()
+            .map(|read| (read.from.to_u128(), read.to.to_u128(), read.rows))
+            .collect();
         // 4 tiles make 120 rows; the last 2 tiles (60 rows) join the previous read.
         assert_eq!(bounds, vec![(1, 40, 120), (41, 105, 180)]);
     }
 
     #[test]
     fn idle_commits_after_the_last_tile_join_the_last_read() {
-        let tiles = [Tile { last_lsn: lsn(10), rows: 200 }, Tile { last_lsn: lsn(20), rows: 200 }];
+        let tiles = [
+            Tile {
+                last_lsn: lsn(10),
+                rows: 200,
+            },
+            Tile {
+                last_lsn: lsn(20),
+                rows: 200,
+            },
+        ];
         let reads = merge_tiles("ci", lsn(1), lsn(30), &tiles, 100);
-        let bounds: Vec<(u128, u128)> = reads.iter().map(|read| (read.from.to_u128(), read.to.to_u128())).collect();
+        let bounds: Vec<(u128, u128)> = reads
+            .iter()
+            .map(|read| (read.from.to_u128(), read.to.to_u128()))
+            .collect();
         assert_eq!(bounds, vec![(1, 10), (11, 30)]);
     }
 
     #[test]
     fn an_empty_or_small_range_is_one_read() {
         assert_eq!(merge_tiles("ci", lsn(1), lsn(9), &[], 100).len(), 1);
-        let reads = merge_tiles("ci", lsn(1), lsn(9), &[Tile { last_lsn: lsn(5), rows: 3 }], 100);
+        let reads = merge_tiles(
+            "ci",
+            lsn(1),
+            lsn(9),
+            &[Tile {
+                last_lsn: lsn(5),
+                rows: 3,
+            }],
+            100,
+        );
         assert_eq!(reads.len(), 1);
         assert_eq!((reads[0].to, reads[0].rows), (lsn(9), 3));
     }
@@ -355,11 +448,29 @@ mod tests {
     fn widening_follows_the_seed() {
         assert!(type_fits(&SqlType::Int, &SqlType::BigInt));
         assert!(!type_fits(&SqlType::BigInt, &SqlType::Int));
-        assert!(type_fits(&SqlType::Int, &SqlType::Decimal { precision: 12, scale: 2 }));
-        assert!(!type_fits(&SqlType::Int, &SqlType::Decimal { precision: 9, scale: 2 }));
         assert!(type_fits(
-            &SqlType::Decimal { precision: 9, scale: 2 },
-            &SqlType::Decimal { precision: 12, scale: 3 }
+            &SqlType::Int,
+            &SqlType::Decimal {
+                precision: 12,
+                scale: 2
+            }
+        ));
+        assert!(!type_fits(
+            &SqlType::Int,
+            &SqlType::Decimal {
+                precision: 9,
+                scale: 2
+            }
+        ));
+        assert!(type_fits(
+            &SqlType::Decimal {
+                precision: 9,
+                scale: 2
+            },
+            &SqlType::Decimal {
+                precision: 12,
+                scale: 3
+            }
         ));
         assert!(!type_fits(&SqlType::Date, &SqlType::Int));
     }

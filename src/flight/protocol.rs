@@ -151,8 +151,13 @@ fn from_json_value<T: DeserializeOwned>(what: &str, value: serde_json::Value) ->
 
 /// Parses an action body (empty means `{}`).
 pub fn parse_body<T: DeserializeOwned>(action: &str, body: &[u8]) -> Result<T> {
-    let body = if body.iter().all(u8::is_ascii_whitespace) { b"{}".as_slice() } else { body };
-    serde_json::from_slice(body).map_err(|error| Error::invalid(format!("bad body for action '{action}': {error}")))
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}".as_slice()
+    } else {
+        body
+    };
+    serde_json::from_slice(body)
+        .map_err(|error| Error::invalid(format!("bad body for action '{action}': {error}")))
 }
 
 /// Body of actions that take one LSN (`increment_lsn`, `decrement_lsn`, `lsn_to_time`).
@@ -358,9 +363,13 @@ mod tests {
     #[test]
     fn commands_round_trip_and_refuse_unknown_fields() {
         let command = Command::Changes(ChangesCommand::new("dbo.orders", Lsn::ZERO, None));
-        assert_eq!(Command::parse(&command.to_bytes()).expect("parses"), command);
-        let error = Command::parse(br#"{"type":"changes","table":"t","from":"0x01","partitons":2}"#)
-            .expect_err("misspelt option");
+        assert_eq!(
+            Command::parse(&command.to_bytes()).expect("parses"),
+            command
+        );
+        let error =
+            Command::parse(br#"{"type":"changes","table":"t","from":"0x01","partitons":2}"#)
+                .expect_err("misspelt option");
         assert!(error.to_string().contains("partitons"), "{error}");
         assert!(Command::parse(b"not json").is_err());
         assert!(Command::parse(br#"{"table":"t"}"#).is_err());

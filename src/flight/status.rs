@@ -61,8 +61,17 @@ mod tests {
     fn each_kind_has_its_code() {
         assert_eq!(code_of(&Error::TicketForged), Code::PermissionDenied);
         assert_eq!(code_of(&Error::invalid("x")), Code::InvalidArgument);
-        assert_eq!(code_of(&Error::TableNotFound { table: "t".into() }), Code::NotFound);
-        assert_eq!(code_of(&Error::SourceUnavailable("x".into())), Code::Unavailable);
-        assert_eq!(code_of(&Error::SchemaChanged("x".into())), Code::FailedPrecondition);
+        assert_eq!(
+            code_of(&Error::TableNotFound { table: "t".into() }),
+            Code::NotFound
+        );
+        assert_eq!(
+            code_of(&Error::SourceUnavailable("x".into())),
+            Code::Unavailable
+        );
+        assert_eq!(
+            code_of(&Error::SchemaChanged("x".into())),
+            Code::FailedPrecondition
+        );
     }
 }

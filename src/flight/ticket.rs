@@ -120,7 +120,10 @@ impl TicketSigner {
     /// The body of a ticket this key signed.
     pub fn verify(&self, ticket: &[u8]) -> Result<TicketBody> {
         if ticket.len() < 1 + SIGNATURE_LEN {
-            return Err(Error::TicketMalformed(format!("{} bytes is too short", ticket.len())));
+            return Err(Error::TicketMalformed(format!(
+                "{} bytes is too short",
+                ticket.len()
+            )));
         }
         let (signed, signature) = ticket.split_at(ticket.len() - SIGNATURE_LEN);
         hmac::verify(&self.key, signed, signature).map_err(|_| Error::TicketForged)?;
@@ -182,14 +185,20 @@ mod tests {
                 "byte {index} edited"
             );
         }
-        assert!(matches!(signer.verify(&ticket[..5]), Err(Error::TicketMalformed(_))));
+        assert!(matches!(
+            signer.verify(&ticket[..5]),
+            Err(Error::TicketMalformed(_))
+        ));
     }
 
     #[test]
     fn another_key_is_refused_and_short_keys_are_too() {
         let signer = TicketSigner::new(b"0123456789abcdef0123").expect("key");
         let other = TicketSigner::random().expect("random key");
-        assert!(matches!(other.verify(&signer.sign(&body())), Err(Error::TicketForged)));
+        assert!(matches!(
+            other.verify(&signer.sign(&body())),
+            Err(Error::TicketForged)
+        ));
         assert!(TicketSigner::new(b"short").is_err());
     }
 }

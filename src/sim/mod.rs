@@ -116,8 +116,16 @@ impl SimDb {
         };
         let mut writer = db.writer(Clock::Virtual { step_micros: 1_000 }, 0)?;
         for spec in tables {
-            let columns: Vec<String> = spec.columns.iter().map(|(name, _, _)| name.clone()).collect();
-            writer.enable_capture_instance(&spec.table, &spec.table.default_capture_instance(), &columns)?;
+            let columns: Vec<String> = spec
+                .columns
+                .iter()
+                .map(|(name, _, _)| name.clone())
+                .collect();
+            writer.enable_capture_instance(
+                &spec.table,
+                &spec.table.default_capture_instance(),
+                &columns,
+            )?;
         }
         writer.publish()?;
         Ok(db)
@@ -141,25 +149,43 @@ impl SimDb {
 
     /// Sets the faults injected into this process's reads.
     pub fn set_faults(&self, faults: Faults) {
-        *self.faults.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = faults;
+        *self
+            .faults
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = faults;
     }
 
     fn faults(&self) -> Faults {
-        self.faults.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+        self.faults
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     fn take_cleanup_during_read(&self, rows_read: u64) -> Option<CleanupDuringRead> {
-        let mut faults = self.faults.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut faults = self
+            .faults
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let due = faults
             .cleanup_during_read
             .as_ref()
             .is_some_and(|cleanup| rows_read >= cleanup.after_rows);
-        if due { faults.cleanup_during_read.take() } else { None }
+        if due {
+            faults.cleanup_during_read.take()
+        } else {
+            None
+        }
     }
 
     fn take_dropped_connection(&self, rows_read: u64) -> bool {
-        let mut faults = self.faults.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let due = faults.drop_connection_after_rows.is_some_and(|after| rows_read >= after);
+        let mut faults = self
+            .faults
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let due = faults
+            .drop_connection_after_rows
+            .is_some_and(|after| rows_read >= after);
         if due {
             faults.drop_connection_after_rows = None;
         }
@@ -177,13 +203,13 @@ impl SimDb {
                     "low water mark {low_water_mark} is past max_lsn {max_lsn}"
                 )));
             }
-            if let Some(name) = capture_instance {
-                if manifest.capture_instance(name).is_none() {
-                    return Err(Error::CaptureInstanceNotFound {
-                        name: name.to_string(),
-                        hint: String::new(),
-                    });
-                }
+            if let Some(name) = capture_instance
+                && manifest.capture_instance(name).is_none()
+            {
+                return Err(Error::CaptureInstanceNotFound {
+                    name: name.to_string(),
+                    hint: String::new(),
+                });
             }
             let mut removed = Vec::new();
             for ci in manifest
@@ -193,10 +219,15 @@ impl SimDb {
             {
                 ci.min_lsn = ci.min_lsn.max(low_water_mark);
                 let min_lsn = ci.min_lsn;
-                let (gone, kept): (Vec<_>, Vec<_>) =
-                    ci.segments.drain(..).partition(|segment| segment.max_lsn < min_lsn);
+                let (gone, kept): (Vec<_>, Vec<_>) = ci
+                    .segments
+                    .drain(..)
+                    .partition(|segment| segment.max_lsn < min_lsn);
                 ci.segments = kept;
-                removed.extend(gone.into_iter().map(|segment| store.segment_path(&ci.name, &segment.file)));
+                removed.extend(
+                    gone.into_iter()
+                        .map(|segment| store.segment_path(&ci.name, &segment.file)),
+                );
             }
             let lowest = manifest.capture_instances.iter().map(|ci| ci.min_lsn).min();
             if let Some(lowest) = lowest {
@@ -236,7 +267,12 @@ fn table_def(spec: &TableSpec) -> Result<TableDef> {
     let key = columns
         .iter()
         .find(|column| column.name == spec.key)
-        .ok_or_else(|| Error::invalid(format!("{}: key column '{}' is not a column", spec.table, spec.key)))?;
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "{}: key column '{}' is not a column",
+                spec.table, spec.key
+            ))
+        })?;
     if !key.sql_type.is_integer() || key.nullable {
         return Err(Error::invalid(format!(
             "{}: the simulator's key column '{}' must be a NOT NULL integer",

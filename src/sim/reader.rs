@@ -20,7 +20,8 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::SimDb;
 use super::storage::{
-    CaptureInstanceState, Manifest, SEGMENT_CDC_COLUMNS, SEGMENT_START_LSN, SegmentReader, lsn_at, start_lsns,
+    CaptureInstanceState, Manifest, SEGMENT_CDC_COLUMNS, SEGMENT_START_LSN, SegmentReader, lsn_at,
+    start_lsns,
 };
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
@@ -58,15 +59,27 @@ impl SimDb {
     }
 
     /// Calls `visit` with the commit LSN of every retained change row in `[from, to]`, in order.
-    fn scan_start_lsns(&self, name: &str, from: Lsn, to: Lsn, mut visit: impl FnMut(Lsn)) -> Result<()> {
+    fn scan_start_lsns(
+        &self,
+        name: &str,
+        from: Lsn,
+        to: Lsn,
+        mut visit: impl FnMut(Lsn),
+    ) -> Result<()> {
         let manifest = self.store.manifest()?;
         let state = Self::published_instance(&manifest, name)?;
         let from = from.max(state.min_lsn);
-        for segment in state.segments.iter().filter(|s| s.max_lsn >= from && s.min_lsn <= to) {
+        for segment in state
+            .segments
+            .iter()
+            .filter(|s| s.max_lsn >= from && s.min_lsn <= to)
+        {
             let path = self.store.segment_path(name, &segment.file);
             let mut reader = match SegmentReader::open(&path, Some(vec![SEGMENT_START_LSN])) {
                 Ok(reader) => reader,
-                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                    continue;
+                }
                 Err(error) => return Err(error),
             };
             for index in reader.batches_overlapping(from, to) {
@@ -139,7 +152,11 @@ struct OutputShaper {
 }
 
 impl OutputShaper {
-    fn new(state: &CaptureInstanceState, columns: &[OutputColumn], include_command_id: bool) -> Self {
+    fn new(
+        state: &CaptureInstanceState,
+        columns: &[OutputColumn],
+        include_command_id: bool,
+    ) -> Self {
         let sources = columns
             .iter()
             .map(|column| {
@@ -254,7 +271,9 @@ impl CdcSource for SimDb {
         self.simulate_latency().await;
         let manifest = self.store.manifest()?;
         let mapping = self.store.mapping(&manifest)?;
-        Ok(mapping.find(lsn)?.map(|entry| entry.end_time.to_millis_precision()))
+        Ok(mapping
+            .find(lsn)?
+            .map(|entry| entry.end_time.to_millis_precision()))
     }
 
     async fn nth_commit_after(&self, lsn: Lsn, n: u64) -> Result<Option<Lsn>> {
@@ -272,19 +291,34 @@ impl CdcSource for SimDb {
         Ok(Some(mapping.get(index)?.lsn))
     }
 
-    async fn ddl_history(&self, capture_instance: &str, from: Lsn, to: Lsn) -> Result<Vec<DdlEntry>> {
+    async fn ddl_history(
+        &self,
+        capture_instance: &str,
+        from: Lsn,
+        to: Lsn,
+    ) -> Result<Vec<DdlEntry>> {
         self.simulate_latency().await;
         let manifest = self.store.manifest()?;
         Self::published_instance(&manifest, capture_instance)?;
         Ok(manifest
             .ddl_history
             .iter()
-            .filter(|entry| entry.capture_instance == capture_instance && entry.ddl_lsn > from && entry.ddl_lsn <= to)
+            .filter(|entry| {
+                entry.capture_instance == capture_instance
+                    && entry.ddl_lsn > from
+                    && entry.ddl_lsn <= to
+            })
             .cloned()
             .collect())
     }
 
-    async fn split_points(&self, capture_instance: &str, from: Lsn, to: Lsn, n: u32) -> Result<Vec<Tile>> {
+    async fn split_points(
+        &self,
+        capture_instance: &str,
+        from: Lsn,
+        to: Lsn,
+        n: u32,
+    ) -> Result<Vec<Tile>> {
         if n == 0 {
             return Err(Error::invalid("split_points needs n >= 1"));
         }
@@ -303,17 +337,24 @@ impl CdcSource for SimDb {
             let mut tiles = Vec::new();
             let (mut rows, mut last) = (0u64, None::<Lsn>);
             db.scan_start_lsns(&name, from, to, |lsn| {
-                if let Some(previous) = last {
-                    if rows >= target && lsn != previous {
-                        tiles.push(Tile { last_lsn: previous, rows });
-                        rows = 0;
-                    }
+                if let Some(previous) = last
+                    && rows >= target
+                    && lsn != previous
+                {
+                    tiles.push(Tile {
+                        last_lsn: previous,
+                        rows,
+                    });
+                    rows = 0;
                 }
                 rows += 1;
                 last = Some(lsn);
             })?;
             if let Some(previous) = last {
-                tiles.push(Tile { last_lsn: previous, rows });
+                tiles.push(Tile {
+                    last_lsn: previous,
+                    rows,
+                });
             }
             Ok(tiles)
         })
@@ -326,7 +367,10 @@ impl CdcSource for SimDb {
         let manifest = self.store.manifest()?;
         let state = Self::published_instance(&manifest, &read.capture_instance)?;
         if read.from > read.to {
-            return Err(Error::invalid(format!("read from {} is past its end {}", read.from, read.to)));
+            return Err(Error::invalid(format!(
+                "read from {} is past its end {}",
+                read.from, read.to
+            )));
         }
         let shaper = OutputShaper::new(&state, &read.columns, read.include_command_id);
         let (sender, receiver) = mpsc::channel::<Result<RecordBatch>>(2);
@@ -360,7 +404,9 @@ impl SimDb {
                 Ok(reader) => reader,
                 // Removed by a cleanup since the read began: its rows are purged, which the
                 // min_lsn filter below and the guard after the read account for.
-                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                    continue;
+                }
                 Err(error) => return Err(error),
             };
             for index in reader.batches_overlapping(read.from, read.to) {
@@ -369,7 +415,8 @@ impl SimDb {
                     std::thread::sleep(latency);
                 }
                 let batch = reader.read(index)?;
-                let min_lsn = Self::published_instance(self.store.manifest()?.as_ref(), &state.name)?.min_lsn;
+                let min_lsn =
+                    Self::published_instance(self.store.manifest()?.as_ref(), &state.name)?.min_lsn;
                 let lsns = start_lsns(&batch)?;
                 let (low, high) = row_bounds(lsns, read.from.max(min_lsn), read.to);
                 if low >= high {

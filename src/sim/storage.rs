@@ -275,8 +275,16 @@ impl MappingView {
 /// from `lsn_time_mapping` (so a read needs no join), then the captured columns.
 pub fn segment_schema(columns: &[CapturedColumn]) -> SchemaRef {
     let mut fields = vec![
-        Field::new("__$start_lsn", DataType::FixedSizeBinary(LSN_LEN as i32), false),
-        Field::new("__$seqval", DataType::FixedSizeBinary(LSN_LEN as i32), false),
+        Field::new(
+            "__$start_lsn",
+            DataType::FixedSizeBinary(LSN_LEN as i32),
+            false,
+        ),
+        Field::new(
+            "__$seqval",
+            DataType::FixedSizeBinary(LSN_LEN as i32),
+            false,
+        ),
         Field::new("__$operation", DataType::Int32, false),
         Field::new("__$command_id", DataType::Int32, false),
         Field::new(
@@ -317,7 +325,11 @@ pub fn lsn_at(array: &FixedSizeBinaryArray, index: usize) -> Lsn {
 }
 
 /// Writes a segment file from batches sorted by commit LSN; returns its [`SegmentRef`].
-pub fn write_segment(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<SegmentRef> {
+pub fn write_segment(
+    path: &Path,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+) -> Result<SegmentRef> {
     let file_name = path
         .file_name()
         .and_then(|name| name.to_str())
@@ -497,7 +509,9 @@ impl Store {
     }
 
     fn lock_inner(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The newest published manifest (re-read when another process published).
@@ -520,11 +534,15 @@ impl Store {
 
     /// A view of the published mapping records of `manifest`.
     pub fn mapping(&self, manifest: &Manifest) -> Result<MappingView> {
-        let mut cached = self.mapping_file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut cached = self
+            .mapping_file
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if cached.is_none() {
             let path = self.dir.join("lsn_time_mapping.bin");
             *cached = Some(
-                File::open(&path).map_err(|error| Error::io(format!("opening {}", path.display()), error))?,
+                File::open(&path)
+                    .map_err(|error| Error::io(format!("opening {}", path.display()), error))?,
             );
         }
         let file = cached
@@ -618,7 +636,12 @@ impl Store {
     }
 
     /// Writes a table's rows to a new state file; returns its name.
-    pub fn write_state(&self, table: &TableName, version: u64, rows: &BTreeMap<i64, u64>) -> Result<String> {
+    pub fn write_state(
+        &self,
+        table: &TableName,
+        version: u64,
+        rows: &BTreeMap<i64, u64>,
+    ) -> Result<String> {
         let name = format!("{}.{}-{version}.bin", table.schema, table.name);
         let path = self.dir.join("state").join(&name);
         let mut bytes = Vec::with_capacity(rows.len() * 16);
@@ -626,7 +649,8 @@ impl Store {
             bytes.extend_from_slice(&key.to_le_bytes());
             bytes.extend_from_slice(&content.to_le_bytes());
         }
-        fs::write(&path, bytes).map_err(|error| Error::io(format!("writing {}", path.display()), error))?;
+        fs::write(&path, bytes)
+            .map_err(|error| Error::io(format!("writing {}", path.display()), error))?;
         Ok(name)
     }
 
@@ -636,7 +660,8 @@ impl Store {
             return Ok(BTreeMap::new());
         };
         let path = self.dir.join("state").join(name);
-        let bytes = fs::read(&path).map_err(|error| Error::io(format!("reading {}", path.display()), error))?;
+        let bytes = fs::read(&path)
+            .map_err(|error| Error::io(format!("reading {}", path.display()), error))?;
         if bytes.len() % 16 != 0 {
             return Err(Error::Internal(format!("{} is truncated", path.display())));
         }
@@ -655,10 +680,10 @@ impl Store {
     /// Removes a file no published manifest refers to any more; failures only warn, since a
     /// reader may still hold it open (it stays readable until closed).
     pub fn remove_unreferenced(&self, path: &Path) {
-        if let Err(error) = fs::remove_file(path) {
-            if error.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(path = %path.display(), %error, "could not remove an unreferenced file");
-            }
+        if let Err(error) = fs::remove_file(path)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %path.display(), %error, "could not remove an unreferenced file");
         }
     }
 }

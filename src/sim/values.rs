@@ -70,12 +70,18 @@ impl ColumnBuilder {
     /// A builder for values of `sql_type`.
     pub fn new(sql_type: &SqlType, capacity: usize) -> Self {
         match sql_type.arrow_type() {
-            Some(DataType::Boolean) => ColumnBuilder::Boolean(BooleanBuilder::with_capacity(capacity)),
+            Some(DataType::Boolean) => {
+                ColumnBuilder::Boolean(BooleanBuilder::with_capacity(capacity))
+            }
             Some(DataType::Int16) => ColumnBuilder::Int16(Int16Builder::with_capacity(capacity)),
             Some(DataType::Int32) => ColumnBuilder::Int32(Int32Builder::with_capacity(capacity)),
             Some(DataType::Int64) => ColumnBuilder::Int64(Int64Builder::with_capacity(capacity)),
-            Some(DataType::Float32) => ColumnBuilder::Float32(Float32Builder::with_capacity(capacity)),
-            Some(DataType::Float64) => ColumnBuilder::Float64(Float64Builder::with_capacity(capacity)),
+            Some(DataType::Float32) => {
+                ColumnBuilder::Float32(Float32Builder::with_capacity(capacity))
+            }
+            Some(DataType::Float64) => {
+                ColumnBuilder::Float64(Float64Builder::with_capacity(capacity))
+            }
             Some(DataType::Decimal128(precision, scale)) => ColumnBuilder::Decimal(
                 Decimal128Builder::with_capacity(capacity)
                     .with_precision_and_scale(precision, scale)
@@ -85,7 +91,9 @@ impl ColumnBuilder {
             Some(DataType::Timestamp(_, zone)) => ColumnBuilder::Timestamp(
                 TimestampMicrosecondBuilder::with_capacity(capacity).with_timezone_opt(zone),
             ),
-            Some(DataType::Binary) => ColumnBuilder::Binary(BinaryBuilder::with_capacity(capacity, capacity * 16)),
+            Some(DataType::Binary) => {
+                ColumnBuilder::Binary(BinaryBuilder::with_capacity(capacity, capacity * 16))
+            }
             _ => ColumnBuilder::Utf8(StringBuilder::with_capacity(capacity, capacity * 24)),
         }
     }
@@ -93,7 +101,7 @@ impl ColumnBuilder {
     /// Appends the value column `column` has in a row with this key and content.
     pub fn append_generated(&mut self, column: &ColumnDef, is_key: bool, key: i64, content: u64) {
         let hash = column_hash(content, column.column_id);
-        if column.nullable && !is_key && mix(hash) % 8 == 0 {
+        if column.nullable && !is_key && mix(hash).is_multiple_of(8) {
             self.append_null();
             return;
         }
@@ -104,13 +112,17 @@ impl ColumnBuilder {
                 _ if is_key => key as i16,
                 _ => hash as i16,
             }),
-            ColumnBuilder::Int32(builder) => {
-                builder.append_value(if is_key { key as i32 } else { (hash >> 33) as i32 })
-            }
+            ColumnBuilder::Int32(builder) => builder.append_value(if is_key {
+                key as i32
+            } else {
+                (hash >> 33) as i32
+            }),
             ColumnBuilder::Int64(builder) => {
                 builder.append_value(if is_key { key } else { (hash >> 1) as i64 })
             }
-            ColumnBuilder::Float32(builder) => builder.append_value((hash % 1_000_000) as f32 / 100.0),
+            ColumnBuilder::Float32(builder) => {
+                builder.append_value((hash % 1_000_000) as f32 / 100.0)
+            }
             ColumnBuilder::Float64(builder) => {
                 builder.append_value((hash % 1_000_000_000) as f64 / 1000.0)
             }
@@ -123,13 +135,23 @@ impl ColumnBuilder {
                 let digits = u32::from(precision).min(18);
                 let modulus = 10u64.pow(digits);
                 let magnitude = i128::from(hash % modulus);
-                let signed = if hash >> 63 == 1 { -magnitude } else { magnitude };
+                let signed = if hash >> 63 == 1 {
+                    -magnitude
+                } else {
+                    magnitude
+                };
                 builder.append_value(signed);
             }
             ColumnBuilder::Date(builder) => builder.append_value(18_262 + (hash % 3_650) as i32),
-            ColumnBuilder::Timestamp(builder) => builder.append_value(timestamp_value(&column.sql_type, hash)),
-            ColumnBuilder::Utf8(builder) => builder.append_value(text_value(&column.sql_type, key, hash)),
-            ColumnBuilder::Binary(builder) => builder.append_value(binary_value(&column.sql_type, hash)),
+            ColumnBuilder::Timestamp(builder) => {
+                builder.append_value(timestamp_value(&column.sql_type, hash))
+            }
+            ColumnBuilder::Utf8(builder) => {
+                builder.append_value(text_value(&column.sql_type, key, hash))
+            }
+            ColumnBuilder::Binary(builder) => {
+                builder.append_value(binary_value(&column.sql_type, hash))
+            }
         }
     }
 
@@ -175,7 +197,9 @@ fn timestamp_value(sql_type: &SqlType, hash: u64) -> i64 {
         SqlType::SmallDateTime => micros.div_euclid(60_000_000) * 60_000_000,
         // datetime keeps 1/300 s ticks, rounded to microseconds as the decoder does.
         SqlType::DateTime => seconds + (((hash >> 40) % 300) as i64 * 1_000_000 + 150) / 300,
-        SqlType::DateTime2 { precision } | SqlType::DateTimeOffset { precision } if *precision < 6 => {
+        SqlType::DateTime2 { precision } | SqlType::DateTimeOffset { precision }
+            if *precision < 6 =>
+        {
             let unit = 10i64.pow(6 - u32::from(*precision));
             micros.div_euclid(unit) * unit
         }
@@ -200,7 +224,12 @@ fn text_value(sql_type: &SqlType, key: i64, hash: u64) -> String {
         SqlType::Time { precision } => {
             let total = hash % (86_400 * 10_000_000);
             let (seconds, fraction) = (total / 10_000_000, total % 10_000_000);
-            let clock = format!("{:02}:{:02}:{:02}", seconds / 3600, (seconds / 60) % 60, seconds % 60);
+            let clock = format!(
+                "{:02}:{:02}:{:02}",
+                seconds / 3600,
+                (seconds / 60) % 60,
+                seconds % 60
+            );
             if *precision == 0 {
                 clock
             } else {
@@ -309,7 +338,10 @@ mod tests {
             builder.append_generated(&def, false, 0, content);
         }
         let array = builder.finish();
-        let times = array.as_any().downcast_ref::<TimestampMicrosecondArray>().expect("timestamps");
+        let times = array
+            .as_any()
+            .downcast_ref::<TimestampMicrosecondArray>()
+            .expect("timestamps");
         assert!(times.values().iter().all(|micros| micros % 1000 == 0));
         let time = text_value(&SqlType::Time { precision: 3 }, 0, 123_456_789_012);
         assert_eq!(time.len(), "00:00:00.0000000".len());

@@ -57,7 +57,11 @@ impl FromStr for Mix {
             key_update: 0.0,
             idle: 0.0,
         };
-        for part in text.split(',').map(str::trim).filter(|part| !part.is_empty()) {
+        for part in text
+            .split(',')
+            .map(str::trim)
+            .filter(|part| !part.is_empty())
+        {
             let (name, value) = part
                 .split_once('=')
                 .ok_or_else(|| Error::invalid(format!("mix entry '{part}' must be kind=weight")))?;
@@ -66,7 +70,9 @@ impl FromStr for Mix {
                 .parse()
                 .ok()
                 .filter(|weight: &f64| weight.is_finite() && *weight >= 0.0)
-                .ok_or_else(|| Error::invalid(format!("mix weight '{value}' must be a number >= 0")))?;
+                .ok_or_else(|| {
+                    Error::invalid(format!("mix weight '{value}' must be a number >= 0"))
+                })?;
             match name.trim() {
                 "insert" => mix.insert = weight,
                 "update" => mix.update = weight,
@@ -146,14 +152,29 @@ enum Work {
 }
 
 /// Runs a workload and publishes everything it wrote. `stop` ends it early (Ctrl-C).
-pub fn run(writer: &mut SimWriter, spec: &WorkloadSpec, stop: &AtomicBool) -> Result<WorkloadReport> {
+pub fn run(
+    writer: &mut SimWriter,
+    spec: &WorkloadSpec,
+    stop: &AtomicBool,
+) -> Result<WorkloadReport> {
     if spec.max_statements == 0 || spec.max_rows_per_statement == 0 {
-        return Err(Error::invalid("max statements and rows per statement must be at least 1"));
+        return Err(Error::invalid(
+            "max statements and rows per statement must be at least 1",
+        ));
     }
-    if spec.rate.is_some_and(|rate| !(rate.is_finite() && rate > 0.0)) {
-        return Err(Error::invalid("the rate must be a positive number of commits per second"));
+    if spec
+        .rate
+        .is_some_and(|rate| !(rate.is_finite() && rate > 0.0))
+    {
+        return Err(Error::invalid(
+            "the rate must be a positive number of commits per second",
+        ));
     }
-    let tables = if spec.tables.is_empty() { writer.tables() } else { spec.tables.clone() };
+    let tables = if spec.tables.is_empty() {
+        writer.tables()
+    } else {
+        spec.tables.clone()
+    };
     if tables.is_empty() {
         return Err(Error::invalid("the database has no tables"));
     }
@@ -162,10 +183,13 @@ pub fn run(writer: &mut SimWriter, spec: &WorkloadSpec, stop: &AtomicBool) -> Re
     let mut last_progress = Instant::now();
     let mut report = WorkloadReport::default();
     let mut tick = 0u64;
-    let statement_weight = spec.mix.insert + spec.mix.update + spec.mix.delete + spec.mix.key_update;
+    let statement_weight =
+        spec.mix.insert + spec.mix.update + spec.mix.delete + spec.mix.key_update;
     loop {
         if spec.commits.is_some_and(|commits| tick >= commits)
-            || spec.duration.is_some_and(|duration| started.elapsed() >= duration)
+            || spec
+                .duration
+                .is_some_and(|duration| started.elapsed() >= duration)
             || stop.load(Ordering::Relaxed)
         {
             break;
@@ -183,7 +207,8 @@ pub fn run(writer: &mut SimWriter, spec: &WorkloadSpec, stop: &AtomicBool) -> Re
         }
         tick += 1;
         let idle = statement_weight <= 0.0
-            || writer.rng().random::<f64>() * (statement_weight + spec.mix.idle) >= statement_weight;
+            || writer.rng().random::<f64>() * (statement_weight + spec.mix.idle)
+                >= statement_weight;
         let lsn = if idle {
             report.idle += 1;
             Some(writer.idle())
@@ -247,7 +272,11 @@ fn transaction(
             }
             Work::KeyUpdate if !existing.is_empty() => {
                 let new_key = tx.next_key(&table);
-                let style = if in_place { KeyUpdateStyle::InPlace } else { KeyUpdateStyle::DeleteInsert };
+                let style = if in_place {
+                    KeyUpdateStyle::InPlace
+                } else {
+                    KeyUpdateStyle::DeleteInsert
+                };
                 tx.update_key(&table, existing[0], new_key, style)?;
             }
             // Inserts, and any statement on an empty table.

@@ -24,8 +24,8 @@ use rand::{Rng, SeedableRng};
 
 use super::SimDb;
 use super::storage::{
-    CaptureInstanceState, ColumnDef, MappingEntry, MappingKind, Manifest, SegmentReader, SegmentRef,
-    segment_schema, write_segment,
+    CaptureInstanceState, ColumnDef, Manifest, MappingEntry, MappingKind, SegmentReader,
+    SegmentRef, segment_schema, write_segment,
 };
 use super::values::ColumnBuilder;
 use crate::error::{Error, Result};
@@ -106,7 +106,9 @@ impl TableRows {
     }
 
     fn get(&self, key: i64) -> Option<u64> {
-        self.index.get(&key).map(|&position| self.contents[position])
+        self.index
+            .get(&key)
+            .map(|&position| self.contents[position])
     }
 
     fn set(&mut self, key: i64, content: u64) {
@@ -117,7 +119,11 @@ impl TableRows {
     }
 
     fn to_map(&self) -> BTreeMap<i64, u64> {
-        self.keys.iter().copied().zip(self.contents.iter().copied()).collect()
+        self.keys
+            .iter()
+            .copied()
+            .zip(self.contents.iter().copied())
+            .collect()
     }
 }
 
@@ -142,10 +148,12 @@ impl CaptureBuffer {
     fn new(state: &CaptureInstanceState, table: &super::storage::TableDef) -> Result<Self> {
         let mut columns = Vec::new();
         for captured in &state.columns {
-            let mut definition = table
-                .column(&captured.name)
-                .cloned()
-                .ok_or_else(|| Error::Internal(format!("captured column {} is not in {}", captured.name, table.table)))?;
+            let mut definition = table.column(&captured.name).cloned().ok_or_else(|| {
+                Error::Internal(format!(
+                    "captured column {} is not in {}",
+                    captured.name, table.table
+                ))
+            })?;
             // The change table keeps the type the column had when capture began.
             definition.sql_type = captured.sql_type.clone();
             let is_key = captured.name == table.key;
@@ -176,7 +184,8 @@ impl CaptureBuffer {
         self.seqvals.append_value(change.seqval.as_bytes())?;
         self.operations.append_value(change.operation);
         self.command_ids.append_value(change.command_id);
-        self.commit_times.append_value(time.to_millis_precision().micros());
+        self.commit_times
+            .append_value(time.to_millis_precision().micros());
         for ((column, is_key), builder) in self.columns.iter().zip(self.values.iter_mut()) {
             builder.append_generated(column, *is_key, change.key, change.content);
         }
@@ -199,7 +208,8 @@ impl CaptureBuffer {
             Arc::new(self.commit_times.finish()),
         ];
         arrays.extend(self.values.iter_mut().map(ColumnBuilder::finish));
-        self.batches.push(RecordBatch::try_new(Arc::clone(&self.schema), arrays)?);
+        self.batches
+            .push(RecordBatch::try_new(Arc::clone(&self.schema), arrays)?);
         self.buffered = 0;
         Ok(())
     }
@@ -265,10 +275,11 @@ impl SimWriter {
     fn rebuild_buffers(&mut self, manifest: &Manifest) -> Result<()> {
         self.buffers.clear();
         for state in &manifest.capture_instances {
-            let table = manifest
-                .table(&state.table)
-                .ok_or_else(|| Error::Internal(format!("capture instance {} has no table", state.name)))?;
-            self.buffers.insert(state.name.clone(), CaptureBuffer::new(state, table)?);
+            let table = manifest.table(&state.table).ok_or_else(|| {
+                Error::Internal(format!("capture instance {} has no table", state.name))
+            })?;
+            self.buffers
+                .insert(state.name.clone(), CaptureBuffer::new(state, table)?);
         }
         Ok(())
     }
@@ -383,7 +394,8 @@ impl SimWriter {
                     "key": change.key,
                     "content": change.content.to_string(),
                 });
-                writeln!(journal, "{line}").map_err(|error| Error::io("writing the journal", error))?;
+                writeln!(journal, "{line}")
+                    .map_err(|error| Error::io("writing the journal", error))?;
             }
         }
         self.record_mapping(commit, MappingKind::Commit, time);
@@ -396,7 +408,9 @@ impl SimWriter {
     /// Makes everything committed so far visible to readers.
     pub fn publish(&mut self) -> Result<()> {
         if let Some(journal) = &mut self.journal {
-            journal.flush().map_err(|error| Error::io("writing the journal", error))?;
+            journal
+                .flush()
+                .map_err(|error| Error::io("writing the journal", error))?;
         }
         for buffer in self.buffers.values_mut() {
             buffer.seal()?;
@@ -404,7 +418,11 @@ impl SimWriter {
         let mut pending: Vec<(String, SchemaRef, Vec<RecordBatch>)> = Vec::new();
         for (name, buffer) in &mut self.buffers {
             if !buffer.batches.is_empty() {
-                pending.push((name.clone(), Arc::clone(&buffer.schema), std::mem::take(&mut buffer.batches)));
+                pending.push((
+                    name.clone(),
+                    Arc::clone(&buffer.schema),
+                    std::mem::take(&mut buffer.batches),
+                ));
             }
         }
         let dirty: Vec<(TableName, BTreeMap<i64, u64>, usize)> = self
@@ -467,18 +485,33 @@ impl SimWriter {
     /// Enables CDC on a table under a new capture instance capturing `columns`: one commit
     /// whose LSN becomes the instance's start LSN; every later commit is captured by it.
     /// A table has at most two capture instances, as in SQL Server.
-    pub fn enable_capture_instance(&mut self, table: &TableName, name: &str, columns: &[String]) -> Result<Lsn> {
+    pub fn enable_capture_instance(
+        &mut self,
+        table: &TableName,
+        name: &str,
+        columns: &[String],
+    ) -> Result<Lsn> {
         validate_identifier(name)?;
         self.publish()?;
         let manifest = self.db.manifest()?;
         let definition = manifest
             .table(table)
-            .ok_or_else(|| Error::TableNotFound { table: table.to_string() })?
+            .ok_or_else(|| Error::TableNotFound {
+                table: table.to_string(),
+            })?
             .clone();
         if manifest.capture_instance(name).is_some() {
-            return Err(Error::invalid(format!("capture instance '{name}' already exists")));
+            return Err(Error::invalid(format!(
+                "capture instance '{name}' already exists"
+            )));
         }
-        if manifest.capture_instances.iter().filter(|ci| &ci.table == table).count() >= 2 {
+        if manifest
+            .capture_instances
+            .iter()
+            .filter(|ci| &ci.table == table)
+            .count()
+            >= 2
+        {
             return Err(Error::invalid(format!(
                 "{table} already has two capture instances; disable one first"
             )));
@@ -491,7 +524,8 @@ impl SimWriter {
             captured.push(CapturedColumn {
                 name: column.name.clone(),
                 column_id: column.column_id,
-                ordinal: i32::try_from(ordinal + 1).map_err(|_| Error::invalid("too many columns"))?,
+                ordinal: i32::try_from(ordinal + 1)
+                    .map_err(|_| Error::invalid("too many columns"))?,
                 sql_type: column.sql_type.clone(),
             });
         }
@@ -531,26 +565,45 @@ impl SimWriter {
 
     /// `ALTER TABLE ... ADD <column>`: a DDL commit recorded in the DDL history of every
     /// capture instance of the table. Existing instances do not capture the new column.
-    pub fn add_column(&mut self, table: &TableName, name: &str, sql_type: &str, nullable: bool) -> Result<Lsn> {
+    pub fn add_column(
+        &mut self,
+        table: &TableName,
+        name: &str,
+        sql_type: &str,
+        nullable: bool,
+    ) -> Result<Lsn> {
         validate_identifier(name)?;
         let parsed: SqlType = sql_type
             .parse()
             .map_err(|error: crate::types::SqlTypeParseError| Error::invalid(error.to_string()))?;
         if parsed.arrow_type().is_none() {
-            return Err(Error::invalid(format!("the simulator does not generate {parsed} values")));
+            return Err(Error::invalid(format!(
+                "the simulator does not generate {parsed} values"
+            )));
         }
         let manifest = self.db.manifest()?;
-        let definition = manifest
-            .table(table)
-            .ok_or_else(|| Error::TableNotFound { table: table.to_string() })?;
+        let definition = manifest.table(table).ok_or_else(|| Error::TableNotFound {
+            table: table.to_string(),
+        })?;
         if definition.column(name).is_some() {
-            return Err(Error::invalid(format!("{table} already has a column '{name}'")));
+            return Err(Error::invalid(format!(
+                "{table} already has a column '{name}'"
+            )));
         }
         let null_text = if nullable { "NULL" } else { "NOT NULL" };
-        let command = format!("ALTER TABLE [{}].[{}] ADD [{name}] {parsed} {null_text}", table.schema, table.name);
+        let command = format!(
+            "ALTER TABLE [{}].[{}] ADD [{name}] {parsed} {null_text}",
+            table.schema, table.name
+        );
         let column = ColumnDef {
             name: name.to_string(),
-            column_id: definition.columns.iter().map(|c| c.column_id).max().unwrap_or(0) + 1,
+            column_id: definition
+                .columns
+                .iter()
+                .map(|c| c.column_id)
+                .max()
+                .unwrap_or(0)
+                + 1,
             sql_type: parsed,
             nullable,
         };
@@ -563,7 +616,12 @@ impl SimWriter {
         self.record_ddl(table, command, None)
     }
 
-    fn record_ddl(&mut self, table: &TableName, command: &str, column: Option<ColumnDef>) -> Result<Lsn> {
+    fn record_ddl(
+        &mut self,
+        table: &TableName,
+        command: &str,
+        column: Option<ColumnDef>,
+    ) -> Result<Lsn> {
         self.publish()?;
         let lsn = self.next_block().increment();
         let time = self.next_time();
@@ -590,7 +648,9 @@ impl SimWriter {
                     .tables
                     .iter_mut()
                     .find(|def| def.table == table_name)
-                    .ok_or_else(|| Error::TableNotFound { table: table_name.to_string() })?;
+                    .ok_or_else(|| Error::TableNotFound {
+                        table: table_name.to_string(),
+                    })?;
                 definition.columns.push(column);
             }
             Ok(())
@@ -617,7 +677,10 @@ fn append_segment(
 ) -> Result<Vec<std::path::PathBuf>> {
     let mut combined: Vec<RecordBatch> = Vec::new();
     let mut replaced = Vec::new();
-    let merge = state.segments.last().is_some_and(|last| last.rows < MERGE_BELOW_ROWS);
+    let merge = state
+        .segments
+        .last()
+        .is_some_and(|last| last.rows < MERGE_BELOW_ROWS);
     if merge {
         let last: SegmentRef = state.segments.pop().expect("checked above");
         let path = store.segment_path(&state.name, &last.file);
@@ -673,7 +736,9 @@ impl Transaction<'_> {
         self.writer
             .tables
             .get_mut(table)
-            .ok_or_else(|| Error::TableNotFound { table: table.to_string() })
+            .ok_or_else(|| Error::TableNotFound {
+                table: table.to_string(),
+            })
     }
 
     fn push(&mut self, table: &TableName, operation: i32, seq: u32, key: i64, content: u64) {
@@ -702,7 +767,9 @@ impl Transaction<'_> {
                 .writer
                 .next_keys
                 .get(table)
-                .ok_or_else(|| Error::TableNotFound { table: table.to_string() })?;
+                .ok_or_else(|| Error::TableNotFound {
+                    table: table.to_string(),
+                })?;
             self.writer.next_keys.insert(table.clone(), key + 1);
             let content = self.writer.rng.random::<u64>();
             self.rows(table)?.insert(key, content);
@@ -718,7 +785,9 @@ impl Transaction<'_> {
         self.command_id += 1;
         let mut updated = 0;
         for &key in keys {
-            let Some(old) = self.rows(table)?.get(key) else { continue };
+            let Some(old) = self.rows(table)?.get(key) else {
+                continue;
+            };
             let new = self.writer.rng.random::<u64>();
             self.rows(table)?.set(key, new);
             let seq = self.next_operation();
@@ -734,7 +803,9 @@ impl Transaction<'_> {
         self.command_id += 1;
         let mut deleted = 0;
         for &key in keys {
-            let Some(old) = self.rows(table)?.remove(key) else { continue };
+            let Some(old) = self.rows(table)?.remove(key) else {
+                continue;
+            };
             let seq = self.next_operation();
             self.push(table, 1, seq, key, old);
             deleted += 1;
@@ -744,11 +815,19 @@ impl Transaction<'_> {
 
     /// `UPDATE ... SET <key> = new_key` of one row, recorded in `style`; the row keeps its
     /// other values. Fails when `old_key` is absent or `new_key` taken.
-    pub fn update_key(&mut self, table: &TableName, old_key: i64, new_key: i64, style: KeyUpdateStyle) -> Result<()> {
+    pub fn update_key(
+        &mut self,
+        table: &TableName,
+        old_key: i64,
+        new_key: i64,
+        style: KeyUpdateStyle,
+    ) -> Result<()> {
         self.command_id += 1;
         let rows = self.rows(table)?;
         if rows.get(new_key).is_some() {
-            return Err(Error::invalid(format!("{table}: key {new_key} already exists")));
+            return Err(Error::invalid(format!(
+                "{table}: key {new_key} already exists"
+            )));
         }
         let content = rows
             .remove(old_key)
@@ -778,7 +857,9 @@ impl Transaction<'_> {
         let rows = writer
             .tables
             .get(table)
-            .ok_or_else(|| Error::TableNotFound { table: table.to_string() })?;
+            .ok_or_else(|| Error::TableNotFound {
+                table: table.to_string(),
+            })?;
         let available = rows.keys.len();
         let mut picked = Vec::with_capacity(count.min(available));
         let mut seen = std::collections::HashSet::new();
@@ -806,7 +887,12 @@ impl Transaction<'_> {
     /// Commits: returns the commit LSN, or `None` when the transaction changed nothing (SQL
     /// Server records no commit for it).
     pub fn commit(self) -> Result<Option<Lsn>> {
-        let Transaction { writer, changes, operations, .. } = self;
+        let Transaction {
+            writer,
+            changes,
+            operations,
+            ..
+        } = self;
         writer.commit(changes, operations)
     }
 }

@@ -28,14 +28,18 @@ pub struct SimFixture {
 impl SimFixture {
     pub fn new() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let db = SimDb::create(&dir.path().join("db"), &sample::sample_tables(), START).expect("create sim");
+        let db = SimDb::create(&dir.path().join("db"), &sample::sample_tables(), START)
+            .expect("create sim");
         let journal = dir.path().join("journal.jsonl");
         SimFixture { dir, db, journal }
     }
 
     /// A writer with a virtual clock that journals every change row.
     pub fn writer(&self, seed: u64) -> SimWriter {
-        let mut writer = self.db.writer(Clock::Virtual { step_micros: 1_000 }, seed).expect("writer");
+        let mut writer = self
+            .db
+            .writer(Clock::Virtual { step_micros: 1_000 }, seed)
+            .expect("writer");
         writer.set_journal(&self.journal).expect("journal");
         writer
     }
@@ -80,16 +84,28 @@ pub struct FlightFixture {
 
 impl FlightFixture {
     pub async fn start(source: Arc<dyn CdcSource>) -> Self {
-        Self::start_with_key(source, TicketSigner::new(b"test key of the flight fixture").expect("key")).await
+        Self::start_with_key(
+            source,
+            TicketSigner::new(b"test key of the flight fixture").expect("key"),
+        )
+        .await
     }
 
     pub async fn start_with_key(source: Arc<dyn CdcSource>, signer: TicketSigner) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let address = listener.local_addr().expect("address");
         let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
-        let handle = tokio::spawn(mssql_cdc_flight::flight::serve(listener, source, signer, None, async {
-            let _ = stopped.await;
-        }));
+        let handle = tokio::spawn(mssql_cdc_flight::flight::serve(
+            listener,
+            source,
+            signer,
+            None,
+            async {
+                let _ = stopped.await;
+            },
+        ));
         let url = format!("http://{address}");
         let client = CdcClient::connect(&url).await.expect("connect");
         FlightFixture {
@@ -111,7 +127,10 @@ impl FlightFixture {
 }
 
 /// Reads every endpoint of a plan in order.
-pub async fn read_plan(client: &CdcClient, plan: &ChangesPlan) -> ClientResult<(Vec<RecordBatch>, Vec<Completion>)> {
+pub async fn read_plan(
+    client: &CdcClient,
+    plan: &ChangesPlan,
+) -> ClientResult<(Vec<RecordBatch>, Vec<Completion>)> {
     let mut batches = Vec::new();
     let mut completions = Vec::new();
     for endpoint in &plan.info.endpoint {
@@ -161,19 +180,28 @@ fn int32s<'a>(batch: &'a RecordBatch, name: &str) -> &'a Int32Array {
 pub fn stream_rows(batches: &[RecordBatch], key: &str) -> Vec<JournalRow> {
     let mut rows = Vec::new();
     for batch in batches {
-        let keys: Vec<i64> = match batch.column_by_name(key).expect("key column").as_any().downcast_ref::<Int64Array>() {
+        let keys: Vec<i64> = match batch
+            .column_by_name(key)
+            .expect("key column")
+            .as_any()
+            .downcast_ref::<Int64Array>()
+        {
             Some(array) => array.values().to_vec(),
-            None => int32s(batch, key).values().iter().map(|value| i64::from(*value)).collect(),
+            None => int32s(batch, key)
+                .values()
+                .iter()
+                .map(|value| i64::from(*value))
+                .collect(),
         };
         let (lsns, seqvals) = (strings(batch, "_start_lsn"), strings(batch, "_seqval"));
         let (operations, commands) = (int32s(batch, "_operation"), int32s(batch, "_command_id"));
-        for row in 0..batch.num_rows() {
+        for (row, key) in keys.into_iter().enumerate() {
             rows.push(JournalRow {
                 start_lsn: lsns.value(row).to_string(),
                 command_id: commands.value(row),
                 seqval: seqvals.value(row).to_string(),
                 operation: operations.value(row),
-                key: keys[row],
+                key,
             });
         }
     }
