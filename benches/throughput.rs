@@ -19,7 +19,6 @@ use mssql_cdc_flight::client::CdcClient;
 use mssql_cdc_flight::flight::protocol::ChangesCommand;
 use mssql_cdc_flight::sim::{Clock, SimDb, sample};
 use mssql_cdc_flight::source::{CdcSource, ChangeRead, TableName};
-use mssql_cdc_flight::types::OutputColumn;
 use mssql_cdc_flight::{CommitTime, Lsn};
 
 #[global_allocator]
@@ -73,14 +72,7 @@ impl Measure {
 
 async fn scan_in_process(db: &SimDb, table: &TableName) -> anyhow::Result<Measure> {
     let instance = db.capture_instances(table).await?.remove(0);
-    let columns = instance
-        .columns
-        .iter()
-        .map(|column| OutputColumn {
-            name: column.name.clone(),
-            sql_type: column.sql_type.clone(),
-        })
-        .collect();
+    let columns = instance.output_columns();
     let read = ChangeRead {
         capture_instance: instance.name.clone(),
         from: db.min_lsn(&instance.name).await?,

@@ -113,6 +113,36 @@ pub struct CaptureInstance {
     pub index_columns: Vec<String>,
 }
 
+impl CaptureInstance {
+    /// The captured columns as output columns, in capture order.
+    pub fn output_columns(&self) -> Vec<OutputColumn> {
+        self.columns
+            .iter()
+            .map(|column| OutputColumn {
+                name: column.name.clone(),
+                sql_type: column.sql_type.clone(),
+            })
+            .collect()
+    }
+}
+
+/// The error for an unknown capture instance, suggesting the names among `known` that differ
+/// only in case (SQL Server compares names case-insensitively on most collations; we do not).
+pub fn capture_instance_not_found<'a>(name: &str, known: impl Iterator<Item = &'a str>) -> Error {
+    let similar: Vec<&str> = known
+        .filter(|candidate| candidate.eq_ignore_ascii_case(name))
+        .collect();
+    let hint = if similar.is_empty() {
+        String::new()
+    } else {
+        format!(" (did you mean {}?)", similar.join(", "))
+    };
+    Error::CaptureInstanceNotFound {
+        name: name.to_string(),
+        hint,
+    }
+}
+
 /// A tracked table and its capture instances, oldest first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TrackedTable {
@@ -197,23 +227,13 @@ pub trait CdcSource: Send + Sync + 'static {
             .into_iter()
             .flat_map(|tracked| tracked.capture_instances)
             .collect();
-        if let Some(found) = all.iter().find(|ci| ci.name == name) {
-            return Ok(found.clone());
+        match all.iter().find(|ci| ci.name == name) {
+            Some(found) => Ok(found.clone()),
+            None => Err(capture_instance_not_found(
+                name,
+                all.iter().map(|ci| ci.name.as_str()),
+            )),
         }
-        let similar: Vec<&str> = all
-            .iter()
-            .filter(|ci| ci.name.eq_ignore_ascii_case(name))
-            .map(|ci| ci.name.as_str())
-            .collect();
-        let hint = if similar.is_empty() {
-            String::new()
-        } else {
-            format!(" (did you mean {}?)", similar.join(", "))
-        };
-        Err(Error::CaptureInstanceNotFound {
-            name: name.to_string(),
-            hint,
-        })
     }
 
     /// The highest LSN CDC has processed (`sys.fn_cdc_get_max_lsn()`); `None` before any.

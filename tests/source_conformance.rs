@@ -17,7 +17,6 @@ use futures::StreamExt;
 use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::source::{CdcSource, ChangeRead};
-use mssql_cdc_flight::types::OutputColumn;
 
 /// Every check, on every capture instance of every tracked table.
 async fn conformance(source: Arc<dyn CdcSource>) {
@@ -126,14 +125,7 @@ async fn check_changes(
     min_lsn: Lsn,
     max_lsn: Lsn,
 ) {
-    let columns: Vec<OutputColumn> = instance
-        .columns
-        .iter()
-        .map(|column| OutputColumn {
-            name: column.name.clone(),
-            sql_type: column.sql_type.clone(),
-        })
-        .collect();
+    let columns = instance.output_columns();
     let read = ChangeRead {
         capture_instance: instance.name.clone(),
         from: min_lsn,

@@ -28,6 +28,7 @@ use crate::lsn::Lsn;
 use crate::offset::CommitTime;
 use crate::source::{
     BatchStream, CaptureInstance, CdcSource, ChangeRead, DdlEntry, Tile, TrackedTable,
+    capture_instance_not_found,
 };
 use crate::types::{OutputColumn, output_schema};
 
@@ -41,20 +42,10 @@ impl SimDb {
 
     fn published_instance(manifest: &Manifest, name: &str) -> Result<CaptureInstanceState> {
         manifest.capture_instance(name).cloned().ok_or_else(|| {
-            let similar: Vec<&str> = manifest
-                .capture_instances
-                .iter()
-                .filter(|ci| ci.name.eq_ignore_ascii_case(name))
-                .map(|ci| ci.name.as_str())
-                .collect();
-            Error::CaptureInstanceNotFound {
-                name: name.to_string(),
-                hint: if similar.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (did you mean {}?)", similar.join(", "))
-                },
-            }
+            capture_instance_not_found(
+                name,
+                manifest.capture_instances.iter().map(|ci| ci.name.as_str()),
+            )
         })
     }
 
