@@ -86,15 +86,41 @@ pub struct ChangesPlan {
     pub metadata: PlanMetadata,
 }
 
+/// TLS settings of a client: the CA that signed the server's certificate.
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    /// PEM certificate(s) of the CA to trust.
+    pub ca_certificate: Vec<u8>,
+    /// The name to verify the server certificate against (default: the URL's host).
+    pub domain: Option<String>,
+}
+
 impl CdcClient {
-    /// Connects to `url` (`http://host:port`).
+    /// Connects to `url` (`http://host:port`) without TLS.
     pub async fn connect(url: &str) -> ClientResult<Self> {
+        Self::connect_with(url, None).await
+    }
+
+    /// Connects to `url`; with `tls`, over TLS (`https://host:port`) verifying the server's
+    /// certificate against the given CA.
+    pub async fn connect_with(url: &str, tls: Option<&ClientTls>) -> ClientResult<Self> {
         let connect_error = |message: String| ClientError::Connect {
             url: url.to_string(),
             message,
         };
-        let channel = Endpoint::from_shared(url.to_string())
-            .map_err(|error| connect_error(error.to_string()))?
+        let mut endpoint = Endpoint::from_shared(url.to_string())
+            .map_err(|error| connect_error(error.to_string()))?;
+        if let Some(tls) = tls {
+            let mut config = tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&tls.ca_certificate));
+            if let Some(domain) = &tls.domain {
+                config = config.domain_name(domain.clone());
+            }
+            endpoint = endpoint
+                .tls_config(config)
+                .map_err(|error| connect_error(error.to_string()))?;
+        }
+        let channel = endpoint
             .connect_timeout(Duration::from_secs(10))
             .tcp_nodelay(true)
             .initial_stream_window_size(Some(crate::flight::STREAM_WINDOW))

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
-use mssql_cdc_flight::client::CdcClient;
+use mssql_cdc_flight::client::{CdcClient, ClientTls};
 use mssql_cdc_flight::flight::protocol::{ChangesCommand, InitialOffsetBody, LatestOffsetBody};
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::flight::{self, TlsIdentity};
@@ -264,6 +264,9 @@ struct ReadArgs {
     /// Print this many rows of the first batch.
     #[arg(long, default_value_t = 5)]
     show: usize,
+    /// PEM certificate of the CA that signed the server's TLS certificate (use https://).
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_TLS_CA")]
+    tls_ca: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -295,7 +298,15 @@ fn main() -> anyhow::Result<()> {
         Commands::Serve(args) => runtime.block_on(serve(args)),
         Commands::Sim(command) => sim(command),
         Commands::Read(args) => runtime.block_on(async {
-            let client = CdcClient::connect(&args.server).await?;
+            let tls = match &args.tls_ca {
+                Some(path) => Some(ClientTls {
+                    ca_certificate: std::fs::read(path)
+                        .with_context(|| format!("reading {}", path.display()))?,
+                    domain: None,
+                }),
+                None => None,
+            };
+            let client = CdcClient::connect_with(&args.server, tls.as_ref()).await?;
             read_changes(&client, &args, None).await.map(|_| ())
         }),
         Commands::Demo(args) => runtime.block_on(demo(args)),
@@ -643,6 +654,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         max_commits: None,
         partitions: 4,
         show: 5,
+        tls_ca: None,
     };
     println!("3. read dbo.orders from the earliest offset");
     let offset = read_changes(&client, &read, None).await?;

@@ -1040,3 +1040,82 @@ async fn latency_slows_but_does_not_break_reads() {
     );
     flight.shutdown_and_wait().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_serves_clients_that_trust_its_ca_only() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (sim, plain) = loaded(50).await;
+    plain.shutdown_and_wait().await;
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
+    let identity = mssql_cdc_flight::flight::TlsIdentity {
+        certificate: certified.cert.pem().into_bytes(),
+        key: certified.signing_key.serialize_pem().into_bytes(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(mssql_cdc_flight::flight::serve(
+        listener,
+        Arc::new(sim.db.clone()),
+        TicketSigner::random().expect("key"),
+        Some(identity),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let url = format!("https://localhost:{port}");
+    let tls = mssql_cdc_flight::client::ClientTls {
+        ca_certificate: certified.cert.pem().into_bytes(),
+        domain: None,
+    };
+    let client = mssql_cdc_flight::client::CdcClient::connect_with(&url, Some(&tls))
+        .await
+        .expect("tls connect");
+    let start: Offset = client
+        .action(
+            "initial_offset",
+            &InitialOffsetBody {
+                table: "dbo.orders".into(),
+                starting: None,
+            },
+        )
+        .await
+        .expect("initial offset over tls");
+    let (_, batches) = read_range(&client, "dbo.orders", start.lsn, None, 1).await;
+    assert_eq!(
+        stream_rows(&batches, "order_id"),
+        sim.journal_rows("dbo.orders")
+    );
+    // A client that does not trust the CA, or speaks plaintext, gets nothing.
+    let stranger = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])
+        .expect("other certificate");
+    let untrusted = mssql_cdc_flight::client::ClientTls {
+        ca_certificate: stranger.cert.pem().into_bytes(),
+        domain: None,
+    };
+    let refused =
+        match mssql_cdc_flight::client::CdcClient::connect_with(&url, Some(&untrusted)).await {
+            Err(_) => true,
+            Ok(client) => client
+                .action::<LsnAnswer>("max_lsn", &json!({}))
+                .await
+                .is_err(),
+        };
+    assert!(refused, "an untrusted certificate must not be accepted");
+    let plaintext =
+        match mssql_cdc_flight::client::CdcClient::connect(&format!("http://localhost:{port}"))
+            .await
+        {
+            Err(_) => true,
+            Ok(client) => client
+                .action::<LsnAnswer>("max_lsn", &json!({}))
+                .await
+                .is_err(),
+        };
+    assert!(plaintext, "plaintext must not reach a TLS server");
+    let _ = stop.send(());
+    server.await.expect("task").expect("server");
+}
