@@ -1,0 +1,198 @@
+//! The control table and the completeness verdict.
+//!
+//! `finalized_until` says up to when a table's copy is complete: every change committed at or
+//! before it is in the table. It moves only after the data it vouches for is committed, only
+//! forward (`GREATEST` semantics, as the seed's MERGE), and to the end offset's commit time
+//! truncated to the granularity, so a period is final only once the stream is past its end.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use deltalake::DeltaTableError;
+use deltalake::datafusion::prelude::{SessionContext, col};
+use mssql_cdc_flight::{CommitTime, Offset};
+use url::Url;
+
+use crate::error::{Result, WriterError};
+use crate::tables::{self, TableKind};
+
+/// How far the verdict truncates an end commit time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Granularity {
+    /// Whole minutes.
+    Minute,
+    /// Whole hours (the seed's default).
+    #[default]
+    Hour,
+    /// Whole days.
+    Day,
+}
+
+impl FromStr for Granularity {
+    type Err = WriterError;
+
+    fn from_str(text: &str) -> Result<Self> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "minute" => Ok(Granularity::Minute),
+            "hour" => Ok(Granularity::Hour),
+            "day" => Ok(Granularity::Day),
+            other => Err(WriterError::invalid(format!(
+                "granularity must be minute, hour or day, not '{other}'"
+            ))),
+        }
+    }
+}
+
+impl Granularity {
+    /// `time` truncated to the granularity.
+    pub fn truncate(self, time: CommitTime) -> CommitTime {
+        let unit: i64 = match self {
+            Granularity::Minute => 60_000_000,
+            Granularity::Hour => 3_600_000_000,
+            Granularity::Day => 86_400_000_000,
+        };
+        CommitTime(time.0.div_euclid(unit) * unit)
+    }
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp_micros()
+}
+
+/// Moves `table_name`'s verdict to `end`'s commit time truncated to `granularity`, if that
+/// is later; returns the verdict after the call (`None` when there is none yet).
+pub async fn advance(
+    url: &Url,
+    table_name: &str,
+    end: &Offset,
+    granularity: Granularity,
+) -> Result<Option<CommitTime>> {
+    let Some(end_commit) = end.commit_ts else {
+        return finalized_until(url, table_name).await;
+    };
+    let candidate = granularity.truncate(end_commit);
+    let schema = crate::facts::arrow_schema(TableKind::Control);
+    let columns: Vec<Arc<dyn Array>> = vec![
+        Arc::new(StringArray::from(vec![Some(table_name)])),
+        Arc::new(TimestampMicrosecondArray::from(vec![Some(candidate.0)])),
+        Arc::new(StringArray::from(vec![Some(end.lsn.to_string())])),
+        Arc::new(TimestampMicrosecondArray::from(vec![Some(end_commit.0)])),
+        Arc::new(TimestampMicrosecondArray::from(vec![Some(now())])),
+        Arc::new(StringArray::from(vec![None::<&str>])),
+        Arc::new(StringArray::from(vec![None::<&str>])),
+        Arc::new(StringArray::from(vec![None::<&str>])),
+        Arc::new(arrow::array::Int32Array::from(vec![None::<i32>])),
+    ];
+    let source = RecordBatch::try_new(schema, columns)?;
+    let mut attempt = 0;
+    loop {
+        let table = tables::ensure(
+            url,
+            TableKind::Control,
+            TableKind::Control.fields(),
+            "control",
+        )
+        .await?;
+        let frame = SessionContext::new().read_batch(source.clone())?;
+        let merged = table
+            .merge(frame, col("target.table_name").eq(col("source.table_name")))
+            .with_source_alias("source")
+            .with_target_alias("target")
+            .when_matched_update(|update| {
+                update
+                    .predicate("target.finalized_until IS NULL OR source.finalized_until > target.finalized_until")
+                    .update("finalized_until", "source.finalized_until")
+                    .update("end_lsn", "source.end_lsn")
+                    .update("end_commit_ts", "source.end_commit_ts")
+                    .update("updated_at", "source.updated_at")
+            })?
+            .when_not_matched_insert(|insert| {
+                insert
+                    .set("table_name", "source.table_name")
+                    .set("finalized_until", "source.finalized_until")
+                    .set("end_lsn", "source.end_lsn")
+                    .set("end_commit_ts", "source.end_commit_ts")
+                    .set("updated_at", "source.updated_at")
+            })?
+            .await;
+        match merged {
+            Ok(_) => break,
+            // Open-source Delta MERGEs conflict even on other rows: retry for about a minute.
+            Err(DeltaTableError::Transaction { .. } | DeltaTableError::CommitValidation { .. })
+                if attempt < 30 =>
+            {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(100 * attempt.min(20))).await;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    finalized_until(url, table_name).await
+}
+
+/// The verdict of `table_name` (`None` without a control table or row).
+pub async fn finalized_until(url: &Url, table_name: &str) -> Result<Option<CommitTime>> {
+    let Some(table) = tables::open(url).await? else {
+        return Ok(None);
+    };
+    let context = SessionContext::new();
+    let provider = table.table_provider().await?;
+    context.register_table("control", provider)?;
+    let batches = context
+        .table("control")
+        .await?
+        .filter(col("table_name").eq(deltalake::datafusion::prelude::lit(table_name)))?
+        .select_columns(&["finalized_until"])?
+        .collect()
+        .await?;
+    let mut verdict = None;
+    for batch in batches {
+        let column = arrow::compute::cast(
+            batch.column(0),
+            &arrow::datatypes::DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, None),
+        )?;
+        let times = column
+            .as_any()
+            .downcast_ref::<TimestampMicrosecondArray>()
+            .ok_or_else(|| WriterError::Internal("finalized_until is not a timestamp".into()))?;
+        verdict = verdict.max(times.iter().flatten().max().map(CommitTime));
+    }
+    Ok(verdict)
+}
+
+/// Whether the period ending at `period_end` is complete for `table_name`.
+pub async fn is_final(url: &Url, table_name: &str, period_end: CommitTime) -> Result<bool> {
+    Ok(finalized_until(url, table_name)
+        .await?
+        .is_some_and(|verdict| period_end <= verdict))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_follows_the_granularity() {
+        let time = CommitTime::parse_iso("2026-09-28T14:03:12.117").expect("time");
+        assert_eq!(
+            Granularity::Hour.truncate(time).to_iso_millis(),
+            "2026-09-28T14:00:00.000"
+        );
+        assert_eq!(
+            Granularity::Minute.truncate(time).to_iso_millis(),
+            "2026-09-28T14:03:00.000"
+        );
+        assert_eq!(
+            Granularity::Day.truncate(time).to_iso_millis(),
+            "2026-09-28T00:00:00.000"
+        );
+        assert!("weekly".parse::<Granularity>().is_err());
+        assert_eq!(
+            "HOUR".parse::<Granularity>().expect("case"),
+            Granularity::Hour
+        );
+    }
+}

@@ -1,0 +1,62 @@
+//! The writer's error type.
+
+use mssql_cdc_flight::Lsn;
+use mssql_cdc_flight::client::ClientError;
+
+/// Result with the writer's [`WriterError`].
+pub type Result<T, E = WriterError> = std::result::Result<T, E>;
+
+/// What can stop a stream.
+#[derive(Debug, thiserror::Error)]
+pub enum WriterError {
+    /// Changes the stream needs were purged by CDC cleanup.
+    #[error(
+        "table {table}: changes after {from} were purged by CDC cleanup before they were read \
+         ({message}); re-snapshot the table, or set fail_on_data_loss = false to skip to min_lsn \
+         (the skipped changes are lost)"
+    )]
+    DataLoss {
+        /// The source table.
+        table: String,
+        /// The offset the stream stood at.
+        from: Lsn,
+        /// The server's message (capture instance, requested LSN, min_lsn).
+        message: String,
+    },
+    /// The checkpoint does not match the facts table (deleted or rewound under the same app_id).
+    #[error("{0}")]
+    CheckpointMismatch(String),
+    /// Bad configuration or input.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The server refused or failed a call.
+    #[error("flight: {0}")]
+    Flight(#[from] ClientError),
+    /// Delta failed.
+    #[error("delta: {0}")]
+    Delta(#[from] deltalake::DeltaTableError),
+    /// A DataFusion query over a lake table failed.
+    #[error("query: {0}")]
+    Query(#[from] deltalake::datafusion::error::DataFusionError),
+    /// Arrow failed.
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    /// Local I/O (the checkpoint).
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A broken invariant.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl WriterError {
+    /// An [`WriterError::InvalidArgument`].
+    pub fn invalid(message: impl Into<String>) -> Self {
+        WriterError::InvalidArgument(message.into())
+    }
+}

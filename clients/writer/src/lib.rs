@@ -1,0 +1,15 @@
+//! mssql-cdc-writer: streams SQL Server CDC from an mssql-cdc-flight server into Delta tables.
+//!
+//! All pipeline state lives in the lake, as in the seed library: bronze (the append-only
+//! change log, idempotent appends keyed by Delta application transactions), facts (one row
+//! per micro-batch and per event), and control (the `finalized_until` verdict, moved only
+//! after the data). The writer talks to SQL Server only through the Flight server.
+
+pub mod checkpoint;
+pub mod control;
+pub mod error;
+pub mod facts;
+pub mod stream;
+pub mod tables;
+
+pub use error::{Result, WriterError};

@@ -1,0 +1,128 @@
+//! The `mssql-cdc-writer` command: stream a table from an mssql-cdc-flight server into Delta.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use mssql_cdc_writer::control::Granularity;
+use mssql_cdc_writer::stream::{Stream, StreamConfig};
+
+/// Stream SQL Server CDC from an mssql-cdc-flight server into Delta tables.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Subcommand)]
+enum Commands {
+    /// Stream one table into bronze, facts and control.
+    Run(RunArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Flight server URL.
+    #[arg(
+        long,
+        env = "MSSQL_CDC_FLIGHT_URL",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    server: String,
+    /// Source table (schema.table).
+    #[arg(long)]
+    table: String,
+    /// Bronze table location (a path or an object-store URL).
+    #[arg(long)]
+    target: String,
+    /// Facts table location.
+    #[arg(long)]
+    facts: String,
+    /// Control table location (the completeness verdict).
+    #[arg(long)]
+    control: Option<String>,
+    /// Writer identity; a new checkpoint needs a new app id.
+    #[arg(long)]
+    app_id: String,
+    /// Checkpoint directory.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Where a new checkpoint starts: earliest, latest, or an LSN already processed.
+    #[arg(long, default_value = "earliest")]
+    starting: String,
+    /// Most commits per batch (default: up to max_lsn).
+    #[arg(long)]
+    max_commits: Option<u64>,
+    /// Endpoints read in parallel.
+    #[arg(long, default_value_t = 2)]
+    partitions: u32,
+    /// Verdict granularity: minute, hour or day.
+    #[arg(long, default_value = "hour")]
+    granularity: String,
+    /// Read to the max_lsn recorded at start, then exit (default: run until Ctrl-C).
+    #[arg(long)]
+    available_now: bool,
+    /// Seconds between polls when nothing is new (continuous mode).
+    #[arg(long, default_value_t = 5.0)]
+    poll_seconds: f64,
+    /// Skip purged changes (with a data_skipped facts row) instead of stopping. Loses changes.
+    #[arg(long)]
+    skip_data_loss: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let Commands::Run(args) = Cli::parse().command;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let config = StreamConfig {
+            server: args.server,
+            table: args.table,
+            target: args.target,
+            facts: args.facts,
+            control: args.control,
+            app_id: args.app_id,
+            checkpoint: args.checkpoint,
+            starting: args.starting,
+            max_commits: args.max_commits,
+            partitions: args.partitions,
+            granularity: args.granularity.parse::<Granularity>()?,
+            fail_on_data_loss: !args.skip_data_loss,
+        };
+        let mut stream = Stream::connect(config).await?;
+        if args.available_now {
+            let outcomes = stream.run_available_now().await?;
+            let rows: u64 = outcomes.iter().map(|outcome| outcome.rows).sum();
+            println!("{} batches, {rows} rows", outcomes.len());
+            if let Some(last) = outcomes.last() {
+                println!(
+                    "offset {} verdict {:?}",
+                    last.end.to_json(),
+                    last.verdict.map(|time| time.to_iso_millis())
+                );
+            }
+        } else {
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            tokio::spawn(async move {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    let _ = stop.send(true);
+                }
+            });
+            let batches = stream
+                .run_continuous(Duration::from_secs_f64(args.poll_seconds), stopped)
+                .await?;
+            println!("stopped after {batches} batches");
+        }
+        anyhow::Ok(())
+    })
+}

@@ -1,0 +1,665 @@
+//! The stream loop for one table: a micro-batch, step by step.
+//!
+//! 1. Find the batch: replay the checkpoint's batch when it is not committed (same range,
+//!    same batch id), else ask the server for the next end offset after the last one.
+//! 2. Record the planned range in the checkpoint **before** reading, so a replay after a crash
+//!    reads exactly the same range.
+//! 3. Plan `(start, end]` over Flight and read every endpoint in parallel; a stream without its
+//!    completion marker is refused by the client, so nothing incomplete is committed.
+//! 4. Append the rows to bronze in **one** Delta commit with the application transaction
+//!    `(app_id, batch_id)` and the facts JSON as userMetadata. delta-rs commits a repeated
+//!    transaction version again, so the writer checks `transaction_version` first.
+//! 5. Write the facts row and the batch's event rows in one commit, `(<app_id>#facts, batch_id)`.
+//! 6. Move the verdict in the control table, after the data.
+//! 7. Mark the batch committed in the checkpoint.
+//!
+//! A batch with no rows (idle CDC entries) writes no bronze commit but still its facts row and
+//! the verdict move. A checkpoint deleted or rewound under the same app_id is refused against
+//! the facts and bronze tables' transaction versions.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::{
+    Array, ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray, new_null_array,
+};
+use arrow::datatypes::{DataType as ArrowType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use deltalake::DeltaTable;
+use deltalake::kernel::engine::arrow_conversion::TryFromArrow;
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::{MetadataValue, StructField, Transaction};
+use deltalake::operations::write::SchemaMode;
+use deltalake::protocol::SaveMode;
+use mssql_cdc_flight::client::CdcClient;
+use mssql_cdc_flight::flight::protocol::{
+    ChangesCommand, InitialOffsetBody, LatestOffsetBody, LsnAnswer, PlanMetadata,
+};
+use mssql_cdc_flight::{CommitTime, Lsn, Offset};
+use serde_json::json;
+use url::Url;
+
+use crate::checkpoint::{BatchRecord, Checkpoint};
+use crate::control::{self, Granularity};
+use crate::error::{Result, WriterError};
+use crate::facts::{self, FactsRow};
+use crate::tables::{self, TableKind};
+
+/// How one table is streamed.
+#[derive(Clone, Debug)]
+pub struct StreamConfig {
+    /// Flight server URL (`http://host:port`).
+    pub server: String,
+    /// Source table, `schema.table`.
+    pub table: String,
+    /// Bronze table location (path or URL).
+    pub target: String,
+    /// Facts table location.
+    pub facts: String,
+    /// Control table location (the verdict); `None` writes no verdict.
+    pub control: Option<String>,
+    /// Writer identity: the Delta txn app id of bronze commits (`<app_id>#facts` for facts).
+    pub app_id: String,
+    /// Checkpoint directory (one per app id).
+    pub checkpoint: PathBuf,
+    /// Where a new checkpoint starts: `earliest`, `latest` or an LSN already processed.
+    pub starting: String,
+    /// Most commits per batch (the seed's `maxCommitsPerBatch`); `None` reads up to max_lsn.
+    pub max_commits: Option<u64>,
+    /// Endpoints read in parallel per capture instance.
+    pub partitions: u32,
+    /// Truncation of the verdict.
+    pub granularity: Granularity,
+    /// Stop on purged changes (true), or skip to `min_lsn` with a `data_skipped` event.
+    pub fail_on_data_loss: bool,
+}
+
+/// What one batch did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchOutcome {
+    /// The batch id.
+    pub batch_id: i64,
+    /// Rows written to bronze.
+    pub rows: u64,
+    /// Offset before the batch.
+    pub start: Offset,
+    /// Offset after it.
+    pub end: Offset,
+    /// The verdict after the batch.
+    pub verdict: Option<CommitTime>,
+    /// Whether the batch was a replay of one a crash left uncommitted.
+    pub replayed: bool,
+}
+
+/// A running stream of one table.
+pub struct Stream {
+    config: StreamConfig,
+    client: CdcClient,
+    target: Url,
+    facts: Url,
+    control: Option<Url>,
+    checkpoint: Checkpoint,
+    verified: bool,
+}
+
+fn micros_now() -> i64 {
+    chrono::Utc::now().timestamp_micros()
+}
+
+impl Stream {
+    /// Connects to the server and opens the checkpoint.
+    pub async fn connect(config: StreamConfig) -> Result<Self> {
+        if config.app_id.is_empty() || config.app_id.contains('#') {
+            return Err(WriterError::invalid(
+                "app_id must be non-empty and without '#'",
+            ));
+        }
+        let client = CdcClient::connect(&config.server).await?;
+        Ok(Stream {
+            target: tables::table_url(&config.target)?,
+            facts: tables::table_url(&config.facts)?,
+            control: config
+                .control
+                .as_deref()
+                .map(tables::table_url)
+                .transpose()?,
+            checkpoint: Checkpoint::open(&config.checkpoint)?,
+            client,
+            verified: false,
+            config,
+        })
+    }
+
+    fn facts_app_id(&self) -> String {
+        format!("{}#facts", self.config.app_id)
+    }
+
+    /// Refuses a checkpoint that is behind what the lake already holds for this app id.
+    async fn verify_checkpoint(&self, last: Option<&BatchRecord>) -> Result<()> {
+        let mut lake_batch = None;
+        for (url, app_id) in [
+            (&self.facts, self.facts_app_id()),
+            (&self.target, self.config.app_id.clone()),
+        ] {
+            if let Some(table) = tables::open(url).await? {
+                let version = table
+                    .snapshot()?
+                    .transaction_version(table.log_store().as_ref(), &app_id)
+                    .await?;
+                lake_batch = lake_batch.max(version);
+            }
+        }
+        let Some(lake_batch) = lake_batch else {
+            return Ok(());
+        };
+        let behind = match last {
+            None => true,
+            Some(batch) => batch.app_id != self.config.app_id || batch.batch_id < lake_batch,
+        };
+        if behind {
+            return Err(WriterError::CheckpointMismatch(format!(
+                "the lake holds batch {lake_batch} of app_id '{}' but the checkpoint {} is at {}: it was \
+                 deleted or rewound. Restore the checkpoint, or start a new checkpoint with a new app_id",
+                self.config.app_id,
+                self.config.checkpoint.display(),
+                last.map_or("no batch".to_string(), |batch| format!(
+                    "batch {}",
+                    batch.batch_id
+                )),
+            )));
+        }
+        Ok(())
+    }
+
+    async fn latest(&self, start: Offset, upper: Option<Lsn>) -> Result<Offset> {
+        Ok(self
+            .client
+            .action(
+                "latest_offset",
+                &LatestOffsetBody {
+                    start: Some(start),
+                    max_commits: self.config.max_commits,
+                    upper,
+                },
+            )
+            .await?)
+    }
+
+    /// Runs one batch; `None` when nothing new was committed (up to `upper` if given).
+    pub async fn run_batch(&mut self, upper: Option<Lsn>) -> Result<Option<BatchOutcome>> {
+        let last = self.checkpoint.last()?;
+        if !self.verified {
+            self.verify_checkpoint(last.as_ref()).await?;
+            self.verified = true;
+        }
+        let (batch_id, start, end, replayed) = match last {
+            Some(batch) if !batch.committed => (batch.batch_id, batch.start, batch.end, true),
+            Some(batch) => {
+                let end = self.latest(batch.end, upper).await?;
+                if end.lsn <= batch.end.lsn {
+                    return Ok(None);
+                }
+                (batch.batch_id + 1, batch.end, end, false)
+            }
+            None => {
+                let start: Offset = self
+                    .client
+                    .action(
+                        "initial_offset",
+                        &InitialOffsetBody {
+                            table: self.config.table.clone(),
+                            starting: Some(self.config.starting.clone()),
+                        },
+                    )
+                    .await?;
+                let end = self.latest(start, upper).await?;
+                if end.lsn <= start.lsn {
+                    return Ok(None);
+                }
+                (0, start, end, false)
+            }
+        };
+        let mut record = BatchRecord {
+            app_id: self.config.app_id.clone(),
+            batch_id,
+            start,
+            end,
+            committed: false,
+        };
+        if !replayed {
+            self.checkpoint.record(&record)?;
+        }
+        let outcome = self.write_batch(&mut record, replayed).await?;
+        record.committed = true;
+        self.checkpoint.record(&record)?;
+        Ok(Some(outcome))
+    }
+
+    /// Reads to the `max_lsn` recorded at the start, batch after batch, then returns.
+    pub async fn run_available_now(&mut self) -> Result<Vec<BatchOutcome>> {
+        let target: LsnAnswer = self.client.action("max_lsn", &json!({})).await?;
+        let mut outcomes = Vec::new();
+        // A batch left uncommitted by a crash is replayed first, whatever its end.
+        while let Some(outcome) = self.run_batch(target.lsn).await? {
+            tracing::info!(table = %self.config.table, batch = outcome.batch_id, rows = outcome.rows,
+                end = %outcome.end.lsn, "batch committed");
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+
+    /// Runs batches until `stop` resolves, polling every `poll` when nothing is new.
+    pub async fn run_continuous(
+        &mut self,
+        poll: std::time::Duration,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<u64> {
+        let mut batches = 0;
+        while !*stop.borrow() {
+            match self.run_batch(None).await? {
+                Some(outcome) => {
+                    batches += 1;
+                    tracing::info!(table = %self.config.table, batch = outcome.batch_id, rows = outcome.rows,
+                        end = %outcome.end.lsn, "batch committed");
+                }
+                None => {
+                    let mut stop = stop.clone();
+                    tokio::select! {
+                        _ = tokio::time::sleep(poll) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
+            }
+        }
+        Ok(batches)
+    }
+
+    async fn write_batch(
+        &mut self,
+        record: &mut BatchRecord,
+        replayed: bool,
+    ) -> Result<BatchOutcome> {
+        let started_at = micros_now();
+        let clock = Instant::now();
+        let ping = Instant::now();
+        let _: LsnAnswer = self.client.action("max_lsn", &json!({})).await?;
+        let rtt_ms = ping.elapsed().as_secs_f64() * 1000.0;
+        let mut events: Vec<FactsRow> = Vec::new();
+        let plan = match self.plan(record).await {
+            Ok(plan) => plan,
+            Err(WriterError::DataLoss { message, .. }) if !self.config.fail_on_data_loss => {
+                let skipped_from = record.start;
+                let resume = self.skip_to_min_lsn(record).await?;
+                tracing::warn!(table = %self.config.table, from = %skipped_from.lsn, to = %resume.lsn,
+                    "changes purged before they were read were skipped (fail_on_data_loss = false)");
+                events.push(FactsRow {
+                    event: Some("data_skipped".into()),
+                    min_lsn: Some(resume.lsn.to_string()),
+                    max_lsn: Some(resume.lsn.to_string()),
+                    end_lsn: Some(resume.lsn.to_string()),
+                    lost_from_ts: skipped_from.commit_ts.map(CommitTime::micros),
+                    lost_to_ts: resume.commit_ts.map(CommitTime::micros),
+                    detail: Some(json!({"from": skipped_from.lsn, "to": resume.lsn, "certain": true, "reason": message}).to_string()),
+                    ..FactsRow::default()
+                });
+                self.plan(record).await?
+            }
+            Err(error) => return Err(error),
+        };
+        let (batches, completions) = self.read(&plan).await?;
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        let mut row = aggregate(&batches)?;
+        row.app_id = Some(self.config.app_id.clone());
+        row.batch_id = Some(record.batch_id);
+        row.started_at = Some(started_at);
+        row.source_rtt_ms = Some((rtt_ms * 10.0).round() / 10.0);
+        row.read_seconds = Some(completions.iter().map(|c| c.seconds).sum::<f64>());
+        row.read_mb = Some(completions.iter().map(|c| c.bytes as f64).sum::<f64>() / 1e6);
+        row.end_lsn = Some(record.end.lsn.to_string());
+        row.end_commit_ts = record.end.commit_ts.map(CommitTime::micros);
+        row.target = Some(self.config.target.clone());
+        if let Some(last) = completions.last() {
+            row.source_max_commit_ts = last.max_commit_ts.map(CommitTime::micros);
+            let watermark: mssql_cdc_flight::flight::protocol::TimeAnswer = self
+                .client
+                .action("lsn_to_time", &json!({"lsn": last.min_lsn}))
+                .await?;
+            row.retention_watermark_ts = watermark.commit_ts.map(CommitTime::micros);
+        }
+        if let (Some(watermark), Some(end)) = (
+            row.retention_watermark_ts,
+            row.end_commit_ts.or(row.max_commit_ts),
+        ) {
+            row.retention_headroom_hours =
+                Some(((end - watermark) as f64 / 3.6e9 * 100.0).round() / 100.0);
+        }
+        if let Some(source_max) = row.source_max_commit_ts {
+            row.capture_lag_seconds =
+                Some(((micros_now() - source_max) as f64 / 1e3).round() / 1e3);
+            if let Some(end) = row.end_commit_ts {
+                row.ingestion_lag_seconds = Some(((source_max - end) as f64 / 1e3).round() / 1e3);
+            }
+        }
+        if rows > 0 {
+            self.append_bronze(record.batch_id, &batches, &row).await?;
+        }
+        row.duration_ms = Some(clock.elapsed().as_millis() as i64);
+        events.extend(plan.events.iter().map(|event| FactsRow {
+            event: Some(event.event.clone()),
+            min_lsn: Some(event.lsn.to_string()),
+            max_lsn: Some(event.lsn.to_string()),
+            end_lsn: Some(event.lsn.to_string()),
+            end_commit_ts: event.commit_ts.map(CommitTime::micros),
+            detail: Some(event.detail.clone()),
+            rows: Some(0),
+            ..FactsRow::default()
+        }));
+        self.append_facts(record.batch_id, row, events).await?;
+        let verdict = match &self.control {
+            Some(url) => {
+                control::advance(
+                    url,
+                    &self.config.table,
+                    &record.end,
+                    self.config.granularity,
+                )
+                .await?
+            }
+            None => None,
+        };
+        Ok(BatchOutcome {
+            batch_id: record.batch_id,
+            rows: rows as u64,
+            start: record.start,
+            end: record.end,
+            verdict,
+            replayed,
+        })
+    }
+
+    async fn plan(&self, record: &BatchRecord) -> Result<PlanMetadataWithTickets> {
+        let mut command = ChangesCommand::new(
+            self.config.table.clone(),
+            record.start.lsn,
+            Some(record.end.lsn),
+        );
+        command.partitions = Some(self.config.partitions);
+        match self.client.plan_changes(&command).await {
+            Ok(plan) => Ok(PlanMetadataWithTickets {
+                events: plan.metadata.events.clone(),
+                metadata: plan.metadata,
+                tickets: plan
+                    .info
+                    .endpoint
+                    .into_iter()
+                    .filter_map(|endpoint| endpoint.ticket)
+                    .collect(),
+            }),
+            Err(error) if error.code() == Some(tonic::Code::DataLoss) => {
+                Err(WriterError::DataLoss {
+                    table: self.config.table.clone(),
+                    from: record.start.lsn,
+                    message: error.to_string(),
+                })
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Moves the batch's start to just before the oldest capture instance's min_lsn.
+    async fn skip_to_min_lsn(&mut self, record: &mut BatchRecord) -> Result<Offset> {
+        let resume: Offset = self
+            .client
+            .action(
+                "initial_offset",
+                &InitialOffsetBody {
+                    table: self.config.table.clone(),
+                    starting: Some("earliest".into()),
+                },
+            )
+            .await?;
+        record.start = resume;
+        if record.end.lsn <= resume.lsn {
+            record.end = self.latest(resume, None).await?;
+        }
+        self.checkpoint.record(record)?;
+        Ok(resume)
+    }
+
+    async fn read(
+        &self,
+        plan: &PlanMetadataWithTickets,
+    ) -> Result<(
+        Vec<RecordBatch>,
+        Vec<mssql_cdc_flight::flight::protocol::Completion>,
+    )> {
+        let mut reads = Vec::new();
+        for ticket in &plan.tickets {
+            let client = self.client.clone();
+            let ticket = ticket.clone();
+            reads.push(tokio::spawn(async move {
+                client.collect_endpoint(&ticket).await
+            }));
+        }
+        let mut batches = Vec::new();
+        let mut completions = Vec::new();
+        for read in reads {
+            let (endpoint_batches, completion) = read
+                .await
+                .map_err(|error| WriterError::Internal(format!("read task: {error}")))??;
+            batches.extend(endpoint_batches);
+            completions.push(completion);
+        }
+        Ok((batches, completions))
+    }
+
+    async fn append_bronze(
+        &self,
+        batch_id: i64,
+        batches: &[RecordBatch],
+        facts: &FactsRow,
+    ) -> Result<()> {
+        let with_batch: Vec<RecordBatch> = batches
+            .iter()
+            .map(|batch| bronze_batch(batch, batch_id))
+            .collect::<Result<_>>()?;
+        let schema = with_batch[0].schema();
+        let table = tables::ensure(
+            &self.target,
+            TableKind::Bronze,
+            bronze_fields(&schema)?,
+            "bronze",
+        )
+        .await?;
+        if already_committed(&table, &self.config.app_id, batch_id).await? {
+            tracing::info!(batch_id, "bronze already holds the batch (replay): skipped");
+            return Ok(());
+        }
+        let user_metadata = json!({
+            "rows": facts.rows, "min_lsn": facts.min_lsn, "max_lsn": facts.max_lsn,
+            "min_commit_ts": facts.min_commit_ts.map(|t| CommitTime(t).to_iso_millis()),
+            "max_commit_ts": facts.max_commit_ts.map(|t| CommitTime(t).to_iso_millis()),
+            "deletes": facts.deletes, "inserts": facts.inserts, "updates": facts.updates,
+            "batch_id": batch_id, "app_id": self.config.app_id,
+        });
+        let properties = CommitProperties::default()
+            .with_application_transaction(Transaction::new(&self.config.app_id, batch_id))
+            .with_metadata([(
+                "userMetadata".to_string(),
+                serde_json::Value::String(user_metadata.to_string()),
+            )]);
+        table
+            .write(with_batch)
+            .with_save_mode(SaveMode::Append)
+            .with_schema_mode(SchemaMode::Merge)
+            .with_commit_properties(properties)
+            .await?;
+        Ok(())
+    }
+
+    async fn append_facts(
+        &self,
+        batch_id: i64,
+        row: FactsRow,
+        events: Vec<FactsRow>,
+    ) -> Result<()> {
+        let table = tables::ensure(
+            &self.facts,
+            TableKind::Facts,
+            TableKind::Facts.fields(),
+            "facts",
+        )
+        .await?;
+        let app_id = self.facts_app_id();
+        if already_committed(&table, &app_id, batch_id).await? {
+            return Ok(());
+        }
+        let written_at = micros_now();
+        let mut rows = vec![row];
+        rows.extend(events.into_iter().map(|event| FactsRow {
+            app_id: Some(self.config.app_id.clone()),
+            batch_id: Some(batch_id),
+            target: Some(self.config.target.clone()),
+            ..event
+        }));
+        for row in &mut rows {
+            row.written_at = Some(written_at);
+        }
+        table
+            .write(vec![facts::to_batch(&rows)?])
+            .with_save_mode(SaveMode::Append)
+            .with_commit_properties(
+                CommitProperties::default()
+                    .with_application_transaction(Transaction::new(&app_id, batch_id)),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+struct PlanMetadataWithTickets {
+    #[allow(dead_code)] // kept for logging and future facts columns
+    metadata: PlanMetadata,
+    events: Vec<mssql_cdc_flight::flight::protocol::RangeEvent>,
+    tickets: Vec<arrow_flight::Ticket>,
+}
+
+async fn already_committed(table: &DeltaTable, app_id: &str, batch_id: i64) -> Result<bool> {
+    let version = table
+        .snapshot()?
+        .transaction_version(table.log_store().as_ref(), app_id)
+        .await?;
+    Ok(version.is_some_and(|version| version >= batch_id))
+}
+
+/// The bronze columns of a stream batch: `_batch_id`, `_snapshot`, `_chunk` appended.
+fn bronze_batch(batch: &RecordBatch, batch_id: i64) -> Result<RecordBatch> {
+    let rows = batch.num_rows();
+    let mut fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|field| field.as_ref().clone())
+        .collect();
+    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    let batch_id =
+        i32::try_from(batch_id).map_err(|_| WriterError::Internal("batch id past INT".into()))?;
+    fields.push(Field::new("_batch_id", ArrowType::Int32, true));
+    columns.push(Arc::new(Int32Array::from(vec![batch_id; rows])));
+    fields.push(Field::new("_snapshot", ArrowType::Utf8, true));
+    columns.push(new_null_array(&ArrowType::Utf8, rows));
+    fields.push(Field::new("_chunk", ArrowType::Int32, true));
+    columns.push(new_null_array(&ArrowType::Int32, rows));
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
+/// Delta fields for a bronze schema, with the writer's comments on the metadata columns.
+fn bronze_fields(schema: &Schema) -> Result<Vec<StructField>> {
+    let comments: HashMap<&str, &str> = TableKind::Bronze
+        .columns()
+        .into_iter()
+        .map(|spec| (spec.name, spec.comment))
+        .collect();
+    schema
+        .fields()
+        .iter()
+        .map(|field| {
+            let converted = StructField::try_from_arrow(field.as_ref())?;
+            Ok(match comments.get(field.name().as_str()) {
+                Some(comment) => converted.with_metadata([(
+                    "comment".to_string(),
+                    MetadataValue::String((*comment).to_string()),
+                )]),
+                None => converted,
+            })
+        })
+        .collect()
+}
+
+/// The facts of a batch's rows: count, LSN and commit-time extents, operation counts.
+fn aggregate(batches: &[RecordBatch]) -> Result<FactsRow> {
+    let mut row = FactsRow {
+        rows: Some(0),
+        deletes: Some(0),
+        inserts: Some(0),
+        updates: Some(0),
+        ..FactsRow::default()
+    };
+    let (mut min_lsn, mut max_lsn): (Option<String>, Option<String>) = (None, None);
+    let (mut min_ts, mut max_ts): (Option<i64>, Option<i64>) = (None, None);
+    let (mut rows, mut deletes, mut inserts, mut updates) = (0i64, 0i64, 0i64, 0i64);
+    for batch in batches {
+        let column = |name: &str| {
+            batch
+                .column_by_name(name)
+                .ok_or_else(|| WriterError::Internal(format!("no {name}")))
+        };
+        let lsns = column("_start_lsn")?
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .ok_or_else(|| WriterError::Internal("_start_lsn".into()))?;
+        let operations = column("_operation")?
+            .as_any()
+            .downcast_ref::<Int32Array>()
+            .ok_or_else(|| WriterError::Internal("_operation".into()))?;
+        let times = column("_commit_ts")?
+            .as_any()
+            .downcast_ref::<TimestampMicrosecondArray>()
+            .ok_or_else(|| WriterError::Internal("_commit_ts".into()))?;
+        for index in 0..batch.num_rows() {
+            let lsn = lsns.value(index);
+            if min_lsn.as_deref().is_none_or(|low| lsn < low) {
+                min_lsn = Some(lsn.to_string());
+            }
+            if max_lsn.as_deref().is_none_or(|high| lsn > high) {
+                max_lsn = Some(lsn.to_string());
+            }
+            if times.is_valid(index) {
+                let time = times.value(index);
+                min_ts = Some(min_ts.map_or(time, |low| low.min(time)));
+                max_ts = Some(max_ts.map_or(time, |high| high.max(time)));
+            }
+            match operations.value(index) {
+                1 => deletes += 1,
+                2 => inserts += 1,
+                4 => updates += 1,
+                _ => {}
+            }
+        }
+        rows += batch.num_rows() as i64;
+    }
+    row.rows = Some(rows);
+    row.deletes = Some(deletes);
+    row.inserts = Some(inserts);
+    row.updates = Some(updates);
+    row.min_lsn = min_lsn;
+    row.max_lsn = max_lsn;
+    row.min_commit_ts = min_ts;
+    row.max_commit_ts = max_ts;
+    Ok(row)
+}

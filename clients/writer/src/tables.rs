@@ -1,0 +1,480 @@
+//! The lake's table kinds, created typed and commented, stamped with their schema version.
+//!
+//! Each kind keeps the seed library's contract (notes/seed-inventory.md 3.8): the columns, a
+//! comment on the table and on every column we define, and the table property
+//! `mssql_cdc.schema_version` = the number of migrations of its kind, so Spark users of the
+//! seed library and users of this writer read each other's tables. Migrations are ordered and
+//! append-only: a migration adds nullable columns; a table at an older version gets the
+//! missing ones in order, a table at a newer version is written with a warning.
+
+use std::collections::HashMap;
+
+use deltalake::kernel::{DataType, MetadataValue, StructField};
+use deltalake::protocol::SaveMode;
+use deltalake::{DeltaTable, DeltaTableError};
+use url::Url;
+
+use crate::error::{Result, WriterError};
+
+/// Table property holding the number of migrations a table has had.
+pub const SCHEMA_VERSION_KEY: &str = "mssql_cdc.schema_version";
+
+/// A column this writer defines.
+#[derive(Clone, Debug)]
+pub struct ColumnSpec {
+    /// Column name.
+    pub name: &'static str,
+    /// Delta type.
+    pub data_type: DataType,
+    /// Column comment (shown by `DESCRIBE TABLE`).
+    pub comment: &'static str,
+    /// The migration (1-based) that added it; columns of migration 0 are there at creation.
+    pub since: u32,
+}
+
+/// The kinds of table the writer owns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableKind {
+    /// The append-only change log.
+    Bronze,
+    /// One row per micro-batch and per event.
+    Facts,
+    /// One row per table: the completeness verdict.
+    Control,
+}
+
+fn column(
+    name: &'static str,
+    data_type: DataType,
+    comment: &'static str,
+    since: u32,
+) -> ColumnSpec {
+    ColumnSpec {
+        name,
+        data_type,
+        comment,
+        since,
+    }
+}
+
+impl TableKind {
+    /// The table comment.
+    pub fn comment(self) -> &'static str {
+        match self {
+            TableKind::Bronze => {
+                "mssql_cdc bronze: append-only change log of a SQL Server table (CDC), one row per change"
+            }
+            TableKind::Facts => {
+                "mssql_cdc facts: one row per micro-batch written to bronze and per event (snapshots, schema changes, capture instance switches, skipped changes)"
+            }
+            TableKind::Control => {
+                "mssql_cdc control: one row per table; finalized_until is the completeness verdict"
+            }
+        }
+    }
+
+    /// The schema version this build writes (the seed library's numbering).
+    pub fn schema_version(self) -> u32 {
+        match self {
+            TableKind::Bronze => 2,
+            TableKind::Facts => 12,
+            TableKind::Control => 4,
+        }
+    }
+
+    /// Columns this writer defines for the kind (bronze: only its metadata columns; the
+    /// captured columns come from the source).
+    pub fn columns(self) -> Vec<ColumnSpec> {
+        use DataType as T;
+        match self {
+            TableKind::Bronze => vec![
+                column(
+                    "_capture_instance",
+                    T::STRING,
+                    "CDC capture instance the change was read from (the newer one after a switch); snapshot rows: the instance the snapshot was taken for",
+                    1,
+                ),
+                column(
+                    "_start_lsn",
+                    T::STRING,
+                    "commit LSN of the change as 0x + 20 hex digits (string order = commit order); snapshot rows: the LSN recorded before the read",
+                    1,
+                ),
+                column(
+                    "_seqval",
+                    T::STRING,
+                    "LSN of the operation inside its transaction (tie-breaker); NULL on snapshot rows",
+                    1,
+                ),
+                column(
+                    "_operation",
+                    T::INTEGER,
+                    "1 delete, 2 insert, 3 update before image, 4 update after image, 0 snapshot row",
+                    1,
+                ),
+                column(
+                    "_command_id",
+                    T::INTEGER,
+                    "statement order inside the transaction; NULL on snapshot rows",
+                    1,
+                ),
+                column(
+                    "_commit_ts",
+                    T::TIMESTAMP_NTZ,
+                    "commit time of the change in UTC",
+                    1,
+                ),
+                column(
+                    "_batch_id",
+                    T::INTEGER,
+                    "micro-batch that wrote the row (key of its facts row with app_id); NULL on snapshot rows",
+                    1,
+                ),
+                column(
+                    "_snapshot",
+                    T::STRING,
+                    "on snapshot rows the snapshot's LSN S; NULL on change rows",
+                    2,
+                ),
+                column(
+                    "_chunk",
+                    T::INTEGER,
+                    "chunk index of a chunked snapshot row; NULL otherwise",
+                    2,
+                ),
+            ],
+            TableKind::Facts => vec![
+                column(
+                    "app_id",
+                    T::STRING,
+                    "identity of the writer (its Delta txnAppId)",
+                    0,
+                ),
+                column(
+                    "batch_id",
+                    T::LONG,
+                    "micro-batch id; NULL on snapshot events",
+                    0,
+                ),
+                column(
+                    "rows",
+                    T::LONG,
+                    "change rows written; 0 for an empty batch and for events",
+                    0,
+                ),
+                column(
+                    "min_lsn",
+                    T::STRING,
+                    "smallest _start_lsn of the batch; events: the event LSN",
+                    0,
+                ),
+                column(
+                    "max_lsn",
+                    T::STRING,
+                    "largest _start_lsn of the batch; events: the event LSN",
+                    0,
+                ),
+                column(
+                    "min_commit_ts",
+                    T::TIMESTAMP_NTZ,
+                    "earliest commit time of the batch (UTC)",
+                    0,
+                ),
+                column(
+                    "max_commit_ts",
+                    T::TIMESTAMP_NTZ,
+                    "latest commit time of the batch (UTC)",
+                    0,
+                ),
+                column("deletes", T::LONG, "rows with operation 1", 0),
+                column("inserts", T::LONG, "rows with operation 2", 0),
+                column(
+                    "updates",
+                    T::LONG,
+                    "rows with operation 4 (update after images)",
+                    0,
+                ),
+                column(
+                    "started_at",
+                    T::TIMESTAMP_NTZ,
+                    "when the writer started the batch (UTC)",
+                    0,
+                ),
+                column(
+                    "duration_ms",
+                    T::LONG,
+                    "from started_at to the end of the bronze write",
+                    0,
+                ),
+                column(
+                    "source_rtt_ms",
+                    T::DOUBLE,
+                    "round trip of one call to the server before the read",
+                    1,
+                ),
+                column(
+                    "read_seconds",
+                    T::DOUBLE,
+                    "sum of the server's read seconds over the batch's streams",
+                    1,
+                ),
+                column("read_mb", T::DOUBLE, "Arrow megabytes read (1e6 bytes)", 1),
+                column(
+                    "network_wait_ms",
+                    T::LONG,
+                    "SQL Server ASYNC_NETWORK_IO wait; NULL when the source does not report it",
+                    1,
+                ),
+                column(
+                    "retention_watermark_ts",
+                    T::TIMESTAMP_NTZ,
+                    "commit time of the capture instance's min_lsn after the read",
+                    2,
+                ),
+                column(
+                    "retention_headroom_hours",
+                    T::DOUBLE,
+                    "hours between the retention watermark and the batch end: how far the stream is from losing changes",
+                    2,
+                ),
+                column(
+                    "event",
+                    T::STRING,
+                    "NULL for a micro-batch; else bootstrap, resnapshot, snapshot_open, snapshot_plan, snapshot_chunk, schema_change, capture_instance_switched, data_skipped",
+                    3,
+                ),
+                column(
+                    "lost_from_ts",
+                    T::TIMESTAMP_NTZ,
+                    "data_skipped/resnapshot: commit time where lost changes begin",
+                    3,
+                ),
+                column(
+                    "lost_to_ts",
+                    T::TIMESTAMP_NTZ,
+                    "data_skipped/resnapshot: commit time of min_lsn when the loss was found",
+                    3,
+                ),
+                column(
+                    "source_max_commit_ts",
+                    T::TIMESTAMP_NTZ,
+                    "commit time of the source's max_lsn after the read",
+                    4,
+                ),
+                column(
+                    "capture_lag_seconds",
+                    T::DOUBLE,
+                    "writer clock minus source_max_commit_ts: how far CDC capture is behind",
+                    4,
+                ),
+                column(
+                    "ingestion_lag_seconds",
+                    T::DOUBLE,
+                    "source_max_commit_ts minus end_commit_ts: how far the stream is behind CDC",
+                    4,
+                ),
+                column(
+                    "end_lsn",
+                    T::STRING,
+                    "end offset of the batch (last commit LSN read); events: the event LSN",
+                    5,
+                ),
+                column(
+                    "end_commit_ts",
+                    T::TIMESTAMP_NTZ,
+                    "commit time of end_lsn",
+                    5,
+                ),
+                column(
+                    "detail",
+                    T::STRING,
+                    "schema_change: DDL text; capture_instance_switched: old -> new; JSON payloads for snapshot and data_skipped events; micro-batch: {\"warnings\": [...]} when there are warnings",
+                    6,
+                ),
+                column("target", T::STRING, "the bronze table written", 0),
+                column(
+                    "written_at",
+                    T::TIMESTAMP_NTZ,
+                    "when the facts row was written (after the bronze commit)",
+                    0,
+                ),
+            ],
+            TableKind::Control => vec![
+                column(
+                    "table_name",
+                    T::STRING,
+                    "the table the row is about (as passed to advance)",
+                    0,
+                ),
+                column(
+                    "finalized_until",
+                    T::TIMESTAMP_NTZ,
+                    "completeness verdict: every change committed at or before this UTC time is in the table; only moves forward",
+                    0,
+                ),
+                column(
+                    "end_lsn",
+                    T::STRING,
+                    "end LSN of the batch that last moved the verdict",
+                    0,
+                ),
+                column(
+                    "end_commit_ts",
+                    T::TIMESTAMP_NTZ,
+                    "commit time of end_lsn (the verdict is its truncation)",
+                    0,
+                ),
+                column(
+                    "updated_at",
+                    T::TIMESTAMP_NTZ,
+                    "when the verdict last moved",
+                    0,
+                ),
+                column(
+                    "applied_lsn",
+                    T::STRING,
+                    "silver: highest _start_lsn applied",
+                    1,
+                ),
+                column(
+                    "snapshot_lsn",
+                    T::STRING,
+                    "silver: snapshot it was last rebuilt from",
+                    1,
+                ),
+                column(
+                    "open_snapshot_lsn",
+                    T::STRING,
+                    "silver: chunked snapshot being applied wave by wave",
+                    2,
+                ),
+                column(
+                    "snapshot_wave",
+                    T::INTEGER,
+                    "silver: last wave of it applied",
+                    2,
+                ),
+            ],
+        }
+    }
+
+    /// Delta fields of the kind's columns, all nullable, each with its comment.
+    pub fn fields(self) -> Vec<StructField> {
+        self.columns()
+            .into_iter()
+            .map(|spec| field_with_comment(spec.name, spec.data_type, spec.comment))
+            .collect()
+    }
+}
+
+/// A nullable field with a `comment` (stored unquoted, unlike `CreateBuilder::with_column`).
+pub fn field_with_comment(name: &str, data_type: DataType, comment: &str) -> StructField {
+    StructField::new(name, data_type, true).with_metadata([(
+        "comment".to_string(),
+        MetadataValue::String(comment.to_string()),
+    )])
+}
+
+/// The URL of a table location: a local path (made absolute, created) or an object-store URL.
+pub fn table_url(location: &str) -> Result<Url> {
+    deltalake::ensure_table_uri(location).map_err(|error| {
+        WriterError::invalid(format!("'{location}' is not a table location: {error}"))
+    })
+}
+
+/// Opens a table, or `None` when there is none at the location yet.
+pub async fn open(url: &Url) -> Result<Option<DeltaTable>> {
+    let table = DeltaTable::try_from_url(url.clone()).await?;
+    Ok(table.version().is_some().then_some(table))
+}
+
+/// The table's `mssql_cdc.schema_version` (0 when unset).
+pub fn schema_version(table: &DeltaTable) -> Result<u32> {
+    let properties = &table.snapshot()?.table_config().unknown_properties;
+    Ok(properties
+        .get(SCHEMA_VERSION_KEY)
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0))
+}
+
+/// Opens the table of `kind` at `url`, creating it with `fields` (its full schema) when
+/// missing, or migrating it when it is older. A create that loses a race to another writer
+/// takes the winner's table.
+pub async fn ensure(
+    url: &Url,
+    kind: TableKind,
+    fields: Vec<StructField>,
+    name: &str,
+) -> Result<DeltaTable> {
+    if let Some(table) = open(url).await? {
+        return migrate(table, kind).await;
+    }
+    let table = DeltaTable::try_from_url(url.clone()).await?;
+    let created = table
+        .create()
+        .with_table_name(name)
+        .with_comment(kind.comment())
+        .with_columns(fields)
+        .with_configuration([(
+            SCHEMA_VERSION_KEY.to_string(),
+            Some(kind.schema_version().to_string()),
+        )])
+        .with_raise_if_key_not_exists(false)
+        .with_save_mode(SaveMode::ErrorIfExists)
+        .await;
+    match created {
+        Ok(table) => {
+            tracing::info!(%url, ?kind, "table created");
+            Ok(table)
+        }
+        Err(DeltaTableError::Generic(message)) if message.contains("already exists") => {
+            let table = open(url)
+                .await?
+                .ok_or_else(|| WriterError::Internal(format!("{url} vanished")))?;
+            migrate(table, kind).await
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Adds the columns of the migrations a table has not had, in order, and stamps the version.
+async fn migrate(table: DeltaTable, kind: TableKind) -> Result<DeltaTable> {
+    let version = schema_version(&table)?;
+    let current = kind.schema_version();
+    if version > current {
+        tracing::warn!(
+            ?kind,
+            version,
+            current,
+            "table was migrated by a newer release; writing it anyway"
+        );
+        return Ok(table);
+    }
+    if version == current {
+        return Ok(table);
+    }
+    let existing: Vec<String> = table
+        .snapshot()?
+        .schema()
+        .fields()
+        .map(|field| field.name().to_string())
+        .collect();
+    let missing: Vec<StructField> = kind
+        .columns()
+        .into_iter()
+        .filter(|spec| !existing.iter().any(|name| name == spec.name))
+        .map(|spec| field_with_comment(spec.name, spec.data_type, spec.comment))
+        .collect();
+    let mut table = table;
+    if !missing.is_empty() {
+        table = table.add_columns().with_fields(missing).await?;
+    }
+    let properties = HashMap::from([(SCHEMA_VERSION_KEY.to_string(), current.to_string())]);
+    table = table
+        .set_tbl_properties()
+        .with_properties(properties)
+        .with_raise_if_not_exists(false)
+        .await?;
+    tracing::info!(?kind, from = version, to = current, "table migrated");
+    Ok(table)
+}

@@ -1,0 +1,472 @@
+//! The writer end to end: a simulated database, the Flight server on 127.0.0.1:0, and real
+//! Delta tables in a temporary directory.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use arrow::array::{Array, Int32Array, Int64Array, StringArray};
+use arrow::record_batch::RecordBatch;
+use deltalake::datafusion::prelude::SessionContext;
+use mssql_cdc_flight::flight::ticket::TicketSigner;
+use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
+use mssql_cdc_flight::sim::{Clock, SimDb, SimWriter, sample};
+use mssql_cdc_flight::source::CdcSource;
+use mssql_cdc_flight::{CommitTime, Lsn};
+use mssql_cdc_writer::WriterError;
+use mssql_cdc_writer::checkpoint::Checkpoint;
+use mssql_cdc_writer::control::{self, Granularity};
+use mssql_cdc_writer::stream::{Stream, StreamConfig};
+use mssql_cdc_writer::tables::{self, SCHEMA_VERSION_KEY};
+
+/// 2026-01-01T00:00:00Z.
+const START: CommitTime = CommitTime(1_767_225_600_000_000);
+
+struct Lab {
+    dir: tempfile::TempDir,
+    db: SimDb,
+    url: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Lab {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp");
+        let db =
+            SimDb::create(&dir.path().join("db"), &sample::sample_tables(), START).expect("sim");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(mssql_cdc_flight::flight::serve(
+            listener,
+            Arc::new(db.clone()),
+            TicketSigner::random().expect("key"),
+            None,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Lab {
+            dir,
+            db,
+            url,
+            stop: Some(stop),
+        }
+    }
+
+    fn writer(&self, seed: u64) -> SimWriter {
+        let mut writer = self
+            .db
+            .writer(Clock::Virtual { step_micros: 1_000 }, seed)
+            .expect("writer");
+        writer.set_journal(&self.journal()).expect("journal");
+        writer
+    }
+
+    fn journal(&self) -> PathBuf {
+        self.dir.path().join("journal.jsonl")
+    }
+
+    fn lake(&self, name: &str) -> String {
+        self.dir
+            .path()
+            .join("lake")
+            .join(name)
+            .display()
+            .to_string()
+    }
+
+    fn config(&self) -> StreamConfig {
+        StreamConfig {
+            server: self.url.clone(),
+            table: "dbo.orders".into(),
+            target: self.lake("bronze_orders"),
+            facts: self.lake("facts"),
+            control: Some(self.lake("control")),
+            app_id: "orders".into(),
+            checkpoint: self.dir.path().join("checkpoint"),
+            starting: "earliest".into(),
+            max_commits: None,
+            partitions: 2,
+            granularity: Granularity::Minute,
+            fail_on_data_loss: true,
+        }
+    }
+
+    fn workload(&self, seed: u64, commits: u64) {
+        let mut writer = self.writer(seed);
+        let spec = WorkloadSpec {
+            commits: Some(commits),
+            ..WorkloadSpec::default()
+        };
+        workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
+    }
+
+    /// `(start_lsn, seqval, operation, key)` of every journal row of dbo.orders.
+    fn committed(&self) -> Vec<(String, String, i32, i64)> {
+        let text = std::fs::read_to_string(self.journal()).unwrap_or_default();
+        let mut rows: Vec<_> = text
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("json"))
+            .filter(|value| value["table"] == "dbo.orders")
+            .map(|value| {
+                (
+                    value["start_lsn"].as_str().expect("lsn").to_string(),
+                    value["seqval"].as_str().expect("seqval").to_string(),
+                    value["operation"].as_i64().expect("op") as i32,
+                    value["key"].as_i64().expect("key"),
+                )
+            })
+            .collect();
+        rows.sort();
+        rows
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn query(location: &str, sql: &str) -> Vec<RecordBatch> {
+    let url = tables::table_url(location).expect("url");
+    let table = tables::open(&url)
+        .await
+        .expect("open")
+        .expect("table exists");
+    let context = SessionContext::new();
+    context
+        .register_table("t", table.table_provider().await.expect("provider"))
+        .expect("register");
+    context
+        .sql(sql)
+        .await
+        .expect("sql")
+        .collect()
+        .await
+        .expect("collect")
+}
+
+/// A column as plain Utf8 (DataFusion scans strings as Utf8View).
+fn utf8(array: &arrow::array::ArrayRef) -> StringArray {
+    let cast =
+        arrow::compute::cast(array, &arrow::datatypes::DataType::Utf8).expect("cast to utf8");
+    cast.as_any()
+        .downcast_ref::<StringArray>()
+        .expect("utf8")
+        .clone()
+}
+
+async fn bronze_rows(lab: &Lab) -> Vec<(String, String, i32, i64)> {
+    let batches = query(
+        &lab.lake("bronze_orders"),
+        "SELECT _start_lsn, _seqval, _operation, order_id FROM t",
+    )
+    .await;
+    let mut rows = Vec::new();
+    for batch in batches {
+        let (lsns, seqvals) = (utf8(batch.column(0)), utf8(batch.column(1)));
+        let operations = batch
+            .column(2)
+            .as_any()
+            .downcast_ref::<Int32Array>()
+            .expect("int")
+            .clone();
+        let keys = batch
+            .column(3)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .expect("bigint")
+            .clone();
+        for row in 0..batch.num_rows() {
+            rows.push((
+                lsns.value(row).to_string(),
+                seqvals.value(row).to_string(),
+                operations.value(row),
+                keys.value(row),
+            ));
+        }
+    }
+    rows.sort();
+    rows
+}
+
+async fn facts_batches(lab: &Lab) -> Vec<(i64, i64, Option<String>)> {
+    let batches = query(
+        &lab.lake("facts"),
+        "SELECT batch_id, rows, event FROM t ORDER BY batch_id, event NULLS FIRST",
+    )
+    .await;
+    let mut rows = Vec::new();
+    for batch in batches {
+        let ids = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .expect("bigint")
+            .clone();
+        let counts = batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .expect("bigint")
+            .clone();
+        let events = utf8(batch.column(2));
+        for row in 0..batch.num_rows() {
+            rows.push((
+                ids.value(row),
+                counts.value(row),
+                events.is_valid(row).then(|| events.value(row).to_string()),
+            ));
+        }
+    }
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn available_now_writes_every_change_once_with_facts_and_verdict() {
+    let lab = Lab::new().await;
+    lab.workload(1, 300);
+    let mut config = lab.config();
+    config.max_commits = Some(120);
+    let mut stream = Stream::connect(config.clone()).await.expect("connect");
+    let outcomes = stream.run_available_now().await.expect("run");
+    assert!(
+        outcomes.len() >= 3,
+        "capped at 120 commits per batch: {} batches",
+        outcomes.len()
+    );
+    assert_eq!(
+        bronze_rows(&lab).await,
+        lab.committed(),
+        "every committed change exactly once"
+    );
+    let facts = facts_batches(&lab).await;
+    let ids: Vec<i64> = facts.iter().map(|row| row.0).collect();
+    assert_eq!(
+        ids,
+        (0..outcomes.len() as i64).collect::<Vec<_>>(),
+        "one facts row per batch"
+    );
+    assert_eq!(
+        facts.iter().map(|row| row.1).sum::<i64>() as usize,
+        lab.committed().len()
+    );
+    // The verdict: the last end's commit time truncated to the minute, after the data.
+    let end = outcomes.last().expect("a batch").end;
+    let verdict = control::finalized_until(
+        &tables::table_url(&lab.lake("control")).expect("url"),
+        "dbo.orders",
+    )
+    .await
+    .expect("verdict");
+    assert_eq!(
+        verdict,
+        Some(Granularity::Minute.truncate(end.commit_ts.expect("time")))
+    );
+    // Tables carry their schema version and comments.
+    let bronze = tables::open(&tables::table_url(&lab.lake("bronze_orders")).expect("url"))
+        .await
+        .expect("open")
+        .expect("bronze");
+    assert_eq!(tables::schema_version(&bronze).expect("version"), 2);
+    let schema = bronze.snapshot().expect("snapshot").schema();
+    let field = schema.field("_start_lsn").expect("_start_lsn");
+    assert!(field.metadata().contains_key("comment"));
+    let facts_table = tables::open(&tables::table_url(&lab.lake("facts")).expect("url"))
+        .await
+        .expect("open")
+        .expect("facts");
+    assert_eq!(
+        facts_table
+            .snapshot()
+            .expect("snapshot")
+            .table_config()
+            .unknown_properties
+            .get(SCHEMA_VERSION_KEY)
+            .map(String::as_str),
+        Some("12")
+    );
+    // Nothing new: another run writes nothing.
+    let again = Stream::connect(config)
+        .await
+        .expect("connect")
+        .run_available_now()
+        .await
+        .expect("run");
+    assert!(again.is_empty());
+    assert_eq!(bronze_rows(&lab).await, lab.committed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_batch_is_not_written_twice() {
+    let lab = Lab::new().await;
+    lab.workload(2, 100);
+    let config = lab.config();
+    let mut stream = Stream::connect(config.clone()).await.expect("connect");
+    stream.run_available_now().await.expect("run");
+    let before = bronze_rows(&lab).await;
+    // A crash after the commits but before the checkpoint said so: the batch is replayed.
+    let checkpoint = Checkpoint::open(&config.checkpoint).expect("checkpoint");
+    let mut last = checkpoint.last().expect("read").expect("a batch");
+    last.committed = false;
+    checkpoint.record(&last).expect("record");
+    let outcomes = Stream::connect(config)
+        .await
+        .expect("connect")
+        .run_available_now()
+        .await
+        .expect("replay");
+    assert!(outcomes[0].replayed);
+    assert_eq!(outcomes[0].batch_id, last.batch_id);
+    assert_eq!(
+        bronze_rows(&lab).await,
+        before,
+        "Delta's transaction id made the replay a no-op"
+    );
+    assert_eq!(
+        facts_batches(&lab).await.len(),
+        (last.batch_id + 1) as usize
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_batches_move_the_verdict_without_rows() {
+    let lab = Lab::new().await;
+    lab.workload(3, 50);
+    let config = lab.config();
+    Stream::connect(config.clone())
+        .await
+        .expect("connect")
+        .run_available_now()
+        .await
+        .expect("first");
+    let control_url = tables::table_url(&lab.lake("control")).expect("url");
+    let first = control::finalized_until(&control_url, "dbo.orders")
+        .await
+        .expect("verdict")
+        .expect("some");
+    let mut writer = lab
+        .db
+        .writer(
+            Clock::Virtual {
+                step_micros: 120_000_000,
+            },
+            4,
+        )
+        .expect("writer");
+    for _ in 0..3 {
+        writer.idle();
+    }
+    writer.publish().expect("publish");
+    drop(writer);
+    let outcomes = Stream::connect(config)
+        .await
+        .expect("connect")
+        .run_available_now()
+        .await
+        .expect("idle");
+    assert_eq!(outcomes.len(), 1);
+    assert_eq!(outcomes[0].rows, 0);
+    let second = control::finalized_until(&control_url, "dbo.orders")
+        .await
+        .expect("verdict")
+        .expect("some");
+    assert!(
+        second > first,
+        "idle entries six minutes later move the verdict: {first:?} -> {second:?}"
+    );
+    let facts = facts_batches(&lab).await;
+    assert_eq!(
+        facts.last().map(|row| (row.1, row.2.clone())),
+        Some((0, None)),
+        "a facts row with 0 rows"
+    );
+    assert!(
+        control::is_final(&control_url, "dbo.orders", first)
+            .await
+            .expect("is_final")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_checkpoint_is_refused() {
+    let lab = Lab::new().await;
+    lab.workload(5, 40);
+    let config = lab.config();
+    Stream::connect(config.clone())
+        .await
+        .expect("connect")
+        .run_available_now()
+        .await
+        .expect("run");
+    std::fs::remove_dir_all(&config.checkpoint).expect("delete checkpoint");
+    lab.workload(6, 10);
+    let error = Stream::connect(config)
+        .await
+        .expect("connect")
+        .run_available_now()
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(error, WriterError::CheckpointMismatch(_)),
+        "{error}"
+    );
+    assert!(error.to_string().contains("deleted or rewound"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purged_changes_stop_the_stream_or_are_skipped_with_an_event() {
+    let lab = Lab::new().await;
+    lab.workload(7, 100);
+    let cut = lab
+        .db
+        .nth_commit_after(Lsn::ZERO, 60)
+        .await
+        .expect("nth")
+        .expect("commit");
+    lab.db.cleanup(None, cut).expect("cleanup");
+    let config = lab.config();
+    let error = Stream::connect(config.clone()).await.expect("connect");
+    // earliest starts at min_lsn, so the first batch is whole; purge again past its end.
+    let mut stream = error;
+    stream.run_available_now().await.expect("first run");
+    lab.workload(8, 100);
+    let cut = lab.db.max_lsn().await.expect("max").expect("lsn");
+    let mut writer = lab.writer(9);
+    writer.idle();
+    writer.publish().expect("publish");
+    drop(writer);
+    lab.db.cleanup(None, cut).expect("cleanup past the stream");
+    let error = Stream::connect(config.clone())
+        .await
+        .expect("connect")
+        .run_available_now()
+        .await
+        .expect_err("loss");
+    assert!(matches!(error, WriterError::DataLoss { .. }), "{error}");
+    assert!(
+        error.to_string().contains("re-snapshot"),
+        "names the fix: {error}"
+    );
+    let mut skipping = config;
+    skipping.fail_on_data_loss = false;
+    Stream::connect(skipping)
+        .await
+        .expect("connect")
+        .run_available_now()
+        .await
+        .expect("skips");
+    let facts = facts_batches(&lab).await;
+    assert!(
+        facts
+            .iter()
+            .any(|row| row.2.as_deref() == Some("data_skipped")),
+        "{facts:?}"
+    );
+}
