@@ -470,3 +470,36 @@ async fn purged_changes_stop_the_stream_or_are_skipped_with_an_event() {
         "{facts:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_instance_switch_adds_the_new_column_and_its_events() {
+    let lab = Lab::new().await;
+    lab.workload(11, 60);
+    let config = lab.config();
+    Stream::connect(config.clone()).await.expect("connect").run_available_now().await.expect("before");
+    let orders: mssql_cdc_flight::source::TableName = "dbo.orders".parse().expect("table");
+    let mut writer = lab.writer(12);
+    writer.add_column(&orders, "discount", "decimal(9,2)", true).expect("ddl");
+    let columns: Vec<String> =
+        lab.db.manifest().expect("manifest").table(&orders).expect("t").columns.iter().map(|c| c.name.clone()).collect();
+    writer.enable_capture_instance(&orders, "dbo_orders_v2", &columns).expect("switch");
+    let spec = WorkloadSpec { commits: Some(60), ..WorkloadSpec::default() };
+    workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("after");
+    drop(writer);
+    Stream::connect(config).await.expect("connect").run_available_now().await.expect("across the switch");
+    assert_eq!(bronze_rows(&lab).await, lab.committed(), "every change once across the switch");
+    let discounts = query(
+        &lab.lake("bronze_orders"),
+        "SELECT _capture_instance, COUNT(discount) AS n, COUNT(*) AS total FROM t GROUP BY _capture_instance ORDER BY 1",
+    )
+    .await;
+    let batch = &discounts[0];
+    let names = utf8(batch.column(0));
+    let counts = batch.column(1).as_any().downcast_ref::<Int64Array>().expect("count");
+    assert_eq!((names.value(0), counts.value(0)), ("dbo_orders", 0), "older rows read NULL");
+    assert_eq!(names.value(1), "dbo_orders_v2");
+    assert!(counts.value(1) > 0, "the newer instance's rows carry the new column");
+    let mut events: Vec<String> = facts_batches(&lab).await.into_iter().filter_map(|row| row.2).collect();
+    events.sort();
+    assert_eq!(events, ["capture_instance_switched", "schema_change"], "one event row each, in the batch's facts");
+}
