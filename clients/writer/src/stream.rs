@@ -104,6 +104,25 @@ pub struct Stream {
     verified: bool,
 }
 
+/// Environment variable naming a step boundary where the process aborts, for crash tests:
+/// `after_plan`, `after_bronze`, `after_facts` or `after_control`, optionally `:<batch_id>`.
+pub const CRASH_AT_VARIABLE: &str = "MSSQL_CDC_WRITER_CRASH_AT";
+
+/// Aborts the process (as a SIGKILL would end it) when [`CRASH_AT_VARIABLE`] names this step.
+fn crash_point(step: &str, batch_id: i64) {
+    let Ok(wanted) = std::env::var(CRASH_AT_VARIABLE) else {
+        return;
+    };
+    let (wanted_step, wanted_batch) = match wanted.split_once(':') {
+        Some((step, batch)) => (step.to_string(), batch.parse::<i64>().ok()),
+        None => (wanted, None),
+    };
+    if wanted_step == step && wanted_batch.is_none_or(|batch| batch == batch_id) {
+        eprintln!("{CRASH_AT_VARIABLE}: aborting {step} of batch {batch_id}");
+        std::process::abort();
+    }
+}
+
 fn micros_now() -> i64 {
     chrono::Utc::now().timestamp_micros()
 }
@@ -308,6 +327,7 @@ impl Stream {
             }
             Err(error) => return Err(error),
         };
+        crash_point("after_plan", record.batch_id);
         let (batches, completions) = self.read(&plan).await?;
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
         let mut row = aggregate(&batches)?;
@@ -345,6 +365,7 @@ impl Stream {
         if rows > 0 {
             self.append_bronze(record.batch_id, &batches, &row).await?;
         }
+        crash_point("after_bronze", record.batch_id);
         row.duration_ms = Some(clock.elapsed().as_millis() as i64);
         events.extend(plan.events.iter().map(|event| FactsRow {
             event: Some(event.event.clone()),
@@ -357,6 +378,7 @@ impl Stream {
             ..FactsRow::default()
         }));
         self.append_facts(record.batch_id, row, events).await?;
+        crash_point("after_facts", record.batch_id);
         let verdict = match &self.control {
             Some(url) => {
                 control::advance(
@@ -369,6 +391,7 @@ impl Stream {
             }
             None => None,
         };
+        crash_point("after_control", record.batch_id);
         Ok(BatchOutcome {
             batch_id: record.batch_id,
             rows: rows as u64,

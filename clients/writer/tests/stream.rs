@@ -1,232 +1,21 @@
 //! The writer end to end: a simulated database, the Flight server on 127.0.0.1:0, and real
 //! Delta tables in a temporary directory.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+mod common;
+
 use std::sync::atomic::AtomicBool;
 
-use arrow::array::{Array, Int32Array, Int64Array, StringArray};
-use arrow::record_batch::RecordBatch;
-use deltalake::datafusion::prelude::SessionContext;
-use mssql_cdc_flight::flight::ticket::TicketSigner;
+use arrow::array::{Array, Int64Array};
+use common::{Lab, bronze_rows, facts_batches, query, utf8};
+use mssql_cdc_flight::Lsn;
+use mssql_cdc_flight::sim::Clock;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
-use mssql_cdc_flight::sim::{Clock, SimDb, SimWriter, sample};
 use mssql_cdc_flight::source::CdcSource;
-use mssql_cdc_flight::{CommitTime, Lsn};
 use mssql_cdc_writer::WriterError;
 use mssql_cdc_writer::checkpoint::Checkpoint;
 use mssql_cdc_writer::control::{self, Granularity};
-use mssql_cdc_writer::stream::{Stream, StreamConfig};
+use mssql_cdc_writer::stream::Stream;
 use mssql_cdc_writer::tables::{self, SCHEMA_VERSION_KEY};
-
-/// 2026-01-01T00:00:00Z.
-const START: CommitTime = CommitTime(1_767_225_600_000_000);
-
-struct Lab {
-    dir: tempfile::TempDir,
-    db: SimDb,
-    url: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl Lab {
-    async fn new() -> Self {
-        let dir = tempfile::tempdir().expect("temp");
-        let db =
-            SimDb::create(&dir.path().join("db"), &sample::sample_tables(), START).expect("sim");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("address"));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(mssql_cdc_flight::flight::serve(
-            listener,
-            Arc::new(db.clone()),
-            TicketSigner::random().expect("key"),
-            None,
-            async {
-                let _ = stopped.await;
-            },
-        ));
-        Lab {
-            dir,
-            db,
-            url,
-            stop: Some(stop),
-        }
-    }
-
-    fn writer(&self, seed: u64) -> SimWriter {
-        let mut writer = self
-            .db
-            .writer(Clock::Virtual { step_micros: 1_000 }, seed)
-            .expect("writer");
-        writer.set_journal(&self.journal()).expect("journal");
-        writer
-    }
-
-    fn journal(&self) -> PathBuf {
-        self.dir.path().join("journal.jsonl")
-    }
-
-    fn lake(&self, name: &str) -> String {
-        self.dir
-            .path()
-            .join("lake")
-            .join(name)
-            .display()
-            .to_string()
-    }
-
-    fn config(&self) -> StreamConfig {
-        StreamConfig {
-            server: self.url.clone(),
-            table: "dbo.orders".into(),
-            target: self.lake("bronze_orders"),
-            facts: self.lake("facts"),
-            control: Some(self.lake("control")),
-            app_id: "orders".into(),
-            checkpoint: self.dir.path().join("checkpoint"),
-            starting: "earliest".into(),
-            max_commits: None,
-            partitions: 2,
-            granularity: Granularity::Minute,
-            fail_on_data_loss: true,
-        }
-    }
-
-    fn workload(&self, seed: u64, commits: u64) {
-        let mut writer = self.writer(seed);
-        let spec = WorkloadSpec {
-            commits: Some(commits),
-            ..WorkloadSpec::default()
-        };
-        workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
-    }
-
-    /// `(start_lsn, seqval, operation, key)` of every journal row of dbo.orders.
-    fn committed(&self) -> Vec<(String, String, i32, i64)> {
-        let text = std::fs::read_to_string(self.journal()).unwrap_or_default();
-        let mut rows: Vec<_> = text
-            .lines()
-            .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("json"))
-            .filter(|value| value["table"] == "dbo.orders")
-            .map(|value| {
-                (
-                    value["start_lsn"].as_str().expect("lsn").to_string(),
-                    value["seqval"].as_str().expect("seqval").to_string(),
-                    value["operation"].as_i64().expect("op") as i32,
-                    value["key"].as_i64().expect("key"),
-                )
-            })
-            .collect();
-        rows.sort();
-        rows
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-async fn query(location: &str, sql: &str) -> Vec<RecordBatch> {
-    let url = tables::table_url(location).expect("url");
-    let table = tables::open(&url)
-        .await
-        .expect("open")
-        .expect("table exists");
-    let context = SessionContext::new();
-    context
-        .register_table("t", table.table_provider().await.expect("provider"))
-        .expect("register");
-    context
-        .sql(sql)
-        .await
-        .expect("sql")
-        .collect()
-        .await
-        .expect("collect")
-}
-
-/// A column as plain Utf8 (DataFusion scans strings as Utf8View).
-fn utf8(array: &arrow::array::ArrayRef) -> StringArray {
-    let cast =
-        arrow::compute::cast(array, &arrow::datatypes::DataType::Utf8).expect("cast to utf8");
-    cast.as_any()
-        .downcast_ref::<StringArray>()
-        .expect("utf8")
-        .clone()
-}
-
-async fn bronze_rows(lab: &Lab) -> Vec<(String, String, i32, i64)> {
-    let batches = query(
-        &lab.lake("bronze_orders"),
-        "SELECT _start_lsn, _seqval, _operation, order_id FROM t",
-    )
-    .await;
-    let mut rows = Vec::new();
-    for batch in batches {
-        let (lsns, seqvals) = (utf8(batch.column(0)), utf8(batch.column(1)));
-        let operations = batch
-            .column(2)
-            .as_any()
-            .downcast_ref::<Int32Array>()
-            .expect("int")
-            .clone();
-        let keys = batch
-            .column(3)
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .expect("bigint")
-            .clone();
-        for row in 0..batch.num_rows() {
-            rows.push((
-                lsns.value(row).to_string(),
-                seqvals.value(row).to_string(),
-                operations.value(row),
-                keys.value(row),
-            ));
-        }
-    }
-    rows.sort();
-    rows
-}
-
-async fn facts_batches(lab: &Lab) -> Vec<(i64, i64, Option<String>)> {
-    let batches = query(
-        &lab.lake("facts"),
-        "SELECT batch_id, rows, event FROM t ORDER BY batch_id, event NULLS FIRST",
-    )
-    .await;
-    let mut rows = Vec::new();
-    for batch in batches {
-        let ids = batch
-            .column(0)
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .expect("bigint")
-            .clone();
-        let counts = batch
-            .column(1)
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .expect("bigint")
-            .clone();
-        let events = utf8(batch.column(2));
-        for row in 0..batch.num_rows() {
-            rows.push((
-                ids.value(row),
-                counts.value(row),
-                events.is_valid(row).then(|| events.value(row).to_string()),
-            ));
-        }
-    }
-    rows
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn available_now_writes_every_change_once_with_facts_and_verdict() {
@@ -242,7 +31,7 @@ async fn available_now_writes_every_change_once_with_facts_and_verdict() {
         outcomes.len()
     );
     assert_eq!(
-        bronze_rows(&lab).await,
+        bronze_rows(&lab).await.expect("bronze"),
         lab.committed(),
         "every committed change exactly once"
     );
@@ -300,7 +89,7 @@ async fn available_now_writes_every_change_once_with_facts_and_verdict() {
         .await
         .expect("run");
     assert!(again.is_empty());
-    assert_eq!(bronze_rows(&lab).await, lab.committed());
+    assert_eq!(bronze_rows(&lab).await.expect("bronze"), lab.committed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,7 +99,7 @@ async fn a_replayed_batch_is_not_written_twice() {
     let config = lab.config();
     let mut stream = Stream::connect(config.clone()).await.expect("connect");
     stream.run_available_now().await.expect("run");
-    let before = bronze_rows(&lab).await;
+    let before = bronze_rows(&lab).await.expect("bronze");
     // A crash after the commits but before the checkpoint said so: the batch is replayed.
     let checkpoint = Checkpoint::open(&config.checkpoint).expect("checkpoint");
     let mut last = checkpoint.last().expect("read").expect("a batch");
@@ -325,7 +114,7 @@ async fn a_replayed_batch_is_not_written_twice() {
     assert!(outcomes[0].replayed);
     assert_eq!(outcomes[0].batch_id, last.batch_id);
     assert_eq!(
-        bronze_rows(&lab).await,
+        bronze_rows(&lab).await.expect("bronze"),
         before,
         "Delta's transaction id made the replay a no-op"
     );
@@ -476,18 +265,47 @@ async fn a_capture_instance_switch_adds_the_new_column_and_its_events() {
     let lab = Lab::new().await;
     lab.workload(11, 60);
     let config = lab.config();
-    Stream::connect(config.clone()).await.expect("connect").run_available_now().await.expect("before");
+    Stream::connect(config.clone())
+        .await
+        .expect("connect")
+        .run_available_now()
+        .await
+        .expect("before");
     let orders: mssql_cdc_flight::source::TableName = "dbo.orders".parse().expect("table");
     let mut writer = lab.writer(12);
-    writer.add_column(&orders, "discount", "decimal(9,2)", true).expect("ddl");
-    let columns: Vec<String> =
-        lab.db.manifest().expect("manifest").table(&orders).expect("t").columns.iter().map(|c| c.name.clone()).collect();
-    writer.enable_capture_instance(&orders, "dbo_orders_v2", &columns).expect("switch");
-    let spec = WorkloadSpec { commits: Some(60), ..WorkloadSpec::default() };
+    writer
+        .add_column(&orders, "discount", "decimal(9,2)", true)
+        .expect("ddl");
+    let columns: Vec<String> = lab
+        .db
+        .manifest()
+        .expect("manifest")
+        .table(&orders)
+        .expect("t")
+        .columns
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    writer
+        .enable_capture_instance(&orders, "dbo_orders_v2", &columns)
+        .expect("switch");
+    let spec = WorkloadSpec {
+        commits: Some(60),
+        ..WorkloadSpec::default()
+    };
     workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("after");
     drop(writer);
-    Stream::connect(config).await.expect("connect").run_available_now().await.expect("across the switch");
-    assert_eq!(bronze_rows(&lab).await, lab.committed(), "every change once across the switch");
+    Stream::connect(config)
+        .await
+        .expect("connect")
+        .run_available_now()
+        .await
+        .expect("across the switch");
+    assert_eq!(
+        bronze_rows(&lab).await.expect("bronze"),
+        lab.committed(),
+        "every change once across the switch"
+    );
     let discounts = query(
         &lab.lake("bronze_orders"),
         "SELECT _capture_instance, COUNT(discount) AS n, COUNT(*) AS total FROM t GROUP BY _capture_instance ORDER BY 1",
@@ -495,11 +313,30 @@ async fn a_capture_instance_switch_adds_the_new_column_and_its_events() {
     .await;
     let batch = &discounts[0];
     let names = utf8(batch.column(0));
-    let counts = batch.column(1).as_any().downcast_ref::<Int64Array>().expect("count");
-    assert_eq!((names.value(0), counts.value(0)), ("dbo_orders", 0), "older rows read NULL");
+    let counts = batch
+        .column(1)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .expect("count");
+    assert_eq!(
+        (names.value(0), counts.value(0)),
+        ("dbo_orders", 0),
+        "older rows read NULL"
+    );
     assert_eq!(names.value(1), "dbo_orders_v2");
-    assert!(counts.value(1) > 0, "the newer instance's rows carry the new column");
-    let mut events: Vec<String> = facts_batches(&lab).await.into_iter().filter_map(|row| row.2).collect();
+    assert!(
+        counts.value(1) > 0,
+        "the newer instance's rows carry the new column"
+    );
+    let mut events: Vec<String> = facts_batches(&lab)
+        .await
+        .into_iter()
+        .filter_map(|row| row.2)
+        .collect();
     events.sort();
-    assert_eq!(events, ["capture_instance_switched", "schema_change"], "one event row each, in the batch's facts");
+    assert_eq!(
+        events,
+        ["capture_instance_switched", "schema_change"],
+        "one event row each, in the batch's facts"
+    );
 }

@@ -1,0 +1,229 @@
+//! Shared fixtures of the writer tests: a simulated database served on 127.0.0.1:0, a lake
+//! in a temporary directory, and queries over the lake's tables.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use arrow::array::{Array, Int32Array, Int64Array, StringArray};
+use arrow::record_batch::RecordBatch;
+use deltalake::datafusion::prelude::SessionContext;
+use mssql_cdc_flight::CommitTime;
+use mssql_cdc_flight::flight::ticket::TicketSigner;
+use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
+use mssql_cdc_flight::sim::{Clock, SimDb, SimWriter, sample};
+use mssql_cdc_writer::control::Granularity;
+use mssql_cdc_writer::stream::StreamConfig;
+use mssql_cdc_writer::tables;
+
+/// 2026-01-01T00:00:00Z.
+pub const START: CommitTime = CommitTime(1_767_225_600_000_000);
+
+pub struct Lab {
+    pub dir: tempfile::TempDir,
+    pub db: SimDb,
+    pub url: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Lab {
+    pub async fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp");
+        let db =
+            SimDb::create(&dir.path().join("db"), &sample::sample_tables(), START).expect("sim");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(mssql_cdc_flight::flight::serve(
+            listener,
+            Arc::new(db.clone()),
+            TicketSigner::random().expect("key"),
+            None,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Lab {
+            dir,
+            db,
+            url,
+            stop: Some(stop),
+        }
+    }
+
+    pub fn writer(&self, seed: u64) -> SimWriter {
+        let mut writer = self
+            .db
+            .writer(Clock::Virtual { step_micros: 1_000 }, seed)
+            .expect("writer");
+        writer.set_journal(&self.journal()).expect("journal");
+        writer
+    }
+
+    pub fn journal(&self) -> PathBuf {
+        self.dir.path().join("journal.jsonl")
+    }
+
+    pub fn lake(&self, name: &str) -> String {
+        self.dir
+            .path()
+            .join("lake")
+            .join(name)
+            .display()
+            .to_string()
+    }
+
+    pub fn config(&self) -> StreamConfig {
+        StreamConfig {
+            server: self.url.clone(),
+            table: "dbo.orders".into(),
+            target: self.lake("bronze_orders"),
+            facts: self.lake("facts"),
+            control: Some(self.lake("control")),
+            app_id: "orders".into(),
+            checkpoint: self.dir.path().join("checkpoint"),
+            starting: "earliest".into(),
+            max_commits: None,
+            partitions: 2,
+            granularity: Granularity::Minute,
+            fail_on_data_loss: true,
+        }
+    }
+
+    pub fn workload(&self, seed: u64, commits: u64) {
+        let mut writer = self.writer(seed);
+        let spec = WorkloadSpec {
+            commits: Some(commits),
+            ..WorkloadSpec::default()
+        };
+        workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
+    }
+
+    /// `(start_lsn, seqval, operation, key)` of every journal row of dbo.orders.
+    pub fn committed(&self) -> Vec<(String, String, i32, i64)> {
+        let text = std::fs::read_to_string(self.journal()).unwrap_or_default();
+        let mut rows: Vec<_> = text
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("json"))
+            .filter(|value| value["table"] == "dbo.orders")
+            .map(|value| {
+                (
+                    value["start_lsn"].as_str().expect("lsn").to_string(),
+                    value["seqval"].as_str().expect("seqval").to_string(),
+                    value["operation"].as_i64().expect("op") as i32,
+                    value["key"].as_i64().expect("key"),
+                )
+            })
+            .collect();
+        rows.sort();
+        rows
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+pub async fn query(location: &str, sql: &str) -> Vec<RecordBatch> {
+    let url = tables::table_url(location).expect("url");
+    let table = tables::open(&url)
+        .await
+        .expect("open")
+        .expect("table exists");
+    let context = SessionContext::new();
+    context
+        .register_table("t", table.table_provider().await.expect("provider"))
+        .expect("register");
+    context
+        .sql(sql)
+        .await
+        .expect("sql")
+        .collect()
+        .await
+        .expect("collect")
+}
+
+/// A column as plain Utf8 (DataFusion scans strings as Utf8View).
+pub fn utf8(array: &arrow::array::ArrayRef) -> StringArray {
+    let cast =
+        arrow::compute::cast(array, &arrow::datatypes::DataType::Utf8).expect("cast to utf8");
+    cast.as_any()
+        .downcast_ref::<StringArray>()
+        .expect("utf8")
+        .clone()
+}
+
+pub async fn bronze_rows(lab: &Lab) -> Option<Vec<(String, String, i32, i64)>> {
+    let url = tables::table_url(&lab.lake("bronze_orders")).expect("url");
+    tables::open(&url).await.expect("open")?;
+    let batches = query(
+        &lab.lake("bronze_orders"),
+        "SELECT _start_lsn, _seqval, _operation, order_id FROM t",
+    )
+    .await;
+    let mut rows = Vec::new();
+    for batch in batches {
+        let (lsns, seqvals) = (utf8(batch.column(0)), utf8(batch.column(1)));
+        let operations = batch
+            .column(2)
+            .as_any()
+            .downcast_ref::<Int32Array>()
+            .expect("int")
+            .clone();
+        let keys = batch
+            .column(3)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .expect("bigint")
+            .clone();
+        for row in 0..batch.num_rows() {
+            rows.push((
+                lsns.value(row).to_string(),
+                seqvals.value(row).to_string(),
+                operations.value(row),
+                keys.value(row),
+            ));
+        }
+    }
+    rows.sort();
+    Some(rows)
+}
+
+pub async fn facts_batches(lab: &Lab) -> Vec<(i64, i64, Option<String>)> {
+    let batches = query(
+        &lab.lake("facts"),
+        "SELECT batch_id, rows, event FROM t ORDER BY batch_id, event NULLS FIRST",
+    )
+    .await;
+    let mut rows = Vec::new();
+    for batch in batches {
+        let ids = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .expect("bigint")
+            .clone();
+        let counts = batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .expect("bigint")
+            .clone();
+        let events = utf8(batch.column(2));
+        for row in 0..batch.num_rows() {
+            rows.push((
+                ids.value(row),
+                counts.value(row),
+                events.is_valid(row).then(|| events.value(row).to_string()),
+            ));
+        }
+    }
+    rows
+}

@@ -1,0 +1,198 @@
+//! Crash tests: the writer binary aborted at each step boundary, and killed with SIGKILL at
+//! random moments under a running workload, restarted each time; in the end every committed
+//! change is in bronze exactly once, there is one facts row per batch, and the verdict was
+//! never ahead of the data.
+
+mod common;
+
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use arrow::array::{Array, Int64Array, TimestampMicrosecondArray};
+use common::{Lab, bronze_rows, query};
+use mssql_cdc_flight::CommitTime;
+use mssql_cdc_flight::sim::Clock;
+use mssql_cdc_flight::sim::values::mix;
+use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
+use mssql_cdc_writer::control::{self, Granularity};
+use mssql_cdc_writer::stream::CRASH_AT_VARIABLE;
+use mssql_cdc_writer::tables;
+
+const WRITER: &str = env!("CARGO_BIN_EXE_mssql-cdc-writer");
+
+fn writer_command(lab: &Lab, available_now: bool) -> Command {
+    let config = lab.config();
+    let mut command = Command::new(WRITER);
+    command
+        .args(["run", "--server", &lab.url, "--table", "dbo.orders"])
+        .args(["--target", &config.target, "--facts", &config.facts])
+        .args(["--control", config.control.as_deref().expect("control")])
+        .args([
+            "--app-id",
+            "orders",
+            "--checkpoint",
+            &config.checkpoint.display().to_string(),
+        ])
+        .args([
+            "--max-commits",
+            "40",
+            "--granularity",
+            "minute",
+            "--poll-seconds",
+            "0.05",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if available_now {
+        command.arg("--available-now");
+    }
+    command
+}
+
+async fn run_writer(lab: &Lab, crash_at: Option<String>) -> ExitStatus {
+    let mut command = writer_command(lab, true);
+    if let Some(step) = crash_at {
+        command.env(CRASH_AT_VARIABLE, step);
+    }
+    tokio::task::spawn_blocking(move || command.status().expect("run the writer"))
+        .await
+        .expect("task")
+}
+
+/// Facts batch ids (micro-batch rows only) and the latest end commit time they record.
+async fn facts_state(lab: &Lab) -> (Vec<i64>, Option<i64>) {
+    let url = tables::table_url(&lab.lake("facts")).expect("url");
+    if tables::open(&url).await.expect("open").is_none() {
+        return (Vec::new(), None);
+    }
+    let batches = query(
+        &lab.lake("facts"),
+        "SELECT batch_id, end_commit_ts FROM t WHERE event IS NULL ORDER BY batch_id",
+    )
+    .await;
+    let mut ids = Vec::new();
+    let mut latest = None;
+    for batch in batches {
+        let id = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .expect("bigint")
+            .clone();
+        let ends = arrow::compute::cast(
+            batch.column(1),
+            &arrow::datatypes::DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, None),
+        )
+        .expect("cast");
+        let ends = ends
+            .as_any()
+            .downcast_ref::<TimestampMicrosecondArray>()
+            .expect("times")
+            .clone();
+        for row in 0..batch.num_rows() {
+            ids.push(id.value(row));
+            if ends.is_valid(row) {
+                latest = latest.max(Some(ends.value(row)));
+            }
+        }
+    }
+    (ids, latest)
+}
+
+/// What must hold after any crash: no change twice, one facts row per batch, and the verdict
+/// not ahead of what the facts say was written.
+async fn check_invariants(lab: &Lab) {
+    let rows = bronze_rows(lab).await.unwrap_or_default();
+    let mut unique = rows.clone();
+    unique.dedup();
+    assert_eq!(rows.len(), unique.len(), "a change was written twice");
+    let committed = lab.committed();
+    assert!(
+        rows.iter().all(|row| committed.binary_search(row).is_ok()),
+        "bronze holds a change never committed"
+    );
+    let (ids, latest_end) = facts_state(lab).await;
+    assert_eq!(
+        ids,
+        (0..ids.len() as i64).collect::<Vec<_>>(),
+        "one facts row per batch, in order"
+    );
+    let control_url = tables::table_url(&lab.lake("control")).expect("url");
+    let verdict = control::finalized_until(&control_url, "dbo.orders")
+        .await
+        .expect("verdict");
+    if let Some(verdict) = verdict {
+        let latest = latest_end.expect("a verdict implies facts");
+        assert!(
+            verdict <= Granularity::Minute.truncate(CommitTime(latest)),
+            "verdict ahead of the data"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_at_each_step_boundary_and_restarted_every_change_lands_once() {
+    let lab = Lab::new().await;
+    lab.workload(21, 300);
+    for (step, batch) in [
+        ("after_plan", 1),
+        ("after_bronze", 2),
+        ("after_facts", 3),
+        ("after_control", 4),
+    ] {
+        let status = run_writer(&lab, Some(format!("{step}:{batch}"))).await;
+        assert!(!status.success(), "{step}: the writer was meant to die");
+        check_invariants(&lab).await;
+    }
+    let status = run_writer(&lab, None).await;
+    assert!(status.success(), "the restarted writer finishes");
+    check_invariants(&lab).await;
+    assert_eq!(
+        bronze_rows(&lab).await.unwrap_or_default(),
+        lab.committed(),
+        "every committed change, once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_at_random_moments_under_a_running_workload() {
+    let lab = Lab::new().await;
+    lab.workload(31, 50);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writer = lab.db.writer(Clock::Wall, 32).expect("sim writer");
+    writer.set_journal(&lab.journal()).expect("journal");
+    let flag = Arc::clone(&stop);
+    let workload = std::thread::spawn(move || {
+        let spec = WorkloadSpec {
+            commits: None,
+            rate: Some(200.0),
+            publish_interval: Duration::from_millis(50),
+            ..WorkloadSpec::default()
+        };
+        workload::run(&mut writer, &spec, &flag).expect("workload");
+    });
+    let mut seed = 7u64;
+    for _ in 0..50 {
+        seed = mix(seed);
+        let mut child = writer_command(&lab, false)
+            .spawn()
+            .expect("start the writer");
+        tokio::time::sleep(Duration::from_millis(50 + seed % 400)).await;
+        child.kill().expect("SIGKILL");
+        let _ = child.wait();
+    }
+    stop.store(true, Ordering::Relaxed);
+    workload.join().expect("workload thread");
+    check_invariants(&lab).await;
+    let status = run_writer(&lab, None).await;
+    assert!(status.success(), "the restarted writer finishes");
+    check_invariants(&lab).await;
+    assert_eq!(
+        bronze_rows(&lab).await.unwrap_or_default(),
+        lab.committed(),
+        "every committed change, once"
+    );
+}
