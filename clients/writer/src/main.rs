@@ -7,6 +7,8 @@ use clap::{Args, Parser, Subcommand};
 use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
 
+mod demo;
+
 /// Stream SQL Server CDC from an mssql-cdc-flight server into Delta tables.
 #[derive(Parser)]
 #[command(version, about)]
@@ -19,6 +21,19 @@ struct Cli {
 enum Commands {
     /// Stream one table into bronze, facts and control.
     Run(RunArgs),
+    /// The whole pipeline on the embedded default: a simulated CDC database with a workload,
+    /// the Flight server in process, and every table streamed into a local lake.
+    Demo(DemoArgs),
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Directory of the simulated database and the lake (default: a new temporary one, kept).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Workload commits before the first stream run, and again before the second.
+    #[arg(long, default_value_t = 2000)]
+    commits: u64,
 }
 
 #[derive(Args)]
@@ -76,14 +91,23 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // delta-rs logs an ERROR when a table is probed before it exists and a WARN
+                // per MERGE about its own metrics; neither is news to a user.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new(
+                        "info,buoyant_kernel::snapshot::builder=off,deltalake_core::operations::merge=error",
+                    )
+                }),
         )
         .with_writer(std::io::stderr)
         .init();
-    let Commands::Run(args) = Cli::parse().command;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let args = match Cli::parse().command {
+        Commands::Run(args) => args,
+        Commands::Demo(args) => return runtime.block_on(demo::run(args.dir, args.commits)),
+    };
     runtime.block_on(async move {
         let config = StreamConfig {
             server: args.server,

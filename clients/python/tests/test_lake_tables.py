@@ -1,0 +1,80 @@
+"""Our bronze, facts and control tables read by an independent Delta reader (the Python
+`deltalake` package), after the writer's demo streamed a simulated database into a lake."""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+
+ROOT = Path(__file__).resolve().parents[3]
+
+FACTS_COLUMNS = [
+    "app_id", "batch_id", "rows", "min_lsn", "max_lsn", "min_commit_ts", "max_commit_ts",
+    "deletes", "inserts", "updates", "started_at", "duration_ms", "source_rtt_ms",
+    "read_seconds", "read_mb", "network_wait_ms", "retention_watermark_ts",
+    "retention_headroom_hours", "event", "lost_from_ts", "lost_to_ts", "source_max_commit_ts",
+    "capture_lag_seconds", "ingestion_lag_seconds", "end_lsn", "end_commit_ts", "detail",
+    "target", "written_at",
+]
+
+
+def writer_binary() -> str:
+    explicit = os.environ.get("MSSQL_CDC_WRITER_BIN")
+    if explicit:
+        return explicit
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    path = target / "debug" / "mssql-cdc-writer"
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run `cargo build --workspace` or set MSSQL_CDC_WRITER_BIN")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("demo")
+    subprocess.run([writer_binary(), "demo", "--dir", str(directory), "--commits", "300"],
+                   check=True, capture_output=True, text=True)
+    return directory / "lake"
+
+
+def test_tables_carry_their_schema_version_and_comments(lake):
+    for name, version in [("bronze_orders", "2"), ("bronze_customers", "2"), ("facts", "12"), ("control", "4")]:
+        table = DeltaTable(str(lake / name))
+        assert table.metadata().configuration["mssql_cdc.schema_version"] == version
+        assert table.metadata().description.startswith("mssql_cdc ")
+    bronze = DeltaTable(str(lake / "bronze_orders")).schema()
+    start_lsn = next(field for field in bronze.fields if field.name == "_start_lsn")
+    assert "commit LSN" in start_lsn.metadata["comment"]
+    facts = DeltaTable(str(lake / "facts")).schema()
+    assert [field.name for field in facts.fields] == FACTS_COLUMNS
+    assert all(field.metadata.get("comment") for field in facts.fields)
+
+
+def test_bronze_holds_what_the_facts_count(lake):
+    facts = DeltaTable(str(lake / "facts")).to_pyarrow_table()
+    batches = facts.filter(pc.is_null(facts["event"]))
+    for name, app_id in [("bronze_orders", "demo_orders"), ("bronze_customers", "demo_customers")]:
+        bronze = DeltaTable(str(lake / name)).to_pyarrow_table()
+        mine = batches.filter(pc.equal(batches["app_id"], app_id))
+        assert bronze.num_rows == pc.sum(mine["rows"]).as_py() > 0
+        ids = mine["batch_id"].to_pylist()
+        assert sorted(ids) == list(range(len(ids))), "one facts row per batch"
+        assert set(bronze["_batch_id"].to_pylist()) <= set(ids)
+        assert all(re.fullmatch(r"0x[0-9A-F]{20}", lsn) for lsn in bronze["_start_lsn"].to_pylist())
+        assert set(bronze["_operation"].to_pylist()) <= {1, 2, 3, 4}
+        assert pc.sum(mine["inserts"]).as_py() == pc.sum(pc.equal(bronze["_operation"], 2)).as_py()
+
+
+def test_the_verdict_is_never_ahead_of_the_data(lake):
+    control = DeltaTable(str(lake / "control")).to_pyarrow_table().to_pylist()
+    facts = DeltaTable(str(lake / "facts")).to_pyarrow_table()
+    assert sorted(row["table_name"] for row in control) == ["dbo.customers", "dbo.orders"]
+    latest_end = pc.max(facts["end_commit_ts"]).as_py()
+    for row in control:
+        assert row["finalized_until"] is not None
+        assert row["finalized_until"] <= latest_end
+        assert row["finalized_until"] <= row["end_commit_ts"]
