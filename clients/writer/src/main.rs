@@ -20,7 +20,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Commands {
     /// Stream one table into bronze, facts and control.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// The whole pipeline on the embedded default: a simulated CDC database with a workload,
     /// the Flight server in process, and every table streamed into a local lake.
     Demo(DemoArgs),
@@ -105,7 +105,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let args = match Cli::parse().command {
-        Commands::Run(args) => args,
+        Commands::Run(args) => *args,
         Commands::Demo(args) => return runtime.block_on(demo::run(args.dir, args.commits)),
     };
     runtime.block_on(async move {
