@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod control;
 pub mod error;
 pub mod facts;
+pub mod sidecar;
 pub mod stream;
 pub mod tables;
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use mssql_cdc_writer::control::Granularity;
+use mssql_cdc_writer::sidecar;
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
 
 mod demo;
@@ -19,8 +20,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Commands {
-    /// Stream one table into bronze, facts and control.
+    /// Stream one table (flags) or every table of a sidecar file (--config) into bronze,
+    /// facts and control.
     Run(Box<RunArgs>),
+    /// Print each table of a sidecar file: last batch, end offset, verdict, lag.
+    Status {
+        /// The sidecar file.
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// The whole pipeline on the embedded default: a simulated CDC database with a workload,
     /// the Flight server in process, and every table streamed into a local lake.
     Demo(DemoArgs),
@@ -46,23 +54,26 @@ struct RunArgs {
     )]
     server: String,
     /// Source table (schema.table).
-    #[arg(long)]
-    table: String,
+    #[arg(long, required_unless_present = "config")]
+    table: Option<String>,
     /// Bronze table location (a path or an object-store URL).
-    #[arg(long)]
-    target: String,
+    #[arg(long, required_unless_present = "config")]
+    target: Option<String>,
     /// Facts table location.
-    #[arg(long)]
-    facts: String,
+    #[arg(long, required_unless_present = "config")]
+    facts: Option<String>,
     /// Control table location (the completeness verdict).
     #[arg(long)]
     control: Option<String>,
     /// Writer identity; a new checkpoint needs a new app id.
-    #[arg(long)]
-    app_id: String,
+    #[arg(long, required_unless_present = "config")]
+    app_id: Option<String>,
     /// Checkpoint directory.
-    #[arg(long)]
-    checkpoint: PathBuf,
+    #[arg(long, required_unless_present = "config")]
+    checkpoint: Option<PathBuf>,
+    /// A sidecar file listing many tables (see docs/writer.md); replaces the per-table flags.
+    #[arg(long, conflicts_with_all = ["table", "target", "facts", "app_id", "checkpoint"])]
+    config: Option<PathBuf>,
     /// Where a new checkpoint starts: earliest, latest, or an LSN already processed.
     #[arg(long, default_value = "earliest")]
     starting: String,
@@ -106,17 +117,26 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let args = match Cli::parse().command {
         Commands::Run(args) => *args,
+        Commands::Status { config } => return runtime.block_on(print_status(config)),
         Commands::Demo(args) => return runtime.block_on(demo::run(args.dir, args.commits)),
+    };
+    if let Some(path) = &args.config {
+        return runtime.block_on(run_sidecar(path, args.available_now));
+    }
+    let missing = || {
+        anyhow::anyhow!(
+            "--table, --target, --facts, --app-id and --checkpoint are required without --config"
+        )
     };
     runtime.block_on(async move {
         let config = StreamConfig {
             server: args.server,
-            table: args.table,
-            target: args.target,
-            facts: args.facts,
+            table: args.table.ok_or_else(missing)?,
+            target: args.target.ok_or_else(missing)?,
+            facts: args.facts.ok_or_else(missing)?,
             control: args.control,
-            app_id: args.app_id,
-            checkpoint: args.checkpoint,
+            app_id: args.app_id.ok_or_else(missing)?,
+            checkpoint: args.checkpoint.ok_or_else(missing)?,
             starting: args.starting,
             max_commits: args.max_commits,
             partitions: args.partitions,
@@ -149,4 +169,78 @@ fn main() -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })
+}
+
+async fn run_sidecar(path: &std::path::Path, available_now: bool) -> anyhow::Result<()> {
+    let config = sidecar::SidecarConfig::load(path)?;
+    if available_now {
+        let mut failed = Vec::new();
+        for (table, result) in sidecar::run_available_now(&config).await {
+            match result {
+                Ok(outcomes) => {
+                    let rows: u64 = outcomes.iter().map(|outcome| outcome.rows).sum();
+                    println!("{table}: {} batches, {rows} rows", outcomes.len());
+                }
+                Err(error) => {
+                    println!("{table}: FAILED: {error}");
+                    failed.push(table);
+                }
+            }
+        }
+        if !failed.is_empty() {
+            anyhow::bail!(
+                "{} of {} tables failed: {}",
+                failed.len(),
+                config.tables.len(),
+                failed.join(", ")
+            );
+        }
+        return Ok(());
+    }
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = stop.send(true);
+        }
+    });
+    sidecar::run_continuous(&config, stopped).await;
+    Ok(())
+}
+
+async fn print_status(path: PathBuf) -> anyhow::Result<()> {
+    let config = sidecar::SidecarConfig::load(&path)?;
+    println!(
+        "{:<24} {:>10} {:<24} {:<24} {:>10}",
+        "table", "batch", "end lsn", "finalized_until", "lag s"
+    );
+    for status in sidecar::status(&config).await? {
+        let batch = status
+            .last_batch
+            .map(|(id, committed)| {
+                if committed {
+                    id.to_string()
+                } else {
+                    format!("{id} (open)")
+                }
+            })
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<24} {:>10} {:<24} {:<24} {:>10}",
+            status.table,
+            batch,
+            status
+                .end
+                .map(|end| end.lsn.to_string())
+                .unwrap_or_else(|| "-".into()),
+            status
+                .verdict
+                .map(|time| time.to_iso_millis())
+                .unwrap_or_else(|| "-".into()),
+            status
+                .lag_seconds
+                .map(|lag| format!("{lag:.1}"))
+                .unwrap_or_else(|| "-".into()),
+        );
+    }
+    Ok(())
 }

@@ -104,11 +104,16 @@ impl Lab {
 
     /// `(start_lsn, seqval, operation, key)` of every journal row of dbo.orders.
     pub fn committed(&self) -> Vec<(String, String, i32, i64)> {
+        self.committed_of("dbo.orders")
+    }
+
+    /// `(start_lsn, seqval, operation, key)` of every journal row of `table`.
+    pub fn committed_of(&self, table: &str) -> Vec<(String, String, i32, i64)> {
         let text = std::fs::read_to_string(self.journal()).unwrap_or_default();
         let mut rows: Vec<_> = text
             .lines()
             .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("json"))
-            .filter(|value| value["table"] == "dbo.orders")
+            .filter(|value| value["table"] == table)
             .map(|value| {
                 (
                     value["start_lsn"].as_str().expect("lsn").to_string(),

@@ -1,0 +1,280 @@
+//! The sidecar: many tables in one process, from a TOML file.
+//!
+//! ```toml
+//! server = "http://127.0.0.1:50051"
+//! facts = "/lake/facts"            # shared by every table
+//! control = "/lake/control"        # shared; one row per table
+//! checkpoints = "/lake/_checkpoints"
+//! granularity = "hour"             # minute, hour, day
+//! poll_seconds = 5.0
+//!
+//! [[tables]]
+//! table = "dbo.orders"
+//! target = "/lake/bronze_orders"
+//! app_id = "orders"
+//! max_commits = 1000               # optional
+//! partitions = 2                   # optional
+//! starting = "earliest"            # optional
+//! fail_on_data_loss = true         # optional
+//! ```
+//!
+//! One task per table. A table that fails is logged and retried with exponential backoff
+//! (1 s doubling to 60 s) while the others go on; with available-now each table gets
+//! `AVAILABLE_NOW_ATTEMPTS` attempts and the run reports which ones failed.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::checkpoint::Checkpoint;
+use crate::control::{self, Granularity};
+use crate::error::{Result, WriterError};
+use crate::stream::{BatchOutcome, Stream, StreamConfig};
+use crate::tables;
+
+/// Attempts per table in an available-now run.
+pub const AVAILABLE_NOW_ATTEMPTS: u32 = 3;
+
+/// The sidecar's configuration file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SidecarConfig {
+    /// Flight server URL.
+    pub server: String,
+    /// Facts table shared by every table.
+    pub facts: String,
+    /// Control table shared by every table.
+    pub control: String,
+    /// Directory holding one checkpoint directory per app id.
+    pub checkpoints: PathBuf,
+    /// Verdict granularity (default hour).
+    #[serde(default)]
+    pub granularity: Granularity,
+    /// Seconds between polls of an idle table (default 5).
+    #[serde(default = "default_poll")]
+    pub poll_seconds: f64,
+    /// The tables.
+    pub tables: Vec<TableEntry>,
+}
+
+fn default_poll() -> f64 {
+    5.0
+}
+
+fn default_partitions() -> u32 {
+    2
+}
+
+fn default_starting() -> String {
+    "earliest".into()
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// One table of the sidecar.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableEntry {
+    /// Source table, `schema.table`.
+    pub table: String,
+    /// Bronze location.
+    pub target: String,
+    /// Writer identity (unique per table).
+    pub app_id: String,
+    /// Most commits per batch.
+    #[serde(default)]
+    pub max_commits: Option<u64>,
+    /// Endpoints read in parallel.
+    #[serde(default = "default_partitions")]
+    pub partitions: u32,
+    /// Where a new checkpoint starts.
+    #[serde(default = "default_starting")]
+    pub starting: String,
+    /// Stop on purged changes (default) or skip them with a `data_skipped` row.
+    #[serde(default = "default_true")]
+    pub fail_on_data_loss: bool,
+}
+
+impl SidecarConfig {
+    /// Reads and checks a configuration file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| WriterError::Io {
+            context: format!("reading {}", path.display()),
+            source,
+        })?;
+        let config: SidecarConfig = toml::from_str(&text)
+            .map_err(|error| WriterError::invalid(format!("{}: {error}", path.display())))?;
+        if config.tables.is_empty() {
+            return Err(WriterError::invalid(format!(
+                "{}: no [[tables]]",
+                path.display()
+            )));
+        }
+        let mut app_ids: Vec<&str> = config
+            .tables
+            .iter()
+            .map(|entry| entry.app_id.as_str())
+            .collect();
+        app_ids.sort_unstable();
+        if let Some(pair) = app_ids.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(WriterError::invalid(format!(
+                "app_id '{}' is used by two tables",
+                pair[0]
+            )));
+        }
+        if !(config.poll_seconds.is_finite() && config.poll_seconds > 0.0) {
+            return Err(WriterError::invalid(
+                "poll_seconds must be a positive number",
+            ));
+        }
+        Ok(config)
+    }
+
+    /// The stream configuration of one table.
+    pub fn stream(&self, entry: &TableEntry) -> StreamConfig {
+        StreamConfig {
+            server: self.server.clone(),
+            table: entry.table.clone(),
+            target: entry.target.clone(),
+            facts: self.facts.clone(),
+            control: Some(self.control.clone()),
+            app_id: entry.app_id.clone(),
+            checkpoint: self.checkpoints.join(&entry.app_id),
+            starting: entry.starting.clone(),
+            max_commits: entry.max_commits,
+            partitions: entry.partitions,
+            granularity: self.granularity,
+            fail_on_data_loss: entry.fail_on_data_loss,
+        }
+    }
+}
+
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_secs(1u64 << attempt.min(6)).min(Duration::from_secs(60))
+}
+
+/// Runs every table to the `max_lsn` recorded at its start; returns each table's outcome.
+pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Vec<BatchOutcome>>)> {
+    let mut tasks = Vec::new();
+    for entry in &config.tables {
+        let stream_config = config.stream(entry);
+        tasks.push((
+            entry.table.clone(),
+            tokio::spawn(async move {
+                let mut attempt = 0;
+                loop {
+                    let result = async {
+                        let mut stream = Stream::connect(stream_config.clone()).await?;
+                        stream.run_available_now().await
+                    }
+                    .await;
+                    match result {
+                        Ok(outcomes) => return Ok(outcomes),
+                        Err(error) if attempt + 1 < AVAILABLE_NOW_ATTEMPTS && !is_final(&error) => {
+                            tracing::warn!(table = %stream_config.table, %error, attempt, "table failed; retrying");
+                            tokio::time::sleep(backoff(attempt)).await;
+                            attempt += 1;
+                        }
+                        Err(error) => return Err(error),
+                    }
+                }
+            }),
+        ));
+    }
+    let mut results = Vec::new();
+    for (table, task) in tasks {
+        let result = task
+            .await
+            .unwrap_or_else(|error| Err(WriterError::Internal(format!("task: {error}"))));
+        if let Err(error) = &result {
+            tracing::error!(%table, %error, "table failed");
+        }
+        results.push((table, result));
+    }
+    results
+}
+
+/// Errors that retrying cannot fix: data loss and a checkpoint that does not match the lake.
+fn is_final(error: &WriterError) -> bool {
+    matches!(
+        error,
+        WriterError::DataLoss { .. }
+            | WriterError::CheckpointMismatch(_)
+            | WriterError::InvalidArgument(_)
+    )
+}
+
+/// Runs every table until `stop` turns true; a failing table is retried with backoff.
+pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Receiver<bool>) {
+    let poll = Duration::from_secs_f64(config.poll_seconds);
+    let mut tasks = Vec::new();
+    for entry in &config.tables {
+        let stream_config = config.stream(entry);
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut attempt = 0;
+            while !*stop.borrow() {
+                let result = async {
+                    let mut stream = Stream::connect(stream_config.clone()).await?;
+                    stream.run_continuous(poll, stop.clone()).await
+                }
+                .await;
+                match result {
+                    Ok(_) => return,
+                    Err(error) => {
+                        tracing::error!(table = %stream_config.table, %error, attempt, "table failed; retrying");
+                        let mut stop = stop.clone();
+                        tokio::select! {
+                            _ = tokio::time::sleep(backoff(attempt)) => {}
+                            _ = stop.changed() => {}
+                        }
+                        attempt += 1;
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+/// One line of `status` per table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableStatus {
+    /// Source table.
+    pub table: String,
+    /// The checkpoint's last batch and whether it committed.
+    pub last_batch: Option<(i64, bool)>,
+    /// End offset of the last batch.
+    pub end: Option<mssql_cdc_flight::Offset>,
+    /// The verdict.
+    pub verdict: Option<mssql_cdc_flight::CommitTime>,
+    /// Seconds between now and the end offset's commit time.
+    pub lag_seconds: Option<f64>,
+}
+
+/// The status of every table: last batch, end offset, verdict, lag.
+pub async fn status(config: &SidecarConfig) -> Result<Vec<TableStatus>> {
+    let control_url = tables::table_url(&config.control)?;
+    let mut statuses = Vec::new();
+    for entry in &config.tables {
+        let last = Checkpoint::open(&config.checkpoints.join(&entry.app_id))?.last()?;
+        let verdict = control::finalized_until(&control_url, &entry.table).await?;
+        let end = last.as_ref().map(|batch| batch.end);
+        let lag_seconds = end
+            .and_then(|offset| offset.commit_ts)
+            .map(|time| (chrono::Utc::now().timestamp_micros() - time.0) as f64 / 1e6);
+        statuses.push(TableStatus {
+            table: entry.table.clone(),
+            last_batch: last.map(|batch| (batch.batch_id, batch.committed)),
+            end,
+            verdict,
+            lag_seconds,
+        });
+    }
+    Ok(statuses)
+}

@@ -1,0 +1,117 @@
+//! The sidecar: many tables in one process from a TOML file, a failing table beside healthy
+//! ones, shared facts and control tables, and `status`.
+
+mod common;
+
+use common::{Lab, query, utf8};
+use mssql_cdc_writer::sidecar::{self, SidecarConfig};
+
+fn write_config(lab: &Lab, tables: &[(&str, &str)]) -> std::path::PathBuf {
+    let mut text = format!(
+        "server = \"{}\"\nfacts = \"{}\"\ncontrol = \"{}\"\ncheckpoints = \"{}\"\ngranularity = \"minute\"\n",
+        lab.url,
+        lab.lake("facts"),
+        lab.lake("control"),
+        lab.dir.path().join("checkpoints").display()
+    );
+    for (table, app_id) in tables {
+        text.push_str(&format!(
+            "\n[[tables]]\ntable = \"{table}\"\ntarget = \"{}\"\napp_id = \"{app_id}\"\nmax_commits = 100\n",
+            lab.lake(&format!("bronze_{app_id}"))
+        ));
+    }
+    let path = lab.dir.path().join("sidecar.toml");
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+async fn keys_in(lab: &Lab, app_id: &str, key: &str) -> usize {
+    let batches = query(
+        &lab.lake(&format!("bronze_{app_id}")),
+        &format!("SELECT COUNT({key}) FROM t"),
+    )
+    .await;
+    let counts = batches[0]
+        .column(0)
+        .as_any()
+        .downcast_ref::<arrow::array::Int64Array>()
+        .expect("count")
+        .clone();
+    counts.value(0) as usize
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_table_does_not_stop_the_others() {
+    let lab = Lab::new().await;
+    lab.workload(41, 250);
+    let path = write_config(
+        &lab,
+        &[
+            ("dbo.orders", "orders"),
+            ("dbo.customers", "customers"),
+            ("dbo.missing", "missing"),
+        ],
+    );
+    let config = SidecarConfig::load(&path).expect("config");
+    let results = sidecar::run_available_now(&config).await;
+    let by_table: std::collections::HashMap<String, bool> = results
+        .iter()
+        .map(|(table, result)| (table.clone(), result.is_ok()))
+        .collect();
+    assert_eq!(by_table["dbo.orders"], true);
+    assert_eq!(by_table["dbo.customers"], true);
+    assert_eq!(
+        by_table["dbo.missing"], false,
+        "an unknown table fails after its retries"
+    );
+    let missing = results
+        .iter()
+        .find(|(table, _)| table == "dbo.missing")
+        .expect("missing")
+        .1
+        .as_ref()
+        .err()
+        .expect("error");
+    assert!(missing.to_string().contains("dbo.missing"), "{missing}");
+    assert_eq!(
+        keys_in(&lab, "orders", "order_id").await,
+        lab.committed_of("dbo.orders").len()
+    );
+    assert_eq!(
+        keys_in(&lab, "customers", "customer_id").await,
+        lab.committed_of("dbo.customers").len()
+    );
+    // Shared facts and control tables hold both tables.
+    let apps = query(
+        &lab.lake("facts"),
+        "SELECT DISTINCT app_id FROM t ORDER BY app_id",
+    )
+    .await;
+    let names: Vec<String> = (0..apps[0].num_rows())
+        .map(|row| utf8(apps[0].column(0)).value(row).to_string())
+        .collect();
+    assert_eq!(names, ["customers", "orders"]);
+    let statuses = sidecar::status(&config).await.expect("status");
+    assert_eq!(statuses.len(), 3);
+    for status in &statuses[..2] {
+        assert!(matches!(status.last_batch, Some((_, true))), "{status:?}");
+        assert!(status.verdict.is_some(), "{status:?}");
+        assert!(status.lag_seconds.is_some());
+    }
+    assert_eq!(statuses[2].last_batch, None);
+    assert_eq!(statuses[2].verdict, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_sidecar_files_are_refused_with_the_reason() {
+    let lab = Lab::new().await;
+    let path = write_config(&lab, &[("dbo.orders", "same"), ("dbo.customers", "same")]);
+    let error = SidecarConfig::load(&path).expect_err("duplicate app id");
+    assert!(error.to_string().contains("app_id 'same'"), "{error}");
+    let text = std::fs::read_to_string(&path)
+        .expect("read")
+        .replace("granularity", "granularty");
+    std::fs::write(&path, text).expect("write");
+    let error = SidecarConfig::load(&path).expect_err("unknown key");
+    assert!(error.to_string().contains("granularty"), "{error}");
+}
