@@ -21,5 +21,19 @@ pub mod source;
 pub mod types;
 
 pub use error::{Error, Result};
+
+/// Process setup shared by the project's binaries: installs the ring rustls crypto provider
+/// (two providers are compiled into the dependency tree, and rustls refuses to pick one) and
+/// logs to stderr with `RUST_LOG`, or `default_filter` when it is unset.
+pub fn init_process(default_filter: &str) {
+    // Already installed (a second call, or a test harness) is fine: one provider is in place.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
 pub use lsn::Lsn;
 pub use offset::{CommitTime, Offset};

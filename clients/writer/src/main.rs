@@ -98,20 +98,11 @@ struct RunArgs {
 }
 
 fn main() -> anyhow::Result<()> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                // delta-rs logs an ERROR when a table is probed before it exists and a WARN
-                // per MERGE about its own metrics; neither is news to a user.
-                .unwrap_or_else(|_| {
-                    tracing_subscriber::EnvFilter::new(
-                        "info,buoyant_kernel::snapshot::builder=off,deltalake_core::operations::merge=error",
-                    )
-                }),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // delta-rs logs an ERROR when a table is probed before it exists and a WARN per MERGE
+    // about its own metrics; neither is news to a user.
+    mssql_cdc_flight::init_process(
+        "info,buoyant_kernel::snapshot::builder=off,deltalake_core::operations::merge=error",
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
