@@ -384,6 +384,13 @@ pub fn table_url(location: &str) -> Result<Url> {
 
 /// Opens a table, or `None` when there is none at the location yet.
 pub async fn open(url: &Url) -> Result<Option<DeltaTable>> {
+    // A local location without a log is no table: say so without asking delta-rs, whose
+    // kernel logs a failed log-segment load for every such probe.
+    if let Ok(path) = url.to_file_path()
+        && !path.join("_delta_log").is_dir()
+    {
+        return Ok(None);
+    }
     let table = DeltaTable::try_from_url(url.clone()).await?;
     Ok(table.version().is_some().then_some(table))
 }
@@ -409,7 +416,8 @@ pub async fn ensure(
     if let Some(table) = open(url).await? {
         return migrate(table, kind).await;
     }
-    let table = DeltaTable::try_from_url(url.clone()).await?;
+    // An unloaded handle: loading a location without a log only logs a kernel error.
+    let table = deltalake::DeltaTableBuilder::from_url(url.clone())?.build()?;
     let created = table
         .create()
         .with_table_name(name)
