@@ -35,7 +35,7 @@ use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use mssql_cdc_flight::client::CdcClient;
 use mssql_cdc_flight::flight::protocol::{
-    ChangesCommand, InitialOffsetBody, LatestOffsetBody, LsnAnswer, PlanMetadata,
+    ChangesCommand, InitialOffsetBody, LatestOffsetBody, LsnAnswer,
 };
 use mssql_cdc_flight::{CommitTime, Lsn, Offset};
 use serde_json::json;
@@ -402,7 +402,7 @@ impl Stream {
         })
     }
 
-    async fn plan(&self, record: &BatchRecord) -> Result<PlanMetadataWithTickets> {
+    async fn plan(&self, record: &BatchRecord) -> Result<PlannedBatch> {
         let mut command = ChangesCommand::new(
             self.config.table.clone(),
             record.start.lsn,
@@ -410,9 +410,8 @@ impl Stream {
         );
         command.partitions = Some(self.config.partitions);
         match self.client.plan_changes(&command).await {
-            Ok(plan) => Ok(PlanMetadataWithTickets {
-                events: plan.metadata.events.clone(),
-                metadata: plan.metadata,
+            Ok(plan) => Ok(PlannedBatch {
+                events: plan.metadata.events,
                 tickets: plan
                     .info
                     .endpoint
@@ -453,7 +452,7 @@ impl Stream {
 
     async fn read(
         &self,
-        plan: &PlanMetadataWithTickets,
+        plan: &PlannedBatch,
     ) -> Result<(
         Vec<RecordBatch>,
         Vec<mssql_cdc_flight::flight::protocol::Completion>,
@@ -562,9 +561,8 @@ impl Stream {
     }
 }
 
-struct PlanMetadataWithTickets {
-    #[allow(dead_code)] // kept for logging and future facts columns
-    metadata: PlanMetadata,
+/// A planned batch: its events and one ticket per endpoint.
+struct PlannedBatch {
     events: Vec<mssql_cdc_flight::flight::protocol::RangeEvent>,
     tickets: Vec<arrow_flight::Ticket>,
 }
