@@ -133,6 +133,18 @@ async fn check_invariants(lab: &Lab) {
     }
 }
 
+/// Runs the writer to the end without a crash and checks every change landed exactly once.
+async fn restart_and_check_exactly_once(lab: &Lab) {
+    let status = run_writer(lab, None).await;
+    assert!(status.success(), "the restarted writer finishes");
+    check_invariants(lab).await;
+    assert_eq!(
+        bronze_rows(lab).await.unwrap_or_default(),
+        lab.committed(),
+        "every committed change, once"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_at_each_step_boundary_and_restarted_every_change_lands_once() {
     let lab = Lab::new().await;
@@ -147,14 +159,7 @@ async fn killed_at_each_step_boundary_and_restarted_every_change_lands_once() {
         assert!(!status.success(), "{step}: the writer was meant to die");
         check_invariants(&lab).await;
     }
-    let status = run_writer(&lab, None).await;
-    assert!(status.success(), "the restarted writer finishes");
-    check_invariants(&lab).await;
-    assert_eq!(
-        bronze_rows(&lab).await.unwrap_or_default(),
-        lab.committed(),
-        "every committed change, once"
-    );
+    restart_and_check_exactly_once(&lab).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,12 +192,5 @@ async fn killed_at_random_moments_under_a_running_workload() {
     stop.store(true, Ordering::Relaxed);
     workload.join().expect("workload thread");
     check_invariants(&lab).await;
-    let status = run_writer(&lab, None).await;
-    assert!(status.success(), "the restarted writer finishes");
-    check_invariants(&lab).await;
-    assert_eq!(
-        bronze_rows(&lab).await.unwrap_or_default(),
-        lab.committed(),
-        "every committed change, once"
-    );
+    restart_and_check_exactly_once(&lab).await;
 }

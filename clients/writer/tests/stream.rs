@@ -6,7 +6,7 @@ mod common;
 use std::sync::atomic::AtomicBool;
 
 use arrow::array::{Array, Int64Array};
-use common::{Lab, bronze_rows, facts_batches, query, utf8};
+use common::{Lab, bronze_rows, facts_batches, query, run_now, try_run_now, utf8};
 use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::sim::Clock;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
@@ -14,7 +14,6 @@ use mssql_cdc_flight::source::CdcSource;
 use mssql_cdc_writer::WriterError;
 use mssql_cdc_writer::checkpoint::Checkpoint;
 use mssql_cdc_writer::control::{self, Granularity};
-use mssql_cdc_writer::stream::Stream;
 use mssql_cdc_writer::tables::{self, SCHEMA_VERSION_KEY};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -23,8 +22,7 @@ async fn available_now_writes_every_change_once_with_facts_and_verdict() {
     lab.workload(1, 300);
     let mut config = lab.config();
     config.max_commits = Some(120);
-    let mut stream = Stream::connect(config.clone()).await.expect("connect");
-    let outcomes = stream.run_available_now().await.expect("run");
+    let outcomes = run_now(config.clone()).await;
     assert!(
         outcomes.len() >= 3,
         "capped at 120 commits per batch: {} batches",
@@ -82,12 +80,7 @@ async fn available_now_writes_every_change_once_with_facts_and_verdict() {
         Some("12")
     );
     // Nothing new: another run writes nothing.
-    let again = Stream::connect(config)
-        .await
-        .expect("connect")
-        .run_available_now()
-        .await
-        .expect("run");
+    let again = run_now(config).await;
     assert!(again.is_empty());
     assert_eq!(bronze_rows(&lab).await.expect("bronze"), lab.committed());
 }
@@ -97,20 +90,14 @@ async fn a_replayed_batch_is_not_written_twice() {
     let lab = Lab::new().await;
     lab.workload(2, 100);
     let config = lab.config();
-    let mut stream = Stream::connect(config.clone()).await.expect("connect");
-    stream.run_available_now().await.expect("run");
+    run_now(config.clone()).await;
     let before = bronze_rows(&lab).await.expect("bronze");
     // A crash after the commits but before the checkpoint said so: the batch is replayed.
     let checkpoint = Checkpoint::open(&config.checkpoint).expect("checkpoint");
     let mut last = checkpoint.last().expect("read").expect("a batch");
     last.committed = false;
     checkpoint.record(&last).expect("record");
-    let outcomes = Stream::connect(config)
-        .await
-        .expect("connect")
-        .run_available_now()
-        .await
-        .expect("replay");
+    let outcomes = run_now(config).await;
     assert!(outcomes[0].replayed);
     assert_eq!(outcomes[0].batch_id, last.batch_id);
     assert_eq!(
@@ -129,12 +116,7 @@ async fn idle_batches_move_the_verdict_without_rows() {
     let lab = Lab::new().await;
     lab.workload(3, 50);
     let config = lab.config();
-    Stream::connect(config.clone())
-        .await
-        .expect("connect")
-        .run_available_now()
-        .await
-        .expect("first");
+    run_now(config.clone()).await;
     let control_url = tables::table_url(&lab.lake("control")).expect("url");
     let first = control::finalized_until(&control_url, "dbo.orders")
         .await
@@ -154,12 +136,7 @@ async fn idle_batches_move_the_verdict_without_rows() {
     }
     writer.publish().expect("publish");
     drop(writer);
-    let outcomes = Stream::connect(config)
-        .await
-        .expect("connect")
-        .run_available_now()
-        .await
-        .expect("idle");
+    let outcomes = run_now(config).await;
     assert_eq!(outcomes.len(), 1);
     assert_eq!(outcomes[0].rows, 0);
     let second = control::finalized_until(&control_url, "dbo.orders")
@@ -188,20 +165,10 @@ async fn a_deleted_checkpoint_is_refused() {
     let lab = Lab::new().await;
     lab.workload(5, 40);
     let config = lab.config();
-    Stream::connect(config.clone())
-        .await
-        .expect("connect")
-        .run_available_now()
-        .await
-        .expect("run");
+    run_now(config.clone()).await;
     std::fs::remove_dir_all(&config.checkpoint).expect("delete checkpoint");
     lab.workload(6, 10);
-    let error = Stream::connect(config)
-        .await
-        .expect("connect")
-        .run_available_now()
-        .await
-        .expect_err("refused");
+    let error = try_run_now(config).await.expect_err("refused");
     assert!(
         matches!(error, WriterError::CheckpointMismatch(_)),
         "{error}"
@@ -221,10 +188,8 @@ async fn purged_changes_stop_the_stream_or_are_skipped_with_an_event() {
         .expect("commit");
     lab.db.cleanup(None, cut).expect("cleanup");
     let config = lab.config();
-    let error = Stream::connect(config.clone()).await.expect("connect");
     // earliest starts at min_lsn, so the first batch is whole; purge again past its end.
-    let mut stream = error;
-    stream.run_available_now().await.expect("first run");
+    run_now(config.clone()).await;
     lab.workload(8, 100);
     let cut = lab.db.max_lsn().await.expect("max").expect("lsn");
     let mut writer = lab.writer(9);
@@ -232,12 +197,7 @@ async fn purged_changes_stop_the_stream_or_are_skipped_with_an_event() {
     writer.publish().expect("publish");
     drop(writer);
     lab.db.cleanup(None, cut).expect("cleanup past the stream");
-    let error = Stream::connect(config.clone())
-        .await
-        .expect("connect")
-        .run_available_now()
-        .await
-        .expect_err("loss");
+    let error = try_run_now(config.clone()).await.expect_err("loss");
     assert!(matches!(error, WriterError::DataLoss { .. }), "{error}");
     assert!(
         error.to_string().contains("re-snapshot"),
@@ -245,12 +205,7 @@ async fn purged_changes_stop_the_stream_or_are_skipped_with_an_event() {
     );
     let mut skipping = config;
     skipping.fail_on_data_loss = false;
-    Stream::connect(skipping)
-        .await
-        .expect("connect")
-        .run_available_now()
-        .await
-        .expect("skips");
+    run_now(skipping).await;
     let facts = facts_batches(&lab).await;
     assert!(
         facts
@@ -265,12 +220,7 @@ async fn a_capture_instance_switch_adds_the_new_column_and_its_events() {
     let lab = Lab::new().await;
     lab.workload(11, 60);
     let config = lab.config();
-    Stream::connect(config.clone())
-        .await
-        .expect("connect")
-        .run_available_now()
-        .await
-        .expect("before");
+    run_now(config.clone()).await;
     let orders: mssql_cdc_flight::source::TableName = "dbo.orders".parse().expect("table");
     let mut writer = lab.writer(12);
     writer
@@ -295,12 +245,7 @@ async fn a_capture_instance_switch_adds_the_new_column_and_its_events() {
     };
     workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("after");
     drop(writer);
-    Stream::connect(config)
-        .await
-        .expect("connect")
-        .run_available_now()
-        .await
-        .expect("across the switch");
+    run_now(config).await;
     assert_eq!(
         bronze_rows(&lab).await.expect("bronze"),
         lab.committed(),

@@ -155,6 +155,21 @@ pub async fn query(location: &str, sql: &str) -> Vec<RecordBatch> {
         .expect("collect")
 }
 
+/// Runs a stream of `config` available-now, panicking on any error.
+pub async fn run_now(config: StreamConfig) -> Vec<mssql_cdc_writer::stream::BatchOutcome> {
+    try_run_now(config).await.expect("stream run")
+}
+
+/// Runs a stream of `config` available-now.
+pub async fn try_run_now(
+    config: StreamConfig,
+) -> mssql_cdc_writer::Result<Vec<mssql_cdc_writer::stream::BatchOutcome>> {
+    mssql_cdc_writer::stream::Stream::connect(config)
+        .await?
+        .run_available_now()
+        .await
+}
+
 /// A column as plain Utf8 (DataFusion scans strings as Utf8View).
 pub fn utf8(array: &arrow::array::ArrayRef) -> StringArray {
     let cast =
