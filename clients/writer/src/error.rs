@@ -26,6 +26,9 @@ pub enum WriterError {
     /// The checkpoint does not match the facts table (deleted or rewound under the same app_id).
     #[error("{0}")]
     CheckpointMismatch(String),
+    /// The source delivers a column type the target table cannot hold.
+    #[error("{0}")]
+    SchemaChanged(String),
     /// Bad configuration or input.
     #[error("{0}")]
     InvalidArgument(String),

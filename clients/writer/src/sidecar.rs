@@ -197,12 +197,14 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
     results
 }
 
-/// Errors that retrying cannot fix: data loss and a checkpoint that does not match the lake.
+/// Errors that retrying cannot fix: data loss, a checkpoint that does not match the lake, a
+/// type bronze cannot hold, bad configuration.
 fn is_final(error: &WriterError) -> bool {
     matches!(
         error,
         WriterError::DataLoss { .. }
             | WriterError::CheckpointMismatch(_)
+            | WriterError::SchemaChanged(_)
             | WriterError::InvalidArgument(_)
     )
 }

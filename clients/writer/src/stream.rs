@@ -17,20 +17,14 @@
 //! the verdict move. A checkpoint deleted or rewound under the same app_id is refused against
 //! the facts and bronze tables' transaction versions.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{
-    Array, ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray, new_null_array,
-};
-use arrow::datatypes::{DataType as ArrowType, Field, Schema};
+use arrow::array::{Array, Int32Array, StringArray, TimestampMicrosecondArray};
 use arrow::record_batch::RecordBatch;
 use deltalake::DeltaTable;
-use deltalake::kernel::engine::arrow_conversion::TryFromArrow;
+use deltalake::kernel::Transaction;
 use deltalake::kernel::transaction::CommitProperties;
-use deltalake::kernel::{MetadataValue, StructField, Transaction};
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use mssql_cdc_flight::client::CdcClient;
@@ -41,6 +35,7 @@ use mssql_cdc_flight::{CommitTime, Lsn, Offset};
 use serde_json::json;
 use url::Url;
 
+use crate::bronze;
 use crate::checkpoint::{BatchRecord, Checkpoint};
 use crate::control::{self, Granularity};
 use crate::error::{Result, WriterError};
@@ -485,13 +480,13 @@ impl Stream {
     ) -> Result<()> {
         let with_batch: Vec<RecordBatch> = batches
             .iter()
-            .map(|batch| bronze_batch(batch, batch_id))
+            .map(|batch| bronze::stream_rows(batch, batch_id))
             .collect::<Result<_>>()?;
         let schema = with_batch[0].schema();
         let table = tables::ensure(
             &self.target,
             TableKind::Bronze,
-            bronze_fields(&schema)?,
+            bronze::fields(&schema)?,
             "bronze",
         )
         .await?;
@@ -499,6 +494,8 @@ impl Stream {
             tracing::info!(batch_id, "bronze already holds the batch (replay): skipped");
             return Ok(());
         }
+        let with_batch =
+            bronze::conform(&table.snapshot()?.schema(), &self.config.target, with_batch)?;
         let user_metadata = json!({
             "rows": facts.rows, "min_lsn": facts.min_lsn, "max_lsn": facts.max_lsn,
             "min_commit_ts": facts.min_commit_ts.map(|t| CommitTime(t).to_iso_millis()),
@@ -573,53 +570,6 @@ async fn already_committed(table: &DeltaTable, app_id: &str, batch_id: i64) -> R
         .transaction_version(table.log_store().as_ref(), app_id)
         .await?;
     Ok(version.is_some_and(|version| version >= batch_id))
-}
-
-/// The bronze columns of a stream batch: `_batch_id`, `_snapshot`, `_chunk` appended.
-fn bronze_batch(batch: &RecordBatch, batch_id: i64) -> Result<RecordBatch> {
-    let rows = batch.num_rows();
-    let mut fields: Vec<Field> = batch
-        .schema()
-        .fields()
-        .iter()
-        .map(|field| field.as_ref().clone())
-        .collect();
-    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
-    let batch_id =
-        i32::try_from(batch_id).map_err(|_| WriterError::Internal("batch id past INT".into()))?;
-    fields.push(Field::new("_batch_id", ArrowType::Int32, true));
-    columns.push(Arc::new(Int32Array::from(vec![batch_id; rows])));
-    fields.push(Field::new("_snapshot", ArrowType::Utf8, true));
-    columns.push(new_null_array(&ArrowType::Utf8, rows));
-    fields.push(Field::new("_chunk", ArrowType::Int32, true));
-    columns.push(new_null_array(&ArrowType::Int32, rows));
-    Ok(RecordBatch::try_new(
-        Arc::new(Schema::new(fields)),
-        columns,
-    )?)
-}
-
-/// Delta fields for a bronze schema, with the writer's comments on the metadata columns.
-fn bronze_fields(schema: &Schema) -> Result<Vec<StructField>> {
-    let comments: HashMap<&str, &str> = TableKind::Bronze
-        .columns()
-        .into_iter()
-        .map(|spec| (spec.name, spec.comment))
-        .collect();
-    schema
-        .fields()
-        .iter()
-        .map(|field| {
-            let converted = StructField::try_from_arrow(field.as_ref())?;
-            Ok(match comments.get(field.name().as_str()) {
-                Some(comment) => converted.with_metadata([(
-                    "comment".to_string(),
-                    MetadataValue::String((*comment).to_string()),
-                )]),
-                None => converted,
-            })
-        })
-        .collect()
 }
 
 /// The facts of a batch's rows: count, LSN and commit-time extents, operation counts.

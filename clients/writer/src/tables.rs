@@ -375,11 +375,30 @@ pub fn field_with_comment(name: &str, data_type: DataType, comment: &str) -> Str
     )])
 }
 
-/// The URL of a table location: a local path (made absolute, created) or an object-store URL.
+/// The URL of a table location: a local path (made absolute, created) or an object-store URL
+/// whose store this build includes (`s3://`, `az://`, `gs://` are cargo features).
 pub fn table_url(location: &str) -> Result<Url> {
+    if let Some((scheme, _)) = location.split_once("://")
+        && let Err(feature) = store_feature(scheme)
+    {
+        return Err(WriterError::invalid(format!(
+            "'{location}': this build has no {scheme} object store; build the writer with \
+             `--features {feature}`"
+        )));
+    }
     deltalake::ensure_table_uri(location).map_err(|error| {
         WriterError::invalid(format!("'{location}' is not a table location: {error}"))
     })
+}
+
+/// Whether this build can open a URL of `scheme`, or the cargo feature that adds its store.
+fn store_feature(scheme: &str) -> std::result::Result<(), &'static str> {
+    match scheme {
+        "s3" | "s3a" if !cfg!(feature = "s3") => Err("s3"),
+        "az" | "abfs" | "abfss" | "azure" | "adl" if !cfg!(feature = "azure") => Err("azure"),
+        "gs" if !cfg!(feature = "gcs") => Err("gcs"),
+        _ => Ok(()),
+    }
 }
 
 /// Opens a table, or `None` when there is none at the location yet.
@@ -485,4 +504,38 @@ async fn migrate(table: DeltaTable, kind: TableKind) -> Result<DeltaTable> {
         .await?;
     tracing::info!(?kind, from = version, to = current, "table migrated");
     Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_store_urls_without_their_feature_name_the_feature() {
+        for (location, feature) in [
+            ("s3://bucket/lake/bronze", "s3"),
+            ("az://container/lake/bronze", "azure"),
+            ("abfss://container@account.dfs.core.windows.net/bronze", "azure"),
+            ("gs://bucket/lake/bronze", "gcs"),
+        ] {
+            let enabled = match feature {
+                "s3" => cfg!(feature = "s3"),
+                "azure" => cfg!(feature = "azure"),
+                _ => cfg!(feature = "gcs"),
+            };
+            match table_url(location) {
+                Ok(url) => assert!(enabled, "{location} accepted without its store: {url}"),
+                Err(error) => {
+                    assert!(!enabled, "{location}: {error}");
+                    assert!(
+                        error.to_string().contains(&format!("--features {feature}")),
+                        "{error}"
+                    );
+                }
+            }
+        }
+        let local = tempfile::tempdir().expect("temp");
+        let url = table_url(&local.path().join("bronze").display().to_string()).expect("local");
+        assert_eq!(url.scheme(), "file");
+    }
 }

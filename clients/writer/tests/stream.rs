@@ -285,3 +285,73 @@ async fn a_capture_instance_switch_adds_the_new_column_and_its_events() {
         "one event row each, in the batch's facts"
     );
 }
+
+/// Creates a bronze table at `location` holding only `column` typed `data_type`.
+async fn bronze_with(location: &str, column: &str, data_type: deltalake::kernel::DataType) {
+    let url = tables::table_url(location).expect("url");
+    tables::ensure(
+        &url,
+        tables::TableKind::Bronze,
+        vec![tables::field_with_comment(column, data_type, "made by the test")],
+        "bronze",
+    )
+    .await
+    .expect("bronze");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_type_bronze_holds_wider_is_cast_and_one_it_cannot_hold_stops_the_stream() {
+    let lab = Lab::new().await;
+    lab.workload(13, 30);
+
+    // customer_id (int) into a bronze that holds it as bigint: cast, every change written.
+    let mut wider = lab.config();
+    bronze_with(&wider.target, "customer_id", deltalake::kernel::DataType::LONG).await;
+    wider.checkpoint = lab.dir.path().join("checkpoint_wider");
+    run_now(wider.clone()).await;
+    assert_eq!(bronze_rows(&lab).await.expect("bronze"), lab.committed());
+    let table = tables::open(&tables::table_url(&wider.target).expect("url"))
+        .await
+        .expect("open")
+        .expect("bronze");
+    let schema = table.snapshot().expect("snapshot").schema();
+    assert_eq!(
+        schema.field("customer_id").expect("column").data_type(),
+        &deltalake::kernel::DataType::LONG,
+        "bronze keeps its wider type"
+    );
+
+    // status (varchar) into a bronze that holds it as bigint: stopped, naming the column.
+    let mut narrower = lab.config();
+    narrower.target = lab.lake("bronze_status_as_bigint");
+    narrower.app_id = "orders_status".into();
+    narrower.checkpoint = lab.dir.path().join("checkpoint_narrower");
+    bronze_with(&narrower.target, "status", deltalake::kernel::DataType::LONG).await;
+    let error = try_run_now(narrower.clone())
+        .await
+        .expect_err("a string does not fit a bigint");
+    assert!(matches!(error, WriterError::SchemaChanged(_)), "{error}");
+    let message = error.to_string();
+    assert!(message.contains("'status'"), "{message}");
+    assert!(message.contains("delta.enableTypeWidening"), "{message}");
+    let written = query(&narrower.target, "SELECT COUNT(*) FROM t").await;
+    let count = written[0]
+        .column(0)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .expect("count")
+        .value(0);
+    assert_eq!(count, 0, "nothing appended to the bronze that cannot hold it");
+    let facts = query(
+        &lab.lake("facts"),
+        "SELECT COUNT(*) FROM t WHERE app_id = 'orders_status'",
+    )
+    .await;
+    let facts_rows = facts[0]
+        .column(0)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .expect("count")
+        .value(0);
+    assert_eq!(facts_rows, 0, "no facts row for the refused batch");
+}

@@ -1,0 +1,229 @@
+//! Bronze rows: the stream's batches with bronze's own columns, and the check that bronze can
+//! hold the types the source delivers now.
+//!
+//! After a capture-instance switch a captured column may arrive with another type. A type
+//! that fits bronze's (the widenings Delta's type widening and the seed's `_fits` accept:
+//! tinyint < smallint < int < bigint, small integers and float to double, date to
+//! timestamp_ntz, integers to a decimal with enough integer digits, decimals keeping their
+//! integer digits and scale) is cast to bronze's type before the append. Anything else stops
+//! the stream with an error naming the column: delta-rs cannot change a column's type, so the
+//! owner widens bronze (or starts a new one) before the stream goes on.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int32Array, new_null_array};
+use arrow::datatypes::{DataType as ArrowType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use deltalake::kernel::engine::arrow_conversion::{TryFromArrow, TryIntoArrow};
+use deltalake::kernel::{DataType, MetadataValue, PrimitiveType, StructField, StructType};
+
+use crate::error::{Result, WriterError};
+use crate::tables::TableKind;
+
+/// The bronze columns of a stream batch: `_batch_id`, `_snapshot`, `_chunk` appended.
+pub fn stream_rows(batch: &RecordBatch, batch_id: i64) -> Result<RecordBatch> {
+    let rows = batch.num_rows();
+    let mut fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|field| field.as_ref().clone())
+        .collect();
+    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    let batch_id =
+        i32::try_from(batch_id).map_err(|_| WriterError::Internal("batch id past INT".into()))?;
+    fields.push(Field::new("_batch_id", ArrowType::Int32, true));
+    columns.push(Arc::new(Int32Array::from(vec![batch_id; rows])));
+    fields.push(Field::new("_snapshot", ArrowType::Utf8, true));
+    columns.push(new_null_array(&ArrowType::Utf8, rows));
+    fields.push(Field::new("_chunk", ArrowType::Int32, true));
+    columns.push(new_null_array(&ArrowType::Int32, rows));
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
+/// Delta fields for a bronze schema, with the writer's comments on the metadata columns.
+pub fn fields(schema: &Schema) -> Result<Vec<StructField>> {
+    let comments: HashMap<&str, &str> = TableKind::Bronze
+        .columns()
+        .into_iter()
+        .map(|spec| (spec.name, spec.comment))
+        .collect();
+    schema
+        .fields()
+        .iter()
+        .map(|field| {
+            let converted = StructField::try_from_arrow(field.as_ref())?;
+            Ok(match comments.get(field.name().as_str()) {
+                Some(comment) => converted.with_metadata([(
+                    "comment".to_string(),
+                    MetadataValue::String((*comment).to_string()),
+                )]),
+                None => converted,
+            })
+        })
+        .collect()
+}
+
+/// Casts the columns of `batches` whose type differs from bronze's but fits it to bronze's
+/// type; a column whose type bronze cannot hold is an error naming it. Columns bronze lacks
+/// are left as they are (the append adds them by schema merge).
+pub fn conform(
+    bronze: &StructType,
+    target: &str,
+    batches: Vec<RecordBatch>,
+) -> Result<Vec<RecordBatch>> {
+    let Some(first) = batches.first() else {
+        return Ok(batches);
+    };
+    let mut casts: Vec<(usize, ArrowType)> = Vec::new();
+    for (index, field) in first.schema().fields().iter().enumerate() {
+        let Some(existing) = bronze.field(field.name()) else {
+            continue;
+        };
+        let incoming = DataType::try_from_arrow(field.data_type())?;
+        if &incoming == existing.data_type() {
+            continue;
+        }
+        if !fits(&incoming, existing.data_type()) {
+            return Err(WriterError::SchemaChanged(format!(
+                "bronze {target} holds column '{}' as {}, and the source now delivers {}, which \
+                 it cannot hold. delta-rs does not change a column's type: widen the column \
+                 with Spark (ALTER TABLE delta.`{target}` SET TBLPROPERTIES \
+                 ('delta.enableTypeWidening' = 'true'), then ALTER TABLE ... ALTER COLUMN {} \
+                 TYPE {}) or stream into a new bronze target, then restart the stream",
+                field.name(),
+                existing.data_type(),
+                incoming,
+                field.name(),
+                incoming,
+            )));
+        }
+        casts.push((index, existing.data_type().try_into_arrow()?));
+    }
+    if casts.is_empty() {
+        return Ok(batches);
+    }
+    batches
+        .into_iter()
+        .map(|batch| {
+            let mut fields: Vec<Field> = batch
+                .schema()
+                .fields()
+                .iter()
+                .map(|field| field.as_ref().clone())
+                .collect();
+            let mut columns = batch.columns().to_vec();
+            for (index, to) in &casts {
+                columns[*index] = arrow::compute::cast(&columns[*index], to)?;
+                fields[*index] = fields[*index].clone().with_data_type(to.clone());
+            }
+            Ok(RecordBatch::try_new(
+                Arc::new(Schema::new(fields)),
+                columns,
+            )?)
+        })
+        .collect()
+}
+
+/// Whether values of `incoming` fit a column of type `existing` without loss (the widenings
+/// of Delta's type widening, as the seed's `_fits`).
+pub fn fits(incoming: &DataType, existing: &DataType) -> bool {
+    use PrimitiveType as P;
+    let (DataType::Primitive(from), DataType::Primitive(to)) = (incoming, existing) else {
+        return incoming == existing;
+    };
+    let integer_rank = |t: &P| match t {
+        P::Byte => Some(1),
+        P::Short => Some(2),
+        P::Integer => Some(3),
+        P::Long => Some(4),
+        _ => None,
+    };
+    let integer_digits = |t: &P| match t {
+        P::Byte | P::Short => Some(5),
+        P::Integer => Some(10),
+        P::Long => Some(20),
+        _ => None,
+    };
+    if from == to {
+        return true;
+    }
+    match (from, to) {
+        (a, b) if integer_rank(a).is_some() && integer_rank(b).is_some() => {
+            integer_rank(a) <= integer_rank(b)
+        }
+        (P::Byte | P::Short | P::Integer | P::Float, P::Double) => true,
+        (P::Date, P::TimestampNtz) => true,
+        (a, P::Decimal(decimal)) if integer_digits(a).is_some() => integer_digits(a)
+            .is_some_and(|digits| decimal.precision() - decimal.scale() >= digits as u8),
+        (P::Decimal(a), P::Decimal(b)) => {
+            b.scale() >= a.scale() && b.precision() - b.scale() >= a.precision() - a.scale()
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decimal(precision: u8, scale: u8) -> DataType {
+        DataType::decimal(precision, scale).expect("decimal")
+    }
+
+    #[test]
+    fn widenings_fit_and_narrowings_do_not() {
+        assert!(fits(&DataType::INTEGER, &DataType::LONG));
+        assert!(fits(&DataType::BYTE, &DataType::SHORT));
+        assert!(!fits(&DataType::LONG, &DataType::INTEGER));
+        assert!(fits(&DataType::INTEGER, &DataType::DOUBLE));
+        assert!(!fits(&DataType::LONG, &DataType::DOUBLE));
+        assert!(fits(&DataType::FLOAT, &DataType::DOUBLE));
+        assert!(fits(&DataType::DATE, &DataType::TIMESTAMP_NTZ));
+        assert!(!fits(&DataType::TIMESTAMP, &DataType::DATE));
+        assert!(fits(&DataType::INTEGER, &decimal(12, 2)));
+        assert!(!fits(&DataType::INTEGER, &decimal(11, 2)));
+        assert!(fits(&decimal(10, 2), &decimal(12, 3)));
+        assert!(!fits(&decimal(10, 2), &decimal(10, 3)));
+        assert!(!fits(&DataType::STRING, &DataType::LONG));
+        assert!(!fits(&DataType::LONG, &DataType::STRING));
+    }
+
+    #[test]
+    fn conform_casts_what_fits_and_names_what_does_not() {
+        let bronze = StructType::try_new([
+            StructField::new("id", DataType::LONG, true),
+            StructField::new("name", DataType::LONG, true),
+        ])
+        .expect("schema");
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("id", ArrowType::Int32, true),
+                Field::new("extra", ArrowType::Int32, true),
+            ])),
+            vec![
+                Arc::new(Int32Array::from(vec![1, 2])),
+                Arc::new(Int32Array::from(vec![3, 4])),
+            ],
+        )
+        .expect("batch");
+        let conformed = conform(&bronze, "t", vec![batch]).expect("fits");
+        assert_eq!(conformed[0].column(0).data_type(), &ArrowType::Int64);
+        assert_eq!(conformed[0].column(1).data_type(), &ArrowType::Int32);
+
+        let strings = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("name", ArrowType::Utf8, true)])),
+            vec![Arc::new(arrow::array::StringArray::from(vec!["a"]))],
+        )
+        .expect("batch");
+        let error = conform(&bronze, "/lake/b", vec![strings])
+            .expect_err("a string does not fit a long")
+            .to_string();
+        assert!(error.contains("'name'"), "{error}");
+        assert!(error.contains("delta.enableTypeWidening"), "{error}");
+    }
+}
