@@ -180,13 +180,9 @@ impl CdcClient {
         Ok(ChangesPlan { info, metadata })
     }
 
-    /// Reads one endpoint, handing each batch to `on_batch`; returns the completion marker,
-    /// or [`ClientError::Incomplete`] when the stream ended without it.
-    pub async fn read_endpoint(
-        &self,
-        ticket: &Ticket,
-        mut on_batch: impl FnMut(RecordBatch),
-    ) -> ClientResult<Completion> {
+    /// Opens one endpoint's stream; [`EndpointReader::next_batch`] hands out its batches and
+    /// [`EndpointReader::completion`] checks its completion marker at the end.
+    pub async fn open_endpoint(&self, ticket: &Ticket) -> ClientResult<EndpointReader> {
         let response = self
             .inner
             .clone()
@@ -210,36 +206,25 @@ impl CdcClient {
                 };
                 futures::future::ready(Ok(keep))
             });
-        let mut decoder = FlightDataDecoder::new(data);
-        let mut rows = 0u64;
-        while let Some(message) = decoder.next().await {
-            if let DecodedPayload::RecordBatch(batch) = message?.payload {
-                if marker.lock().map(|slot| slot.is_some()).unwrap_or(false) {
-                    return Err(ClientError::Protocol(
-                        "data after the completion marker".into(),
-                    ));
-                }
-                rows += batch.num_rows() as u64;
-                on_batch(batch);
-            }
+        Ok(EndpointReader {
+            decoder: FlightDataDecoder::new(data),
+            marker,
+            rows: 0,
+        })
+    }
+
+    /// Reads one endpoint, handing each batch to `on_batch`; returns the completion marker,
+    /// or [`ClientError::Incomplete`] when the stream ended without it.
+    pub async fn read_endpoint(
+        &self,
+        ticket: &Ticket,
+        mut on_batch: impl FnMut(RecordBatch),
+    ) -> ClientResult<Completion> {
+        let mut reader = self.open_endpoint(ticket).await?;
+        while let Some(batch) = reader.next_batch().await? {
+            on_batch(batch);
         }
-        let metadata = marker.lock().ok().and_then(|mut slot| slot.take());
-        let completion = match metadata {
-            Some(metadata) => {
-                let marker: Completion = serde_json::from_slice(&metadata).map_err(|error| {
-                    ClientError::Protocol(format!("completion marker: {error}"))
-                })?;
-                if marker.kind != COMPLETION_TYPE || marker.rows != rows {
-                    return Err(ClientError::Protocol(format!(
-                        "completion marker says {} rows of type {} but {rows} arrived",
-                        marker.rows, marker.kind
-                    )));
-                }
-                Some(marker)
-            }
-            None => None,
-        };
-        completion.ok_or(ClientError::Incomplete { rows })
+        reader.completion()
     }
 
     /// Reads one endpoint into memory.
@@ -252,5 +237,54 @@ impl CdcClient {
             .read_endpoint(ticket, |batch| batches.push(batch))
             .await?;
         Ok((batches, completion))
+    }
+}
+
+/// One endpoint's stream being read: batches, then the completion marker.
+pub struct EndpointReader {
+    decoder: FlightDataDecoder,
+    marker: std::sync::Arc<std::sync::Mutex<Option<bytes::Bytes>>>,
+    rows: u64,
+}
+
+impl EndpointReader {
+    /// The next batch, or `None` at the end of the stream.
+    pub async fn next_batch(&mut self) -> ClientResult<Option<RecordBatch>> {
+        while let Some(message) = self.decoder.next().await {
+            if let DecodedPayload::RecordBatch(batch) = message?.payload {
+                if self
+                    .marker
+                    .lock()
+                    .map(|slot| slot.is_some())
+                    .unwrap_or(false)
+                {
+                    return Err(ClientError::Protocol(
+                        "data after the completion marker".into(),
+                    ));
+                }
+                self.rows += batch.num_rows() as u64;
+                return Ok(Some(batch));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The completion marker of a stream read to its end, checked against the rows that
+    /// arrived; [`ClientError::Incomplete`] when the stream ended without it.
+    pub fn completion(self) -> ClientResult<Completion> {
+        let rows = self.rows;
+        let metadata = self.marker.lock().ok().and_then(|mut slot| slot.take());
+        let Some(metadata) = metadata else {
+            return Err(ClientError::Incomplete { rows });
+        };
+        let marker: Completion = serde_json::from_slice(&metadata)
+            .map_err(|error| ClientError::Protocol(format!("completion marker: {error}")))?;
+        if marker.kind != COMPLETION_TYPE || marker.rows != rows {
+            return Err(ClientError::Protocol(format!(
+                "completion marker says {} rows of type {} but {rows} arrived",
+                marker.rows, marker.kind
+            )));
+        }
+        Ok(marker)
     }
 }

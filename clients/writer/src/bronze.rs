@@ -8,15 +8,29 @@
 //! integer digits and scale) is cast to bronze's type before the append. Anything else stops
 //! the stream with an error naming the column: delta-rs cannot change a column's type, so the
 //! owner widens bronze (or starts a new one) before the stream goes on.
+//!
+//! The append streams: each endpoint's batches are encoded into Parquet files as they arrive
+//! ([`FileWriter`], delta-rs' `DeltaWriter`), so reading and encoding overlap and a batch is
+//! never held in memory whole; [`commit`] then adds every file in one Delta commit carrying
+//! the application transaction. Files of a batch that never commits (a crash, an incomplete
+//! stream) are orphans no snapshot references; `VACUUM` removes them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Int32Array, new_null_array};
-use arrow::datatypes::{DataType as ArrowType, Field, Schema};
+use arrow::datatypes::{DataType as ArrowType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
+use deltalake::DeltaTable;
+use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
 use deltalake::kernel::engine::arrow_conversion::{TryFromArrow, TryIntoArrow};
-use deltalake::kernel::{DataType, MetadataValue, PrimitiveType, StructField, StructType};
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::{
+    Action, Add, DataType, MetadataValue, PrimitiveType, StructField, StructType, Transaction,
+};
+use deltalake::operations::write::WriterStatsConfig;
+use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::table::config::TablePropertiesExt;
 
 use crate::error::{Result, WriterError};
 use crate::tables::TableKind;
@@ -66,6 +80,149 @@ pub fn fields(schema: &Schema) -> Result<Vec<StructField>> {
             })
         })
         .collect()
+}
+
+/// Bronze, ready to take one batch's files: its schema holds every column the batch brings.
+pub struct Appender {
+    table: DeltaTable,
+    schema: StructType,
+    target: String,
+    batch_id: i64,
+    target_file_size: std::num::NonZeroU64,
+    stats: WriterStatsConfig,
+}
+
+impl Appender {
+    /// Adds to `table` the columns of `incoming` (a stream schema) it lacks (the schema
+    /// merge after a capture-instance switch), checking now that bronze can hold the types
+    /// of the columns it has.
+    pub async fn prepare(
+        table: DeltaTable,
+        incoming: &Schema,
+        target: &str,
+        batch_id: i64,
+    ) -> Result<Self> {
+        let incoming = stream_rows(&RecordBatch::new_empty(Arc::new(incoming.clone())), 0)?;
+        let existing = table.snapshot()?.schema();
+        conform(&existing, target, vec![incoming.clone()])?;
+        let missing: Vec<StructField> = fields(&incoming.schema())?
+            .into_iter()
+            .filter(|field| existing.field(field.name()).is_none())
+            .map(|field| StructField {
+                nullable: true,
+                ..field
+            })
+            .collect();
+        let table = if missing.is_empty() {
+            table
+        } else {
+            tracing::info!(target, columns = ?missing.iter().map(|f| f.name().to_string()).collect::<Vec<_>>(),
+                "bronze takes the new captured columns");
+            table.add_columns().with_fields(missing).await?
+        };
+        let snapshot = table.snapshot()?;
+        Ok(Appender {
+            schema: snapshot.schema().as_ref().clone(),
+            target_file_size: snapshot.table_config().target_file_size(),
+            stats: WriterStatsConfig::from_config(snapshot.snapshot().table_configuration()),
+            table,
+            target: target.to_string(),
+            batch_id,
+        })
+    }
+
+    /// A writer of Parquet files for one endpoint's batches.
+    pub fn file_writer(self: &Arc<Self>) -> FileWriter {
+        FileWriter {
+            appender: Arc::clone(self),
+            writer: None,
+            schema: None,
+        }
+    }
+
+    /// Adds `files` to bronze in one commit with the application transaction
+    /// `(app_id, batch_id)` and `user_metadata` (the seed's facts JSON).
+    pub async fn commit(&self, files: Vec<Add>, app_id: &str, user_metadata: String) -> Result<()> {
+        let properties = CommitProperties::default()
+            .with_application_transaction(Transaction::new(app_id, self.batch_id))
+            .with_metadata([(
+                "userMetadata".to_string(),
+                serde_json::Value::String(user_metadata),
+            )]);
+        CommitBuilder::from(properties)
+            .with_actions(files.into_iter().map(Action::Add).collect())
+            .build(
+                Some(self.table.snapshot()?),
+                self.table.log_store(),
+                DeltaOperation::Write {
+                    mode: SaveMode::Append,
+                    partition_by: None,
+                    predicate: None,
+                },
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// Encodes one endpoint's stream batches into bronze Parquet files as they arrive.
+pub struct FileWriter {
+    appender: Arc<Appender>,
+    writer: Option<DeltaWriter>,
+    schema: Option<SchemaRef>,
+}
+
+impl FileWriter {
+    /// Writes one stream batch (bronze's columns added, types cast to bronze's).
+    pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let appender = &self.appender;
+        let rows = stream_rows(batch, appender.batch_id)?;
+        let rows = conform(&appender.schema, &appender.target, vec![rows])?
+            .pop()
+            .ok_or_else(|| WriterError::Internal("conform dropped the batch".into()))?;
+        if self
+            .schema
+            .as_ref()
+            .is_some_and(|schema| schema != &rows.schema())
+        {
+            return Err(WriterError::Internal(format!(
+                "an endpoint of bronze {} changed its schema mid-stream",
+                appender.target
+            )));
+        }
+        let writer = self.writer.get_or_insert_with(|| {
+            let config = WriterConfig::new(
+                rows.schema(),
+                Vec::new(),
+                None,
+                Some(appender.target_file_size),
+                None,
+                appender.stats.num_indexed_cols,
+                appender.stats.stats_columns.clone(),
+            );
+            DeltaWriter::new(appender.table.log_store().object_store(None), config)
+        });
+        self.schema.get_or_insert_with(|| rows.schema());
+        writer.write(&rows).await?;
+        Ok(())
+    }
+
+    /// Flushes the last file; the files written, for [`Appender::commit`].
+    pub async fn close(self) -> Result<Vec<Add>> {
+        match self.writer {
+            Some(writer) => Ok(writer.close().await?),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Abandons the files (the stream was incomplete): nothing of them is committed.
+    pub async fn abort(self) {
+        if let Some(writer) = self.writer
+            && let Err(error) = writer.abort().await
+        {
+            tracing::warn!(%error, "aborting an uncommitted bronze file failed (vacuum removes it)");
+        }
+    }
 }
 
 /// Casts the columns of `batches` whose type differs from bronze's but fits it to bronze's

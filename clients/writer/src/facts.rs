@@ -2,12 +2,14 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray, TimestampMicrosecondArray};
+use arrow::array::{
+    Array, ArrayRef, Float64Array, Int32Array, Int64Array, StringArray, TimestampMicrosecondArray,
+};
 use arrow::datatypes::{DataType as ArrowType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use deltalake::kernel::DataType;
 
-use crate::error::Result;
+use crate::error::{Result, WriterError};
 use crate::tables::TableKind;
 
 /// One facts row; `None` is NULL. Times are microseconds since the epoch, UTC.
@@ -142,5 +144,110 @@ mod tests {
             1,
             "min_lsn unknown stays NULL"
         );
+    }
+}
+
+/// The facts of a batch's rows, gathered as they stream by: count, LSN and commit-time
+/// extents, operation counts. Endpoints read in parallel each keep one and [`Totals::merge`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Totals {
+    rows: i64,
+    deletes: i64,
+    inserts: i64,
+    updates: i64,
+    min_lsn: Option<String>,
+    max_lsn: Option<String>,
+    min_commit_ts: Option<i64>,
+    max_commit_ts: Option<i64>,
+}
+
+impl Totals {
+    /// Counts one stream batch (`_start_lsn`, `_operation`, `_commit_ts`).
+    pub fn add(&mut self, batch: &RecordBatch) -> Result<()> {
+        fn column<'a, T: 'static>(batch: &'a RecordBatch, name: &str) -> Result<&'a T> {
+            batch
+                .column_by_name(name)
+                .and_then(|column| column.as_any().downcast_ref::<T>())
+                .ok_or_else(|| WriterError::Internal(format!("stream batch without {name}")))
+        }
+        let lsns: &StringArray = column(batch, "_start_lsn")?;
+        let operations: &Int32Array = column(batch, "_operation")?;
+        let times: &TimestampMicrosecondArray = column(batch, "_commit_ts")?;
+        // LSN strings are fixed-width hex: string order is LSN order.
+        let (mut low, mut high): (Option<&str>, Option<&str>) = (None, None);
+        for lsn in lsns.iter().flatten() {
+            low = Some(low.map_or(lsn, |low| low.min(lsn)));
+            high = Some(high.map_or(lsn, |high| high.max(lsn)));
+        }
+        if let Some(low) = low
+            && self.min_lsn.as_deref().is_none_or(|min| low < min)
+        {
+            self.min_lsn = Some(low.to_string());
+        }
+        if let Some(high) = high
+            && self.max_lsn.as_deref().is_none_or(|max| high > max)
+        {
+            self.max_lsn = Some(high.to_string());
+        }
+        if let Some(low) = arrow::compute::min(times) {
+            self.min_commit_ts = Some(self.min_commit_ts.map_or(low, |min| min.min(low)));
+        }
+        if let Some(high) = arrow::compute::max(times) {
+            self.max_commit_ts = Some(self.max_commit_ts.map_or(high, |max| max.max(high)));
+        }
+        for operation in operations.values() {
+            match operation {
+                1 => self.deletes += 1,
+                2 => self.inserts += 1,
+                4 => self.updates += 1,
+                _ => {}
+            }
+        }
+        self.rows += batch.num_rows() as i64;
+        Ok(())
+    }
+
+    /// Folds another endpoint's totals in.
+    pub fn merge(&mut self, other: Totals) {
+        self.rows += other.rows;
+        self.deletes += other.deletes;
+        self.inserts += other.inserts;
+        self.updates += other.updates;
+        self.min_lsn = [self.min_lsn.take(), other.min_lsn]
+            .into_iter()
+            .flatten()
+            .min();
+        self.max_lsn = [self.max_lsn.take(), other.max_lsn]
+            .into_iter()
+            .flatten()
+            .max();
+        self.min_commit_ts = [self.min_commit_ts, other.min_commit_ts]
+            .into_iter()
+            .flatten()
+            .min();
+        self.max_commit_ts = [self.max_commit_ts, other.max_commit_ts]
+            .into_iter()
+            .flatten()
+            .max();
+    }
+
+    /// Rows counted.
+    pub fn rows(&self) -> i64 {
+        self.rows
+    }
+
+    /// A facts row carrying these totals.
+    pub fn to_row(&self) -> FactsRow {
+        FactsRow {
+            rows: Some(self.rows),
+            deletes: Some(self.deletes),
+            inserts: Some(self.inserts),
+            updates: Some(self.updates),
+            min_lsn: self.min_lsn.clone(),
+            max_lsn: self.max_lsn.clone(),
+            min_commit_ts: self.min_commit_ts,
+            max_commit_ts: self.max_commit_ts,
+            ..FactsRow::default()
+        }
     }
 }

@@ -8,6 +8,11 @@ use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::sidecar;
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
 
+// As in the server: per-batch multi-megabyte Arrow and Parquet buffers are reused by
+// mimalloc instead of going back to mmap/munmap.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod demo;
 
 /// Stream SQL Server CDC from an mssql-cdc-flight server into Delta tables.

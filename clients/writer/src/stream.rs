@@ -18,14 +18,14 @@
 //! the facts and bronze tables' transaction versions.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{Array, Int32Array, StringArray, TimestampMicrosecondArray};
+use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use deltalake::DeltaTable;
 use deltalake::kernel::Transaction;
 use deltalake::kernel::transaction::CommitProperties;
-use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use mssql_cdc_flight::client::CdcClient;
 use mssql_cdc_flight::flight::protocol::{
@@ -39,7 +39,7 @@ use crate::bronze;
 use crate::checkpoint::{BatchRecord, Checkpoint};
 use crate::control::{self, Granularity};
 use crate::error::{Result, WriterError};
-use crate::facts::{self, FactsRow};
+use crate::facts::{self, FactsRow, Totals};
 use crate::tables::{self, TableKind};
 
 /// How one table is streamed.
@@ -323,9 +323,17 @@ impl Stream {
             Err(error) => return Err(error),
         };
         crash_point("after_plan", record.batch_id);
-        let (batches, completions) = self.read(&plan).await?;
-        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        let mut row = aggregate(&batches)?;
+        let bronze = self.prepare_bronze(&plan, record.batch_id).await?;
+        let read = self.read(&plan, bronze.appender.clone()).await?;
+        let rows = read.totals.rows();
+        if rows > 0 && bronze.appender.is_none() && !bronze.committed {
+            return Err(WriterError::Internal(format!(
+                "planning counted no rows in ({}, {}] but {rows} arrived",
+                record.start.lsn, record.end.lsn
+            )));
+        }
+        let completions = read.completions;
+        let mut row = read.totals.to_row();
         row.app_id = Some(self.config.app_id.clone());
         row.batch_id = Some(record.batch_id);
         row.started_at = Some(started_at);
@@ -357,8 +365,16 @@ impl Stream {
                 row.ingestion_lag_seconds = Some(((source_max - end) as f64 / 1e3).round() / 1e3);
             }
         }
-        if rows > 0 {
-            self.append_bronze(record.batch_id, &batches, &row).await?;
+        if let Some(appender) = &bronze.appender
+            && rows > 0
+        {
+            appender
+                .commit(
+                    read.files,
+                    &self.config.app_id,
+                    self.user_metadata(record.batch_id, &row),
+                )
+                .await?;
         }
         crash_point("after_bronze", record.batch_id);
         row.duration_ms = Some(clock.elapsed().as_millis() as i64);
@@ -406,6 +422,13 @@ impl Stream {
         command.partitions = Some(self.config.partitions);
         match self.client.plan_changes(&command).await {
             Ok(plan) => Ok(PlannedBatch {
+                schema: Arc::new(
+                    plan.info
+                        .clone()
+                        .try_decode_schema()
+                        .map_err(|error| WriterError::Internal(format!("plan schema: {error}")))?,
+                ),
+                rows: plan.metadata.rows,
                 events: plan.metadata.events,
                 tickets: plan
                     .info
@@ -445,77 +468,102 @@ impl Stream {
         Ok(resume)
     }
 
-    async fn read(
-        &self,
-        plan: &PlannedBatch,
-    ) -> Result<(
-        Vec<RecordBatch>,
-        Vec<mssql_cdc_flight::flight::protocol::Completion>,
-    )> {
-        let mut reads = Vec::new();
-        for ticket in &plan.tickets {
-            let client = self.client.clone();
-            let ticket = ticket.clone();
-            reads.push(tokio::spawn(async move {
-                client.collect_endpoint(&ticket).await
-            }));
+    /// Bronze ready for the batch's files: `appender` is `None` when planning counted no rows
+    /// (no bronze commit) or when bronze already holds the batch (`committed`, a replay).
+    async fn prepare_bronze(&self, plan: &PlannedBatch, batch_id: i64) -> Result<BronzeTarget> {
+        if plan.rows == 0 {
+            return Ok(BronzeTarget {
+                appender: None,
+                committed: false,
+            });
         }
-        let mut batches = Vec::new();
-        let mut completions = Vec::new();
-        for read in reads {
-            let (endpoint_batches, completion) = read
-                .await
-                .map_err(|error| WriterError::Internal(format!("read task: {error}")))??;
-            batches.extend(endpoint_batches);
-            completions.push(completion);
-        }
-        Ok((batches, completions))
-    }
-
-    async fn append_bronze(
-        &self,
-        batch_id: i64,
-        batches: &[RecordBatch],
-        facts: &FactsRow,
-    ) -> Result<()> {
-        let with_batch: Vec<RecordBatch> = batches
-            .iter()
-            .map(|batch| bronze::stream_rows(batch, batch_id))
-            .collect::<Result<_>>()?;
-        let schema = with_batch[0].schema();
+        let empty = RecordBatch::new_empty(plan.schema.clone());
         let table = tables::ensure(
             &self.target,
             TableKind::Bronze,
-            bronze::fields(&schema)?,
+            bronze::fields(&bronze::stream_rows(&empty, batch_id)?.schema())?,
             "bronze",
         )
         .await?;
         if already_committed(&table, &self.config.app_id, batch_id).await? {
             tracing::info!(batch_id, "bronze already holds the batch (replay): skipped");
-            return Ok(());
+            return Ok(BronzeTarget {
+                appender: None,
+                committed: true,
+            });
         }
-        let with_batch =
-            bronze::conform(&table.snapshot()?.schema(), &self.config.target, with_batch)?;
-        let user_metadata = json!({
+        let appender =
+            bronze::Appender::prepare(table, &plan.schema, &self.config.target, batch_id).await?;
+        Ok(BronzeTarget {
+            appender: Some(Arc::new(appender)),
+            committed: false,
+        })
+    }
+
+    /// Reads every endpoint in parallel, each streaming its batches into its own bronze
+    /// files (when `bronze` is given) and its totals.
+    async fn read(
+        &self,
+        plan: &PlannedBatch,
+        bronze: Option<Arc<bronze::Appender>>,
+    ) -> Result<EndpointReads> {
+        let mut reads = Vec::new();
+        for ticket in &plan.tickets {
+            let client = self.client.clone();
+            let ticket = ticket.clone();
+            let mut files = bronze.as_ref().map(bronze::Appender::file_writer);
+            reads.push(tokio::spawn(async move {
+                let mut totals = Totals::default();
+                let mut reader = client.open_endpoint(&ticket).await?;
+                let streamed: Result<()> = async {
+                    while let Some(batch) = reader.next_batch().await? {
+                        totals.add(&batch)?;
+                        if let Some(files) = files.as_mut() {
+                            files.write(&batch).await?;
+                        }
+                    }
+                    Ok(())
+                }
+                .await;
+                let completion = streamed.and_then(|()| Ok(reader.completion()?));
+                match (completion, files) {
+                    (Ok(completion), Some(files)) => Ok((totals, completion, files.close().await?)),
+                    (Ok(completion), None) => Ok((totals, completion, Vec::new())),
+                    (Err(error), files) => {
+                        if let Some(files) = files {
+                            files.abort().await;
+                        }
+                        Err(error)
+                    }
+                }
+            }));
+        }
+        let mut outcome = EndpointReads {
+            totals: Totals::default(),
+            completions: Vec::new(),
+            files: Vec::new(),
+        };
+        for read in reads {
+            let (totals, completion, files) = read
+                .await
+                .map_err(|error| WriterError::Internal(format!("read task: {error}")))??;
+            outcome.totals.merge(totals);
+            outcome.completions.push(completion);
+            outcome.files.extend(files);
+        }
+        Ok(outcome)
+    }
+
+    /// The seed's facts JSON of a bronze commit (its userMetadata).
+    fn user_metadata(&self, batch_id: i64, facts: &FactsRow) -> String {
+        json!({
             "rows": facts.rows, "min_lsn": facts.min_lsn, "max_lsn": facts.max_lsn,
             "min_commit_ts": facts.min_commit_ts.map(|t| CommitTime(t).to_iso_millis()),
             "max_commit_ts": facts.max_commit_ts.map(|t| CommitTime(t).to_iso_millis()),
             "deletes": facts.deletes, "inserts": facts.inserts, "updates": facts.updates,
             "batch_id": batch_id, "app_id": self.config.app_id,
-        });
-        let properties = CommitProperties::default()
-            .with_application_transaction(Transaction::new(&self.config.app_id, batch_id))
-            .with_metadata([(
-                "userMetadata".to_string(),
-                serde_json::Value::String(user_metadata.to_string()),
-            )]);
-        table
-            .write(with_batch)
-            .with_save_mode(SaveMode::Append)
-            .with_schema_mode(SchemaMode::Merge)
-            .with_commit_properties(properties)
-            .await?;
-        Ok(())
+        })
+        .to_string()
     }
 
     async fn append_facts(
@@ -558,10 +606,25 @@ impl Stream {
     }
 }
 
-/// A planned batch: its events and one ticket per endpoint.
+/// A planned batch: its events, schema, rows counted and one ticket per endpoint.
 struct PlannedBatch {
     events: Vec<mssql_cdc_flight::flight::protocol::RangeEvent>,
+    schema: SchemaRef,
+    rows: u64,
     tickets: Vec<arrow_flight::Ticket>,
+}
+
+/// Where a batch's rows go in bronze (see [`Stream::prepare_bronze`]).
+struct BronzeTarget {
+    appender: Option<Arc<bronze::Appender>>,
+    committed: bool,
+}
+
+/// What reading a batch's endpoints gathered.
+struct EndpointReads {
+    totals: Totals,
+    completions: Vec<mssql_cdc_flight::flight::protocol::Completion>,
+    files: Vec<deltalake::kernel::Add>,
 }
 
 async fn already_committed(table: &DeltaTable, app_id: &str, batch_id: i64) -> Result<bool> {
@@ -570,67 +633,4 @@ async fn already_committed(table: &DeltaTable, app_id: &str, batch_id: i64) -> R
         .transaction_version(table.log_store().as_ref(), app_id)
         .await?;
     Ok(version.is_some_and(|version| version >= batch_id))
-}
-
-/// The facts of a batch's rows: count, LSN and commit-time extents, operation counts.
-fn aggregate(batches: &[RecordBatch]) -> Result<FactsRow> {
-    let mut row = FactsRow {
-        rows: Some(0),
-        deletes: Some(0),
-        inserts: Some(0),
-        updates: Some(0),
-        ..FactsRow::default()
-    };
-    let (mut min_lsn, mut max_lsn): (Option<String>, Option<String>) = (None, None);
-    let (mut min_ts, mut max_ts): (Option<i64>, Option<i64>) = (None, None);
-    let (mut rows, mut deletes, mut inserts, mut updates) = (0i64, 0i64, 0i64, 0i64);
-    for batch in batches {
-        let column = |name: &str| {
-            batch
-                .column_by_name(name)
-                .ok_or_else(|| WriterError::Internal(format!("no {name}")))
-        };
-        let lsns = column("_start_lsn")?
-            .as_any()
-            .downcast_ref::<StringArray>()
-            .ok_or_else(|| WriterError::Internal("_start_lsn".into()))?;
-        let operations = column("_operation")?
-            .as_any()
-            .downcast_ref::<Int32Array>()
-            .ok_or_else(|| WriterError::Internal("_operation".into()))?;
-        let times = column("_commit_ts")?
-            .as_any()
-            .downcast_ref::<TimestampMicrosecondArray>()
-            .ok_or_else(|| WriterError::Internal("_commit_ts".into()))?;
-        for index in 0..batch.num_rows() {
-            let lsn = lsns.value(index);
-            if min_lsn.as_deref().is_none_or(|low| lsn < low) {
-                min_lsn = Some(lsn.to_string());
-            }
-            if max_lsn.as_deref().is_none_or(|high| lsn > high) {
-                max_lsn = Some(lsn.to_string());
-            }
-            if times.is_valid(index) {
-                let time = times.value(index);
-                min_ts = Some(min_ts.map_or(time, |low| low.min(time)));
-                max_ts = Some(max_ts.map_or(time, |high| high.max(time)));
-            }
-            match operations.value(index) {
-                1 => deletes += 1,
-                2 => inserts += 1,
-                4 => updates += 1,
-                _ => {}
-            }
-        }
-        rows += batch.num_rows() as i64;
-    }
-    row.rows = Some(rows);
-    row.deletes = Some(deletes);
-    row.inserts = Some(inserts);
-    row.updates = Some(updates);
-    row.min_lsn = min_lsn;
-    row.max_lsn = max_lsn;
-    row.min_commit_ts = min_ts;
-    row.max_commit_ts = max_ts;
-    Ok(row)
 }

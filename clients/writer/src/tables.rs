@@ -515,7 +515,10 @@ mod tests {
         for (location, feature) in [
             ("s3://bucket/lake/bronze", "s3"),
             ("az://container/lake/bronze", "azure"),
-            ("abfss://container@account.dfs.core.windows.net/bronze", "azure"),
+            (
+                "abfss://container@account.dfs.core.windows.net/bronze",
+                "azure",
+            ),
             ("gs://bucket/lake/bronze", "gcs"),
         ] {
             let enabled = match feature {

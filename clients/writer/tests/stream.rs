@@ -292,7 +292,11 @@ async fn bronze_with(location: &str, column: &str, data_type: deltalake::kernel:
     tables::ensure(
         &url,
         tables::TableKind::Bronze,
-        vec![tables::field_with_comment(column, data_type, "made by the test")],
+        vec![tables::field_with_comment(
+            column,
+            data_type,
+            "made by the test",
+        )],
         "bronze",
     )
     .await
@@ -306,7 +310,12 @@ async fn a_type_bronze_holds_wider_is_cast_and_one_it_cannot_hold_stops_the_stre
 
     // customer_id (int) into a bronze that holds it as bigint: cast, every change written.
     let mut wider = lab.config();
-    bronze_with(&wider.target, "customer_id", deltalake::kernel::DataType::LONG).await;
+    bronze_with(
+        &wider.target,
+        "customer_id",
+        deltalake::kernel::DataType::LONG,
+    )
+    .await;
     wider.checkpoint = lab.dir.path().join("checkpoint_wider");
     run_now(wider.clone()).await;
     assert_eq!(bronze_rows(&lab).await.expect("bronze"), lab.committed());
@@ -326,7 +335,12 @@ async fn a_type_bronze_holds_wider_is_cast_and_one_it_cannot_hold_stops_the_stre
     narrower.target = lab.lake("bronze_status_as_bigint");
     narrower.app_id = "orders_status".into();
     narrower.checkpoint = lab.dir.path().join("checkpoint_narrower");
-    bronze_with(&narrower.target, "status", deltalake::kernel::DataType::LONG).await;
+    bronze_with(
+        &narrower.target,
+        "status",
+        deltalake::kernel::DataType::LONG,
+    )
+    .await;
     let error = try_run_now(narrower.clone())
         .await
         .expect_err("a string does not fit a bigint");
@@ -341,7 +355,10 @@ async fn a_type_bronze_holds_wider_is_cast_and_one_it_cannot_hold_stops_the_stre
         .downcast_ref::<Int64Array>()
         .expect("count")
         .value(0);
-    assert_eq!(count, 0, "nothing appended to the bronze that cannot hold it");
+    assert_eq!(
+        count, 0,
+        "nothing appended to the bronze that cannot hold it"
+    );
     let facts = query(
         &lab.lake("facts"),
         "SELECT COUNT(*) FROM t WHERE app_id = 'orders_status'",
