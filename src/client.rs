@@ -16,7 +16,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::flight::protocol::{COMPLETION_TYPE, ChangesCommand, Command, Completion, PlanMetadata};
+use crate::flight::protocol::{
+    COMPLETION_TYPE, ChangesCommand, Command, Completion, PlanMetadata, SnapshotCommand,
+    SnapshotPlanMetadata,
+};
 
 /// What a client call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +87,15 @@ pub struct ChangesPlan {
     pub info: FlightInfo,
     /// Its app_metadata.
     pub metadata: PlanMetadata,
+}
+
+/// A plan of a snapshot read.
+#[derive(Debug, Clone)]
+pub struct SnapshotPlan {
+    /// The `FlightInfo` as served (schema, one endpoint per partition or chunk).
+    pub info: FlightInfo,
+    /// Its app_metadata.
+    pub metadata: SnapshotPlanMetadata,
 }
 
 /// TLS settings of a client: the CA that signed the server's certificate.
@@ -178,6 +190,20 @@ impl CdcClient {
         let metadata = serde_json::from_slice(&info.app_metadata)
             .map_err(|error| ClientError::Protocol(format!("plan metadata: {error}")))?;
         Ok(ChangesPlan { info, metadata })
+    }
+
+    /// Plans a snapshot read (a whole table in partitions, or chunks).
+    pub async fn plan_snapshot(&self, command: &SnapshotCommand) -> ClientResult<SnapshotPlan> {
+        let descriptor = FlightDescriptor::new_cmd(Command::Snapshot(command.clone()).to_bytes());
+        let info = self
+            .inner
+            .clone()
+            .get_flight_info(descriptor)
+            .await?
+            .into_inner();
+        let metadata = serde_json::from_slice(&info.app_metadata)
+            .map_err(|error| ClientError::Protocol(format!("snapshot plan metadata: {error}")))?;
+        Ok(SnapshotPlan { info, metadata })
     }
 
     /// Opens one endpoint's stream; [`EndpointReader::next_batch`] hands out its batches and

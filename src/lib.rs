@@ -11,6 +11,7 @@
 //! - [`flight`]: the Flight service, its commands, actions and tickets.
 //! - [`client`]: a Rust client of the service.
 
+pub mod chunking;
 pub mod client;
 pub mod error;
 pub mod flight;

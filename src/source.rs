@@ -196,6 +196,81 @@ pub struct ChangeRead {
 /// A stream of change batches in the output schema.
 pub type BatchStream = BoxStream<'static, Result<RecordBatch>>;
 
+/// The key a snapshot is cut on and its extent, read before planning chunks
+/// (`SELECT MIN(key), MAX(key)` and the row estimate of `sys.dm_db_partition_stats`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyExtent {
+    /// The key column (the unique index CDC uses; one integer column).
+    pub column: String,
+    /// Its SQL Server type.
+    #[serde(with = "sql_type_text")]
+    pub sql_type: SqlType,
+    /// The smallest key; `None` when the table is empty.
+    pub min: Option<i64>,
+    /// The largest key; `None` when the table is empty.
+    pub max: Option<i64>,
+    /// Rows in the table (an estimate on SQL Server).
+    pub rows: u64,
+}
+
+/// Rows counted in one slice `[lo, hi)` of the key (`COUNT_BIG(*) ... GROUP BY` a grid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyBucket {
+    /// First key of the slice.
+    pub lo: i64,
+    /// First key after the slice (`None`: up to the largest key, BIGINT's maximum included).
+    pub hi: Option<i64>,
+    /// Rows whose key lies in the slice.
+    pub rows: u64,
+}
+
+/// A half-open range of the key, `[lo, hi)`; `None` is unbounded on that side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRange {
+    /// Inclusive lower bound.
+    pub lo: Option<i64>,
+    /// Exclusive upper bound.
+    pub hi: Option<i64>,
+}
+
+impl KeyRange {
+    /// Whether `key` lies in the range.
+    pub fn contains(&self, key: i64) -> bool {
+        self.lo.is_none_or(|lo| key >= lo) && self.hi.is_none_or(|hi| key < hi)
+    }
+}
+
+/// One piece of a snapshot read: a key range, tagged with its chunk number (`_chunk`) in a
+/// chunked snapshot, untagged in a full one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotPiece {
+    /// The chunk number; `None` in a full snapshot.
+    pub chunk: Option<i32>,
+    /// The key range read.
+    pub range: KeyRange,
+}
+
+/// What to read from a table's current rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotRead {
+    /// The table.
+    pub table: TableName,
+    /// The capture instance the rows are served for (`_capture_instance`).
+    pub capture_instance: String,
+    /// Output columns in order; a column the table lacks reads NULL.
+    pub columns: Vec<OutputColumn>,
+    /// The pieces, read in order.
+    pub pieces: Vec<SnapshotPiece>,
+    /// Whether `_command_id` (NULL on snapshot rows) is served, as in the change stream.
+    pub include_command_id: bool,
+    /// The stamp `L`: `max_lsn` recorded before the read (`_start_lsn` of every row).
+    pub stamp: Lsn,
+    /// The commit time of the stamp (`_commit_ts` of every row).
+    pub stamp_time: Option<CommitTime>,
+    /// Upper bound of rows per batch.
+    pub batch_rows: usize,
+}
+
 /// What the Flight service needs from a CDC database.
 ///
 /// Implementations are cheap to share (`Arc<dyn CdcSource>`) and hold no per-client state:
@@ -280,6 +355,40 @@ pub trait CdcSource: Send + Sync + 'static {
 
     /// Streams the change rows of `[read.from, read.to]` in the output schema.
     async fn read_changes(&self, read: ChangeRead) -> Result<BatchStream>;
+
+    /// The LSN a snapshot read is stamped with: `max_lsn` read before the read, never below
+    /// the start of a capture instance of the table that capture has not reached yet (its
+    /// changes before that start are not in any change table the stream reads).
+    async fn snapshot_lsn(&self, table: &TableName) -> Result<Lsn> {
+        let max_lsn = self.max_lsn().await?.unwrap_or(Lsn::ZERO);
+        let newest_start = self
+            .capture_instances(table)
+            .await?
+            .iter()
+            .map(|instance| instance.start_lsn)
+            .max()
+            .unwrap_or(Lsn::ZERO);
+        Ok(max_lsn.max(newest_start))
+    }
+
+    /// The key column, its type and extent, and the row count of a table.
+    async fn key_extent(&self, table: &TableName) -> Result<KeyExtent>;
+
+    /// Row counts of the slices `[lo + i * width, lo + (i + 1) * width)` covering `[lo, hi]`
+    /// (the last slice ends after `hi`); empty slices are left out.
+    async fn key_buckets(
+        &self,
+        table: &TableName,
+        lo: i64,
+        hi: i64,
+        width: u64,
+    ) -> Result<Vec<KeyBucket>>;
+
+    /// Streams the table's current rows in the pieces' ranges, as snapshot rows of the output
+    /// schema plus `_chunk`: `_operation = 0`, `_start_lsn = read.stamp`, `_seqval` NULL,
+    /// ordered by piece, then key. The read sees every commit up to the stamp (it starts
+    /// after the stamp was recorded) and may see later ones.
+    async fn read_snapshot(&self, read: SnapshotRead) -> Result<BatchStream>;
 }
 
 mod sql_type_text {

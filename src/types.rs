@@ -372,6 +372,17 @@ pub fn output_schema(columns: &[OutputColumn], include_command_id: bool) -> Sche
     Arc::new(Schema::new(fields))
 }
 
+/// Name of the chunk column of snapshot rows (`_chunk`, NULL in a full snapshot).
+pub const CHUNK_COLUMN: &str = "_chunk";
+
+/// The schema of snapshot rows: the output schema plus `_chunk`.
+pub fn snapshot_schema(columns: &[OutputColumn], include_command_id: bool) -> SchemaRef {
+    let base = output_schema(columns, include_command_id);
+    let mut fields: Vec<Field> = base.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(Field::new(CHUNK_COLUMN, DataType::Int32, true));
+    Arc::new(Schema::new(fields))
+}
+
 /// The Arrow memory the rows of `batch` use, counting only the parts of shared buffers its
 /// (possibly sliced) columns reach. `RecordBatch::get_array_memory_size` counts whole
 /// buffers, so a column sliced from an IPC message reports the entire message.

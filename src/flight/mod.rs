@@ -14,6 +14,7 @@
 
 pub mod planner;
 pub mod protocol;
+pub mod snapshot;
 pub mod status;
 pub mod ticket;
 
@@ -68,7 +69,7 @@ pub const STREAM_WINDOW: u32 = 16 << 20;
 pub const CONNECTION_WINDOW: u32 = 64 << 20;
 
 /// The actions `do_action` serves, with their descriptions (also `list_actions`).
-pub const ACTIONS: [(&str, &str); 12] = [
+pub const ACTIONS: [(&str, &str); 15] = [
     ("max_lsn", "{} -> {\"lsn\"}: sys.fn_cdc_get_max_lsn()"),
     (
         "min_lsn",
@@ -113,6 +114,18 @@ pub const ACTIONS: [(&str, &str); 12] = [
     (
         "latest_offset",
         "{\"start\", \"max_commits\", \"upper\"} -> offset: the end of the next range",
+    ),
+    (
+        "snapshot_lsn",
+        "{\"table\"} -> {\"lsn\"}: the stamp a snapshot read now would get",
+    ),
+    (
+        "key_extent",
+        "{\"table\"} -> {\"column\", \"sql_type\", \"min\", \"max\", \"rows\"}: the key and its extent",
+    ),
+    (
+        "key_buckets",
+        "{\"table\", \"lo\", \"hi\", \"width\"} -> [{\"lo\", \"hi\", \"rows\"}]: rows per key slice",
     ),
 ];
 
@@ -207,6 +220,33 @@ fn compression_code(compression: Compression) -> u32 {
 }
 
 impl CdcFlightService {
+    /// Streams a snapshot ticket: stamped and read by [`snapshot::produce`].
+    fn serve_snapshot(
+        &self,
+        ticket: &ticket::SnapshotTicket,
+    ) -> std::result::Result<Response<BoxedStream<FlightData>>, Status> {
+        let read = snapshot::ticket_read(ticket)?;
+        let schema = crate::types::snapshot_schema(&read.columns, read.include_command_id);
+        let options = ipc_options(ticket.compression)?;
+        let (batch_sender, batch_receiver) = mpsc::channel(2);
+        let (done_sender, done_receiver) = oneshot::channel();
+        tokio::spawn(snapshot::produce(
+            Arc::clone(&self.source),
+            read,
+            batch_sender,
+            done_sender,
+        ));
+        let data = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .with_options(options)
+            .with_max_flight_data_size(MAX_FLIGHT_DATA_SIZE)
+            .build(ReceiverStream::new(batch_receiver))
+            .map_err(Status::from);
+        let marker = futures::stream::once(done_receiver)
+            .filter_map(|marker| async move { marker.ok().map(Ok) });
+        Ok(Response::new(data.chain(marker).boxed()))
+    }
+
     async fn table_info(&self, table: &TableName) -> Result<FlightInfo> {
         let instances = self.source.capture_instances(table).await?;
         let columns = planner::union_columns(table, &instances)?;
@@ -383,6 +423,33 @@ impl CdcFlightService {
                 json_bytes(
                     &source
                         .split_points(&body.capture_instance, body.from, body.to, n)
+                        .await?,
+                )
+            }
+            "snapshot_lsn" => {
+                let body: TableBody = parse_body(name, body)?;
+                json_bytes(&LsnAnswer {
+                    lsn: Some(source.snapshot_lsn(&body.table.parse()?).await?),
+                })
+            }
+            "key_extent" => {
+                let body: TableBody = parse_body(name, body)?;
+                json_bytes(&source.key_extent(&body.table.parse()?).await?)
+            }
+            "key_buckets" => {
+                let body: protocol::KeyBucketsBody = parse_body(name, body)?;
+                if body.width == 0 || body.hi < body.lo {
+                    return Err(Error::invalid("key_buckets needs lo <= hi and width >= 1"));
+                }
+                let slices = (i128::from(body.hi) - i128::from(body.lo)) / i128::from(body.width);
+                if slices >= 100_000 {
+                    return Err(Error::invalid(
+                        "key_buckets answers at most 100,000 slices: widen the slices",
+                    ));
+                }
+                json_bytes(
+                    &source
+                        .key_buckets(&body.table.parse()?, body.lo, body.hi, body.width)
                         .await?,
                 )
             }
@@ -564,6 +631,7 @@ async fn produce_range(
             min_lsn,
             max_lsn,
             max_commit_ts,
+            snapshot_lsn: None,
         }))
     }
     .await;
@@ -620,6 +688,9 @@ impl FlightService for CdcFlightService {
         let info = match Command::parse(&descriptor.cmd)? {
             Command::Table(command) => self.table_info(&command.table.parse()?).await?,
             Command::Changes(command) => self.changes_info(&command, descriptor).await?,
+            Command::Snapshot(command) => {
+                snapshot::plan(self.source.as_ref(), &self.signer, &command, descriptor).await?
+            }
         };
         Ok(Response::new(info))
     }
@@ -658,6 +729,16 @@ impl FlightService for CdcFlightService {
                 )?;
                 output_schema(&columns, command.include_command_id.unwrap_or(true))
             }
+            Command::Snapshot(command) => {
+                let table: TableName = command.table.parse()?;
+                let instances = self.source.capture_instances(&table).await?;
+                let columns = planner::select_columns(
+                    &table,
+                    planner::union_columns(&table, &instances)?,
+                    command.columns.as_deref(),
+                )?;
+                crate::types::snapshot_schema(&columns, command.include_command_id.unwrap_or(true))
+            }
         };
         let result = SchemaResult::try_from(SchemaAsIpc::new(&schema, &IpcWriteOptions::default()))
             .map_err(|error| Status::internal(error.to_string()))?;
@@ -669,10 +750,14 @@ impl FlightService for CdcFlightService {
         request: Request<Ticket>,
     ) -> std::result::Result<Response<Self::DoGetStream>, Status> {
         let body = self.signer.verify(&request.get_ref().ticket)?;
-        let Some(TicketKind::ChangeRange(range)) = body.kind else {
-            return Err(Status::invalid_argument(
-                "ticket is malformed: it names nothing to read",
-            ));
+        let range = match body.kind {
+            Some(TicketKind::ChangeRange(range)) => range,
+            Some(TicketKind::Snapshot(ticket)) => return self.serve_snapshot(&ticket),
+            None => {
+                return Err(Status::invalid_argument(
+                    "ticket is malformed: it names nothing to read",
+                ));
+            }
         };
         let read = change_read(&range)?;
         let schema = output_schema(&read.columns, read.include_command_id);

@@ -27,6 +27,96 @@ pub enum Command {
     Table(TableCommand),
     /// `{"type": "changes", ...}`: a change range.
     Changes(ChangesCommand),
+    /// `{"type": "snapshot", ...}`: a table's current rows, whole or in chunks.
+    Snapshot(SnapshotCommand),
+}
+
+/// The `snapshot` command: the table in `partitions` endpoints (a full snapshot, `_chunk`
+/// NULL), or one endpoint per chunk of `chunks`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotCommand {
+    /// `schema.table`.
+    pub table: String,
+    /// Chunks to read, one endpoint each; default the whole table.
+    #[serde(default)]
+    pub chunks: Option<Vec<ChunkSpec>>,
+    /// Endpoints of a whole-table read, cut on the key at about equal rows; default 1.
+    #[serde(default)]
+    pub partitions: Option<u32>,
+    /// Captured columns to serve, in order; default all of the table's instances.
+    #[serde(default)]
+    pub columns: Option<Vec<String>>,
+    /// Serve `_command_id` (NULL on snapshot rows), as the stream does; default true.
+    #[serde(default)]
+    pub include_command_id: Option<bool>,
+    /// Most rows per batch; default 10,000.
+    #[serde(default)]
+    pub batch_rows: Option<usize>,
+    /// IPC compression; default none.
+    #[serde(default)]
+    pub compression: Option<Compression>,
+}
+
+impl SnapshotCommand {
+    /// A whole-table snapshot command with every option at its default.
+    pub fn new(table: impl Into<String>) -> Self {
+        SnapshotCommand {
+            table: table.into(),
+            chunks: None,
+            partitions: None,
+            columns: None,
+            include_command_id: None,
+            batch_rows: None,
+            compression: None,
+        }
+    }
+}
+
+/// One chunk of a chunked snapshot: the keys `[lo, hi)` (`null`: unbounded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChunkSpec {
+    /// The chunk number, served as `_chunk`.
+    pub chunk: i32,
+    /// First key (inclusive); `null` below every key.
+    pub lo: Option<i64>,
+    /// First key after the chunk; `null` above every key.
+    pub hi: Option<i64>,
+}
+
+/// app_metadata of a snapshot `FlightInfo`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotPlanMetadata {
+    /// `schema.table`.
+    pub table: String,
+    /// The capture instance the rows are served for.
+    pub capture_instance: String,
+    /// The key column.
+    pub key: String,
+    /// Rows in the table when planned (an estimate on SQL Server).
+    pub rows: u64,
+}
+
+/// app_metadata of one snapshot endpoint: its pieces.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotEndpointMetadata {
+    /// The key ranges the endpoint reads, with their chunk numbers.
+    pub pieces: Vec<crate::source::SnapshotPiece>,
+}
+
+/// `key_buckets` action body.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyBucketsBody {
+    /// `schema.table`.
+    pub table: String,
+    /// First key of the grid.
+    pub lo: i64,
+    /// Last key counted.
+    pub hi: i64,
+    /// Width of a slice.
+    pub width: u64,
 }
 
 /// The `table` command.
@@ -119,13 +209,19 @@ impl Command {
             .remove("type")
             .and_then(|kind| kind.as_str().map(str::to_string))
             .ok_or_else(|| {
-                Error::invalid("the descriptor command needs a \"type\": \"table\" or \"changes\"")
+                Error::invalid(
+                    "the descriptor command needs a \"type\": \"table\", \"changes\" or \"snapshot\"",
+                )
             })?;
         match kind.as_str() {
             "table" => Ok(Command::Table(from_json_value("table command", value)?)),
             "changes" => Ok(Command::Changes(from_json_value("changes command", value)?)),
+            "snapshot" => Ok(Command::Snapshot(from_json_value(
+                "snapshot command",
+                value,
+            )?)),
             other => Err(Error::invalid(format!(
-                "unknown command type '{other}' (use \"table\" or \"changes\")"
+                "unknown command type '{other}' (use \"table\", \"changes\" or \"snapshot\")"
             ))),
         }
     }
@@ -135,6 +231,7 @@ impl Command {
         let (kind, mut value) = match self {
             Command::Table(command) => ("table", serde_json::to_value(command)),
             Command::Changes(command) => ("changes", serde_json::to_value(command)),
+            Command::Snapshot(command) => ("snapshot", serde_json::to_value(command)),
         };
         let value = value.as_mut().expect("commands serialise");
         if let Some(object) = value.as_object_mut() {
@@ -351,6 +448,10 @@ pub struct Completion {
     pub max_lsn: Option<Lsn>,
     /// Commit time of `max_lsn` (for capture lag).
     pub max_commit_ts: Option<CommitTime>,
+    /// A snapshot stream's stamp `L`: `max_lsn` recorded before its read (every row's
+    /// `_start_lsn`); absent on change streams.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_lsn: Option<Lsn>,
 }
 
 /// Name of the completion marker's `type`.

@@ -61,19 +61,62 @@ pub struct ChangeRangeTicket {
     pub planned_rows: u64,
 }
 
+/// One key range of a snapshot ticket (`SnapshotPieceTicket`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SnapshotPieceTicket {
+    /// Chunk number (`_chunk`); absent in a full snapshot.
+    #[prost(int32, optional, tag = "1")]
+    pub chunk: Option<i32>,
+    /// First key (inclusive); absent: unbounded.
+    #[prost(sint64, optional, tag = "2")]
+    pub lo: Option<i64>,
+    /// First key after the range; absent: unbounded.
+    #[prost(sint64, optional, tag = "3")]
+    pub hi: Option<i64>,
+}
+
+/// A snapshot read (`SnapshotTicket`): the stamp is recorded when the ticket is redeemed.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SnapshotTicket {
+    /// Source table, `schema.table`.
+    #[prost(string, tag = "1")]
+    pub table: String,
+    /// Capture instance the rows are served for.
+    #[prost(string, tag = "2")]
+    pub capture_instance: String,
+    /// Output columns after the metadata columns.
+    #[prost(message, repeated, tag = "3")]
+    pub columns: Vec<TicketColumn>,
+    /// Key ranges, read in order.
+    #[prost(message, repeated, tag = "4")]
+    pub pieces: Vec<SnapshotPieceTicket>,
+    /// Whether `_command_id` is served.
+    #[prost(bool, tag = "5")]
+    pub include_command_id: bool,
+    /// Most rows per batch.
+    #[prost(uint64, tag = "6")]
+    pub batch_rows: u64,
+    /// IPC compression: 0 none, 1 LZ4 frame, 2 ZSTD.
+    #[prost(uint32, tag = "7")]
+    pub compression: u32,
+}
+
 /// What a ticket reads (`TicketBody.kind`).
 #[derive(Clone, PartialEq, prost::Oneof)]
 pub enum TicketKind {
     /// A change range of one capture instance.
     #[prost(message, tag = "1")]
     ChangeRange(ChangeRangeTicket),
+    /// Current rows of a table.
+    #[prost(message, tag = "2")]
+    Snapshot(SnapshotTicket),
 }
 
 /// The signed part of a ticket (`TicketBody`).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct TicketBody {
     /// What to read.
-    #[prost(oneof = "TicketKind", tags = "1")]
+    #[prost(oneof = "TicketKind", tags = "1, 2")]
     pub kind: Option<TicketKind>,
 }
 

@@ -23,6 +23,7 @@
 
 mod reader;
 pub mod sample;
+mod snapshot;
 pub mod storage;
 pub mod values;
 pub mod workload;
@@ -49,6 +50,19 @@ pub struct Faults {
     pub cleanup_during_read: Option<CleanupDuringRead>,
     /// A change read fails as a dropped connection after this many rows (once).
     pub drop_connection_after_rows: Option<u64>,
+    /// Runs inside every snapshot read after its stamp was recorded and before the rows are
+    /// read: a test commits here to land a commit between a chunk's stamp and its read.
+    pub before_snapshot_read: Option<SnapshotHook>,
+}
+
+/// A callback run by snapshot reads (see [`Faults::before_snapshot_read`]).
+#[derive(Clone)]
+pub struct SnapshotHook(pub Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for SnapshotHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SnapshotHook")
+    }
 }
 
 /// A cleanup triggered in the middle of a change read.

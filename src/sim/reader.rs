@@ -27,8 +27,8 @@ use crate::error::{Error, Result};
 use crate::lsn::Lsn;
 use crate::offset::CommitTime;
 use crate::source::{
-    BatchStream, CaptureInstance, CdcSource, ChangeRead, DdlEntry, Tile, TrackedTable,
-    capture_instance_not_found,
+    BatchStream, CaptureInstance, CdcSource, ChangeRead, DdlEntry, KeyBucket, KeyExtent,
+    SnapshotRead, TableName, Tile, TrackedTable, capture_instance_not_found,
 };
 use crate::types::{OutputColumn, output_schema};
 
@@ -368,6 +368,34 @@ impl CdcSource for SimDb {
         let db = self.clone();
         tokio::task::spawn_blocking(move || {
             if let Err(error) = db.produce_changes(&state, &read, &shaper, &sender) {
+                let _ = sender.blocking_send(Err(error));
+            }
+        });
+        Ok(ReceiverStream::new(receiver).boxed())
+    }
+
+    async fn key_extent(&self, table: &TableName) -> Result<KeyExtent> {
+        self.simulate_latency().await;
+        self.extent(table)
+    }
+
+    async fn key_buckets(
+        &self,
+        table: &TableName,
+        lo: i64,
+        hi: i64,
+        width: u64,
+    ) -> Result<Vec<KeyBucket>> {
+        self.simulate_latency().await;
+        self.buckets(table, lo, hi, width)
+    }
+
+    async fn read_snapshot(&self, read: SnapshotRead) -> Result<BatchStream> {
+        self.simulate_latency().await;
+        let (sender, receiver) = mpsc::channel::<Result<RecordBatch>>(2);
+        let db = self.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(error) = db.snapshot_rows(&read, &sender) {
                 let _ = sender.blocking_send(Err(error));
             }
         });

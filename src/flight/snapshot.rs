@@ -1,0 +1,268 @@
+//! Snapshot reads over Flight: planning a `snapshot` command and serving its tickets.
+//!
+//! A full snapshot is cut into `partitions` endpoints of about equal rows on the key (the
+//! first open below, the last open above, so every row is read); a chunked one gets one
+//! endpoint per chunk. The stamp `L` is recorded when a ticket is redeemed, **before** the
+//! rows are read, and every row carries it as `_start_lsn`; the completion marker repeats it
+//! (`snapshot_lsn`) with `max_lsn` after the read. Tickets hold no stamp, so a replayed
+//! ticket reads the rows again under a new stamp, which is what a rerun wave wants.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::record_batch::RecordBatch;
+use arrow_flight::error::FlightError;
+use arrow_flight::{FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+
+use super::planner;
+use super::protocol::{
+    COMPLETION_TYPE, Completion, DEFAULT_BATCH_ROWS, MAX_PARTITIONS, SnapshotCommand,
+    SnapshotEndpointMetadata, SnapshotPlanMetadata,
+};
+use super::ticket::{
+    SnapshotPieceTicket, SnapshotTicket, TicketBody, TicketColumn, TicketKind, TicketSigner,
+};
+use super::{compression_code, flight_error, json_bytes};
+use crate::chunking::{self, BucketCounter};
+use crate::error::{Error, Result};
+use crate::source::{CdcSource, KeyBucket, KeyRange, SnapshotPiece, SnapshotRead, TableName};
+use crate::types::{OutputColumn, snapshot_schema};
+
+/// Counts key slices straight from a source.
+struct SourceCounter<'a> {
+    source: &'a dyn CdcSource,
+    table: &'a TableName,
+}
+
+#[async_trait::async_trait]
+impl BucketCounter for SourceCounter<'_> {
+    async fn buckets(&self, lo: i64, hi: i64, width: u64) -> Result<Vec<KeyBucket>> {
+        self.source.key_buckets(self.table, lo, hi, width).await
+    }
+}
+
+/// Plans a `snapshot` command into a `FlightInfo` with one signed ticket per endpoint.
+pub async fn plan(
+    source: &dyn CdcSource,
+    signer: &TicketSigner,
+    command: &SnapshotCommand,
+    descriptor: FlightDescriptor,
+) -> Result<FlightInfo> {
+    let table: TableName = command.table.parse()?;
+    let instances = source.capture_instances(&table).await?;
+    let newest = instances
+        .last()
+        .ok_or_else(|| Error::TableNotFound {
+            table: table.to_string(),
+        })?
+        .name
+        .clone();
+    let columns = planner::select_columns(
+        &table,
+        planner::union_columns(&table, &instances)?,
+        command.columns.as_deref(),
+    )?;
+    let batch_rows = command.batch_rows.unwrap_or(DEFAULT_BATCH_ROWS);
+    if batch_rows == 0 {
+        return Err(Error::invalid("batch_rows must be at least 1"));
+    }
+    let include_command_id = command.include_command_id.unwrap_or(true);
+    let extent = source.key_extent(&table).await?;
+    let endpoints: Vec<Vec<SnapshotPiece>> = match &command.chunks {
+        Some(chunks) => {
+            if chunks.is_empty() {
+                return Err(Error::invalid("a chunked snapshot command needs chunks"));
+            }
+            chunks
+                .iter()
+                .map(|chunk| {
+                    if let (Some(lo), Some(hi)) = (chunk.lo, chunk.hi)
+                        && lo >= hi
+                    {
+                        return Err(Error::invalid(format!(
+                            "chunk {} is empty: lo {lo} is not below hi {hi}",
+                            chunk.chunk
+                        )));
+                    }
+                    Ok(vec![SnapshotPiece {
+                        chunk: Some(chunk.chunk),
+                        range: KeyRange {
+                            lo: chunk.lo,
+                            hi: chunk.hi,
+                        },
+                    }])
+                })
+                .collect::<Result<_>>()?
+        }
+        None => {
+            let partitions = command.partitions.unwrap_or(1);
+            if partitions == 0 || partitions > MAX_PARTITIONS {
+                return Err(Error::invalid(format!(
+                    "partitions must be between 1 and {MAX_PARTITIONS}"
+                )));
+            }
+            let bounds = extent.min.zip(extent.max);
+            let chunk_rows = extent.rows.div_ceil(u64::from(partitions)).max(1);
+            let mut ranges = if partitions == 1 {
+                vec![KeyRange { lo: None, hi: None }]
+            } else {
+                let counter = SourceCounter {
+                    source,
+                    table: &table,
+                };
+                chunking::plan(&counter, bounds, chunk_rows)
+                    .await?
+                    .into_iter()
+                    .map(|(range, _)| range)
+                    .collect()
+            };
+            // A full snapshot reads every row: the last partition is open above.
+            if let Some(last) = ranges.last_mut() {
+                last.hi = None;
+            }
+            ranges
+                .into_iter()
+                .map(|range| vec![SnapshotPiece { chunk: None, range }])
+                .collect()
+        }
+    };
+    let ticket_columns: Vec<TicketColumn> = columns
+        .iter()
+        .map(|column| TicketColumn {
+            name: column.name.clone(),
+            sql_type: column.sql_type.to_string(),
+        })
+        .collect();
+    let metadata = SnapshotPlanMetadata {
+        table: table.to_string(),
+        capture_instance: newest.clone(),
+        key: extent.column.clone(),
+        rows: extent.rows,
+    };
+    let mut info = FlightInfo::new()
+        .try_with_schema(&snapshot_schema(&columns, include_command_id))?
+        .with_descriptor(descriptor)
+        .with_ordered(true)
+        .with_total_records(i64::try_from(extent.rows).unwrap_or(i64::MAX))
+        .with_app_metadata(json_bytes(&metadata));
+    for pieces in endpoints {
+        let body = TicketBody {
+            kind: Some(TicketKind::Snapshot(SnapshotTicket {
+                table: table.to_string(),
+                capture_instance: newest.clone(),
+                columns: ticket_columns.clone(),
+                pieces: pieces
+                    .iter()
+                    .map(|piece| SnapshotPieceTicket {
+                        chunk: piece.chunk,
+                        lo: piece.range.lo,
+                        hi: piece.range.hi,
+                    })
+                    .collect(),
+                include_command_id,
+                batch_rows: batch_rows as u64,
+                compression: compression_code(command.compression.unwrap_or_default()),
+            })),
+        };
+        info = info.with_endpoint(
+            FlightEndpoint::new()
+                .with_ticket(Ticket::new(signer.sign(&body)))
+                .with_app_metadata(json_bytes(&SnapshotEndpointMetadata { pieces })),
+        );
+    }
+    Ok(info)
+}
+
+/// The read a snapshot ticket asks for, without its stamp.
+pub fn ticket_read(ticket: &SnapshotTicket) -> Result<SnapshotRead> {
+    let mut columns = Vec::new();
+    for column in &ticket.columns {
+        columns.push(OutputColumn {
+            name: column.name.clone(),
+            sql_type: column.sql_type.parse().map_err(
+                |error: crate::types::SqlTypeParseError| Error::TicketMalformed(error.to_string()),
+            )?,
+        });
+    }
+    Ok(SnapshotRead {
+        table: ticket.table.parse()?,
+        capture_instance: ticket.capture_instance.clone(),
+        columns,
+        pieces: ticket
+            .pieces
+            .iter()
+            .map(|piece| SnapshotPiece {
+                chunk: piece.chunk,
+                range: KeyRange {
+                    lo: piece.lo,
+                    hi: piece.hi,
+                },
+            })
+            .collect(),
+        include_command_id: ticket.include_command_id,
+        stamp: crate::lsn::Lsn::ZERO,
+        stamp_time: None,
+        batch_rows: usize::try_from(ticket.batch_rows)
+            .unwrap_or(usize::MAX)
+            .max(1),
+    })
+}
+
+/// Stamps and reads a snapshot into `batches`; sends the completion marker to `done` only
+/// when every row was read.
+pub async fn produce(
+    source: Arc<dyn CdcSource>,
+    mut read: SnapshotRead,
+    batches: mpsc::Sender<std::result::Result<RecordBatch, FlightError>>,
+    done: oneshot::Sender<FlightData>,
+) {
+    let started = Instant::now();
+    let outcome = async {
+        // P1: the stamp is recorded before the read, so the read sees every commit up to it.
+        read.stamp = source.snapshot_lsn(&read.table).await?;
+        read.stamp_time = source.lsn_to_time(read.stamp).await?;
+        let stamp = read.stamp;
+        let capture_instance = read.capture_instance.clone();
+        let mut stream = source.read_snapshot(read).await?;
+        let (mut rows, mut bytes) = (0u64, 0u64);
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            rows += batch.num_rows() as u64;
+            bytes += crate::types::batch_slice_size(&batch) as u64;
+            if batches.send(Ok(batch)).await.is_err() {
+                return Ok(None);
+            }
+        }
+        let max_lsn = source.max_lsn().await?;
+        let max_commit_ts = match max_lsn {
+            Some(lsn) => source.lsn_to_time(lsn).await?,
+            None => None,
+        };
+        Ok(Some(Completion {
+            kind: COMPLETION_TYPE.into(),
+            min_lsn: source.min_lsn(&capture_instance).await?,
+            capture_instance,
+            from: stamp,
+            to: stamp,
+            rows,
+            bytes,
+            seconds: started.elapsed().as_secs_f64(),
+            max_lsn,
+            max_commit_ts,
+            snapshot_lsn: Some(stamp),
+        }))
+    }
+    .await;
+    match outcome {
+        Ok(Some(completion)) => {
+            tracing::debug!(rows = completion.rows, stamp = ?completion.snapshot_lsn, "snapshot served");
+            let _ = done.send(FlightData::new().with_app_metadata(json_bytes(&completion)));
+        }
+        Ok(None) => tracing::debug!("client closed the snapshot stream before its end"),
+        Err(error) => {
+            let _ = batches.send(Err(flight_error(&error))).await;
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! Snapshot reads of the simulated database: the tables' current rows.
+//!
+//! A table's rows are published with the manifest as `(key, content)` pairs, every column's
+//! value a function of the two (`values.rs`), so a read at any moment sees exactly the rows
+//! of the newest publication, which holds every commit up to its `max_lsn`. The Flight layer
+//! records the stamp before calling [`SimDb::snapshot_rows`]; a commit published in between
+//! (see `Faults::before_snapshot_read`) is seen by the read, as SQL Server's READ COMMITTED
+//! would see it.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray, new_null_array};
+use arrow::datatypes::DataType;
+use arrow::record_batch::RecordBatch;
+use tokio::sync::mpsc;
+
+use super::SimDb;
+use super::storage::TableDef;
+use super::values::ColumnBuilder;
+use crate::error::{Error, Result};
+use crate::source::{KeyBucket, KeyExtent, SnapshotRead, TableName};
+use crate::types::{CHUNK_COLUMN, snapshot_schema};
+
+impl SimDb {
+    fn table_def(&self, table: &TableName) -> Result<TableDef> {
+        self.store
+            .manifest()?
+            .table(table)
+            .cloned()
+            .ok_or_else(|| Error::TableNotFound {
+                table: table.to_string(),
+            })
+    }
+
+    /// The key column and extent of a table.
+    pub(super) fn extent(&self, table: &TableName) -> Result<KeyExtent> {
+        let definition = self.table_def(table)?;
+        let rows = self.store.read_state(&definition)?;
+        let key = definition
+            .column(&definition.key)
+            .ok_or_else(|| Error::Internal(format!("{table} has no key column")))?;
+        Ok(KeyExtent {
+            column: key.name.clone(),
+            sql_type: key.sql_type.clone(),
+            min: rows.keys().next().copied(),
+            max: rows.keys().next_back().copied(),
+            rows: rows.len() as u64,
+        })
+    }
+
+    /// Row counts per slice of the grid `lo + i * width` over `[lo, hi]`.
+    pub(super) fn buckets(
+        &self,
+        table: &TableName,
+        lo: i64,
+        hi: i64,
+        width: u64,
+    ) -> Result<Vec<KeyBucket>> {
+        if width == 0 || hi < lo {
+            return Err(Error::invalid(format!(
+                "key_buckets needs lo <= hi and width >= 1 (got lo {lo}, hi {hi}, width {width})"
+            )));
+        }
+        let rows = self.store.read_state(&self.table_def(table)?)?;
+        let mut buckets: Vec<KeyBucket> = Vec::new();
+        for key in rows.range(lo..=hi).map(|(key, _)| *key) {
+            // i128: slices of a grid reaching BIGINT's maximum do not overflow.
+            let index = (i128::from(key) - i128::from(lo)) / i128::from(width);
+            let start = i128::from(lo) + index * i128::from(width);
+            let end = start + i128::from(width);
+            let slice_lo = i64::try_from(start).unwrap_or(i64::MAX);
+            match buckets.last_mut() {
+                Some(last) if last.lo == slice_lo => last.rows += 1,
+                _ => buckets.push(KeyBucket {
+                    lo: slice_lo,
+                    hi: i64::try_from(end).ok(),
+                    rows: 1,
+                }),
+            }
+        }
+        Ok(buckets)
+    }
+
+    /// Sends the rows of `read` in batches to `sender`; returns early when it is gone.
+    pub(super) fn snapshot_rows(
+        &self,
+        read: &SnapshotRead,
+        sender: &mpsc::Sender<Result<RecordBatch>>,
+    ) -> Result<()> {
+        if let Some(hook) = self.faults().before_snapshot_read {
+            (hook.0)();
+        }
+        let definition = self.table_def(&read.table)?;
+        let rows = self.store.read_state(&definition)?;
+        let schema = snapshot_schema(&read.columns, read.include_command_id);
+        let sources: Vec<Option<&super::storage::ColumnDef>> = read
+            .columns
+            .iter()
+            .map(|column| definition.column(&column.name))
+            .collect();
+        let stamp = read.stamp.to_string();
+        for piece in &read.pieces {
+            let keys: Vec<(i64, u64)> = rows
+                .range(piece.range.lo.unwrap_or(i64::MIN)..)
+                .take_while(|(key, _)| piece.range.hi.is_none_or(|hi| **key < hi))
+                .map(|(key, content)| (*key, *content))
+                .collect();
+            for part in keys.chunks(read.batch_rows.max(1)) {
+                let count = part.len();
+                let mut columns: Vec<ArrayRef> = vec![
+                    Arc::new(StringArray::from(vec![
+                        read.capture_instance.as_str();
+                        count
+                    ])),
+                    Arc::new(StringArray::from(vec![stamp.as_str(); count])),
+                    new_null_array(&DataType::Utf8, count),
+                    Arc::new(Int32Array::from(vec![0; count])),
+                    new_null_array(&DataType::Int32, count),
+                    Arc::new(TimestampMicrosecondArray::from(vec![
+                            read.stamp_time.map(|t| t.micros());
+                            count
+                        ])),
+                ];
+                if !read.include_command_id {
+                    columns.remove(4);
+                }
+                for (column, source) in read.columns.iter().zip(&sources) {
+                    match source {
+                        Some(source) => {
+                            let mut builder = ColumnBuilder::new(&column.sql_type, count);
+                            let is_key = source.name == definition.key;
+                            for (key, content) in part {
+                                builder.append_generated(source, is_key, *key, *content);
+                            }
+                            columns.push(builder.finish());
+                        }
+                        None => columns.push(new_null_array(
+                            schema.field_with_name(&column.name)?.data_type(),
+                            count,
+                        )),
+                    }
+                }
+                columns.push(Arc::new(Int32Array::from(vec![piece.chunk; count])));
+                let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
+                debug_assert_eq!(schema.field(schema.fields().len() - 1).name(), CHUNK_COLUMN);
+                if sender.blocking_send(Ok(batch)).is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,373 @@
+//! Snapshot reads through the real Flight server: whole tables in partitions, chunks planned
+//! from counted key slices, and a commit landing between a stream's stamp and its read.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{Array, Int32Array, Int64Array, StringArray};
+use arrow::record_batch::RecordBatch;
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use common::{FlightFixture, SimFixture};
+use mssql_cdc_flight::Lsn;
+use mssql_cdc_flight::chunking::{self, BucketCounter};
+use mssql_cdc_flight::client::CdcClient;
+use mssql_cdc_flight::flight::protocol::{ChangesCommand, ChunkSpec, Completion, SnapshotCommand};
+use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
+use mssql_cdc_flight::sim::{Faults, SnapshotHook};
+use mssql_cdc_flight::source::{KeyBucket, KeyExtent};
+use serde_json::json;
+
+const TABLE: &str = "dbo.orders";
+const KEY: &str = "order_id";
+
+/// Captured values of a row, formatted, by key.
+type Rows = BTreeMap<i64, Vec<String>>;
+
+fn captured_values(batch: &RecordBatch, row: usize) -> Vec<String> {
+    let options = FormatOptions::default();
+    batch
+        .schema()
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, field)| !field.name().starts_with('_'))
+        .map(|(index, _)| {
+            ArrayFormatter::try_new(batch.column(index).as_ref(), &options)
+                .expect("formatter")
+                .value(row)
+                .to_string()
+        })
+        .collect()
+}
+
+fn keys(batch: &RecordBatch) -> Vec<i64> {
+    batch
+        .column_by_name(KEY)
+        .expect("key")
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .expect("bigint key")
+        .values()
+        .to_vec()
+}
+
+/// The current rows the changes of `batches` leave (every change, in order).
+fn replay(rows: &mut Rows, batches: &[RecordBatch]) {
+    let mut changes = Vec::new();
+    for batch in batches {
+        let lsns = batch.column_by_name("_start_lsn").expect("lsn");
+        let lsns = lsns.as_any().downcast_ref::<StringArray>().expect("utf8");
+        let seqvals = batch.column_by_name("_seqval").expect("seqval");
+        let seqvals = seqvals
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .expect("utf8");
+        let commands = batch.column_by_name("_command_id").expect("command id");
+        let commands = commands.as_any().downcast_ref::<Int32Array>().expect("int");
+        let operations = batch.column_by_name("_operation").expect("operation");
+        let operations = operations
+            .as_any()
+            .downcast_ref::<Int32Array>()
+            .expect("int");
+        for (row, key) in keys(batch).into_iter().enumerate() {
+            changes.push((
+                lsns.value(row).to_string(),
+                commands.value(row),
+                seqvals.value(row).to_string(),
+                operations.value(row),
+                key,
+                captured_values(batch, row),
+            ));
+        }
+    }
+    changes.sort();
+    for (_, _, _, operation, key, values) in changes {
+        match operation {
+            1 | 3 => {
+                rows.remove(&key);
+            }
+            _ => {
+                rows.insert(key, values);
+            }
+        }
+    }
+}
+
+async fn changes_after(client: &CdcClient, from: Lsn) -> Vec<RecordBatch> {
+    let mut command = ChangesCommand::new(TABLE, from, None);
+    command.partitions = Some(2);
+    let plan = client.plan_changes(&command).await.expect("plan");
+    let mut batches = Vec::new();
+    for endpoint in &plan.info.endpoint {
+        let (read, _) = client
+            .collect_endpoint(endpoint.ticket.as_ref().expect("ticket"))
+            .await
+            .expect("read");
+        batches.extend(read);
+    }
+    batches
+}
+
+/// One snapshot row: its key, values, `_start_lsn`, `_operation` and `_chunk`.
+type SnapshotRow = (i64, Vec<String>, String, i32, Option<i32>);
+
+/// Every snapshot row of a read and the completion markers of its streams.
+struct SnapshotRows {
+    rows: Vec<SnapshotRow>,
+    completions: Vec<Completion>,
+}
+
+async fn read_snapshot(client: &CdcClient, command: &SnapshotCommand) -> SnapshotRows {
+    let plan = client.plan_snapshot(command).await.expect("plan snapshot");
+    let mut out = SnapshotRows {
+        rows: Vec::new(),
+        completions: Vec::new(),
+    };
+    for endpoint in &plan.info.endpoint {
+        let (batches, completion) = client
+            .collect_endpoint(endpoint.ticket.as_ref().expect("ticket"))
+            .await
+            .expect("snapshot read");
+        for batch in &batches {
+            let lsns = batch.column_by_name("_start_lsn").expect("lsn");
+            let lsns = lsns.as_any().downcast_ref::<StringArray>().expect("utf8");
+            let operations = batch.column_by_name("_operation").expect("op");
+            let operations = operations
+                .as_any()
+                .downcast_ref::<Int32Array>()
+                .expect("int");
+            let chunks = batch.column_by_name("_chunk").expect("_chunk");
+            let chunks = chunks.as_any().downcast_ref::<Int32Array>().expect("int");
+            assert_eq!(
+                batch
+                    .column_by_name("_seqval")
+                    .expect("seqval")
+                    .null_count(),
+                batch.num_rows()
+            );
+            for (row, key) in keys(batch).into_iter().enumerate() {
+                out.rows.push((
+                    key,
+                    captured_values(batch, row),
+                    lsns.value(row).to_string(),
+                    operations.value(row),
+                    chunks.is_valid(row).then(|| chunks.value(row)),
+                ));
+            }
+        }
+        out.completions.push(completion);
+    }
+    out
+}
+
+async fn loaded(commits: u64) -> (SimFixture, FlightFixture) {
+    let sim = SimFixture::new();
+    let mut writer = sim.writer(5);
+    let spec = WorkloadSpec {
+        commits: Some(commits),
+        max_rows_per_statement: 5,
+        ..WorkloadSpec::default()
+    };
+    workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
+    let flight = FlightFixture::start(Arc::new(sim.db.clone())).await;
+    (sim, flight)
+}
+
+/// The table's current rows, rebuilt from every change it ever had.
+async fn current(client: &CdcClient) -> Rows {
+    let earliest: mssql_cdc_flight::Offset = client
+        .action(
+            "initial_offset",
+            &json!({"table": TABLE, "starting": "earliest"}),
+        )
+        .await
+        .expect("earliest");
+    let mut rows = Rows::new();
+    replay(&mut rows, &changes_after(client, earliest.lsn).await);
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_snapshot_in_partitions_is_the_current_table_stamped_before_its_read() {
+    let (_sim, flight) = loaded(300).await;
+    let client = &flight.client;
+    let expected = current(client).await;
+    let mut command = SnapshotCommand::new(TABLE);
+    command.partitions = Some(3);
+    let plan = client.plan_snapshot(&command).await.expect("plan");
+    assert_eq!(plan.info.endpoint.len(), 3, "three partitions");
+    let snapshot = read_snapshot(client, &command).await;
+    let stamp = snapshot.completions[0].snapshot_lsn.expect("stamp");
+    let mut seen = Rows::new();
+    for (key, values, lsn, operation, chunk) in snapshot.rows {
+        assert_eq!((operation, chunk), (0, None));
+        assert_eq!(lsn, stamp.to_string(), "every row carries the stamp");
+        assert!(seen.insert(key, values).is_none(), "key {key} read twice");
+    }
+    assert_eq!(seen, expected, "the snapshot is the table's current rows");
+    let max_lsn: serde_json::Value = client.action("max_lsn", &json!({})).await.expect("max");
+    assert_eq!(
+        max_lsn["lsn"],
+        json!(stamp.to_string()),
+        "stamped at max_lsn"
+    );
+}
+
+/// Counts key slices through the `key_buckets` action.
+struct FlightCounter<'a>(&'a CdcClient);
+
+#[async_trait::async_trait]
+impl BucketCounter for FlightCounter<'_> {
+    async fn buckets(
+        &self,
+        lo: i64,
+        hi: i64,
+        width: u64,
+    ) -> mssql_cdc_flight::Result<Vec<KeyBucket>> {
+        Ok(self
+            .0
+            .action(
+                "key_buckets",
+                &json!({"table": TABLE, "lo": lo, "hi": hi, "width": width}),
+            )
+            .await
+            .expect("key_buckets"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_planned_from_counted_slices_tile_the_table() {
+    let (_sim, flight) = loaded(400).await;
+    let client = &flight.client;
+    let expected = current(client).await;
+    let extent: KeyExtent = client
+        .action("key_extent", &json!({"table": TABLE}))
+        .await
+        .expect("extent");
+    assert_eq!(extent.column, KEY);
+    assert_eq!(extent.rows, expected.len() as u64);
+    assert_eq!(extent.min, expected.keys().next().copied());
+    let chunks = chunking::plan(&FlightCounter(client), extent.min.zip(extent.max), 50)
+        .await
+        .expect("plan chunks");
+    assert!(chunks.len() > 3, "{} chunks", chunks.len());
+    let mut command = SnapshotCommand::new(TABLE);
+    command.chunks = Some(
+        chunks
+            .iter()
+            .enumerate()
+            .map(|(index, (range, _))| ChunkSpec {
+                chunk: index as i32,
+                lo: range.lo,
+                hi: range.hi,
+            })
+            .collect(),
+    );
+    let snapshot = read_snapshot(client, &command).await;
+    assert_eq!(
+        snapshot.completions.len(),
+        chunks.len(),
+        "one stream per chunk"
+    );
+    let mut seen = Rows::new();
+    let mut per_chunk = vec![0u64; chunks.len()];
+    for (key, values, _, operation, chunk) in snapshot.rows {
+        let chunk = chunk.expect("chunk rows carry _chunk") as usize;
+        assert_eq!(operation, 0);
+        assert!(
+            chunks[chunk].0.contains(key),
+            "key {key} outside chunk {chunk}"
+        );
+        per_chunk[chunk] += 1;
+        assert!(seen.insert(key, values).is_none(), "key {key} read twice");
+    }
+    assert_eq!(seen, expected, "the chunks tile the table");
+    let planned: Vec<u64> = chunks.iter().map(|(_, rows)| *rows).collect();
+    assert_eq!(
+        per_chunk, planned,
+        "the counts the plan used are the rows read"
+    );
+    assert!(planned.iter().all(|rows| *rows <= 50));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_between_the_stamp_and_the_read_only_replays_in_the_rebuild() {
+    let (sim, flight) = loaded(200).await;
+    let client = &flight.client;
+    let orders = "dbo.orders".parse().expect("table");
+    let writer = Arc::new(Mutex::new(Some(sim.writer(77))));
+    let landed: Arc<Mutex<Option<Lsn>>> = Arc::new(Mutex::new(None));
+    let (hook_writer, hook_landed) = (Arc::clone(&writer), Arc::clone(&landed));
+    sim.db.set_faults(Faults {
+        before_snapshot_read: Some(SnapshotHook(Arc::new(move || {
+            let Some(mut writer) = hook_writer.lock().expect("lock").take() else {
+                return;
+            };
+            let mut tx = writer.begin();
+            tx.insert(&orders, 3).expect("insert");
+            let keys = tx.random_keys(&orders, 2).expect("keys");
+            tx.update(&orders, &keys).expect("update");
+            let lsn = tx.commit().expect("commit").expect("lsn");
+            writer.publish().expect("publish");
+            *hook_landed.lock().expect("lock") = Some(lsn);
+        }))),
+        ..Faults::default()
+    });
+    let snapshot = read_snapshot(client, &SnapshotCommand::new(TABLE)).await;
+    sim.db.set_faults(Faults::default());
+    let stamp = snapshot.completions[0].snapshot_lsn.expect("stamp");
+    let commit = landed.lock().expect("lock").expect("the hook committed");
+    assert!(commit > stamp, "the commit landed after the stamp");
+    assert_eq!(
+        snapshot.completions[0].max_lsn,
+        Some(commit),
+        "max_lsn after the read"
+    );
+    // The read saw the commit: the snapshot already equals the table after it.
+    let after = current(client).await;
+    let mut rebuilt: Rows = snapshot
+        .rows
+        .iter()
+        .map(|(key, values, ..)| (*key, values.clone()))
+        .collect();
+    assert_eq!(rebuilt, after, "the read saw the commit after its stamp");
+    // The rebuild rule (rows of S plus the changes after S) replays it to the same state.
+    replay(&mut rebuilt, &changes_after(client, stamp).await);
+    assert_eq!(rebuilt, after);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_snapshot_commands_are_refused() {
+    let (_sim, flight) = loaded(20).await;
+    let client = &flight.client;
+    let mut empty_chunk = SnapshotCommand::new(TABLE);
+    empty_chunk.chunks = Some(vec![ChunkSpec {
+        chunk: 0,
+        lo: Some(10),
+        hi: Some(10),
+    }]);
+    let error = client
+        .plan_snapshot(&empty_chunk)
+        .await
+        .expect_err("empty chunk");
+    assert!(error.to_string().contains("chunk 0 is empty"), "{error}");
+    let mut no_chunks = SnapshotCommand::new(TABLE);
+    no_chunks.chunks = Some(Vec::new());
+    assert!(client.plan_snapshot(&no_chunks).await.is_err());
+    let unknown = client
+        .plan_snapshot(&SnapshotCommand::new("dbo.missing"))
+        .await
+        .expect_err("unknown table");
+    assert_eq!(unknown.code(), Some(tonic::Code::NotFound));
+    let error = client
+        .action::<serde_json::Value>(
+            "key_buckets",
+            &json!({"table": TABLE, "lo": 0, "hi": 10, "width": 0}),
+        )
+        .await
+        .expect_err("width 0");
+    assert_eq!(error.code(), Some(tonic::Code::InvalidArgument));
+}
