@@ -59,6 +59,56 @@ pub fn stream_rows(batch: &RecordBatch, batch_id: i64) -> Result<RecordBatch> {
     )?)
 }
 
+/// The bronze columns of a snapshot batch (the stream's columns plus `_chunk`): `_batch_id`
+/// NULL and `_snapshot` = S inserted before `_chunk`.
+pub fn snapshot_rows(batch: &RecordBatch, snapshot: &str) -> Result<RecordBatch> {
+    let rows = batch.num_rows();
+    let schema = batch.schema();
+    let chunk_index = schema
+        .index_of("_chunk")
+        .map_err(|_| WriterError::Internal("a snapshot batch without _chunk".into()))?;
+    let mut fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|field| field.as_ref().clone())
+        .collect();
+    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    let chunk_field = fields.remove(chunk_index);
+    let chunk = columns.remove(chunk_index);
+    fields.push(Field::new("_batch_id", ArrowType::Int32, true));
+    columns.push(new_null_array(&ArrowType::Int32, rows));
+    fields.push(Field::new("_snapshot", ArrowType::Utf8, true));
+    columns.push(Arc::new(arrow::array::StringArray::from(vec![
+        snapshot;
+        rows
+    ])));
+    fields.push(chunk_field.with_nullable(true));
+    columns.push(chunk);
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
+/// Which rows a bronze append writes: a stream batch's or a snapshot's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BronzeRows {
+    /// Change rows of the micro-batch with this id.
+    Stream(i64),
+    /// Rows of the snapshot with this S.
+    Snapshot(String),
+}
+
+impl BronzeRows {
+    /// `batch` (as the server streams it) with bronze's columns.
+    pub fn convert(&self, batch: &RecordBatch) -> Result<RecordBatch> {
+        match self {
+            BronzeRows::Stream(batch_id) => stream_rows(batch, *batch_id),
+            BronzeRows::Snapshot(snapshot) => snapshot_rows(batch, snapshot),
+        }
+    }
+}
+
 /// Delta fields for a bronze schema, with the writer's comments on the metadata columns.
 pub fn fields(schema: &Schema) -> Result<Vec<StructField>> {
     let comments: HashMap<&str, &str> = TableKind::Bronze
@@ -87,22 +137,22 @@ pub struct Appender {
     table: DeltaTable,
     schema: StructType,
     target: String,
-    batch_id: i64,
+    rows: BronzeRows,
     target_file_size: std::num::NonZeroU64,
     stats: WriterStatsConfig,
 }
 
 impl Appender {
-    /// Adds to `table` the columns of `incoming` (a stream schema) it lacks (the schema
-    /// merge after a capture-instance switch), checking now that bronze can hold the types
-    /// of the columns it has.
+    /// Adds to `table` the columns of `incoming` (the schema the server streams) it lacks
+    /// (the schema merge after a capture-instance switch), checking now that bronze can hold
+    /// the types of the columns it has.
     pub async fn prepare(
         table: DeltaTable,
         incoming: &Schema,
         target: &str,
-        batch_id: i64,
+        rows: BronzeRows,
     ) -> Result<Self> {
-        let incoming = stream_rows(&RecordBatch::new_empty(Arc::new(incoming.clone())), 0)?;
+        let incoming = rows.convert(&RecordBatch::new_empty(Arc::new(incoming.clone())))?;
         let existing = table.snapshot()?.schema();
         conform(&existing, target, vec![incoming.clone()])?;
         let missing: Vec<StructField> = fields(&incoming.schema())?
@@ -127,7 +177,7 @@ impl Appender {
             stats: WriterStatsConfig::from_config(snapshot.snapshot().table_configuration()),
             table,
             target: target.to_string(),
-            batch_id,
+            rows,
         })
     }
 
@@ -141,10 +191,16 @@ impl Appender {
     }
 
     /// Adds `files` to bronze in one commit with the application transaction
-    /// `(app_id, batch_id)` and `user_metadata` (the seed's facts JSON).
-    pub async fn commit(&self, files: Vec<Add>, app_id: &str, user_metadata: String) -> Result<()> {
+    /// `(app_id, version)` and `user_metadata` (the seed's JSON for the commit).
+    pub async fn commit(
+        &self,
+        files: Vec<Add>,
+        app_id: &str,
+        version: i64,
+        user_metadata: String,
+    ) -> Result<()> {
         let properties = CommitProperties::default()
-            .with_application_transaction(Transaction::new(app_id, self.batch_id))
+            .with_application_transaction(Transaction::new(app_id, version))
             .with_metadata([(
                 "userMetadata".to_string(),
                 serde_json::Value::String(user_metadata),
@@ -176,7 +232,7 @@ impl FileWriter {
     /// Writes one stream batch (bronze's columns added, types cast to bronze's).
     pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         let appender = &self.appender;
-        let rows = stream_rows(batch, appender.batch_id)?;
+        let rows = appender.rows.convert(batch)?;
         let rows = conform(&appender.schema, &appender.target, vec![rows])?
             .pop()
             .ok_or_else(|| WriterError::Internal("conform dropped the batch".into()))?;

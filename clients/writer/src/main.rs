@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::sidecar;
+use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
 
 // As in the server: per-batch multi-megabyte Arrow and Parquet buffers are reused by
@@ -28,6 +29,8 @@ enum Commands {
     /// Stream one table (flags) or every table of a sidecar file (--config) into bronze,
     /// facts and control.
     Run(Box<RunArgs>),
+    /// Read waves of the open chunked snapshot of a table into bronze (see docs/snapshots.md).
+    Backfill(Box<BackfillArgs>),
     /// Print each table of a sidecar file: last batch, end offset, verdict, lag.
     Status {
         /// The sidecar file.
@@ -37,6 +40,44 @@ enum Commands {
     /// The whole pipeline on the embedded default: a simulated CDC database with a workload,
     /// the Flight server in process, and every table streamed into a local lake.
     Demo(DemoArgs),
+}
+
+#[derive(Args)]
+struct BackfillArgs {
+    /// Flight server URL.
+    #[arg(
+        long,
+        env = "MSSQL_CDC_FLIGHT_URL",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    server: String,
+    /// Source table (schema.table).
+    #[arg(long)]
+    table: String,
+    /// Bronze table location (its plans table lies beside it).
+    #[arg(long)]
+    target: String,
+    /// Facts table location.
+    #[arg(long)]
+    facts: String,
+    /// The stream's app id.
+    #[arg(long)]
+    app_id: String,
+    /// Chunks read in parallel per round.
+    #[arg(long, default_value_t = 2)]
+    partitions: u32,
+    /// Most rows per chunk (the first call plans; later calls keep its plan).
+    #[arg(long, default_value_t = 100_000)]
+    chunk_rows: u64,
+    /// Stop after this many waves.
+    #[arg(long)]
+    max_waves: Option<u32>,
+    /// Seconds a wave aims at (whole rounds of --partitions chunks).
+    #[arg(long, default_value_t = 30.0)]
+    target_wave_seconds: f64,
+    /// Pause while the stream's retention headroom is below this many hours (or unknown).
+    #[arg(long)]
+    min_headroom_hours: Option<f64>,
 }
 
 #[derive(Args)]
@@ -100,6 +141,10 @@ struct RunArgs {
     /// Skip purged changes (with a data_skipped facts row) instead of stopping. Loses changes.
     #[arg(long)]
     skip_data_loss: bool,
+    /// With a new checkpoint, snapshot the table first and start the stream at its S: `full`
+    /// (read now, one append) or `chunked` (opened now, read by `backfill` next to the stream).
+    #[arg(long)]
+    bootstrap: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -114,6 +159,7 @@ fn main() -> anyhow::Result<()> {
     let args = match Cli::parse().command {
         Commands::Run(args) => *args,
         Commands::Status { config } => return runtime.block_on(print_status(config)),
+        Commands::Backfill(args) => return runtime.block_on(backfill(*args)),
         Commands::Demo(args) => return runtime.block_on(demo::run(args.dir, args.commits)),
     };
     if let Some(path) = &args.config {
@@ -125,7 +171,7 @@ fn main() -> anyhow::Result<()> {
         )
     };
     runtime.block_on(async move {
-        let config = StreamConfig {
+        let mut config = StreamConfig {
             server: args.server,
             table: args.table.ok_or_else(missing)?,
             target: args.target.ok_or_else(missing)?,
@@ -139,6 +185,12 @@ fn main() -> anyhow::Result<()> {
             granularity: args.granularity.parse::<Granularity>()?,
             fail_on_data_loss: !args.skip_data_loss,
         };
+        if let Some(mode) = &args.bootstrap {
+            let mode: SnapshotMode = mode.parse()?;
+            if let Some(snapshot) = snapshot::bootstrap(&mut config, mode).await? {
+                println!("snapshot {snapshot} ({mode:?}); the stream starts after it");
+            }
+        }
         let mut stream = Stream::connect(config).await?;
         if args.available_now {
             let outcomes = stream.run_available_now().await?;
@@ -165,6 +217,32 @@ fn main() -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })
+}
+
+async fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
+    let config = StreamConfig {
+        server: args.server,
+        table: args.table,
+        target: args.target,
+        facts: args.facts,
+        control: None,
+        app_id: args.app_id,
+        checkpoint: PathBuf::new(),
+        starting: "earliest".into(),
+        max_commits: None,
+        partitions: args.partitions,
+        granularity: Granularity::Hour,
+        fail_on_data_loss: true,
+    };
+    let options = BackfillOptions {
+        chunk_rows: args.chunk_rows,
+        max_waves: args.max_waves,
+        target_wave_seconds: args.target_wave_seconds,
+        min_headroom_hours: args.min_headroom_hours,
+    };
+    let status = Snapshots::connect(config).await?.backfill(&options).await?;
+    println!("{}", serde_json::to_string(&status)?);
+    Ok(())
 }
 
 async fn run_sidecar(path: &std::path::Path, available_now: bool) -> anyhow::Result<()> {

@@ -23,10 +23,6 @@ use std::time::Instant;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use deltalake::DeltaTable;
-use deltalake::kernel::Transaction;
-use deltalake::kernel::transaction::CommitProperties;
-use deltalake::protocol::SaveMode;
 use mssql_cdc_flight::client::CdcClient;
 use mssql_cdc_flight::flight::protocol::{
     ChangesCommand, InitialOffsetBody, LatestOffsetBody, LsnAnswer,
@@ -100,11 +96,12 @@ pub struct Stream {
 }
 
 /// Environment variable naming a step boundary where the process aborts, for crash tests:
-/// `after_plan`, `after_bronze`, `after_facts` or `after_control`, optionally `:<batch_id>`.
+/// `after_plan`, `after_bronze`, `after_facts` or `after_control` of a stream batch, or
+/// `after_wave_bronze` of a snapshot wave, optionally `:<batch_id or wave>`.
 pub const CRASH_AT_VARIABLE: &str = "MSSQL_CDC_WRITER_CRASH_AT";
 
 /// Aborts the process (as a SIGKILL would end it) when [`CRASH_AT_VARIABLE`] names this step.
-fn crash_point(step: &str, batch_id: i64) {
+pub(crate) fn crash_point(step: &str, batch_id: i64) {
     let Ok(wanted) = std::env::var(CRASH_AT_VARIABLE) else {
         return;
     };
@@ -372,6 +369,7 @@ impl Stream {
                 .commit(
                     read.files,
                     &self.config.app_id,
+                    record.batch_id,
                     self.user_metadata(record.batch_id, &row),
                 )
                 .await?;
@@ -485,15 +483,20 @@ impl Stream {
             "bronze",
         )
         .await?;
-        if already_committed(&table, &self.config.app_id, batch_id).await? {
+        if tables::holds_transaction(&table, &self.config.app_id, batch_id).await? {
             tracing::info!(batch_id, "bronze already holds the batch (replay): skipped");
             return Ok(BronzeTarget {
                 appender: None,
                 committed: true,
             });
         }
-        let appender =
-            bronze::Appender::prepare(table, &plan.schema, &self.config.target, batch_id).await?;
+        let appender = bronze::Appender::prepare(
+            table,
+            &plan.schema,
+            &self.config.target,
+            bronze::BronzeRows::Stream(batch_id),
+        )
+        .await?;
         Ok(BronzeTarget {
             appender: Some(Arc::new(appender)),
             committed: false,
@@ -572,17 +575,6 @@ impl Stream {
         row: FactsRow,
         events: Vec<FactsRow>,
     ) -> Result<()> {
-        let table = tables::ensure(
-            &self.facts,
-            TableKind::Facts,
-            TableKind::Facts.fields(),
-            "facts",
-        )
-        .await?;
-        let app_id = self.facts_app_id();
-        if already_committed(&table, &app_id, batch_id).await? {
-            return Ok(());
-        }
         let written_at = micros_now();
         let mut rows = vec![row];
         rows.extend(events.into_iter().map(|event| FactsRow {
@@ -594,14 +586,15 @@ impl Stream {
         for row in &mut rows {
             row.written_at = Some(written_at);
         }
-        table
-            .write(vec![facts::to_batch(&rows)?])
-            .with_save_mode(SaveMode::Append)
-            .with_commit_properties(
-                CommitProperties::default()
-                    .with_application_transaction(Transaction::new(&app_id, batch_id)),
-            )
-            .await?;
+        tables::append_once(
+            &self.facts,
+            TableKind::Facts,
+            "facts",
+            &self.facts_app_id(),
+            batch_id,
+            facts::to_batch(&rows)?,
+        )
+        .await?;
         Ok(())
     }
 }
@@ -625,12 +618,4 @@ struct EndpointReads {
     totals: Totals,
     completions: Vec<mssql_cdc_flight::flight::protocol::Completion>,
     files: Vec<deltalake::kernel::Add>,
-}
-
-async fn already_committed(table: &DeltaTable, app_id: &str, batch_id: i64) -> Result<bool> {
-    let version = table
-        .snapshot()?
-        .transaction_version(table.log_store().as_ref(), app_id)
-        .await?;
-    Ok(version.is_some_and(|version| version >= batch_id))
 }

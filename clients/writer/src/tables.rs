@@ -9,7 +9,9 @@
 
 use std::collections::HashMap;
 
-use deltalake::kernel::{DataType, MetadataValue, StructField};
+use arrow::record_batch::RecordBatch;
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::{DataType, MetadataValue, StructField, Transaction};
 use deltalake::protocol::SaveMode;
 use deltalake::{DeltaTable, DeltaTableError};
 use url::Url;
@@ -41,6 +43,8 @@ pub enum TableKind {
     Facts,
     /// One row per table: the completeness verdict.
     Control,
+    /// `<target>_snapshot_plans`: the key values of chunked snapshots (open, plan, chunks).
+    Plans,
 }
 
 fn column(
@@ -70,6 +74,9 @@ impl TableKind {
             TableKind::Control => {
                 "mssql_cdc control: one row per table; finalized_until is the completeness verdict"
             }
+            TableKind::Plans => {
+                "mssql_cdc snapshot plans: the key values of the chunked snapshots of the bronze table beside it (open, plan, chunks), one row per snapshot_open, snapshot_plan and snapshot_chunk facts row"
+            }
         }
     }
 
@@ -79,6 +86,7 @@ impl TableKind {
             TableKind::Bronze => 2,
             TableKind::Facts => 12,
             TableKind::Control => 4,
+            TableKind::Plans => 1,
         }
     }
 
@@ -355,6 +363,32 @@ impl TableKind {
                     2,
                 ),
             ],
+            TableKind::Plans => vec![
+                column(
+                    "snapshot",
+                    T::STRING,
+                    "S of the chunked snapshot the row belongs to (0x + 20 hex digits)",
+                    0,
+                ),
+                column(
+                    "event",
+                    T::STRING,
+                    "snapshot_open, snapshot_plan or snapshot_chunk: the facts row this row completes",
+                    0,
+                ),
+                column(
+                    "detail",
+                    T::STRING,
+                    "JSON payload whole: open {key, sql_type, min, max, rows}; plan {chunk_rows, chunk_count, chunks: [{chunk, lo, hi, rows}]}; chunk {chunk, wave, lo, hi, rows, stamp, last}",
+                    0,
+                ),
+                column(
+                    "written_at",
+                    T::TIMESTAMP_NTZ,
+                    "when the row was written (UTC)",
+                    0,
+                ),
+            ],
         }
     }
 
@@ -462,6 +496,77 @@ pub async fn ensure(
         }
         Err(error) => Err(error.into()),
     }
+}
+
+/// Whether `table` holds the application transaction `(app_id, version)` (or a later one).
+pub async fn holds_transaction(table: &DeltaTable, app_id: &str, version: i64) -> Result<bool> {
+    let held = table
+        .snapshot()?
+        .transaction_version(table.log_store().as_ref(), app_id)
+        .await?;
+    Ok(held.is_some_and(|held| held >= version))
+}
+
+/// Appends `batch` to the table of `kind` at `url` (created when missing) in one commit with
+/// the application transaction `(app_id, version)`, unless the table holds it already
+/// (delta-rs does not skip a repeated one itself). Returns whether it wrote.
+pub async fn append_once(
+    url: &Url,
+    kind: TableKind,
+    name: &str,
+    app_id: &str,
+    version: i64,
+    batch: RecordBatch,
+) -> Result<bool> {
+    let table = ensure(url, kind, kind.fields(), name).await?;
+    if holds_transaction(&table, app_id, version).await? {
+        return Ok(false);
+    }
+    table
+        .write(vec![batch])
+        .with_save_mode(SaveMode::Append)
+        .with_commit_properties(
+            CommitProperties::default()
+                .with_application_transaction(Transaction::new(app_id, version)),
+        )
+        .await?;
+    Ok(true)
+}
+
+/// Runs `sql` over the table at `url` (registered as `t`) and returns every value as text
+/// (`None` for NULL); no rows when there is no table.
+pub async fn query_text(url: &Url, sql: &str) -> Result<Vec<Vec<Option<String>>>> {
+    let Some(table) = open(url).await? else {
+        return Ok(Vec::new());
+    };
+    let context = deltalake::datafusion::prelude::SessionContext::new();
+    context.register_table("t", table.table_provider().await?)?;
+    let mut rows = Vec::new();
+    for batch in context.sql(sql).await?.collect().await? {
+        let columns: Vec<arrow::array::StringArray> = batch
+            .columns()
+            .iter()
+            .map(|column| {
+                let text = arrow::compute::cast(column, &arrow::datatypes::DataType::Utf8)?;
+                text.as_any()
+                    .downcast_ref::<arrow::array::StringArray>()
+                    .cloned()
+                    .ok_or_else(|| WriterError::Internal("cast to text".into()))
+            })
+            .collect::<Result<_>>()?;
+        for row in 0..batch.num_rows() {
+            rows.push(
+                columns
+                    .iter()
+                    .map(|column| {
+                        arrow::array::Array::is_valid(column, row)
+                            .then(|| column.value(row).to_string())
+                    })
+                    .collect(),
+            );
+        }
+    }
+    Ok(rows)
 }
 
 /// Adds the columns of the migrations a table has not had, in order, and stamps the version.

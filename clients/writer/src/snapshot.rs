@@ -1,0 +1,1031 @@
+//! Snapshots into bronze: a full bootstrap (ADR 0016) and chunked snapshots read in waves
+//! next to the running stream (ADR 0028), all state in the lake.
+//!
+//! **Full**: S = `snapshot_lsn` is recorded first, a `snapshot_open` facts row, then the whole
+//! table read in `partitions` streams into one bronze append (`<app_id>#snap.<S>`, version 0)
+//! and a `bootstrap` facts row; the stream starts at S. A rerun finds the `bootstrap` row (or
+//! the append) and returns S without reading again.
+//!
+//! **Chunked**: the open records S and the key's extent (plans table) and a `snapshot_open`
+//! facts row without key values, and the stream starts at S at once. [`Snapshots::backfill`]
+//! plans the chunks on its first call (counted key slices packed into chunks of at most
+//! `chunk_rows`, `snapshot_plan` rows), then reads waves of whole rounds of `partitions`
+//! chunks: the wave's chunks are recorded in the plans table **before** the read (so a rerun
+//! reads exactly them), each chunk stream is stamped by the server before its read and must
+//! not be stamped below S, the wave is one bronze append (`<app_id>#snap.<S>`, version =
+//! wave), then one `snapshot_chunk` facts row per chunk (`<app_id>#snapchunks.<S>`, wave),
+//! and after the last chunk the `bootstrap` completion row. A crash between a wave's append
+//! and its facts rows reruns the wave: Delta holds the append, so the rows are counted from
+//! bronze instead of read again.
+//!
+//! Where each condition of ADR 0028 is kept: docs/snapshots.md.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::record_batch::RecordBatch;
+use mssql_cdc_flight::chunking::{self, BucketCounter};
+use mssql_cdc_flight::client::CdcClient;
+use mssql_cdc_flight::flight::protocol::{ChunkSpec, Completion, LsnAnswer, SnapshotCommand};
+use mssql_cdc_flight::source::{KeyBucket, KeyExtent, KeyRange};
+use mssql_cdc_flight::{CommitTime, Lsn};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use url::Url;
+
+use crate::bronze::{self, BronzeRows};
+use crate::error::{Result, WriterError};
+use crate::facts::{self, FactsRow};
+use crate::stream::StreamConfig;
+use crate::tables::{self, TableKind};
+
+/// How a table is snapshotted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotMode {
+    /// The whole table in one bronze append before the stream starts.
+    Full,
+    /// Chunks read in waves next to the running stream.
+    Chunked,
+}
+
+impl std::str::FromStr for SnapshotMode {
+    type Err = WriterError;
+
+    fn from_str(text: &str) -> Result<Self> {
+        match text.to_ascii_lowercase().as_str() {
+            "full" => Ok(SnapshotMode::Full),
+            "chunked" => Ok(SnapshotMode::Chunked),
+            other => Err(WriterError::invalid(format!(
+                "snapshot mode '{other}' is neither full nor chunked"
+            ))),
+        }
+    }
+}
+
+/// Options of [`Snapshots::backfill`].
+#[derive(Clone, Debug)]
+pub struct BackfillOptions {
+    /// Most rows per chunk (used by the first call, which plans; later calls keep the plan).
+    pub chunk_rows: u64,
+    /// Stop after this many waves (`None`: until done).
+    pub max_waves: Option<u32>,
+    /// Waves take as many rounds of `partitions` chunks as fit in this many seconds.
+    pub target_wave_seconds: f64,
+    /// Pause while the stream's retention headroom is below this (or unknown).
+    pub min_headroom_hours: Option<f64>,
+}
+
+impl Default for BackfillOptions {
+    fn default() -> Self {
+        BackfillOptions {
+            chunk_rows: 100_000,
+            max_waves: None,
+            target_wave_seconds: 30.0,
+            min_headroom_hours: None,
+        }
+    }
+}
+
+/// What a backfill call did (the seed's `BackfillStatus`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BackfillStatus {
+    /// S of the snapshot worked on.
+    pub snapshot: Option<Lsn>,
+    /// Chunks whose rows are in bronze and facts.
+    pub chunks_done: u64,
+    /// Chunks of the plan (`None` before it exists).
+    pub chunks_total: Option<u64>,
+    /// Whether the snapshot is complete.
+    pub done: bool,
+    /// Whether the call stopped early for a guard.
+    pub paused: bool,
+    /// `no_snapshot`, `reading`, `done`, `waiting_headroom`, `waiting_metrics`.
+    pub state: String,
+    /// Why it paused or stopped.
+    pub reason: Option<String>,
+}
+
+/// A full snapshot's outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FullSnapshot {
+    /// Its S: the stream starts after it.
+    pub snapshot: Lsn,
+    /// Rows it holds.
+    pub rows: u64,
+    /// Whether an earlier run had written it already.
+    pub reused: bool,
+}
+
+/// One chunk of a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedChunk {
+    /// Chunk number (`_chunk`).
+    pub chunk: i32,
+    /// First key (inclusive).
+    pub lo: Option<i64>,
+    /// First key after the chunk.
+    pub hi: Option<i64>,
+    /// Rows counted at planning.
+    pub rows: u64,
+}
+
+/// The location of the plans table beside a bronze target.
+pub fn plans_location(target: &str) -> String {
+    format!("{}_snapshot_plans", target.trim_end_matches('/'))
+}
+
+/// Counts key slices through the server's `key_buckets` action.
+struct FlightCounter<'a> {
+    client: &'a CdcClient,
+    table: &'a str,
+}
+
+#[async_trait::async_trait]
+impl BucketCounter for FlightCounter<'_> {
+    async fn buckets(
+        &self,
+        lo: i64,
+        hi: i64,
+        width: u64,
+    ) -> mssql_cdc_flight::Result<Vec<KeyBucket>> {
+        self.client
+            .action(
+                "key_buckets",
+                &json!({"table": self.table, "lo": lo, "hi": hi, "width": width}),
+            )
+            .await
+            .map_err(|error| mssql_cdc_flight::Error::SourceUnavailable(error.to_string()))
+    }
+}
+
+/// The snapshot facts of one app id, as read back from the lake.
+#[derive(Debug, Default)]
+struct Recorded {
+    /// S of every `snapshot_open` row with its mode.
+    opens: Vec<(Lsn, SnapshotMode)>,
+    /// S of every completion row with its rows.
+    completions: Vec<(Lsn, u64)>,
+}
+
+/// Snapshots of one table into its bronze.
+pub struct Snapshots {
+    config: StreamConfig,
+    client: CdcClient,
+    target: Url,
+    facts: Url,
+    plans: Url,
+}
+
+fn micros_now() -> i64 {
+    chrono::Utc::now().timestamp_micros()
+}
+
+fn quoted(text: &str) -> String {
+    text.replace('\'', "''")
+}
+
+impl Snapshots {
+    /// Connects to the server of `config` (its table, target, facts and app id are used).
+    pub async fn connect(config: StreamConfig) -> Result<Self> {
+        let client = CdcClient::connect(&config.server).await?;
+        Ok(Snapshots {
+            target: tables::table_url(&config.target)?,
+            facts: tables::table_url(&config.facts)?,
+            plans: tables::table_url(&plans_location(&config.target))?,
+            config,
+            client,
+        })
+    }
+
+    fn txn(&self, kind: &str, snapshot: Lsn) -> String {
+        format!("{}#{kind}.{snapshot}", self.config.app_id)
+    }
+
+    async fn recorded(&self) -> Result<Recorded> {
+        let rows = tables::query_text(
+            &self.facts,
+            &format!(
+                "SELECT event, min_lsn, detail, rows FROM t WHERE app_id = '{}' AND event IN \
+                 ('snapshot_open', 'bootstrap', 'resnapshot')",
+                quoted(&self.config.app_id)
+            ),
+        )
+        .await?;
+        let mut recorded = Recorded::default();
+        for row in rows {
+            let (Some(event), Some(lsn)) = (&row[0], &row[1]) else {
+                continue;
+            };
+            let lsn: Lsn = lsn
+                .parse()
+                .map_err(|error| WriterError::Internal(format!("facts min_lsn: {error}")))?;
+            if event == "snapshot_open" {
+                let detail: serde_json::Value =
+                    serde_json::from_str(row[2].as_deref().unwrap_or("{}")).unwrap_or_default();
+                let mode = match detail["mode"].as_str() {
+                    Some("chunked") => SnapshotMode::Chunked,
+                    _ => SnapshotMode::Full,
+                };
+                recorded.opens.push((lsn, mode));
+            } else {
+                let rows = row[3].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0);
+                recorded.completions.push((lsn, rows));
+            }
+        }
+        Ok(recorded)
+    }
+
+    /// The newest chunked snapshot opened and not complete.
+    fn open_chunked_of(recorded: &Recorded) -> Option<Lsn> {
+        recorded
+            .opens
+            .iter()
+            .filter(|(lsn, mode)| {
+                *mode == SnapshotMode::Chunked
+                    && !recorded.completions.iter().any(|(done, _)| done >= lsn)
+            })
+            .map(|(lsn, _)| *lsn)
+            .max()
+    }
+
+    async fn stamp(&self) -> Result<Lsn> {
+        let answer: LsnAnswer = self
+            .client
+            .action("snapshot_lsn", &json!({"table": self.config.table}))
+            .await?;
+        answer
+            .lsn
+            .ok_or_else(|| WriterError::Internal("the server gave no snapshot_lsn".into()))
+    }
+
+    async fn append_facts(&self, txn: &str, version: i64, rows: Vec<FactsRow>) -> Result<()> {
+        let written_at = micros_now();
+        let rows: Vec<FactsRow> = rows
+            .into_iter()
+            .map(|row| FactsRow {
+                app_id: Some(self.config.app_id.clone()),
+                target: Some(self.config.target.clone()),
+                written_at: Some(written_at),
+                ..row
+            })
+            .collect();
+        tables::append_once(
+            &self.facts,
+            TableKind::Facts,
+            "facts",
+            txn,
+            version,
+            facts::to_batch(&rows)?,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn append_plans(
+        &self,
+        txn: &str,
+        version: i64,
+        snapshot: Lsn,
+        rows: Vec<(&str, serde_json::Value)>,
+    ) -> Result<()> {
+        use arrow::array::{ArrayRef, StringArray, TimestampMicrosecondArray};
+        let written_at = micros_now();
+        let count = rows.len();
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from(vec![snapshot.to_string(); count])),
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r.1.to_string()),
+            )),
+            Arc::new(TimestampMicrosecondArray::from(vec![written_at; count])),
+        ];
+        let batch = RecordBatch::try_new(facts::arrow_schema(TableKind::Plans), columns)?;
+        tables::append_once(
+            &self.plans,
+            TableKind::Plans,
+            "snapshot_plans",
+            txn,
+            version,
+            batch,
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Plans rows of a snapshot for one event, their details parsed.
+    async fn plans_rows(&self, snapshot: Lsn, event: &str) -> Result<Vec<serde_json::Value>> {
+        let rows = tables::query_text(
+            &self.plans,
+            &format!(
+                "SELECT detail FROM t WHERE snapshot = '{snapshot}' AND event = '{}'",
+                quoted(event)
+            ),
+        )
+        .await?;
+        rows.into_iter()
+            .map(|row| {
+                serde_json::from_str(row[0].as_deref().unwrap_or("null"))
+                    .map_err(|error| WriterError::Internal(format!("plans detail: {error}")))
+            })
+            .collect()
+    }
+
+    /// Refuses to start a snapshot of `mode` while one of the other mode is open.
+    fn mode_lock(recorded: &Recorded, mode: SnapshotMode) -> Result<()> {
+        if mode == SnapshotMode::Full
+            && let Some(open) = Self::open_chunked_of(recorded)
+        {
+            return Err(WriterError::invalid(format!(
+                "a chunked snapshot ({open}) is open for this app_id: finish it with \
+                 `mssql-cdc-writer backfill` (or open with snapshot = chunked) before taking a \
+                 full snapshot; one snapshot mode per run"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Takes a full snapshot (or returns the one an earlier run completed): the stream starts
+    /// after its S.
+    pub async fn bootstrap_full(&self) -> Result<FullSnapshot> {
+        let recorded = self.recorded().await?;
+        if let Some((snapshot, rows)) = recorded.completions.iter().max().copied() {
+            return Ok(FullSnapshot {
+                snapshot,
+                rows,
+                reused: true,
+            });
+        }
+        Self::mode_lock(&recorded, SnapshotMode::Full)?;
+        // A full snapshot an earlier run opened and crashed in keeps its S.
+        let snapshot = match recorded
+            .opens
+            .iter()
+            .filter(|(_, mode)| *mode == SnapshotMode::Full)
+            .map(|(lsn, _)| *lsn)
+            .max()
+        {
+            Some(open) => open,
+            None => self.stamp().await?,
+        };
+        let detail = json!({"mode": "full", "kind": "bootstrap", "generation": 0});
+        self.append_facts(
+            &self.txn("snapopen", snapshot),
+            0,
+            vec![FactsRow {
+                event: Some("snapshot_open".into()),
+                min_lsn: Some(snapshot.to_string()),
+                max_lsn: Some(snapshot.to_string()),
+                end_lsn: Some(snapshot.to_string()),
+                rows: Some(0),
+                detail: Some(detail.to_string()),
+                ..FactsRow::default()
+            }],
+        )
+        .await?;
+        let started_at = micros_now();
+        let clock = Instant::now();
+        let bronze_txn = self.txn("snap", snapshot);
+        let rows = match self.held_by_bronze(&bronze_txn, 0).await? {
+            true => self
+                .count_snapshot_rows(snapshot, None)
+                .await?
+                .iter()
+                .map(|c| c.1)
+                .sum(),
+            false => {
+                let mut command = SnapshotCommand::new(self.config.table.clone());
+                command.partitions = Some(self.config.partitions.max(1));
+                let read = self
+                    .read_into_bronze(snapshot, command, &bronze_txn, 0)
+                    .await?;
+                read.rows.iter().sum()
+            }
+        };
+        self.append_facts(
+            &self.txn("snapdone", snapshot),
+            0,
+            vec![FactsRow {
+                event: Some("bootstrap".into()),
+                min_lsn: Some(snapshot.to_string()),
+                max_lsn: Some(snapshot.to_string()),
+                end_lsn: Some(snapshot.to_string()),
+                rows: Some(rows as i64),
+                started_at: Some(started_at),
+                duration_ms: Some(clock.elapsed().as_millis() as i64),
+                detail: Some(json!({"mode": "full", "snapshot": snapshot}).to_string()),
+                ..FactsRow::default()
+            }],
+        )
+        .await?;
+        Ok(FullSnapshot {
+            snapshot,
+            rows,
+            reused: false,
+        })
+    }
+
+    /// Opens a chunked snapshot (or returns the S of the open or complete one an earlier run
+    /// recorded): the stream starts after S at once, [`Snapshots::backfill`] reads the rows.
+    pub async fn open_chunked(&self) -> Result<Lsn> {
+        let recorded = self.recorded().await?;
+        if let Some(open) = Self::open_chunked_of(&recorded) {
+            return Ok(open);
+        }
+        if let Some((done, _)) = recorded.completions.iter().max() {
+            return Ok(*done);
+        }
+        let snapshot = self.stamp().await?;
+        let extent: KeyExtent = self
+            .client
+            .action("key_extent", &json!({"table": self.config.table}))
+            .await?;
+        let txn = self.txn("snapopen", snapshot);
+        // Plans first: the key values live beside bronze, not in the facts.
+        self.append_plans(
+            &txn,
+            0,
+            snapshot,
+            vec![(
+                "snapshot_open",
+                serde_json::to_value(&extent).unwrap_or_default(),
+            )],
+        )
+        .await?;
+        self.append_facts(
+            &txn,
+            0,
+            vec![FactsRow {
+                event: Some("snapshot_open".into()),
+                min_lsn: Some(snapshot.to_string()),
+                max_lsn: Some(snapshot.to_string()),
+                end_lsn: Some(snapshot.to_string()),
+                rows: Some(0),
+                detail: Some(
+                    json!({"mode": "chunked", "kind": "bootstrap", "generation": 0, "keys": [extent.column]})
+                        .to_string(),
+                ),
+                ..FactsRow::default()
+            }],
+        )
+        .await?;
+        tracing::info!(table = %self.config.table, %snapshot, "chunked snapshot opened");
+        Ok(snapshot)
+    }
+
+    /// The plan of an open snapshot: made and recorded on the first call, read back after.
+    async fn plan(&self, snapshot: Lsn, chunk_rows: u64) -> Result<Vec<PlannedChunk>> {
+        if let Some(plan) = self.plans_rows(snapshot, "snapshot_plan").await?.pop() {
+            if plan["chunk_rows"].as_u64() != Some(chunk_rows) {
+                tracing::warn!(planned = %plan["chunk_rows"], asked = chunk_rows,
+                    "the snapshot is planned already: its chunk_rows stays");
+            }
+            return serde_json::from_value(plan["chunks"].clone())
+                .map_err(|error| WriterError::Internal(format!("recorded plan: {error}")));
+        }
+        let open = self
+            .plans_rows(snapshot, "snapshot_open")
+            .await?
+            .pop()
+            .ok_or_else(|| {
+                WriterError::invalid(format!(
+                    "snapshot {snapshot} has no snapshot_open row in {}: a range without bounds \
+                     is never read as the whole table",
+                    plans_location(&self.config.target)
+                ))
+            })?;
+        let extent: KeyExtent = serde_json::from_value(open)
+            .map_err(|error| WriterError::Internal(format!("recorded extent: {error}")))?;
+        let counter = FlightCounter {
+            client: &self.client,
+            table: &self.config.table,
+        };
+        let chunks: Vec<PlannedChunk> =
+            chunking::plan(&counter, extent.min.zip(extent.max), chunk_rows)
+                .await
+                .map_err(|error| WriterError::Internal(format!("planning chunks: {error}")))?
+                .into_iter()
+                .enumerate()
+                .map(|(index, (range, rows))| PlannedChunk {
+                    chunk: index as i32,
+                    lo: range.lo,
+                    hi: range.hi,
+                    rows,
+                })
+                .collect();
+        let txn = self.txn("snapplan", snapshot);
+        self.append_plans(
+            &txn,
+            0,
+            snapshot,
+            vec![(
+                "snapshot_plan",
+                json!({"chunk_rows": chunk_rows, "chunk_count": chunks.len(), "chunks": chunks}),
+            )],
+        )
+        .await?;
+        self.append_facts(
+            &txn,
+            0,
+            vec![FactsRow {
+                event: Some("snapshot_plan".into()),
+                min_lsn: Some(snapshot.to_string()),
+                max_lsn: Some(snapshot.to_string()),
+                rows: Some(chunks.iter().map(|c| c.rows as i64).sum()),
+                detail: Some(
+                    json!({"snapshot": snapshot, "kind": "bootstrap", "chunk_rows": chunk_rows, "chunk_count": chunks.len()})
+                        .to_string(),
+                ),
+                ..FactsRow::default()
+            }],
+        )
+        .await?;
+        // The plan read back is the one recorded (a concurrent call leaves one plan).
+        Box::pin(self.plan(snapshot, chunk_rows)).await
+    }
+
+    /// `(chunk, wave)` of every chunk whose facts row is in.
+    async fn chunks_done(&self, snapshot: Lsn) -> Result<Vec<(i32, i64)>> {
+        let rows = tables::query_text(
+            &self.facts,
+            &format!(
+                "SELECT detail FROM t WHERE app_id = '{}' AND event = 'snapshot_chunk' AND min_lsn >= '{snapshot}'",
+                quoted(&self.config.app_id)
+            ),
+        )
+        .await?;
+        let mut done = Vec::new();
+        for row in rows {
+            let detail: serde_json::Value =
+                serde_json::from_str(row[0].as_deref().unwrap_or("{}")).unwrap_or_default();
+            if detail["snapshot"].as_str() == Some(&snapshot.to_string()) {
+                done.push((
+                    detail["chunk"].as_i64().unwrap_or(-1) as i32,
+                    detail["wave"].as_i64().unwrap_or(0),
+                ));
+            }
+        }
+        Ok(done)
+    }
+
+    /// Pauses while the stream's retention headroom is short or unknown.
+    async fn headroom_guard(&self, min_hours: f64) -> Result<Option<(String, String)>> {
+        let rows = tables::query_text(
+            &self.facts,
+            &format!(
+                "SELECT retention_headroom_hours, written_at FROM t WHERE app_id = '{}' AND event IS NULL \
+                 ORDER BY written_at DESC LIMIT 1",
+                quoted(&self.config.app_id)
+            ),
+        )
+        .await?;
+        let headroom = rows
+            .first()
+            .and_then(|row| row[0].as_deref())
+            .and_then(|value| value.parse::<f64>().ok());
+        let Some(headroom) = headroom else {
+            return Ok(Some((
+                "waiting_metrics".into(),
+                "no micro-batch facts row with retention headroom yet: run the stream first".into(),
+            )));
+        };
+        let age_hours = rows
+            .first()
+            .and_then(|row| row[1].as_deref())
+            .and_then(|text| CommitTime::parse_iso(text).ok())
+            .map_or(0.0, |written| {
+                (micros_now() - written.micros()) as f64 / 3.6e9
+            });
+        if headroom - age_hours < min_hours {
+            return Ok(Some((
+                "waiting_headroom".into(),
+                format!(
+                    "the stream's retention headroom is {:.2} h, below min_headroom_hours {min_hours}",
+                    headroom - age_hours
+                ),
+            )));
+        }
+        Ok(None)
+    }
+
+    /// Reads waves of the newest open chunked snapshot until it is complete (or `max_waves`).
+    pub async fn backfill(&self, options: &BackfillOptions) -> Result<BackfillStatus> {
+        if options.chunk_rows == 0 {
+            return Err(WriterError::invalid("chunk_rows must be at least 1"));
+        }
+        if options.target_wave_seconds.is_nan() || options.target_wave_seconds < 0.0 {
+            return Err(WriterError::invalid(
+                "target_wave_seconds must be 0 or more",
+            ));
+        }
+        let recorded = self.recorded().await?;
+        let Some(snapshot) = Self::open_chunked_of(&recorded) else {
+            let done = recorded.completions.iter().max().map(|(lsn, _)| *lsn);
+            return Ok(BackfillStatus {
+                snapshot: done,
+                chunks_done: 0,
+                chunks_total: None,
+                done: done.is_some(),
+                paused: done.is_none(),
+                state: if done.is_some() {
+                    "done"
+                } else {
+                    "no_snapshot"
+                }
+                .into(),
+                reason: done
+                    .is_none()
+                    .then(|| "no chunked snapshot is open for this app_id".into()),
+            });
+        };
+        let plan = self.plan(snapshot, options.chunk_rows).await?;
+        let total = plan.len() as u64;
+        let partitions = self.config.partitions.max(1) as usize;
+        let mut rounds = 1usize;
+        let mut waves_read = 0u32;
+        loop {
+            let done = self.chunks_done(snapshot).await?;
+            let remaining: Vec<PlannedChunk> = plan
+                .iter()
+                .filter(|chunk| !done.iter().any(|(id, _)| *id == chunk.chunk))
+                .copied()
+                .collect();
+            if remaining.is_empty() {
+                self.complete(snapshot, &plan).await?;
+                return Ok(BackfillStatus {
+                    snapshot: Some(snapshot),
+                    chunks_done: total,
+                    chunks_total: Some(total),
+                    done: true,
+                    paused: false,
+                    state: "done".into(),
+                    reason: None,
+                });
+            }
+            let status = |state: &str, reason: String, paused: bool| BackfillStatus {
+                snapshot: Some(snapshot),
+                chunks_done: total - remaining.len() as u64,
+                chunks_total: Some(total),
+                done: false,
+                paused,
+                state: state.into(),
+                reason: Some(reason),
+            };
+            if options.max_waves.is_some_and(|max| waves_read >= max) {
+                return Ok(status(
+                    "reading",
+                    format!("max_waves {waves_read} reached"),
+                    false,
+                ));
+            }
+            if let Some(min) = options.min_headroom_hours
+                && let Some((state, reason)) = self.headroom_guard(min).await?
+            {
+                return Ok(status(&state, reason, true));
+            }
+            let wave = done.iter().map(|(_, wave)| *wave).max().unwrap_or(0) + 1;
+            let clock = Instant::now();
+            let chunks = self
+                .wave_chunks(snapshot, wave, &remaining, partitions * rounds)
+                .await?;
+            let rounds_read = chunks.len().div_ceil(partitions).max(1);
+            self.read_wave(snapshot, wave, &plan, &chunks).await?;
+            waves_read += 1;
+            let per_round = clock.elapsed().as_secs_f64() / rounds_read as f64;
+            rounds = if per_round > 0.0 {
+                ((options.target_wave_seconds / per_round) as usize).clamp(1, 64)
+            } else {
+                64
+            };
+            tracing::info!(%snapshot, wave, chunks = chunks.len(), chunks_done = total as usize - remaining.len() + chunks.len(),
+                chunks_total = total, seconds = clock.elapsed().as_secs_f64(), "wave committed");
+        }
+    }
+
+    /// The chunks of `wave`: those its plans rows recorded (a rerun reads exactly them), or
+    /// the next `count` remaining ones, recorded before they are read.
+    async fn wave_chunks(
+        &self,
+        snapshot: Lsn,
+        wave: i64,
+        remaining: &[PlannedChunk],
+        count: usize,
+    ) -> Result<Vec<PlannedChunk>> {
+        let recorded: Vec<PlannedChunk> = self
+            .plans_rows(snapshot, "snapshot_chunk")
+            .await?
+            .into_iter()
+            .filter(|detail| detail["wave"].as_i64() == Some(wave))
+            .filter_map(|detail| serde_json::from_value(detail).ok())
+            .collect();
+        if !recorded.is_empty() {
+            return Ok(recorded);
+        }
+        let chunks: Vec<PlannedChunk> = remaining.iter().take(count).copied().collect();
+        let rows = chunks
+            .iter()
+            .map(|chunk| {
+                let mut detail = serde_json::to_value(chunk).unwrap_or_default();
+                detail["wave"] = json!(wave);
+                ("snapshot_chunk", detail)
+            })
+            .collect();
+        self.append_plans(&self.txn("snapchunks", snapshot), wave, snapshot, rows)
+            .await?;
+        // Read back: a concurrent call that recorded this wave first wins.
+        Ok(self
+            .plans_rows(snapshot, "snapshot_chunk")
+            .await?
+            .into_iter()
+            .filter(|detail| detail["wave"].as_i64() == Some(wave))
+            .filter_map(|detail| serde_json::from_value(detail).ok())
+            .collect())
+    }
+
+    /// Reads one wave into one bronze append (unless bronze holds it), then its facts rows.
+    async fn read_wave(
+        &self,
+        snapshot: Lsn,
+        wave: i64,
+        plan: &[PlannedChunk],
+        chunks: &[PlannedChunk],
+    ) -> Result<()> {
+        let bronze_txn = self.txn("snap", snapshot);
+        let last_chunk = plan.last().map(|chunk| chunk.chunk);
+        let outcome: Vec<(i32, u64, Lsn, Option<Lsn>)> =
+            if self.held_by_bronze(&bronze_txn, wave).await? {
+                // A rerun after the append: Delta holds the wave, count its rows in bronze.
+                let counted = self
+                    .count_snapshot_rows(snapshot, Some(chunks.iter().map(|c| c.chunk).collect()))
+                    .await?;
+                chunks
+                    .iter()
+                    .map(|chunk| {
+                        let found = counted.iter().find(|(id, ..)| *id == Some(chunk.chunk));
+                        let stamp = found.and_then(|(_, _, stamp)| *stamp).unwrap_or(snapshot);
+                        (
+                            chunk.chunk,
+                            found.map_or(0, |(_, rows, _)| *rows),
+                            stamp,
+                            None,
+                        )
+                    })
+                    .collect()
+            } else {
+                let mut command = SnapshotCommand::new(self.config.table.clone());
+                command.chunks = Some(
+                    chunks
+                        .iter()
+                        .map(|chunk| ChunkSpec {
+                            chunk: chunk.chunk,
+                            lo: chunk.lo,
+                            hi: chunk.hi,
+                        })
+                        .collect(),
+                );
+                let read = self
+                    .read_into_bronze(snapshot, command, &bronze_txn, wave)
+                    .await?;
+                crate::stream::crash_point("after_wave_bronze", wave);
+                chunks
+                    .iter()
+                    .zip(read.rows.iter().zip(&read.completions))
+                    .map(|(chunk, (rows, completion))| {
+                        (
+                            chunk.chunk,
+                            *rows,
+                            completion.snapshot_lsn.unwrap_or(snapshot),
+                            completion.max_lsn,
+                        )
+                    })
+                    .collect()
+            };
+        let rows: Vec<FactsRow> = outcome
+            .iter()
+            .map(|(chunk, rows, stamp, high)| FactsRow {
+                event: Some("snapshot_chunk".into()),
+                rows: Some(*rows as i64),
+                min_lsn: Some(stamp.to_string()),
+                max_lsn: Some(high.unwrap_or(*stamp).to_string()),
+                end_lsn: Some(snapshot.to_string()),
+                batch_id: Some(wave),
+                detail: Some(
+                    json!({"snapshot": snapshot, "chunk": chunk, "wave": wave, "last": Some(*chunk) == last_chunk})
+                        .to_string(),
+                ),
+                ..FactsRow::default()
+            })
+            .collect();
+        self.append_facts(&self.txn("snapchunks", snapshot), wave, rows)
+            .await
+    }
+
+    /// Writes the completion row once every chunk is in.
+    async fn complete(&self, snapshot: Lsn, plan: &[PlannedChunk]) -> Result<()> {
+        let rows: u64 = self
+            .count_snapshot_rows(snapshot, None)
+            .await?
+            .iter()
+            .map(|(_, rows, _)| rows)
+            .sum();
+        self.append_facts(
+            &self.txn("snapdone", snapshot),
+            0,
+            vec![FactsRow {
+                event: Some("bootstrap".into()),
+                min_lsn: Some(snapshot.to_string()),
+                max_lsn: Some(snapshot.to_string()),
+                end_lsn: Some(snapshot.to_string()),
+                rows: Some(rows as i64),
+                detail: Some(
+                    json!({"mode": "chunked", "snapshot": snapshot, "chunks": plan.len()})
+                        .to_string(),
+                ),
+                ..FactsRow::default()
+            }],
+        )
+        .await?;
+        tracing::info!(table = %self.config.table, %snapshot, rows, "chunked snapshot complete");
+        Ok(())
+    }
+
+    async fn held_by_bronze(&self, txn: &str, version: i64) -> Result<bool> {
+        match tables::open(&self.target).await? {
+            Some(table) => tables::holds_transaction(&table, txn, version).await,
+            None => Ok(false),
+        }
+    }
+
+    /// `(_chunk, rows, smallest stamp)` of the snapshot's rows in bronze, for some chunks.
+    async fn count_snapshot_rows(
+        &self,
+        snapshot: Lsn,
+        chunks: Option<Vec<i32>>,
+    ) -> Result<Vec<(Option<i32>, u64, Option<Lsn>)>> {
+        let filter = match &chunks {
+            Some(chunks) if chunks.is_empty() => return Ok(Vec::new()),
+            Some(chunks) => format!(
+                " AND _chunk IN ({})",
+                chunks
+                    .iter()
+                    .map(i32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None => String::new(),
+        };
+        let rows = tables::query_text(
+            &self.target,
+            &format!(
+                "SELECT _chunk, COUNT(*), MIN(_start_lsn) FROM t WHERE _operation = 0 AND \
+                 _snapshot = '{snapshot}'{filter} GROUP BY _chunk"
+            ),
+        )
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                (
+                    row[0].as_deref().and_then(|chunk| chunk.parse().ok()),
+                    row[1].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0),
+                    row[2].as_deref().and_then(|lsn| lsn.parse().ok()),
+                )
+            })
+            .collect())
+    }
+
+    /// Reads every endpoint of a snapshot command in parallel into bronze files and commits
+    /// them in one append `(txn, version)`; refuses a stream stamped below S (P2).
+    async fn read_into_bronze(
+        &self,
+        snapshot: Lsn,
+        command: SnapshotCommand,
+        txn: &str,
+        version: i64,
+    ) -> Result<SnapshotRead> {
+        let plan = self.client.plan_snapshot(&command).await?;
+        let schema = Arc::new(
+            plan.info
+                .clone()
+                .try_decode_schema()
+                .map_err(|error| WriterError::Internal(format!("snapshot schema: {error}")))?,
+        );
+        let rows_kind = BronzeRows::Snapshot(snapshot.to_string());
+        let empty = RecordBatch::new_empty(Arc::clone(&schema));
+        let table = tables::ensure(
+            &self.target,
+            TableKind::Bronze,
+            bronze::fields(&rows_kind.convert(&empty)?.schema())?,
+            "bronze",
+        )
+        .await?;
+        let appender = Arc::new(
+            bronze::Appender::prepare(table, &schema, &self.config.target, rows_kind).await?,
+        );
+        let mut reads = Vec::new();
+        for endpoint in &plan.info.endpoint {
+            let ticket = endpoint.ticket.clone().ok_or_else(|| {
+                WriterError::Internal("a snapshot endpoint without ticket".into())
+            })?;
+            let client = self.client.clone();
+            let mut files = appender.file_writer();
+            reads.push(tokio::spawn(async move {
+                let mut reader = client.open_endpoint(&ticket).await?;
+                let streamed: Result<u64> = async {
+                    let mut rows = 0u64;
+                    while let Some(batch) = reader.next_batch().await? {
+                        rows += batch.num_rows() as u64;
+                        files.write(&batch).await?;
+                    }
+                    Ok(rows)
+                }
+                .await;
+                match streamed.and_then(|rows| Ok((rows, reader.completion()?))) {
+                    Ok((rows, completion)) => Ok((rows, completion, files.close().await?)),
+                    Err(error) => {
+                        files.abort().await;
+                        Err(error)
+                    }
+                }
+            }));
+        }
+        let mut out = SnapshotRead::default();
+        let mut files = Vec::new();
+        for read in reads {
+            let (rows, completion, endpoint_files) = read
+                .await
+                .map_err(|error| WriterError::Internal(format!("snapshot read task: {error}")))??;
+            if let Some(stamp) = completion.snapshot_lsn
+                && stamp < snapshot
+            {
+                return Err(WriterError::invalid(format!(
+                    "a snapshot stream was stamped {stamp}, below the snapshot's S {snapshot}: \
+                     is the server reading a readable secondary behind the primary? Chunks \
+                     must be read where S was recorded"
+                )));
+            }
+            out.rows.push(rows);
+            out.completions.push(completion);
+            files.extend(endpoint_files);
+        }
+        let total: u64 = out.rows.iter().sum();
+        if total > 0 {
+            let metadata = json!({
+                "snapshot": plan.metadata.capture_instance,
+                "lsn": snapshot,
+                "wave": version,
+                "rows": total,
+                "chunks": command.chunks.as_ref().map(|chunks| chunks
+                    .iter()
+                    .zip(out.rows.iter().zip(&out.completions))
+                    .map(|(chunk, (rows, completion))| json!({
+                        "chunk": chunk.chunk, "lo": chunk.lo, "hi": chunk.hi, "rows": rows,
+                        "stamp": completion.snapshot_lsn, "high_lsn": completion.max_lsn,
+                        "read_seconds": completion.seconds, "read_mb": completion.bytes as f64 / 1e6,
+                    }))
+                    .collect::<Vec<_>>()),
+            });
+            appender
+                .commit(files, txn, version, metadata.to_string())
+                .await?;
+        }
+        Ok(out)
+    }
+}
+
+/// Bootstraps a stream whose checkpoint is new: takes (or finds) the snapshot of `mode` and
+/// sets `config.starting` to its S, so the stream reads the changes after it. A checkpoint
+/// that holds a batch is left alone (the stream continues where it was); returns S when a
+/// snapshot was taken or found.
+pub async fn bootstrap(config: &mut StreamConfig, mode: SnapshotMode) -> Result<Option<Lsn>> {
+    if crate::checkpoint::Checkpoint::open(&config.checkpoint)?
+        .last()?
+        .is_some()
+    {
+        return Ok(None);
+    }
+    let snapshots = Snapshots::connect(config.clone()).await?;
+    let snapshot = match mode {
+        SnapshotMode::Full => snapshots.bootstrap_full().await?.snapshot,
+        SnapshotMode::Chunked => snapshots.open_chunked().await?,
+    };
+    config.starting = snapshot.to_string();
+    Ok(Some(snapshot))
+}
+
+/// Rows and completion markers of a snapshot read, one per endpoint in plan order.
+#[derive(Default)]
+struct SnapshotRead {
+    rows: Vec<u64>,
+    completions: Vec<Completion>,
+}
+
+/// A chunk's key range as the source's type.
+impl From<PlannedChunk> for KeyRange {
+    fn from(chunk: PlannedChunk) -> Self {
+        KeyRange {
+            lo: chunk.lo,
+            hi: chunk.hi,
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! Snapshots into bronze against the in-process server and real Delta tables: a chunked
+//! snapshot read in waves next to a running stream and a writing workload, a full bootstrap,
+//! the mode lock, the throttle, and a crash between a wave's append and its facts rows. End
+//! state every time: bronze's rows of S plus the changes after S rebuild the source table.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use arrow::record_batch::RecordBatch;
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use common::{Lab, query, run_now};
+use mssql_cdc_flight::Lsn;
+use mssql_cdc_flight::client::CdcClient;
+use mssql_cdc_flight::flight::protocol::SnapshotCommand;
+use mssql_cdc_flight::sim::{Faults, SnapshotHook};
+use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
+use mssql_cdc_writer::stream::CRASH_AT_VARIABLE;
+
+const WRITER: &str = env!("CARGO_BIN_EXE_mssql-cdc-writer");
+
+type Rows = BTreeMap<i64, Vec<String>>;
+
+fn text(batch: &RecordBatch, column: usize, row: usize) -> Option<String> {
+    let array = batch.column(column);
+    if array.is_null(row) {
+        return None;
+    }
+    Some(
+        ArrayFormatter::try_new(array.as_ref(), &FormatOptions::default())
+            .expect("formatter")
+            .value(row)
+            .to_string(),
+    )
+}
+
+fn captured(batch: &RecordBatch, row: usize) -> Vec<String> {
+    batch
+        .schema()
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, field)| !field.name().starts_with('_'))
+        .map(|(index, _)| text(batch, index, row).unwrap_or_else(|| "NULL".into()))
+        .collect()
+}
+
+fn key_of(batch: &RecordBatch, row: usize) -> i64 {
+    let index = batch.schema().index_of("order_id").expect("key");
+    text(batch, index, row)
+        .expect("key")
+        .parse()
+        .expect("integer key")
+}
+
+/// The rebuild rule of ADR 0028: the rows of snapshot S and the changes after S, the latest
+/// row per key by (_start_lsn, _command_id, _seqval, _operation); deletes drop the key.
+async fn rebuild(lab: &Lab, snapshot: Lsn) -> Rows {
+    let batches = query(
+        &lab.lake("bronze_orders"),
+        &format!(
+            "SELECT * FROM t WHERE (_operation = 0 AND _snapshot = '{snapshot}') \
+             OR (_operation <> 0 AND _start_lsn > '{snapshot}') \
+             ORDER BY _start_lsn, _command_id NULLS FIRST, _seqval NULLS FIRST, _operation"
+        ),
+    )
+    .await;
+    let mut rows = Rows::new();
+    for batch in &batches {
+        let operation = batch.schema().index_of("_operation").expect("op");
+        for row in 0..batch.num_rows() {
+            let key = key_of(batch, row);
+            match text(batch, operation, row).as_deref() {
+                Some("1") | Some("3") => {
+                    rows.remove(&key);
+                }
+                _ => {
+                    rows.insert(key, captured(batch, row));
+                }
+            }
+        }
+    }
+    rows
+}
+
+/// The source table now, read whole through the server.
+async fn source_rows(lab: &Lab) -> Rows {
+    let client = CdcClient::connect(&lab.url).await.expect("connect");
+    let plan = client
+        .plan_snapshot(&SnapshotCommand::new("dbo.orders"))
+        .await
+        .expect("plan");
+    let mut rows = Rows::new();
+    for endpoint in &plan.info.endpoint {
+        let (batches, _) = client
+            .collect_endpoint(endpoint.ticket.as_ref().expect("ticket"))
+            .await
+            .expect("read");
+        for batch in &batches {
+            for row in 0..batch.num_rows() {
+                rows.insert(key_of(batch, row), captured(batch, row));
+            }
+        }
+    }
+    rows
+}
+
+/// `(event, detail)` of every facts row of the lab's app id with an event.
+async fn facts_events(lab: &Lab) -> Vec<(String, String)> {
+    let batches = query(
+        &lab.lake("facts"),
+        "SELECT event, detail FROM t WHERE event IS NOT NULL ORDER BY written_at, event",
+    )
+    .await;
+    let mut events = Vec::new();
+    for batch in &batches {
+        for row in 0..batch.num_rows() {
+            events.push((
+                text(batch, 0, row).expect("event"),
+                text(batch, 1, row).unwrap_or_default(),
+            ));
+        }
+    }
+    events
+}
+
+fn options(chunk_rows: u64, max_waves: Option<u32>) -> BackfillOptions {
+    BackfillOptions {
+        chunk_rows,
+        max_waves,
+        target_wave_seconds: 0.0,
+        min_headroom_hours: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_snapshot_read_next_to_a_running_stream_rebuilds_the_table() {
+    let lab = Lab::new().await;
+    lab.workload(21, 300);
+    let mut config = lab.config();
+    let snapshot = snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
+        .await
+        .expect("open")
+        .expect("a new checkpoint is bootstrapped");
+    assert_eq!(
+        config.starting,
+        snapshot.to_string(),
+        "the stream starts at S"
+    );
+    lab.workload(22, 40);
+    run_now(config.clone()).await;
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let first = snapshots
+        .backfill(&options(25, Some(1)))
+        .await
+        .expect("wave 1");
+    assert!(!first.done && first.chunks_done > 0, "{first:?}");
+    let total = first.chunks_total.expect("planned");
+    assert!(total > 4, "{total} chunks");
+
+    // Rows inserted, updated and deleted between waves, and a commit landing between a
+    // chunk's stamp and its read.
+    lab.workload(23, 60);
+    let writer = Arc::new(Mutex::new(Some(lab.writer(24))));
+    let hook_writer = Arc::clone(&writer);
+    let orders = "dbo.orders".parse().expect("table");
+    lab.db.set_faults(Faults {
+        before_snapshot_read: Some(SnapshotHook(Arc::new(move || {
+            let Some(mut writer) = hook_writer.lock().expect("lock").take() else {
+                return;
+            };
+            let mut tx = writer.begin();
+            let keys = tx.random_keys(&orders, 6).expect("keys");
+            tx.update(&orders, &keys[..3]).expect("update");
+            tx.delete(&orders, &keys[3..]).expect("delete");
+            tx.insert(&orders, 2).expect("insert");
+            tx.commit().expect("commit");
+            writer.publish().expect("publish");
+        }))),
+        ..Faults::default()
+    });
+    let second = snapshots
+        .backfill(&options(9_999, Some(1)))
+        .await
+        .expect("wave 2");
+    lab.db.set_faults(Faults::default());
+    assert_eq!(
+        second.chunks_total,
+        Some(total),
+        "the plan of the first call stays"
+    );
+    assert!(second.chunks_done > first.chunks_done);
+    run_now(config.clone()).await;
+    lab.workload(25, 60);
+    let done = snapshots.backfill(&options(25, None)).await.expect("rest");
+    assert!(done.done && done.chunks_done == total, "{done:?}");
+    run_now(config.clone()).await;
+
+    assert_eq!(rebuild(&lab, snapshot).await, source_rows(&lab).await);
+    let events = facts_events(&lab).await;
+    let count = |name: &str| events.iter().filter(|(event, _)| event == name).count();
+    assert_eq!(count("snapshot_open"), 1);
+    assert_eq!(count("snapshot_plan"), 1);
+    assert_eq!(
+        count("snapshot_chunk") as u64,
+        total,
+        "one facts row per chunk"
+    );
+    assert_eq!(count("bootstrap"), 1, "one completion row");
+    let (_, open) = events
+        .iter()
+        .find(|(event, _)| event == "snapshot_open")
+        .expect("open row");
+    assert!(
+        !open.contains("\"min\""),
+        "no key values in the facts: {open}"
+    );
+    let plans = query(
+        &snapshot::plans_location(&lab.lake("bronze_orders")),
+        "SELECT event, COUNT(*) FROM t GROUP BY event ORDER BY event",
+    )
+    .await;
+    let plan_counts: Vec<(String, String)> = (0..plans[0].num_rows())
+        .map(|row| {
+            (
+                text(&plans[0], 0, row).expect("event"),
+                text(&plans[0], 1, row).expect("count"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        plan_counts,
+        [
+            ("snapshot_chunk".to_string(), total.to_string()),
+            ("snapshot_open".to_string(), "1".to_string()),
+            ("snapshot_plan".to_string(), "1".to_string()),
+        ]
+    );
+    let again = snapshots
+        .backfill(&options(60, None))
+        .await
+        .expect("after done");
+    assert!(again.done);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_bootstrap_is_read_once_and_the_stream_starts_after_it() {
+    let lab = Lab::new().await;
+    lab.workload(31, 200);
+    let mut config = lab.config();
+    let snapshot = snapshot::bootstrap(&mut config, SnapshotMode::Full)
+        .await
+        .expect("bootstrap")
+        .expect("taken");
+    lab.workload(32, 80);
+    run_now(config.clone()).await;
+    let rerun = Snapshots::connect(config.clone())
+        .await
+        .expect("connect")
+        .bootstrap_full()
+        .await
+        .expect("rerun");
+    assert!(rerun.reused, "a rerun finds the snapshot");
+    assert_eq!(rerun.snapshot, snapshot);
+    let held = query(
+        &lab.lake("bronze_orders"),
+        "SELECT COUNT(*) FROM t WHERE _operation = 0",
+    )
+    .await;
+    assert_eq!(
+        text(&held[0], 0, 0).expect("count"),
+        rerun.rows.to_string(),
+        "read once"
+    );
+    assert_eq!(rebuild(&lab, snapshot).await, source_rows(&lab).await);
+    let events = facts_events(&lab).await;
+    assert_eq!(
+        events
+            .iter()
+            .map(|(event, _)| event.as_str())
+            .collect::<Vec<_>>(),
+        ["snapshot_open", "bootstrap"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_snapshot_mode_at_a_time_and_backfill_waits_for_headroom() {
+    let lab = Lab::new().await;
+    lab.workload(41, 50);
+    let config = lab.config();
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let none = snapshots
+        .backfill(&options(50, None))
+        .await
+        .expect("nothing open");
+    assert_eq!(none.state, "no_snapshot");
+    let snapshot = snapshots.open_chunked().await.expect("open");
+    assert_eq!(
+        snapshots.open_chunked().await.expect("again"),
+        snapshot,
+        "opened once"
+    );
+    let locked = snapshots.bootstrap_full().await.expect_err("mode lock");
+    assert!(locked.to_string().contains("backfill"), "{locked}");
+    let mut throttled = options(50, None);
+    throttled.min_headroom_hours = Some(1.0);
+    let waiting = snapshots.backfill(&throttled).await.expect("throttle");
+    assert_eq!(
+        (waiting.state.as_str(), waiting.paused),
+        ("waiting_metrics", true)
+    );
+    lab.workload(42, 20);
+    let mut stream = config.clone();
+    stream.starting = snapshot.to_string();
+    run_now(stream).await;
+    throttled.min_headroom_hours = Some(1e9);
+    let waiting = snapshots.backfill(&throttled).await.expect("throttle");
+    assert_eq!(waiting.state, "waiting_headroom", "{waiting:?}");
+    throttled.min_headroom_hours = None;
+    assert!(snapshots.backfill(&throttled).await.expect("read").done);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_a_waves_append_and_its_facts_rows_reruns_the_wave_once() {
+    let lab = Lab::new().await;
+    lab.workload(51, 250);
+    let config = lab.config();
+    let backfill = |crash: Option<&str>| {
+        let mut command = Command::new(WRITER);
+        command
+            .args(["backfill", "--server", &lab.url, "--table", "dbo.orders"])
+            .args(["--target", &config.target, "--facts", &config.facts])
+            .args(["--app-id", &config.app_id, "--chunk-rows", "40"])
+            .args(["--target-wave-seconds", "0"])
+            .env("RUST_LOG", "warn");
+        command.env_remove(CRASH_AT_VARIABLE);
+        if let Some(step) = crash {
+            command.env(CRASH_AT_VARIABLE, step);
+        }
+        command
+    };
+    let snapshot = Snapshots::connect(config.clone())
+        .await
+        .expect("connect")
+        .open_chunked()
+        .await
+        .expect("open");
+    let crashed = tokio::task::spawn_blocking({
+        let mut command = backfill(Some("after_wave_bronze:2"));
+        move || command.output().expect("run")
+    })
+    .await
+    .expect("join");
+    assert!(
+        !crashed.status.success(),
+        "the writer aborted after wave 2's append"
+    );
+    lab.workload(52, 40);
+    let finished = tokio::task::spawn_blocking({
+        let mut command = backfill(None);
+        move || command.output().expect("run")
+    })
+    .await
+    .expect("join");
+    assert!(
+        finished.status.success(),
+        "{}",
+        String::from_utf8_lossy(&finished.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&finished.stdout).expect("status JSON");
+    assert_eq!(status["done"], true, "{status}");
+    let duplicates = query(
+        &lab.lake("bronze_orders"),
+        "SELECT order_id FROM t WHERE _operation = 0 GROUP BY order_id HAVING COUNT(*) > 1",
+    )
+    .await;
+    assert_eq!(
+        duplicates.iter().map(RecordBatch::num_rows).sum::<usize>(),
+        0,
+        "no snapshot row twice"
+    );
+    let chunk_rows = query(
+        &lab.lake("facts"),
+        "SELECT COUNT(*), COUNT(DISTINCT detail) FROM t WHERE event = 'snapshot_chunk'",
+    )
+    .await;
+    assert_eq!(
+        text(&chunk_rows[0], 0, 0),
+        text(&chunk_rows[0], 1, 0),
+        "one facts row per chunk"
+    );
+    let mut stream = config.clone();
+    stream.starting = snapshot.to_string();
+    run_now(stream).await;
+    assert_eq!(rebuild(&lab, snapshot).await, source_rows(&lab).await);
+}
