@@ -10,6 +10,7 @@ use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::sim::{Clock, SimDb, sample};
 use mssql_cdc_writer::control::Granularity;
+use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
 
 const TABLES: [(&str, &str); 2] = [("dbo.customers", "customers"), ("dbo.orders", "orders")];
@@ -75,20 +76,31 @@ pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
             fail_on_data_loss: true,
         })
         .collect();
-    println!("3. stream every table into {}", lake.display());
-    stream_all(&configs).await?;
-    let report = tokio::task::spawn_blocking(move || {
-        workload::run(&mut writer, &spec, &AtomicBool::new(false))
-    })
-    .await??;
+    let mut configs = configs;
+    println!("3. open a chunked snapshot of every table; each stream starts at its S");
+    for config in &mut configs {
+        if let Some(snapshot) = snapshot::bootstrap(config, SnapshotMode::Chunked).await? {
+            println!("   {}: snapshot S = {snapshot}", config.table);
+        }
+    }
     println!(
-        "4. {} more transactions committed; stream again from the checkpoints",
+        "4. stream and backfill every table into {} while the workload runs",
+        lake.display()
+    );
+    let workload = tokio::task::spawn_blocking(move || {
+        workload::run(&mut writer, &spec, &AtomicBool::new(false))
+    });
+    stream_all(&configs).await?;
+    backfill_all(&configs).await?;
+    let report = workload.await??;
+    println!(
+        "5. {} more transactions committed meanwhile; stream again from the checkpoints",
         report.transactions
     );
     stream_all(&configs).await?;
     let _ = stop.send(());
     server.await??;
-    println!("5. done. The tables are Delta tables; read them with any Delta reader, e.g.");
+    println!("6. done. The tables are Delta tables; read them with any Delta reader, e.g.");
     println!(
         "   python -c \"import deltalake; print(deltalake.DeltaTable('{}').to_pandas().tail())\"",
         lake.join("bronze_orders").display()
@@ -98,6 +110,40 @@ pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
         lake.join("facts").display(),
         lake.join("control").display()
     );
+    Ok(())
+}
+
+async fn backfill_all(configs: &[StreamConfig]) -> anyhow::Result<()> {
+    let options = BackfillOptions {
+        chunk_rows: 500,
+        target_wave_seconds: 1.0,
+        max_waves: Some(1),
+        ..BackfillOptions::default()
+    };
+    for config in configs {
+        let snapshots = Snapshots::connect(config.clone()).await?;
+        let started = Instant::now();
+        loop {
+            let status = snapshots.backfill(&options).await?;
+            println!(
+                "   {}: snapshot chunks {}/{} ({})",
+                config.table,
+                status.chunks_done,
+                status
+                    .chunks_total
+                    .map_or("?".to_string(), |total| total.to_string()),
+                status.state
+            );
+            if status.done || status.paused {
+                break;
+            }
+        }
+        println!(
+            "   {}: snapshot read in {:.1} s next to the stream",
+            config.table,
+            started.elapsed().as_secs_f64()
+        );
+    }
     Ok(())
 }
 

@@ -151,7 +151,7 @@ fn main() -> anyhow::Result<()> {
     // delta-rs' kernel logs every snapshot load at INFO and its MERGE a WARN about its own
     // metrics; neither is news to a user of the writer.
     mssql_cdc_flight::init_process(
-        "info,buoyant_kernel=warn,deltalake_core::operations::merge=error",
+        "info,buoyant_kernel=warn,deltalake_core::operations::merge=error,deltalake_core::kernel::transaction=warn",
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
