@@ -37,6 +37,9 @@ use crate::offset::CommitTime;
 use crate::source::{CapturedColumn, DdlEntry, TableName};
 use crate::types::SqlType;
 
+/// Tries at taking the writer lock, 100 ms apart.
+const LOCK_ATTEMPTS: u32 = 10;
+
 /// Version of the on-disk format; a directory of another version is refused.
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -565,13 +568,21 @@ impl Store {
             .write(true)
             .open(&path)
             .map_err(|error| Error::io(format!("opening {}", path.display()), error))?;
-        file.try_lock().map_err(|_| {
-            Error::invalid(format!(
-                "another process is writing to {} (a `sim run`?); wait for it to finish",
-                self.dir.display()
-            ))
-        })?;
-        Ok(file)
+        // A lock can outlive its holder by a moment: a process spawned while this one held
+        // the lock keeps a duplicate of the descriptor until its exec closes it. Retry
+        // briefly before calling the directory busy.
+        for attempt in 0..LOCK_ATTEMPTS {
+            if file.try_lock().is_ok() {
+                return Ok(file);
+            }
+            if attempt + 1 < LOCK_ATTEMPTS {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+        Err(Error::invalid(format!(
+            "another process is writing to {} (a `sim run`?); wait for it to finish",
+            self.dir.display()
+        )))
     }
 
     /// Takes the directory's writer lock for a writer of this process, which holds it until

@@ -159,7 +159,7 @@ struct Case {
 }
 
 fn main() -> anyhow::Result<()> {
-    mssql_cdc_flight::init_process("warn");
+    mssql_cdc_flight::init_process("warn,deltalake_core::operations::merge=error");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -240,7 +240,28 @@ async fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
         target_wave_seconds: args.target_wave_seconds,
         min_headroom_hours: args.min_headroom_hours,
     };
-    let status = Snapshots::connect(config).await?.backfill(&options).await?;
+    let status = Snapshots::connect(config)
+        .await?
+        .backfill_with_progress(&options, |progress| {
+            // One line per wave on stderr: a progress bar that survives logs and pipes.
+            let width = 30usize;
+            let filled = (progress.chunks_done as usize * width)
+                .checked_div(progress.chunks_total as usize)
+                .unwrap_or(0);
+            eprintln!(
+                "[{}{}] {}/{} chunks  wave {}  {:.0} rows/s  ETA {}",
+                "#".repeat(filled),
+                "-".repeat(width - filled),
+                progress.chunks_done,
+                progress.chunks_total,
+                progress.wave,
+                progress.rows_per_second,
+                progress
+                    .eta_seconds
+                    .map_or("?".to_string(), |seconds| format!("{seconds:.0} s")),
+            );
+        })
+        .await?;
     println!("{}", serde_json::to_string(&status)?);
     Ok(())
 }
@@ -284,7 +305,7 @@ async fn run_sidecar(path: &std::path::Path, available_now: bool) -> anyhow::Res
 async fn print_status(path: PathBuf) -> anyhow::Result<()> {
     let config = sidecar::SidecarConfig::load(&path)?;
     println!(
-        "{:<24} {:>10} {:<24} {:<24} {:>10}",
+        "{:<24} {:>10} {:<24} {:<24} {:>10}  snapshot",
         "table", "batch", "end lsn", "finalized_until", "lag s"
     );
     for status in sidecar::status(&config).await? {
@@ -298,8 +319,21 @@ async fn print_status(path: PathBuf) -> anyhow::Result<()> {
                 }
             })
             .unwrap_or_else(|| "-".into());
+        let snapshot = match &status.snapshot {
+            None => "-".to_string(),
+            Some(progress) if progress.done => format!("{} complete", progress.snapshot),
+            Some(progress) => format!(
+                "{} {:?} open: {}/{} chunks",
+                progress.snapshot,
+                progress.mode,
+                progress.chunks_done,
+                progress
+                    .chunks_total
+                    .map_or("?".to_string(), |total| total.to_string())
+            ),
+        };
         println!(
-            "{:<24} {:>10} {:<24} {:<24} {:>10}",
+            "{:<24} {:>10} {:<24} {:<24} {:>10}  {snapshot}",
             status.table,
             batch,
             status

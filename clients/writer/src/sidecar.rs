@@ -16,11 +16,15 @@
 //! partitions = 2                   # optional
 //! starting = "earliest"            # optional
 //! fail_on_data_loss = true         # optional
+//! bootstrap = "chunked"            # optional: full or chunked, for a new checkpoint
+//! chunk_rows = 100000              # optional: chunk size of a chunked bootstrap
 //! ```
 //!
 //! One task per table. A table that fails is logged and retried with exponential backoff
 //! (1 s doubling to 60 s) while the others go on; with available-now each table gets
-//! `AVAILABLE_NOW_ATTEMPTS` attempts and the run reports which ones failed.
+//! `AVAILABLE_NOW_ATTEMPTS` attempts and the run reports which ones failed. A table with
+//! `bootstrap` snapshots itself before its first batch; a chunked snapshot is read by a
+//! backfill task next to the table's stream (available-now: after the stream's run).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -30,6 +34,7 @@ use serde::Deserialize;
 use crate::checkpoint::Checkpoint;
 use crate::control::{self, Granularity};
 use crate::error::{Result, WriterError};
+use crate::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use crate::stream::{BatchOutcome, Stream, StreamConfig};
 use crate::tables;
 
@@ -96,6 +101,46 @@ pub struct TableEntry {
     /// Stop on purged changes (default) or skip them with a `data_skipped` row.
     #[serde(default = "default_true")]
     pub fail_on_data_loss: bool,
+    /// Snapshot the table before a new checkpoint's first batch (`full` or `chunked`).
+    #[serde(default)]
+    pub bootstrap: Option<SnapshotMode>,
+    /// Most rows per chunk of a chunked bootstrap.
+    #[serde(default)]
+    pub chunk_rows: Option<u64>,
+}
+
+impl TableEntry {
+    fn backfill_options(&self) -> BackfillOptions {
+        BackfillOptions {
+            chunk_rows: self
+                .chunk_rows
+                .unwrap_or(BackfillOptions::default().chunk_rows),
+            max_waves: Some(1),
+            ..BackfillOptions::default()
+        }
+    }
+}
+
+/// Bootstraps a new checkpoint when the entry asks for it.
+async fn bootstrap(entry: &TableEntry, config: &mut StreamConfig) -> Result<()> {
+    if let Some(mode) = entry.bootstrap {
+        snapshot::bootstrap(config, mode).await?;
+    }
+    Ok(())
+}
+
+/// Reads the open chunked snapshot of a table to its end, one wave per call of `backfill`.
+async fn backfill_to_end(entry: &TableEntry, config: &StreamConfig) -> Result<()> {
+    if entry.bootstrap != Some(SnapshotMode::Chunked) {
+        return Ok(());
+    }
+    let snapshots = Snapshots::connect(config.clone()).await?;
+    loop {
+        let status = snapshots.backfill(&entry.backfill_options()).await?;
+        if status.done || status.paused {
+            return Ok(());
+        }
+    }
 }
 
 impl SidecarConfig {
@@ -160,15 +205,19 @@ fn backoff(attempt: u32) -> Duration {
 pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Vec<BatchOutcome>>)> {
     let mut tasks = Vec::new();
     for entry in &config.tables {
-        let stream_config = config.stream(entry);
+        let mut stream_config = config.stream(entry);
+        let entry = entry.clone();
         tasks.push((
             entry.table.clone(),
             tokio::spawn(async move {
                 let mut attempt = 0;
                 loop {
                     let result = async {
+                        bootstrap(&entry, &mut stream_config).await?;
                         let mut stream = Stream::connect(stream_config.clone()).await?;
-                        stream.run_available_now().await
+                        let outcomes = stream.run_available_now().await?;
+                        backfill_to_end(&entry, &stream_config).await?;
+                        Ok(outcomes)
                     }
                     .await;
                     match result {
@@ -214,14 +263,25 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
     let poll = Duration::from_secs_f64(config.poll_seconds);
     let mut tasks = Vec::new();
     for entry in &config.tables {
-        let stream_config = config.stream(entry);
+        let mut stream_config = config.stream(entry);
         let stop = stop.clone();
+        let entry = entry.clone();
         tasks.push(tokio::spawn(async move {
             let mut attempt = 0;
             while !*stop.borrow() {
                 let result = async {
+                    bootstrap(&entry, &mut stream_config).await?;
+                    // The chunked snapshot's waves run next to the stream, in their own task.
+                    let backfill = {
+                        let (entry, config) = (entry.clone(), stream_config.clone());
+                        tokio::spawn(async move { backfill_to_end(&entry, &config).await })
+                    };
                     let mut stream = Stream::connect(stream_config.clone()).await?;
-                    stream.run_continuous(poll, stop.clone()).await
+                    let batches = stream.run_continuous(poll, stop.clone()).await;
+                    let backfilled = backfill
+                        .await
+                        .map_err(|error| WriterError::Internal(format!("backfill task: {error}")))?;
+                    backfilled.and(batches)
                 }
                 .await;
                 match result {
@@ -257,6 +317,8 @@ pub struct TableStatus {
     pub verdict: Option<mssql_cdc_flight::CommitTime>,
     /// Seconds between now and the end offset's commit time.
     pub lag_seconds: Option<f64>,
+    /// The newest snapshot: S, chunks done, chunks planned (chunked), complete.
+    pub snapshot: Option<snapshot::SnapshotProgress>,
 }
 
 /// The status of every table: last batch, end offset, verdict, lag.
@@ -276,6 +338,7 @@ pub async fn status(config: &SidecarConfig) -> Result<Vec<TableStatus>> {
             end,
             verdict,
             lag_seconds,
+            snapshot: snapshot::progress(&tables::table_url(&config.facts)?, &entry.app_id).await?,
         });
     }
     Ok(statuses)

@@ -106,6 +106,25 @@ pub struct BackfillStatus {
     pub reason: Option<String>,
 }
 
+/// Progress of a backfill after each wave (for a progress bar).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WaveProgress {
+    /// S of the snapshot.
+    pub snapshot: Lsn,
+    /// The wave just committed.
+    pub wave: i64,
+    /// Chunks in bronze and facts.
+    pub chunks_done: u64,
+    /// Chunks of the plan.
+    pub chunks_total: u64,
+    /// Rows read by this call so far.
+    pub rows: u64,
+    /// Rows per second of this call so far.
+    pub rows_per_second: f64,
+    /// Seconds left at that pace, from the rows the plan counted in the chunks left.
+    pub eta_seconds: Option<f64>,
+}
+
 /// A full snapshot's outcome.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FullSnapshot {
@@ -621,6 +640,15 @@ impl Snapshots {
 
     /// Reads waves of the newest open chunked snapshot until it is complete (or `max_waves`).
     pub async fn backfill(&self, options: &BackfillOptions) -> Result<BackfillStatus> {
+        self.backfill_with_progress(options, |_| {}).await
+    }
+
+    /// [`Snapshots::backfill`], calling `on_wave` after every wave.
+    pub async fn backfill_with_progress(
+        &self,
+        options: &BackfillOptions,
+        mut on_wave: impl FnMut(&WaveProgress),
+    ) -> Result<BackfillStatus> {
         if options.chunk_rows == 0 {
             return Err(WriterError::invalid("chunk_rows must be at least 1"));
         }
@@ -654,6 +682,7 @@ impl Snapshots {
         let partitions = self.config.partitions.max(1) as usize;
         let mut rounds = 1usize;
         let mut waves_read = 0u32;
+        let (call, mut rows_read) = (Instant::now(), 0u64);
         loop {
             let done = self.chunks_done(snapshot).await?;
             let remaining: Vec<PlannedChunk> = plan
@@ -700,8 +729,23 @@ impl Snapshots {
                 .wave_chunks(snapshot, wave, &remaining, partitions * rounds)
                 .await?;
             let rounds_read = chunks.len().div_ceil(partitions).max(1);
-            self.read_wave(snapshot, wave, &plan, &chunks).await?;
+            rows_read += self.read_wave(snapshot, wave, &plan, &chunks).await?;
             waves_read += 1;
+            let rows_per_second = rows_read as f64 / call.elapsed().as_secs_f64().max(1e-9);
+            let rows_left: u64 = remaining
+                .iter()
+                .filter(|chunk| !chunks.iter().any(|read| read.chunk == chunk.chunk))
+                .map(|chunk| chunk.rows)
+                .sum();
+            on_wave(&WaveProgress {
+                snapshot,
+                wave,
+                chunks_done: total - remaining.len() as u64 + chunks.len() as u64,
+                chunks_total: total,
+                rows: rows_read,
+                rows_per_second,
+                eta_seconds: (rows_per_second > 0.0).then(|| rows_left as f64 / rows_per_second),
+            });
             let per_round = clock.elapsed().as_secs_f64() / rounds_read as f64;
             rounds = if per_round > 0.0 {
                 ((options.target_wave_seconds / per_round) as usize).clamp(1, 64)
@@ -753,14 +797,15 @@ impl Snapshots {
             .collect())
     }
 
-    /// Reads one wave into one bronze append (unless bronze holds it), then its facts rows.
+    /// Reads one wave into one bronze append (unless bronze holds it), then its facts rows;
+    /// returns the wave's rows.
     async fn read_wave(
         &self,
         snapshot: Lsn,
         wave: i64,
         plan: &[PlannedChunk],
         chunks: &[PlannedChunk],
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let bronze_txn = self.txn("snap", snapshot);
         let last_chunk = plan.last().map(|chunk| chunk.chunk);
         let outcome: Vec<(i32, u64, Lsn, Option<Lsn>)> =
@@ -828,7 +873,8 @@ impl Snapshots {
             })
             .collect();
         self.append_facts(&self.txn("snapchunks", snapshot), wave, rows)
-            .await
+            .await?;
+        Ok(outcome.iter().map(|(_, rows, ..)| rows).sum())
     }
 
     /// Writes the completion row once every chunk is in.
@@ -1002,6 +1048,76 @@ impl Snapshots {
         }
         Ok(out)
     }
+}
+
+/// The newest snapshot of an app id as the facts table records it (lake only).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SnapshotProgress {
+    /// Its S.
+    pub snapshot: Lsn,
+    /// `full` or `chunked`.
+    pub mode: SnapshotMode,
+    /// Chunks with their facts row (chunked).
+    pub chunks_done: u64,
+    /// Chunks planned (`None` before the plan, and for a full snapshot).
+    pub chunks_total: Option<u64>,
+    /// Whether its completion row is in.
+    pub done: bool,
+}
+
+/// The newest snapshot of `app_id` in the facts table at `facts`, with its progress.
+pub async fn progress(facts: &Url, app_id: &str) -> Result<Option<SnapshotProgress>> {
+    let rows = tables::query_text(
+        facts,
+        &format!(
+            "SELECT event, min_lsn, detail FROM t WHERE app_id = '{}' AND event IN \
+             ('snapshot_open', 'snapshot_plan', 'snapshot_chunk', 'bootstrap', 'resnapshot')",
+            quoted(app_id)
+        ),
+    )
+    .await?;
+    let detail = |row: &[Option<String>]| -> serde_json::Value {
+        serde_json::from_str(row[2].as_deref().unwrap_or("{}")).unwrap_or_default()
+    };
+    let Some((snapshot, mode)) = rows
+        .iter()
+        .filter(|row| row[0].as_deref() == Some("snapshot_open"))
+        .filter_map(|row| {
+            let lsn: Lsn = row[1].as_deref()?.parse().ok()?;
+            let mode = match detail(row)["mode"].as_str() {
+                Some("chunked") => SnapshotMode::Chunked,
+                _ => SnapshotMode::Full,
+            };
+            Some((lsn, mode))
+        })
+        .max_by_key(|(lsn, _)| *lsn)
+    else {
+        return Ok(None);
+    };
+    let of_snapshot = |row: &&Vec<Option<String>>| {
+        detail(row)["snapshot"].as_str() == Some(snapshot.to_string().as_str())
+    };
+    let chunks_done = rows
+        .iter()
+        .filter(|row| row[0].as_deref() == Some("snapshot_chunk"))
+        .filter(of_snapshot)
+        .count() as u64;
+    let chunks_total = rows
+        .iter()
+        .filter(|row| row[0].as_deref() == Some("snapshot_plan"))
+        .filter(of_snapshot)
+        .find_map(|row| detail(row)["chunk_count"].as_u64());
+    let done = rows.iter().any(|row| {
+        matches!(row[0].as_deref(), Some("bootstrap" | "resnapshot"))
+            && row[1].as_deref() == Some(snapshot.to_string().as_str())
+    });
+    Ok(Some(SnapshotProgress {
+        snapshot,
+        mode,
+        chunks_done,
+        chunks_total,
+        done,
+    }))
 }
 
 /// Bootstraps a stream whose checkpoint is new: takes (or finds) the snapshot of `mode` and

@@ -186,6 +186,10 @@ async fn a_chunked_snapshot_read_next_to_a_running_stream_rebuilds_the_table() {
         .await
         .expect("wave 2");
     lab.db.set_faults(Faults::default());
+    assert!(
+        writer.lock().expect("lock").take().is_none(),
+        "the hook committed inside the wave's read"
+    );
     assert_eq!(
         second.chunks_total,
         Some(total),
@@ -395,4 +399,53 @@ async fn a_crash_between_a_waves_append_and_its_facts_rows_reruns_the_wave_once(
     stream.starting = snapshot.to_string();
     run_now(stream).await;
     assert_eq!(rebuild(&lab, snapshot).await, source_rows(&lab).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecar_bootstraps_its_tables_and_status_shows_the_snapshots() {
+    let lab = Lab::new().await;
+    lab.workload(61, 200);
+    let text = format!(
+        "server = \"{}\"\nfacts = \"{}\"\ncontrol = \"{}\"\ncheckpoints = \"{}\"\n\
+         \n[[tables]]\ntable = \"dbo.orders\"\ntarget = \"{}\"\napp_id = \"orders\"\n\
+         bootstrap = \"chunked\"\nchunk_rows = 30\n\
+         \n[[tables]]\ntable = \"dbo.customers\"\ntarget = \"{}\"\napp_id = \"customers\"\n\
+         bootstrap = \"full\"\n",
+        lab.url,
+        lab.lake("facts"),
+        lab.lake("control"),
+        lab.dir.path().join("checkpoints").display(),
+        lab.lake("bronze_orders"),
+        lab.lake("bronze_customers"),
+    );
+    let path = lab.dir.path().join("sidecar.toml");
+    std::fs::write(&path, text).expect("config");
+    let config = mssql_cdc_writer::sidecar::SidecarConfig::load(&path).expect("config");
+    lab.workload(62, 0);
+    for (table, result) in mssql_cdc_writer::sidecar::run_available_now(&config).await {
+        result.unwrap_or_else(|error| panic!("{table}: {error}"));
+    }
+    lab.workload(63, 50);
+    for (table, result) in mssql_cdc_writer::sidecar::run_available_now(&config).await {
+        result.unwrap_or_else(|error| panic!("{table}: {error}"));
+    }
+    let statuses = mssql_cdc_writer::sidecar::status(&config)
+        .await
+        .expect("status");
+    for status in &statuses {
+        let snapshot = status.snapshot.as_ref().expect("a snapshot");
+        assert!(snapshot.done, "{}: {snapshot:?}", status.table);
+    }
+    let orders = statuses
+        .iter()
+        .find(|status| status.table == "dbo.orders")
+        .expect("orders");
+    let progress = orders.snapshot.as_ref().expect("snapshot");
+    assert_eq!(progress.mode, SnapshotMode::Chunked);
+    assert_eq!(Some(progress.chunks_done), progress.chunks_total);
+    assert_eq!(
+        rebuild(&lab, progress.snapshot).await,
+        source_rows(&lab).await,
+        "orders rebuilt from its chunked snapshot and stream"
+    );
 }
