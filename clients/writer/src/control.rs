@@ -133,6 +133,116 @@ pub async fn advance(
     finalized_until(url, table_name).await
 }
 
+/// Where `apply_changes` stands for a silver table (control migrations 1 and 2).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Position {
+    /// Highest `_start_lsn` of the change rows applied.
+    pub applied_lsn: Option<String>,
+    /// The snapshot silver was last rebuilt from.
+    pub snapshot_lsn: Option<String>,
+    /// The chunked snapshot being applied wave by wave.
+    pub open_snapshot_lsn: Option<String>,
+    /// The last wave of it applied.
+    pub snapshot_wave: Option<i32>,
+}
+
+/// The verdict row of `table_name`: `(finalized_until, end_lsn, end_commit_ts)` and its
+/// position; `None` without a control table or row.
+pub async fn row(url: &Url, table_name: &str) -> Result<Option<(Option<Offset>, Position)>> {
+    let rows = tables::query_text(
+        url,
+        &format!(
+            "SELECT end_lsn, end_commit_ts, applied_lsn, snapshot_lsn, open_snapshot_lsn, \
+             snapshot_wave FROM t WHERE table_name = '{}'",
+            table_name.replace('\'', "''")
+        ),
+    )
+    .await?;
+    let Some(row) = rows.into_iter().next() else {
+        return Ok(None);
+    };
+    let end = match &row[0] {
+        Some(lsn) => Some(Offset {
+            lsn: lsn
+                .parse()
+                .map_err(|error| WriterError::Internal(format!("control end_lsn: {error}")))?,
+            commit_ts: row[1]
+                .as_deref()
+                .and_then(|text| CommitTime::parse_iso(text).ok()),
+        }),
+        None => None,
+    };
+    Ok(Some((
+        end,
+        Position {
+            applied_lsn: row[2].clone(),
+            snapshot_lsn: row[3].clone(),
+            open_snapshot_lsn: row[4].clone(),
+            snapshot_wave: row[5].as_deref().and_then(|wave| wave.parse().ok()),
+        },
+    )))
+}
+
+/// Writes `table_name`'s position (creating its row, without a verdict, when missing).
+pub async fn set_position(url: &Url, table_name: &str, position: &Position) -> Result<()> {
+    let schema = crate::facts::arrow_schema(TableKind::Control);
+    let columns: Vec<Arc<dyn Array>> = vec![
+        Arc::new(StringArray::from(vec![Some(table_name)])),
+        Arc::new(TimestampMicrosecondArray::from(vec![None::<i64>])),
+        Arc::new(StringArray::from(vec![None::<&str>])),
+        Arc::new(TimestampMicrosecondArray::from(vec![None::<i64>])),
+        Arc::new(TimestampMicrosecondArray::from(vec![Some(now())])),
+        Arc::new(StringArray::from(vec![position.applied_lsn.clone()])),
+        Arc::new(StringArray::from(vec![position.snapshot_lsn.clone()])),
+        Arc::new(StringArray::from(vec![position.open_snapshot_lsn.clone()])),
+        Arc::new(arrow::array::Int32Array::from(vec![position.snapshot_wave])),
+    ];
+    let source = RecordBatch::try_new(schema, columns)?;
+    let mut attempt = 0;
+    loop {
+        let table = tables::ensure(
+            url,
+            TableKind::Control,
+            TableKind::Control.fields(),
+            "control",
+        )
+        .await?;
+        let frame = SessionContext::new().read_batch(source.clone())?;
+        let merged = table
+            .merge(frame, col("target.table_name").eq(col("source.table_name")))
+            .with_source_alias("source")
+            .with_target_alias("target")
+            .when_matched_update(|update| {
+                update
+                    .update("applied_lsn", "source.applied_lsn")
+                    .update("snapshot_lsn", "source.snapshot_lsn")
+                    .update("open_snapshot_lsn", "source.open_snapshot_lsn")
+                    .update("snapshot_wave", "source.snapshot_wave")
+                    .update("updated_at", "source.updated_at")
+            })?
+            .when_not_matched_insert(|insert| {
+                insert
+                    .set("table_name", "source.table_name")
+                    .set("updated_at", "source.updated_at")
+                    .set("applied_lsn", "source.applied_lsn")
+                    .set("snapshot_lsn", "source.snapshot_lsn")
+                    .set("open_snapshot_lsn", "source.open_snapshot_lsn")
+                    .set("snapshot_wave", "source.snapshot_wave")
+            })?
+            .await;
+        match merged {
+            Ok(_) => return Ok(()),
+            Err(DeltaTableError::Transaction { .. } | DeltaTableError::CommitValidation { .. })
+                if attempt < 30 =>
+            {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(100 * attempt.min(20))).await;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
 /// The verdict of `table_name` (`None` without a control table or row).
 pub async fn finalized_until(url: &Url, table_name: &str) -> Result<Option<CommitTime>> {
     let Some(table) = tables::open(url).await? else {

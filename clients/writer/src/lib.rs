@@ -11,6 +11,7 @@ pub mod control;
 pub mod error;
 pub mod facts;
 pub mod sidecar;
+pub mod silver;
 pub mod snapshot;
 pub mod stream;
 pub mod tables;

@@ -45,6 +45,8 @@ pub enum TableKind {
     Control,
     /// `<target>_snapshot_plans`: the key values of chunked snapshots (open, plan, chunks).
     Plans,
+    /// The current state of a source table, kept by `apply_changes`.
+    Silver,
 }
 
 fn column(
@@ -77,6 +79,9 @@ impl TableKind {
             TableKind::Plans => {
                 "mssql_cdc snapshot plans: the key values of the chunked snapshots of the bronze table beside it (open, plan, chunks), one row per snapshot_open, snapshot_plan and snapshot_chunk facts row"
             }
+            TableKind::Silver => {
+                "mssql_cdc silver: current state of a SQL Server table, kept by apply_changes from its bronze change log; deleted rows are removed"
+            }
         }
     }
 
@@ -87,6 +92,7 @@ impl TableKind {
             TableKind::Facts => 12,
             TableKind::Control => 4,
             TableKind::Plans => 1,
+            TableKind::Silver => 1,
         }
     }
 
@@ -361,6 +367,20 @@ impl TableKind {
                     T::INTEGER,
                     "silver: last wave of it applied",
                     2,
+                ),
+            ],
+            TableKind::Silver => vec![
+                column(
+                    "_start_lsn",
+                    T::STRING,
+                    "commit LSN of the row's current image (a snapshot row: its stamp)",
+                    0,
+                ),
+                column(
+                    "_commit_ts",
+                    T::TIMESTAMP_NTZ,
+                    "commit time (UTC) of the row's current image",
+                    0,
                 ),
             ],
             TableKind::Plans => vec![

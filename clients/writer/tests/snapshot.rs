@@ -5,55 +5,17 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use arrow::record_batch::RecordBatch;
-use arrow::util::display::{ArrayFormatter, FormatOptions};
-use common::{Lab, query, run_now};
+use common::{Lab, Rows, captured, key_of, query, run_now, source_rows, text};
 use mssql_cdc_flight::Lsn;
-use mssql_cdc_flight::client::CdcClient;
-use mssql_cdc_flight::flight::protocol::SnapshotCommand;
 use mssql_cdc_flight::sim::{Faults, SnapshotHook};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::CRASH_AT_VARIABLE;
 
 const WRITER: &str = env!("CARGO_BIN_EXE_mssql-cdc-writer");
-
-type Rows = BTreeMap<i64, Vec<String>>;
-
-fn text(batch: &RecordBatch, column: usize, row: usize) -> Option<String> {
-    let array = batch.column(column);
-    if array.is_null(row) {
-        return None;
-    }
-    Some(
-        ArrayFormatter::try_new(array.as_ref(), &FormatOptions::default())
-            .expect("formatter")
-            .value(row)
-            .to_string(),
-    )
-}
-
-fn captured(batch: &RecordBatch, row: usize) -> Vec<String> {
-    batch
-        .schema()
-        .fields()
-        .iter()
-        .enumerate()
-        .filter(|(_, field)| !field.name().starts_with('_'))
-        .map(|(index, _)| text(batch, index, row).unwrap_or_else(|| "NULL".into()))
-        .collect()
-}
-
-fn key_of(batch: &RecordBatch, row: usize) -> i64 {
-    let index = batch.schema().index_of("order_id").expect("key");
-    text(batch, index, row)
-        .expect("key")
-        .parse()
-        .expect("integer key")
-}
 
 /// The rebuild rule of ADR 0028: the rows of snapshot S and the changes after S, the latest
 /// row per key by (_start_lsn, _command_id, _seqval, _operation); deletes drop the key.
@@ -79,28 +41,6 @@ async fn rebuild(lab: &Lab, snapshot: Lsn) -> Rows {
                 _ => {
                     rows.insert(key, captured(batch, row));
                 }
-            }
-        }
-    }
-    rows
-}
-
-/// The source table now, read whole through the server.
-async fn source_rows(lab: &Lab) -> Rows {
-    let client = CdcClient::connect(&lab.url).await.expect("connect");
-    let plan = client
-        .plan_snapshot(&SnapshotCommand::new("dbo.orders"))
-        .await
-        .expect("plan");
-    let mut rows = Rows::new();
-    for endpoint in &plan.info.endpoint {
-        let (batches, _) = client
-            .collect_endpoint(endpoint.ticket.as_ref().expect("ticket"))
-            .await
-            .expect("read");
-        for batch in &batches {
-            for row in 0..batch.num_rows() {
-                rows.insert(key_of(batch, row), captured(batch, row));
             }
         }
     }

@@ -8,14 +8,18 @@ use std::sync::atomic::AtomicBool;
 
 use arrow::array::{Array, Int32Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
+use arrow::util::display::{ArrayFormatter, FormatOptions};
 use deltalake::datafusion::prelude::SessionContext;
 use mssql_cdc_flight::CommitTime;
+use mssql_cdc_flight::client::CdcClient;
+use mssql_cdc_flight::flight::protocol::SnapshotCommand;
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::sim::{Clock, SimDb, SimWriter, sample};
 use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::stream::StreamConfig;
 use mssql_cdc_writer::tables;
+use std::collections::BTreeMap;
 
 /// 2026-01-01T00:00:00Z.
 pub const START: CommitTime = CommitTime(1_767_225_600_000_000);
@@ -243,6 +247,63 @@ pub async fn facts_batches(lab: &Lab) -> Vec<(i64, i64, Option<String>)> {
                 counts.value(row),
                 events.is_valid(row).then(|| events.value(row).to_string()),
             ));
+        }
+    }
+    rows
+}
+
+/// Captured values of rows by key, formatted as text.
+pub type Rows = BTreeMap<i64, Vec<String>>;
+
+pub fn text(batch: &RecordBatch, column: usize, row: usize) -> Option<String> {
+    let array = batch.column(column);
+    if array.is_null(row) {
+        return None;
+    }
+    Some(
+        ArrayFormatter::try_new(array.as_ref(), &FormatOptions::default())
+            .expect("formatter")
+            .value(row)
+            .to_string(),
+    )
+}
+
+pub fn captured(batch: &RecordBatch, row: usize) -> Vec<String> {
+    batch
+        .schema()
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, field)| !field.name().starts_with('_'))
+        .map(|(index, _)| text(batch, index, row).unwrap_or_else(|| "NULL".into()))
+        .collect()
+}
+
+pub fn key_of(batch: &RecordBatch, row: usize) -> i64 {
+    let index = batch.schema().index_of("order_id").expect("key");
+    text(batch, index, row)
+        .expect("key")
+        .parse()
+        .expect("integer key")
+}
+
+/// The source table now, read whole through the server.
+pub async fn source_rows(lab: &Lab) -> Rows {
+    let client = CdcClient::connect(&lab.url).await.expect("connect");
+    let plan = client
+        .plan_snapshot(&SnapshotCommand::new("dbo.orders"))
+        .await
+        .expect("plan");
+    let mut rows = Rows::new();
+    for endpoint in &plan.info.endpoint {
+        let (batches, _) = client
+            .collect_endpoint(endpoint.ticket.as_ref().expect("ticket"))
+            .await
+            .expect("read");
+        for batch in &batches {
+            for row in 0..batch.num_rows() {
+                rows.insert(key_of(batch, row), captured(batch, row));
+            }
         }
     }
     rows

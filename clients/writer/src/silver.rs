@@ -1,0 +1,559 @@
+//! Silver: `apply_changes` keeps a current-state table in step with bronze (seed ADR 0019
+//! and its amendments).
+//!
+//! One call:
+//! 1. reads bronze's verdict (control row), the facts' snapshot rows and silver's position
+//!    first, then bronze at **one** pinned version for everything after;
+//! 2. finds the newest complete snapshot (a `bootstrap`/`resnapshot` facts row, or whole
+//!    operation-0 rows); when it is newer than the one silver was rebuilt from (or silver
+//!    has no position), **rebuilds**: the snapshot's rows and the changes after it, the
+//!    latest image per key, every other key gone;
+//! 3. otherwise **merges** the latest image per key of the change rows past the position,
+//!    with the rows of the waves a chunked snapshot announced since the last call and every
+//!    change of their keys after its S (a chunk row never outranks a later delete);
+//! 4. writes the position (`applied_lsn`, `snapshot_lsn`, `open_snapshot_lsn`,
+//!    `snapshot_wave`) after the data, then moves silver's verdict to bronze's as read in
+//!    step 1, held while a snapshot is open and never without a facts table.
+//!
+//! The latest image per key is ranked by DataFusion: `ROW_NUMBER() OVER (PARTITION BY keys
+//! ORDER BY _start_lsn DESC, _command_id DESC, _seqval DESC, _operation DESC)`. Operation 1
+//! deletes; 3 deletes its own key (the 4 of the same key and commit outranks it); 0, 2 and 4
+//! upsert. A merged image only replaces a silver row when it is at least as new as the row's
+//! `_start_lsn`, so a call left behind by a crash reapplies idempotently. Keys match
+//! null-safely: rows with non-NULL keys merge on `=` (prunable), rows with a NULL key on
+//! `IS NULL`.
+
+use arrow::datatypes::DataType as ArrowType;
+use arrow::record_batch::RecordBatch;
+use deltalake::DeltaTable;
+use deltalake::datafusion::prelude::{DataFrame, SessionContext};
+use deltalake::kernel::StructField;
+use deltalake::protocol::SaveMode;
+use mssql_cdc_flight::{CommitTime, Lsn};
+use url::Url;
+
+use crate::control::{self, Granularity};
+use crate::error::{Result, WriterError};
+use crate::tables::{self, TableKind};
+
+/// What `apply_changes` works on.
+#[derive(Clone, Debug)]
+pub struct ApplyConfig {
+    /// The source table (`schema.table`): bronze's verdict row in the control table is
+    /// under this name, as the stream advances it.
+    pub table: String,
+    /// Bronze location (as the stream's `target`, which names it in the facts).
+    pub bronze: String,
+    /// Silver location (its name in the control table).
+    pub target: String,
+    /// The capture instance whose rows bronze holds; a row of another is an error. `None`
+    /// takes bronze's rows whatever their instance (a stream that followed a switch).
+    pub capture_instance: Option<String>,
+    /// Key columns (the unique index CDC uses).
+    pub keys: Vec<String>,
+    /// Control table location (bronze's verdict in, silver's position and verdict out).
+    pub control: String,
+    /// Facts table location; without it chunked snapshots are refused and the verdict held.
+    pub facts: Option<String>,
+    /// Truncation of silver's verdict.
+    pub granularity: Granularity,
+}
+
+/// What a call did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApplyOutcome {
+    /// Whether silver was rebuilt from a snapshot.
+    pub rebuilt: bool,
+    /// The position after the call.
+    pub applied_lsn: Option<Lsn>,
+    /// Silver's verdict after the call.
+    pub finalized_until: Option<CommitTime>,
+    /// Whether bronze exists (nothing happens until it does).
+    pub bronze_found: bool,
+}
+
+/// Bronze's metadata columns that silver does not keep.
+const CHANGE_ONLY_COLUMNS: [&str; 7] = [
+    "_capture_instance",
+    "_seqval",
+    "_operation",
+    "_command_id",
+    "_batch_id",
+    "_snapshot",
+    "_chunk",
+];
+
+fn quote(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn text(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+/// The snapshot facts of the bronze table: complete snapshots, the open chunked one, chunks.
+#[derive(Debug, Default)]
+struct SnapshotFacts {
+    /// Newest complete snapshot's S.
+    complete: Option<String>,
+    /// The newest chunked snapshot opened after every complete one, not complete.
+    open: Option<String>,
+    /// `(chunk, wave, stamp)` of the open snapshot's chunks.
+    chunks: Vec<(i32, i32, String)>,
+}
+
+async fn snapshot_facts(facts: &Url, bronze: &str) -> Result<SnapshotFacts> {
+    let rows = tables::query_text(
+        facts,
+        &format!(
+            "SELECT event, min_lsn, detail FROM t WHERE target = {} AND event IN \
+             ('snapshot_open', 'snapshot_chunk', 'bootstrap', 'resnapshot')",
+            text(bronze)
+        ),
+    )
+    .await?;
+    let detail = |row: &Vec<Option<String>>| -> serde_json::Value {
+        serde_json::from_str(row[2].as_deref().unwrap_or("{}")).unwrap_or_default()
+    };
+    let mut found = SnapshotFacts {
+        complete: rows
+            .iter()
+            .filter(|row| matches!(row[0].as_deref(), Some("bootstrap" | "resnapshot")))
+            .filter_map(|row| row[1].clone())
+            .max(),
+        ..SnapshotFacts::default()
+    };
+    found.open = rows
+        .iter()
+        .filter(|row| row[0].as_deref() == Some("snapshot_open"))
+        .filter(|row| detail(row)["mode"].as_str() == Some("chunked"))
+        .filter_map(|row| row[1].clone())
+        .filter(|open| found.complete.as_ref().is_none_or(|done| open > done))
+        .max();
+    if let Some(open) = &found.open {
+        found.chunks = rows
+            .iter()
+            .filter(|row| row[0].as_deref() == Some("snapshot_chunk"))
+            .filter_map(|row| {
+                let detail = detail(row);
+                (detail["snapshot"].as_str() == Some(open.as_str())).then(|| {
+                    (
+                        detail["chunk"].as_i64().unwrap_or(-1) as i32,
+                        detail["wave"].as_i64().unwrap_or(0) as i32,
+                        row[1].clone().unwrap_or_default(),
+                    )
+                })
+            })
+            .collect();
+    }
+    Ok(found)
+}
+
+/// Runs `apply_changes` once.
+pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
+    if config.keys.is_empty() {
+        return Err(WriterError::invalid(format!(
+            "apply_changes into {} needs key columns: the capture instance has no unique index \
+             CDC could name, so pass the columns that identify a row",
+            config.target
+        )));
+    }
+    let control_url = tables::table_url(&config.control)?;
+    let bronze_url = tables::table_url(&config.bronze)?;
+    let silver_url = tables::table_url(&config.target)?;
+    // 1. The verdict and the facts first, then bronze pinned.
+    let bronze_verdict = control::row(&control_url, &config.table)
+        .await?
+        .and_then(|(end, _)| end);
+    let facts = match &config.facts {
+        Some(location) => {
+            Some(snapshot_facts(&tables::table_url(location)?, &config.bronze).await?)
+        }
+        None => None,
+    };
+    let position = control::row(&control_url, &config.target)
+        .await?
+        .map(|(_, position)| position)
+        .unwrap_or_default();
+    let Some(bronze) = tables::open(&bronze_url).await? else {
+        return Ok(ApplyOutcome {
+            rebuilt: false,
+            applied_lsn: position.applied_lsn.and_then(|lsn| lsn.parse().ok()),
+            finalized_until: None,
+            bronze_found: false,
+        });
+    };
+    let context = SessionContext::new();
+    context.register_table("bronze", bronze.table_provider().await?)?;
+    let schema = bronze.snapshot()?.schema();
+    for key in &config.keys {
+        if schema.field(key).is_none() {
+            return Err(WriterError::invalid(format!(
+                "key column '{key}' is not a column of bronze {}",
+                config.bronze
+            )));
+        }
+    }
+    if let Some(instance) = &config.capture_instance {
+        let others = collect_text(
+            &context,
+            &format!(
+                "SELECT DISTINCT _capture_instance FROM bronze WHERE _capture_instance <> {} LIMIT 1",
+                text(instance)
+            ),
+        )
+        .await?;
+        if let Some(other) = others.first().and_then(|row| row[0].clone()) {
+            return Err(WriterError::invalid(format!(
+                "bronze {} holds rows of capture instance '{other}', not only '{instance}': \
+                 one silver table follows one bronze table of one capture instance",
+                config.bronze
+            )));
+        }
+    }
+
+    // 2. The newest complete snapshot: the facts' completion rows or whole operation-0 rows
+    //    (Amendment 3: only those past the snapshot silver was rebuilt from).
+    let since = position.snapshot_lsn.clone().unwrap_or_default();
+    let whole = collect_text(
+        &context,
+        &format!(
+            "SELECT MAX(COALESCE(_snapshot, _start_lsn)) FROM bronze WHERE _operation = 0 \
+             AND _chunk IS NULL AND _start_lsn > {}",
+            text(&since)
+        ),
+    )
+    .await?;
+    let mut newest = whole.first().and_then(|row| row[0].clone());
+    if let Some(facts) = &facts {
+        newest = newest.max(facts.complete.clone());
+    } else {
+        let chunked = collect_text(
+            &context,
+            "SELECT COUNT(*) FROM bronze WHERE _operation = 0 AND _chunk IS NOT NULL",
+        )
+        .await?;
+        if chunked.first().and_then(|row| row[0].as_deref()) != Some("0") {
+            return Err(WriterError::invalid(format!(
+                "bronze {} holds chunked snapshot rows: apply_changes needs the facts table to \
+                 know which chunks are in and when the snapshot is complete",
+                config.bronze
+            )));
+        }
+    }
+    let needs_rebuild = match (&newest, &position.snapshot_lsn) {
+        (Some(newest), Some(rebuilt)) => newest > rebuilt,
+        (Some(_), None) => true,
+        // No snapshot: the changes alone (a stream from the earliest offset) are merged.
+        (None, _) => false,
+    };
+    let open = facts.as_ref().and_then(|facts| facts.open.clone());
+    let silver_fields = silver_fields(&schema)?;
+    let key_list = config
+        .keys
+        .iter()
+        .map(|key| quote(key))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let rank = |source: &str| {
+        format!(
+            "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY {key_list} ORDER BY \
+             _start_lsn DESC, _command_id DESC NULLS LAST, _seqval DESC NULLS LAST, \
+             _operation DESC) AS _rank FROM ({source})) WHERE _rank = 1"
+        )
+    };
+    let mut new_position = position.clone();
+    let rebuilt;
+    if needs_rebuild {
+        // 3a. Rebuild: the snapshot's rows and the changes after it; every other key goes.
+        let source = match &newest {
+            Some(snapshot) => format!(
+                "SELECT * FROM bronze WHERE (_operation = 0 AND COALESCE(_snapshot, _start_lsn) = {s}) \
+                 OR (_operation <> 0 AND _start_lsn > {s})",
+                s = text(snapshot)
+            ),
+            None => "SELECT * FROM bronze WHERE _operation <> 0".to_string(),
+        };
+        let latest = context
+            .sql(&format!(
+                "SELECT * FROM ({}) WHERE _operation IN (0, 2, 4)",
+                rank(&source)
+            ))
+            .await?;
+        let batches = project_silver(latest, &silver_fields)?
+            .collect()
+            .await?
+            .into_iter()
+            .map(without_field_metadata)
+            .collect::<Result<Vec<_>>>()?;
+        let table = tables::ensure(
+            &silver_url,
+            TableKind::Silver,
+            silver_fields.clone(),
+            "silver",
+        )
+        .await?;
+        table
+            .write(batches)
+            .with_save_mode(SaveMode::Overwrite)
+            .await?;
+        let high = collect_text(
+            &context,
+            &format!("SELECT MAX(_start_lsn) FROM ({source}) WHERE _operation <> 0"),
+        )
+        .await?;
+        new_position.applied_lsn = high
+            .first()
+            .and_then(|row| row[0].clone())
+            .max(newest.clone())
+            .or(position.applied_lsn.clone());
+        new_position.snapshot_lsn = newest.clone();
+        rebuilt = true;
+    } else {
+        // 3b. Merge the changes past the position, with the new waves of an open snapshot.
+        let applied = position.applied_lsn.clone().unwrap_or_default();
+        let mut parts = vec![format!(
+            "SELECT * FROM bronze WHERE _operation <> 0 AND _start_lsn > {}",
+            text(&applied)
+        )];
+        if let (Some(open), Some(facts)) = (&open, &facts) {
+            let since_wave = match &position.open_snapshot_lsn {
+                Some(applied_open) if applied_open == open => position.snapshot_wave.unwrap_or(0),
+                _ => 0,
+            };
+            let new_chunks: Vec<&(i32, i32, String)> = facts
+                .chunks
+                .iter()
+                .filter(|(_, wave, _)| *wave > since_wave)
+                .collect();
+            if !new_chunks.is_empty() {
+                let ids = new_chunks
+                    .iter()
+                    .map(|(chunk, ..)| chunk.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let first_stamp = new_chunks
+                    .iter()
+                    .map(|(_, _, stamp)| stamp.clone())
+                    .min()
+                    .unwrap_or_default();
+                let chunk_rows = format!(
+                    "SELECT * FROM bronze WHERE _operation = 0 AND _snapshot = {} AND _chunk IN ({ids}) \
+                     AND _start_lsn >= {}",
+                    text(open),
+                    text(&first_stamp)
+                );
+                let key_match = config
+                    .keys
+                    .iter()
+                    .map(|key| format!("c.{k} IS NOT DISTINCT FROM b.{k}", k = quote(key)))
+                    .collect::<Vec<_>>()
+                    .join(" AND ");
+                // Every change of the new chunks' keys after the first new stamp ranks
+                // with them (an older change ranks below every new chunk row anyway).
+                parts.push(chunk_rows.clone());
+                parts.push(format!(
+                    "SELECT b.* FROM bronze b WHERE b._operation <> 0 AND b._start_lsn > {} \
+                     AND EXISTS (SELECT 1 FROM ({chunk_rows}) c WHERE {key_match})",
+                    text(&first_stamp)
+                ));
+                new_position.snapshot_wave = new_chunks.iter().map(|(_, wave, _)| *wave).max();
+                new_position.open_snapshot_lsn = Some(open.clone());
+            }
+        }
+        let source = parts.join(" UNION ALL ");
+        let latest = context
+            .sql(&rank(&format!("SELECT DISTINCT * FROM ({source})")))
+            .await?;
+        let table = tables::ensure(
+            &silver_url,
+            TableKind::Silver,
+            silver_fields.clone(),
+            "silver",
+        )
+        .await?;
+        merge(table, latest, &config.keys, &silver_fields).await?;
+        let high = collect_text(
+            &context,
+            &format!(
+                "SELECT MAX(_start_lsn) FROM bronze WHERE _operation <> 0 AND _start_lsn > {}",
+                text(&applied)
+            ),
+        )
+        .await?;
+        if let Some(high) = high.first().and_then(|row| row[0].clone()) {
+            new_position.applied_lsn = Some(high);
+        }
+        rebuilt = false;
+    }
+    if open.is_none() {
+        new_position.open_snapshot_lsn = None;
+        new_position.snapshot_wave = None;
+    }
+    // 4. The position after the data, then the verdict.
+    control::set_position(&control_url, &config.target, &new_position).await?;
+    let finalized_until = match (&bronze_verdict, &facts, &open) {
+        (Some(end), Some(_), None) => {
+            control::advance(&control_url, &config.target, end, config.granularity).await?
+        }
+        _ => control::finalized_until(&control_url, &config.target).await?,
+    };
+    Ok(ApplyOutcome {
+        rebuilt,
+        applied_lsn: new_position
+            .applied_lsn
+            .as_deref()
+            .and_then(|lsn| lsn.parse().ok()),
+        finalized_until,
+        bronze_found: true,
+    })
+}
+
+/// Silver's fields: bronze's captured columns, `_start_lsn` and `_commit_ts`, commented.
+fn silver_fields(bronze: &deltalake::kernel::StructType) -> Result<Vec<StructField>> {
+    let comments: std::collections::HashMap<&str, &str> = TableKind::Silver
+        .columns()
+        .into_iter()
+        .map(|spec| (spec.name, spec.comment))
+        .collect();
+    Ok(bronze
+        .fields()
+        .filter(|field| !CHANGE_ONLY_COLUMNS.contains(&field.name().as_str()))
+        .map(|field| match comments.get(field.name().as_str()) {
+            Some(comment) => {
+                tables::field_with_comment(field.name(), field.data_type().clone(), comment)
+            }
+            None => StructField::new(field.name(), field.data_type().clone(), true),
+        })
+        .collect())
+}
+
+/// The silver columns of a ranked frame, cast to silver's types.
+fn project_silver(frame: DataFrame, fields: &[StructField]) -> Result<DataFrame> {
+    let names: Vec<&str> = fields.iter().map(|field| field.name().as_str()).collect();
+    Ok(frame.select_columns(&names)?)
+}
+
+/// The batch with its fields' metadata dropped (bronze's comments are not silver's; Delta
+/// refuses a write whose field metadata differs from the table's).
+fn without_field_metadata(batch: RecordBatch) -> Result<RecordBatch> {
+    let fields: Vec<arrow::datatypes::Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|field| field.as_ref().clone().with_metadata(Default::default()))
+        .collect();
+    Ok(RecordBatch::try_new(
+        std::sync::Arc::new(arrow::datatypes::Schema::new(fields)),
+        batch.columns().to_vec(),
+    )?)
+}
+
+/// Merges the ranked latest images into silver: deletes (1, 3) and upserts (0, 2, 4), each
+/// only when at least as new as silver's row.
+async fn merge(
+    table: DeltaTable,
+    latest: DataFrame,
+    keys: &[String],
+    fields: &[StructField],
+) -> Result<()> {
+    use deltalake::datafusion::prelude::{col, lit};
+    let not_null = keys
+        .iter()
+        .map(|key| col(format!("\"{}\"", key)).is_not_null())
+        .reduce(|left, right| left.and(right))
+        .unwrap_or(lit(true));
+    let with_keys = latest.clone().filter(not_null.clone())?;
+    let null_keys = latest.filter(std::ops::Not::not(not_null))?;
+    let mut table = table;
+    for (source, null_safe) in [(with_keys, false), (null_keys, true)] {
+        if source.clone().count().await? == 0 {
+            continue;
+        }
+        let predicate = keys
+            .iter()
+            .map(|key| {
+                let (target, source) = (
+                    format!("target.{}", quote(key)),
+                    format!("source.{}", quote(key)),
+                );
+                if null_safe {
+                    format!("{target} IS NULL AND {source} IS NULL")
+                } else {
+                    format!("{target} = {source}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        let (merged, _) = table
+            .merge(source, predicate)
+            .with_source_alias("source")
+            .with_target_alias("target")
+            .when_matched_delete(|delete| {
+                delete.predicate(
+                    "source._operation IN (1, 3) AND source._start_lsn >= target._start_lsn",
+                )
+            })?
+            .when_matched_update(|update| {
+                fields.iter().fold(
+                    update.predicate(
+                        "source._operation IN (0, 2, 4) AND source._start_lsn >= target._start_lsn",
+                    ),
+                    |update, field| {
+                        update.update(
+                            quote(field.name()),
+                            format!("source.{}", quote(field.name())),
+                        )
+                    },
+                )
+            })?
+            .when_not_matched_insert(|insert| {
+                fields.iter().fold(
+                    insert.predicate("source._operation IN (0, 2, 4)"),
+                    |insert, field| {
+                        insert.set(
+                            quote(field.name()),
+                            format!("source.{}", quote(field.name())),
+                        )
+                    },
+                )
+            })?
+            .await?;
+        table = merged;
+    }
+    Ok(())
+}
+
+/// Runs a query and returns its values as text.
+async fn collect_text(context: &SessionContext, sql: &str) -> Result<Vec<Vec<Option<String>>>> {
+    let mut rows = Vec::new();
+    for batch in context.sql(sql).await?.collect().await? {
+        rows.extend(text_rows(&batch)?);
+    }
+    Ok(rows)
+}
+
+fn text_rows(batch: &RecordBatch) -> Result<Vec<Vec<Option<String>>>> {
+    let columns: Vec<arrow::array::StringArray> = batch
+        .columns()
+        .iter()
+        .map(|column| {
+            let cast = arrow::compute::cast(column, &ArrowType::Utf8)?;
+            cast.as_any()
+                .downcast_ref::<arrow::array::StringArray>()
+                .cloned()
+                .ok_or_else(|| WriterError::Internal("cast to text".into()))
+        })
+        .collect::<Result<_>>()?;
+    Ok((0..batch.num_rows())
+        .map(|row| {
+            columns
+                .iter()
+                .map(|column| {
+                    arrow::array::Array::is_valid(column, row)
+                        .then(|| column.value(row).to_string())
+                })
+                .collect()
+        })
+        .collect())
+}

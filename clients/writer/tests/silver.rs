@@ -1,0 +1,319 @@
+//! Silver: apply_changes against the in-process server, the stream and real Delta tables.
+//! End state every time: silver equals the source table, row by row.
+
+mod common;
+
+use common::{Lab, Rows, captured, key_of, query, run_now, source_rows};
+use mssql_cdc_flight::sim::workload::{self, Mix, WorkloadSpec};
+use mssql_cdc_writer::WriterError;
+use mssql_cdc_writer::control::{self, Granularity, Position};
+use mssql_cdc_writer::silver::{ApplyConfig, ApplyOutcome, apply_changes};
+use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
+use mssql_cdc_writer::stream::StreamConfig;
+
+fn apply_config(lab: &Lab, facts: bool) -> ApplyConfig {
+    ApplyConfig {
+        table: "dbo.orders".into(),
+        bronze: lab.lake("bronze_orders"),
+        target: lab.lake("silver_orders"),
+        capture_instance: None,
+        keys: vec!["order_id".into()],
+        control: lab.lake("control"),
+        facts: facts.then(|| lab.lake("facts")),
+        granularity: Granularity::Minute,
+    }
+}
+
+async fn apply(lab: &Lab) -> ApplyOutcome {
+    apply_changes(&apply_config(lab, true))
+        .await
+        .expect("apply_changes")
+}
+
+async fn silver_rows(lab: &Lab) -> Rows {
+    let batches = query(&lab.lake("silver_orders"), "SELECT * FROM t").await;
+    let mut rows = Rows::new();
+    for batch in &batches {
+        for row in 0..batch.num_rows() {
+            assert!(
+                rows.insert(key_of(batch, row), captured(batch, row))
+                    .is_none(),
+                "a key twice in silver"
+            );
+        }
+    }
+    rows
+}
+
+async fn assert_in_step(lab: &Lab, context: &str) {
+    assert_eq!(silver_rows(lab).await, source_rows(lab).await, "{context}");
+}
+
+fn workload(lab: &Lab, seed: u64, commits: u64, mix: Mix) {
+    let mut writer = lab.writer(seed);
+    let spec = WorkloadSpec {
+        commits: Some(commits),
+        mix,
+        tables: vec!["dbo.orders".parse().expect("table")],
+        ..WorkloadSpec::default()
+    };
+    workload::run(
+        &mut writer,
+        &spec,
+        &std::sync::atomic::AtomicBool::new(false),
+    )
+    .expect("workload");
+}
+
+fn churn() -> Mix {
+    Mix {
+        insert: 0.3,
+        update: 0.35,
+        delete: 0.2,
+        key_update: 0.15,
+        idle: 0.0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_are_applied_in_order_and_reruns_change_nothing() {
+    let lab = Lab::new().await;
+    workload(&lab, 1, 150, churn());
+    let config = lab.config();
+    let outcome = apply(&lab).await;
+    assert!(
+        !outcome.bronze_found,
+        "nothing before the stream wrote bronze"
+    );
+    run_now(config.clone()).await;
+    let first = apply(&lab).await;
+    assert!(first.bronze_found && first.applied_lsn.is_some());
+    assert_in_step(&lab, "after the first call").await;
+    workload(&lab, 2, 150, churn());
+    run_now(config.clone()).await;
+    let second = apply(&lab).await;
+    assert!(!second.rebuilt, "no snapshot: changes merged");
+    assert!(second.applied_lsn > first.applied_lsn);
+    assert_in_step(&lab, "after the merge").await;
+    let again = apply(&lab).await;
+    assert_eq!(
+        again.applied_lsn, second.applied_lsn,
+        "a rerun moves nothing"
+    );
+    assert_in_step(&lab, "after a rerun").await;
+    // A position left behind by a crash between the MERGE and the position: reapplying
+    // from behind is idempotent.
+    control::set_position(
+        &mssql_cdc_writer::tables::table_url(&lab.lake("control")).expect("url"),
+        &lab.lake("silver_orders"),
+        &Position {
+            applied_lsn: first.applied_lsn.map(|lsn| lsn.to_string()),
+            ..Position::default()
+        },
+    )
+    .await
+    .expect("rewind");
+    let replayed = apply(&lab).await;
+    assert_eq!(replayed.applied_lsn, second.applied_lsn);
+    assert_in_step(&lab, "after reapplying from behind").await;
+    // The verdict: bronze's, as read before the rows.
+    let verdict = bronze_verdict(&lab).await;
+    assert!(verdict.is_some());
+    assert_eq!(replayed.finalized_until, verdict);
+}
+
+/// Bronze's verdict as the stream advances it (under the source table's name).
+async fn bronze_verdict(lab: &Lab) -> Option<mssql_cdc_flight::CommitTime> {
+    control::finalized_until(
+        &mssql_cdc_writer::tables::table_url(&lab.lake("control")).expect("url"),
+        "dbo.orders",
+    )
+    .await
+    .expect("verdict")
+}
+
+fn stream_config(lab: &Lab) -> StreamConfig {
+    lab.config()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_snapshot_is_applied_wave_by_wave_then_rebuilt_at_completion() {
+    let lab = Lab::new().await;
+    workload(&lab, 11, 250, churn());
+    let mut config = stream_config(&lab);
+    let snapshot = snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
+        .await
+        .expect("open")
+        .expect("opened");
+    workload(&lab, 12, 60, churn());
+    run_now(config.clone()).await;
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let options = BackfillOptions {
+        chunk_rows: 8,
+        max_waves: Some(1),
+        target_wave_seconds: 0.0,
+        min_headroom_hours: None,
+    };
+    let mut waves = 0;
+    loop {
+        let status = snapshots.backfill(&options).await.expect("wave");
+        run_now(config.clone()).await;
+        let outcome = apply(&lab).await;
+        if status.done {
+            assert!(outcome.rebuilt, "the completion row rebuilds silver");
+            break;
+        }
+        assert!(!outcome.rebuilt);
+        assert_eq!(
+            outcome.finalized_until, None,
+            "the verdict is held while the snapshot is open"
+        );
+        waves += 1;
+        // Every key silver holds is the source's current row (a chunk row never outranks
+        // a later change); keys of chunks not read yet are missing until their wave.
+        let silver = silver_rows(&lab).await;
+        let source = source_rows(&lab).await;
+        for (key, values) in &silver {
+            assert_eq!(
+                source.get(key),
+                Some(values),
+                "key {key} after wave {waves}"
+            );
+        }
+        workload(&lab, 100 + waves, 20, churn());
+    }
+    assert!(waves >= 2, "{waves} waves");
+    run_now(config.clone()).await;
+    apply(&lab).await;
+    assert_in_step(&lab, "after the snapshot completed").await;
+    let _ = snapshot;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_bootstrap_rebuilds_silver_then_changes_merge() {
+    let lab = Lab::new().await;
+    workload(&lab, 21, 200, churn());
+    let mut config = stream_config(&lab);
+    snapshot::bootstrap(&mut config, SnapshotMode::Full)
+        .await
+        .expect("bootstrap");
+    workload(&lab, 22, 80, churn());
+    run_now(config.clone()).await;
+    let first = apply(&lab).await;
+    assert!(first.rebuilt);
+    assert_in_step(&lab, "rebuilt from the snapshot and the changes after it").await;
+    workload(&lab, 23, 80, churn());
+    run_now(config.clone()).await;
+    let second = apply(&lab).await;
+    assert!(!second.rebuilt);
+    assert_in_step(&lab, "changes merged after the rebuild").await;
+    assert_eq!(second.finalized_until, bronze_verdict(&lab).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_calls_are_refused_with_the_reason() {
+    let lab = Lab::new().await;
+    workload(&lab, 31, 50, churn());
+    let mut config = stream_config(&lab);
+    snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
+        .await
+        .expect("open");
+    workload(&lab, 32, 20, churn());
+    run_now(config.clone()).await;
+    Snapshots::connect(config.clone())
+        .await
+        .expect("connect")
+        .backfill(&BackfillOptions {
+            chunk_rows: 20,
+            max_waves: Some(1),
+            target_wave_seconds: 0.0,
+            min_headroom_hours: None,
+        })
+        .await
+        .expect("wave");
+    let mut no_keys = apply_config(&lab, true);
+    no_keys.keys.clear();
+    let error = apply_changes(&no_keys).await.expect_err("no keys");
+    assert!(error.to_string().contains("key columns"), "{error}");
+    let error = apply_changes(&apply_config(&lab, false))
+        .await
+        .expect_err("chunk rows without facts");
+    assert!(error.to_string().contains("facts table"), "{error}");
+    let mut other = apply_config(&lab, true);
+    other.capture_instance = Some("dbo_orders_v9".into());
+    let error = apply_changes(&other).await.expect_err("another instance");
+    assert!(matches!(error, WriterError::InvalidArgument(_)));
+    assert!(error.to_string().contains("dbo_orders"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_workloads_with_snapshots_mid_way_end_in_step() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(
+        std::env::var("SILVER_PROPERTY_SEED")
+            .ok()
+            .and_then(|seed| seed.parse().ok())
+            .unwrap_or(20_261_130),
+    );
+    for case in 0..4u64 {
+        let lab = Lab::new().await;
+        let mix = Mix {
+            insert: rng.random_range(0.2..0.6),
+            update: rng.random_range(0.0..0.4),
+            delete: rng.random_range(0.0..0.3),
+            key_update: rng.random_range(0.0..0.2),
+            idle: 0.05,
+        };
+        workload(&lab, 1_000 + case, rng.random_range(50..200), mix);
+        let mut config = stream_config(&lab);
+        let mode = match case % 3 {
+            0 => None,
+            1 => Some(SnapshotMode::Full),
+            _ => Some(SnapshotMode::Chunked),
+        };
+        if let Some(mode) = mode {
+            snapshot::bootstrap(&mut config, mode)
+                .await
+                .expect("bootstrap");
+        }
+        for round in 0..3u64 {
+            workload(
+                &lab,
+                2_000 + case * 10 + round,
+                rng.random_range(10..80),
+                mix,
+            );
+            run_now(config.clone()).await;
+            if mode == Some(SnapshotMode::Chunked) {
+                Snapshots::connect(config.clone())
+                    .await
+                    .expect("connect")
+                    .backfill(&BackfillOptions {
+                        chunk_rows: rng.random_range(5..40),
+                        max_waves: Some(1),
+                        target_wave_seconds: 0.0,
+                        min_headroom_hours: None,
+                    })
+                    .await
+                    .expect("wave");
+            }
+            apply(&lab).await;
+        }
+        if mode == Some(SnapshotMode::Chunked) {
+            Snapshots::connect(config.clone())
+                .await
+                .expect("connect")
+                .backfill(&BackfillOptions {
+                    chunk_rows: 10,
+                    max_waves: None,
+                    target_wave_seconds: 0.0,
+                    min_headroom_hours: None,
+                })
+                .await
+                .expect("rest");
+        }
+        run_now(config.clone()).await;
+        apply(&lab).await;
+        assert_in_step(&lab, &format!("case {case} ({mode:?}, {mix:?})")).await;
+    }
+}
