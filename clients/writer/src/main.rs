@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::sidecar;
+use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
 
@@ -31,6 +32,8 @@ enum Commands {
     Run(Box<RunArgs>),
     /// Read waves of the open chunked snapshot of a table into bronze (see docs/snapshots.md).
     Backfill(Box<BackfillArgs>),
+    /// Apply bronze's changes to a current-state silver table (see docs/silver.md).
+    Apply(Box<ApplyArgs>),
     /// Print each table of a sidecar file: last batch, end offset, verdict, lag.
     Status {
         /// The sidecar file.
@@ -78,6 +81,34 @@ struct BackfillArgs {
     /// Pause while the stream's retention headroom is below this many hours (or unknown).
     #[arg(long)]
     min_headroom_hours: Option<f64>,
+}
+
+#[derive(Args)]
+struct ApplyArgs {
+    /// Source table (schema.table): names bronze's verdict in the control table.
+    #[arg(long)]
+    table: String,
+    /// Bronze location (as the stream's --target).
+    #[arg(long)]
+    bronze: String,
+    /// Silver location.
+    #[arg(long)]
+    target: String,
+    /// Key columns, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    keys: Vec<String>,
+    /// Control table location.
+    #[arg(long)]
+    control: String,
+    /// Facts table location (needed for chunked snapshots and for silver's verdict).
+    #[arg(long)]
+    facts: Option<String>,
+    /// Refuse bronze rows of any other capture instance.
+    #[arg(long)]
+    capture_instance: Option<String>,
+    /// Verdict granularity: minute, hour or day.
+    #[arg(long, default_value = "hour")]
+    granularity: String,
 }
 
 #[derive(Args)]
@@ -160,6 +191,7 @@ fn main() -> anyhow::Result<()> {
         Commands::Run(args) => *args,
         Commands::Status { config } => return runtime.block_on(print_status(config)),
         Commands::Backfill(args) => return runtime.block_on(backfill(*args)),
+        Commands::Apply(args) => return runtime.block_on(apply(*args)),
         Commands::Demo(args) => return runtime.block_on(demo::run(args.dir, args.commits)),
     };
     if let Some(path) = &args.config {
@@ -217,6 +249,30 @@ fn main() -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })
+}
+
+async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
+    let config = ApplyConfig {
+        table: args.table,
+        bronze: args.bronze,
+        target: args.target,
+        capture_instance: args.capture_instance,
+        keys: args.keys,
+        control: args.control,
+        facts: args.facts,
+        granularity: args.granularity.parse()?,
+    };
+    let outcome = apply_changes(&config).await?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "rebuilt": outcome.rebuilt,
+            "applied_lsn": outcome.applied_lsn,
+            "finalized_until": outcome.finalized_until.map(|time| time.to_iso_millis()),
+            "bronze_found": outcome.bronze_found,
+        })
+    );
+    Ok(())
 }
 
 async fn backfill(args: BackfillArgs) -> anyhow::Result<()> {

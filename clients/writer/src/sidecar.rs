@@ -18,6 +18,9 @@
 //! fail_on_data_loss = true         # optional
 //! bootstrap = "chunked"            # optional: full or chunked, for a new checkpoint
 //! chunk_rows = 100000              # optional: chunk size of a chunked bootstrap
+//! silver = "/lake/silver_orders"   # optional: keep a current-state table (apply_changes)
+//! keys = ["order_id"]              # the silver table's key columns
+//! apply_seconds = 60.0             # optional: apply interval (default poll_seconds)
 //! ```
 //!
 //! One task per table. A table that fails is logged and retried with exponential backoff
@@ -34,6 +37,7 @@ use serde::Deserialize;
 use crate::checkpoint::Checkpoint;
 use crate::control::{self, Granularity};
 use crate::error::{Result, WriterError};
+use crate::silver::{ApplyConfig, apply_changes};
 use crate::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use crate::stream::{BatchOutcome, Stream, StreamConfig};
 use crate::tables;
@@ -107,6 +111,15 @@ pub struct TableEntry {
     /// Most rows per chunk of a chunked bootstrap.
     #[serde(default)]
     pub chunk_rows: Option<u64>,
+    /// Silver location: `apply_changes` keeps it in step with bronze.
+    #[serde(default)]
+    pub silver: Option<String>,
+    /// The silver table's key columns.
+    #[serde(default)]
+    pub keys: Vec<String>,
+    /// Seconds between `apply_changes` calls (continuous; default `poll_seconds`).
+    #[serde(default)]
+    pub apply_seconds: Option<f64>,
 }
 
 impl TableEntry {
@@ -119,6 +132,20 @@ impl TableEntry {
             ..BackfillOptions::default()
         }
     }
+}
+
+/// The `apply_changes` configuration of an entry with a silver table.
+fn apply_config(config: &SidecarConfig, entry: &TableEntry) -> Option<ApplyConfig> {
+    entry.silver.as_ref().map(|silver| ApplyConfig {
+        table: entry.table.clone(),
+        bronze: entry.target.clone(),
+        target: silver.clone(),
+        capture_instance: None,
+        keys: entry.keys.clone(),
+        control: config.control.clone(),
+        facts: Some(config.facts.clone()),
+        granularity: config.granularity,
+    })
 }
 
 /// Bootstraps a new checkpoint when the entry asks for it.
@@ -175,6 +202,25 @@ impl SidecarConfig {
                 "poll_seconds must be a positive number",
             ));
         }
+        for entry in &config.tables {
+            if entry.silver.is_some() && entry.keys.is_empty() {
+                return Err(WriterError::invalid(format!(
+                    "{}: table {} has a silver table but no keys",
+                    path.display(),
+                    entry.table
+                )));
+            }
+            if entry
+                .apply_seconds
+                .is_some_and(|seconds| !(seconds.is_finite() && seconds > 0.0))
+            {
+                return Err(WriterError::invalid(format!(
+                    "{}: apply_seconds of {} must be a positive number",
+                    path.display(),
+                    entry.table
+                )));
+            }
+        }
         Ok(config)
     }
 
@@ -206,6 +252,7 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
     let mut tasks = Vec::new();
     for entry in &config.tables {
         let mut stream_config = config.stream(entry);
+        let apply = apply_config(config, entry);
         let entry = entry.clone();
         tasks.push((
             entry.table.clone(),
@@ -217,6 +264,9 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
                         let mut stream = Stream::connect(stream_config.clone()).await?;
                         let outcomes = stream.run_available_now().await?;
                         backfill_to_end(&entry, &stream_config).await?;
+                        if let Some(apply) = &apply {
+                            apply_changes(apply).await?;
+                        }
                         Ok(outcomes)
                     }
                     .await;
@@ -263,6 +313,10 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
     let poll = Duration::from_secs_f64(config.poll_seconds);
     let mut tasks = Vec::new();
     for entry in &config.tables {
+        if let Some(apply) = apply_config(config, entry) {
+            let every = Duration::from_secs_f64(entry.apply_seconds.unwrap_or(config.poll_seconds));
+            tasks.push(tokio::spawn(apply_loop(apply, every, stop.clone())));
+        }
         let mut stream_config = config.stream(entry);
         let stop = stop.clone();
         let entry = entry.clone();
@@ -301,6 +355,21 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
     }
     for task in tasks {
         let _ = task.await;
+    }
+}
+
+/// Applies bronze to silver every `every` until `stop`; a failing call is logged and retried
+/// at the next tick (each call is idempotent).
+async fn apply_loop(apply: ApplyConfig, every: Duration, stop: tokio::sync::watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        if let Err(error) = apply_changes(&apply).await {
+            tracing::error!(silver = %apply.target, %error, "apply_changes failed; retrying");
+        }
+        let mut stop = stop.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => {}
+        }
     }
 }
 

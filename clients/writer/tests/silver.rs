@@ -31,18 +31,7 @@ async fn apply(lab: &Lab) -> ApplyOutcome {
 }
 
 async fn silver_rows(lab: &Lab) -> Rows {
-    let batches = query(&lab.lake("silver_orders"), "SELECT * FROM t").await;
-    let mut rows = Rows::new();
-    for batch in &batches {
-        for row in 0..batch.num_rows() {
-            assert!(
-                rows.insert(key_of(batch, row), captured(batch, row))
-                    .is_none(),
-                "a key twice in silver"
-            );
-        }
-    }
-    rows
+    common::current_rows(&lab.lake("silver_orders")).await
 }
 
 async fn assert_in_step(lab: &Lab, context: &str) {

@@ -348,7 +348,7 @@ async fn the_sidecar_bootstraps_its_tables_and_status_shows_the_snapshots() {
     let text = format!(
         "server = \"{}\"\nfacts = \"{}\"\ncontrol = \"{}\"\ncheckpoints = \"{}\"\n\
          \n[[tables]]\ntable = \"dbo.orders\"\ntarget = \"{}\"\napp_id = \"orders\"\n\
-         bootstrap = \"chunked\"\nchunk_rows = 30\n\
+         bootstrap = \"chunked\"\nchunk_rows = 30\nsilver = \"{}\"\nkeys = [\"order_id\"]\n\
          \n[[tables]]\ntable = \"dbo.customers\"\ntarget = \"{}\"\napp_id = \"customers\"\n\
          bootstrap = \"full\"\n",
         lab.url,
@@ -356,6 +356,7 @@ async fn the_sidecar_bootstraps_its_tables_and_status_shows_the_snapshots() {
         lab.lake("control"),
         lab.dir.path().join("checkpoints").display(),
         lab.lake("bronze_orders"),
+        lab.lake("silver_orders"),
         lab.lake("bronze_customers"),
     );
     let path = lab.dir.path().join("sidecar.toml");
@@ -387,5 +388,10 @@ async fn the_sidecar_bootstraps_its_tables_and_status_shows_the_snapshots() {
         rebuild(&lab, progress.snapshot).await,
         source_rows(&lab).await,
         "orders rebuilt from its chunked snapshot and stream"
+    );
+    assert_eq!(
+        common::current_rows(&lab.lake("silver_orders")).await,
+        source_rows(&lab).await,
+        "the sidecar's apply step keeps silver in step"
     );
 }

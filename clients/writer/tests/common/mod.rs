@@ -308,3 +308,19 @@ pub async fn source_rows(lab: &Lab) -> Rows {
     }
     rows
 }
+
+/// The rows of a current-state table (silver) by key, each key once.
+pub async fn current_rows(location: &str) -> Rows {
+    let batches = query(location, "SELECT * FROM t").await;
+    let mut rows = Rows::new();
+    for batch in &batches {
+        for row in 0..batch.num_rows() {
+            assert!(
+                rows.insert(key_of(batch, row), captured(batch, row))
+                    .is_none(),
+                "a key twice in {location}"
+            );
+        }
+    }
+    rows
+}
