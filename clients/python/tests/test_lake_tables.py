@@ -57,24 +57,53 @@ def test_tables_carry_their_schema_version_and_comments(lake):
 def test_bronze_holds_what_the_facts_count(lake):
     facts = DeltaTable(str(lake / "facts")).to_pyarrow_table()
     batches = facts.filter(pc.is_null(facts["event"]))
+    completions = facts.filter(pc.equal(facts["event"], "bootstrap"))
     for name, app_id in [("bronze_orders", "demo_orders"), ("bronze_customers", "demo_customers")]:
         bronze = DeltaTable(str(lake / name)).to_pyarrow_table()
+        changes = bronze.filter(pc.not_equal(bronze["_operation"], 0))
+        snapshot = bronze.filter(pc.equal(bronze["_operation"], 0))
         mine = batches.filter(pc.equal(batches["app_id"], app_id))
-        assert bronze.num_rows == pc.sum(mine["rows"]).as_py() > 0
+        assert changes.num_rows == pc.sum(mine["rows"]).as_py() > 0
+        done = completions.filter(pc.equal(completions["app_id"], app_id))
+        assert done.num_rows == 1, "one completed snapshot"
+        assert snapshot.num_rows == done["rows"][0].as_py() > 0
+        assert set(snapshot["_snapshot"].to_pylist()) == {done["min_lsn"][0].as_py()}
+        assert all(stamp >= done["min_lsn"][0].as_py() for stamp in snapshot["_start_lsn"].to_pylist())
         ids = mine["batch_id"].to_pylist()
         assert sorted(ids) == list(range(len(ids))), "one facts row per batch"
-        assert set(bronze["_batch_id"].to_pylist()) <= set(ids)
+        assert set(changes["_batch_id"].to_pylist()) <= set(ids)
         assert all(re.fullmatch(r"0x[0-9A-F]{20}", lsn) for lsn in bronze["_start_lsn"].to_pylist())
-        assert set(bronze["_operation"].to_pylist()) <= {1, 2, 3, 4}
-        assert pc.sum(mine["inserts"]).as_py() == pc.sum(pc.equal(bronze["_operation"], 2)).as_py()
+        assert set(changes["_operation"].to_pylist()) <= {1, 2, 3, 4}
+        assert pc.sum(mine["inserts"]).as_py() == pc.sum(pc.equal(changes["_operation"], 2)).as_py()
+
+
+def test_silver_is_typed_commented_and_one_row_per_key(lake):
+    for name, key in [("silver_orders", "order_id"), ("silver_customers", "customer_id")]:
+        table = DeltaTable(str(lake / name))
+        assert table.metadata().configuration["mssql_cdc.schema_version"] == "1"
+        assert table.metadata().description.startswith("mssql_cdc silver")
+        fields = {field.name: field for field in table.schema().fields}
+        assert "comment" in fields["_start_lsn"].metadata
+        assert "_operation" not in fields
+        rows = table.to_pyarrow_table()
+        assert rows.num_rows > 0
+        assert len(set(rows[key].to_pylist())) == rows.num_rows
 
 
 def test_the_verdict_is_never_ahead_of_the_data(lake):
     control = DeltaTable(str(lake / "control")).to_pyarrow_table().to_pylist()
     facts = DeltaTable(str(lake / "facts")).to_pyarrow_table()
-    assert sorted(row["table_name"] for row in control) == ["dbo.customers", "dbo.orders"]
+    bronze = {row["table_name"]: row for row in control if row["table_name"].startswith("dbo.")}
+    assert sorted(bronze) == ["dbo.customers", "dbo.orders"]
     latest_end = pc.max(facts["end_commit_ts"]).as_py()
-    for row in control:
+    for row in bronze.values():
         assert row["finalized_until"] is not None
         assert row["finalized_until"] <= latest_end
         assert row["finalized_until"] <= row["end_commit_ts"]
+    silver = {row["table_name"]: row for row in control if "silver_" in row["table_name"]}
+    assert len(silver) == 2
+    for name, row in silver.items():
+        table = "dbo.orders" if name.endswith("silver_orders") else "dbo.customers"
+        assert row["applied_lsn"] is not None
+        assert row["finalized_until"] is not None
+        assert row["finalized_until"] <= bronze[table]["finalized_until"]

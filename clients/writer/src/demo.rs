@@ -10,10 +10,15 @@ use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::sim::{Clock, SimDb, sample};
 use mssql_cdc_writer::control::Granularity;
+use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
 
-const TABLES: [(&str, &str); 2] = [("dbo.customers", "customers"), ("dbo.orders", "orders")];
+/// `(table, short name, key column)` of the sample tables.
+const TABLES: [(&str, &str, &str); 2] = [
+    ("dbo.customers", "customers", "customer_id"),
+    ("dbo.orders", "orders", "order_id"),
+];
 
 pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
     let dir = match dir {
@@ -61,7 +66,7 @@ pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
 
     let configs: Vec<StreamConfig> = TABLES
         .iter()
-        .map(|(table, name)| StreamConfig {
+        .map(|(table, name, _)| StreamConfig {
             server: url.clone(),
             table: (*table).to_string(),
             target: lake.join(format!("bronze_{name}")).display().to_string(),
@@ -98,12 +103,38 @@ pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
         report.transactions
     );
     stream_all(&configs).await?;
+    println!("6. apply bronze to the current-state silver tables");
+    for (config, (_, name, key)) in configs.iter().zip(TABLES) {
+        let silver = ApplyConfig {
+            table: config.table.clone(),
+            bronze: config.target.clone(),
+            target: lake.join(format!("silver_{name}")).display().to_string(),
+            capture_instance: None,
+            keys: vec![key.to_string()],
+            control: lake.join("control").display().to_string(),
+            facts: Some(config.facts.clone()),
+            granularity: Granularity::Minute,
+        };
+        let outcome = apply_changes(&silver).await?;
+        println!(
+            "   {}: {} (rebuilt from the snapshot: {}), applied to {}, finalized_until {}",
+            config.table,
+            silver.target,
+            outcome.rebuilt,
+            outcome
+                .applied_lsn
+                .map_or("-".to_string(), |lsn| lsn.to_string()),
+            outcome
+                .finalized_until
+                .map_or("(held)".to_string(), |time| time.to_iso_millis())
+        );
+    }
     let _ = stop.send(());
     server.await??;
-    println!("6. done. The tables are Delta tables; read them with any Delta reader, e.g.");
+    println!("7. done. The tables are Delta tables; read them with any Delta reader, e.g.");
     println!(
         "   python -c \"import deltalake; print(deltalake.DeltaTable('{}').to_pandas().tail())\"",
-        lake.join("bronze_orders").display()
+        lake.join("silver_orders").display()
     );
     println!(
         "   facts: {}  control (the verdict): {}",
