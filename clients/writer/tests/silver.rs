@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Lab, Rows, captured, key_of, query, run_now, source_rows};
+use common::{Lab, Rows, run_now, source_rows};
 use mssql_cdc_flight::sim::workload::{self, Mix, WorkloadSpec};
 use mssql_cdc_writer::WriterError;
 use mssql_cdc_writer::control::{self, Granularity, Position};
