@@ -352,6 +352,24 @@ impl Snapshots {
 
     /// Refuses to start a snapshot of `mode` while one of the other mode is open.
     fn mode_lock(recorded: &Recorded, mode: SnapshotMode) -> Result<()> {
+        let open_full = recorded
+            .opens
+            .iter()
+            .filter(|(lsn, open_mode)| {
+                *open_mode == SnapshotMode::Full
+                    && !recorded.completions.iter().any(|(done, _)| done >= lsn)
+            })
+            .map(|(lsn, _)| *lsn)
+            .max();
+        if mode == SnapshotMode::Chunked
+            && let Some(open) = open_full
+        {
+            return Err(WriterError::invalid(format!(
+                "a full snapshot ({open}) was opened for this app_id and did not complete: \
+                 finish it with `mssql-cdc-writer run --bootstrap full` before opening a \
+                 chunked one; one snapshot mode per run"
+            )));
+        }
         if mode == SnapshotMode::Full
             && let Some(open) = Self::open_chunked_of(recorded)
         {
@@ -402,6 +420,7 @@ impl Snapshots {
             }],
         )
         .await?;
+        crate::stream::crash_point("after_snapshot_open", 0);
         let started_at = micros_now();
         let clock = Instant::now();
         let bronze_txn = self.txn("snap", snapshot);
@@ -454,6 +473,7 @@ impl Snapshots {
         if let Some((done, _)) = recorded.completions.iter().max() {
             return Ok(*done);
         }
+        Self::mode_lock(&recorded, SnapshotMode::Chunked)?;
         let snapshot = self.stamp().await?;
         let extent: KeyExtent = self
             .client

@@ -267,6 +267,52 @@ async fn one_snapshot_mode_at_a_time_and_backfill_waits_for_headroom() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_snapshot_left_open_by_a_crash_holds_its_mode_until_a_rerun_completes_it() {
+    let lab = Lab::new().await;
+    lab.workload(71, 60);
+    let config = lab.config();
+    let crashed = tokio::task::spawn_blocking({
+        let mut command = Command::new(WRITER);
+        command
+            .args(["run", "--server", &lab.url, "--table", "dbo.orders"])
+            .args(["--target", &config.target, "--facts", &config.facts])
+            .args([
+                "--app-id",
+                &config.app_id,
+                "--available-now",
+                "--bootstrap",
+                "full",
+            ])
+            .args(["--checkpoint", &config.checkpoint.display().to_string()])
+            .env("RUST_LOG", "warn")
+            .env(CRASH_AT_VARIABLE, "after_snapshot_open");
+        move || command.output().expect("run")
+    })
+    .await
+    .expect("join");
+    assert!(!crashed.status.success(), "aborted after the open");
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let locked = snapshots.open_chunked().await.expect_err("mode lock");
+    assert!(locked.to_string().contains("--bootstrap full"), "{locked}");
+    let full = snapshots.bootstrap_full().await.expect("rerun");
+    assert!(!full.reused && full.rows > 0, "{full:?}");
+    let events = facts_events(&lab).await;
+    assert_eq!(
+        events
+            .iter()
+            .map(|(event, _)| event.as_str())
+            .collect::<Vec<_>>(),
+        ["snapshot_open", "bootstrap"],
+        "the rerun kept the open's S"
+    );
+    let mut stream = config.clone();
+    stream.starting = full.snapshot.to_string();
+    lab.workload(72, 30);
+    run_now(stream).await;
+    assert_eq!(rebuild(&lab, full.snapshot).await, source_rows(&lab).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_between_a_waves_append_and_its_facts_rows_reruns_the_wave_once() {
     let lab = Lab::new().await;
     lab.workload(51, 250);
