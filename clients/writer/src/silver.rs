@@ -457,19 +457,37 @@ async fn merge(
     keys: &[String],
     fields: &[StructField],
 ) -> Result<()> {
-    use deltalake::datafusion::prelude::{col, lit};
-    let not_null = keys
-        .iter()
-        .map(|key| col(format!("\"{}\"", key)).is_not_null())
-        .reduce(|left, right| left.and(right))
-        .unwrap_or(lit(true));
-    let with_keys = latest.clone().filter(not_null.clone())?;
-    let null_keys = latest.filter(std::ops::Not::not(not_null))?;
+    // The ranking runs once: its one row per key is small next to silver, and both MERGEs
+    // (and the NULL check) read it from memory.
+    let batches = latest.collect().await?;
+    let mut with_keys = Vec::new();
+    let mut null_keys = Vec::new();
+    for batch in batches {
+        let mut any_null: Option<arrow::array::BooleanArray> = None;
+        for key in keys {
+            let column = batch
+                .column_by_name(key)
+                .ok_or_else(|| WriterError::Internal(format!("ranked rows without {key}")))?;
+            let nulls = arrow::compute::is_null(column)?;
+            any_null = Some(match any_null {
+                Some(before) => arrow::compute::or(&before, &nulls)?,
+                None => nulls,
+            });
+        }
+        let Some(any_null) = any_null else { continue };
+        with_keys.push(arrow::compute::filter_record_batch(
+            &batch,
+            &arrow::compute::not(&any_null)?,
+        )?);
+        null_keys.push(arrow::compute::filter_record_batch(&batch, &any_null)?);
+    }
+    let context = SessionContext::new();
     let mut table = table;
-    for (source, null_safe) in [(with_keys, false), (null_keys, true)] {
-        if source.clone().count().await? == 0 {
+    for (part, null_safe) in [(with_keys, false), (null_keys, true)] {
+        if part.iter().all(|batch| batch.num_rows() == 0) {
             continue;
         }
+        let source = context.read_batches(part)?;
         let predicate = keys
             .iter()
             .map(|key| {

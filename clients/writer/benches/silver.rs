@@ -1,0 +1,242 @@
+//! `apply_changes` against a plain delta-rs `MergeBuilder` of the same changes.
+//!
+//! A simulated `dbo.orders` of `BENCH_SILVER_ROWS` rows (default 10,000,000) is streamed into
+//! bronze and applied to silver (a rebuild, untimed). Then `BENCH_SILVER_CHANGES` changes
+//! (default rows / 10: 70% updates, 20% inserts, 10% deletes, keys uniform) are committed
+//! and streamed, silver is copied, and both apply them from the same starting table:
+//!
+//! - **apply_changes**: one call (ranking, `=` merge for non-NULL keys);
+//! - **plain merge**: the obvious implementation, the same latest image per key merged with
+//!   a null-safe key predicate (`target.k IS NOT DISTINCT FROM source.k`).
+//!
+//! Reported: seconds of each, their ratio (target ≤ 0.5), the process's peak RSS (server,
+//! simulator and writer together), and the latency of `BENCH_SILVER_ROUNDS` (default 5)
+//! steady-state calls of 10,000 changes each.
+//!
+//! `cargo bench -p mssql-cdc-writer --bench silver`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use deltalake::datafusion::prelude::SessionContext;
+use mssql_cdc_flight::CommitTime;
+use mssql_cdc_flight::flight::ticket::TicketSigner;
+use mssql_cdc_flight::sim::{Clock, SimDb, SimWriter, sample};
+use mssql_cdc_flight::source::TableName;
+use mssql_cdc_writer::control::Granularity;
+use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
+use mssql_cdc_writer::stream::{Stream, StreamConfig};
+use mssql_cdc_writer::tables;
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|line| line.starts_with("VmHWM:"))
+                .and_then(|line| line.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// Commits `changes` changes: 70% updates, 20% inserts, 10% deletes of uniform random keys.
+fn change(writer: &mut SimWriter, table: &TableName, changes: u64) -> anyhow::Result<()> {
+    let mut done = 0u64;
+    while done < changes {
+        let batch = (changes - done).min(10_000);
+        let mut tx = writer.begin();
+        let updates = tx.random_keys(table, (batch * 7 / 10) as usize)?;
+        tx.update(table, &updates)?;
+        tx.insert(table, (batch * 2 / 10) as usize)?;
+        let deletes = tx.random_keys(table, (batch / 10) as usize)?;
+        tx.delete(table, &deletes)?;
+        tx.commit()?;
+        done += batch;
+    }
+    writer.publish()?;
+    Ok(())
+}
+
+fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}
+
+/// The plain merge: the latest image per key of the rows past `applied`, merged null-safely.
+async fn plain_merge(bronze: &str, silver: &str, applied: &str) -> anyhow::Result<()> {
+    let bronze = tables::open(&tables::table_url(bronze)?)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no bronze"))?;
+    let context = SessionContext::new();
+    context.register_table("bronze", bronze.table_provider().await?)?;
+    let latest = context
+        .sql(&format!(
+            "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY order_id ORDER BY \
+             _start_lsn DESC, _command_id DESC, _seqval DESC, _operation DESC) AS _rank FROM \
+             bronze WHERE _operation <> 0 AND _start_lsn > '{applied}') WHERE _rank = 1"
+        ))
+        .await?;
+    let silver_table = tables::open(&tables::table_url(silver)?)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no silver"))?;
+    let columns: Vec<String> = silver_table
+        .snapshot()?
+        .schema()
+        .fields()
+        .map(|field| field.name().to_string())
+        .collect();
+    silver_table
+        .merge(
+            latest,
+            "target.order_id IS NOT DISTINCT FROM source.order_id",
+        )
+        .with_source_alias("source")
+        .with_target_alias("target")
+        .when_matched_delete(|delete| delete.predicate("source._operation IN (1, 3)"))?
+        .when_matched_update(|update| {
+            columns.iter().fold(
+                update.predicate("source._operation IN (2, 4)"),
+                |update, column| update.update(column.as_str(), format!("source.{column}")),
+            )
+        })?
+        .when_not_matched_insert(|insert| {
+            columns.iter().fold(
+                insert.predicate("source._operation IN (2, 4)"),
+                |insert, column| insert.set(column.as_str(), format!("source.{column}")),
+            )
+        })?
+        .await?;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    mssql_cdc_flight::init_process("warn,deltalake_core::operations::merge=error");
+    let rows = env_number("BENCH_SILVER_ROWS", 10_000_000);
+    let changes = env_number("BENCH_SILVER_CHANGES", rows / 10);
+    let rounds = env_number("BENCH_SILVER_ROUNDS", 5);
+    let temporary = tempfile::tempdir()?;
+    let base = temporary.path();
+    let db = SimDb::create(
+        &base.join("db"),
+        &[sample::orders()],
+        CommitTime(1_767_225_600_000_000),
+    )?;
+    let table = sample::orders().table;
+    let mut writer = db.writer(Clock::Virtual { step_micros: 1_000 }, 3)?;
+    let mut inserted = 0u64;
+    while inserted < rows {
+        let count = (rows - inserted).min(10_000);
+        let mut tx = writer.begin();
+        tx.insert(&table, count as usize)?;
+        tx.commit()?;
+        inserted += count;
+    }
+    writer.publish()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(mssql_cdc_flight::flight::serve(
+            listener,
+            Arc::new(db.clone()),
+            TicketSigner::random()?,
+            None,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let lake = |name: &str| base.join("lake").join(name).display().to_string();
+        let stream = StreamConfig {
+            server: url.clone(),
+            table: table.to_string(),
+            target: lake("bronze"),
+            facts: lake("facts"),
+            control: Some(lake("control")),
+            app_id: "bench".into(),
+            checkpoint: base.join("checkpoint"),
+            starting: "earliest".into(),
+            max_commits: Some(200),
+            partitions: 2,
+            granularity: Granularity::Minute,
+            fail_on_data_loss: true,
+        };
+        let apply = ApplyConfig {
+            table: table.to_string(),
+            bronze: lake("bronze"),
+            target: lake("silver"),
+            capture_instance: None,
+            keys: vec!["order_id".into()],
+            control: lake("control"),
+            facts: Some(lake("facts")),
+            granularity: Granularity::Minute,
+        };
+        Stream::connect(stream.clone()).await?.run_available_now().await?;
+        let started = Instant::now();
+        let first = apply_changes(&apply).await?;
+        let load_seconds = started.elapsed().as_secs_f64();
+        let applied = first
+            .applied_lsn
+            .map(|lsn| lsn.to_string())
+            .unwrap_or_default();
+
+        let mut writer = writer;
+        change(&mut writer, &table, changes)?;
+        Stream::connect(stream.clone()).await?.run_available_now().await?;
+        copy_dir(&base.join("lake").join("silver"), &base.join("lake").join("plain"))?;
+
+        let started = Instant::now();
+        apply_changes(&apply).await?;
+        let ours = started.elapsed().as_secs_f64();
+        let rss_ours = peak_rss_mib();
+        let started = Instant::now();
+        plain_merge(&lake("bronze"), &lake("plain"), &applied).await?;
+        let plain = started.elapsed().as_secs_f64();
+
+        let mut latencies = Vec::new();
+        for _ in 0..rounds {
+            change(&mut writer, &table, 10_000)?;
+            Stream::connect(stream.clone()).await?.run_available_now().await?;
+            let started = Instant::now();
+            apply_changes(&apply).await?;
+            latencies.push(started.elapsed().as_secs_f64());
+        }
+        latencies.sort_by(f64::total_cmp);
+        let median = latencies.get(latencies.len() / 2).copied().unwrap_or(0.0);
+        println!(
+            "| silver rows | changes | initial load s | apply_changes s | plain merge s | ratio | peak RSS after apply_changes MiB | 10k-change call median s |"
+        );
+        println!("|---|---|---|---|---|---|---|---|");
+        println!(
+            "| {rows} | {changes} | {load_seconds:.1} | {ours:.1} | {plain:.1} | {:.2} | {rss_ours:.0} | {median:.2} |",
+            ours / plain
+        );
+        let _ = stop.send(());
+        server.await??;
+        anyhow::Ok(())
+    })
+}
