@@ -27,7 +27,7 @@ use arrow::record_batch::RecordBatch;
 use mssql_cdc_flight::chunking::{self, BucketCounter};
 use mssql_cdc_flight::client::CdcClient;
 use mssql_cdc_flight::flight::protocol::{ChunkSpec, Completion, LsnAnswer, SnapshotCommand};
-use mssql_cdc_flight::source::{KeyBucket, KeyExtent, KeyRange};
+use mssql_cdc_flight::source::{KeyBucket, KeyExtent};
 use mssql_cdc_flight::{CommitTime, Lsn};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -1165,14 +1165,4 @@ pub async fn bootstrap(config: &mut StreamConfig, mode: SnapshotMode) -> Result<
 struct SnapshotRead {
     rows: Vec<u64>,
     completions: Vec<Completion>,
-}
-
-/// A chunk's key range as the source's type.
-impl From<PlannedChunk> for KeyRange {
-    fn from(chunk: PlannedChunk) -> Self {
-        KeyRange {
-            lo: chunk.lo,
-            hi: chunk.hi,
-        }
-    }
 }
