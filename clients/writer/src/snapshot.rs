@@ -307,7 +307,7 @@ impl Snapshots {
         version: i64,
         snapshot: Lsn,
         rows: Vec<(&str, serde_json::Value)>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         use arrow::array::{ArrayRef, StringArray, TimestampMicrosecondArray};
         let written_at = micros_now();
         let count = rows.len();
@@ -328,8 +328,7 @@ impl Snapshots {
             version,
             batch,
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     /// Plans rows of a snapshot for one event, their details parsed.
@@ -594,12 +593,12 @@ impl Snapshots {
         Box::pin(self.plan(snapshot, chunk_rows)).await
     }
 
-    /// `(chunk, wave)` of every chunk whose facts row is in.
-    async fn chunks_done(&self, snapshot: Lsn) -> Result<Vec<(i32, i64)>> {
+    /// `(chunk, wave, rows)` of every chunk whose facts row is in.
+    async fn chunks_done(&self, snapshot: Lsn) -> Result<Vec<(i32, i64, u64)>> {
         let rows = tables::query_text(
             &self.facts,
             &format!(
-                "SELECT detail FROM t WHERE app_id = '{}' AND event = 'snapshot_chunk' AND min_lsn >= '{snapshot}'",
+                "SELECT detail, rows FROM t WHERE app_id = '{}' AND event = 'snapshot_chunk' AND min_lsn >= '{snapshot}'",
                 quoted(&self.config.app_id)
             ),
         )
@@ -612,6 +611,7 @@ impl Snapshots {
                 done.push((
                     detail["chunk"].as_i64().unwrap_or(-1) as i32,
                     detail["wave"].as_i64().unwrap_or(0),
+                    row[1].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0),
                 ));
             }
         }
@@ -703,15 +703,17 @@ impl Snapshots {
         let mut rounds = 1usize;
         let mut waves_read = 0u32;
         let (call, mut rows_read) = (Instant::now(), 0u64);
+        // The facts are read once; the waves this call commits are added as they land.
+        let mut done = self.chunks_done(snapshot).await?;
         loop {
-            let done = self.chunks_done(snapshot).await?;
             let remaining: Vec<PlannedChunk> = plan
                 .iter()
-                .filter(|chunk| !done.iter().any(|(id, _)| *id == chunk.chunk))
+                .filter(|chunk| !done.iter().any(|(id, ..)| *id == chunk.chunk))
                 .copied()
                 .collect();
             if remaining.is_empty() {
-                self.complete(snapshot, &plan).await?;
+                let rows = done.iter().map(|(_, _, rows)| rows).sum();
+                self.complete(snapshot, &plan, rows).await?;
                 return Ok(BackfillStatus {
                     snapshot: Some(snapshot),
                     chunks_done: total,
@@ -743,13 +745,15 @@ impl Snapshots {
             {
                 return Ok(status(&state, reason, true));
             }
-            let wave = done.iter().map(|(_, wave)| *wave).max().unwrap_or(0) + 1;
+            let wave = done.iter().map(|(_, wave, _)| *wave).max().unwrap_or(0) + 1;
             let clock = Instant::now();
             let chunks = self
                 .wave_chunks(snapshot, wave, &remaining, partitions * rounds)
                 .await?;
             let rounds_read = chunks.len().div_ceil(partitions).max(1);
-            rows_read += self.read_wave(snapshot, wave, &plan, &chunks).await?;
+            let wave_rows = self.read_wave(snapshot, wave, &plan, &chunks).await?;
+            rows_read += wave_rows.iter().map(|(_, rows)| rows).sum::<u64>();
+            done.extend(wave_rows.iter().map(|(chunk, rows)| (*chunk, wave, *rows)));
             waves_read += 1;
             let rows_per_second = rows_read as f64 / call.elapsed().as_secs_f64().max(1e-9);
             let rows_left: u64 = remaining
@@ -805,9 +809,13 @@ impl Snapshots {
                 ("snapshot_chunk", detail)
             })
             .collect();
-        self.append_plans(&self.txn("snapchunks", snapshot), wave, snapshot, rows)
-            .await?;
-        // Read back: a concurrent call that recorded this wave first wins.
+        if self
+            .append_plans(&self.txn("snapchunks", snapshot), wave, snapshot, rows)
+            .await?
+        {
+            return Ok(chunks);
+        }
+        // Another call recorded this wave first: its chunks win.
         Ok(self
             .plans_rows(snapshot, "snapshot_chunk")
             .await?
@@ -818,14 +826,14 @@ impl Snapshots {
     }
 
     /// Reads one wave into one bronze append (unless bronze holds it), then its facts rows;
-    /// returns the wave's rows.
+    /// returns each chunk's rows.
     async fn read_wave(
         &self,
         snapshot: Lsn,
         wave: i64,
         plan: &[PlannedChunk],
         chunks: &[PlannedChunk],
-    ) -> Result<u64> {
+    ) -> Result<Vec<(i32, u64)>> {
         let bronze_txn = self.txn("snap", snapshot);
         let last_chunk = plan.last().map(|chunk| chunk.chunk);
         let outcome: Vec<(i32, u64, Lsn, Option<Lsn>)> =
@@ -894,17 +902,14 @@ impl Snapshots {
             .collect();
         self.append_facts(&self.txn("snapchunks", snapshot), wave, rows)
             .await?;
-        Ok(outcome.iter().map(|(_, rows, ..)| rows).sum())
+        Ok(outcome
+            .iter()
+            .map(|(chunk, rows, ..)| (*chunk, *rows))
+            .collect())
     }
 
-    /// Writes the completion row once every chunk is in.
-    async fn complete(&self, snapshot: Lsn, plan: &[PlannedChunk]) -> Result<()> {
-        let rows: u64 = self
-            .count_snapshot_rows(snapshot, None)
-            .await?
-            .iter()
-            .map(|(_, rows, _)| rows)
-            .sum();
+    /// Writes the completion row once every chunk is in, with the chunks' rows.
+    async fn complete(&self, snapshot: Lsn, plan: &[PlannedChunk], rows: u64) -> Result<()> {
         self.append_facts(
             &self.txn("snapdone", snapshot),
             0,
