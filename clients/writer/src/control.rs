@@ -146,14 +146,24 @@ pub struct Position {
     pub snapshot_wave: Option<i32>,
 }
 
-/// The verdict row of `table_name`: `(finalized_until, end_lsn, end_commit_ts)` and its
-/// position; `None` without a control table or row.
-pub async fn row(url: &Url, table_name: &str) -> Result<Option<(Option<Offset>, Position)>> {
+/// One control row as read back.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ControlRow {
+    /// The end offset that last moved the verdict.
+    pub end: Option<Offset>,
+    /// The verdict.
+    pub finalized_until: Option<CommitTime>,
+    /// The `apply_changes` position (silver rows).
+    pub position: Position,
+}
+
+/// The control row of `table_name`; `None` without a control table or row.
+pub async fn row(url: &Url, table_name: &str) -> Result<Option<ControlRow>> {
     let rows = tables::query_text(
         url,
         &format!(
             "SELECT end_lsn, end_commit_ts, applied_lsn, snapshot_lsn, open_snapshot_lsn, \
-             snapshot_wave FROM t WHERE table_name = '{}'",
+             snapshot_wave, finalized_until FROM t WHERE table_name = '{}'",
             table_name.replace('\'', "''")
         ),
     )
@@ -161,36 +171,58 @@ pub async fn row(url: &Url, table_name: &str) -> Result<Option<(Option<Offset>, 
     let Some(row) = rows.into_iter().next() else {
         return Ok(None);
     };
+    let time = |text: &Option<String>| {
+        text.as_deref()
+            .and_then(|text| CommitTime::parse_iso(text).ok())
+    };
     let end = match &row[0] {
         Some(lsn) => Some(Offset {
             lsn: lsn
                 .parse()
                 .map_err(|error| WriterError::Internal(format!("control end_lsn: {error}")))?,
-            commit_ts: row[1]
-                .as_deref()
-                .and_then(|text| CommitTime::parse_iso(text).ok()),
+            commit_ts: time(&row[1]),
         }),
         None => None,
     };
-    Ok(Some((
+    Ok(Some(ControlRow {
         end,
-        Position {
+        finalized_until: time(&row[6]),
+        position: Position {
             applied_lsn: row[2].clone(),
             snapshot_lsn: row[3].clone(),
             open_snapshot_lsn: row[4].clone(),
             snapshot_wave: row[5].as_deref().and_then(|wave| wave.parse().ok()),
         },
-    )))
+    }))
 }
 
 /// Writes `table_name`'s position (creating its row, without a verdict, when missing).
 pub async fn set_position(url: &Url, table_name: &str, position: &Position) -> Result<()> {
+    record_apply(url, table_name, position, None).await
+}
+
+/// Writes `table_name`'s position and, when `verdict` is given, moves its verdict forward to
+/// that end offset truncated to the granularity, in **one** MERGE.
+pub async fn record_apply(
+    url: &Url,
+    table_name: &str,
+    position: &Position,
+    verdict: Option<(&Offset, Granularity)>,
+) -> Result<()> {
+    let (candidate, end_lsn, end_commit) = match verdict {
+        Some((end, granularity)) => (
+            end.commit_ts.map(|time| granularity.truncate(time).0),
+            end.commit_ts.map(|_| end.lsn.to_string()),
+            end.commit_ts.map(|time| time.0),
+        ),
+        None => (None, None, None),
+    };
     let schema = crate::facts::arrow_schema(TableKind::Control);
     let columns: Vec<Arc<dyn Array>> = vec![
         Arc::new(StringArray::from(vec![Some(table_name)])),
-        Arc::new(TimestampMicrosecondArray::from(vec![None::<i64>])),
-        Arc::new(StringArray::from(vec![None::<&str>])),
-        Arc::new(TimestampMicrosecondArray::from(vec![None::<i64>])),
+        Arc::new(TimestampMicrosecondArray::from(vec![candidate])),
+        Arc::new(StringArray::from(vec![end_lsn])),
+        Arc::new(TimestampMicrosecondArray::from(vec![end_commit])),
         Arc::new(TimestampMicrosecondArray::from(vec![Some(now())])),
         Arc::new(StringArray::from(vec![position.applied_lsn.clone()])),
         Arc::new(StringArray::from(vec![position.snapshot_lsn.clone()])),
@@ -198,6 +230,11 @@ pub async fn set_position(url: &Url, table_name: &str, position: &Position) -> R
         Arc::new(arrow::array::Int32Array::from(vec![position.snapshot_wave])),
     ];
     let source = RecordBatch::try_new(schema, columns)?;
+    // The verdict only moves forward: a NULL or older candidate keeps the row's.
+    let moves = "source.finalized_until IS NOT NULL AND (target.finalized_until IS NULL OR \
+                 source.finalized_until > target.finalized_until)";
+    let keep_or_move =
+        |column: &str| format!("CASE WHEN {moves} THEN source.{column} ELSE target.{column} END");
     let mut attempt = 0;
     loop {
         let table = tables::ensure(
@@ -219,6 +256,9 @@ pub async fn set_position(url: &Url, table_name: &str, position: &Position) -> R
                     .update("open_snapshot_lsn", "source.open_snapshot_lsn")
                     .update("snapshot_wave", "source.snapshot_wave")
                     .update("updated_at", "source.updated_at")
+                    .update("finalized_until", keep_or_move("finalized_until"))
+                    .update("end_lsn", keep_or_move("end_lsn"))
+                    .update("end_commit_ts", keep_or_move("end_commit_ts"))
             })?
             .when_not_matched_insert(|insert| {
                 insert
@@ -228,6 +268,9 @@ pub async fn set_position(url: &Url, table_name: &str, position: &Position) -> R
                     .set("snapshot_lsn", "source.snapshot_lsn")
                     .set("open_snapshot_lsn", "source.open_snapshot_lsn")
                     .set("snapshot_wave", "source.snapshot_wave")
+                    .set("finalized_until", "source.finalized_until")
+                    .set("end_lsn", "source.end_lsn")
+                    .set("end_commit_ts", "source.end_commit_ts")
             })?
             .await;
         match merged {

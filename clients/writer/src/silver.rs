@@ -12,8 +12,9 @@
 //!    with the rows of the waves a chunked snapshot announced since the last call and every
 //!    change of their keys after its S (a chunk row never outranks a later delete);
 //! 4. writes the position (`applied_lsn`, `snapshot_lsn`, `open_snapshot_lsn`,
-//!    `snapshot_wave`) after the data, then moves silver's verdict to bronze's as read in
-//!    step 1, held while a snapshot is open and never without a facts table.
+//!    `snapshot_wave`) after the data and, in the same control MERGE, moves silver's verdict
+//!    to bronze's as read in step 1, held while a snapshot is open and never without a facts
+//!    table.
 //!
 //! The latest image per key is ranked by DataFusion: `ROW_NUMBER() OVER (PARTITION BY keys
 //! ORDER BY _start_lsn DESC, _command_id DESC, _seqval DESC, _operation DESC)`. Operation 1
@@ -164,17 +165,17 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
     // 1. The verdict and the facts first, then bronze pinned.
     let bronze_verdict = control::row(&control_url, &config.table)
         .await?
-        .and_then(|(end, _)| end);
+        .and_then(|row| row.end);
     let facts = match &config.facts {
         Some(location) => {
             Some(snapshot_facts(&tables::table_url(location)?, &config.bronze).await?)
         }
         None => None,
     };
-    let position = control::row(&control_url, &config.target)
+    let silver_row = control::row(&control_url, &config.target)
         .await?
-        .map(|(_, position)| position)
         .unwrap_or_default();
+    let position = silver_row.position.clone();
     let Some(bronze) = tables::open(&bronze_url).await? else {
         return Ok(ApplyOutcome {
             rebuilt: false,
@@ -391,13 +392,14 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
         new_position.snapshot_wave = None;
     }
     // 4. The position after the data, then the verdict.
-    control::set_position(&control_url, &config.target, &new_position).await?;
-    let finalized_until = match (&bronze_verdict, &facts, &open) {
-        (Some(end), Some(_), None) => {
-            control::advance(&control_url, &config.target, end, config.granularity).await?
-        }
-        _ => control::finalized_until(&control_url, &config.target).await?,
+    let verdict = match (&bronze_verdict, &facts, &open) {
+        (Some(end), Some(_), None) => Some((end, config.granularity)),
+        _ => None,
     };
+    control::record_apply(&control_url, &config.target, &new_position, verdict).await?;
+    let candidate =
+        verdict.and_then(|(end, granularity)| end.commit_ts.map(|t| granularity.truncate(t)));
+    let finalized_until = silver_row.finalized_until.max(candidate);
     Ok(ApplyOutcome {
         rebuilt,
         applied_lsn: new_position
