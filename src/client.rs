@@ -180,29 +180,26 @@ impl CdcClient {
 
     /// Plans a change range.
     pub async fn plan_changes(&self, command: &ChangesCommand) -> ClientResult<ChangesPlan> {
-        let descriptor = FlightDescriptor::new_cmd(Command::Changes(command.clone()).to_bytes());
+        let (info, metadata) = self.plan(Command::Changes(command.clone())).await?;
+        Ok(ChangesPlan { info, metadata })
+    }
+
+    /// `get_flight_info` of a command, with its app_metadata decoded.
+    async fn plan<M: DeserializeOwned>(&self, command: Command) -> ClientResult<(FlightInfo, M)> {
         let info = self
             .inner
             .clone()
-            .get_flight_info(descriptor)
+            .get_flight_info(FlightDescriptor::new_cmd(command.to_bytes()))
             .await?
             .into_inner();
         let metadata = serde_json::from_slice(&info.app_metadata)
             .map_err(|error| ClientError::Protocol(format!("plan metadata: {error}")))?;
-        Ok(ChangesPlan { info, metadata })
+        Ok((info, metadata))
     }
 
     /// Plans a snapshot read (a whole table in partitions, or chunks).
     pub async fn plan_snapshot(&self, command: &SnapshotCommand) -> ClientResult<SnapshotPlan> {
-        let descriptor = FlightDescriptor::new_cmd(Command::Snapshot(command.clone()).to_bytes());
-        let info = self
-            .inner
-            .clone()
-            .get_flight_info(descriptor)
-            .await?
-            .into_inner();
-        let metadata = serde_json::from_slice(&info.app_metadata)
-            .map_err(|error| ClientError::Protocol(format!("snapshot plan metadata: {error}")))?;
+        let (info, metadata) = self.plan(Command::Snapshot(command.clone())).await?;
         Ok(SnapshotPlan { info, metadata })
     }
 

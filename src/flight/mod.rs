@@ -45,7 +45,7 @@ use crate::error::{Error, Result};
 use crate::lsn::Lsn;
 use crate::offset::Offset;
 use crate::source::{CdcSource, ChangeRead, TableName};
-use crate::types::{OutputColumn, output_schema};
+use crate::types::output_schema;
 use protocol::{
     COMPLETION_TYPE, CaptureInstanceBody, CaptureInstanceInfo, ChangesCommand, Command, Completion,
     Compression, CountAnswer, DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS, InitialOffsetBody,
@@ -236,15 +236,12 @@ impl CdcFlightService {
             batch_sender,
             done_sender,
         ));
-        let data = FlightDataEncoderBuilder::new()
-            .with_schema(schema)
-            .with_options(options)
-            .with_max_flight_data_size(MAX_FLIGHT_DATA_SIZE)
-            .build(ReceiverStream::new(batch_receiver))
-            .map_err(Status::from);
-        let marker = futures::stream::once(done_receiver)
-            .filter_map(|marker| async move { marker.ok().map(Ok) });
-        Ok(Response::new(data.chain(marker).boxed()))
+        Ok(Response::new(flight_stream(
+            schema,
+            options,
+            batch_receiver,
+            done_receiver,
+        )))
     }
 
     async fn table_info(&self, table: &TableName) -> Result<FlightInfo> {
@@ -295,14 +292,7 @@ impl CdcFlightService {
         }
         let include_command_id = command.include_command_id.unwrap_or(true);
         let plan = planner::plan_changes(self.source.as_ref(), command).await?;
-        let columns: Vec<TicketColumn> = plan
-            .columns
-            .iter()
-            .map(|column| TicketColumn {
-                name: column.name.clone(),
-                sql_type: column.sql_type.to_string(),
-            })
-            .collect();
+        let columns: Vec<TicketColumn> = plan.columns.iter().map(TicketColumn::of).collect();
         let mut info = FlightInfo::new()
             .try_with_schema(&output_schema(&plan.columns, include_command_id))?
             .with_descriptor(descriptor)
@@ -557,15 +547,7 @@ fn change_read(ticket: &ChangeRangeTicket) -> Result<ChangeRead> {
     let lsn = |bytes: &[u8]| {
         Lsn::try_from_slice(bytes).map_err(|error| Error::TicketMalformed(error.to_string()))
     };
-    let mut columns = Vec::new();
-    for column in &ticket.columns {
-        columns.push(OutputColumn {
-            name: column.name.clone(),
-            sql_type: column.sql_type.parse().map_err(
-                |error: crate::types::SqlTypeParseError| Error::TicketMalformed(error.to_string()),
-            )?,
-        });
-    }
+    let columns = TicketColumn::to_output(&ticket.columns)?;
     let usize_of = |value: u64| usize::try_from(value).unwrap_or(usize::MAX).max(1);
     Ok(ChangeRead {
         capture_instance: ticket.capture_instance.clone(),
@@ -649,6 +631,25 @@ async fn produce_range(
 }
 
 type BoxedStream<T> = BoxStream<'static, std::result::Result<T, Status>>;
+
+/// A `do_get` response: the batches a producer sends, encoded, then its completion marker
+/// (sent only when the read was whole).
+fn flight_stream(
+    schema: arrow::datatypes::SchemaRef,
+    options: IpcWriteOptions,
+    batches: mpsc::Receiver<std::result::Result<RecordBatch, FlightError>>,
+    done: oneshot::Receiver<FlightData>,
+) -> BoxedStream<FlightData> {
+    let data = FlightDataEncoderBuilder::new()
+        .with_schema(schema)
+        .with_options(options)
+        .with_max_flight_data_size(MAX_FLIGHT_DATA_SIZE)
+        .build(ReceiverStream::new(batches))
+        .map_err(Status::from);
+    let marker =
+        futures::stream::once(done).filter_map(|marker| async move { marker.ok().map(Ok) });
+    data.chain(marker).boxed()
+}
 
 #[tonic::async_trait]
 impl FlightService for CdcFlightService {
@@ -770,15 +771,12 @@ impl FlightService for CdcFlightService {
             batch_sender,
             done_sender,
         ));
-        let data = FlightDataEncoderBuilder::new()
-            .with_schema(schema)
-            .with_options(options)
-            .with_max_flight_data_size(MAX_FLIGHT_DATA_SIZE)
-            .build(ReceiverStream::new(batch_receiver))
-            .map_err(Status::from);
-        let marker = futures::stream::once(done_receiver)
-            .filter_map(|marker| async move { marker.ok().map(Ok) });
-        Ok(Response::new(data.chain(marker).boxed()))
+        Ok(Response::new(flight_stream(
+            schema,
+            options,
+            batch_receiver,
+            done_receiver,
+        )))
     }
 
     async fn do_put(

@@ -28,7 +28,7 @@ use super::{compression_code, flight_error, json_bytes};
 use crate::chunking::{self, BucketCounter};
 use crate::error::{Error, Result};
 use crate::source::{CdcSource, KeyBucket, KeyRange, SnapshotPiece, SnapshotRead, TableName};
-use crate::types::{OutputColumn, snapshot_schema};
+use crate::types::snapshot_schema;
 
 /// Counts key slices straight from a source.
 struct SourceCounter<'a> {
@@ -128,13 +128,7 @@ pub async fn plan(
                 .collect()
         }
     };
-    let ticket_columns: Vec<TicketColumn> = columns
-        .iter()
-        .map(|column| TicketColumn {
-            name: column.name.clone(),
-            sql_type: column.sql_type.to_string(),
-        })
-        .collect();
+    let ticket_columns: Vec<TicketColumn> = columns.iter().map(TicketColumn::of).collect();
     let metadata = SnapshotPlanMetadata {
         table: table.to_string(),
         capture_instance: newest.clone(),
@@ -177,15 +171,7 @@ pub async fn plan(
 
 /// The read a snapshot ticket asks for, without its stamp.
 pub fn ticket_read(ticket: &SnapshotTicket) -> Result<SnapshotRead> {
-    let mut columns = Vec::new();
-    for column in &ticket.columns {
-        columns.push(OutputColumn {
-            name: column.name.clone(),
-            sql_type: column.sql_type.parse().map_err(
-                |error: crate::types::SqlTypeParseError| Error::TicketMalformed(error.to_string()),
-            )?,
-        });
-    }
+    let columns = TicketColumn::to_output(&ticket.columns)?;
     Ok(SnapshotRead {
         table: ticket.table.parse()?,
         capture_instance: ticket.capture_instance.clone(),

@@ -26,6 +26,33 @@ pub struct TicketColumn {
     pub sql_type: String,
 }
 
+impl TicketColumn {
+    /// The ticket form of an output column.
+    pub fn of(column: &crate::types::OutputColumn) -> Self {
+        TicketColumn {
+            name: column.name.clone(),
+            sql_type: column.sql_type.to_string(),
+        }
+    }
+
+    /// The output columns a ticket names; a type that does not parse is a malformed ticket.
+    pub fn to_output(columns: &[TicketColumn]) -> Result<Vec<crate::types::OutputColumn>> {
+        columns
+            .iter()
+            .map(|column| {
+                Ok(crate::types::OutputColumn {
+                    name: column.name.clone(),
+                    sql_type: column.sql_type.parse().map_err(
+                        |error: crate::types::SqlTypeParseError| {
+                            Error::TicketMalformed(error.to_string())
+                        },
+                    )?,
+                })
+            })
+            .collect()
+    }
+}
+
 /// A change range to read (`ChangeRangeTicket`).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ChangeRangeTicket {
