@@ -12,6 +12,7 @@ use std::time::Duration;
 use arrow::array::{Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use deltalake::DeltaTableError;
 use deltalake::datafusion::prelude::{SessionContext, col};
+use deltalake::operations::merge::MergeBuilder;
 use mssql_cdc_flight::{CommitTime, Offset};
 use url::Url;
 
@@ -87,20 +88,8 @@ pub async fn advance(
         Arc::new(arrow::array::Int32Array::from(vec![None::<i32>])),
     ];
     let source = RecordBatch::try_new(schema, columns)?;
-    let mut attempt = 0;
-    loop {
-        let table = tables::ensure(
-            url,
-            TableKind::Control,
-            TableKind::Control.fields(),
-            "control",
-        )
-        .await?;
-        let frame = SessionContext::new().read_batch(source.clone())?;
-        let merged = table
-            .merge(frame, col("target.table_name").eq(col("source.table_name")))
-            .with_source_alias("source")
-            .with_target_alias("target")
+    merge_row(url, source, |merge| {
+        merge
             .when_matched_update(|update| {
                 update
                     .predicate("target.finalized_until IS NULL OR source.finalized_until > target.finalized_until")
@@ -116,20 +105,9 @@ pub async fn advance(
                     .set("end_lsn", "source.end_lsn")
                     .set("end_commit_ts", "source.end_commit_ts")
                     .set("updated_at", "source.updated_at")
-            })?
-            .await;
-        match merged {
-            Ok(_) => break,
-            // Open-source Delta MERGEs conflict even on other rows: retry for about a minute.
-            Err(DeltaTableError::Transaction { .. } | DeltaTableError::CommitValidation { .. })
-                if attempt < 30 =>
-            {
-                attempt += 1;
-                tokio::time::sleep(Duration::from_millis(100 * attempt.min(20))).await;
-            }
-            Err(error) => return Err(error.into()),
-        }
-    }
+            })
+    })
+    .await?;
     finalized_until(url, table_name).await
 }
 
@@ -235,20 +213,8 @@ pub async fn record_apply(
                  source.finalized_until > target.finalized_until)";
     let keep_or_move =
         |column: &str| format!("CASE WHEN {moves} THEN source.{column} ELSE target.{column} END");
-    let mut attempt = 0;
-    loop {
-        let table = tables::ensure(
-            url,
-            TableKind::Control,
-            TableKind::Control.fields(),
-            "control",
-        )
-        .await?;
-        let frame = SessionContext::new().read_batch(source.clone())?;
-        let merged = table
-            .merge(frame, col("target.table_name").eq(col("source.table_name")))
-            .with_source_alias("source")
-            .with_target_alias("target")
+    merge_row(url, source, |merge| {
+        merge
             .when_matched_update(|update| {
                 update
                     .update("applied_lsn", "source.applied_lsn")
@@ -271,9 +237,34 @@ pub async fn record_apply(
                     .set("finalized_until", "source.finalized_until")
                     .set("end_lsn", "source.end_lsn")
                     .set("end_commit_ts", "source.end_commit_ts")
-            })?
-            .await;
-        match merged {
+            })
+    })
+    .await
+}
+
+/// MERGEs the one-row `source` into the control table on `table_name` with the clauses
+/// `clauses` adds, creating the table when missing. Open-source Delta MERGEs conflict even on
+/// other rows, so a conflicting commit is retried for about a minute.
+async fn merge_row(
+    url: &Url,
+    source: RecordBatch,
+    clauses: impl Fn(MergeBuilder) -> std::result::Result<MergeBuilder, DeltaTableError>,
+) -> Result<()> {
+    let mut attempt = 0;
+    loop {
+        let table = tables::ensure(
+            url,
+            TableKind::Control,
+            TableKind::Control.fields(),
+            "control",
+        )
+        .await?;
+        let frame = SessionContext::new().read_batch(source.clone())?;
+        let merge = table
+            .merge(frame, col("target.table_name").eq(col("source.table_name")))
+            .with_source_alias("source")
+            .with_target_alias("target");
+        match clauses(merge)?.await {
             Ok(_) => return Ok(()),
             Err(DeltaTableError::Transaction { .. } | DeltaTableError::CommitValidation { .. })
                 if attempt < 30 =>

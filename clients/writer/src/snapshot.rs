@@ -149,6 +149,17 @@ pub struct PlannedChunk {
     pub rows: u64,
 }
 
+/// A facts row of a snapshot event at S (`min_lsn` = `max_lsn` = `end_lsn` = S).
+fn snapshot_event(event: &str, snapshot: Lsn) -> FactsRow {
+    FactsRow {
+        event: Some(event.into()),
+        min_lsn: Some(snapshot.to_string()),
+        max_lsn: Some(snapshot.to_string()),
+        end_lsn: Some(snapshot.to_string()),
+        ..FactsRow::default()
+    }
+}
+
 /// The location of the plans table beside a bronze target.
 pub fn plans_location(target: &str) -> String {
     format!("{}_snapshot_plans", target.trim_end_matches('/'))
@@ -409,13 +420,9 @@ impl Snapshots {
             &self.txn("snapopen", snapshot),
             0,
             vec![FactsRow {
-                event: Some("snapshot_open".into()),
-                min_lsn: Some(snapshot.to_string()),
-                max_lsn: Some(snapshot.to_string()),
-                end_lsn: Some(snapshot.to_string()),
                 rows: Some(0),
                 detail: Some(detail.to_string()),
-                ..FactsRow::default()
+                ..snapshot_event("snapshot_open", snapshot)
             }],
         )
         .await?;
@@ -443,15 +450,11 @@ impl Snapshots {
             &self.txn("snapdone", snapshot),
             0,
             vec![FactsRow {
-                event: Some("bootstrap".into()),
-                min_lsn: Some(snapshot.to_string()),
-                max_lsn: Some(snapshot.to_string()),
-                end_lsn: Some(snapshot.to_string()),
                 rows: Some(rows as i64),
                 started_at: Some(started_at),
                 duration_ms: Some(clock.elapsed().as_millis() as i64),
                 detail: Some(json!({"mode": "full", "snapshot": snapshot}).to_string()),
-                ..FactsRow::default()
+                ..snapshot_event("bootstrap", snapshot)
             }],
         )
         .await?;
@@ -505,16 +508,12 @@ impl Snapshots {
             &txn,
             0,
             vec![FactsRow {
-                event: Some("snapshot_open".into()),
-                min_lsn: Some(snapshot.to_string()),
-                max_lsn: Some(snapshot.to_string()),
-                end_lsn: Some(snapshot.to_string()),
                 rows: Some(0),
                 detail: Some(
                     json!({"mode": "chunked", "kind": "bootstrap", "generation": 0, "keys": [extent.column]})
                         .to_string(),
                 ),
-                ..FactsRow::default()
+                ..snapshot_event("snapshot_open", snapshot)
             }],
         )
         .await?;
@@ -914,16 +913,12 @@ impl Snapshots {
             &self.txn("snapdone", snapshot),
             0,
             vec![FactsRow {
-                event: Some("bootstrap".into()),
-                min_lsn: Some(snapshot.to_string()),
-                max_lsn: Some(snapshot.to_string()),
-                end_lsn: Some(snapshot.to_string()),
                 rows: Some(rows as i64),
                 detail: Some(
                     json!({"mode": "chunked", "snapshot": snapshot, "chunks": plan.len()})
                         .to_string(),
                 ),
-                ..FactsRow::default()
+                ..snapshot_event("bootstrap", snapshot)
             }],
         )
         .await?;
