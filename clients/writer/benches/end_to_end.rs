@@ -19,14 +19,14 @@
 //! `cargo bench -p mssql-cdc-writer --bench end_to_end`; sizes with `BENCH_NARROW_ROWS`
 //! (default 4,000,000) and `BENCH_WIDE_ROWS` (default 400,000).
 
+mod common;
+
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::record_batch::RecordBatch;
 use mssql_cdc_flight::client::CdcClient;
 use mssql_cdc_flight::flight::protocol::ChangesCommand;
-use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::{Clock, SimDb, TableSpec, sample};
 use mssql_cdc_flight::source::TableName;
 use mssql_cdc_flight::{CommitTime, Lsn};
@@ -44,13 +44,6 @@ const SEED_ROWS: usize = 100_000;
 const ROWS_PER_TRANSACTION: usize = 1_000;
 /// delta-rs' default target file size.
 const TARGET_FILE_BYTES: usize = 100 * 1024 * 1024;
-
-fn env_number(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Seeds `SEED_ROWS` rows, then updates them until `rows` change rows exist (2 per update).
 fn generate(db: &SimDb, table: &TableName, rows: u64) -> anyhow::Result<()> {
@@ -164,17 +157,17 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let temporary = tempfile::tempdir()?;
-    let commit_rows = env_number("BENCH_COMMIT_ROWS", 1_000_000);
+    let commit_rows = common::env_number("BENCH_COMMIT_ROWS", 1_000_000);
     let cases = [
         Case {
             name: "narrow (10 columns)",
             spec: sample::orders(),
-            rows: env_number("BENCH_NARROW_ROWS", 4_000_000),
+            rows: common::env_number("BENCH_NARROW_ROWS", 4_000_000),
         },
         Case {
             name: "wide (60 columns)",
             spec: sample::wide_table("dbo.wide".parse()?, 60),
-            rows: env_number("BENCH_WIDE_ROWS", 400_000),
+            rows: common::env_number("BENCH_WIDE_ROWS", 400_000),
         },
     ];
     println!(
@@ -191,18 +184,8 @@ fn main() -> anyhow::Result<()> {
         generate(&db, &case.spec.table, case.rows)?;
         let table = case.spec.table.clone();
         runtime.block_on(async {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let url = format!("http://{}", listener.local_addr()?);
-            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let server = tokio::spawn(mssql_cdc_flight::flight::serve(
-                listener,
-                Arc::new(db.clone()),
-                TicketSigner::random()?,
-                None,
-                async {
-                    let _ = stopped.await;
-                },
-            ));
+            let server = common::Server::start(&db).await?;
+            let url = server.url.clone();
 
             read_all(&url, &table).await?;
             let started = Instant::now();
@@ -240,8 +223,7 @@ fn main() -> anyhow::Result<()> {
             assert_eq!(written, rows as u64, "the writer wrote every row once");
             let commits = outcomes.iter().filter(|outcome| outcome.rows > 0).count();
 
-            let _ = stop.send(());
-            server.await??;
+            server.stop().await?;
             let per_second = |seconds: f64| rows as f64 / seconds;
             println!(
                 "| {} | {rows} | {commit_rows} | {:.0} | {:.0} | {files} | {:.0} | {commits} | {:.2} |",

@@ -15,13 +15,13 @@
 //!
 //! `cargo bench -p mssql-cdc-writer --bench silver`.
 
+mod common;
+
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
 
 use deltalake::datafusion::prelude::SessionContext;
 use mssql_cdc_flight::CommitTime;
-use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::{Clock, SimDb, SimWriter, sample};
 use mssql_cdc_flight::source::TableName;
 use mssql_cdc_writer::control::Granularity;
@@ -31,13 +31,6 @@ use mssql_cdc_writer::tables;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn env_number(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(default)
-}
 
 fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
@@ -133,9 +126,9 @@ async fn plain_merge(bronze: &str, silver: &str, applied: &str) -> anyhow::Resul
 
 fn main() -> anyhow::Result<()> {
     mssql_cdc_flight::init_process("warn,deltalake_core::operations::merge=error");
-    let rows = env_number("BENCH_SILVER_ROWS", 10_000_000);
-    let changes = env_number("BENCH_SILVER_CHANGES", rows / 10);
-    let rounds = env_number("BENCH_SILVER_ROUNDS", 5);
+    let rows = common::env_number("BENCH_SILVER_ROWS", 10_000_000);
+    let changes = common::env_number("BENCH_SILVER_CHANGES", rows / 10);
+    let rounds = common::env_number("BENCH_SILVER_ROUNDS", 5);
     let temporary = tempfile::tempdir()?;
     let base = temporary.path();
     let db = SimDb::create(
@@ -158,18 +151,8 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}", listener.local_addr()?);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(mssql_cdc_flight::flight::serve(
-            listener,
-            Arc::new(db.clone()),
-            TicketSigner::random()?,
-            None,
-            async {
-                let _ = stopped.await;
-            },
-        ));
+        let server = common::Server::start(&db).await?;
+        let url = server.url.clone();
         let lake = |name: &str| base.join("lake").join(name).display().to_string();
         let stream = StreamConfig {
             server: url.clone(),
@@ -235,8 +218,7 @@ fn main() -> anyhow::Result<()> {
             "| {rows} | {changes} | {load_seconds:.1} | {ours:.1} | {plain:.1} | {:.2} | {rss_ours:.0} | {median:.2} |",
             ours / plain
         );
-        let _ = stop.send(());
-        server.await??;
+        server.stop().await?;
         anyhow::Ok(())
     })
 }

@@ -16,12 +16,12 @@
 //!
 //! `cargo bench -p mssql-cdc-writer --bench snapshot`.
 
+mod common;
+
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
 
 use mssql_cdc_flight::CommitTime;
-use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::{Clock, SimDb, sample};
 use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::snapshot::{BackfillOptions, Snapshots};
@@ -29,13 +29,6 @@ use mssql_cdc_writer::stream::StreamConfig;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn env_number(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(default)
-}
 
 fn config(url: &str, lake: &Path) -> StreamConfig {
     let location = |name: &str| lake.join(name).display().to_string();
@@ -104,8 +97,8 @@ async fn snapshots_waves(lake: &Path) -> anyhow::Result<u64> {
 
 fn main() -> anyhow::Result<()> {
     mssql_cdc_flight::init_process("warn,deltalake_core::operations::merge=error");
-    let rows = env_number("BENCH_SNAPSHOT_ROWS", 2_000_000);
-    let chunks = env_number("BENCH_CHUNKS", 16).max(1);
+    let rows = common::env_number("BENCH_SNAPSHOT_ROWS", 2_000_000);
+    let chunks = common::env_number("BENCH_CHUNKS", 16).max(1);
     let temporary = tempfile::tempdir()?;
     let db = SimDb::create(
         &temporary.path().join("db"),
@@ -128,18 +121,8 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}", listener.local_addr()?);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(mssql_cdc_flight::flight::serve(
-            listener,
-            Arc::new(db.clone()),
-            TicketSigner::random()?,
-            None,
-            async {
-                let _ = stopped.await;
-            },
-        ));
+        let server = common::Server::start(&db).await?;
+        let url = server.url.clone();
         let chunk_rows = rows.div_ceil(chunks);
         let lake = |name: &str| temporary.path().join(name);
         full(&url, &lake("warm_full")).await?;
@@ -161,8 +144,7 @@ fn main() -> anyhow::Result<()> {
             rows as f64 / round_seconds,
             (round_seconds - full_seconds) / round_waves.max(1) as f64,
         );
-        let _ = stop.send(());
-        server.await??;
+        server.stop().await?;
         anyhow::Ok(())
     })
 }
