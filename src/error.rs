@@ -68,6 +68,9 @@ pub enum Error {
     /// A ticket whose signature does not match: edited, forged or signed with another key.
     #[error("ticket signature does not match: the ticket was edited or signed with another key")]
     TicketForged,
+    /// The source refuses the login a read it needs (SQL Server error 229 on a change table).
+    #[error("{0}")]
+    PermissionDenied(String),
     /// A transient failure of the source (connection dropped, timeout): retrying may succeed.
     #[error("source unavailable: {0}")]
     SourceUnavailable(String),

@@ -16,6 +16,7 @@ pub mod client;
 pub mod error;
 pub mod flight;
 pub mod lsn;
+pub mod mssql;
 pub mod offset;
 pub mod sim;
 pub mod source;

@@ -14,7 +14,7 @@ pub fn code_of(error: &Error) -> Code {
         Error::TableNotFound { .. } | Error::CaptureInstanceNotFound { .. } => Code::NotFound,
         Error::InvalidArgument(_) | Error::TicketMalformed(_) => Code::InvalidArgument,
         Error::SchemaChanged(_) => Code::FailedPrecondition,
-        Error::TicketForged => Code::PermissionDenied,
+        Error::TicketForged | Error::PermissionDenied(_) => Code::PermissionDenied,
         Error::SourceUnavailable(_) => Code::Unavailable,
         Error::Io { .. } | Error::Arrow(_) | Error::Internal(_) => Code::Internal,
     }

@@ -1,0 +1,401 @@
+//! Where the SQL Server source connects and how it reads.
+//!
+//! A source is named by a URL or an ADO.NET connection string, from the `--source` flag, the
+//! `MSSQL_CDC_FLIGHT_SOURCE` variable or a file (`--source-file`), so passwords need not be
+//! on a command line:
+//!
+//! ```text
+//! mssql://reader:secret@db.example.com:1433/sales?ca=/etc/ssl/db-ca.pem&lock_timeout_ms=5000
+//! Server=tcp:db.example.com,1433;Database=sales;User Id=reader;Password=secret;Encrypt=true
+//! ```
+//!
+//! TLS is on and verifies the server's certificate against the system roots unless told
+//! otherwise: `ca=` (ADO `TrustServerCertificateCA`) pins a CA file; trusting any certificate
+//! (`trust_server_certificate=true`) must be asked for and logs a warning each connect;
+//! plaintext (`encrypt=false`) still encrypts the login. The connection text is never logged:
+//! [`SqlServerConfig::describe`] gives host, port and database only.
+//!
+//! Options beyond the connection (URL query or extra ADO keys, names case-insensitive):
+//! `lock_timeout_ms`, `isolation` (`readCommitted`|`snapshot`), `source_time_zone`
+//! (`auto`|`UTC`|a Windows zone), `pool_size`, `command_timeout_s`, `packet_size`,
+//! `application_name`, `readonly` (an availability group's readable secondary).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use tiberius::{AuthMethod, Config, EncryptionLevel};
+
+use super::clock::ClockSetting;
+use super::sql::Isolation;
+use crate::error::{Error, Result};
+
+/// Reads a source-table read may wait for, at most, per server round trip: snapshot reads
+/// of big tables sort or scan for minutes before the first row (tiberius' default is 30 s).
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The largest TDS packet, for bulk reads.
+pub const PACKET_SIZE: u32 = 32767;
+
+/// Everything the SQL Server source needs to connect and read.
+#[derive(Clone)]
+pub struct SqlServerConfig {
+    /// The tiberius configuration (host, login, TLS, timeouts).
+    pub tiberius: Config,
+    /// `host:port/database`, for logs.
+    pub target: String,
+    /// Whether the server certificate is trusted without checking (warned at connect).
+    pub trusts_any_certificate: bool,
+    /// `SET LOCK_TIMEOUT` before reads of source tables.
+    pub lock_timeout_ms: Option<u32>,
+    /// Isolation of source-table reads.
+    pub isolation: Isolation,
+    /// The server clock (`sourceTimeZone`).
+    pub clock: ClockSetting,
+    /// Connections kept open at most.
+    pub pool_size: u32,
+}
+
+impl fmt::Debug for SqlServerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the login: the tiberius Config holds the password.
+        f.debug_struct("SqlServerConfig")
+            .field("target", &self.target)
+            .field("trusts_any_certificate", &self.trusts_any_certificate)
+            .field("lock_timeout_ms", &self.lock_timeout_ms)
+            .field("isolation", &self.isolation)
+            .field("clock", &self.clock)
+            .field("pool_size", &self.pool_size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Options shared by both spellings, read from the URL query or the extra ADO keys.
+#[derive(Default)]
+struct Extras {
+    lock_timeout_ms: Option<u32>,
+    isolation: Isolation,
+    clock: Option<ClockSetting>,
+    pool_size: Option<u32>,
+    command_timeout: Option<Duration>,
+    packet_size: Option<u32>,
+}
+
+impl Extras {
+    /// Takes our keys out of `pairs` (lower-cased names without blanks or underscores).
+    fn take(pairs: &mut BTreeMap<String, String>) -> Result<Self> {
+        let number = |key: &str, value: String| -> Result<u64> {
+            value.trim().parse::<u64>().map_err(|_| {
+                Error::invalid(format!("{key} must be a non-negative whole number, not '{value}'"))
+            })
+        };
+        let mut extras = Extras::default();
+        if let Some(value) = pairs.remove("locktimeoutms") {
+            extras.lock_timeout_ms = Some(
+                u32::try_from(number("lock_timeout_ms", value)?)
+                    .map_err(|_| Error::invalid("lock_timeout_ms is too large"))?,
+            );
+        }
+        if let Some(value) = pairs.remove("isolation").or_else(|| pairs.remove("isolationlevel")) {
+            extras.isolation = value.parse()?;
+        }
+        if let Some(value) = pairs
+            .remove("sourcetimezone")
+            .or_else(|| pairs.remove("timezone"))
+        {
+            extras.clock = Some(value.parse()?);
+        }
+        if let Some(value) = pairs.remove("poolsize") {
+            let size = number("pool_size", value)?;
+            if !(1..=256).contains(&size) {
+                return Err(Error::invalid("pool_size must be between 1 and 256"));
+            }
+            extras.pool_size = Some(size as u32);
+        }
+        if let Some(value) = pairs
+            .remove("commandtimeouts")
+            .or_else(|| pairs.remove("commandtimeout"))
+        {
+            let seconds = number("command_timeout_s", value)?;
+            extras.command_timeout = (seconds > 0).then(|| Duration::from_secs(seconds));
+        }
+        if let Some(value) = pairs.remove("packetsize") {
+            let size = number("packet_size", value)?;
+            if !(512..=32767).contains(&size) {
+                return Err(Error::invalid("packet_size must be between 512 and 32767"));
+            }
+            extras.packet_size = Some(size as u32);
+        }
+        Ok(extras)
+    }
+}
+
+fn normalize_key(key: &str) -> String {
+    key.chars()
+        .filter(|c| !c.is_whitespace() && *c != '_')
+        .collect::<String>()
+        .to_ascii_lowercase()
+}
+
+fn truthy(key: &str, value: &str) -> Result<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "y" => Ok(true),
+        "false" | "0" | "no" | "n" => Ok(false),
+        _ => Err(Error::invalid(format!("{key} must be true or false, not '{value}'"))),
+    }
+}
+
+/// Decodes `%XX` escapes of a URL part.
+fn percent_decode(text: &str) -> Result<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] == b'%' {
+            let hex = text
+                .get(index + 1..index + 3)
+                .and_then(|digits| u8::from_str_radix(digits, 16).ok())
+                .ok_or_else(|| Error::invalid("a '%' in the source URL is not followed by two hex digits"))?;
+            out.push(hex);
+            index += 3;
+        } else {
+            out.push(bytes[index]);
+            index += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| Error::invalid("the source URL does not decode to UTF-8"))
+}
+
+impl SqlServerConfig {
+    /// Parses a `mssql://` URL or an ADO.NET connection string.
+    pub fn parse(text: &str) -> Result<Self> {
+        let text = text.trim();
+        if let Some(rest) = text
+            .strip_prefix("mssql://")
+            .or_else(|| text.strip_prefix("sqlserver://"))
+        {
+            Self::from_url(rest)
+        } else if text.contains('=') {
+            Self::from_ado(text)
+        } else {
+            Err(Error::invalid(
+                "a SQL Server source is a mssql://user:password@host:port/database URL or an \
+                 ADO.NET connection string (Server=...;Database=...;User Id=...;Password=...)",
+            ))
+        }
+    }
+
+    fn from_url(rest: &str) -> Result<Self> {
+        let (location, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (login, address) = match location.rsplit_once('@') {
+            Some((login, address)) => (Some(login), address),
+            None => (None, location),
+        };
+        let (server, database) = address.split_once('/').unwrap_or((address, ""));
+        let (host, port) = match server.rsplit_once(':') {
+            Some((host, port)) => (
+                host,
+                port.parse::<u16>()
+                    .map_err(|_| Error::invalid(format!("port '{port}' is not a number")))?,
+            ),
+            None => (server, 1433),
+        };
+        if host.is_empty() {
+            return Err(Error::invalid("the source URL names no host"));
+        }
+        let mut pairs = BTreeMap::new();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
+            pairs.insert(normalize_key(&percent_decode(key)?), percent_decode(value)?);
+        }
+        let mut config = Config::new();
+        config.host(host);
+        config.port(port);
+        let database = percent_decode(database)?;
+        if !database.is_empty() {
+            config.database(&database);
+        }
+        if let Some(login) = login {
+            let (user, password) = login.split_once(':').unwrap_or((login, ""));
+            config.authentication(AuthMethod::sql_server(
+                percent_decode(user)?,
+                percent_decode(password)?,
+            ));
+        }
+        let extras = Extras::take(&mut pairs)?;
+        let mut trusts_any = false;
+        if let Some(value) = pairs.remove("encrypt") {
+            config.encryption(match value.to_ascii_lowercase().as_str() {
+                "strict" => EncryptionLevel::Strict,
+                "true" | "yes" | "required" => EncryptionLevel::Required,
+                "false" | "no" | "off" => EncryptionLevel::Off,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "encrypt must be strict, true or false, not '{value}'"
+                    )));
+                }
+            });
+        }
+        let trust = match pairs.remove("trustservercertificate") {
+            Some(value) => truthy("trust_server_certificate", &value)?,
+            None => false,
+        };
+        let ca = pairs.remove("ca").or_else(|| pairs.remove("trustservercertificateca"));
+        match (trust, ca) {
+            (true, Some(_)) => {
+                return Err(Error::invalid(
+                    "trust_server_certificate and ca are exclusive: pin a CA or trust any certificate",
+                ));
+            }
+            (true, None) => {
+                config.trust_cert();
+                trusts_any = true;
+            }
+            (false, Some(path)) => config.trust_cert_ca(path),
+            (false, None) => {}
+        }
+        if let Some(value) = pairs.remove("hostnameincertificate") {
+            config.hostname_in_certificate(value);
+        }
+        if let Some(value) = pairs.remove("applicationname") {
+            config.application_name(value);
+        } else {
+            config.application_name("mssql-cdc-flight");
+        }
+        if let Some(value) = pairs.remove("readonly") {
+            config.readonly(truthy("readonly", &value)?);
+        }
+        if let Some(unknown) = pairs.keys().next() {
+            return Err(Error::invalid(format!(
+                "unknown source URL option '{unknown}' (see docs/sqlserver.md for the options)"
+            )));
+        }
+        let target = format!("{host}:{port}/{database}");
+        Ok(Self::finish(config, target, trusts_any, extras))
+    }
+
+    fn from_ado(text: &str) -> Result<Self> {
+        // Our keys first (tiberius ignores unknown ones), then tiberius' own parser for the
+        // connection keys, so quoting follows ADO.NET exactly.
+        let mut pairs = BTreeMap::new();
+        let mut database = String::new();
+        let mut trusts_any = false;
+        for pair in text.split(';') {
+            if let Some((key, value)) = pair.split_once('=') {
+                let key = normalize_key(key);
+                let value = value.trim().to_string();
+                match key.as_str() {
+                    "database" | "initialcatalog" => database = value.clone(),
+                    "trustservercertificate" => trusts_any = truthy("TrustServerCertificate", &value)?,
+                    _ => {}
+                }
+                pairs.insert(key, value);
+            }
+        }
+        let extras = Extras::take(&mut pairs)?;
+        let mut config = Config::from_ado_string(text).map_err(|error| {
+            // The error names a key, never a value.
+            Error::invalid(format!("the ADO.NET connection string does not parse: {error}"))
+        })?;
+        if !pairs.contains_key("applicationname") {
+            config.application_name("mssql-cdc-flight");
+        }
+        let target = format!("{}/{database}", config.get_addr());
+        Ok(Self::finish(config, target, trusts_any, extras))
+    }
+
+    fn finish(mut config: Config, target: String, trusts_any: bool, extras: Extras) -> Self {
+        config.packet_size(extras.packet_size.unwrap_or(PACKET_SIZE));
+        config.command_timeout(Some(extras.command_timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT)));
+        SqlServerConfig {
+            tiberius: config,
+            target,
+            trusts_any_certificate: trusts_any,
+            lock_timeout_ms: extras.lock_timeout_ms,
+            isolation: extras.isolation,
+            clock: extras.clock.unwrap_or(ClockSetting::Auto),
+            pool_size: extras.pool_size.unwrap_or(8),
+        }
+    }
+
+    /// `mssql://host:port/database`: what logs and `describe` show.
+    pub fn describe(&self) -> String {
+        format!("mssql://{}", self.target)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mssql::clock::ServerClock;
+
+    #[test]
+    fn urls_carry_login_database_and_options() {
+        let config = SqlServerConfig::parse(
+            "mssql://reader:p%40ss%3Bword@db.example.com:14330/sales?lock_timeout_ms=5000\
+             &isolation=snapshot&source_time_zone=UTC&pool_size=4&ca=/etc/ca.pem",
+        )
+        .expect("parses");
+        assert_eq!(config.target, "db.example.com:14330/sales");
+        assert_eq!(config.describe(), "mssql://db.example.com:14330/sales");
+        assert_eq!(config.tiberius.get_addr(), "db.example.com:14330");
+        assert_eq!(config.lock_timeout_ms, Some(5000));
+        assert_eq!(config.isolation, Isolation::Snapshot);
+        assert_eq!(config.clock, ClockSetting::Fixed(ServerClock::Utc));
+        assert_eq!(config.pool_size, 4);
+        assert!(!config.trusts_any_certificate);
+        assert_eq!(config.tiberius.get_packet_size(), Some(PACKET_SIZE));
+        assert_eq!(
+            config.tiberius.get_command_timeout(),
+            Some(DEFAULT_COMMAND_TIMEOUT)
+        );
+    }
+
+    #[test]
+    fn the_password_never_shows() {
+        let config =
+            SqlServerConfig::parse("mssql://reader:hunter2@localhost/db").expect("parses");
+        let shown = format!("{config:?} {}", config.describe());
+        assert!(!shown.contains("hunter2"), "{shown}");
+        let ado = SqlServerConfig::parse(
+            "Server=tcp:localhost,1433;Database=db;User Id=sa;Password=hunter2;Encrypt=true",
+        )
+        .expect("parses");
+        let shown = format!("{ado:?} {}", ado.describe());
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert_eq!(ado.describe(), "mssql://localhost:1433/db");
+    }
+
+    #[test]
+    fn ado_strings_take_our_options_too() {
+        let config = SqlServerConfig::parse(
+            "Server=tcp:db,1444;Database=sales;User Id=sa;Password='a;b';\
+             TrustServerCertificate=true;LockTimeoutMs=250;SourceTimeZone=E. South America Standard Time",
+        )
+        .expect("parses");
+        assert!(config.trusts_any_certificate);
+        assert_eq!(config.lock_timeout_ms, Some(250));
+        assert_eq!(
+            config.clock,
+            ClockSetting::Fixed(ServerClock::Zone("E. South America Standard Time".into()))
+        );
+        assert_eq!(config.tiberius.get_addr(), "db:1444");
+    }
+
+    #[test]
+    fn bad_options_are_refused_by_name() {
+        for (text, expected) in [
+            ("mssql://h/db?pool_size=0", "pool_size"),
+            ("mssql://h/db?lock_timeout_ms=soon", "lock_timeout_ms"),
+            ("mssql://h/db?isolation=nolock", "isolation level"),
+            ("mssql://h/db?encrypt=maybe", "encrypt"),
+            ("mssql://h/db?colour=blue", "unknown source URL option 'colour'"),
+            ("mssql://h/db?trust_server_certificate=true&ca=/x", "exclusive"),
+            ("mssql://h:port/db", "port"),
+            ("mssql://h/db?source_time_zone=UTC';--", "time zone"),
+            ("just-a-host", "mssql://"),
+        ] {
+            let error = SqlServerConfig::parse(text).expect_err(text);
+            assert!(error.to_string().contains(expected), "{text}: {error}");
+        }
+    }
+}

@@ -1,0 +1,497 @@
+//! From SQL Server's catalog and TDS values to Arrow.
+//!
+//! Three steps, each done once per read and not per row:
+//! - **Raw**: a row of `sys.sp_cdc_get_captured_columns` ([`RawColumn`]), as the catalog
+//!   spells a type;
+//! - **Desc**: the [`SqlType`] it declares ([`RawColumn::sql_type`]), whose Arrow type is the
+//!   crate-wide mapping of [`crate::types`];
+//! - **Decoder**: one typed Arrow builder per result column ([`ColumnDecoder`]), fed the
+//!   `ColumnData` of each row by position (`Row::into_iter`), so there is no name lookup and
+//!   no `FromSql` dispatch per value.
+//!
+//! Values are converted as the seed maps them: date-times to microseconds (datetime2(7) loses
+//! its 100 ns digit, as in Delta), `datetimeoffset` to its UTC instant (tiberius carries the
+//! UTC date-time and the offset separately; its chrono conversion to `DateTime<Utc>`
+//! subtracts the offset a second time, so the raw parts are used), `uniqueidentifier` to
+//! upper-case text, `time` to `HH:MM:SS.fffffff`, `xml` to its text, money (cast to decimal in
+//! SQL) to Decimal128.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder, Float32Builder,
+    Float64Builder, Int16Builder, Int32Builder, Int64Builder, StringBuilder,
+    TimestampMicrosecondBuilder,
+};
+use arrow::datatypes::DataType;
+use tiberius::ColumnData;
+use tiberius::time::{Date, DateTime2, Time};
+
+use crate::error::{Error, Result};
+use crate::types::{Length, SqlType};
+
+/// Days from 0001-01-01 (SQL Server's `date` origin) to 1970-01-01.
+const DAYS_0001_TO_1970: i64 = 719_162;
+/// Days from 1900-01-01 (`datetime`'s origin) to 1970-01-01.
+const DAYS_1900_TO_1970: i64 = 25_567;
+const MICROS_PER_DAY: i64 = 86_400_000_000;
+
+/// One row of `sys.sp_cdc_get_captured_columns`, the type as the catalog spells it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawColumn {
+    /// `column_name`.
+    pub name: String,
+    /// `column_id` in the source table.
+    pub column_id: i32,
+    /// `column_ordinal` in the change table.
+    pub ordinal: i32,
+    /// `data_type`, the base type name (`nvarchar`, `decimal`, ...).
+    pub data_type: String,
+    /// `character_maximum_length`: characters (or bytes), -1 for `(max)`.
+    pub character_maximum_length: Option<i32>,
+    /// `numeric_precision`.
+    pub numeric_precision: Option<u8>,
+    /// `numeric_scale`.
+    pub numeric_scale: Option<i32>,
+    /// `datetime_precision`.
+    pub datetime_precision: Option<i16>,
+}
+
+impl RawColumn {
+    /// The declared type. Types without a default mapping come back as
+    /// [`SqlType::Unsupported`], which the planner refuses by column name unless the caller
+    /// leaves the column out.
+    pub fn sql_type(&self) -> Result<SqlType> {
+        let name = self.data_type.trim().to_ascii_lowercase();
+        let length = || match self.character_maximum_length {
+            Some(-1) => Ok(Length::Max),
+            Some(n) if n > 0 => Ok(Length::Limited(n as u32)),
+            other => Err(Error::Internal(format!(
+                "column '{}' of type {name} has no usable length ({other:?})",
+                self.name
+            ))),
+        };
+        let fraction = || {
+            u8::try_from(self.datetime_precision.unwrap_or(7))
+                .unwrap_or(7)
+                .min(7)
+        };
+        Ok(match name.as_str() {
+            "bit" => SqlType::Bit,
+            "tinyint" => SqlType::TinyInt,
+            "smallint" => SqlType::SmallInt,
+            "int" => SqlType::Int,
+            "bigint" => SqlType::BigInt,
+            "real" => SqlType::Real,
+            "float" => match self.numeric_precision {
+                Some(p) if p <= 24 => SqlType::Real,
+                _ => SqlType::Float,
+            },
+            "decimal" | "numeric" => SqlType::Decimal {
+                precision: self.numeric_precision.unwrap_or(18),
+                scale: u8::try_from(self.numeric_scale.unwrap_or(0)).unwrap_or(0),
+            },
+            "money" => SqlType::Money,
+            "smallmoney" => SqlType::SmallMoney,
+            "date" => SqlType::Date,
+            "datetime" => SqlType::DateTime,
+            "smalldatetime" => SqlType::SmallDateTime,
+            "datetime2" => SqlType::DateTime2 {
+                precision: fraction(),
+            },
+            "datetimeoffset" => SqlType::DateTimeOffset {
+                precision: fraction(),
+            },
+            "time" => SqlType::Time {
+                precision: fraction(),
+            },
+            "char" => SqlType::Char(length()?),
+            "varchar" => SqlType::VarChar(length()?),
+            "nchar" => SqlType::NChar(length()?),
+            "nvarchar" => SqlType::NVarChar(length()?),
+            "sysname" => SqlType::NVarChar(Length::Limited(128)),
+            "text" => SqlType::Text,
+            "ntext" => SqlType::NText,
+            "xml" => SqlType::Xml,
+            "uniqueidentifier" => SqlType::UniqueIdentifier,
+            "binary" => SqlType::Binary(length()?),
+            "varbinary" => SqlType::VarBinary(length()?),
+            "image" => SqlType::Image,
+            "timestamp" | "rowversion" => SqlType::RowVersion,
+            _ => SqlType::Unsupported(name),
+        })
+    }
+}
+
+/// A typed Arrow builder for one result column.
+pub enum ColumnDecoder {
+    /// bit.
+    Boolean(BooleanBuilder),
+    /// tinyint, smallint.
+    Int16(Int16Builder),
+    /// int.
+    Int32(Int32Builder),
+    /// bigint.
+    Int64(Int64Builder),
+    /// real.
+    Float32(Float32Builder),
+    /// float.
+    Float64(Float64Builder),
+    /// decimal, numeric, money (cast in SQL), with the column's scale.
+    Decimal(Decimal128Builder, u8),
+    /// date.
+    Date32(Date32Builder),
+    /// datetime, smalldatetime, datetime2, datetimeoffset (UTC): microseconds.
+    Timestamp(TimestampMicrosecondBuilder),
+    /// Text: the string types, xml, uniqueidentifier, time, LSN text.
+    Utf8(StringBuilder),
+    /// binary, varbinary, image, rowversion.
+    Binary(BinaryBuilder),
+}
+
+impl ColumnDecoder {
+    /// A builder for values of `data_type` with room for `capacity` rows.
+    pub fn new(data_type: &DataType, capacity: usize) -> Result<Self> {
+        Ok(match data_type {
+            DataType::Boolean => ColumnDecoder::Boolean(BooleanBuilder::with_capacity(capacity)),
+            DataType::Int16 => ColumnDecoder::Int16(Int16Builder::with_capacity(capacity)),
+            DataType::Int32 => ColumnDecoder::Int32(Int32Builder::with_capacity(capacity)),
+            DataType::Int64 => ColumnDecoder::Int64(Int64Builder::with_capacity(capacity)),
+            DataType::Float32 => ColumnDecoder::Float32(Float32Builder::with_capacity(capacity)),
+            DataType::Float64 => ColumnDecoder::Float64(Float64Builder::with_capacity(capacity)),
+            DataType::Decimal128(precision, scale) => ColumnDecoder::Decimal(
+                Decimal128Builder::with_capacity(capacity)
+                    .with_precision_and_scale(*precision, *scale)?,
+                u8::try_from(*scale).map_err(|_| {
+                    Error::Internal(format!("negative decimal scale {scale}"))
+                })?,
+            ),
+            DataType::Date32 => ColumnDecoder::Date32(Date32Builder::with_capacity(capacity)),
+            DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, zone) => {
+                ColumnDecoder::Timestamp(
+                    TimestampMicrosecondBuilder::with_capacity(capacity)
+                        .with_timezone_opt(zone.clone()),
+                )
+            }
+            DataType::Utf8 => ColumnDecoder::Utf8(StringBuilder::with_capacity(capacity, 0)),
+            DataType::Binary => ColumnDecoder::Binary(BinaryBuilder::with_capacity(capacity, 0)),
+            other => {
+                return Err(Error::Internal(format!(
+                    "no SQL Server decoder for Arrow type {other}"
+                )));
+            }
+        })
+    }
+
+    /// Appends one value; returns the bytes it added (for batch sizing). A value of a kind
+    /// the column cannot hold is an error naming what arrived.
+    pub fn append(&mut self, value: ColumnData<'static>) -> Result<usize> {
+        use ColumnData as V;
+        use ColumnDecoder as D;
+        let mismatch = |value: &ColumnData<'_>, expected: &str| {
+            Error::SchemaChanged(format!(
+                "SQL Server sent {} where {expected} was expected; the column's type changed \
+                 (re-plan the read)",
+                variant_name(value)
+            ))
+        };
+        Ok(match (self, value) {
+            (D::Boolean(b), V::Bit(v)) => {
+                b.append_option(v);
+                1
+            }
+            (D::Int16(b), V::U8(v)) => {
+                b.append_option(v.map(i16::from));
+                2
+            }
+            (D::Int16(b), V::I16(v)) => {
+                b.append_option(v);
+                2
+            }
+            (D::Int32(b), V::U8(v)) => {
+                b.append_option(v.map(i32::from));
+                4
+            }
+            (D::Int32(b), V::I16(v)) => {
+                b.append_option(v.map(i32::from));
+                4
+            }
+            (D::Int32(b), V::I32(v)) => {
+                b.append_option(v);
+                4
+            }
+            (D::Int64(b), V::U8(v)) => {
+                b.append_option(v.map(i64::from));
+                8
+            }
+            (D::Int64(b), V::I16(v)) => {
+                b.append_option(v.map(i64::from));
+                8
+            }
+            (D::Int64(b), V::I32(v)) => {
+                b.append_option(v.map(i64::from));
+                8
+            }
+            (D::Int64(b), V::I64(v)) => {
+                b.append_option(v);
+                8
+            }
+            (D::Float32(b), V::F32(v)) => {
+                b.append_option(v);
+                4
+            }
+            (D::Float64(b), V::F64(v)) => {
+                b.append_option(v);
+                8
+            }
+            (D::Float64(b), V::F32(v)) => {
+                b.append_option(v.map(f64::from));
+                8
+            }
+            (D::Decimal(b, scale), V::Numeric(v)) => {
+                match v {
+                    Some(n) => b.append_value(rescale(n.value(), n.scale(), *scale)?),
+                    None => b.append_null(),
+                }
+                16
+            }
+            (D::Date32(b), V::Date(v)) => {
+                b.append_option(v.map(date_days));
+                4
+            }
+            (D::Timestamp(b), V::DateTime2(v)) => {
+                b.append_option(v.map(datetime2_micros));
+                8
+            }
+            (D::Timestamp(b), V::DateTimeOffset(v)) => {
+                // The wire carries the UTC date-time; the offset only says how it was written.
+                b.append_option(v.map(|v| datetime2_micros(v.datetime2())));
+                8
+            }
+            (D::Timestamp(b), V::DateTime(v)) => {
+                b.append_option(v.map(|v| {
+                    (i64::from(v.days()) - DAYS_1900_TO_1970) * MICROS_PER_DAY
+                        + (i64::from(v.seconds_fragments()) * 1_000_000 + 150) / 300
+                }));
+                8
+            }
+            (D::Timestamp(b), V::SmallDateTime(v)) => {
+                b.append_option(v.map(|v| {
+                    (i64::from(v.days()) - DAYS_1900_TO_1970) * MICROS_PER_DAY
+                        + i64::from(v.seconds_fragments()) * 60_000_000
+                }));
+                8
+            }
+            (D::Utf8(b), V::String(v)) => match v {
+                Some(text) => {
+                    b.append_value(&text);
+                    text.len()
+                }
+                None => {
+                    b.append_null();
+                    0
+                }
+            },
+            (D::Utf8(b), V::Guid(v)) => match v {
+                Some(guid) => {
+                    let text = guid.hyphenated().to_string().to_ascii_uppercase();
+                    b.append_value(&text);
+                    text.len()
+                }
+                None => {
+                    b.append_null();
+                    0
+                }
+            },
+            (D::Utf8(b), V::Xml(v)) => match v {
+                Some(xml) => {
+                    let text = xml.into_owned().into_string();
+                    b.append_value(&text);
+                    text.len()
+                }
+                None => {
+                    b.append_null();
+                    0
+                }
+            },
+            (D::Utf8(b), V::Time(v)) => match v {
+                Some(time) => {
+                    let text = time_text(time);
+                    b.append_value(&text);
+                    text.len()
+                }
+                None => {
+                    b.append_null();
+                    0
+                }
+            },
+            (D::Binary(b), V::Binary(v)) => match v {
+                Some(bytes) => {
+                    b.append_value(&bytes);
+                    bytes.len()
+                }
+                None => {
+                    b.append_null();
+                    0
+                }
+            },
+            // A NULL of any kind is a NULL (an untyped NULL arrives as an int).
+            (decoder, value) if is_null(&value) => {
+                decoder.append_null();
+                0
+            }
+            (decoder, value) => return Err(mismatch(&value, decoder.expected())),
+        })
+    }
+
+    fn append_null(&mut self) {
+        match self {
+            ColumnDecoder::Boolean(b) => b.append_null(),
+            ColumnDecoder::Int16(b) => b.append_null(),
+            ColumnDecoder::Int32(b) => b.append_null(),
+            ColumnDecoder::Int64(b) => b.append_null(),
+            ColumnDecoder::Float32(b) => b.append_null(),
+            ColumnDecoder::Float64(b) => b.append_null(),
+            ColumnDecoder::Decimal(b, _) => b.append_null(),
+            ColumnDecoder::Date32(b) => b.append_null(),
+            ColumnDecoder::Timestamp(b) => b.append_null(),
+            ColumnDecoder::Utf8(b) => b.append_null(),
+            ColumnDecoder::Binary(b) => b.append_null(),
+        }
+    }
+
+    fn expected(&self) -> &'static str {
+        match self {
+            ColumnDecoder::Boolean(_) => "bit",
+            ColumnDecoder::Int16(_) => "smallint",
+            ColumnDecoder::Int32(_) => "int",
+            ColumnDecoder::Int64(_) => "bigint",
+            ColumnDecoder::Float32(_) => "real",
+            ColumnDecoder::Float64(_) => "float",
+            ColumnDecoder::Decimal(..) => "decimal",
+            ColumnDecoder::Date32(_) => "date",
+            ColumnDecoder::Timestamp(_) => "a date-time",
+            ColumnDecoder::Utf8(_) => "text",
+            ColumnDecoder::Binary(_) => "binary",
+        }
+    }
+
+    /// The column built so far; the builder starts over empty.
+    pub fn finish(&mut self) -> ArrayRef {
+        match self {
+            ColumnDecoder::Boolean(b) => Arc::new(b.finish()),
+            ColumnDecoder::Int16(b) => Arc::new(b.finish()),
+            ColumnDecoder::Int32(b) => Arc::new(b.finish()),
+            ColumnDecoder::Int64(b) => Arc::new(b.finish()),
+            ColumnDecoder::Float32(b) => Arc::new(b.finish()),
+            ColumnDecoder::Float64(b) => Arc::new(b.finish()),
+            ColumnDecoder::Decimal(b, _) => Arc::new(b.finish()),
+            ColumnDecoder::Date32(b) => Arc::new(b.finish()),
+            ColumnDecoder::Timestamp(b) => Arc::new(b.finish()),
+            ColumnDecoder::Utf8(b) => Arc::new(b.finish()),
+            ColumnDecoder::Binary(b) => Arc::new(b.finish()),
+        }
+    }
+}
+
+fn is_null(value: &ColumnData<'_>) -> bool {
+    use ColumnData as V;
+    matches!(
+        value,
+        V::U8(None)
+            | V::I16(None)
+            | V::I32(None)
+            | V::I64(None)
+            | V::F32(None)
+            | V::F64(None)
+            | V::Bit(None)
+            | V::String(None)
+            | V::Guid(None)
+            | V::Binary(None)
+            | V::Numeric(None)
+            | V::Xml(None)
+            | V::DateTime(None)
+            | V::SmallDateTime(None)
+            | V::Time(None)
+            | V::Date(None)
+            | V::DateTime2(None)
+            | V::DateTimeOffset(None)
+    )
+}
+
+fn variant_name(value: &ColumnData<'_>) -> &'static str {
+    use ColumnData as V;
+    match value {
+        V::U8(_) => "tinyint",
+        V::I16(_) => "smallint",
+        V::I32(_) => "int",
+        V::I64(_) => "bigint",
+        V::F32(_) => "real",
+        V::F64(_) => "float",
+        V::Bit(_) => "bit",
+        V::String(_) => "text",
+        V::Guid(_) => "uniqueidentifier",
+        V::Binary(_) => "binary",
+        V::Numeric(_) => "decimal",
+        V::Xml(_) => "xml",
+        V::DateTime(_) => "datetime",
+        V::SmallDateTime(_) => "smalldatetime",
+        V::Time(_) => "time",
+        V::Date(_) => "date",
+        V::DateTime2(_) => "datetime2",
+        V::DateTimeOffset(_) => "datetimeoffset",
+    }
+}
+
+/// A decimal's unscaled value at `from` scale, at the column's `to` scale.
+fn rescale(value: i128, from: u8, to: u8) -> Result<i128> {
+    if from == to {
+        return Ok(value);
+    }
+    let factor = |digits: u8| 10i128.checked_pow(u32::from(digits));
+    let scaled = if to > from {
+        factor(to - from).and_then(|f| value.checked_mul(f))
+    } else {
+        factor(from - to).map(|f| value / f)
+    };
+    scaled.ok_or_else(|| {
+        Error::Internal(format!(
+            "decimal value {value} at scale {from} does not fit scale {to}"
+        ))
+    })
+}
+
+/// Days since the Unix epoch of a `date`.
+pub fn date_days(date: Date) -> i32 {
+    (i64::from(date.days()) - DAYS_0001_TO_1970) as i32
+}
+
+/// 100 ns ticks since midnight of a `time` at its scale.
+fn time_ticks(time: Time) -> u64 {
+    let scale = u32::from(time.scale().min(7));
+    time.increments() * 10u64.pow(7 - scale)
+}
+
+/// Microseconds since the Unix epoch of a `datetime2` (digits below a microsecond dropped).
+pub fn datetime2_micros(value: DateTime2) -> i64 {
+    let days = i64::from(value.date().days()) - DAYS_0001_TO_1970;
+    days * MICROS_PER_DAY + (time_ticks(value.time()) / 10) as i64
+}
+
+/// `HH:MM:SS` and, for a fractional scale, seven digits (100 ns), as the simulated database
+/// writes `time` values.
+pub fn time_text(time: Time) -> String {
+    let ticks = time_ticks(time);
+    let (seconds, fraction) = (ticks / 10_000_000, ticks % 10_000_000);
+    let clock = format!(
+        "{:02}:{:02}:{:02}",
+        seconds / 3600,
+        (seconds / 60) % 60,
+        seconds % 60
+    );
+    if time.scale() == 0 {
+        clock
+    } else {
+        format!("{clock}.{fraction:07}")
+    }
+}

@@ -1,0 +1,293 @@
+//! Every statement the SQL Server source sends, one function per statement.
+//!
+//! Each function returns the exact text; the golden tests pin it and parse it with a T-SQL
+//! grammar. Values are always parameters: tiberius sends the text through `sp_executesql`
+//! with `@P1`, `@P2`, ... bound in order (LSNs as `varbinary`, names as `nvarchar`, counts
+//! as `bigint`). Names that T-SQL cannot take as parameters are validated and
+//! bracket-quoted by [`super::ident`]. Only documented CDC functions, CDC procedures, the
+//! change tables and catalog views are read; nothing is ever written to the source.
+
+use super::clock::ServerClock;
+use super::ident;
+use crate::error::Result;
+use crate::source::{KeyRange, TableName};
+use crate::types::{OutputColumn, SqlType};
+
+/// How source-table reads are isolated (the seed's `isolationLevel`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Isolation {
+    /// The session default, READ COMMITTED (never NOLOCK).
+    #[default]
+    ReadCommitted,
+    /// `SNAPSHOT`: needs `ALLOW_SNAPSHOT_ISOLATION ON` on the database.
+    Snapshot,
+}
+
+impl std::str::FromStr for Isolation {
+    type Err = crate::error::Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "readcommitted" | "read_committed" | "read committed" => Ok(Isolation::ReadCommitted),
+            "snapshot" => Ok(Isolation::Snapshot),
+            _ => Err(crate::error::Error::invalid(format!(
+                "isolation level '{text}' must be readCommitted or snapshot"
+            ))),
+        }
+    }
+}
+
+/// The highest LSN CDC has processed; NULL before any capture.
+/// <https://learn.microsoft.com/sql/relational-databases/system-functions/sys-fn-cdc-get-max-lsn-transact-sql>
+pub fn max_lsn() -> &'static str {
+    "SELECT sys.fn_cdc_get_max_lsn() AS max_lsn"
+}
+
+/// The lowest LSN a capture instance still holds (`@P1` = capture instance); 0x00.. or NULL
+/// when the instance does not exist or capture has not processed its creation yet.
+/// <https://learn.microsoft.com/sql/relational-databases/system-functions/sys-fn-cdc-get-min-lsn-transact-sql>
+pub fn min_lsn() -> &'static str {
+    "SELECT sys.fn_cdc_get_min_lsn(@P1) AS min_lsn"
+}
+
+/// The next LSN after `@P1`.
+/// <https://learn.microsoft.com/sql/relational-databases/system-functions/sys-fn-cdc-increment-lsn-transact-sql>
+pub fn increment_lsn() -> &'static str {
+    "SELECT sys.fn_cdc_increment_lsn(@P1) AS lsn"
+}
+
+/// The LSN before `@P1`.
+/// <https://learn.microsoft.com/sql/relational-databases/system-functions/sys-fn-cdc-decrement-lsn-transact-sql>
+pub fn decrement_lsn() -> &'static str {
+    "SELECT sys.fn_cdc_decrement_lsn(@P1) AS lsn"
+}
+
+/// The UTC commit time of the commit at exactly `@P1`.
+/// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-lsn-time-mapping-transact-sql>
+pub fn lsn_to_time(clock: &ServerClock) -> Result<String> {
+    Ok(format!(
+        "SELECT TOP (1) {} AS commit_ts FROM cdc.lsn_time_mapping m WHERE m.start_lsn = @P1",
+        clock.utc_expression("m.tran_end_time", "m")?
+    ))
+}
+
+/// The UTC commit time of the last commit at or before `@P1` (DDL times: a DDL's LSN is not
+/// always a commit of its own in the mapping).
+/// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-lsn-time-mapping-transact-sql>
+pub fn commit_time_at_or_before(clock: &ServerClock) -> Result<String> {
+    Ok(format!(
+        "SELECT TOP (1) {} AS commit_ts FROM cdc.lsn_time_mapping m WHERE m.start_lsn <= @P1 \
+         ORDER BY m.start_lsn DESC",
+        clock.utc_expression("m.tran_end_time", "m")?
+    ))
+}
+
+/// The LSN of the `@P2`-th commit after `@P1` (or the last one when fewer follow), counting
+/// every row of the mapping, idle entries included.
+/// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-lsn-time-mapping-transact-sql>
+pub fn nth_commit_after() -> &'static str {
+    "SELECT MAX(t.start_lsn) AS lsn FROM (SELECT TOP (@P2) m.start_lsn \
+     FROM cdc.lsn_time_mapping m WHERE m.start_lsn > @P1 ORDER BY m.start_lsn) t"
+}
+
+/// Every capture instance the login can see.
+/// <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sys-sp-cdc-help-change-data-capture-transact-sql>
+pub fn help_change_data_capture() -> &'static str {
+    "EXEC sys.sp_cdc_help_change_data_capture"
+}
+
+/// The captured columns of capture instance `@P1`.
+/// <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sys-sp-cdc-get-captured-columns-transact-sql>
+pub fn captured_columns() -> &'static str {
+    "EXEC sys.sp_cdc_get_captured_columns @capture_instance = @P1"
+}
+
+/// The DDL recorded for capture instance `@P1` (filtered to the range by the caller).
+/// <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sys-sp-cdc-get-ddl-history-transact-sql>
+pub fn ddl_history() -> &'static str {
+    "EXEC sys.sp_cdc_get_ddl_history @capture_instance = @P1"
+}
+
+/// The columns a table has now (`@P1` = the quoted `[schema].[table]`).
+/// <https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-columns-transact-sql>
+pub fn table_columns() -> &'static str {
+    "SELECT c.name, c.column_id, c.is_computed FROM sys.columns c \
+     WHERE c.object_id = OBJECT_ID(@P1) ORDER BY c.column_id"
+}
+
+/// The row estimate of a table (`@P1` = the quoted `[schema].[table]`).
+/// <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sp-spaceused-transact-sql>
+pub fn space_used() -> &'static str {
+    "EXEC sys.sp_spaceused @objname = @P1"
+}
+
+/// Whether the login may read a change table: `@P1` = capture instance, `@P2` = the quoted
+/// change table. NULL when the instance is unknown, 0 when permission is missing.
+/// <https://learn.microsoft.com/sql/t-sql/functions/has-perms-by-name-transact-sql>
+pub fn change_table_permission() -> &'static str {
+    "SELECT CASE WHEN sys.fn_cdc_get_min_lsn(@P1) > 0x00000000000000000000 \
+     THEN HAS_PERMS_BY_NAME(@P2, 'OBJECT', 'SELECT') END AS can_read"
+}
+
+/// Tiles of the change rows of `[@P1, @P2]` of a capture instance: at most `@P3` groups of
+/// whole commits of about equal rows, each with its last commit LSN and row count. Rows are
+/// counted per commit first, so a commit never straddles two tiles and each tile's count is
+/// exactly what reading `(previous last, last]` returns.
+/// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-capture-instance-ct-transact-sql>
+pub fn split_points(capture_instance: &str) -> Result<String> {
+    let change_table = ident::change_table(capture_instance)?;
+    Ok(format!(
+        "SELECT MAX(g.start_lsn) AS last_lsn, SUM(g.n) AS row_count FROM (\
+         SELECT c.start_lsn, c.n, \
+         (SUM(c.n) OVER (ORDER BY c.start_lsn ROWS UNBOUNDED PRECEDING) - c.n) * @P3 \
+         / SUM(c.n) OVER () AS tile FROM (\
+         SELECT ct.[__$start_lsn] AS start_lsn, COUNT_BIG(*) AS n FROM {change_table} ct \
+         WHERE ct.[__$start_lsn] BETWEEN @P1 AND @P2 GROUP BY ct.[__$start_lsn]) c) g \
+         GROUP BY g.tile ORDER BY last_lsn"
+    ))
+}
+
+/// The type a NULL stands in as, for a column the source does not hold.
+fn null_type(sql_type: &SqlType) -> String {
+    match sql_type {
+        SqlType::RowVersion => "binary(8)".to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// The select-list item of one captured column read from `alias`; `present` is false for a
+/// column this capture instance (or table) does not have, which reads as a typed NULL.
+/// money and smallmoney are cast to decimal in SQL: tiberius decodes them to f64.
+pub fn column_expression(alias: &str, column: &OutputColumn, present: bool) -> Result<String> {
+    let name = ident::quote("column", &column.name)?;
+    Ok(if !present {
+        format!("CAST(NULL AS {}) AS {name}", null_type(&column.sql_type))
+    } else {
+        match column.sql_type {
+            SqlType::Money => format!("CAST({alias}.{name} AS decimal(19,4)) AS {name}"),
+            SqlType::SmallMoney => format!("CAST({alias}.{name} AS decimal(10,4)) AS {name}"),
+            _ => format!("{alias}.{name}"),
+        }
+    })
+}
+
+/// The change rows of `[@P1, @P2]` of a capture instance, joined to their commit times and
+/// ordered by `(_start_lsn, _command_id, _seqval, _operation)`. `columns` pairs each output
+/// column with whether the instance captures it.
+/// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-capture-instance-ct-transact-sql>
+pub fn change_rows(
+    capture_instance: &str,
+    columns: &[(OutputColumn, bool)],
+    include_command_id: bool,
+    clock: &ServerClock,
+) -> Result<String> {
+    let change_table = ident::change_table(capture_instance)?;
+    let mut select = vec![
+        "CONVERT(varchar(22), c.[__$start_lsn], 1) AS [_start_lsn]".to_string(),
+        "CONVERT(varchar(22), c.[__$seqval], 1) AS [_seqval]".to_string(),
+        "c.[__$operation] AS [_operation]".to_string(),
+    ];
+    if include_command_id {
+        select.push("c.[__$command_id] AS [_command_id]".to_string());
+    }
+    select.push(format!(
+        "{} AS [_commit_ts]",
+        clock.utc_expression("m.tran_end_time", "m")?
+    ));
+    for (column, present) in columns {
+        select.push(column_expression("c", column, *present)?);
+    }
+    let order = if include_command_id {
+        "c.[__$start_lsn], c.[__$command_id], c.[__$seqval], c.[__$operation]"
+    } else {
+        "c.[__$start_lsn], c.[__$seqval], c.[__$operation]"
+    };
+    Ok(format!(
+        "SELECT {} FROM {change_table} c JOIN cdc.lsn_time_mapping m \
+         ON m.start_lsn = c.[__$start_lsn] WHERE c.[__$start_lsn] BETWEEN @P1 AND @P2 \
+         ORDER BY {order}",
+        select.join(", ")
+    ))
+}
+
+/// What precedes every read of a source table: the lock timeout and isolation asked for
+/// (`SET` inside `sp_executesql` lasts for that call only).
+/// <https://learn.microsoft.com/sql/t-sql/statements/set-lock-timeout-transact-sql>
+pub fn source_read_prefix(lock_timeout_ms: Option<u32>, isolation: Isolation) -> String {
+    let mut prefix = String::new();
+    if isolation == Isolation::Snapshot {
+        prefix.push_str("SET TRANSACTION ISOLATION LEVEL SNAPSHOT; ");
+    }
+    if let Some(ms) = lock_timeout_ms {
+        prefix.push_str(&format!("SET LOCK_TIMEOUT {ms}; "));
+    }
+    prefix
+}
+
+/// The smallest and largest key of a table, as two index seeks.
+/// <https://learn.microsoft.com/sql/t-sql/functions/min-transact-sql>
+pub fn key_extent(table: &TableName, key: &str, prefix: &str) -> Result<String> {
+    let (table, key) = (ident::quote_table(table)?, ident::quote("column", key)?);
+    Ok(format!(
+        "{prefix}SELECT CAST((SELECT MIN({key}) FROM {table}) AS bigint) AS lo, \
+         CAST((SELECT MAX({key}) FROM {table}) AS bigint) AS hi"
+    ))
+}
+
+/// Row counts per slice of the grid `@P1 + i * @P3` over keys in `[@P1, @P2]`: the slice
+/// index `i` (as decimal: it can pass BIGINT for a grid of width 1 over the whole range)
+/// and its rows, empty slices left out.
+pub fn key_buckets(table: &TableName, key: &str, prefix: &str) -> Result<String> {
+    let (table, key) = (ident::quote_table(table)?, ident::quote("column", key)?);
+    Ok(format!(
+        "{prefix}SELECT x.slice, COUNT_BIG(*) AS row_count FROM (\
+         SELECT CAST(FLOOR((CAST(t.{key} AS decimal(20,0)) - @P1) / @P3) AS decimal(20,0)) \
+         AS slice FROM {table} t WHERE t.{key} BETWEEN @P1 AND @P2) x \
+         GROUP BY x.slice ORDER BY x.slice"
+    ))
+}
+
+/// The current rows of a table in `range` of its key, in key order. Bounds present in the
+/// range are `@P1` (lower, inclusive) then the next parameter (upper, exclusive). A range
+/// open below also holds a NULL key (NULL sorts first, into the first chunk).
+pub fn snapshot_rows(
+    table: &TableName,
+    key: Option<&str>,
+    columns: &[(OutputColumn, bool)],
+    range: KeyRange,
+    prefix: &str,
+) -> Result<String> {
+    let table = ident::quote_table(table)?;
+    let select: Vec<String> = columns
+        .iter()
+        .map(|(column, present)| column_expression("t", column, *present))
+        .collect::<Result<_>>()?;
+    let mut text = format!("{prefix}SELECT {} FROM {table} t", select.join(", "));
+    if let Some(key) = key {
+        let key = ident::quote("column", key)?;
+        let mut conditions = Vec::new();
+        let mut parameter = 0;
+        if range.lo.is_some() {
+            parameter += 1;
+            conditions.push(format!("t.{key} >= @P{parameter}"));
+        }
+        if range.hi.is_some() {
+            parameter += 1;
+            conditions.push(if range.lo.is_some() {
+                format!("t.{key} < @P{parameter}")
+            } else {
+                format!("(t.{key} < @P{parameter} OR t.{key} IS NULL)")
+            });
+        }
+        if !conditions.is_empty() {
+            text.push_str(&format!(" WHERE {}", conditions.join(" AND ")));
+        }
+        text.push_str(&format!(" ORDER BY t.{key}"));
+    }
+    Ok(text)
+}
+
+/// A cheap round trip to check a pooled connection.
+pub fn ping() -> &'static str {
+    "SELECT 1 AS ok"
+}
