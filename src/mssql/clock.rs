@@ -96,13 +96,20 @@ impl ServerClock {
         Ok(match self {
             ServerClock::Utc => format!("CAST({time} AS datetime2(3))"),
             ServerClock::Offset(minutes) => {
-                format!("CAST(DATEADD(minute, {}, {time}) AS datetime2(3))", -minutes)
+                format!(
+                    "CAST(DATEADD(minute, {}, {time}) AS datetime2(3))",
+                    -minutes
+                )
             }
             ServerClock::Zone(zone) => {
                 let zone = ident::time_zone_literal(zone)?;
-                let daylight = format!("CAST(({time} AT TIME ZONE {zone}) AT TIME ZONE 'UTC' AS datetime2(3))");
-                let later_offset = format!("DATEPART(TZOFFSET, DATEADD(hour, 3, {time}) AT TIME ZONE {zone})");
-                let standard = format!("CAST(DATEADD(minute, -{later_offset}, {time}) AS datetime2(3))");
+                let daylight = format!(
+                    "CAST(({time} AT TIME ZONE {zone}) AT TIME ZONE 'UTC' AS datetime2(3))"
+                );
+                let later_offset =
+                    format!("DATEPART(TZOFFSET, DATEADD(hour, 3, {time}) AT TIME ZONE {zone})");
+                let standard =
+                    format!("CAST(DATEADD(minute, -{later_offset}, {time}) AS datetime2(3))");
                 // A drop: a commit r at or before this one (in LSN order, within three hours)
                 // whose time is more than a minute below the commit just before r.
                 let drop_before = format!(
@@ -129,7 +136,10 @@ mod tests {
 
     #[test]
     fn settings_parse_like_the_seed_option() {
-        assert_eq!("auto".parse::<ClockSetting>().expect("ok"), ClockSetting::Auto);
+        assert_eq!(
+            "auto".parse::<ClockSetting>().expect("ok"),
+            ClockSetting::Auto
+        );
         assert_eq!(
             "utc".parse::<ClockSetting>().expect("ok"),
             ClockSetting::Fixed(ServerClock::Utc)

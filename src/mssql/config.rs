@@ -85,7 +85,9 @@ impl Extras {
     fn take(pairs: &mut BTreeMap<String, String>) -> Result<Self> {
         let number = |key: &str, value: String| -> Result<u64> {
             value.trim().parse::<u64>().map_err(|_| {
-                Error::invalid(format!("{key} must be a non-negative whole number, not '{value}'"))
+                Error::invalid(format!(
+                    "{key} must be a non-negative whole number, not '{value}'"
+                ))
             })
         };
         let mut extras = Extras::default();
@@ -95,7 +97,10 @@ impl Extras {
                     .map_err(|_| Error::invalid("lock_timeout_ms is too large"))?,
             );
         }
-        if let Some(value) = pairs.remove("isolation").or_else(|| pairs.remove("isolationlevel")) {
+        if let Some(value) = pairs
+            .remove("isolation")
+            .or_else(|| pairs.remove("isolationlevel"))
+        {
             extras.isolation = value.parse()?;
         }
         if let Some(value) = pairs
@@ -140,7 +145,9 @@ fn truthy(key: &str, value: &str) -> Result<bool> {
     match value.trim().to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "y" => Ok(true),
         "false" | "0" | "no" | "n" => Ok(false),
-        _ => Err(Error::invalid(format!("{key} must be true or false, not '{value}'"))),
+        _ => Err(Error::invalid(format!(
+            "{key} must be true or false, not '{value}'"
+        ))),
     }
 }
 
@@ -154,7 +161,9 @@ fn percent_decode(text: &str) -> Result<String> {
             let hex = text
                 .get(index + 1..index + 3)
                 .and_then(|digits| u8::from_str_radix(digits, 16).ok())
-                .ok_or_else(|| Error::invalid("a '%' in the source URL is not followed by two hex digits"))?;
+                .ok_or_else(|| {
+                    Error::invalid("a '%' in the source URL is not followed by two hex digits")
+                })?;
             out.push(hex);
             index += 3;
         } else {
@@ -239,7 +248,9 @@ impl SqlServerConfig {
             Some(value) => truthy("trust_server_certificate", &value)?,
             None => false,
         };
-        let ca = pairs.remove("ca").or_else(|| pairs.remove("trustservercertificateca"));
+        let ca = pairs
+            .remove("ca")
+            .or_else(|| pairs.remove("trustservercertificateca"));
         match (trust, ca) {
             (true, Some(_)) => {
                 return Err(Error::invalid(
@@ -285,7 +296,9 @@ impl SqlServerConfig {
                 let value = value.trim().to_string();
                 match key.as_str() {
                     "database" | "initialcatalog" => database = value.clone(),
-                    "trustservercertificate" => trusts_any = truthy("TrustServerCertificate", &value)?,
+                    "trustservercertificate" => {
+                        trusts_any = truthy("TrustServerCertificate", &value)?
+                    }
                     _ => {}
                 }
                 pairs.insert(key, value);
@@ -294,7 +307,9 @@ impl SqlServerConfig {
         let extras = Extras::take(&mut pairs)?;
         let mut config = Config::from_ado_string(text).map_err(|error| {
             // The error names a key, never a value.
-            Error::invalid(format!("the ADO.NET connection string does not parse: {error}"))
+            Error::invalid(format!(
+                "the ADO.NET connection string does not parse: {error}"
+            ))
         })?;
         if !pairs.contains_key("applicationname") {
             config.application_name("mssql-cdc-flight");
@@ -305,7 +320,9 @@ impl SqlServerConfig {
 
     fn finish(mut config: Config, target: String, trusts_any: bool, extras: Extras) -> Self {
         config.packet_size(extras.packet_size.unwrap_or(PACKET_SIZE));
-        config.command_timeout(Some(extras.command_timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT)));
+        config.command_timeout(Some(
+            extras.command_timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT),
+        ));
         SqlServerConfig {
             tiberius: config,
             target,
@@ -352,8 +369,7 @@ mod tests {
 
     #[test]
     fn the_password_never_shows() {
-        let config =
-            SqlServerConfig::parse("mssql://reader:hunter2@localhost/db").expect("parses");
+        let config = SqlServerConfig::parse("mssql://reader:hunter2@localhost/db").expect("parses");
         let shown = format!("{config:?} {}", config.describe());
         assert!(!shown.contains("hunter2"), "{shown}");
         let ado = SqlServerConfig::parse(
@@ -388,8 +404,14 @@ mod tests {
             ("mssql://h/db?lock_timeout_ms=soon", "lock_timeout_ms"),
             ("mssql://h/db?isolation=nolock", "isolation level"),
             ("mssql://h/db?encrypt=maybe", "encrypt"),
-            ("mssql://h/db?colour=blue", "unknown source URL option 'colour'"),
-            ("mssql://h/db?trust_server_certificate=true&ca=/x", "exclusive"),
+            (
+                "mssql://h/db?colour=blue",
+                "unknown source URL option 'colour'",
+            ),
+            (
+                "mssql://h/db?trust_server_certificate=true&ca=/x",
+                "exclusive",
+            ),
             ("mssql://h:port/db", "port"),
             ("mssql://h/db?source_time_zone=UTC';--", "time zone"),
             ("just-a-host", "mssql://"),

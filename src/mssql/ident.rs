@@ -104,7 +104,10 @@ mod tests {
         let long = "x".repeat(129);
         let error = quote("column", &long).expect_err("too long");
         assert!(error.to_string().contains("at most 128"), "{error}");
-        assert!(quote("column", &"é".repeat(128)).is_ok(), "128 characters, not bytes");
+        assert!(
+            quote("column", &"é".repeat(128)).is_ok(),
+            "128 characters, not bytes"
+        );
     }
 
     #[test]
@@ -116,10 +119,7 @@ mod tests {
         assert_eq!(change_table("a]b").expect("ok"), "cdc.[a]]b_CT]");
         assert!(change_table(&"c".repeat(101)).is_err());
         let table = TableName::new("sales", "order;lines");
-        assert_eq!(
-            quote_table(&table).expect("ok"),
-            "[sales].[order;lines]"
-        );
+        assert_eq!(quote_table(&table).expect("ok"), "[sales].[order;lines]");
     }
 
     #[test]

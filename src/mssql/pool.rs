@@ -156,7 +156,12 @@ pub fn backoff(base: Duration, attempt: u32) -> Duration {
 
 /// Runs `call` and retries it up to `retries` times while it fails with a transient error,
 /// waiting [`backoff`] between tries and logging each retry.
-pub async fn with_retries<T, F, Fut>(what: &str, retries: u32, base: Duration, mut call: F) -> Result<T>
+pub async fn with_retries<T, F, Fut>(
+    what: &str,
+    retries: u32,
+    base: Duration,
+    mut call: F,
+) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,

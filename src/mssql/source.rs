@@ -11,9 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{
-    ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray, new_null_array,
-};
+use arrow::array::{ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray, new_null_array};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use futures::TryStreamExt;
@@ -108,21 +106,26 @@ impl SqlServerSource {
 
     /// Runs one statement and returns its first result's rows, retrying transient failures.
     async fn rows(&self, statement: &str, params: &[Param]) -> Result<Vec<Row>> {
-        pool::with_retries(statement_name(statement), RETRIES, self.retry_base, || async {
-            let mut connection = self.connection().await?;
-            let values: Vec<&dyn ToSql> = params.iter().map(Param::as_sql).collect();
-            connection.dirty = true;
-            let rows = connection
-                .client
-                .query(statement, &values)
-                .await
-                .map_err(pool::source_error)?
-                .into_first_result()
-                .await
-                .map_err(pool::source_error)?;
-            connection.dirty = false;
-            Ok(rows)
-        })
+        pool::with_retries(
+            &statement_name(statement),
+            RETRIES,
+            self.retry_base,
+            || async {
+                let mut connection = self.connection().await?;
+                let values: Vec<&dyn ToSql> = params.iter().map(Param::as_sql).collect();
+                connection.dirty = true;
+                let rows = connection
+                    .client
+                    .query(statement, &values)
+                    .await
+                    .map_err(pool::source_error)?
+                    .into_first_result()
+                    .await
+                    .map_err(pool::source_error)?;
+                connection.dirty = false;
+                Ok(rows)
+            },
+        )
         .await
     }
 
@@ -382,7 +385,12 @@ impl BatchShape {
             .collect()
     }
 
-    fn batch(&self, decoders: &mut [ColumnDecoder], fills: &[Fill], rows: usize) -> Result<RecordBatch> {
+    fn batch(
+        &self,
+        decoders: &mut [ColumnDecoder],
+        fills: &[Fill],
+        rows: usize,
+    ) -> Result<RecordBatch> {
         let mut fills = fills.iter();
         let columns: Vec<ArrayRef> = self
             .sources
@@ -431,9 +439,7 @@ async fn read_statement(
             .await
             .map_err(|error| SqlServerSource::read_error(capture_instance, error))?
         {
-            for (decoder, value) in decoders.iter_mut().zip(row) {
-                bytes += decoder.append(value)?;
-            }
+            bytes += decode::append_row(&mut decoders, row)?;
             rows += 1;
             if rows >= batch_rows || bytes >= batch_bytes {
                 let batch = shape.batch(&mut decoders, fills, rows)?;
@@ -460,15 +466,15 @@ async fn read_statement(
     Ok(true)
 }
 
-/// A short name of a statement for retry logs (its first words, never parameters).
-fn statement_name(statement: &str) -> &str {
-    let end = statement
-        .char_indices()
-        .filter(|(_, c)| *c == '(' || *c == ' ')
-        .nth(2)
-        .map(|(index, _)| index)
-        .unwrap_or(statement.len());
-    &statement[..end]
+/// A short name of a statement for retry logs: its first two words, without arguments
+/// (never parameter values, which are not in the text anyway).
+fn statement_name(statement: &str) -> String {
+    statement
+        .split_whitespace()
+        .take(2)
+        .map(|word| word.split('(').next().unwrap_or(word))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn int_at(row: &Row, index: usize) -> Option<i64> {
@@ -716,9 +722,8 @@ impl CdcSource for SqlServerSource {
         rows.iter()
             .map(|row| {
                 Ok(Tile {
-                    last_lsn: lsn_at(row, 0)?.ok_or_else(|| {
-                        Error::Internal("a tile without a last LSN".into())
-                    })?,
+                    last_lsn: lsn_at(row, 0)?
+                        .ok_or_else(|| Error::Internal("a tile without a last LSN".into()))?,
                     rows: int_at(row, 1).unwrap_or(0).max(0) as u64,
                 })
             })
@@ -771,7 +776,10 @@ impl CdcSource for SqlServerSource {
             None => (None, None),
         };
         let rows = self
-            .first_row(sql::space_used(), &[Param::Text(ident::quote_table(table)?)])
+            .first_row(
+                sql::space_used(),
+                &[Param::Text(ident::quote_table(table)?)],
+            )
             .await?
             .and_then(|row| named_int(&row, "rows"))
             .unwrap_or(0)
@@ -852,8 +860,13 @@ impl CdcSource for SqlServerSource {
             .pieces
             .iter()
             .map(|piece| {
-                let statement =
-                    sql::snapshot_rows(&read.table, key.as_deref(), &columns, piece.range, &prefix)?;
+                let statement = sql::snapshot_rows(
+                    &read.table,
+                    key.as_deref(),
+                    &columns,
+                    piece.range,
+                    &prefix,
+                )?;
                 let params = [piece.range.lo, piece.range.hi]
                     .into_iter()
                     .flatten()
@@ -911,7 +924,10 @@ mod tests {
 
     #[test]
     fn retry_logs_name_a_statement_without_its_values() {
-        assert_eq!(statement_name(sql::max_lsn()), "SELECT sys.fn_cdc_get_max_lsn");
+        assert_eq!(
+            statement_name(sql::max_lsn()),
+            "SELECT sys.fn_cdc_get_max_lsn"
+        );
         assert_eq!(
             statement_name(sql::captured_columns()),
             "EXEC sys.sp_cdc_get_captured_columns"

@@ -1,0 +1,247 @@
+//! Golden T-SQL: every statement the SQL Server source sends, pinned as exact text for
+//! representative inputs in `tests/golden/sqlserver_statements.sql`, and each parsed with a
+//! T-SQL grammar (`sqlparser`'s `MsSqlDialect`) into exactly the statements it should be.
+//! Every construct used parses (window functions, `AT TIME ZONE`, `CONVERT` styles, `EXEC`
+//! with named parameters, `TOP (@P2)`); a future statement the grammar cannot parse must be
+//! listed here with the reason.
+//!
+//! After a deliberate change of a statement, rewrite the golden file with
+//! `UPDATE_GOLDEN=1 cargo test --test sqlserver_statements` and review its diff.
+
+use mssql_cdc_flight::mssql::clock::{self, ServerClock};
+use mssql_cdc_flight::mssql::sql::{self, Isolation};
+use mssql_cdc_flight::source::{KeyRange, TableName};
+use mssql_cdc_flight::types::{OutputColumn, SqlType};
+use sqlparser::dialect::MsSqlDialect;
+use sqlparser::parser::Parser;
+
+const GOLDEN: &str = "tests/golden/sqlserver_statements.sql";
+
+/// How many statements a text parses into.
+fn statements(text: &str) -> Result<usize, String> {
+    Parser::parse_sql(&MsSqlDialect {}, text)
+        .map(|parsed| parsed.len())
+        .map_err(|error| error.to_string())
+}
+
+fn column(name: &str, sql_type: &str, present: bool) -> (OutputColumn, bool) {
+    (
+        OutputColumn {
+            name: name.into(),
+            sql_type: sql_type.parse::<SqlType>().expect("type"),
+        },
+        present,
+    )
+}
+
+/// Every statement, by name, for representative inputs, with its statement count.
+fn every_statement() -> Vec<(&'static str, String, usize)> {
+    let orders = TableName::new("dbo", "orders");
+    let columns = vec![
+        column("order_id", "int", true),
+        column("price", "money", true),
+        column("fee", "smallmoney", true),
+        column("note", "nvarchar(max)", false),
+        column("version", "rowversion", false),
+    ];
+    let zone = ServerClock::Zone("E. South America Standard Time".into());
+    let offset = ServerClock::Offset(-180);
+    let both = sql::source_read_prefix(Some(5000), Isolation::Snapshot);
+    let ok = |result: mssql_cdc_flight::Result<String>| result.expect("statement");
+    vec![
+        ("max_lsn", sql::max_lsn().into(), 1),
+        ("min_lsn", sql::min_lsn().into(), 1),
+        ("increment_lsn", sql::increment_lsn().into(), 1),
+        ("decrement_lsn", sql::decrement_lsn().into(), 1),
+        (
+            "lsn_to_time utc",
+            ok(sql::lsn_to_time(&ServerClock::Utc)),
+            1,
+        ),
+        ("lsn_to_time offset", ok(sql::lsn_to_time(&offset)), 1),
+        ("lsn_to_time zone", ok(sql::lsn_to_time(&zone)), 1),
+        (
+            "commit_time_at_or_before utc",
+            ok(sql::commit_time_at_or_before(&ServerClock::Utc)),
+            1,
+        ),
+        ("nth_commit_after", sql::nth_commit_after().into(), 1),
+        (
+            "help_change_data_capture",
+            sql::help_change_data_capture().into(),
+            1,
+        ),
+        ("captured_columns", sql::captured_columns().into(), 1),
+        ("ddl_history", sql::ddl_history().into(), 1),
+        ("table_columns", sql::table_columns().into(), 1),
+        ("space_used", sql::space_used().into(), 1),
+        (
+            "change_table_permission",
+            sql::change_table_permission().into(),
+            1,
+        ),
+        ("split_points", ok(sql::split_points("dbo_orders")), 1),
+        (
+            "change_rows utc with command id",
+            ok(sql::change_rows(
+                "dbo_orders",
+                &columns,
+                true,
+                &ServerClock::Utc,
+            )),
+            1,
+        ),
+        (
+            "change_rows zone without command id",
+            ok(sql::change_rows("dbo_orders", &columns[..1], false, &zone)),
+            1,
+        ),
+        (
+            "key_extent",
+            ok(sql::key_extent(&orders, "order_id", "")),
+            1,
+        ),
+        (
+            "key_extent snapshot isolation and lock timeout",
+            ok(sql::key_extent(&orders, "order_id", &both)),
+            3,
+        ),
+        (
+            "key_buckets",
+            ok(sql::key_buckets(&orders, "order_id", "")),
+            1,
+        ),
+        (
+            "snapshot_rows bounded",
+            ok(sql::snapshot_rows(
+                &orders,
+                Some("order_id"),
+                &columns,
+                KeyRange {
+                    lo: Some(1),
+                    hi: Some(9),
+                },
+                "",
+            )),
+            1,
+        ),
+        (
+            "snapshot_rows first chunk (NULL keys first)",
+            ok(sql::snapshot_rows(
+                &orders,
+                Some("order_id"),
+                &columns[..1],
+                KeyRange {
+                    lo: None,
+                    hi: Some(9),
+                },
+                "",
+            )),
+            1,
+        ),
+        (
+            "snapshot_rows last chunk with lock timeout",
+            ok(sql::snapshot_rows(
+                &orders,
+                Some("order_id"),
+                &columns[..1],
+                KeyRange {
+                    lo: Some(9),
+                    hi: None,
+                },
+                &sql::source_read_prefix(Some(250), Isolation::ReadCommitted),
+            )),
+            2,
+        ),
+        (
+            "snapshot_rows whole table",
+            ok(sql::snapshot_rows(
+                &orders,
+                None,
+                &columns[..2],
+                KeyRange { lo: None, hi: None },
+                "",
+            )),
+            1,
+        ),
+        (
+            "named_zone_capability",
+            clock::named_zone_capability_sql().into(),
+            1,
+        ),
+        ("zone", clock::zone_sql().into(), 1),
+        ("offset", clock::offset_sql().into(), 1),
+        ("ping", sql::ping().into(), 1),
+    ]
+}
+
+fn render(all: &[(&'static str, String, usize)]) -> String {
+    let mut out = String::from(
+        "-- Every statement the SQL Server source sends, for representative inputs.\n\
+         -- Generated by tests/sqlserver_statements.rs; do not edit by hand.\n",
+    );
+    for (name, text, _) in all {
+        out.push_str(&format!("\n-- {name}\n{text};\n"));
+    }
+    out
+}
+
+#[test]
+fn statements_match_the_golden_file() {
+    let rendered = render(&every_statement());
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all("tests/golden").expect("dir");
+        std::fs::write(GOLDEN, &rendered).expect("write golden");
+    }
+    let golden = std::fs::read_to_string(GOLDEN).expect("golden file");
+    for (expected, actual) in golden.lines().zip(rendered.lines()) {
+        assert_eq!(
+            actual, expected,
+            "a statement changed (UPDATE_GOLDEN=1 to accept)"
+        );
+    }
+    assert_eq!(golden.lines().count(), rendered.lines().count());
+}
+
+#[test]
+fn every_statement_parses_as_tsql() {
+    for (name, text, count) in every_statement() {
+        assert_eq!(statements(&text), Ok(count), "{name}: {text}");
+    }
+}
+
+#[test]
+fn hostile_names_stay_one_identifier() {
+    let table = TableName::new("sales]; DROP TABLE x; --", "o'rders;");
+    for name in [
+        "x] FROM t; DROP TABLE y; --",
+        "it's",
+        "semi;colon",
+        "Größe €",
+        "[already]",
+    ] {
+        let columns = vec![column(name, "int", true), column(name, "money", true)];
+        let text = sql::snapshot_rows(
+            &table,
+            Some(name),
+            &columns,
+            KeyRange {
+                lo: Some(1),
+                hi: None,
+            },
+            "",
+        )
+        .expect("quoted");
+        assert_eq!(statements(&text), Ok(1), "{text}");
+        let text = sql::change_rows(name, &columns, true, &ServerClock::Utc).expect("quoted");
+        assert_eq!(statements(&text), Ok(1), "{text}");
+        let text = sql::key_buckets(&table, name, "").expect("quoted");
+        assert_eq!(statements(&text), Ok(1), "{text}");
+    }
+    // Without the quoting, the same name would have been two statements.
+    assert_eq!(
+        statements("SELECT c.[x] FROM t; DROP TABLE y; --] FROM cdc.t c"),
+        Ok(2)
+    );
+    assert!(sql::split_points("bad\u{0}name").is_err());
+}
