@@ -12,6 +12,7 @@ use mssql_cdc_flight::client::{CdcClient, ClientTls};
 use mssql_cdc_flight::flight::protocol::{ChangesCommand, InitialOffsetBody, LatestOffsetBody};
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::flight::{self, TlsIdentity};
+use mssql_cdc_flight::mssql::{SqlServerConfig, SqlServerSource};
 use mssql_cdc_flight::sim::workload::{Mix, WorkloadSpec};
 use mssql_cdc_flight::sim::{Clock, SimDb, sample};
 use mssql_cdc_flight::source::{CdcSource, TableName};
@@ -46,9 +47,20 @@ enum Commands {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// The CDC source: `sim:<DIR>` (a simulated database directory).
-    #[arg(long, env = "MSSQL_CDC_FLIGHT_SOURCE")]
-    source: String,
+    /// The CDC source: `sim:<DIR>` (a simulated database directory), a SQL Server as
+    /// `mssql://user:password@host:port/database?options` or an ADO.NET connection string
+    /// (docs/sqlserver.md). Prefer --source-file or the variable for secrets.
+    #[arg(
+        long,
+        env = "MSSQL_CDC_FLIGHT_SOURCE",
+        hide_env_values = true,
+        required_unless_present = "source_file",
+        conflicts_with = "source_file"
+    )]
+    source: Option<String>,
+    /// A file holding the source text (first line), so no password is on a command line.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_SOURCE_FILE")]
+    source_file: Option<PathBuf>,
     /// Address to listen on; port 0 picks a free port (the chosen address is printed).
     #[arg(
         long,
@@ -304,13 +316,23 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-fn open_source(text: &str) -> anyhow::Result<Arc<dyn CdcSource>> {
-    match text.split_once(':') {
-        Some(("sim", dir)) => Ok(Arc::new(SimDb::open(&PathBuf::from(dir))?)),
-        _ => bail!(
-            "unknown source '{text}': use sim:<DIR> (a directory made by `mssql-cdc-flight sim init`)"
-        ),
+/// Opens the source named by `text`. The text may hold a password: no error repeats it.
+async fn open_source(text: &str) -> anyhow::Result<Arc<dyn CdcSource>> {
+    let text = text.trim();
+    if let Some(dir) = text.strip_prefix("sim:") {
+        return Ok(Arc::new(SimDb::open(&PathBuf::from(dir))?));
     }
+    if text.starts_with("mssql://") || text.starts_with("sqlserver://") || text.contains('=') {
+        let config = SqlServerConfig::parse(text)?;
+        let source = SqlServerSource::connect(config)
+            .await
+            .context("connecting to SQL Server (the source text is not repeated here)")?;
+        return Ok(Arc::new(source));
+    }
+    bail!(
+        "unknown source: use sim:<DIR> (a directory made by `mssql-cdc-flight sim init`), \
+         mssql://user:password@host:port/database or an ADO.NET connection string"
+    )
 }
 
 async fn shutdown_signal() {
@@ -332,7 +354,18 @@ async fn shutdown_signal() {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let source = open_source(&args.source)?;
+    let text = match (&args.source, &args.source_file) {
+        (Some(text), _) => text.clone(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading the source from {}", path.display()))?
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string(),
+        (None, None) => bail!("give --source or --source-file"),
+    };
+    let source = open_source(&text).await?;
+    tracing::info!(source = %source.describe(), "serving");
     let signer = args.key.signer()?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(TlsIdentity {

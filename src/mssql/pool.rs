@@ -32,6 +32,7 @@ pub struct Connection {
 }
 
 /// Opens tiberius connections; follows Azure SQL's redirect once.
+#[derive(Clone)]
 pub struct Manager {
     config: Config,
     trusts_any_certificate: bool,
@@ -100,6 +101,61 @@ impl bb8::ManageConnection for Manager {
 
     fn has_broken(&self, connection: &mut Connection) -> bool {
         connection.dirty
+    }
+}
+
+/// The pool of one source.
+///
+/// bb8 0.9 connects in the background and a waiting `get` only learns of a failed connect by
+/// timing out, so when no connection is idle a new one is opened here, in the caller's task:
+/// a refused connection or a failed login is reported at once, with SQL Server's message.
+#[derive(Clone)]
+pub struct Connections {
+    pool: bb8::Pool<Manager>,
+    manager: Manager,
+    max_size: u32,
+}
+
+/// How long a caller waits for a connection another read holds.
+const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Connections {
+    /// A pool of at most `max_size` connections.
+    pub fn new(manager: Manager, max_size: u32) -> Self {
+        let pool = bb8::Pool::builder()
+            .max_size(max_size)
+            .min_idle(Some(0))
+            .connection_timeout(CHECKOUT_TIMEOUT)
+            // A connection that failed a query is dirty and never handed out again, so no
+            // ping on every checkout; failed connects are retried by `with_retries`.
+            .retry_connection(false)
+            .test_on_check_out(false)
+            .build_unchecked(manager.clone());
+        Connections {
+            pool,
+            manager,
+            max_size,
+        }
+    }
+
+    /// A connection: an idle one, a new one while the pool has room, else the next one
+    /// returned (waiting at most 30 s).
+    pub async fn get(&self) -> Result<bb8::PooledConnection<'static, Manager>> {
+        let state = self.pool.state();
+        if state.idle_connections == 0 && state.connections < self.max_size {
+            use bb8::ManageConnection as _;
+            let connection = self.manager.connect().await.map_err(source_error)?;
+            // Full meanwhile: the extra connection is closed.
+            let _ = self.pool.add(connection);
+        }
+        self.pool.get_owned().await.map_err(|error| match error {
+            bb8::RunError::User(error) => source_error(error),
+            bb8::RunError::TimedOut => Error::SourceUnavailable(format!(
+                "every one of the {} SQL Server connections stayed busy for {} s",
+                self.max_size,
+                CHECKOUT_TIMEOUT.as_secs()
+            )),
+        })
     }
 }
 

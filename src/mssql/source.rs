@@ -23,7 +23,7 @@ use super::clock::{self, ClockSetting, ServerClock};
 use super::config::SqlServerConfig;
 use super::decode::{self, ColumnDecoder, RawColumn};
 use super::ident;
-use super::pool::{self, Connection, Manager};
+use super::pool::{self, Connection, Connections, Manager};
 use super::sql;
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
@@ -66,7 +66,7 @@ impl Param {
 
 /// The CDC source of a SQL Server database (2016 or newer).
 pub struct SqlServerSource {
-    pool: bb8::Pool<Manager>,
+    pool: Connections,
     config: SqlServerConfig,
     clock: Mutex<Option<(ServerClock, Instant)>>,
     retry_base: Duration,
@@ -77,11 +77,7 @@ impl SqlServerSource {
     /// address or login fails at start with SQL Server's message.
     pub async fn connect(config: SqlServerConfig) -> Result<Self> {
         let manager = Manager::new(config.tiberius.clone(), config.trusts_any_certificate);
-        let pool = bb8::Pool::builder()
-            .max_size(config.pool_size)
-            .min_idle(Some(0))
-            .connection_timeout(Duration::from_secs(30))
-            .build_unchecked(manager);
+        let pool = Connections::new(manager, config.pool_size);
         let source = SqlServerSource {
             pool,
             config,
@@ -94,16 +90,6 @@ impl SqlServerSource {
         Ok(source)
     }
 
-    async fn connection(&self) -> Result<bb8::PooledConnection<'static, Manager>> {
-        self.pool.get_owned().await.map_err(|error| match error {
-            bb8::RunError::User(error) => pool::source_error(error),
-            bb8::RunError::TimedOut => Error::SourceUnavailable(format!(
-                "no connection to {} within 30 s",
-                self.config.describe()
-            )),
-        })
-    }
-
     /// Runs one statement and returns its first result's rows, retrying transient failures.
     async fn rows(&self, statement: &str, params: &[Param]) -> Result<Vec<Row>> {
         pool::with_retries(
@@ -111,7 +97,7 @@ impl SqlServerSource {
             RETRIES,
             self.retry_base,
             || async {
-                let mut connection = self.connection().await?;
+                let mut connection = self.pool.get().await?;
                 let values: Vec<&dyn ToSql> = params.iter().map(Param::as_sql).collect();
                 connection.dirty = true;
                 let rows = connection
@@ -313,12 +299,7 @@ impl SqlServerSource {
         let pool = self.pool.clone();
         tokio::spawn(async move {
             let outcome = async {
-                let mut connection = pool.get_owned().await.map_err(|error| match error {
-                    bb8::RunError::User(error) => pool::source_error(error),
-                    bb8::RunError::TimedOut => {
-                        Error::SourceUnavailable("no SQL Server connection within 30 s".into())
-                    }
-                })?;
+                let mut connection = pool.get().await?;
                 for (statement, params, fills) in &statements {
                     let finished = read_statement(
                         &mut connection,
