@@ -657,7 +657,11 @@ impl CdcSource for SqlServerSource {
         let rows = self
             .rows(
                 sql::ddl_history(),
-                &[Param::Text(capture_instance.to_string())],
+                &[
+                    Param::Text(capture_instance.to_string()),
+                    Param::lsn(from),
+                    Param::lsn(to),
+                ],
             )
             .await?;
         let at_or_before = sql::commit_time_at_or_before(&self.clock().await?)?;
@@ -666,9 +670,6 @@ impl CdcSource for SqlServerSource {
             let Some(ddl_lsn) = named_lsn(row, "ddl_lsn")? else {
                 continue;
             };
-            if ddl_lsn <= from || ddl_lsn > to {
-                continue;
-            }
             entries.push(DdlEntry {
                 capture_instance: capture_instance.to_string(),
                 ddl_lsn,

@@ -102,10 +102,15 @@ pub fn captured_columns() -> &'static str {
     "EXEC sys.sp_cdc_get_captured_columns @capture_instance = @P1"
 }
 
-/// The DDL recorded for capture instance `@P1` (filtered to the range by the caller).
-/// <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sys-sp-cdc-get-ddl-history-transact-sql>
+/// The DDL recorded for capture instance `@P1` with `@P2 < ddl_lsn <= @P3`, in LSN order.
+/// Read from the `cdc.ddl_history` table rather than `sys.sp_cdc_get_ddl_history`, which
+/// requires db_owner: the server's login needs no more than `SELECT` on the `cdc` schema.
+/// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-ddl-history-transact-sql>
 pub fn ddl_history() -> &'static str {
-    "EXEC sys.sp_cdc_get_ddl_history @capture_instance = @P1"
+    "SELECT d.ddl_lsn, d.ddl_command FROM cdc.ddl_history d \
+     JOIN cdc.change_tables t ON t.object_id = d.object_id \
+     WHERE t.capture_instance = @P1 AND d.ddl_lsn > @P2 AND d.ddl_lsn <= @P3 \
+     ORDER BY d.ddl_lsn"
 }
 
 /// The columns a table has now (`@P1` = the quoted `[schema].[table]`).

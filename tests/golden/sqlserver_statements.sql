@@ -35,7 +35,7 @@ EXEC sys.sp_cdc_help_change_data_capture;
 EXEC sys.sp_cdc_get_captured_columns @capture_instance = @P1;
 
 -- ddl_history
-EXEC sys.sp_cdc_get_ddl_history @capture_instance = @P1;
+SELECT d.ddl_lsn, d.ddl_command FROM cdc.ddl_history d JOIN cdc.change_tables t ON t.object_id = d.object_id WHERE t.capture_instance = @P1 AND d.ddl_lsn > @P2 AND d.ddl_lsn <= @P3 ORDER BY d.ddl_lsn;
 
 -- table_columns
 SELECT c.name, c.column_id, c.is_computed FROM sys.columns c WHERE c.object_id = OBJECT_ID(@P1) ORDER BY c.column_id;
