@@ -126,14 +126,6 @@ pub fn space_used() -> &'static str {
     "EXEC sys.sp_spaceused @objname = @P1"
 }
 
-/// Whether the login may read a change table: `@P1` = capture instance, `@P2` = the quoted
-/// change table. NULL when the instance is unknown, 0 when permission is missing.
-/// <https://learn.microsoft.com/sql/t-sql/functions/has-perms-by-name-transact-sql>
-pub fn change_table_permission() -> &'static str {
-    "SELECT CASE WHEN sys.fn_cdc_get_min_lsn(@P1) > 0x00000000000000000000 \
-     THEN HAS_PERMS_BY_NAME(@P2, 'OBJECT', 'SELECT') END AS can_read"
-}
-
 /// Tiles of the change rows of `[@P1, @P2]` of a capture instance: at most `@P3` groups of
 /// whole commits of about equal rows, each with its last commit LSN and row count. Rows are
 /// counted per commit first, so a commit never straddles two tiles and each tile's count is
