@@ -75,11 +75,6 @@ fn every_statement() -> Vec<(&'static str, String, usize)> {
         ("ddl_history", sql::ddl_history().into(), 1),
         ("table_columns", sql::table_columns().into(), 1),
         ("space_used", sql::space_used().into(), 1),
-        (
-            "change_table_permission",
-            sql::change_table_permission().into(),
-            1,
-        ),
         ("split_points", ok(sql::split_points("dbo_orders")), 1),
         (
             "change_rows utc with command id",

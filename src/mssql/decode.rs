@@ -609,7 +609,7 @@ mod tests {
         let array = decode(
             "money",
             vec![ColumnData::Numeric(Some(Numeric::new_with_scale(
-                -922_337_203_685_477_5808,
+                i128::from(i64::MIN),
                 4,
             )))],
         );

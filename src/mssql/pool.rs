@@ -84,19 +84,14 @@ impl bb8::ManageConnection for Manager {
         }
     }
 
-    fn is_valid(
-        &self,
-        connection: &mut Connection,
-    ) -> impl Future<Output = tiberius::Result<()>> + Send {
-        async move {
-            connection
-                .client
-                .simple_query(sql::ping())
-                .await?
-                .into_results()
-                .await?;
-            Ok(())
-        }
+    async fn is_valid(&self, connection: &mut Connection) -> tiberius::Result<()> {
+        connection
+            .client
+            .simple_query(sql::ping())
+            .await?
+            .into_results()
+            .await?;
+        Ok(())
     }
 
     fn has_broken(&self, connection: &mut Connection) -> bool {

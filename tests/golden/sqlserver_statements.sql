@@ -43,9 +43,6 @@ SELECT c.name, c.column_id, c.is_computed FROM sys.columns c WHERE c.object_id =
 -- space_used
 EXEC sys.sp_spaceused @objname = @P1;
 
--- change_table_permission
-SELECT CASE WHEN sys.fn_cdc_get_min_lsn(@P1) > 0x00000000000000000000 THEN HAS_PERMS_BY_NAME(@P2, 'OBJECT', 'SELECT') END AS can_read;
-
 -- split_points
 SELECT MAX(g.start_lsn) AS last_lsn, SUM(g.n) AS row_count FROM (SELECT c.start_lsn, c.n, (SUM(c.n) OVER (ORDER BY c.start_lsn ROWS UNBOUNDED PRECEDING) - c.n) * @P3 / SUM(c.n) OVER () AS tile FROM (SELECT ct.[__$start_lsn] AS start_lsn, COUNT_BIG(*) AS n FROM cdc.[dbo_orders_CT] ct WHERE ct.[__$start_lsn] BETWEEN @P1 AND @P2 GROUP BY ct.[__$start_lsn]) c) g GROUP BY g.tile ORDER BY last_lsn;
 
