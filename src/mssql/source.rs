@@ -69,6 +69,9 @@ pub struct SqlServerSource {
     pool: Connections,
     config: SqlServerConfig,
     clock: Mutex<Option<(ServerClock, Instant)>>,
+    /// Captured columns per capture instance and creation time (an instance re-created
+    /// under the same name gets a new entry), computed columns left out.
+    captured: Mutex<BTreeMap<(String, CommitTime), Vec<CapturedColumn>>>,
     retry_base: Duration,
 }
 
@@ -82,6 +85,7 @@ impl SqlServerSource {
             pool,
             config,
             clock: Mutex::new(None),
+            captured: Mutex::new(BTreeMap::new()),
             retry_base: Duration::from_secs(1),
         };
         source.rows(sql::ping(), &[]).await?;
@@ -258,15 +262,57 @@ impl SqlServerSource {
         }
     }
 
-    /// The columns a table has now, by name.
-    async fn present_columns(&self, table: &TableName) -> Result<BTreeSet<String>> {
+    /// The columns a table has now: every name, and the computed ones.
+    async fn table_columns(
+        &self,
+        table: &TableName,
+    ) -> Result<(BTreeSet<String>, BTreeSet<String>)> {
         let rows = self
             .rows(
                 sql::table_columns(),
                 &[Param::Text(ident::quote_table(table)?)],
             )
             .await?;
-        Ok(rows.iter().filter_map(|row| text_at(row, 0)).collect())
+        let mut present = BTreeSet::new();
+        let mut computed = BTreeSet::new();
+        for row in &rows {
+            if let Some(name) = text_at(row, 0) {
+                if int_at(row, 2) == Some(1) {
+                    computed.insert(name.clone());
+                }
+                present.insert(name);
+            }
+        }
+        Ok((present, computed))
+    }
+
+    /// The captured columns of an instance as served: CDC records computed columns as NULL
+    /// in every change row, so they are left out (with a warning), as the seed does.
+    async fn served_columns(
+        &self,
+        table: &TableName,
+        capture_instance: &str,
+        create_date: CommitTime,
+    ) -> Result<Vec<CapturedColumn>> {
+        let key = (capture_instance.to_string(), create_date);
+        if let Some(columns) = self.captured.lock().await.get(&key) {
+            return Ok(columns.clone());
+        }
+        let mut columns = self.captured_columns(capture_instance).await?;
+        let (_, computed) = self.table_columns(table).await?;
+        columns.retain(|column| {
+            let keep = !computed.contains(&column.name);
+            if !keep {
+                tracing::warn!(
+                    capture_instance,
+                    column = %column.name,
+                    "computed column left out: CDC records it as NULL in every change row"
+                );
+            }
+            keep
+        });
+        self.captured.lock().await.insert(key, columns.clone());
+        Ok(columns)
     }
 
     /// Maps a failed change-table read to the permission it lacks, when that is the cause.
@@ -573,7 +619,7 @@ impl CdcSource for SqlServerSource {
                 .map(CommitTime)
                 .unwrap_or_default();
             let instance = CaptureInstance {
-                columns: self.captured_columns(&name).await?,
+                columns: self.served_columns(&table, &name, create_date).await?,
                 index_columns: parse_bracket_list(
                     &named_text(row, "index_column_list").unwrap_or_default(),
                 ),
@@ -823,7 +869,7 @@ impl CdcSource for SqlServerSource {
         } else {
             None
         };
-        let present = self.present_columns(&read.table).await?;
+        let (present, _) = self.table_columns(&read.table).await?;
         let columns: Vec<(OutputColumn, bool)> = read
             .columns
             .iter()
