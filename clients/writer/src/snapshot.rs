@@ -704,79 +704,127 @@ impl Snapshots {
         let (call, mut rows_read) = (Instant::now(), 0u64);
         // The facts are read once; the waves this call commits are added as they land.
         let mut done = self.chunks_done(snapshot).await?;
+        // The wave read last, committed while the next one is read.
+        let mut in_flight: Option<WaveInFlight> = None;
         loop {
-            let remaining: Vec<PlannedChunk> = plan
-                .iter()
-                .filter(|chunk| !done.iter().any(|(id, ..)| *id == chunk.chunk))
-                .copied()
-                .collect();
-            if remaining.is_empty() {
-                let rows = done.iter().map(|(_, _, rows)| rows).sum();
-                self.complete(snapshot, &plan, rows).await?;
-                return Ok(BackfillStatus {
-                    snapshot: Some(snapshot),
-                    chunks_done: total,
-                    chunks_total: Some(total),
-                    done: true,
-                    paused: false,
-                    state: "done".into(),
-                    reason: None,
-                });
-            }
-            let status = |state: &str, reason: String, paused: bool| BackfillStatus {
-                snapshot: Some(snapshot),
-                chunks_done: total - remaining.len() as u64,
-                chunks_total: Some(total),
-                done: false,
-                paused,
-                state: state.into(),
-                reason: Some(reason),
+            let taken = |chunk: &PlannedChunk| {
+                done.iter().any(|(id, ..)| *id == chunk.chunk)
+                    || in_flight
+                        .as_ref()
+                        .is_some_and(|wave| wave.chunks.iter().any(|c| c.chunk == chunk.chunk))
             };
-            if options.max_waves.is_some_and(|max| waves_read >= max) {
-                return Ok(status(
-                    "reading",
-                    format!("max_waves {waves_read} reached"),
+            let remaining: Vec<PlannedChunk> =
+                plan.iter().filter(|chunk| !taken(chunk)).copied().collect();
+            let mut stop: Option<(String, String, bool)> = None;
+            if remaining.is_empty() {
+                stop = Some(("done".into(), String::new(), false));
+            } else if options
+                .max_waves
+                .is_some_and(|max| waves_read + u32::from(in_flight.is_some()) >= max)
+            {
+                let waves = waves_read + u32::from(in_flight.is_some());
+                stop = Some((
+                    "reading".into(),
+                    format!("max_waves {waves} reached"),
                     false,
                 ));
-            }
-            if let Some(min) = options.min_headroom_hours
+            } else if let Some(min) = options.min_headroom_hours
                 && let Some((state, reason)) = self.headroom_guard(min).await?
             {
-                return Ok(status(&state, reason, true));
+                stop = Some((state, reason, true));
             }
-            let wave = done.iter().map(|(_, wave, _)| *wave).max().unwrap_or(0) + 1;
-            let clock = Instant::now();
-            let chunks = self
-                .wave_chunks(snapshot, wave, &remaining, partitions * rounds)
-                .await?;
-            let rounds_read = chunks.len().div_ceil(partitions).max(1);
-            let wave_rows = self.read_wave(snapshot, wave, &plan, &chunks).await?;
-            rows_read += wave_rows.iter().map(|(_, rows)| rows).sum::<u64>();
-            done.extend(wave_rows.iter().map(|(chunk, rows)| (*chunk, wave, *rows)));
-            waves_read += 1;
-            let rows_per_second = rows_read as f64 / call.elapsed().as_secs_f64().max(1e-9);
-            let rows_left: u64 = remaining
-                .iter()
-                .filter(|chunk| !chunks.iter().any(|read| read.chunk == chunk.chunk))
-                .map(|chunk| chunk.rows)
-                .sum();
-            on_wave(&WaveProgress {
-                snapshot,
-                wave,
-                chunks_done: total - remaining.len() as u64 + chunks.len() as u64,
-                chunks_total: total,
-                rows: rows_read,
-                rows_per_second,
-                eta_seconds: (rows_per_second > 0.0).then(|| rows_left as f64 / rows_per_second),
-            });
-            let per_round = clock.elapsed().as_secs_f64() / rounds_read as f64;
-            rounds = if per_round > 0.0 {
-                ((options.target_wave_seconds / per_round) as usize).clamp(1, 64)
-            } else {
-                64
+            let next = match stop {
+                Some(_) => None,
+                None => {
+                    let wave = done
+                        .iter()
+                        .map(|(_, wave, _)| *wave)
+                        .chain(in_flight.as_ref().map(|w| w.wave))
+                        .max()
+                        .unwrap_or(0)
+                        + 1;
+                    let chunks = self
+                        .wave_chunks(snapshot, wave, &remaining, partitions * rounds)
+                        .await?;
+                    Some((wave, chunks))
+                }
             };
-            tracing::info!(%snapshot, wave, chunks = chunks.len(), chunks_done = total as usize - remaining.len() + chunks.len(),
-                chunks_total = total, seconds = clock.elapsed().as_secs_f64(), "wave committed");
+            // Commit the wave in flight (bronze append, facts rows) while the next is read.
+            let finishing = async {
+                match in_flight.take() {
+                    Some(wave) => self.finish_wave(snapshot, &plan, wave).await.map(Some),
+                    None => Ok(None),
+                }
+            };
+            let reading = async {
+                match &next {
+                    Some((wave, chunks)) => {
+                        let clock = Instant::now();
+                        let stage = self.read_wave_files(snapshot, *wave, chunks).await?;
+                        Ok(Some((stage, clock.elapsed())))
+                    }
+                    None => Ok::<_, WriterError>(None),
+                }
+            };
+            let (finished, read) = tokio::join!(finishing, reading);
+            if let Some((wave, wave_rows)) = finished? {
+                rows_read += wave_rows.iter().map(|(_, rows)| rows).sum::<u64>();
+                done.extend(wave_rows.iter().map(|(chunk, rows)| (*chunk, wave, *rows)));
+                waves_read += 1;
+                let rows_per_second = rows_read as f64 / call.elapsed().as_secs_f64().max(1e-9);
+                let rows_left: u64 = plan
+                    .iter()
+                    .filter(|chunk| !done.iter().any(|(id, ..)| *id == chunk.chunk))
+                    .map(|chunk| chunk.rows)
+                    .sum();
+                on_wave(&WaveProgress {
+                    snapshot,
+                    wave,
+                    chunks_done: done.len() as u64,
+                    chunks_total: total,
+                    rows: rows_read,
+                    rows_per_second,
+                    eta_seconds: (rows_per_second > 0.0)
+                        .then(|| rows_left as f64 / rows_per_second),
+                });
+                tracing::info!(%snapshot, wave, chunks_done = done.len(), chunks_total = total,
+                    "wave committed");
+            }
+            match (next, read?) {
+                (Some((wave, chunks)), Some((stage, elapsed))) => {
+                    let rounds_read = chunks.len().div_ceil(partitions).max(1);
+                    let per_round = elapsed.as_secs_f64() / rounds_read as f64;
+                    rounds = if per_round > 0.0 {
+                        ((options.target_wave_seconds / per_round) as usize).clamp(1, 64)
+                    } else {
+                        64
+                    };
+                    in_flight = Some(WaveInFlight {
+                        wave,
+                        chunks,
+                        stage,
+                    });
+                }
+                _ => {
+                    let (state, reason, paused) = stop.unwrap_or_default();
+                    let complete = plan
+                        .iter()
+                        .all(|chunk| done.iter().any(|(id, ..)| *id == chunk.chunk));
+                    if complete {
+                        let rows = done.iter().map(|(_, _, rows)| rows).sum();
+                        self.complete(snapshot, &plan, rows).await?;
+                    }
+                    return Ok(BackfillStatus {
+                        snapshot: Some(snapshot),
+                        chunks_done: done.len() as u64,
+                        chunks_total: Some(total),
+                        done: complete,
+                        paused: !complete && paused,
+                        state: if complete { "done".into() } else { state },
+                        reason: (!complete).then_some(reason),
+                    });
+                }
+            }
         }
     }
 
@@ -824,23 +872,20 @@ impl Snapshots {
             .collect())
     }
 
-    /// Reads one wave into one bronze append (unless bronze holds it), then its facts rows;
-    /// returns each chunk's rows.
-    async fn read_wave(
+    /// Reads one wave's chunks into bronze files, not yet committed; or, when bronze already
+    /// holds the wave (a rerun after its append), counts its rows there.
+    async fn read_wave_files(
         &self,
         snapshot: Lsn,
         wave: i64,
-        plan: &[PlannedChunk],
         chunks: &[PlannedChunk],
-    ) -> Result<Vec<(i32, u64)>> {
+    ) -> Result<WaveStage> {
         let bronze_txn = self.txn("snap", snapshot);
-        let last_chunk = plan.last().map(|chunk| chunk.chunk);
-        let outcome: Vec<(i32, u64, Lsn, Option<Lsn>)> =
-            if self.held_by_bronze(&bronze_txn, wave).await? {
-                // A rerun after the append: Delta holds the wave, count its rows in bronze.
-                let counted = self
-                    .count_snapshot_rows(snapshot, Some(chunks.iter().map(|c| c.chunk).collect()))
-                    .await?;
+        if self.held_by_bronze(&bronze_txn, wave).await? {
+            let counted = self
+                .count_snapshot_rows(snapshot, Some(chunks.iter().map(|c| c.chunk).collect()))
+                .await?;
+            return Ok(WaveStage::Held(
                 chunks
                     .iter()
                     .map(|chunk| {
@@ -853,21 +898,44 @@ impl Snapshots {
                             None,
                         )
                     })
-                    .collect()
-            } else {
-                let mut command = SnapshotCommand::new(self.config.table.clone());
-                command.chunks = Some(
-                    chunks
-                        .iter()
-                        .map(|chunk| ChunkSpec {
-                            chunk: chunk.chunk,
-                            lo: chunk.lo,
-                            hi: chunk.hi,
-                        })
-                        .collect(),
-                );
+                    .collect(),
+            ));
+        }
+        let mut command = SnapshotCommand::new(self.config.table.clone());
+        command.chunks = Some(
+            chunks
+                .iter()
+                .map(|chunk| ChunkSpec {
+                    chunk: chunk.chunk,
+                    lo: chunk.lo,
+                    hi: chunk.hi,
+                })
+                .collect(),
+        );
+        Ok(WaveStage::Read(
+            self.read_files(snapshot, command, wave).await?,
+        ))
+    }
+
+    /// Commits a wave read by [`Self::read_wave_files`] (one bronze append unless bronze
+    /// holds it), then its facts rows; returns each chunk's rows.
+    async fn finish_wave(
+        &self,
+        snapshot: Lsn,
+        plan: &[PlannedChunk],
+        in_flight: WaveInFlight,
+    ) -> Result<(i64, Vec<(i32, u64)>)> {
+        let WaveInFlight {
+            wave,
+            chunks,
+            stage,
+        } = in_flight;
+        let last_chunk = plan.last().map(|chunk| chunk.chunk);
+        let outcome: Vec<(i32, u64, Lsn, Option<Lsn>)> = match stage {
+            WaveStage::Held(counted) => counted,
+            WaveStage::Read(pending) => {
                 let read = self
-                    .read_into_bronze(snapshot, command, &bronze_txn, wave)
+                    .commit_files(pending, &self.txn("snap", snapshot), wave)
                     .await?;
                 crate::stream::crash_point("after_wave_bronze", wave);
                 chunks
@@ -882,7 +950,8 @@ impl Snapshots {
                         )
                     })
                     .collect()
-            };
+            }
+        };
         let rows: Vec<FactsRow> = outcome
             .iter()
             .map(|(chunk, rows, stamp, high)| FactsRow {
@@ -901,10 +970,13 @@ impl Snapshots {
             .collect();
         self.append_facts(&self.txn("snapchunks", snapshot), wave, rows)
             .await?;
-        Ok(outcome
-            .iter()
-            .map(|(chunk, rows, ..)| (*chunk, *rows))
-            .collect())
+        Ok((
+            wave,
+            outcome
+                .iter()
+                .map(|(chunk, rows, ..)| (*chunk, *rows))
+                .collect(),
+        ))
     }
 
     /// Writes the completion row once every chunk is in, with the chunks' rows.
@@ -980,6 +1052,18 @@ impl Snapshots {
         txn: &str,
         version: i64,
     ) -> Result<SnapshotRead> {
+        let pending = self.read_files(snapshot, command, version).await?;
+        self.commit_files(pending, txn, version).await
+    }
+
+    /// Reads every endpoint of a snapshot command in parallel into bronze files, not yet
+    /// committed; refuses a stream stamped below S (P2).
+    async fn read_files(
+        &self,
+        snapshot: Lsn,
+        command: SnapshotCommand,
+        version: i64,
+    ) -> Result<PendingFiles> {
         let plan = self.client.plan_snapshot(&command).await?;
         let schema = Arc::new(
             plan.info
@@ -1046,28 +1130,70 @@ impl Snapshots {
             files.extend(endpoint_files);
         }
         let total: u64 = out.rows.iter().sum();
-        if total > 0 {
-            let metadata = json!({
-                "snapshot": plan.metadata.capture_instance,
-                "lsn": snapshot,
-                "wave": version,
-                "rows": total,
-                "chunks": command.chunks.as_ref().map(|chunks| chunks
-                    .iter()
-                    .zip(out.rows.iter().zip(&out.completions))
-                    .map(|(chunk, (rows, completion))| json!({
-                        "chunk": chunk.chunk, "lo": chunk.lo, "hi": chunk.hi, "rows": rows,
-                        "stamp": completion.snapshot_lsn, "high_lsn": completion.max_lsn,
-                        "read_seconds": completion.seconds, "read_mb": completion.bytes as f64 / 1e6,
-                    }))
-                    .collect::<Vec<_>>()),
-            });
-            appender
-                .commit(files, txn, version, metadata.to_string())
+        let metadata = json!({
+            "snapshot": plan.metadata.capture_instance,
+            "lsn": snapshot,
+            "wave": version,
+            "rows": total,
+            "chunks": command.chunks.as_ref().map(|chunks| chunks
+                .iter()
+                .zip(out.rows.iter().zip(&out.completions))
+                .map(|(chunk, (rows, completion))| json!({
+                    "chunk": chunk.chunk, "lo": chunk.lo, "hi": chunk.hi, "rows": rows,
+                    "stamp": completion.snapshot_lsn, "high_lsn": completion.max_lsn,
+                    "read_seconds": completion.seconds, "read_mb": completion.bytes as f64 / 1e6,
+                }))
+                .collect::<Vec<_>>()),
+        });
+        Ok(PendingFiles {
+            appender,
+            files,
+            read: out,
+            total,
+            metadata: metadata.to_string(),
+        })
+    }
+
+    /// Commits files read by [`Self::read_files`] in one bronze append `(txn, version)` (none
+    /// when no row was read).
+    async fn commit_files(
+        &self,
+        pending: PendingFiles,
+        txn: &str,
+        version: i64,
+    ) -> Result<SnapshotRead> {
+        if pending.total > 0 {
+            pending
+                .appender
+                .commit(pending.files, txn, version, pending.metadata)
                 .await?;
         }
-        Ok(out)
+        Ok(pending.read)
     }
+}
+
+/// Bronze files of a snapshot read, written and not yet committed.
+struct PendingFiles {
+    appender: Arc<bronze::Appender>,
+    files: Vec<deltalake::kernel::Add>,
+    read: SnapshotRead,
+    total: u64,
+    metadata: String,
+}
+
+/// A wave between its read and its commit.
+enum WaveStage {
+    /// Read into files, to be appended.
+    Read(PendingFiles),
+    /// Already in bronze (a rerun after the append): each chunk's `(chunk, rows, stamp, high)`.
+    Held(Vec<(i32, u64, Lsn, Option<Lsn>)>),
+}
+
+/// The wave read last: committed while the next wave is read.
+struct WaveInFlight {
+    wave: i64,
+    chunks: Vec<PlannedChunk>,
+    stage: WaveStage,
 }
 
 /// The newest snapshot of an app id as the facts table records it (lake only).

@@ -347,6 +347,21 @@ async fn a_crash_between_a_waves_append_and_its_facts_rows_reruns_the_wave_once(
         !crashed.status.success(),
         "the writer aborted after wave 2's append"
     );
+    // Wave 3 was being read while wave 2 committed: its chunks were recorded first, so the
+    // rerun reads exactly them after finishing wave 2.
+    let recorded_next = query(
+        &format!("{}_snapshot_plans", config.target),
+        "SELECT detail FROM t WHERE event = 'snapshot_chunk' AND detail LIKE '%\"wave\":3%'",
+    )
+    .await;
+    assert!(
+        recorded_next
+            .iter()
+            .map(RecordBatch::num_rows)
+            .sum::<usize>()
+            > 0,
+        "wave 3 was read ahead"
+    );
     lab.workload(52, 40);
     let finished = tokio::task::spawn_blocking({
         let mut command = backfill(None);
