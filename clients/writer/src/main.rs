@@ -9,6 +9,7 @@ use mssql_cdc_writer::sidecar;
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
+use mssql_cdc_writer::tables;
 
 // As in the server: per-batch multi-megabyte Arrow and Parquet buffers are reused by
 // mimalloc instead of going back to mmap/munmap.
@@ -34,6 +35,9 @@ enum Commands {
     Backfill(Box<BackfillArgs>),
     /// Apply bronze's changes to a current-state silver table (see docs/silver.md).
     Apply(Box<ApplyArgs>),
+    /// Open, inspect, pause or resume a table's snapshot (see docs/snapshots.md).
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
     /// Print each table of a sidecar file: last batch, end offset, verdict, lag.
     Status {
         /// The sidecar file.
@@ -43,6 +47,80 @@ enum Commands {
     /// The whole pipeline on the embedded default: a simulated CDC database with a workload,
     /// the Flight server in process, and every table streamed into a local lake.
     Demo(DemoArgs),
+}
+
+#[derive(Subcommand)]
+enum SnapshotCommand {
+    /// Open a snapshot: `full` reads the whole table now, `chunked` records S and the key
+    /// extent and leaves the chunks to `backfill` (or the sidecar).
+    Open {
+        #[command(flatten)]
+        table: SnapshotTable,
+        /// full or chunked.
+        #[arg(long, default_value = "chunked")]
+        mode: String,
+    },
+    /// The newest snapshot of the app id: mode, chunks done of total, paused or done (JSON).
+    Status {
+        #[command(flatten)]
+        table: SnapshotTable,
+    },
+    /// Pause the open chunked snapshot: every backfill stops before its next wave, in any
+    /// process, until `resume` (the wave being read finishes).
+    Pause {
+        #[command(flatten)]
+        table: SnapshotTable,
+        /// Why, recorded with the pause and shown by status.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Resume a paused chunked snapshot.
+    Resume {
+        #[command(flatten)]
+        table: SnapshotTable,
+    },
+}
+
+#[derive(Args)]
+struct SnapshotTable {
+    /// Flight server URL (used by `open`).
+    #[arg(
+        long,
+        env = "MSSQL_CDC_FLIGHT_URL",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    server: String,
+    /// Source table (schema.table).
+    #[arg(long)]
+    table: String,
+    /// Bronze table location (its plans table lies beside it).
+    #[arg(long)]
+    target: String,
+    /// Facts table location.
+    #[arg(long)]
+    facts: String,
+    /// The stream's app id.
+    #[arg(long)]
+    app_id: String,
+}
+
+impl SnapshotTable {
+    fn config(&self) -> StreamConfig {
+        StreamConfig {
+            server: self.server.clone(),
+            table: self.table.clone(),
+            target: self.target.clone(),
+            facts: self.facts.clone(),
+            control: None,
+            app_id: self.app_id.clone(),
+            checkpoint: PathBuf::new(),
+            starting: "earliest".into(),
+            max_commits: None,
+            partitions: 2,
+            granularity: Granularity::Hour,
+            fail_on_data_loss: true,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -191,6 +269,7 @@ fn main() -> anyhow::Result<()> {
         Commands::Run(args) => *args,
         Commands::Status { config } => return runtime.block_on(print_status(config)),
         Commands::Backfill(args) => return runtime.block_on(backfill(*args)),
+        Commands::Snapshot(command) => return runtime.block_on(snapshot_command(command)),
         Commands::Apply(args) => return runtime.block_on(apply(*args)),
         Commands::Demo(args) => return runtime.block_on(demo::run(args.dir, args.commits)),
     };
@@ -272,6 +351,72 @@ async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
             "bronze_found": outcome.bronze_found,
         })
     );
+    Ok(())
+}
+
+async fn snapshot_command(command: SnapshotCommand) -> anyhow::Result<()> {
+    match command {
+        SnapshotCommand::Open { table, mode } => {
+            let snapshots = Snapshots::connect(table.config()).await?;
+            let answer = match mode.parse::<SnapshotMode>()? {
+                SnapshotMode::Full => {
+                    let full = snapshots.bootstrap_full().await?;
+                    serde_json::json!({"snapshot": full.snapshot, "mode": "full", "rows": full.rows,
+                        "reused": full.reused, "done": true})
+                }
+                SnapshotMode::Chunked => {
+                    let snapshot = snapshots.open_chunked().await?;
+                    serde_json::json!({"snapshot": snapshot, "mode": "chunked", "done": false})
+                }
+            };
+            println!("{answer}");
+        }
+        SnapshotCommand::Status { table } => {
+            let facts = tables::table_url(&table.facts)?;
+            let answer = match snapshot::progress(&facts, &table.app_id).await? {
+                None => serde_json::json!({"snapshot": null, "state": "no_snapshot"}),
+                Some(progress) => {
+                    let plans = tables::table_url(&snapshot::plans_location(&table.target))?;
+                    let paused = if progress.done {
+                        None
+                    } else {
+                        snapshot::operator_pause(&plans, progress.snapshot).await?
+                    };
+                    serde_json::json!({
+                        "snapshot": progress.snapshot,
+                        "mode": format!("{:?}", progress.mode).to_lowercase(),
+                        "chunks_done": progress.chunks_done,
+                        "chunks_total": progress.chunks_total,
+                        "done": progress.done,
+                        "paused": paused.is_some(),
+                        "state": if progress.done { "done" } else if paused.is_some() { "paused" } else { "open" },
+                        "reason": paused,
+                    })
+                }
+            };
+            println!("{answer}");
+        }
+        SnapshotCommand::Pause { table, reason } => {
+            let snapshot = Snapshots::connect(table.config())
+                .await?
+                .set_paused(true, reason.as_deref())
+                .await?;
+            println!(
+                "{}",
+                serde_json::json!({"snapshot": snapshot, "paused": true})
+            );
+        }
+        SnapshotCommand::Resume { table } => {
+            let snapshot = Snapshots::connect(table.config())
+                .await?
+                .set_paused(false, None)
+                .await?;
+            println!(
+                "{}",
+                serde_json::json!({"snapshot": snapshot, "paused": false})
+            );
+        }
+    }
     Ok(())
 }
 

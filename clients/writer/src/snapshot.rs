@@ -618,6 +618,51 @@ impl Snapshots {
     }
 
     /// Pauses while the stream's retention headroom is short or unknown.
+    async fn paused_by_operator(&self, snapshot: Lsn) -> Result<Option<String>> {
+        operator_pause(&self.plans, snapshot).await
+    }
+
+    /// Pauses (or resumes) the open chunked snapshot: a plans row every backfill checks
+    /// before it starts a wave, so the pause holds across processes and restarts; the wave
+    /// being read finishes. Returns the snapshot's S.
+    pub async fn set_paused(&self, paused: bool, reason: Option<&str>) -> Result<Lsn> {
+        let recorded = self.recorded().await?;
+        let snapshot = Self::open_chunked_of(&recorded).ok_or_else(|| {
+            WriterError::invalid(format!(
+                "{} has no open chunked snapshot to {}",
+                self.config.table,
+                if paused { "pause" } else { "resume" }
+            ))
+        })?;
+        let rows = operator_rows(&self.plans, snapshot).await?;
+        if rows
+            .last()
+            .map(|(_, was_paused, _)| *was_paused)
+            .unwrap_or(false)
+            == paused
+        {
+            return Ok(snapshot); // already in that state
+        }
+        let sequence = rows.last().map_or(0, |(sequence, ..)| *sequence) + 1;
+        let event = if paused {
+            "snapshot_pause"
+        } else {
+            "snapshot_resume"
+        };
+        self.append_plans(
+            &self.txn("snapcontrol", snapshot),
+            sequence,
+            snapshot,
+            vec![(
+                event,
+                json!({"sequence": sequence, "reason": reason.unwrap_or_default()}),
+            )],
+        )
+        .await?;
+        tracing::info!(table = %self.config.table, %snapshot, paused, "snapshot {event}");
+        Ok(snapshot)
+    }
+
     async fn headroom_guard(&self, min_hours: f64) -> Result<Option<(String, String)>> {
         let rows = tables::query_text(
             &self.facts,
@@ -728,6 +773,8 @@ impl Snapshots {
                     format!("max_waves {waves} reached"),
                     false,
                 ));
+            } else if let Some(reason) = self.paused_by_operator(snapshot).await? {
+                stop = Some(("paused".into(), reason, true));
             } else if let Some(min) = options.min_headroom_hours
                 && let Some((state, reason)) = self.headroom_guard(min).await?
             {
@@ -1194,6 +1241,55 @@ struct WaveInFlight {
     wave: i64,
     chunks: Vec<PlannedChunk>,
     stage: WaveStage,
+}
+
+/// The operator's pause and resume rows of a snapshot in the plans table at `plans`,
+/// `(sequence, paused, reason)`, oldest first.
+async fn operator_rows(plans: &Url, snapshot: Lsn) -> Result<Vec<(i64, bool, String)>> {
+    if tables::open(plans).await?.is_none() {
+        return Ok(Vec::new());
+    }
+    let rows = tables::query_text(
+        plans,
+        &format!(
+            "SELECT event, detail FROM t WHERE snapshot = '{snapshot}' AND event IN \
+             ('snapshot_pause', 'snapshot_resume')"
+        ),
+    )
+    .await?;
+    let mut parsed: Vec<(i64, bool, String)> = rows
+        .into_iter()
+        .filter_map(|row| {
+            let detail: serde_json::Value =
+                serde_json::from_str(row[1].as_deref().unwrap_or("null")).ok()?;
+            Some((
+                detail["sequence"].as_i64()?,
+                row[0].as_deref() == Some("snapshot_pause"),
+                detail["reason"].as_str().unwrap_or_default().to_string(),
+            ))
+        })
+        .collect();
+    parsed.sort();
+    Ok(parsed)
+}
+
+/// Why a snapshot is paused by an operator (its newest pause/resume row in the plans table
+/// at `plans` is a pause), or `None`.
+pub async fn operator_pause(plans: &Url, snapshot: Lsn) -> Result<Option<String>> {
+    Ok(operator_rows(plans, snapshot)
+        .await?
+        .last()
+        .filter(|(_, paused, _)| *paused)
+        .map(|(_, _, reason)| {
+            format!(
+                "paused by an operator ({}); `mssql-cdc-writer snapshot resume` resumes it",
+                if reason.is_empty() {
+                    "no reason given"
+                } else {
+                    reason
+                }
+            )
+        }))
 }
 
 /// The newest snapshot of an app id as the facts table records it (lake only).

@@ -456,3 +456,123 @@ async fn the_sidecar_bootstraps_its_tables_and_status_shows_the_snapshots() {
         "the sidecar's apply step keeps silver in step"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_pauses_and_resumes_a_chunked_snapshot_from_the_cli() {
+    let lab = Lab::new().await;
+    lab.workload(61, 200);
+    let config = lab.config();
+    let writer = |arguments: Vec<String>| {
+        let lab_arguments = [
+            "--server".to_string(),
+            lab.url.clone(),
+            "--table".into(),
+            "dbo.orders".into(),
+            "--target".into(),
+            config.target.clone(),
+            "--facts".into(),
+            config.facts.clone(),
+            "--app-id".into(),
+            config.app_id.clone(),
+        ];
+        async move {
+            let output = tokio::task::spawn_blocking(move || {
+                Command::new(WRITER)
+                    .args(&arguments)
+                    .args(lab_arguments)
+                    .env("RUST_LOG", "warn")
+                    .env_remove(CRASH_AT_VARIABLE)
+                    .output()
+                    .expect("run")
+            })
+            .await
+            .expect("join");
+            assert!(
+                output.status.success(),
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            serde_json::from_slice::<serde_json::Value>(&output.stdout).expect("JSON")
+        }
+    };
+    let args = |words: &[&str]| {
+        words
+            .iter()
+            .map(|word| word.to_string())
+            .collect::<Vec<_>>()
+    };
+    let opened = writer(args(&["snapshot", "open", "--mode", "chunked"])).await;
+    assert_eq!(opened["mode"], "chunked");
+    let status = writer(args(&["snapshot", "status"])).await;
+    assert_eq!(status["state"], "open", "{status}");
+    assert_eq!(status["snapshot"], opened["snapshot"]);
+
+    let paused = writer(args(&[
+        "snapshot",
+        "pause",
+        "--reason",
+        "nightly maintenance",
+    ]))
+    .await;
+    assert_eq!(paused["paused"], true);
+    let status = writer(args(&["snapshot", "status"])).await;
+    assert_eq!(status["state"], "paused", "{status}");
+    assert!(
+        status["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("nightly maintenance")
+    );
+    // A backfill in any process stops before its first wave while paused.
+    let held = writer(args(&[
+        "backfill",
+        "--chunk-rows",
+        "30",
+        "--target-wave-seconds",
+        "0",
+    ]))
+    .await;
+    assert_eq!(held["state"], "paused", "{held}");
+    assert_eq!(held["paused"], true);
+    assert_eq!(held["chunks_done"], 0, "no wave read while paused");
+    // Pausing twice records nothing new; resuming lets the backfill finish.
+    writer(args(&["snapshot", "pause"])).await;
+    let resumed = writer(args(&["snapshot", "resume"])).await;
+    assert_eq!(resumed["paused"], false);
+    let finished = writer(args(&[
+        "backfill",
+        "--chunk-rows",
+        "30",
+        "--target-wave-seconds",
+        "0",
+    ]))
+    .await;
+    assert_eq!(finished["done"], true, "{finished}");
+    let status = writer(args(&["snapshot", "status"])).await;
+    assert_eq!(status["state"], "done", "{status}");
+    assert_eq!(status["chunks_done"], status["chunks_total"]);
+    let snapshot: Lsn = opened["snapshot"]
+        .as_str()
+        .expect("lsn")
+        .parse()
+        .expect("lsn");
+    let rebuilt = rebuild(&lab, snapshot).await;
+    assert_eq!(
+        rebuilt,
+        source_rows(&lab).await,
+        "bronze rebuilds the table"
+    );
+    let operator_rows = query(
+        &format!("{}_snapshot_plans", config.target),
+        "SELECT event FROM t WHERE event IN ('snapshot_pause', 'snapshot_resume')",
+    )
+    .await;
+    assert_eq!(
+        operator_rows
+            .iter()
+            .map(RecordBatch::num_rows)
+            .sum::<usize>(),
+        2,
+        "one pause and one resume recorded"
+    );
+}
