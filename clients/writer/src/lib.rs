@@ -5,6 +5,7 @@
 //! per micro-batch and per event), and control (the `finalized_until` verdict, moved only
 //! after the data). The writer talks to SQL Server only through the Flight server.
 
+pub mod admin;
 pub mod bronze;
 pub mod checkpoint;
 pub mod control;

@@ -5,11 +5,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use mssql_cdc_writer::control::Granularity;
-use mssql_cdc_writer::sidecar;
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
-use mssql_cdc_writer::tables;
+use mssql_cdc_writer::{admin, sidecar};
 
 // As in the server: per-batch multi-megabyte Arrow and Parquet buffers are reused by
 // mimalloc instead of going back to mmap/munmap.
@@ -83,7 +82,11 @@ enum SnapshotCommand {
 
 #[derive(Args)]
 struct SnapshotTable {
-    /// Flight server URL (used by `open`).
+    /// A sidecar's admin service (`admin_listen` of its file): the call goes there and the
+    /// sidecar's own settings for the table apply; without it the lake is used directly.
+    #[arg(long, env = "MSSQL_CDC_WRITER_ADMIN")]
+    admin: Option<String>,
+    /// Flight server URL (used by `open`, `pause` and `resume`).
     #[arg(
         long,
         env = "MSSQL_CDC_FLIGHT_URL",
@@ -94,32 +97,34 @@ struct SnapshotTable {
     #[arg(long)]
     table: String,
     /// Bronze table location (its plans table lies beside it).
-    #[arg(long)]
-    target: String,
+    #[arg(long, required_unless_present = "admin")]
+    target: Option<String>,
     /// Facts table location.
-    #[arg(long)]
-    facts: String,
+    #[arg(long, required_unless_present = "admin")]
+    facts: Option<String>,
     /// The stream's app id.
-    #[arg(long)]
-    app_id: String,
+    #[arg(long, required_unless_present = "admin")]
+    app_id: Option<String>,
 }
 
 impl SnapshotTable {
-    fn config(&self) -> StreamConfig {
-        StreamConfig {
+    fn config(&self) -> anyhow::Result<StreamConfig> {
+        let missing =
+            || anyhow::anyhow!("--target, --facts and --app-id are needed without --admin");
+        Ok(StreamConfig {
             server: self.server.clone(),
             table: self.table.clone(),
-            target: self.target.clone(),
-            facts: self.facts.clone(),
+            target: self.target.clone().ok_or_else(missing)?,
+            facts: self.facts.clone().ok_or_else(missing)?,
             control: None,
-            app_id: self.app_id.clone(),
+            app_id: self.app_id.clone().ok_or_else(missing)?,
             checkpoint: PathBuf::new(),
             starting: "earliest".into(),
             max_commits: None,
             partitions: 2,
             granularity: Granularity::Hour,
             fail_on_data_loss: true,
-        }
+        })
     }
 }
 
@@ -355,68 +360,20 @@ async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
 }
 
 async fn snapshot_command(command: SnapshotCommand) -> anyhow::Result<()> {
-    match command {
+    let (table, request) = match command {
         SnapshotCommand::Open { table, mode } => {
-            let snapshots = Snapshots::connect(table.config()).await?;
-            let answer = match mode.parse::<SnapshotMode>()? {
-                SnapshotMode::Full => {
-                    let full = snapshots.bootstrap_full().await?;
-                    serde_json::json!({"snapshot": full.snapshot, "mode": "full", "rows": full.rows,
-                        "reused": full.reused, "done": true})
-                }
-                SnapshotMode::Chunked => {
-                    let snapshot = snapshots.open_chunked().await?;
-                    serde_json::json!({"snapshot": snapshot, "mode": "chunked", "done": false})
-                }
-            };
-            println!("{answer}");
+            let mode: SnapshotMode = mode.parse()?;
+            (table, admin::Request::Open(mode))
         }
-        SnapshotCommand::Status { table } => {
-            let facts = tables::table_url(&table.facts)?;
-            let answer = match snapshot::progress(&facts, &table.app_id).await? {
-                None => serde_json::json!({"snapshot": null, "state": "no_snapshot"}),
-                Some(progress) => {
-                    let plans = tables::table_url(&snapshot::plans_location(&table.target))?;
-                    let paused = if progress.done {
-                        None
-                    } else {
-                        snapshot::operator_pause(&plans, progress.snapshot).await?
-                    };
-                    serde_json::json!({
-                        "snapshot": progress.snapshot,
-                        "mode": format!("{:?}", progress.mode).to_lowercase(),
-                        "chunks_done": progress.chunks_done,
-                        "chunks_total": progress.chunks_total,
-                        "done": progress.done,
-                        "paused": paused.is_some(),
-                        "state": if progress.done { "done" } else if paused.is_some() { "paused" } else { "open" },
-                        "reason": paused,
-                    })
-                }
-            };
-            println!("{answer}");
-        }
-        SnapshotCommand::Pause { table, reason } => {
-            let snapshot = Snapshots::connect(table.config())
-                .await?
-                .set_paused(true, reason.as_deref())
-                .await?;
-            println!(
-                "{}",
-                serde_json::json!({"snapshot": snapshot, "paused": true})
-            );
-        }
-        SnapshotCommand::Resume { table } => {
-            let snapshot = Snapshots::connect(table.config())
-                .await?
-                .set_paused(false, None)
-                .await?;
-            println!(
-                "{}",
-                serde_json::json!({"snapshot": snapshot, "paused": false})
-            );
-        }
-    }
+        SnapshotCommand::Status { table } => (table, admin::Request::Status),
+        SnapshotCommand::Pause { table, reason } => (table, admin::Request::Pause(reason)),
+        SnapshotCommand::Resume { table } => (table, admin::Request::Resume),
+    };
+    let state = match &table.admin {
+        Some(url) => admin::call(url, &table.table, request).await?,
+        None => admin::run_locally(&table.config()?, request).await?,
+    };
+    println!("{}", serde_json::to_string(&state)?);
     Ok(())
 }
 
@@ -499,6 +456,13 @@ async fn run_sidecar(path: &std::path::Path, available_now: bool) -> anyhow::Res
             let _ = stop.send(true);
         }
     });
+    if let Some(address) = &config.admin_listen {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|error| anyhow::anyhow!("binding the admin service to {address}: {error}"))?;
+        println!("admin service on {}", listener.local_addr()?);
+        tokio::spawn(admin::serve(listener, config.clone(), stopped.clone()));
+    }
     sidecar::run_continuous(&config, stopped).await;
     Ok(())
 }

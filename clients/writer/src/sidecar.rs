@@ -63,6 +63,10 @@ pub struct SidecarConfig {
     /// Seconds between polls of an idle table (default 5).
     #[serde(default = "default_poll")]
     pub poll_seconds: f64,
+    /// Address of the admin gRPC service (`proto/mssql_cdc_admin.proto`: open, status,
+    /// pause and resume snapshots), for example `127.0.0.1:50061`; none when unset.
+    #[serde(default)]
+    pub admin_listen: Option<String>,
     /// The tables.
     pub tables: Vec<TableEntry>,
 }
@@ -156,7 +160,8 @@ async fn bootstrap(entry: &TableEntry, config: &mut StreamConfig) -> Result<()> 
     Ok(())
 }
 
-/// Reads the open chunked snapshot of a table to its end, one wave per call of `backfill`.
+/// Reads the open chunked snapshot of a table to its end, one wave per call of `backfill`
+/// (available-now runs; a paused snapshot is left for a later run).
 async fn backfill_to_end(entry: &TableEntry, config: &StreamConfig) -> Result<()> {
     if entry.bootstrap != Some(SnapshotMode::Chunked) {
         return Ok(());
@@ -168,6 +173,43 @@ async fn backfill_to_end(entry: &TableEntry, config: &StreamConfig) -> Result<()
             return Ok(());
         }
     }
+}
+
+/// Next to a continuous stream: reads the waves of any open chunked snapshot of the table
+/// (the entry's bootstrap, or one an operator opened with `snapshot open`), waits `poll`
+/// while it is paused or none is open, until `stop`. Failures end the task only for a
+/// table whose entry asks for a chunked bootstrap; otherwise they are logged and retried.
+async fn backfill_continuous(
+    entry: &TableEntry,
+    config: &StreamConfig,
+    poll: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<()> {
+    let snapshots = Snapshots::connect(config.clone()).await?;
+    let mut last_state = String::new();
+    while !*stop.borrow() {
+        match snapshots.backfill(&entry.backfill_options()).await {
+            Ok(status) => {
+                if status.state != last_state {
+                    tracing::info!(table = %entry.table, state = %status.state,
+                        reason = status.reason.as_deref().unwrap_or(""), "backfill");
+                    last_state = status.state.clone();
+                }
+                if !(status.done || status.paused || status.state == "no_snapshot") {
+                    continue; // the next wave at once
+                }
+            }
+            Err(error) if entry.bootstrap == Some(SnapshotMode::Chunked) => return Err(error),
+            Err(error) => {
+                tracing::debug!(table = %entry.table, %error, "no snapshot to backfill yet");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(poll) => {}
+            _ = stop.changed() => {}
+        }
+    }
+    Ok(())
 }
 
 impl SidecarConfig {
@@ -327,8 +369,11 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
                     bootstrap(&entry, &mut stream_config).await?;
                     // The chunked snapshot's waves run next to the stream, in their own task.
                     let backfill = {
-                        let (entry, config) = (entry.clone(), stream_config.clone());
-                        tokio::spawn(async move { backfill_to_end(&entry, &config).await })
+                        let (entry, config, stop) =
+                            (entry.clone(), stream_config.clone(), stop.clone());
+                        tokio::spawn(async move {
+                            backfill_continuous(&entry, &config, poll, stop).await
+                        })
                     };
                     let mut stream = Stream::connect(stream_config.clone()).await?;
                     let batches = stream.run_continuous(poll, stop.clone()).await;

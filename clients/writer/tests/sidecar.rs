@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Lab, query, utf8};
+use common::{Lab, query, source_rows, utf8};
 use mssql_cdc_writer::sidecar::{self, SidecarConfig};
 
 fn write_config(lab: &Lab, tables: &[(&str, &str)]) -> std::path::PathBuf {
@@ -113,4 +113,110 @@ async fn bad_sidecar_files_are_refused_with_the_reason() {
     std::fs::write(&path, text).expect("write");
     let error = SidecarConfig::load(&path).expect_err("unknown key");
     assert!(error.to_string().contains("granularty"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_service_opens_pauses_and_resumes_a_snapshot_the_sidecar_reads() {
+    use mssql_cdc_writer::admin::{self, Request};
+    use mssql_cdc_writer::snapshot::SnapshotMode;
+
+    let lab = Lab::new().await;
+    lab.workload(71, 200);
+    let path = write_config(&lab, &[("dbo.orders", "orders")]);
+    let mut config = SidecarConfig::load(&path).expect("config");
+    config.poll_seconds = 0.2;
+    config.tables[0].chunk_rows = Some(20);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    tokio::spawn(admin::serve(listener, config.clone(), stopped.clone()));
+    let running = tokio::spawn({
+        let config = config.clone();
+        async move { sidecar::run_continuous(&config, stopped).await }
+    });
+    let call = |request: Request| {
+        let url = url.clone();
+        async move { admin::call(&url, "dbo.orders", request).await }
+    };
+    // The stream's first batch creates the facts table; until then status has no lake.
+    let mut state = None;
+    for _ in 0..150 {
+        if let Ok(answer) = call(Request::Status).await {
+            state = Some(answer);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(state.expect("status answers").state, "no_snapshot");
+    let unknown = admin::call(&url, "dbo.nowhere", Request::Status)
+        .await
+        .expect_err("not in the file");
+    assert!(unknown.to_string().contains("dbo.nowhere"), "{unknown}");
+
+    let opened = call(Request::Open(SnapshotMode::Chunked))
+        .await
+        .expect("open");
+    assert_eq!(opened.mode.as_deref(), Some("chunked"));
+    let paused = call(Request::Pause(Some("load test".into())))
+        .await
+        .expect("pause");
+    assert!(paused.paused, "{paused:?}");
+    // The sidecar finishes at most the wave it was reading, then holds.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let held = call(Request::Status).await.expect("status");
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let still = call(Request::Status).await.expect("status");
+    assert_eq!(held.state, "paused", "{held:?}");
+    assert!(
+        held.reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("load test")
+    );
+    assert_eq!(held.chunks_done, still.chunks_done, "no wave while paused");
+    assert!(
+        held.chunks_total
+            .is_some_and(|total| held.chunks_done < total),
+        "{held:?}"
+    );
+
+    let resumed = call(Request::Resume).await.expect("resume");
+    assert!(!resumed.paused);
+    let mut done = None;
+    for _ in 0..300 {
+        let answer = call(Request::Status).await.expect("status");
+        if answer.done {
+            done = Some(answer);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let done = done.expect("the sidecar finishes the snapshot after resume");
+    assert_eq!(Some(done.chunks_done), done.chunks_total);
+    let snapshot = opened.snapshot.expect("S");
+    let rows = query(
+        &lab.lake("bronze_orders"),
+        &format!(
+            "SELECT COUNT(*), COUNT(DISTINCT order_id) FROM t WHERE _operation = 0 AND _snapshot = '{snapshot}'"
+        ),
+    )
+    .await;
+    let counts = rows[0]
+        .column(0)
+        .as_any()
+        .downcast_ref::<arrow::array::Int64Array>()
+        .expect("count")
+        .value(0);
+    let distinct = rows[0]
+        .column(1)
+        .as_any()
+        .downcast_ref::<arrow::array::Int64Array>()
+        .expect("count")
+        .value(0);
+    assert_eq!(counts, distinct, "no snapshot row twice");
+    assert_eq!(counts as usize, source_rows(&lab).await.len(), "every current row");
+    stop.send(true).expect("stop");
+    running.await.expect("sidecar stops");
 }
