@@ -371,3 +371,123 @@ async fn bad_snapshot_commands_are_refused() {
         .expect_err("width 0");
     assert_eq!(error.code(), Some(tonic::Code::InvalidArgument));
 }
+
+/// The simulated database, seen as a table whose unique index is no single integer column
+/// (a composite or text key on SQL Server): `key_extent` refuses, everything else answers.
+struct KeylessSource(mssql_cdc_flight::sim::SimDb);
+
+#[async_trait::async_trait]
+impl mssql_cdc_flight::source::CdcSource for KeylessSource {
+    fn describe(&self) -> String {
+        "keyless view of the simulated database".into()
+    }
+    async fn tracked_tables(
+        &self,
+    ) -> mssql_cdc_flight::Result<Vec<mssql_cdc_flight::source::TrackedTable>> {
+        self.0.tracked_tables().await
+    }
+    async fn max_lsn(&self) -> mssql_cdc_flight::Result<Option<Lsn>> {
+        self.0.max_lsn().await
+    }
+    async fn min_lsn(&self, capture_instance: &str) -> mssql_cdc_flight::Result<Lsn> {
+        self.0.min_lsn(capture_instance).await
+    }
+    async fn lsn_to_time(
+        &self,
+        lsn: Lsn,
+    ) -> mssql_cdc_flight::Result<Option<mssql_cdc_flight::CommitTime>> {
+        self.0.lsn_to_time(lsn).await
+    }
+    async fn nth_commit_after(&self, lsn: Lsn, n: u64) -> mssql_cdc_flight::Result<Option<Lsn>> {
+        self.0.nth_commit_after(lsn, n).await
+    }
+    async fn ddl_history(
+        &self,
+        capture_instance: &str,
+        from: Lsn,
+        to: Lsn,
+    ) -> mssql_cdc_flight::Result<Vec<mssql_cdc_flight::source::DdlEntry>> {
+        self.0.ddl_history(capture_instance, from, to).await
+    }
+    async fn split_points(
+        &self,
+        capture_instance: &str,
+        from: Lsn,
+        to: Lsn,
+        n: u32,
+    ) -> mssql_cdc_flight::Result<Vec<mssql_cdc_flight::source::Tile>> {
+        self.0.split_points(capture_instance, from, to, n).await
+    }
+    async fn read_changes(
+        &self,
+        read: mssql_cdc_flight::source::ChangeRead,
+    ) -> mssql_cdc_flight::Result<mssql_cdc_flight::source::BatchStream> {
+        self.0.read_changes(read).await
+    }
+    async fn key_extent(
+        &self,
+        table: &mssql_cdc_flight::source::TableName,
+    ) -> mssql_cdc_flight::Result<KeyExtent> {
+        Err(mssql_cdc_flight::Error::invalid(format!(
+            "{table}: snapshots are cut on one integer key column; the unique index is (a, b)"
+        )))
+    }
+    async fn key_buckets(
+        &self,
+        table: &mssql_cdc_flight::source::TableName,
+        _lo: i64,
+        _hi: i64,
+        _width: u64,
+    ) -> mssql_cdc_flight::Result<Vec<KeyBucket>> {
+        Err(mssql_cdc_flight::Error::invalid(format!(
+            "{table} has no integer key"
+        )))
+    }
+    async fn read_snapshot(
+        &self,
+        read: mssql_cdc_flight::source::SnapshotRead,
+    ) -> mssql_cdc_flight::Result<mssql_cdc_flight::source::BatchStream> {
+        self.0.read_snapshot(read).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_without_an_integer_key_is_read_whole_in_one_stream_and_not_chunked() {
+    let (sim, flight) = loaded(120).await;
+    let expected = current(&flight.client).await;
+    let keyless = FlightFixture::start(Arc::new(KeylessSource(sim.db.clone()))).await;
+    let client = &keyless.client;
+    let plan = client
+        .plan_snapshot(&SnapshotCommand::new(TABLE))
+        .await
+        .expect("a whole read needs no key");
+    assert_eq!(plan.info.endpoint.len(), 1);
+    assert_eq!(plan.metadata.key, "", "no key to report");
+    assert_eq!(plan.info.total_records, -1, "row count unknown");
+    let read = read_snapshot(client, &SnapshotCommand::new(TABLE)).await;
+    let rows: Rows = read
+        .rows
+        .iter()
+        .map(|(key, values, ..)| (*key, values.clone()))
+        .collect();
+    assert_eq!(rows, expected, "the whole table, once");
+    let mut partitioned = SnapshotCommand::new(TABLE);
+    partitioned.partitions = Some(4);
+    let plan = client
+        .plan_snapshot(&partitioned)
+        .await
+        .expect("partitions are an upper bound");
+    assert_eq!(plan.info.endpoint.len(), 1, "no key to cut on: one stream");
+    let mut chunked = SnapshotCommand::new(TABLE);
+    chunked.chunks = Some(vec![ChunkSpec {
+        chunk: 1,
+        lo: None,
+        hi: Some(10),
+    }]);
+    let error = client
+        .plan_snapshot(&chunked)
+        .await
+        .expect_err("chunks need a key");
+    assert!(error.to_string().contains("one integer key"), "{error}");
+    keyless.shutdown_and_wait().await;
+}

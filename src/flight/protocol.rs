@@ -92,9 +92,9 @@ pub struct SnapshotPlanMetadata {
     pub table: String,
     /// The capture instance the rows are served for.
     pub capture_instance: String,
-    /// The key column.
+    /// The key column; empty when the table has no single integer key and is read whole.
     pub key: String,
-    /// Rows in the table when planned (an estimate on SQL Server).
+    /// Rows in the table when planned (an estimate on SQL Server; 0 when unknown).
     pub rows: u64,
 }
 

@@ -69,7 +69,17 @@ pub async fn plan(
         return Err(Error::invalid("batch_rows must be at least 1"));
     }
     let include_command_id = command.include_command_id.unwrap_or(true);
-    let extent = source.key_extent(&table).await?;
+    let extent = match source.key_extent(&table).await {
+        Ok(extent) => Some(extent),
+        // No single integer key to cut on (a composite or text key on SQL Server): a full
+        // snapshot reads the table whole, in one stream whatever `partitions` asked (the
+        // seed's rule for tables without a usable index); chunks cannot be cut.
+        Err(Error::InvalidArgument(reason)) if command.chunks.is_none() => {
+            tracing::debug!(%table, %reason, "snapshot read whole: no key to cut on");
+            None
+        }
+        Err(error) => return Err(error),
+    };
     let endpoints: Vec<Vec<SnapshotPiece>> = match &command.chunks {
         Some(chunks) => {
             if chunks.is_empty() {
@@ -103,11 +113,9 @@ pub async fn plan(
                     "partitions must be between 1 and {MAX_PARTITIONS}"
                 )));
             }
-            let bounds = extent.min.zip(extent.max);
-            let chunk_rows = extent.rows.div_ceil(u64::from(partitions)).max(1);
-            let mut ranges = if partitions == 1 {
-                vec![KeyRange { lo: None, hi: None }]
-            } else {
+            let mut ranges = if let (Some(extent), true) = (&extent, partitions > 1) {
+                let bounds = extent.min.zip(extent.max);
+                let chunk_rows = extent.rows.div_ceil(u64::from(partitions)).max(1);
                 let counter = SourceCounter {
                     source,
                     table: &table,
@@ -117,6 +125,8 @@ pub async fn plan(
                     .into_iter()
                     .map(|(range, _)| range)
                     .collect()
+            } else {
+                vec![KeyRange { lo: None, hi: None }]
             };
             // A full snapshot reads every row: the last partition is open above.
             if let Some(last) = ranges.last_mut() {
@@ -132,14 +142,21 @@ pub async fn plan(
     let metadata = SnapshotPlanMetadata {
         table: table.to_string(),
         capture_instance: newest.clone(),
-        key: extent.column.clone(),
-        rows: extent.rows,
+        key: extent
+            .as_ref()
+            .map(|extent| extent.column.clone())
+            .unwrap_or_default(),
+        rows: extent.as_ref().map_or(0, |extent| extent.rows),
     };
     let mut info = FlightInfo::new()
         .try_with_schema(&snapshot_schema(&columns, include_command_id))?
         .with_descriptor(descriptor)
         .with_ordered(true)
-        .with_total_records(i64::try_from(extent.rows).unwrap_or(i64::MAX))
+        .with_total_records(
+            extent
+                .as_ref()
+                .map_or(-1, |extent| i64::try_from(extent.rows).unwrap_or(i64::MAX)),
+        )
         .with_app_metadata(json_bytes(&metadata));
     for pieces in endpoints {
         let body = TicketBody {

@@ -216,7 +216,11 @@ async fn the_admin_service_opens_pauses_and_resumes_a_snapshot_the_sidecar_reads
         .expect("count")
         .value(0);
     assert_eq!(counts, distinct, "no snapshot row twice");
-    assert_eq!(counts as usize, source_rows(&lab).await.len(), "every current row");
+    assert_eq!(
+        counts as usize,
+        source_rows(&lab).await.len(),
+        "every current row"
+    );
     stop.send(true).expect("stop");
     running.await.expect("sidecar stops");
 }
