@@ -43,6 +43,9 @@ pub struct OpenRequest {
     /// `full` or `chunked`.
     #[prost(string, tag = "2")]
     pub mode: String,
+    /// A chunked re-snapshot even when a complete snapshot exists.
+    #[prost(bool, tag = "3")]
+    pub resnapshot: bool,
 }
 
 /// `PauseRequest`.
@@ -124,8 +127,8 @@ impl SnapshotStateMessage {
 /// One admin request.
 #[derive(Clone, Debug)]
 pub enum Request {
-    /// Open a snapshot of this mode.
-    Open(SnapshotMode),
+    /// Open a snapshot of this mode; `true`: a re-snapshot.
+    Open(SnapshotMode, bool),
     /// The newest snapshot's state.
     Status,
     /// Pause, with an optional reason.
@@ -138,7 +141,7 @@ pub enum Request {
 /// `--admin`).
 pub async fn run_locally(config: &StreamConfig, request: Request) -> Result<SnapshotState> {
     match request {
-        Request::Open(mode) => snapshot::open(config, mode).await,
+        Request::Open(mode, resnapshot) => snapshot::open(config, mode, resnapshot).await,
         Request::Status => snapshot::state(config).await,
         Request::Pause(reason) => snapshot::set_paused(config, true, reason.as_deref()).await,
         Request::Resume => snapshot::set_paused(config, false, None).await,
@@ -156,7 +159,7 @@ pub async fn call(url: &str, table: &str, request: Request) -> Result<SnapshotSt
         table: table.to_string(),
     };
     let answer = match request {
-        Request::Open(mode) => {
+        Request::Open(mode, resnapshot) => {
             client
                 .open(OpenRequest {
                     table: table.to_string(),
@@ -165,6 +168,7 @@ pub async fn call(url: &str, table: &str, request: Request) -> Result<SnapshotSt
                         SnapshotMode::Chunked => "chunked",
                     }
                     .into(),
+                    resnapshot,
                 })
                 .await
         }
@@ -251,7 +255,8 @@ impl SnapshotAdmin for AdminService {
             .mode
             .parse()
             .map_err(|error: WriterError| Status::invalid_argument(error.to_string()))?;
-        self.answer(&request.table, Request::Open(mode)).await
+        self.answer(&request.table, Request::Open(mode, request.resnapshot))
+            .await
     }
 
     async fn status(

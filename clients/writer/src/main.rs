@@ -58,6 +58,10 @@ enum SnapshotCommand {
         /// full or chunked.
         #[arg(long, default_value = "chunked")]
         mode: String,
+        /// Open a chunked re-snapshot even when the table has a complete snapshot (silver is
+        /// rebuilt from it when it completes).
+        #[arg(long)]
+        resnapshot: bool,
     },
     /// The newest snapshot of the app id: mode, chunks done of total, paused or done (JSON).
     Status {
@@ -361,9 +365,13 @@ async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
 
 async fn snapshot_command(command: SnapshotCommand) -> anyhow::Result<()> {
     let (table, request) = match command {
-        SnapshotCommand::Open { table, mode } => {
+        SnapshotCommand::Open {
+            table,
+            mode,
+            resnapshot,
+        } => {
             let mode: SnapshotMode = mode.parse()?;
-            (table, admin::Request::Open(mode))
+            (table, admin::Request::Open(mode, resnapshot))
         }
         SnapshotCommand::Status { table } => (table, admin::Request::Status),
         SnapshotCommand::Pause { table, reason } => (table, admin::Request::Pause(reason)),

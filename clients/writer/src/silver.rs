@@ -281,12 +281,19 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
                 rank(&source)
             ))
             .await?;
-        let batches = project_silver(latest, &silver_fields)?
+        let frame = project_silver(latest, &silver_fields)?;
+        let schema = std::sync::Arc::new(frame.schema().as_arrow().clone());
+        let mut batches = frame
             .collect()
             .await?
             .into_iter()
             .map(without_field_metadata)
             .collect::<Result<Vec<_>>>()?;
+        if batches.is_empty() {
+            // A snapshot without rows (an emptied table): the overwrite still has to remove
+            // every silver row, and delta-rs refuses a write without a batch.
+            batches.push(without_field_metadata(RecordBatch::new_empty(schema))?);
+        }
         let table = tables::ensure(
             &silver_url,
             TableKind::Silver,

@@ -196,6 +196,8 @@ struct Recorded {
     opens: Vec<(Lsn, SnapshotMode)>,
     /// S of every completion row with its rows.
     completions: Vec<(Lsn, u64)>,
+    /// S of every snapshot opened as a re-snapshot (generation 1 and later).
+    resnapshots: Vec<Lsn>,
 }
 
 /// Snapshots of one table into its bronze.
@@ -257,6 +259,9 @@ impl Snapshots {
                     Some("chunked") => SnapshotMode::Chunked,
                     _ => SnapshotMode::Full,
                 };
+                if detail["kind"].as_str() == Some("resnapshot") {
+                    recorded.resnapshots.push(lsn);
+                }
                 recorded.opens.push((lsn, mode));
             } else {
                 let rows = row[3].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0);
@@ -475,8 +480,55 @@ impl Snapshots {
         if let Some((done, _)) = recorded.completions.iter().max() {
             return Ok(*done);
         }
-        Self::mode_lock(&recorded, SnapshotMode::Chunked)?;
+        self.open_chunked_generation(&recorded, None).await
+    }
+
+    /// Opens a chunked **re-snapshot** of a table that has a complete snapshot (generation
+    /// 1 and later): a new S, its own plan and waves, and a `resnapshot` completion row after
+    /// the last chunk, from which silver is rebuilt (every key the new snapshot lacks, rows
+    /// deleted meanwhile included, leaves silver). The stream goes on untouched. An open
+    /// chunked snapshot is returned as it is; without a complete snapshot this is a chunked
+    /// bootstrap.
+    pub async fn open_resnapshot(&self) -> Result<Lsn> {
+        let recorded = self.recorded().await?;
+        if let Some(open) = Self::open_chunked_of(&recorded) {
+            return Ok(open);
+        }
+        let Some(previous) = recorded.completions.iter().map(|(lsn, _)| *lsn).max() else {
+            return self.open_chunked_generation(&recorded, None).await;
+        };
+        self.open_chunked_generation(&recorded, Some(previous))
+            .await
+    }
+
+    /// Records a new chunked snapshot: generation 0, or a re-snapshot after `previous`.
+    async fn open_chunked_generation(
+        &self,
+        recorded: &Recorded,
+        previous: Option<Lsn>,
+    ) -> Result<Lsn> {
+        Self::mode_lock(recorded, SnapshotMode::Chunked)?;
         let snapshot = self.stamp().await?;
+        if let Some(previous) = previous
+            && snapshot <= previous
+        {
+            return Err(WriterError::invalid(format!(
+                "{}: no commit since snapshot {previous} (max_lsn is {snapshot}); a re-snapshot \
+                 would read the same rows",
+                self.config.table
+            )));
+        }
+        let generation = recorded
+            .opens
+            .iter()
+            .map(|(lsn, _)| *lsn)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        let kind = if previous.is_some() {
+            "resnapshot"
+        } else {
+            "bootstrap"
+        };
         let extent: KeyExtent = self
             .client
             .action("key_extent", &json!({"table": self.config.table}))
@@ -510,14 +562,14 @@ impl Snapshots {
             vec![FactsRow {
                 rows: Some(0),
                 detail: Some(
-                    json!({"mode": "chunked", "kind": "bootstrap", "generation": 0, "keys": [extent.column]})
+                    json!({"mode": "chunked", "kind": kind, "generation": generation, "keys": [extent.column]})
                         .to_string(),
                 ),
                 ..snapshot_event("snapshot_open", snapshot)
             }],
         )
         .await?;
-        tracing::info!(table = %self.config.table, %snapshot, "chunked snapshot opened");
+        tracing::info!(table = %self.config.table, %snapshot, kind, generation, "chunked snapshot opened");
         Ok(snapshot)
     }
 
@@ -859,7 +911,8 @@ impl Snapshots {
                         .all(|chunk| done.iter().any(|(id, ..)| *id == chunk.chunk));
                     if complete {
                         let rows = done.iter().map(|(_, _, rows)| rows).sum();
-                        self.complete(snapshot, &plan, rows).await?;
+                        let resnapshot = recorded.resnapshots.contains(&snapshot);
+                        self.complete(snapshot, &plan, rows, resnapshot).await?;
                     }
                     return Ok(BackfillStatus {
                         snapshot: Some(snapshot),
@@ -1027,7 +1080,18 @@ impl Snapshots {
     }
 
     /// Writes the completion row once every chunk is in, with the chunks' rows.
-    async fn complete(&self, snapshot: Lsn, plan: &[PlannedChunk], rows: u64) -> Result<()> {
+    async fn complete(
+        &self,
+        snapshot: Lsn,
+        plan: &[PlannedChunk],
+        rows: u64,
+        resnapshot: bool,
+    ) -> Result<()> {
+        let event = if resnapshot {
+            "resnapshot"
+        } else {
+            "bootstrap"
+        };
         self.append_facts(
             &self.txn("snapdone", snapshot),
             0,
@@ -1037,11 +1101,11 @@ impl Snapshots {
                     json!({"mode": "chunked", "snapshot": snapshot, "chunks": plan.len()})
                         .to_string(),
                 ),
-                ..snapshot_event("bootstrap", snapshot)
+                ..snapshot_event(event, snapshot)
             }],
         )
         .await?;
-        tracing::info!(table = %self.config.table, %snapshot, rows, "chunked snapshot complete");
+        tracing::info!(table = %self.config.table, %snapshot, rows, event, "chunked snapshot complete");
         Ok(())
     }
 
@@ -1360,15 +1424,28 @@ pub async fn state(config: &StreamConfig) -> Result<SnapshotState> {
     })
 }
 
-/// Opens a snapshot of `mode` for the table of `config` (a full one is read now).
-pub async fn open(config: &StreamConfig, mode: SnapshotMode) -> Result<SnapshotState> {
+/// Opens a snapshot of `mode` for the table of `config` (a full one is read now); with
+/// `resnapshot`, a chunked re-snapshot even when a complete snapshot exists.
+pub async fn open(
+    config: &StreamConfig,
+    mode: SnapshotMode,
+    resnapshot: bool,
+) -> Result<SnapshotState> {
     let snapshots = Snapshots::connect(config.clone()).await?;
-    match mode {
-        SnapshotMode::Full => {
+    match (mode, resnapshot) {
+        (SnapshotMode::Full, false) => {
             snapshots.bootstrap_full().await?;
         }
-        SnapshotMode::Chunked => {
+        (SnapshotMode::Full, true) => {
+            return Err(WriterError::invalid(
+                "re-snapshots are chunked in this release: use --mode chunked --resnapshot",
+            ));
+        }
+        (SnapshotMode::Chunked, false) => {
             snapshots.open_chunked().await?;
+        }
+        (SnapshotMode::Chunked, true) => {
+            snapshots.open_resnapshot().await?;
         }
     }
     state(config).await

@@ -155,7 +155,7 @@ async fn the_admin_service_opens_pauses_and_resumes_a_snapshot_the_sidecar_reads
         .expect_err("not in the file");
     assert!(unknown.to_string().contains("dbo.nowhere"), "{unknown}");
 
-    let opened = call(Request::Open(SnapshotMode::Chunked))
+    let opened = call(Request::Open(SnapshotMode::Chunked, false))
         .await
         .expect("open");
     assert_eq!(opened.mode.as_deref(), Some("chunked"));

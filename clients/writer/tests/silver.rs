@@ -306,3 +306,76 @@ async fn random_workloads_with_snapshots_mid_way_end_in_step() {
         assert_in_step(&lab, &format!("case {case} ({mode:?}, {mix:?})")).await;
     }
 }
+
+/// Reads every remaining wave of the open snapshot.
+async fn read_all(snapshots: &Snapshots, options: &BackfillOptions) {
+    let status = snapshots.backfill(options).await.expect("backfill");
+    assert!(status.done, "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resnapshot_rebuilds_silver_after_the_table_was_emptied_and_refilled() {
+    let lab = Lab::new().await;
+    workload(&lab, 31, 150, churn());
+    let mut config = stream_config(&lab);
+    snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
+        .await
+        .expect("open");
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let options = BackfillOptions {
+        chunk_rows: 25,
+        max_waves: None,
+        target_wave_seconds: 0.0,
+        min_headroom_hours: None,
+    };
+    read_all(&snapshots, &options).await;
+    run_now(config.clone()).await;
+    assert!(apply(&lab).await.rebuilt);
+    assert_in_step(&lab, "after the bootstrap").await;
+    let error = snapshots.open_resnapshot().await.expect_err("nothing new");
+    assert!(error.to_string().contains("no commit since"), "{error}");
+
+    // Every row deleted; silver learns it from the re-snapshot alone (the stream has not
+    // run since), which has no rows at all: only its completion row says so.
+    let orders: mssql_cdc_flight::source::TableName = "dbo.orders".parse().expect("table");
+    let mut writer = lab.writer(32);
+    while writer.row_count(&orders) > 0 {
+        let mut transaction = writer.begin();
+        let keys = transaction.random_keys(&orders, 64).expect("keys");
+        transaction.delete(&orders, &keys).expect("delete");
+        transaction.commit().expect("commit");
+    }
+    writer.publish().expect("publish");
+    drop(writer);
+    let emptied = snapshots.open_resnapshot().await.expect("re-snapshot");
+    read_all(&snapshots, &options).await;
+    let outcome = apply(&lab).await;
+    assert!(outcome.rebuilt, "the resnapshot row rebuilds silver");
+    assert!(
+        silver_rows(&lab).await.is_empty(),
+        "an empty re-snapshot empties silver"
+    );
+    assert_in_step(&lab, "after the empty re-snapshot").await;
+    run_now(config.clone()).await;
+    assert!(!apply(&lab).await.rebuilt);
+    assert_in_step(
+        &lab,
+        "the deletes streamed after the rebuild change nothing",
+    )
+    .await;
+
+    // Refilled, re-snapshotted again (generation 2), then streamed on.
+    workload(&lab, 33, 120, churn());
+    let refilled = snapshots.open_resnapshot().await.expect("re-snapshot");
+    assert!(refilled > emptied);
+    read_all(&snapshots, &options).await;
+    assert!(apply(&lab).await.rebuilt);
+    assert_in_step(&lab, "after the second re-snapshot").await;
+    workload(&lab, 34, 60, churn());
+    run_now(config.clone()).await;
+    assert!(!apply(&lab).await.rebuilt);
+    assert_in_step(&lab, "changes merged after it").await;
+    let state = snapshot::state(&config).await.expect("state");
+    assert_eq!(state.snapshot, Some(refilled));
+    assert_eq!(state.state, "done", "{state:?}");
+}
