@@ -224,6 +224,29 @@ pub struct KeyBucket {
     pub rows: u64,
 }
 
+impl KeyBucket {
+    /// Slice `index` of the grid `lo + i * width` with its rows (i128: a grid reaching
+    /// BIGINT's maximum does not overflow; a slice ending past it is open above).
+    pub fn slice(lo: i64, index: i128, width: u64, rows: u64) -> Self {
+        let start = i128::from(lo) + index * i128::from(width);
+        KeyBucket {
+            lo: i64::try_from(start).unwrap_or(i64::MAX),
+            hi: i64::try_from(start + i128::from(width)).ok(),
+            rows,
+        }
+    }
+}
+
+/// Checks the arguments of [`CdcSource::key_buckets`].
+pub fn check_bucket_grid(lo: i64, hi: i64, width: u64) -> Result<()> {
+    if width == 0 || hi < lo {
+        return Err(Error::invalid(format!(
+            "key_buckets needs lo <= hi and width >= 1 (got lo {lo}, hi {hi}, width {width})"
+        )));
+    }
+    Ok(())
+}
+
 /// A half-open range of the key, `[lo, hi)`; `None` is unbounded on that side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyRange {

@@ -30,7 +30,7 @@ use crate::lsn::Lsn;
 use crate::offset::CommitTime;
 use crate::source::{
     BatchStream, CaptureInstance, CapturedColumn, CdcSource, ChangeRead, DdlEntry, KeyBucket,
-    KeyExtent, SnapshotRead, TableName, Tile, TrackedTable, capture_instance_not_found,
+    KeyExtent, SnapshotRead, TableName, Tile, TrackedTable, check_bucket_grid,
 };
 use crate::types::{OutputColumn, output_schema, snapshot_schema};
 
@@ -828,11 +828,7 @@ impl CdcSource for SqlServerSource {
         hi: i64,
         width: u64,
     ) -> Result<Vec<KeyBucket>> {
-        if width == 0 || hi < lo {
-            return Err(Error::invalid(format!(
-                "key_buckets needs lo <= hi and width >= 1 (got lo {lo}, hi {hi}, width {width})"
-            )));
-        }
+        check_bucket_grid(lo, hi, width)?;
         let width_param = i64::try_from(width)
             .map_err(|_| Error::invalid(format!("key_buckets width {width} passes BIGINT")))?;
         let (key, _) = self.integer_key(table).await?;
@@ -849,12 +845,12 @@ impl CdcSource for SqlServerSource {
                     Ok(ColumnData::Numeric(Some(n))) => n.int_part(),
                     _ => return Err(Error::Internal("a key slice without an index".into())),
                 };
-                let start = i128::from(lo) + index * i128::from(width);
-                Ok(KeyBucket {
-                    lo: i64::try_from(start).unwrap_or(i64::MAX),
-                    hi: i64::try_from(start + i128::from(width)).ok(),
-                    rows: int_at(row, 1).unwrap_or(0).max(0) as u64,
-                })
+                Ok(KeyBucket::slice(
+                    lo,
+                    index,
+                    width,
+                    int_at(row, 1).unwrap_or(0).max(0) as u64,
+                ))
             })
             .collect()
     }
@@ -921,21 +917,6 @@ impl CdcSource for SqlServerSource {
             read.batch_rows,
             usize::MAX,
         ))
-    }
-
-    async fn capture_instance(&self, name: &str) -> Result<CaptureInstance> {
-        let tables = self.tracked_tables().await?;
-        let all: Vec<CaptureInstance> = tables
-            .into_iter()
-            .flat_map(|tracked| tracked.capture_instances)
-            .collect();
-        match all.iter().find(|ci| ci.name == name) {
-            Some(found) => Ok(found.clone()),
-            None => Err(capture_instance_not_found(
-                name,
-                all.iter().map(|ci| ci.name.as_str()),
-            )),
-        }
     }
 }
 

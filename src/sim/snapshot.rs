@@ -18,7 +18,7 @@ use super::SimDb;
 use super::storage::TableDef;
 use super::values::ColumnBuilder;
 use crate::error::{Error, Result};
-use crate::source::{KeyBucket, KeyExtent, SnapshotRead, TableName};
+use crate::source::{KeyBucket, KeyExtent, SnapshotRead, TableName, check_bucket_grid};
 use crate::types::{CHUNK_COLUMN, snapshot_schema};
 
 impl SimDb {
@@ -56,26 +56,15 @@ impl SimDb {
         hi: i64,
         width: u64,
     ) -> Result<Vec<KeyBucket>> {
-        if width == 0 || hi < lo {
-            return Err(Error::invalid(format!(
-                "key_buckets needs lo <= hi and width >= 1 (got lo {lo}, hi {hi}, width {width})"
-            )));
-        }
+        check_bucket_grid(lo, hi, width)?;
         let rows = self.store.read_state(&self.table_def(table)?)?;
         let mut buckets: Vec<KeyBucket> = Vec::new();
         for key in rows.range(lo..=hi).map(|(key, _)| *key) {
-            // i128: slices of a grid reaching BIGINT's maximum do not overflow.
             let index = (i128::from(key) - i128::from(lo)) / i128::from(width);
-            let start = i128::from(lo) + index * i128::from(width);
-            let end = start + i128::from(width);
-            let slice_lo = i64::try_from(start).unwrap_or(i64::MAX);
+            let slice = KeyBucket::slice(lo, index, width, 1);
             match buckets.last_mut() {
-                Some(last) if last.lo == slice_lo => last.rows += 1,
-                _ => buckets.push(KeyBucket {
-                    lo: slice_lo,
-                    hi: i64::try_from(end).ok(),
-                    rows: 1,
-                }),
+                Some(last) if last.lo == slice.lo => last.rows += 1,
+                _ => buckets.push(slice),
             }
         }
         Ok(buckets)
