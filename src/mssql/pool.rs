@@ -182,6 +182,13 @@ pub fn source_error(error: tiberius::error::Error) -> Error {
         Error::SourceUnavailable(error.to_string())
     } else {
         match &error {
+            tiberius::error::Error::Server(token) if matches!(token.code(), 229 | 230) => {
+                Error::PermissionDenied(format!(
+                    "SQL Server refused a read: {} (sql/least_privilege.sql lists the grants \
+                     the server's login needs)",
+                    token.message()
+                ))
+            }
             tiberius::error::Error::Server(token) => Error::Internal(format!(
                 "SQL Server error {}: {}",
                 token.code(),
