@@ -194,6 +194,36 @@ async fn the_admin_service_opens_pauses_and_resumes_a_snapshot_the_sidecar_reads
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     let done = done.expect("the sidecar finishes the snapshot after resume");
+    // The CLI reaches the same service with --admin and needs only the table.
+    let cli = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"))
+                .args([
+                    "snapshot",
+                    "status",
+                    "--admin",
+                    &url,
+                    "--table",
+                    "dbo.orders",
+                ])
+                .output()
+                .expect("run")
+        }
+    })
+    .await
+    .expect("join");
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    let printed: serde_json::Value = serde_json::from_slice(&cli.stdout).expect("JSON");
+    assert_eq!(printed["state"], "done", "{printed}");
+    assert_eq!(
+        printed["snapshot"],
+        serde_json::json!(opened.snapshot.map(|s| s.to_string()))
+    );
     assert_eq!(Some(done.chunks_done), done.chunks_total);
     let snapshot = opened.snapshot.expect("S");
     let rows = query(
