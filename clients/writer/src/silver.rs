@@ -365,6 +365,11 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
                      AND EXISTS (SELECT 1 FROM ({chunk_rows}) c WHERE {key_match})",
                     text(&first_stamp)
                 ));
+                if let Some(deletes) =
+                    range_deletes(&context, config, &schema, &silver_url, open, &new_chunks).await?
+                {
+                    parts.push(deletes);
+                }
                 new_position.snapshot_wave = new_chunks.iter().map(|(_, wave, _)| *wave).max();
                 new_position.open_snapshot_lsn = Some(open.clone());
             }
@@ -549,6 +554,110 @@ async fn merge(
         table = merged;
     }
     Ok(())
+}
+
+/// Amendment 2's range deletes of the new chunks of an open snapshot, as a query of
+/// operation-1 rows in bronze's columns: each silver key inside a chunk's range `[lo, hi)`
+/// that the chunk does not hold and whose image is older than the chunk's stamp L is deleted
+/// at L (so a later change of the key still outranks it). Only when silver's key is the
+/// snapshot's own single integer key (its `snapshot_open` plans row): other keys leave stale
+/// rows to the rebuild at completion. `None` when there is nothing to delete from.
+async fn range_deletes(
+    context: &SessionContext,
+    config: &ApplyConfig,
+    bronze_schema: &deltalake::kernel::StructType,
+    silver_url: &Url,
+    open: &str,
+    new_chunks: &[&(i32, i32, String)],
+) -> Result<Option<String>> {
+    let [key] = config.keys.as_slice() else {
+        return Ok(None);
+    };
+    let plans_url = tables::table_url(&crate::snapshot::plans_location(&config.bronze))?;
+    if tables::open(&plans_url).await?.is_none() {
+        return Ok(None);
+    }
+    let Some(silver) = tables::open(silver_url).await? else {
+        return Ok(None); // a silver table still to be created holds no stale key
+    };
+    let rows = tables::query_text(
+        &plans_url,
+        &format!(
+            "SELECT event, detail FROM t WHERE snapshot = {} AND event IN \
+             ('snapshot_open', 'snapshot_chunk')",
+            text(open)
+        ),
+    )
+    .await?;
+    let details: Vec<(String, serde_json::Value)> = rows
+        .into_iter()
+        .filter_map(|row| {
+            Some((
+                row[0].clone()?,
+                serde_json::from_str(row[1].as_deref()?).ok()?,
+            ))
+        })
+        .collect();
+    let own_integer_key = details.iter().any(|(event, detail)| {
+        event == "snapshot_open"
+            && detail["column"].as_str() == Some(key.as_str())
+            && detail["sql_type"]
+                .as_str()
+                .and_then(|text| text.parse::<mssql_cdc_flight::types::SqlType>().ok())
+                .is_some_and(|sql_type| sql_type.is_integer())
+    });
+    if !own_integer_key {
+        return Ok(None);
+    }
+    let k = quote(key);
+    let mut stale = Vec::new();
+    for (chunk, _, stamp) in new_chunks {
+        let Some((_, planned)) = details.iter().find(|(event, detail)| {
+            event == "snapshot_chunk" && detail["chunk"].as_i64() == Some(i64::from(*chunk))
+        }) else {
+            continue;
+        };
+        let mut range = vec![format!("s.{k} IS NOT NULL")];
+        if let Some(lo) = planned["lo"].as_i64() {
+            range.push(format!("s.{k} >= {lo}"));
+        }
+        if let Some(hi) = planned["hi"].as_i64() {
+            range.push(format!("s.{k} < {hi}"));
+        }
+        stale.push(format!(
+            "SELECT s.{k} AS __key, {stamp} AS __stamp FROM silver s WHERE {} \
+             AND s._start_lsn < {stamp} AND NOT EXISTS (SELECT 1 FROM bronze c WHERE \
+             c._operation = 0 AND c._snapshot = {open} AND c._chunk = {chunk} AND c.{k} = s.{k})",
+            range.join(" AND "),
+            stamp = text(stamp),
+            open = text(open),
+        ));
+    }
+    if stale.is_empty() {
+        return Ok(None);
+    }
+    if context.table_exist("silver")? {
+        context.deregister_table("silver")?;
+    }
+    context.register_table("silver", silver.table_provider().await?)?;
+    // One bronze row per stale key lends its columns; the metadata says "deleted at L".
+    let columns = bronze_schema
+        .fields()
+        .map(|field| match field.name().as_str() {
+            "_operation" => "CAST(1 AS INT) AS \"_operation\"".to_string(),
+            "_start_lsn" => "__stamp AS \"_start_lsn\"".to_string(),
+            "_seqval" => "CAST(NULL AS VARCHAR) AS \"_seqval\"".to_string(),
+            "_command_id" => "CAST(NULL AS INT) AS \"_command_id\"".to_string(),
+            name => quote(name),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok(Some(format!(
+        "SELECT {columns} FROM (SELECT b.*, d.__stamp, ROW_NUMBER() OVER (PARTITION BY b.{k} \
+         ORDER BY b._start_lsn) AS __n FROM bronze b JOIN ({}) d ON b.{k} = d.__key) \
+         WHERE __n = 1",
+        stale.join(" UNION ALL ")
+    )))
 }
 
 /// Runs a query and returns its values as text.

@@ -379,3 +379,91 @@ async fn a_resnapshot_rebuilds_silver_after_the_table_was_emptied_and_refilled()
     assert_eq!(state.snapshot, Some(refilled));
     assert_eq!(state.state, "done", "{state:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_resnapshot_wave_deletes_the_keys_its_chunks_lack() {
+    let lab = Lab::new().await;
+    workload(&lab, 41, 150, churn());
+    let mut config = stream_config(&lab);
+    snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
+        .await
+        .expect("open");
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let whole = BackfillOptions {
+        chunk_rows: 20,
+        max_waves: None,
+        target_wave_seconds: 0.0,
+        min_headroom_hours: None,
+    };
+    read_all(&snapshots, &whole).await;
+    run_now(config.clone()).await;
+    apply(&lab).await;
+    assert_in_step(&lab, "after the bootstrap").await;
+
+    // Rows deleted while no stream runs (as in a purged gap), then a re-snapshot.
+    let orders: mssql_cdc_flight::source::TableName = "dbo.orders".parse().expect("table");
+    let mut writer = lab.writer(42);
+    let mut transaction = writer.begin();
+    let deleted = transaction.random_keys(&orders, 30).expect("keys");
+    transaction.delete(&orders, &deleted).expect("delete");
+    transaction.commit().expect("commit");
+    writer.publish().expect("publish");
+    drop(writer);
+    let resnapshot = snapshots.open_resnapshot().await.expect("re-snapshot");
+    let one_wave = BackfillOptions {
+        max_waves: Some(1),
+        ..whole.clone()
+    };
+    let status = snapshots.backfill(&one_wave).await.expect("wave 1");
+    assert!(!status.done, "{status:?}");
+    let outcome = apply(&lab).await;
+    assert!(!outcome.rebuilt);
+
+    // The ranges wave 1 read, from the plans table.
+    let plans = common::query(
+        &format!("{}_snapshot_plans", lab.lake("bronze_orders")),
+        &format!(
+            "SELECT detail FROM t WHERE event = 'snapshot_chunk' AND snapshot = '{resnapshot}'"
+        ),
+    )
+    .await;
+    let mut ranges = Vec::new();
+    for batch in &plans {
+        let details = common::utf8(batch.column(0));
+        for row in 0..batch.num_rows() {
+            let detail: serde_json::Value =
+                serde_json::from_str(details.value(row)).expect("detail");
+            if detail["wave"] == 1 {
+                ranges.push((detail["lo"].as_i64(), detail["hi"].as_i64()));
+            }
+        }
+    }
+    assert!(!ranges.is_empty());
+    let read = |key: i64| {
+        ranges
+            .iter()
+            .any(|(lo, hi)| lo.is_none_or(|lo| key >= lo) && hi.is_none_or(|hi| key < hi))
+    };
+    let silver = silver_rows(&lab).await;
+    let (inside, outside): (Vec<i64>, Vec<i64>) = deleted.iter().partition(|key| read(**key));
+    assert!(
+        !inside.is_empty(),
+        "some deleted keys lie in wave 1's chunks"
+    );
+    for key in &inside {
+        assert!(!silver.contains_key(key), "key {key} deleted by wave 1");
+    }
+    for key in &outside {
+        assert!(silver.contains_key(key), "key {key} waits for its own wave");
+    }
+    let source = source_rows(&lab).await;
+    for (key, values) in &silver {
+        if !outside.contains(key) {
+            assert_eq!(source.get(key), Some(values), "key {key}");
+        }
+    }
+    // The other waves delete the rest; the completion rebuilds to the same rows.
+    read_all(&snapshots, &whole).await;
+    assert!(apply(&lab).await.rebuilt);
+    assert_in_step(&lab, "after the re-snapshot completed").await;
+}
