@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use mssql_cdc_flight::client::{CdcClient, ClientTls};
+use mssql_cdc_flight::flight::local::LocalServer;
 use mssql_cdc_flight::flight::protocol::{ChangesCommand, InitialOffsetBody, LatestOffsetBody};
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::flight::{self, TlsIdentity};
@@ -656,23 +657,11 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         report.transactions, report.rows
     );
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let address = listener.local_addr()?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let source: Arc<dyn CdcSource> = Arc::new(db.clone());
-    let server = tokio::spawn(flight::serve(
-        listener,
-        source,
-        TicketSigner::random()?,
-        None,
-        async {
-            let _ = stopped.await;
-        },
-    ));
-    println!("2. flight server on {address}");
-    let client = CdcClient::connect(&format!("http://{address}")).await?;
+    let server = LocalServer::start(Arc::new(db.clone()), TicketSigner::random()?).await?;
+    println!("2. flight server on {}", server.url);
+    let client = CdcClient::connect(&server.url).await?;
     let read = ReadArgs {
-        server: format!("http://{address}"),
+        server: server.url.clone(),
         table: "dbo.orders".into(),
         from: "earliest".into(),
         max_commits: None,
@@ -693,8 +682,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     );
     println!("5. read the next range from the offset of step 3");
     read_changes(&client, &ReadArgs { show: 0, ..read }, Some(offset)).await?;
-    let _ = stop.send(());
-    server.await??;
+    server.stop().await?;
     println!("done: every range ended with its completion marker");
     Ok(())
 }

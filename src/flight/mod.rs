@@ -12,6 +12,7 @@
 //!
 //! The service holds no pipeline state; docs/protocol.md is the reference.
 
+pub mod local;
 pub mod planner;
 pub mod protocol;
 pub mod snapshot;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use arrow::array::{Array, Int32Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
 use mssql_cdc_flight::client::{CdcClient, ChangesPlan, ClientResult};
+use mssql_cdc_flight::flight::local::LocalServer;
 use mssql_cdc_flight::flight::protocol::{ChangesCommand, Completion};
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::{Clock, SimDb, SimWriter, sample};
@@ -78,8 +79,7 @@ pub struct JournalRow {
 pub struct FlightFixture {
     pub url: String,
     pub client: CdcClient,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    handle: Option<tokio::task::JoinHandle<mssql_cdc_flight::Result<()>>>,
+    server: LocalServer,
 }
 
 impl FlightFixture {
@@ -92,37 +92,17 @@ impl FlightFixture {
     }
 
     pub async fn start_with_key(source: Arc<dyn CdcSource>, signer: TicketSigner) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let address = listener.local_addr().expect("address");
-        let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
-        let handle = tokio::spawn(mssql_cdc_flight::flight::serve(
-            listener,
-            source,
-            signer,
-            None,
-            async {
-                let _ = stopped.await;
-            },
-        ));
-        let url = format!("http://{address}");
-        let client = CdcClient::connect(&url).await.expect("connect");
+        let server = LocalServer::start(source, signer).await.expect("server");
+        let client = CdcClient::connect(&server.url).await.expect("connect");
         FlightFixture {
-            url,
+            url: server.url.clone(),
             client,
-            shutdown: Some(shutdown),
-            handle: Some(handle),
+            server,
         }
     }
 
-    pub async fn shutdown_and_wait(mut self) {
-        if let Some(shutdown) = self.shutdown.take() {
-            let _ = shutdown.send(());
-        }
-        if let Some(handle) = self.handle.take() {
-            handle.await.expect("server task").expect("server result");
-        }
+    pub async fn shutdown_and_wait(self) {
+        self.server.stop().await.expect("server result");
     }
 }
 

@@ -184,7 +184,7 @@ fn main() -> anyhow::Result<()> {
         generate(&db, &case.spec.table, case.rows)?;
         let table = case.spec.table.clone();
         runtime.block_on(async {
-            let server = common::Server::start(&db).await?;
+            let server = common::start_server(&db).await?;
             let url = server.url.clone();
 
             read_all(&url, &table).await?;

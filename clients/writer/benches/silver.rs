@@ -151,7 +151,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let server = common::Server::start(&db).await?;
+        let server = common::start_server(&db).await?;
         let url = server.url.clone();
         let lake = |name: &str| base.join("lake").join(name).display().to_string();
         let stream = StreamConfig {

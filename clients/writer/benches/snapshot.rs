@@ -121,7 +121,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let server = common::Server::start(&db).await?;
+        let server = common::start_server(&db).await?;
         let url = server.url.clone();
         let chunk_rows = rows.div_ceil(chunks);
         let lake = |name: &str| temporary.path().join(name);

@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use mssql_cdc_flight::CommitTime;
+use mssql_cdc_flight::flight::local::LocalServer;
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::sim::{Clock, SimDb, sample};
@@ -50,18 +51,8 @@ pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
         report.transactions, report.rows
     );
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(mssql_cdc_flight::flight::serve(
-        listener,
-        Arc::new(db.clone()),
-        TicketSigner::random()?,
-        None,
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let server = LocalServer::start(Arc::new(db.clone()), TicketSigner::random()?).await?;
+    let url = server.url.clone();
     println!("2. the Flight server on {url}");
 
     let configs: Vec<StreamConfig> = TABLES
@@ -129,8 +120,7 @@ pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
                 .map_or("(held)".to_string(), |time| time.to_iso_millis())
         );
     }
-    let _ = stop.send(());
-    server.await??;
+    server.stop().await?;
     println!("7. done. The tables are Delta tables; read them with any Delta reader, e.g.");
     println!(
         "   python -c \"import deltalake; print(deltalake.DeltaTable('{}').to_pandas().tail())\"",

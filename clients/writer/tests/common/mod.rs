@@ -12,6 +12,7 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use deltalake::datafusion::prelude::SessionContext;
 use mssql_cdc_flight::CommitTime;
 use mssql_cdc_flight::client::CdcClient;
+use mssql_cdc_flight::flight::local::LocalServer;
 use mssql_cdc_flight::flight::protocol::SnapshotCommand;
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
@@ -28,7 +29,8 @@ pub struct Lab {
     pub dir: tempfile::TempDir,
     pub db: SimDb,
     pub url: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Stopped when the lab is dropped.
+    _server: LocalServer,
 }
 
 impl Lab {
@@ -36,25 +38,14 @@ impl Lab {
         let dir = tempfile::tempdir().expect("temp");
         let db =
             SimDb::create(&dir.path().join("db"), &sample::sample_tables(), START).expect("sim");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let server = LocalServer::start(Arc::new(db.clone()), TicketSigner::random().expect("key"))
             .await
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("address"));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(mssql_cdc_flight::flight::serve(
-            listener,
-            Arc::new(db.clone()),
-            TicketSigner::random().expect("key"),
-            None,
-            async {
-                let _ = stopped.await;
-            },
-        ));
+            .expect("server");
         Lab {
             dir,
             db,
-            url,
-            stop: Some(stop),
+            url: server.url.clone(),
+            _server: server,
         }
     }
 
@@ -129,14 +120,6 @@ impl Lab {
             .collect();
         rows.sort();
         rows
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
     }
 }
 
