@@ -25,7 +25,7 @@ use arrow::array::{
 };
 use arrow::datatypes::DataType;
 use tiberius::ColumnData;
-use tiberius::time::{Date, DateTime2, Time};
+use tiberius::time::{Date, DateTime, DateTime2, Time};
 
 use crate::error::{Error, Result};
 use crate::types::{Length, SqlType};
@@ -268,10 +268,7 @@ impl ColumnDecoder {
                 8
             }
             (D::Timestamp(b), V::DateTime(v)) => {
-                b.append_option(v.map(|v| {
-                    (i64::from(v.days()) - DAYS_1900_TO_1970) * MICROS_PER_DAY
-                        + (i64::from(v.seconds_fragments()) * 1_000_000 + 150) / 300
-                }));
+                b.append_option(v.map(datetime_micros));
                 8
             }
             (D::Timestamp(b), V::SmallDateTime(v)) => {
@@ -481,6 +478,13 @@ pub fn date_days(date: Date) -> i32 {
     (i64::from(date.days()) - DAYS_0001_TO_1970) as i32
 }
 
+/// Microseconds since the Unix epoch of a `datetime` (days since 1900-01-01 and ticks of
+/// 1/300 s, rounded to the nearest microsecond).
+pub fn datetime_micros(value: DateTime) -> i64 {
+    (i64::from(value.days()) - DAYS_1900_TO_1970) * MICROS_PER_DAY
+        + (i64::from(value.seconds_fragments()) * 1_000_000 + 150) / 300
+}
+
 /// 100 ns ticks since midnight of a `time` at its scale.
 fn time_ticks(time: Time) -> u64 {
     let scale = u32::from(time.scale().min(7));
@@ -521,7 +525,7 @@ mod tests {
     };
     use arrow::datatypes::TimeUnit;
     use tiberius::numeric::Numeric;
-    use tiberius::time::{DateTime, DateTimeOffset, SmallDateTime};
+    use tiberius::time::{DateTimeOffset, SmallDateTime};
     use tiberius::xml::XmlData;
     use tiberius::{ColumnType, Row};
 

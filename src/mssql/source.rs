@@ -315,27 +315,23 @@ impl SqlServerSource {
         Ok(columns)
     }
 
-    /// Maps a failed change-table read to the permission it lacks, when that is the cause.
-    fn read_error(capture_instance: &str, error: tiberius::error::Error) -> Error {
-        if let tiberius::error::Error::Server(token) = &error
-            && matches!(token.code(), 229 | 230)
-        {
-            let table = ident::change_table(capture_instance)
-                .unwrap_or_else(|_| format!("cdc.[{capture_instance}_CT]"));
-            return Error::PermissionDenied(format!(
-                "cannot read {table}: {}. Grant it to the server's login: GRANT SELECT ON \
-                 {table} TO <user> (sql/least_privilege.sql, ADR 0009)",
-                token.message()
-            ));
+    /// A failed read of `object` (a change table or a tracked table, quoted): a missing
+    /// permission names the `GRANT` on that object.
+    fn read_error(object: &str, error: tiberius::error::Error) -> Error {
+        match pool::source_error(error) {
+            Error::PermissionDenied(message) => Error::PermissionDenied(format!(
+                "cannot read {object}: {message}. Grant it to the server's login: GRANT SELECT \
+                 ON {object} TO <user> (ADR 0009)"
+            )),
+            other => other,
         }
-        pool::source_error(error)
     }
 
-    /// Starts a read task: runs `statements` one after the other on one connection and sends
-    /// the rows as batches of `shape`.
+    /// Starts a read task: runs `statements` (reads of `object`, quoted, named in errors)
+    /// one after the other on one connection and sends the rows as batches of `shape`.
     fn spawn_read(
         &self,
-        capture_instance: String,
+        object: String,
         statements: Vec<(String, Vec<Param>, Vec<Fill>)>,
         shape: BatchShape,
         batch_rows: usize,
@@ -349,7 +345,7 @@ impl SqlServerSource {
                 for (statement, params, fills) in &statements {
                     let finished = read_statement(
                         &mut connection,
-                        &capture_instance,
+                        &object,
                         statement,
                         params,
                         &shape,
@@ -439,7 +435,7 @@ impl BatchShape {
 #[allow(clippy::too_many_arguments)]
 async fn read_statement(
     connection: &mut Connection,
-    capture_instance: &str,
+    object: &str,
     statement: &str,
     params: &[Param],
     shape: &BatchShape,
@@ -458,13 +454,13 @@ async fn read_statement(
             .client
             .query(statement, &values)
             .await
-            .map_err(|error| SqlServerSource::read_error(capture_instance, error))?
+            .map_err(|error| SqlServerSource::read_error(object, error))?
             .into_row_stream();
         let (mut rows, mut bytes) = (0usize, 0usize);
         while let Some(row) = stream
             .try_next()
             .await
-            .map_err(|error| SqlServerSource::read_error(capture_instance, error))?
+            .map_err(|error| SqlServerSource::read_error(object, error))?
         {
             bytes += decode::append_row(&mut decoders, row)?;
             rows += 1;
@@ -565,10 +561,7 @@ fn named_lsn(row: &Row, name: &str) -> Result<Option<Lsn>> {
 fn micros_at(row: &Row, index: usize) -> Option<i64> {
     match row.get_column_data(index).ok()? {
         ColumnData::DateTime2(v) => v.map(decode::datetime2_micros),
-        ColumnData::DateTime(Some(v)) => Some(
-            (i64::from(v.days()) - 25_567) * 86_400_000_000
-                + (i64::from(v.seconds_fragments()) * 1_000_000 + 150) / 300,
-        ),
+        ColumnData::DateTime(v) => v.map(decode::datetime_micros),
         _ => None,
     }
 }
@@ -785,7 +778,7 @@ impl CdcSource for SqlServerSource {
         let params = vec![Param::lsn(read.from), Param::lsn(read.to)];
         let fills = vec![Fill::Text(read.capture_instance.clone())];
         Ok(self.spawn_read(
-            read.capture_instance.clone(),
+            ident::change_table(&read.capture_instance)?,
             vec![(statement, params, fills)],
             shape,
             read.batch_rows,
@@ -911,7 +904,7 @@ impl CdcSource for SqlServerSource {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(self.spawn_read(
-            read.capture_instance.clone(),
+            ident::quote_table(&read.table)?,
             statements,
             shape,
             read.batch_rows,
