@@ -115,20 +115,40 @@ impl SnapshotTable {
     fn config(&self) -> anyhow::Result<StreamConfig> {
         let missing =
             || anyhow::anyhow!("--target, --facts and --app-id are needed without --admin");
-        Ok(StreamConfig {
-            server: self.server.clone(),
-            table: self.table.clone(),
-            target: self.target.clone().ok_or_else(missing)?,
-            facts: self.facts.clone().ok_or_else(missing)?,
-            control: None,
-            app_id: self.app_id.clone().ok_or_else(missing)?,
-            checkpoint: PathBuf::new(),
-            starting: "earliest".into(),
-            max_commits: None,
-            partitions: 2,
-            granularity: Granularity::Hour,
-            fail_on_data_loss: true,
-        })
+        Ok(snapshot_config(
+            self.server.clone(),
+            self.table.clone(),
+            self.target.clone().ok_or_else(missing)?,
+            self.facts.clone().ok_or_else(missing)?,
+            self.app_id.clone().ok_or_else(missing)?,
+            2,
+        ))
+    }
+}
+
+/// The stream configuration a snapshot command needs: its table, lake and app id (no
+/// checkpoint or control table: snapshots live in bronze, facts and the plans table).
+fn snapshot_config(
+    server: String,
+    table: String,
+    target: String,
+    facts: String,
+    app_id: String,
+    partitions: u32,
+) -> StreamConfig {
+    StreamConfig {
+        server,
+        table,
+        target,
+        facts,
+        control: None,
+        app_id,
+        checkpoint: PathBuf::new(),
+        starting: "earliest".into(),
+        max_commits: None,
+        partitions,
+        granularity: Granularity::Hour,
+        fail_on_data_loss: true,
     }
 }
 
@@ -386,20 +406,14 @@ async fn snapshot_command(command: SnapshotCommand) -> anyhow::Result<()> {
 }
 
 async fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
-    let config = StreamConfig {
-        server: args.server,
-        table: args.table,
-        target: args.target,
-        facts: args.facts,
-        control: None,
-        app_id: args.app_id,
-        checkpoint: PathBuf::new(),
-        starting: "earliest".into(),
-        max_commits: None,
-        partitions: args.partitions,
-        granularity: Granularity::Hour,
-        fail_on_data_loss: true,
-    };
+    let config = snapshot_config(
+        args.server,
+        args.table,
+        args.target,
+        args.facts,
+        args.app_id,
+        args.partitions,
+    );
     let options = BackfillOptions {
         chunk_rows: args.chunk_rows,
         max_waves: args.max_waves,

@@ -670,10 +670,6 @@ impl Snapshots {
     }
 
     /// Pauses while the stream's retention headroom is short or unknown.
-    async fn paused_by_operator(&self, snapshot: Lsn) -> Result<Option<String>> {
-        operator_pause(&self.plans, snapshot).await
-    }
-
     /// Pauses (or resumes) the open chunked snapshot: a plans row every backfill checks
     /// before it starts a wave, so the pause holds across processes and restarts; the wave
     /// being read finishes. Returns the snapshot's S.
@@ -825,7 +821,7 @@ impl Snapshots {
                     format!("max_waves {waves} reached"),
                     false,
                 ));
-            } else if let Some(reason) = self.paused_by_operator(snapshot).await? {
+            } else if let Some(reason) = operator_pause(&self.plans, snapshot).await? {
                 stop = Some(("paused".into(), reason, true));
             } else if let Some(min) = options.min_headroom_hours
                 && let Some((state, reason)) = self.headroom_guard(min).await?
