@@ -7,7 +7,6 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use arrow::array::{Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use deltalake::DeltaTableError;
@@ -243,15 +242,13 @@ pub async fn record_apply(
 }
 
 /// MERGEs the one-row `source` into the control table on `table_name` with the clauses
-/// `clauses` adds, creating the table when missing. Open-source Delta MERGEs conflict even on
-/// other rows, so a conflicting commit is retried for about a minute.
+/// `clauses` adds, creating the table when missing; conflicting commits are retried.
 async fn merge_row(
     url: &Url,
     source: RecordBatch,
     clauses: impl Fn(MergeBuilder) -> std::result::Result<MergeBuilder, DeltaTableError>,
 ) -> Result<()> {
-    let mut attempt = 0;
-    loop {
+    tables::retry_conflicts(|| async {
         let table = tables::ensure(
             url,
             TableKind::Control,
@@ -264,17 +261,10 @@ async fn merge_row(
             .merge(frame, col("target.table_name").eq(col("source.table_name")))
             .with_source_alias("source")
             .with_target_alias("target");
-        match clauses(merge)?.await {
-            Ok(_) => return Ok(()),
-            Err(DeltaTableError::Transaction { .. } | DeltaTableError::CommitValidation { .. })
-                if attempt < 30 =>
-            {
-                attempt += 1;
-                tokio::time::sleep(Duration::from_millis(100 * attempt.min(20))).await;
-            }
-            Err(error) => return Err(error.into()),
-        }
-    }
+        clauses(merge)?.await?;
+        Ok(())
+    })
+    .await
 }
 
 /// The verdict of `table_name` (`None` without a control table or row).

@@ -508,7 +508,9 @@ pub async fn ensure(
             tracing::info!(%url, ?kind, "table created");
             Ok(table)
         }
-        Err(DeltaTableError::Generic(message)) if message.contains("already exists") => {
+        // Another writer created it first (delta-rs reports it as `Generic` or `GenericError`
+        // depending on the path): use theirs.
+        Err(error) if error.to_string().contains("already exists") => {
             let table = open(url)
                 .await?
                 .ok_or_else(|| WriterError::Internal(format!("{url} vanished")))?;
@@ -538,19 +540,44 @@ pub async fn append_once(
     version: i64,
     batch: RecordBatch,
 ) -> Result<bool> {
-    let table = ensure(url, kind, kind.fields(), name).await?;
-    if holds_transaction(&table, app_id, version).await? {
-        return Ok(false);
+    retry_conflicts(|| async {
+        let table = ensure(url, kind, kind.fields(), name).await?;
+        if holds_transaction(&table, app_id, version).await? {
+            return Ok(false);
+        }
+        table
+            .write(vec![batch.clone()])
+            .with_save_mode(SaveMode::Append)
+            .with_commit_properties(
+                CommitProperties::default()
+                    .with_application_transaction(Transaction::new(app_id, version)),
+            )
+            .await?;
+        Ok(true)
+    })
+    .await
+}
+
+/// Runs `commit` again, on a freshly loaded table, while it fails because a concurrent
+/// commit conflicts with it (open-source Delta MERGEs conflict even on other rows; an
+/// append conflicts with a concurrent metadata change), for about a minute.
+pub async fn retry_conflicts<T, F, Fut>(mut commit: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut attempt = 0u64;
+    loop {
+        match commit().await {
+            Err(WriterError::Delta(
+                DeltaTableError::Transaction { .. } | DeltaTableError::CommitValidation { .. },
+            )) if attempt < 30 => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(100 * attempt.min(20))).await;
+            }
+            outcome => return outcome,
+        }
     }
-    table
-        .write(vec![batch])
-        .with_save_mode(SaveMode::Append)
-        .with_commit_properties(
-            CommitProperties::default()
-                .with_application_transaction(Transaction::new(app_id, version)),
-        )
-        .await?;
-    Ok(true)
 }
 
 /// Runs `sql` over the table at `url` (registered as `t`) and returns every value as text
