@@ -15,6 +15,7 @@ pub mod chunking;
 pub mod client;
 pub mod error;
 pub mod flight;
+pub mod keys;
 pub mod lsn;
 pub mod mssql;
 pub mod offset;

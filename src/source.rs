@@ -18,6 +18,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::keys::{KeyColumn, KeySeek, KeyTuple, KeysetRange};
 use crate::lsn::Lsn;
 use crate::offset::CommitTime;
 use crate::types::{OutputColumn, SqlType};
@@ -265,12 +266,15 @@ impl KeyRange {
 
 /// One piece of a snapshot read: a key range, tagged with its chunk number (`_chunk`) in a
 /// chunked snapshot, untagged in a full one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotPiece {
     /// The chunk number; `None` in a full snapshot.
     pub chunk: Option<i32>,
-    /// The key range read.
+    /// The integer key range read (unbounded when `keyset` is set).
     pub range: KeyRange,
+    /// The keyset range read, on [`SnapshotRead::keys`], in a snapshot cut on keyset bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyset: Option<KeysetRange>,
 }
 
 /// What to read from a table's current rows.
@@ -284,6 +288,8 @@ pub struct SnapshotRead {
     pub columns: Vec<OutputColumn>,
     /// The pieces, read in order.
     pub pieces: Vec<SnapshotPiece>,
+    /// The columns keyset pieces are cut on, in key order; empty when no piece is keyset.
+    pub keys: Vec<KeyColumn>,
     /// Whether `_command_id` (NULL on snapshot rows) is served, as in the change stream.
     pub include_command_id: bool,
     /// The stamp `L`: `max_lsn` recorded before the read (`_start_lsn` of every row).
@@ -406,6 +412,21 @@ pub trait CdcSource: Send + Sync + 'static {
         hi: i64,
         width: u64,
     ) -> Result<Vec<KeyBucket>>;
+
+    /// The largest key on `keys` (`SELECT TOP (1) keys ... ORDER BY keys DESC`); `None` when
+    /// the table is empty. NULL sorts first, so a key of NULLs is the largest only when every
+    /// row holds it.
+    async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>>;
+
+    /// The key of the `(seek.n + 1)`-th row of the seek's range in key order, compared as the
+    /// source compares the columns (collation included); `None` when the range holds fewer
+    /// rows. See [`KeySeek`] for the three seeks a keyset plan makes.
+    async fn key_bound(
+        &self,
+        table: &TableName,
+        keys: &[KeyColumn],
+        seek: &KeySeek,
+    ) -> Result<Option<KeyTuple>>;
 
     /// Streams the table's current rows in the pieces' ranges, as snapshot rows of the output
     /// schema plus `_chunk`: `_operation = 0`, `_start_lsn = read.stamp`, `_seqval` NULL,

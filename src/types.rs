@@ -127,6 +127,14 @@ impl SqlType {
         })
     }
 
+    /// Whether the type is a sized character type (compared under a collation).
+    pub fn is_text(&self) -> bool {
+        matches!(
+            self,
+            SqlType::Char(_) | SqlType::VarChar(_) | SqlType::NChar(_) | SqlType::NVarChar(_)
+        )
+    }
+
     /// Whether the type holds integers usable as a numeric key (range partitioning, buckets).
     pub fn is_integer(&self) -> bool {
         matches!(

@@ -70,7 +70,7 @@ pub const STREAM_WINDOW: u32 = 16 << 20;
 pub const CONNECTION_WINDOW: u32 = 64 << 20;
 
 /// The actions `do_action` serves, with their descriptions (also `list_actions`).
-pub const ACTIONS: [(&str, &str); 15] = [
+pub const ACTIONS: [(&str, &str); 17] = [
     ("max_lsn", "{} -> {\"lsn\"}: sys.fn_cdc_get_max_lsn()"),
     (
         "min_lsn",
@@ -127,6 +127,14 @@ pub const ACTIONS: [(&str, &str); 15] = [
     (
         "key_buckets",
         "{\"table\", \"lo\", \"hi\", \"width\"} -> [{\"lo\", \"hi\", \"rows\"}]: rows per key slice",
+    ),
+    (
+        "key_max",
+        "{\"table\", \"keys\"?} -> {\"keys\", \"unique\", \"max\"}: the columns a snapshot is cut on and the largest key",
+    ),
+    (
+        "key_bound",
+        "{\"table\", \"keys\"?, \"from\"?, \"from_inclusive\"?, \"to\"?, \"to_inclusive\"?, \"n\"} -> {\"bound\"}: the key of the (n + 1)-th row of a range, in the source's order",
     ),
 ];
 
@@ -443,6 +451,30 @@ impl CdcFlightService {
                         .key_buckets(&body.table.parse()?, body.lo, body.hi, body.width)
                         .await?,
                 )
+            }
+            "key_max" => {
+                let body: protocol::KeyMaxBody = parse_body(name, body)?;
+                let table = body.table.parse()?;
+                let instances = source.capture_instances(&table).await?;
+                let instance = instances.last().ok_or_else(|| Error::TableNotFound {
+                    table: table.to_string(),
+                })?;
+                let (keys, unique) = snapshot::cut_keys(&table, instance, body.keys.as_deref())?;
+                let max = source.key_max(&table, &keys).await?;
+                json_bytes(&protocol::KeyMaxAnswer { keys, unique, max })
+            }
+            "key_bound" => {
+                let body: protocol::KeyBoundBody = parse_body(name, body)?;
+                let table = body.table.parse()?;
+                let instances = source.capture_instances(&table).await?;
+                let instance = instances.last().ok_or_else(|| Error::TableNotFound {
+                    table: table.to_string(),
+                })?;
+                let (keys, _) = snapshot::cut_keys(&table, instance, body.keys.as_deref())?;
+                body.seek.check(&keys)?;
+                json_bytes(&protocol::KeyBoundAnswer {
+                    bound: source.key_bound(&table, &keys, &body.seek).await?,
+                })
             }
             "count_changes" => {
                 let body: RangeBody = parse_body(name, body)?;

@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::keys::{Bound, KeyColumn, KeySeek, KeyTuple};
 use crate::lsn::Lsn;
 use crate::offset::{CommitTime, Offset};
 
@@ -41,6 +42,10 @@ pub struct SnapshotCommand {
     /// Chunks to read, one endpoint each; default the whole table.
     #[serde(default)]
     pub chunks: Option<Vec<ChunkSpec>>,
+    /// The columns keyset chunk bounds are on (`snapshot_keys`, unique or not); default
+    /// the unique index CDC uses.
+    #[serde(default)]
+    pub keys: Option<Vec<String>>,
     /// Endpoints of a whole-table read, cut on the key at about equal rows; default 1.
     #[serde(default)]
     pub partitions: Option<u32>,
@@ -64,6 +69,7 @@ impl SnapshotCommand {
         SnapshotCommand {
             table: table.into(),
             chunks: None,
+            keys: None,
             partitions: None,
             columns: None,
             include_command_id: None,
@@ -73,16 +79,60 @@ impl SnapshotCommand {
     }
 }
 
-/// One chunk of a chunked snapshot: the keys `[lo, hi)` (`null`: unbounded).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One chunk of a chunked snapshot: the keys `[lo, hi)` (`null`: unbounded). Bounds are
+/// integers on one integer unique key, or tuples (JSON arrays) of key values on the
+/// command's `keys` (keyset bounds, as `key_bound` returns them).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChunkSpec {
     /// The chunk number, served as `_chunk`.
     pub chunk: i32,
-    /// First key (inclusive); `null` below every key.
-    pub lo: Option<i64>,
+    /// First key (inclusive); `null` below every key (NULL keys included).
+    pub lo: Option<Bound>,
     /// First key after the chunk; `null` above every key.
-    pub hi: Option<i64>,
+    pub hi: Option<Bound>,
+}
+
+/// Body of `key_max`: the columns a snapshot would be cut on and the largest key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyMaxBody {
+    /// `schema.table`.
+    pub table: String,
+    /// The columns to cut on; default the unique index CDC uses.
+    #[serde(default)]
+    pub keys: Option<Vec<String>>,
+}
+
+/// Answer of `key_max`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyMaxAnswer {
+    /// The key columns with their types, in key order.
+    pub keys: Vec<KeyColumn>,
+    /// Whether the columns are the unique index's (every key is one row).
+    pub unique: bool,
+    /// The largest key; `null` when the table is empty.
+    pub max: Option<KeyTuple>,
+}
+
+/// Body of `key_bound`: a [`KeySeek`] on a table's key columns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyBoundBody {
+    /// `schema.table`.
+    pub table: String,
+    /// The columns sought on; default the unique index CDC uses.
+    #[serde(default)]
+    pub keys: Option<Vec<String>>,
+    /// The range and the rows skipped.
+    #[serde(flatten)]
+    pub seek: KeySeek,
+}
+
+/// Answer of `key_bound`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyBoundAnswer {
+    /// The key found; `null` when the range holds `n` rows or fewer.
+    pub bound: Option<KeyTuple>,
 }
 
 /// app_metadata of a snapshot `FlightInfo`.

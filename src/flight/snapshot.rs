@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::planner;
 use super::protocol::{
-    COMPLETION_TYPE, Completion, DEFAULT_BATCH_ROWS, MAX_PARTITIONS, SnapshotCommand,
+    COMPLETION_TYPE, ChunkSpec, Completion, DEFAULT_BATCH_ROWS, MAX_PARTITIONS, SnapshotCommand,
     SnapshotEndpointMetadata, SnapshotPlanMetadata,
 };
 use super::ticket::{
@@ -27,7 +27,12 @@ use super::ticket::{
 use super::{compression_code, flight_error, json_bytes};
 use crate::chunking::{self, BucketCounter};
 use crate::error::{Error, Result};
-use crate::source::{CdcSource, KeyBucket, KeyRange, SnapshotPiece, SnapshotRead, TableName};
+use crate::keys::{
+    Bound, KeyColumn, KeyTuple, KeyValue, KeysetRange, check_tuple, resolve_columns,
+};
+use crate::source::{
+    CaptureInstance, CdcSource, KeyBucket, KeyRange, SnapshotPiece, SnapshotRead, TableName,
+};
 use crate::types::snapshot_schema;
 
 /// Counts key slices straight from a source.
@@ -69,13 +74,27 @@ pub async fn plan(
         return Err(Error::invalid("batch_rows must be at least 1"));
     }
     let include_command_id = command.include_command_id.unwrap_or(true);
+    let instance = instances.last().ok_or_else(|| Error::TableNotFound {
+        table: table.to_string(),
+    })?;
+    let keyset = command.chunks.as_ref().is_some_and(|chunks| {
+        command.keys.is_some()
+            || chunks.iter().any(|chunk| {
+                matches!(chunk.lo, Some(Bound::Keys(_))) || matches!(chunk.hi, Some(Bound::Keys(_)))
+            })
+    });
+    let keys = match keyset {
+        true => cut_keys(&table, instance, command.keys.as_deref())?.0,
+        false => Vec::new(),
+    };
     let extent = match source.key_extent(&table).await {
-        Ok(extent) => Some(extent),
-        // No single integer key to cut on (a composite or text key on SQL Server): a full
-        // snapshot reads the table whole, in one stream whatever `partitions` asked (the
-        // seed's rule for tables without a usable index); chunks cannot be cut.
-        Err(Error::InvalidArgument(reason)) if command.chunks.is_none() => {
-            tracing::debug!(%table, %reason, "snapshot read whole: no key to cut on");
+        Ok(extent) if !keyset => Some(extent),
+        Ok(_) => None,
+        // No single integer key to cut on (a composite or text key, a heap): a full snapshot
+        // reads the table whole, in one stream whatever `partitions` asked (the seed's rule
+        // for tables without a usable index); chunks need keyset bounds.
+        Err(Error::InvalidArgument(reason)) if command.chunks.is_none() || keyset => {
+            tracing::debug!(%table, %reason, "no integer key to cut on");
             None
         }
         Err(error) => return Err(error),
@@ -87,23 +106,7 @@ pub async fn plan(
             }
             chunks
                 .iter()
-                .map(|chunk| {
-                    if let (Some(lo), Some(hi)) = (chunk.lo, chunk.hi)
-                        && lo >= hi
-                    {
-                        return Err(Error::invalid(format!(
-                            "chunk {} is empty: lo {lo} is not below hi {hi}",
-                            chunk.chunk
-                        )));
-                    }
-                    Ok(vec![SnapshotPiece {
-                        chunk: Some(chunk.chunk),
-                        range: KeyRange {
-                            lo: chunk.lo,
-                            hi: chunk.hi,
-                        },
-                    }])
-                })
+                .map(|chunk| chunk_piece(chunk, &keys).map(|piece| vec![piece]))
                 .collect::<Result<_>>()?
         }
         None => {
@@ -134,7 +137,13 @@ pub async fn plan(
             }
             ranges
                 .into_iter()
-                .map(|range| vec![SnapshotPiece { chunk: None, range }])
+                .map(|range| {
+                    vec![SnapshotPiece {
+                        chunk: None,
+                        range,
+                        keyset: None,
+                    }]
+                })
                 .collect()
         }
     };
@@ -142,10 +151,15 @@ pub async fn plan(
     let metadata = SnapshotPlanMetadata {
         table: table.to_string(),
         capture_instance: newest.clone(),
-        key: extent
-            .as_ref()
-            .map(|extent| extent.column.clone())
-            .unwrap_or_default(),
+        key: match (&extent, keys.is_empty()) {
+            (Some(extent), _) => extent.column.clone(),
+            (None, false) => keys
+                .iter()
+                .map(|key| key.name.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            (None, true) => String::new(),
+        },
         rows: extent.as_ref().map_or(0, |extent| extent.rows),
     };
     let mut info = FlightInfo::new()
@@ -170,6 +184,23 @@ pub async fn plan(
                         chunk: piece.chunk,
                         lo: piece.range.lo,
                         hi: piece.range.hi,
+                        keyset_lo: piece
+                            .keyset
+                            .as_ref()
+                            .and_then(|range| range.lo.as_ref())
+                            .map(|lo| serde_json::to_string(lo).unwrap_or_default()),
+                        keyset_hi: piece
+                            .keyset
+                            .as_ref()
+                            .and_then(|range| range.hi.as_ref())
+                            .map(|hi| serde_json::to_string(hi).unwrap_or_default()),
+                    })
+                    .collect(),
+                keys: keys
+                    .iter()
+                    .map(|key| TicketColumn {
+                        name: key.name.clone(),
+                        sql_type: key.sql_type.to_string(),
                     })
                     .collect(),
                 include_command_id,
@@ -186,9 +217,85 @@ pub async fn plan(
     Ok(info)
 }
 
+/// The columns a snapshot of `table` is cut on: `names` (`snapshot_keys`, unique or not) or
+/// the unique index CDC uses; with whether they are that index.
+pub fn cut_keys(
+    table: &TableName,
+    instance: &CaptureInstance,
+    names: Option<&[String]>,
+) -> Result<(Vec<KeyColumn>, bool)> {
+    let index = &instance.index_columns;
+    let names = names.unwrap_or(index);
+    let unique = !index.is_empty() && names == index.as_slice();
+    let keys = resolve_columns(&table.to_string(), names, &instance.columns)?;
+    Ok((keys, unique))
+}
+
+/// The piece a chunk spec reads: an integer range, or a keyset range on `keys`.
+fn chunk_piece(chunk: &ChunkSpec, keys: &[KeyColumn]) -> Result<SnapshotPiece> {
+    if keys.is_empty() {
+        let int = |bound: &Option<Bound>| match bound {
+            None => Ok(None),
+            Some(Bound::Int(value)) => Ok(Some(*value)),
+            Some(Bound::Keys(_)) => Err(Error::invalid(format!(
+                "chunk {}: keyset bounds need the command's keys",
+                chunk.chunk
+            ))),
+        };
+        let (lo, hi) = (int(&chunk.lo)?, int(&chunk.hi)?);
+        if let (Some(lo), Some(hi)) = (lo, hi)
+            && lo >= hi
+        {
+            return Err(Error::invalid(format!(
+                "chunk {} is empty: lo {lo} is not below hi {hi}",
+                chunk.chunk
+            )));
+        }
+        return Ok(SnapshotPiece {
+            chunk: Some(chunk.chunk),
+            range: KeyRange { lo, hi },
+            keyset: None,
+        });
+    }
+    let tuple = |bound: &Option<Bound>| -> Result<Option<KeyTuple>> {
+        let tuple = match bound {
+            None => return Ok(None),
+            Some(Bound::Keys(tuple)) => tuple.clone(),
+            // One integer key column written as a plain number.
+            Some(Bound::Int(value)) => vec![KeyValue::Int(*value)],
+        };
+        check_tuple(&tuple, keys)
+            .map_err(|error| Error::invalid(format!("chunk {}: {error}", chunk.chunk)))?;
+        Ok(Some(tuple))
+    };
+    Ok(SnapshotPiece {
+        chunk: Some(chunk.chunk),
+        range: KeyRange { lo: None, hi: None },
+        keyset: Some(KeysetRange {
+            lo: tuple(&chunk.lo)?,
+            hi: tuple(&chunk.hi)?,
+        }),
+    })
+}
+
 /// The read a snapshot ticket asks for, without its stamp.
 pub fn ticket_read(ticket: &SnapshotTicket) -> Result<SnapshotRead> {
     let columns = TicketColumn::to_output(&ticket.columns)?;
+    let keys: Vec<KeyColumn> = TicketColumn::to_output(&ticket.keys)?
+        .into_iter()
+        .map(|column| KeyColumn {
+            name: column.name,
+            sql_type: column.sql_type,
+        })
+        .collect();
+    let bound = |text: &Option<String>| -> Result<Option<KeyTuple>> {
+        text.as_deref()
+            .map(|text| {
+                serde_json::from_str(text)
+                    .map_err(|error| Error::TicketMalformed(format!("keyset bound: {error}")))
+            })
+            .transpose()
+    };
     Ok(SnapshotRead {
         table: ticket.table.parse()?,
         capture_instance: ticket.capture_instance.clone(),
@@ -196,14 +303,24 @@ pub fn ticket_read(ticket: &SnapshotTicket) -> Result<SnapshotRead> {
         pieces: ticket
             .pieces
             .iter()
-            .map(|piece| SnapshotPiece {
-                chunk: piece.chunk,
-                range: KeyRange {
-                    lo: piece.lo,
-                    hi: piece.hi,
-                },
+            .map(|piece| {
+                Ok(SnapshotPiece {
+                    chunk: piece.chunk,
+                    range: KeyRange {
+                        lo: piece.lo,
+                        hi: piece.hi,
+                    },
+                    keyset: match keys.is_empty() {
+                        true => None,
+                        false => Some(KeysetRange {
+                            lo: bound(&piece.keyset_lo)?,
+                            hi: bound(&piece.keyset_hi)?,
+                        }),
+                    },
+                })
             })
-            .collect(),
+            .collect::<Result<_>>()?,
+        keys,
         include_command_id: ticket.include_command_id,
         stamp: crate::lsn::Lsn::ZERO,
         stamp_time: None,

@@ -100,6 +100,12 @@ pub struct SnapshotPieceTicket {
     /// First key after the range; absent: unbounded.
     #[prost(sint64, optional, tag = "3")]
     pub hi: Option<i64>,
+    /// Keyset lower bound (inclusive), a JSON array, on the ticket's `keys`.
+    #[prost(string, optional, tag = "4")]
+    pub keyset_lo: Option<String>,
+    /// Keyset upper bound (exclusive), a JSON array.
+    #[prost(string, optional, tag = "5")]
+    pub keyset_hi: Option<String>,
 }
 
 /// A snapshot read (`SnapshotTicket`): the stamp is recorded when the ticket is redeemed.
@@ -126,6 +132,9 @@ pub struct SnapshotTicket {
     /// IPC compression: 0 none, 1 LZ4 frame, 2 ZSTD.
     #[prost(uint32, tag = "7")]
     pub compression: u32,
+    /// The columns keyset pieces are cut on; empty: every piece is an integer range.
+    #[prost(message, repeated, tag = "8")]
+    pub keys: Vec<TicketColumn>,
 }
 
 /// What a ticket reads (`TicketBody.kind`).

@@ -7,6 +7,7 @@
 //! memory; when the client goes away the query is cancelled (TDS attention) and the
 //! connection returned clean, or dropped if the cancel fails.
 
+use crate::keys::{KeyColumn, KeySeek, KeyTuple, KeyValue};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -520,6 +521,27 @@ fn text_at(row: &Row, index: usize) -> Option<String> {
     }
 }
 
+/// A keyset value of a row's column `index` (as [`sql::key_max`] selects it).
+fn key_value_at(row: &Row, index: usize, column: &KeyColumn) -> KeyValue {
+    let value = match column.sql_type.is_integer() {
+        true => int_at(row, index).map(KeyValue::Int),
+        false => text_at(row, index).map(KeyValue::Text),
+    };
+    value.unwrap_or(KeyValue::Null)
+}
+
+/// The parameters binding keyset values (NULLs never are: the SQL text tests them).
+fn key_params(values: Vec<KeyValue>) -> Vec<Param> {
+    values
+        .into_iter()
+        .filter_map(|value| match value {
+            KeyValue::Null => None,
+            KeyValue::Int(value) => Some(Param::Int(value)),
+            KeyValue::Text(value) => Some(Param::Text(value)),
+        })
+        .collect()
+}
+
 fn column_index(row: &Row, name: &str) -> Option<usize> {
     row.columns()
         .iter()
@@ -848,11 +870,47 @@ impl CdcSource for SqlServerSource {
             .collect()
     }
 
+    async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {
+        let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
+        let row = self
+            .first_row(&sql::key_max(table, keys, &prefix)?, &[])
+            .await?;
+        Ok(row.map(|row| {
+            keys.iter()
+                .enumerate()
+                .map(|(index, key)| key_value_at(&row, index, key))
+                .collect()
+        }))
+    }
+
+    async fn key_bound(
+        &self,
+        table: &TableName,
+        keys: &[KeyColumn],
+        seek: &KeySeek,
+    ) -> Result<Option<KeyTuple>> {
+        let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
+        let (statement, values) = sql::key_bound(
+            table,
+            keys,
+            seek.from.as_ref().map(|from| (from, seek.from_inclusive)),
+            seek.to.as_ref().map(|to| (to, seek.to_inclusive)),
+            seek.n,
+            &prefix,
+        )?;
+        let row = self.first_row(&statement, &key_params(values)).await?;
+        Ok(row.map(|row| {
+            keys.iter()
+                .enumerate()
+                .map(|(index, key)| key_value_at(&row, index, key))
+                .collect()
+        }))
+    }
+
     async fn read_snapshot(&self, read: SnapshotRead) -> Result<BatchStream> {
-        let bounded = read
-            .pieces
-            .iter()
-            .any(|piece| piece.range.lo.is_some() || piece.range.hi.is_some());
+        let bounded = read.pieces.iter().any(|piece| {
+            piece.keyset.is_none() && (piece.range.lo.is_some() || piece.range.hi.is_some())
+        });
         let key = if bounded {
             Some(self.integer_key(&read.table).await?.0)
         } else {
@@ -877,18 +935,32 @@ impl CdcSource for SqlServerSource {
             .pieces
             .iter()
             .map(|piece| {
-                let statement = sql::snapshot_rows(
-                    &read.table,
-                    key.as_deref(),
-                    &columns,
-                    piece.range,
-                    &prefix,
-                )?;
-                let params = [piece.range.lo, piece.range.hi]
-                    .into_iter()
-                    .flatten()
-                    .map(Param::Int)
-                    .collect();
+                let (statement, params) = match &piece.keyset {
+                    Some(range) => {
+                        let (statement, values) = sql::snapshot_keyset_rows(
+                            &read.table,
+                            &read.keys,
+                            &columns,
+                            range,
+                            &prefix,
+                        )?;
+                        (statement, key_params(values))
+                    }
+                    None => (
+                        sql::snapshot_rows(
+                            &read.table,
+                            key.as_deref(),
+                            &columns,
+                            piece.range,
+                            &prefix,
+                        )?,
+                        [piece.range.lo, piece.range.hi]
+                            .into_iter()
+                            .flatten()
+                            .map(Param::Int)
+                            .collect(),
+                    ),
+                };
                 let mut fills = vec![
                     Fill::Text(read.capture_instance.clone()),
                     Fill::Text(stamp.clone()),

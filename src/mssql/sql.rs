@@ -10,6 +10,7 @@
 use super::clock::ServerClock;
 use super::ident;
 use crate::error::Result;
+use crate::keys::{KeyColumn, KeyTuple, KeyValue, KeysetRange};
 use crate::source::{KeyRange, TableName};
 use crate::types::{OutputColumn, SqlType};
 
@@ -282,6 +283,202 @@ pub fn snapshot_rows(
         text.push_str(&format!(" ORDER BY t.{key}"));
     }
     Ok(text)
+}
+
+/// A key column read as a keyset value: integers as bigint, everything else as text that
+/// casts back to the column's type without loss (ISO 8601 for dates and times, style 3 for
+/// floats, 0x hex for binaries).
+fn key_select(alias: &str, column: &KeyColumn) -> Result<String> {
+    let name = ident::quote("column", &column.name)?;
+    Ok(match &column.sql_type {
+        sql_type if sql_type.is_integer() => format!("CAST({alias}.{name} AS bigint) AS {name}"),
+        SqlType::Date
+        | SqlType::DateTime
+        | SqlType::SmallDateTime
+        | SqlType::DateTime2 { .. }
+        | SqlType::Time { .. } => format!("CONVERT(nvarchar(40), {alias}.{name}, 126) AS {name}"),
+        SqlType::DateTimeOffset { .. } => {
+            format!("CONVERT(nvarchar(40), {alias}.{name}, 127) AS {name}")
+        }
+        SqlType::Real | SqlType::Float => {
+            format!("CONVERT(nvarchar(40), {alias}.{name}, 3) AS {name}")
+        }
+        SqlType::Binary(_) | SqlType::VarBinary(_) => {
+            format!("CONVERT(nvarchar(max), {alias}.{name}, 1) AS {name}")
+        }
+        _ => format!("CONVERT(nvarchar(max), {alias}.{name}) AS {name}"),
+    })
+}
+
+/// A bound value as the column's type: `@Pn` itself for integers, cast from text otherwise
+/// (binaries converted from 0x hex). The comparison then takes the column's collation.
+fn key_parameter(column: &KeyColumn, parameter: usize) -> String {
+    match &column.sql_type {
+        sql_type if sql_type.is_integer() => format!("@P{parameter}"),
+        SqlType::Binary(_) | SqlType::VarBinary(_) => {
+            format!("CONVERT({}, @P{parameter}, 1)", column.sql_type)
+        }
+        sql_type => format!("CAST(@P{parameter} AS {sql_type})"),
+    }
+}
+
+/// One side of a keyset range: `(k1, ..., kn) > tuple` (or `>=`, `<`, `<=`) expanded into
+/// the lexicographic OR of prefixes SQL Server can seek on, with NULL sorting first:
+/// `k > NULL` is `k IS NOT NULL`, `k = NULL` is `k IS NULL`, `k < x` holds for a NULL `k`,
+/// and nothing is below NULL. Values are bound as parameters from `first_parameter` on,
+/// returned in order.
+pub fn keyset_comparison(
+    alias: &str,
+    keys: &[KeyColumn],
+    tuple: &KeyTuple,
+    above: bool,
+    inclusive: bool,
+    first_parameter: usize,
+) -> Result<(String, Vec<KeyValue>)> {
+    let mut bound = Vec::new();
+    let mut operands = Vec::new();
+    for (column, value) in keys.iter().zip(tuple) {
+        let name = format!("{alias}.{}", ident::quote("column", &column.name)?);
+        let parameter = match value {
+            KeyValue::Null => None,
+            value => {
+                bound.push(value.clone());
+                Some(key_parameter(column, first_parameter + bound.len() - 1))
+            }
+        };
+        operands.push((name, parameter));
+    }
+    let equal = |(name, parameter): &(String, Option<String>)| match parameter {
+        Some(parameter) => format!("{name} = {parameter}"),
+        None => format!("{name} IS NULL"),
+    };
+    let beyond = |(name, parameter): &(String, Option<String>)| match (above, parameter) {
+        (true, Some(parameter)) => format!("{name} > {parameter}"),
+        (true, None) => format!("{name} IS NOT NULL"),
+        (false, Some(parameter)) => format!("({name} < {parameter} OR {name} IS NULL)"),
+        (false, None) => "1 = 0".to_string(),
+    };
+    let mut terms = Vec::new();
+    for index in 0..operands.len() {
+        let mut parts: Vec<String> = operands[..index].iter().map(equal).collect();
+        parts.push(beyond(&operands[index]));
+        terms.push(parts.join(" AND "));
+    }
+    if inclusive {
+        terms.push(operands.iter().map(equal).collect::<Vec<_>>().join(" AND "));
+    }
+    Ok((format!("(({}))", terms.join(") OR (")), bound))
+}
+
+/// The `WHERE` conditions of a keyset range (lower and upper side, each with its
+/// inclusiveness) and the values they bind from `@P1` on.
+pub fn keyset_where(
+    alias: &str,
+    keys: &[KeyColumn],
+    lower: Option<(&KeyTuple, bool)>,
+    upper: Option<(&KeyTuple, bool)>,
+) -> Result<(String, Vec<KeyValue>)> {
+    let mut conditions = Vec::new();
+    let mut values = Vec::new();
+    for (side, above) in [(lower, true), (upper, false)] {
+        if let Some((tuple, inclusive)) = side {
+            let (condition, bound) =
+                keyset_comparison(alias, keys, tuple, above, inclusive, values.len() + 1)?;
+            conditions.push(condition);
+            values.extend(bound);
+        }
+    }
+    let text = match conditions.is_empty() {
+        true => String::new(),
+        false => format!(" WHERE {}", conditions.join(" AND ")),
+    };
+    Ok((text, values))
+}
+
+fn key_order(alias: &str, keys: &[KeyColumn], descending: bool) -> Result<String> {
+    let direction = if descending { " DESC" } else { "" };
+    Ok(keys
+        .iter()
+        .map(|key| {
+            Ok(format!(
+                "{alias}.{}{direction}",
+                ident::quote("column", &key.name)?
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?
+        .join(", "))
+}
+
+/// The largest key (`TOP (1) ... ORDER BY keys DESC`).
+/// <https://learn.microsoft.com/sql/t-sql/queries/top-transact-sql>
+pub fn key_max(table: &TableName, keys: &[KeyColumn], prefix: &str) -> Result<String> {
+    let select = keys
+        .iter()
+        .map(|key| key_select("t", key))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(format!(
+        "{prefix}SELECT TOP (1) {} FROM {} t ORDER BY {}",
+        select.join(", "),
+        ident::quote_table(table)?,
+        key_order("t", keys, true)?
+    ))
+}
+
+/// The key of the `(n + 1)`-th row of a keyset range in key order (`OFFSET n ROWS FETCH
+/// NEXT 1 ROWS ONLY`); `n` is inlined (an integer the service computed), bounds are bound.
+/// <https://learn.microsoft.com/sql/t-sql/queries/select-order-by-clause-transact-sql#using-offset-and-fetch-to-limit-the-rows-returned>
+pub fn key_bound(
+    table: &TableName,
+    keys: &[KeyColumn],
+    lower: Option<(&KeyTuple, bool)>,
+    upper: Option<(&KeyTuple, bool)>,
+    n: u64,
+    prefix: &str,
+) -> Result<(String, Vec<KeyValue>)> {
+    let select = keys
+        .iter()
+        .map(|key| key_select("t", key))
+        .collect::<Result<Vec<_>>>()?;
+    let (conditions, values) = keyset_where("t", keys, lower, upper)?;
+    Ok((
+        format!(
+            "{prefix}SELECT {} FROM {} t{conditions} ORDER BY {} OFFSET {n} ROWS FETCH NEXT 1 \
+             ROWS ONLY",
+            select.join(", "),
+            ident::quote_table(table)?,
+            key_order("t", keys, false)?
+        ),
+        values,
+    ))
+}
+
+/// The current rows of a table in a keyset range `[lo, hi)`, in key order.
+pub fn snapshot_keyset_rows(
+    table: &TableName,
+    keys: &[KeyColumn],
+    columns: &[(OutputColumn, bool)],
+    range: &KeysetRange,
+    prefix: &str,
+) -> Result<(String, Vec<KeyValue>)> {
+    let select: Vec<String> = columns
+        .iter()
+        .map(|(column, present)| column_expression("t", column, *present))
+        .collect::<Result<_>>()?;
+    let (conditions, values) = keyset_where(
+        "t",
+        keys,
+        range.lo.as_ref().map(|lo| (lo, true)),
+        range.hi.as_ref().map(|hi| (hi, false)),
+    )?;
+    Ok((
+        format!(
+            "{prefix}SELECT {} FROM {} t{conditions} ORDER BY {}",
+            select.join(", "),
+            ident::quote_table(table)?,
+            key_order("t", keys, false)?
+        ),
+        values,
+    ))
 }
 
 /// A cheap round trip to check a pooled connection.

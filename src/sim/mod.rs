@@ -21,6 +21,7 @@
 //! process at a time ([`SimWriter`]) while any number of readers serve it.
 //! What is not modelled is listed in docs/simulator.md.
 
+mod keyset;
 mod reader;
 pub mod sample;
 mod snapshot;
@@ -83,8 +84,14 @@ pub struct TableSpec {
     pub table: TableName,
     /// `(name, type, nullable)` in column order.
     pub columns: Vec<(String, String, bool)>,
-    /// The primary key column (int, bigint, smallint or tinyint).
+    /// The row key column (int, bigint, smallint or tinyint), unique.
     pub key: String,
+    /// The unique index CDC uses when it is not `[key]` (a composite or text key); `Some`
+    /// of an empty list for a heap without one.
+    pub index: Option<Vec<String>>,
+    /// Columns whose values derive from the row key ([`storage::KeyDerived`]): unique when
+    /// last in `index`, repeated otherwise.
+    pub key_derived: Vec<String>,
 }
 
 /// A simulated CDC database, shared by its readers and writer in one process.
@@ -274,9 +281,25 @@ fn table_def(spec: &TableSpec) -> Result<TableDef> {
         columns.push(ColumnDef {
             name: name.clone(),
             column_id: i32::try_from(index + 1).map_err(|_| Error::invalid("too many columns"))?,
+            from_key: spec.key_derived.contains(name).then(|| {
+                // The index's last column makes its tuples unique; the others repeat.
+                if spec.index.as_ref().and_then(|index| index.last()) == Some(name) {
+                    storage::KeyDerived::Unique
+                } else {
+                    storage::KeyDerived::Repeated
+                }
+            }),
             sql_type,
             nullable: *nullable,
         });
+    }
+    for name in spec.index.iter().flatten().chain(&spec.key_derived) {
+        if !columns.iter().any(|column| &column.name == name) {
+            return Err(Error::invalid(format!(
+                "{}: index or derived column '{name}' is not a column",
+                spec.table
+            )));
+        }
     }
     let key = columns
         .iter()
@@ -297,6 +320,7 @@ fn table_def(spec: &TableSpec) -> Result<TableDef> {
         table: spec.table.clone(),
         columns,
         key: spec.key.clone(),
+        index: spec.index.clone(),
         next_key: 1,
         row_count: 0,
         state_file: None,

@@ -7,6 +7,7 @@
 //! removes the rows it purged, as SQL Server's change table does; the Flight layer's guard
 //! after the read turns that into `DATA_LOSS`.
 
+use crate::keys::{KeyColumn, KeySeek, KeyTuple};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, FixedSizeBinaryArray, StringArray, new_null_array};
@@ -388,6 +389,21 @@ impl CdcSource for SimDb {
     ) -> Result<Vec<KeyBucket>> {
         self.simulate_latency().await;
         self.buckets(table, lo, hi, width)
+    }
+
+    async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {
+        self.simulate_latency().await;
+        self.keyset_max(table, keys)
+    }
+
+    async fn key_bound(
+        &self,
+        table: &TableName,
+        keys: &[KeyColumn],
+        seek: &KeySeek,
+    ) -> Result<Option<KeyTuple>> {
+        self.simulate_latency().await;
+        self.keyset_bound(table, keys, seek)
     }
 
     async fn read_snapshot(&self, read: SnapshotRead) -> Result<BatchStream> {

@@ -12,6 +12,8 @@ fn spec(table: &str, key: &str, columns: &[(&str, &str, bool)]) -> TableSpec {
             .map(|(name, sql_type, nullable)| (name.to_string(), sql_type.to_string(), *nullable))
             .collect(),
         key: key.to_string(),
+        index: None,
+        key_derived: Vec::new(),
     }
 }
 
@@ -84,5 +86,49 @@ pub fn wide_table(table: TableName, columns: usize) -> TableSpec {
         table,
         columns: specs,
         key: "id".to_string(),
+        index: None,
+        key_derived: Vec::new(),
+    }
+}
+
+/// `dbo.accounts`: a composite unique index `(region, code)` whose leading column repeats in
+/// mixed case (`'north'`, `'North'`, `'NORTH '` are one value under the case-insensitive
+/// collation the simulator models) and a text `code`; the row key `id` is not indexed.
+pub fn accounts() -> TableSpec {
+    TableSpec {
+        index: Some(vec!["region".into(), "code".into()]),
+        key_derived: vec!["region".into(), "code".into(), "opened".into()],
+        ..spec(
+            "dbo.accounts",
+            "id",
+            &[
+                ("id", "int", false),
+                ("region", "varchar(20)", false),
+                ("code", "nvarchar(40)", false),
+                ("opened", "datetime2(7)", false),
+                ("balance", "decimal(18,2)", true),
+                ("note", "nvarchar(100)", true),
+            ],
+        )
+    }
+}
+
+/// `dbo.events`: a heap (no unique index) with a repeated, case-mixed `source` column that
+/// is NULL now and then, and a repeated `kind` int: snapshots are cut on `snapshot_keys`.
+pub fn events() -> TableSpec {
+    TableSpec {
+        index: Some(Vec::new()),
+        key_derived: vec!["source".into(), "kind".into()],
+        ..spec(
+            "dbo.events",
+            "id",
+            &[
+                ("id", "bigint", false),
+                ("source", "varchar(30)", true),
+                ("kind", "int", true),
+                ("payload", "nvarchar(200)", true),
+                ("flag", "bit", false),
+            ],
+        )
     }
 }

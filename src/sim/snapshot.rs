@@ -15,9 +15,11 @@ use arrow::record_batch::RecordBatch;
 use tokio::sync::mpsc;
 
 use super::SimDb;
+use super::keyset;
 use super::storage::TableDef;
 use super::values::ColumnBuilder;
 use crate::error::{Error, Result};
+use crate::keys::{KeyColumn, KeySeek, KeyTuple};
 use crate::source::{KeyBucket, KeyExtent, SnapshotRead, TableName, check_bucket_grid};
 use crate::types::{CHUNK_COLUMN, snapshot_schema};
 
@@ -36,6 +38,15 @@ impl SimDb {
     pub(super) fn extent(&self, table: &TableName) -> Result<KeyExtent> {
         let definition = self.table_def(table)?;
         let rows = self.store.read_state(&definition)?;
+        // Integer plans need one integer column that is the unique index (the row key); a
+        // composite or text index, or a heap, is cut on keyset bounds.
+        if definition.index_columns() != [definition.key.clone()] {
+            return Err(Error::invalid(format!(
+                "{table} has no single integer unique key (its unique index is [{}]): cut its \
+                 chunks on keyset bounds",
+                definition.index_columns().join(", ")
+            )));
+        }
         let key = definition
             .column(&definition.key)
             .ok_or_else(|| Error::Internal(format!("{table} has no key column")))?;
@@ -46,6 +57,36 @@ impl SimDb {
             max: rows.keys().next_back().copied(),
             rows: rows.len() as u64,
         })
+    }
+
+    /// The current rows as `(row key, content)` pairs.
+    fn current_rows(&self, definition: &TableDef) -> Result<Vec<(i64, u64)>> {
+        Ok(self.store.read_state(definition)?.into_iter().collect())
+    }
+
+    /// The largest key on `keys`.
+    pub(super) fn keyset_max(
+        &self,
+        table: &TableName,
+        keys: &[KeyColumn],
+    ) -> Result<Option<KeyTuple>> {
+        let definition = self.table_def(table)?;
+        let rows = self.current_rows(&definition)?;
+        Ok(keyset::sorted_keys(&definition, keys, &rows)?
+            .pop()
+            .map(|(key, _)| key))
+    }
+
+    /// The key of the `(n + 1)`-th row of a seek's range.
+    pub(super) fn keyset_bound(
+        &self,
+        table: &TableName,
+        keys: &[KeyColumn],
+        seek: &KeySeek,
+    ) -> Result<Option<KeyTuple>> {
+        let definition = self.table_def(table)?;
+        let rows = self.current_rows(&definition)?;
+        keyset::seek(&definition, keys, &rows, seek)
     }
 
     /// Row counts per slice of the grid `lo + i * width` over `[lo, hi]`.
@@ -88,12 +129,26 @@ impl SimDb {
             .map(|column| definition.column(&column.name))
             .collect();
         let stamp = read.stamp.to_string();
+        let keyset_order = match read.pieces.iter().any(|piece| piece.keyset.is_some()) {
+            true => {
+                let all: Vec<(i64, u64)> = rows.iter().map(|(k, c)| (*k, *c)).collect();
+                keyset::sorted_keys(&definition, &read.keys, &all)?
+            }
+            false => Vec::new(),
+        };
         for piece in &read.pieces {
-            let keys: Vec<(i64, u64)> = rows
-                .range(piece.range.lo.unwrap_or(i64::MIN)..)
-                .take_while(|(key, _)| piece.range.hi.is_none_or(|hi| **key < hi))
-                .map(|(key, content)| (*key, *content))
-                .collect();
+            let keys: Vec<(i64, u64)> = match &piece.keyset {
+                Some(range) => keyset_order
+                    .iter()
+                    .filter(|(key, _)| keyset::in_range(&read.keys, range, key))
+                    .map(|(_, row)| *row)
+                    .collect(),
+                None => rows
+                    .range(piece.range.lo.unwrap_or(i64::MIN)..)
+                    .take_while(|(key, _)| piece.range.hi.is_none_or(|hi| **key < hi))
+                    .map(|(key, content)| (*key, *content))
+                    .collect(),
+            };
             for part in keys.chunks(read.batch_rows.max(1)) {
                 let count = part.len();
                 let mut columns: Vec<ArrayRef> = vec![

@@ -58,6 +58,21 @@ pub struct ColumnDef {
     pub sql_type: SqlType,
     /// Whether NULL is allowed.
     pub nullable: bool,
+    /// Set when the column's values are a function of the row's key rather than of its
+    /// content: key columns of composite or text unique indexes, and repeated columns a
+    /// snapshot can be cut on, all stable under updates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_key: Option<KeyDerived>,
+}
+
+/// How a column derived from the row key repeats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyDerived {
+    /// One value per key (a column of the unique index).
+    Unique,
+    /// A few values shared by many rows, case-mixed, NULL now and then when nullable.
+    Repeated,
 }
 
 /// A simulated table.
@@ -67,8 +82,11 @@ pub struct TableDef {
     pub table: TableName,
     /// Columns in `column_id` order.
     pub columns: Vec<ColumnDef>,
-    /// Primary key column (one integer column).
+    /// The row key: one integer column, unique, which the rows are stored by.
     pub key: String,
+    /// The columns of the unique index CDC uses when it is not `[key]`; empty for a heap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<Vec<String>>,
     /// Next key an insert takes.
     pub next_key: i64,
     /// Rows in the table now.
@@ -81,6 +99,11 @@ impl TableDef {
     /// The column with this name.
     pub fn column(&self, name: &str) -> Option<&ColumnDef> {
         self.columns.iter().find(|column| column.name == name)
+    }
+
+    /// The columns of the unique index CDC uses (`index_column_list`); empty for a heap.
+    pub fn index_columns(&self) -> Vec<String> {
+        self.index.clone().unwrap_or_else(|| vec![self.key.clone()])
     }
 }
 

@@ -16,7 +16,7 @@ use arrow::array::{
 };
 use arrow::datatypes::DataType;
 
-use super::storage::ColumnDef;
+use super::storage::{ColumnDef, KeyDerived};
 use crate::types::{Length, SqlType};
 
 /// SplitMix64: a fast, well-mixed 64-bit hash step.
@@ -100,6 +100,41 @@ impl ColumnBuilder {
 
     /// Appends the value column `column` has in a row with this key and content.
     pub fn append_generated(&mut self, column: &ColumnDef, is_key: bool, key: i64, content: u64) {
+        match column.from_key {
+            Some(derived) => self.append_key_derived(column, derived, key),
+            None => self.append_content(column, is_key, key, content),
+        }
+    }
+
+    /// A value derived from the row key: stable under updates, so a snapshot cut on it never
+    /// sees a row move between chunks.
+    fn append_key_derived(&mut self, column: &ColumnDef, derived: KeyDerived, key: i64) {
+        let hash = column_hash(mix(key as u64), column.column_id);
+        match (derived, &mut *self) {
+            (KeyDerived::Repeated, _) if column.nullable && hash.is_multiple_of(8) => {
+                self.append_null()
+            }
+            (KeyDerived::Repeated, ColumnBuilder::Utf8(builder)) if column.sql_type.is_text() => {
+                builder.append_value(cased(REGIONS[repeated_index(hash)], hash >> 16, true))
+            }
+            (KeyDerived::Repeated, _) => {
+                self.append_content(column, true, key, repeated_index(hash) as u64)
+            }
+            (KeyDerived::Unique, ColumnBuilder::Utf8(builder)) if column.sql_type.is_text() => {
+                let word = REGIONS[(hash % REGIONS.len() as u64) as usize];
+                builder.append_value(format!("{}{key:010}", cased(word, hash >> 16, false)))
+            }
+            (KeyDerived::Unique, ColumnBuilder::Date(builder)) => {
+                builder.append_value(18_262 + key as i32)
+            }
+            (KeyDerived::Unique, ColumnBuilder::Timestamp(builder)) => builder.append_value(
+                truncate_micros(&column.sql_type, BASE_MICROS + key * 1_000_003),
+            ),
+            (KeyDerived::Unique, _) => self.append_content(column, true, key, mix(key as u64)),
+        }
+    }
+
+    fn append_content(&mut self, column: &ColumnDef, is_key: bool, key: i64, content: u64) {
         let hash = column_hash(content, column.column_id);
         if column.nullable && !is_key && mix(hash).is_multiple_of(8) {
             self.append_null();
@@ -187,6 +222,46 @@ impl ColumnBuilder {
             ColumnBuilder::Utf8(builder) => Arc::new(builder.finish()),
             ColumnBuilder::Binary(builder) => Arc::new(builder.finish()),
         }
+    }
+}
+
+/// Values of repeated key-derived text: one of them holds about half the rows.
+const REGIONS: [&str; 8] = [
+    "north", "south", "east", "west", "central", "harbour", "uplands", "coast",
+];
+
+/// Which of [`REGIONS`] (or of 24 values of another type) a repeated value takes.
+fn repeated_index(hash: u64) -> usize {
+    if hash & 1 == 0 {
+        0
+    } else {
+        (hash >> 8) as usize % REGIONS.len()
+    }
+}
+
+/// A case variant of an ASCII word (and, for repeated values, one with a trailing space):
+/// all equal under a case-insensitive collation, ordered apart by bytes.
+fn cased(word: &str, hash: u64, trailing_space: bool) -> String {
+    match hash % if trailing_space { 4 } else { 3 } {
+        0 => word.to_string(),
+        1 => word[..1].to_uppercase() + &word[1..],
+        2 => word.to_uppercase(),
+        _ => format!("{word} "),
+    }
+}
+
+/// Truncates microseconds to a date-time type's precision.
+fn truncate_micros(sql_type: &SqlType, micros: i64) -> i64 {
+    match sql_type {
+        SqlType::SmallDateTime => micros.div_euclid(60_000_000) * 60_000_000,
+        SqlType::DateTime => micros.div_euclid(1_000) * 1_000,
+        SqlType::DateTime2 { precision } | SqlType::DateTimeOffset { precision }
+            if *precision < 6 =>
+        {
+            let unit = 10i64.pow(6 - u32::from(*precision));
+            micros.div_euclid(unit) * unit
+        }
+        _ => micros,
     }
 }
 
@@ -292,6 +367,7 @@ mod tests {
 
     fn column(sql_type: &str, nullable: bool) -> ColumnDef {
         ColumnDef {
+            from_key: None,
             name: "c".into(),
             column_id: 3,
             sql_type: sql_type.parse().expect("type"),

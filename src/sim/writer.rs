@@ -544,7 +544,7 @@ impl SimWriter {
             start_lsn: start,
             create_date: time,
             columns: captured,
-            index_columns: vec![definition.key.clone()],
+            index_columns: definition.index_columns(),
             min_lsn: start,
             segments: Vec::new(),
             next_segment: 0,
@@ -596,6 +596,7 @@ impl SimWriter {
             table.schema, table.name
         );
         let column = ColumnDef {
+            from_key: None,
             name: name.to_string(),
             column_id: definition
                 .columns

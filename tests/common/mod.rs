@@ -28,9 +28,13 @@ pub struct SimFixture {
 
 impl SimFixture {
     pub fn new() -> Self {
+        Self::with_tables(&sample::sample_tables())
+    }
+
+    /// A simulated database with these tables.
+    pub fn with_tables(tables: &[mssql_cdc_flight::sim::TableSpec]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let db = SimDb::create(&dir.path().join("db"), &sample::sample_tables(), START)
-            .expect("create sim");
+        let db = SimDb::create(&dir.path().join("db"), tables, START).expect("create sim");
         let journal = dir.path().join("journal.jsonl");
         SimFixture { dir, db, journal }
     }
