@@ -167,6 +167,7 @@ fn main() -> anyhow::Result<()> {
             partitions: 2,
             granularity: Granularity::Minute,
             fail_on_data_loss: true,
+            snapshot_keys: None,
         };
         let apply = ApplyConfig {
             table: table.to_string(),

@@ -45,6 +45,7 @@ fn config(url: &str, lake: &Path) -> StreamConfig {
         partitions: 2,
         granularity: Granularity::Minute,
         fail_on_data_loss: true,
+        snapshot_keys: None,
     }
 }
 

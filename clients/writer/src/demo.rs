@@ -70,6 +70,7 @@ pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
             partitions: 2,
             granularity: Granularity::Minute,
             fail_on_data_loss: true,
+            snapshot_keys: None,
         })
         .collect();
     let mut configs = configs;

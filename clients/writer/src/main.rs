@@ -109,6 +109,10 @@ struct SnapshotTable {
     /// The stream's app id.
     #[arg(long, required_unless_present = "admin")]
     app_id: Option<String>,
+    /// Columns a chunked snapshot is cut on, comma-separated (unique or not; default the
+    /// unique index CDC uses; a table without one needs them).
+    #[arg(long, value_delimiter = ',')]
+    snapshot_keys: Option<Vec<String>>,
 }
 
 impl SnapshotTable {
@@ -122,6 +126,7 @@ impl SnapshotTable {
             self.facts.clone().ok_or_else(missing)?,
             self.app_id.clone().ok_or_else(missing)?,
             2,
+            self.snapshot_keys.clone(),
         ))
     }
 }
@@ -135,6 +140,7 @@ fn snapshot_config(
     facts: String,
     app_id: String,
     partitions: u32,
+    snapshot_keys: Option<Vec<String>>,
 ) -> StreamConfig {
     StreamConfig {
         server,
@@ -149,6 +155,7 @@ fn snapshot_config(
         partitions,
         granularity: Granularity::Hour,
         fail_on_data_loss: true,
+        snapshot_keys,
     }
 }
 
@@ -188,6 +195,10 @@ struct BackfillArgs {
     /// Pause while the stream's retention headroom is below this many hours (or unknown).
     #[arg(long)]
     min_headroom_hours: Option<f64>,
+    /// Columns a chunked snapshot is cut on, comma-separated (unique or not; default the
+    /// unique index CDC uses; a table without one needs them).
+    #[arg(long, value_delimiter = ',')]
+    snapshot_keys: Option<Vec<String>>,
 }
 
 #[derive(Args)]
@@ -283,6 +294,10 @@ struct RunArgs {
     /// (read now, one append) or `chunked` (opened now, read by `backfill` next to the stream).
     #[arg(long)]
     bootstrap: Option<String>,
+    /// Columns a chunked snapshot is cut on, comma-separated (unique or not; default the
+    /// unique index CDC uses; a table without one needs them).
+    #[arg(long, value_delimiter = ',')]
+    snapshot_keys: Option<Vec<String>>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -324,6 +339,7 @@ fn main() -> anyhow::Result<()> {
             partitions: args.partitions,
             granularity: args.granularity.parse::<Granularity>()?,
             fail_on_data_loss: !args.skip_data_loss,
+            snapshot_keys: args.snapshot_keys,
         };
         if let Some(mode) = &args.bootstrap {
             let mode: SnapshotMode = mode.parse()?;
@@ -413,6 +429,7 @@ async fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
         args.facts,
         args.app_id,
         args.partitions,
+        args.snapshot_keys,
     );
     let options = BackfillOptions {
         chunk_rows: args.chunk_rows,

@@ -18,6 +18,7 @@
 //! fail_on_data_loss = true         # optional
 //! bootstrap = "chunked"            # optional: full or chunked, for a new checkpoint
 //! chunk_rows = 100000              # optional: chunk size of a chunked bootstrap
+//! snapshot_keys = ["region"]       # optional: columns chunks are cut on (default: the unique index)
 //! silver = "/lake/silver_orders"   # optional: keep a current-state table (apply_changes)
 //! keys = ["order_id"]              # the silver table's key columns
 //! apply_seconds = 60.0             # optional: apply interval (default poll_seconds)
@@ -115,6 +116,9 @@ pub struct TableEntry {
     /// Most rows per chunk of a chunked bootstrap.
     #[serde(default)]
     pub chunk_rows: Option<u64>,
+    /// Columns to cut chunked snapshots on (unique or not); default the unique index.
+    #[serde(default)]
+    pub snapshot_keys: Option<Vec<String>>,
     /// Silver location: `apply_changes` keeps it in step with bronze.
     #[serde(default)]
     pub silver: Option<String>,
@@ -281,6 +285,7 @@ impl SidecarConfig {
             partitions: entry.partitions,
             granularity: self.granularity,
             fail_on_data_loss: entry.fail_on_data_loss,
+            snapshot_keys: entry.snapshot_keys.clone(),
         }
     }
 }

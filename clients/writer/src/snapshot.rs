@@ -26,7 +26,10 @@ use std::time::Instant;
 use arrow::record_batch::RecordBatch;
 use mssql_cdc_flight::chunking::{self, BucketCounter};
 use mssql_cdc_flight::client::CdcClient;
-use mssql_cdc_flight::flight::protocol::{ChunkSpec, Completion, LsnAnswer, SnapshotCommand};
+use mssql_cdc_flight::flight::protocol::{
+    ChunkSpec, Completion, KeyBoundAnswer, KeyMaxAnswer, LsnAnswer, SnapshotCommand,
+};
+use mssql_cdc_flight::keys::{Bound, KeyColumn, KeySeek, KeyTuple};
 use mssql_cdc_flight::source::{KeyBucket, KeyExtent};
 use mssql_cdc_flight::{CommitTime, Lsn};
 use serde::{Deserialize, Serialize};
@@ -137,16 +140,37 @@ pub struct FullSnapshot {
 }
 
 /// One chunk of a plan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlannedChunk {
     /// Chunk number (`_chunk`).
     pub chunk: i32,
-    /// First key (inclusive).
-    pub lo: Option<i64>,
+    /// First key (inclusive): an integer, or a keyset tuple as the server wrote it.
+    pub lo: Option<Bound>,
     /// First key after the chunk.
-    pub hi: Option<i64>,
-    /// Rows counted at planning.
+    pub hi: Option<Bound>,
+    /// Rows counted at planning (integer plans); at most `chunk_rows` on a unique keyset,
+    /// `chunk_rows` as the estimate on columns that repeat.
     pub rows: u64,
+}
+
+/// How a keyset snapshot is cut, as its `snapshot_open` plans row records it (an integer
+/// plan's row is the key's [`KeyExtent`] instead).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeysetOpen {
+    /// Always `keyset`.
+    pub kind: String,
+    /// The columns the chunks are cut on, with their types.
+    pub keys: Vec<KeyColumn>,
+    /// Whether they are the unique index CDC uses.
+    pub unique: bool,
+    /// The largest key at the open (after S); `None`: the table was empty.
+    pub max: Option<KeyTuple>,
+}
+
+impl KeysetOpen {
+    fn names(&self) -> Vec<String> {
+        self.keys.iter().map(|key| key.name.clone()).collect()
+    }
 }
 
 /// A facts row of a snapshot event at S (`min_lsn` = `max_lsn` = `end_lsn` = S).
@@ -158,6 +182,16 @@ fn snapshot_event(event: &str, snapshot: Lsn) -> FactsRow {
         end_lsn: Some(snapshot.to_string()),
         ..FactsRow::default()
     }
+}
+
+/// The keyset of a `snapshot_open` plans row; `None` for an integer plan's extent.
+fn keyset_of(open: &serde_json::Value) -> Result<Option<KeysetOpen>> {
+    if open["kind"].as_str() != Some("keyset") {
+        return Ok(None);
+    }
+    serde_json::from_value(open.clone())
+        .map(Some)
+        .map_err(|error| WriterError::Internal(format!("recorded keyset: {error}")))
 }
 
 /// The location of the plans table beside a bronze target.
@@ -529,40 +563,46 @@ impl Snapshots {
         } else {
             "bootstrap"
         };
-        let extent: KeyExtent = self
+        // The columns to cut on, checked and typed by the server, and MAX read after S.
+        let cut: KeyMaxAnswer = self
             .client
-            .action("key_extent", &json!({"table": self.config.table}))
+            .action(
+                "key_max",
+                &json!({"table": self.config.table, "keys": self.config.snapshot_keys}),
+            )
             .await?;
-        use mssql_cdc_flight::types::SqlType;
-        if !matches!(
-            extent.sql_type,
-            SqlType::TinyInt | SqlType::SmallInt | SqlType::Int | SqlType::BigInt
-        ) {
-            return Err(WriterError::invalid(format!(
-                "{}: the key column '{}' is {}; chunked snapshots cut integer keys only in this \
-                 release (keyset plans over other keys are not built yet): take a full snapshot",
-                self.config.table, extent.column, extent.sql_type
-            )));
-        }
+        let (open_detail, key_names) = match cut.keys.as_slice() {
+            // One integer unique key: chunks packed from counted slices.
+            [key] if cut.unique && key.is_integer() => {
+                let extent: KeyExtent = self
+                    .client
+                    .action("key_extent", &json!({"table": self.config.table}))
+                    .await?;
+                let names = vec![extent.column.clone()];
+                (serde_json::to_value(&extent).unwrap_or_default(), names)
+            }
+            _ => {
+                let open = KeysetOpen {
+                    kind: "keyset".into(),
+                    keys: cut.keys,
+                    unique: cut.unique,
+                    max: cut.max,
+                };
+                let names = open.names();
+                (serde_json::to_value(&open).unwrap_or_default(), names)
+            }
+        };
         let txn = self.txn("snapopen", snapshot);
         // Plans first: the key values live beside bronze, not in the facts.
-        self.append_plans(
-            &txn,
-            0,
-            snapshot,
-            vec![(
-                "snapshot_open",
-                serde_json::to_value(&extent).unwrap_or_default(),
-            )],
-        )
-        .await?;
+        self.append_plans(&txn, 0, snapshot, vec![("snapshot_open", open_detail)])
+            .await?;
         self.append_facts(
             &txn,
             0,
             vec![FactsRow {
                 rows: Some(0),
                 detail: Some(
-                    json!({"mode": "chunked", "kind": kind, "generation": generation, "keys": [extent.column]})
+                    json!({"mode": "chunked", "kind": kind, "generation": generation, "keys": key_names})
                         .to_string(),
                 ),
                 ..snapshot_event("snapshot_open", snapshot)
@@ -594,25 +634,29 @@ impl Snapshots {
                     plans_location(&self.config.target)
                 ))
             })?;
-        let extent: KeyExtent = serde_json::from_value(open)
-            .map_err(|error| WriterError::Internal(format!("recorded extent: {error}")))?;
-        let counter = FlightCounter {
-            client: &self.client,
-            table: &self.config.table,
+        let chunks = match keyset_of(&open)? {
+            Some(keyset) => self.plan_keyset(&keyset, chunk_rows).await?,
+            None => {
+                let extent: KeyExtent = serde_json::from_value(open)
+                    .map_err(|error| WriterError::Internal(format!("recorded extent: {error}")))?;
+                let counter = FlightCounter {
+                    client: &self.client,
+                    table: &self.config.table,
+                };
+                chunking::plan(&counter, extent.min.zip(extent.max), chunk_rows)
+                    .await
+                    .map_err(|error| WriterError::Internal(format!("planning chunks: {error}")))?
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, (range, rows))| PlannedChunk {
+                        chunk: index as i32,
+                        lo: range.lo.map(Bound::Int),
+                        hi: range.hi.map(Bound::Int),
+                        rows,
+                    })
+                    .collect()
+            }
         };
-        let chunks: Vec<PlannedChunk> =
-            chunking::plan(&counter, extent.min.zip(extent.max), chunk_rows)
-                .await
-                .map_err(|error| WriterError::Internal(format!("planning chunks: {error}")))?
-                .into_iter()
-                .enumerate()
-                .map(|(index, (range, rows))| PlannedChunk {
-                    chunk: index as i32,
-                    lo: range.lo,
-                    hi: range.hi,
-                    rows,
-                })
-                .collect();
         let txn = self.txn("snapplan", snapshot);
         self.append_plans(
             &txn,
@@ -642,6 +686,147 @@ impl Snapshots {
         .await?;
         // The plan read back is the one recorded (a concurrent call leaves one plan).
         Box::pin(self.plan(snapshot, chunk_rows)).await
+    }
+
+    /// The key of the `(n + 1)`-th row of a range, sought by the server on the open's keys.
+    async fn seek(&self, open: &KeysetOpen, seek: KeySeek) -> Result<Option<KeyTuple>> {
+        let mut body = serde_json::to_value(&seek).unwrap_or_default();
+        body["table"] = json!(self.config.table);
+        body["keys"] = json!(open.names());
+        let answer: KeyBoundAnswer = self.client.action("key_bound", &body).await?;
+        Ok(answer.bound)
+    }
+
+    /// The first key after MAX (`last_bound`), past MAX's own copies; `None` when no row
+    /// holds one (yet).
+    async fn last_bound(&self, open: &KeysetOpen) -> Result<Option<KeyTuple>> {
+        let Some(max) = &open.max else {
+            return Ok(None);
+        };
+        self.seek(
+            open,
+            KeySeek {
+                from: Some(max.clone()),
+                from_inclusive: false,
+                to: None,
+                to_inclusive: false,
+                n: 0,
+            },
+        )
+        .await
+    }
+
+    /// Keyset bounds `chunk_rows` rows apart, walked up front below the MAX recorded at the
+    /// open; the last chunk ends at the first key after MAX (open when there is none yet:
+    /// it is sought again before the wave that reads it).
+    async fn plan_keyset(&self, open: &KeysetOpen, chunk_rows: u64) -> Result<Vec<PlannedChunk>> {
+        let Some(max) = &open.max else {
+            // An empty table at the open: one chunk, the whole key (rows inserted since S).
+            return Ok(vec![PlannedChunk {
+                chunk: 0,
+                lo: None,
+                hi: None,
+                rows: 0,
+            }]);
+        };
+        let mut bounds: Vec<KeyTuple> = Vec::new();
+        loop {
+            let lo = bounds.last().cloned();
+            let mut n = chunk_rows;
+            let bound = loop {
+                let seek = KeySeek {
+                    from: lo.clone(),
+                    from_inclusive: true,
+                    to: Some(max.clone()),
+                    to_inclusive: true,
+                    n,
+                };
+                let Some(bound) = self.seek(open, seek).await? else {
+                    break None;
+                };
+                // On columns that repeat, the (n + 1)-th row can hold lo's own value (equal
+                // only under the source's collation, maybe): the chunk would end where it
+                // starts. Seek twice as far until [lo, bound) holds a row (Amendment 6).
+                let holds_a_row = open.unique
+                    || self
+                        .seek(
+                            open,
+                            KeySeek {
+                                from: lo.clone(),
+                                from_inclusive: true,
+                                to: Some(bound.clone()),
+                                to_inclusive: false,
+                                n: 0,
+                            },
+                        )
+                        .await?
+                        .is_some();
+                if holds_a_row {
+                    break Some(bound);
+                }
+                n = n.saturating_mul(2);
+            };
+            match bound {
+                Some(bound) => bounds.push(bound),
+                None => break,
+            }
+        }
+        let last_hi = self.last_bound(open).await?;
+        let mut chunks = Vec::with_capacity(bounds.len() + 1);
+        let mut lo: Option<KeyTuple> = None;
+        for bound in bounds {
+            chunks.push(PlannedChunk {
+                chunk: chunks.len() as i32,
+                lo: lo.take().map(Bound::Keys),
+                hi: Some(Bound::Keys(bound.clone())),
+                rows: chunk_rows,
+            });
+            lo = Some(bound);
+        }
+        chunks.push(PlannedChunk {
+            chunk: chunks.len() as i32,
+            lo: lo.map(Bound::Keys),
+            hi: last_hi.map(Bound::Keys),
+            rows: chunk_rows,
+        });
+        Ok(chunks)
+    }
+
+    /// The keyset an open snapshot is cut on; `None` for an integer plan. Refuses a stream
+    /// configured to cut on other columns (the option changed or dropped since the open).
+    async fn keyset_open(&self, snapshot: Lsn) -> Result<Option<KeysetOpen>> {
+        let Some(open) = self.plans_rows(snapshot, "snapshot_open").await?.pop() else {
+            return Ok(None);
+        };
+        let keyset = keyset_of(&open)?;
+        let recorded: Option<Vec<String>> = match &keyset {
+            Some(keyset) => (!keyset.unique).then(|| keyset.names()),
+            None => None,
+        };
+        let asked = match (&self.config.snapshot_keys, &keyset) {
+            // Naming the unique index's own columns is the default spelled out.
+            (Some(keys), Some(keyset)) if keyset.unique && *keys == keyset.names() => None,
+            (Some(keys), None)
+                if open["column"].as_str() == keys.first().map(String::as_str)
+                    && keys.len() == 1 =>
+            {
+                None
+            }
+            (asked, _) => asked.clone(),
+        };
+        if asked != recorded {
+            return Err(WriterError::invalid(format!(
+                "{}: snapshot {snapshot} was opened cut on {}, but snapshot_keys is now {}: a \
+                 plan never moves to other columns; set snapshot_keys back to finish it, or \
+                 open a new snapshot",
+                self.config.table,
+                recorded.map_or("the unique index".to_string(), |keys| format!("{keys:?}")),
+                asked.map_or("unset (the unique index)".to_string(), |keys| format!(
+                    "{keys:?}"
+                )),
+            )));
+        }
+        Ok(keyset)
     }
 
     /// `(chunk, wave, rows)` of every chunk whose facts row is in.
@@ -789,6 +974,7 @@ impl Snapshots {
                     .then(|| "no chunked snapshot is open for this app_id".into()),
             });
         };
+        let keyset = self.keyset_open(snapshot).await?;
         let plan = self.plan(snapshot, options.chunk_rows).await?;
         let total = plan.len() as u64;
         let partitions = self.config.partitions.max(1) as usize;
@@ -807,7 +993,7 @@ impl Snapshots {
                         .is_some_and(|wave| wave.chunks.iter().any(|c| c.chunk == chunk.chunk))
             };
             let remaining: Vec<PlannedChunk> =
-                plan.iter().filter(|chunk| !taken(chunk)).copied().collect();
+                plan.iter().filter(|chunk| !taken(chunk)).cloned().collect();
             let mut stop: Option<(String, String, bool)> = None;
             if remaining.is_empty() {
                 stop = Some(("done".into(), String::new(), false));
@@ -839,7 +1025,13 @@ impl Snapshots {
                         .unwrap_or(0)
                         + 1;
                     let chunks = self
-                        .wave_chunks(snapshot, wave, &remaining, partitions * rounds)
+                        .wave_chunks(
+                            snapshot,
+                            wave,
+                            &remaining,
+                            partitions * rounds,
+                            keyset.as_ref(),
+                        )
                         .await?;
                     Some((wave, chunks))
                 }
@@ -855,7 +1047,9 @@ impl Snapshots {
                 match &next {
                     Some((wave, chunks)) => {
                         let clock = Instant::now();
-                        let stage = self.read_wave_files(snapshot, *wave, chunks).await?;
+                        let stage = self
+                            .read_wave_files(snapshot, *wave, chunks, keyset.as_ref())
+                            .await?;
                         Ok(Some((stage, clock.elapsed())))
                     }
                     None => Ok::<_, WriterError>(None),
@@ -932,6 +1126,7 @@ impl Snapshots {
         wave: i64,
         remaining: &[PlannedChunk],
         count: usize,
+        keyset: Option<&KeysetOpen>,
     ) -> Result<Vec<PlannedChunk>> {
         let recorded: Vec<PlannedChunk> = self
             .plans_rows(snapshot, "snapshot_chunk")
@@ -943,7 +1138,17 @@ impl Snapshots {
         if !recorded.is_empty() {
             return Ok(recorded);
         }
-        let chunks: Vec<PlannedChunk> = remaining.iter().take(count).copied().collect();
+        let mut chunks: Vec<PlannedChunk> = remaining.iter().take(count).cloned().collect();
+        // A keyset plan's last chunk left open (no key after MAX when planned) ends at the
+        // first key after MAX sought now, so the rows the stream inserted above MAX since do
+        // not pile into it; the plans row keeps the bound for a rerun.
+        if let Some(keyset) = keyset
+            && let Some(last) = chunks.last_mut()
+            && last.hi.is_none()
+            && Some(last.chunk) == remaining.last().map(|chunk| chunk.chunk)
+        {
+            last.hi = self.last_bound(keyset).await?.map(Bound::Keys);
+        }
         let rows = chunks
             .iter()
             .map(|chunk| {
@@ -975,6 +1180,7 @@ impl Snapshots {
         snapshot: Lsn,
         wave: i64,
         chunks: &[PlannedChunk],
+        keyset: Option<&KeysetOpen>,
     ) -> Result<WaveStage> {
         let bronze_txn = self.txn("snap", snapshot);
         if self.held_by_bronze(&bronze_txn, wave).await? {
@@ -1003,11 +1209,12 @@ impl Snapshots {
                 .iter()
                 .map(|chunk| ChunkSpec {
                     chunk: chunk.chunk,
-                    lo: chunk.lo,
-                    hi: chunk.hi,
+                    lo: chunk.lo.clone(),
+                    hi: chunk.hi.clone(),
                 })
                 .collect(),
         );
+        command.keys = keyset.map(KeysetOpen::names);
         Ok(WaveStage::Read(
             self.read_files(snapshot, command, wave).await?,
         ))

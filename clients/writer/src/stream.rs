@@ -65,6 +65,9 @@ pub struct StreamConfig {
     pub granularity: Granularity,
     /// Stop on purged changes (true), or skip to `min_lsn` with a `data_skipped` event.
     pub fail_on_data_loss: bool,
+    /// The columns a chunked snapshot is cut on (the seed's `snapshotKeys`), unique or not;
+    /// `None`: the unique index CDC uses. A table without one needs them.
+    pub snapshot_keys: Option<Vec<String>>,
 }
 
 /// What one batch did.

@@ -35,9 +35,13 @@ pub struct Lab {
 
 impl Lab {
     pub async fn new() -> Self {
+        Self::with_tables(&sample::sample_tables()).await
+    }
+
+    /// A lab whose simulated database holds these tables.
+    pub async fn with_tables(tables: &[mssql_cdc_flight::sim::TableSpec]) -> Self {
         let dir = tempfile::tempdir().expect("temp");
-        let db =
-            SimDb::create(&dir.path().join("db"), &sample::sample_tables(), START).expect("sim");
+        let db = SimDb::create(&dir.path().join("db"), tables, START).expect("sim");
         let server = LocalServer::start(Arc::new(db.clone()), TicketSigner::random().expect("key"))
             .await
             .expect("server");
@@ -85,6 +89,7 @@ impl Lab {
             partitions: 2,
             granularity: Granularity::Minute,
             fail_on_data_loss: true,
+            snapshot_keys: None,
         }
     }
 

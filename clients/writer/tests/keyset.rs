@@ -1,0 +1,353 @@
+//! Chunked snapshots cut on keyset bounds, against the in-process server and real Delta
+//! tables: a composite unique index whose leading column repeats in mixed case (compared
+//! case-insensitively by the simulated database, as SQL Server's default collation does), a
+//! heap cut on a repeated column with NULLs (`snapshot_keys`), and an integer column that
+//! grows at the top, whose last chunk ends at the first key after MAX sought before its wave.
+//! End state every time: bronze's rows of S plus the changes after S rebuild the table.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use common::{Lab, captured, query, run_now, text};
+use mssql_cdc_flight::Lsn;
+use mssql_cdc_flight::client::CdcClient;
+use mssql_cdc_flight::flight::protocol::SnapshotCommand;
+use mssql_cdc_flight::sim::{Faults, SnapshotHook, sample};
+use mssql_cdc_flight::source::TableName;
+use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
+use mssql_cdc_writer::stream::StreamConfig;
+
+type Rows = BTreeMap<i64, Vec<String>>;
+
+fn options(chunk_rows: u64, max_waves: Option<u32>) -> BackfillOptions {
+    BackfillOptions {
+        chunk_rows,
+        max_waves,
+        target_wave_seconds: 0.0,
+        min_headroom_hours: None,
+    }
+}
+
+fn config(lab: &Lab, table: &str, name: &str) -> StreamConfig {
+    StreamConfig {
+        table: table.into(),
+        target: lab.lake(&format!("bronze_{name}")),
+        app_id: name.into(),
+        checkpoint: lab.dir.path().join(format!("checkpoint_{name}")),
+        ..lab.config()
+    }
+}
+
+fn row_id(batch: &arrow::record_batch::RecordBatch, row: usize) -> i64 {
+    let index = batch.schema().index_of("id").expect("id");
+    text(batch, index, row)
+        .expect("id")
+        .parse()
+        .expect("integer id")
+}
+
+/// The table now, read whole through the server, by its row id.
+async fn source_rows(lab: &Lab, table: &str) -> Rows {
+    let client = CdcClient::connect(&lab.url).await.expect("connect");
+    let plan = client
+        .plan_snapshot(&SnapshotCommand::new(table))
+        .await
+        .expect("plan");
+    let mut rows = Rows::new();
+    for endpoint in &plan.info.endpoint {
+        let (batches, _) = client
+            .collect_endpoint(endpoint.ticket.as_ref().expect("ticket"))
+            .await
+            .expect("read");
+        for batch in &batches {
+            for row in 0..batch.num_rows() {
+                rows.insert(row_id(batch, row), captured(batch, row));
+            }
+        }
+    }
+    rows
+}
+
+/// ADR 0028's rebuild by row id: the rows of S and the changes after S, latest first.
+async fn rebuild(bronze: &str, snapshot: Lsn) -> Rows {
+    let batches = query(
+        bronze,
+        &format!(
+            "SELECT * FROM t WHERE (_operation = 0 AND _snapshot = '{snapshot}') \
+             OR (_operation <> 0 AND _start_lsn > '{snapshot}') \
+             ORDER BY _start_lsn, _command_id NULLS FIRST, _seqval NULLS FIRST, _operation"
+        ),
+    )
+    .await;
+    let mut rows = Rows::new();
+    for batch in &batches {
+        let operation = batch.schema().index_of("_operation").expect("op");
+        for row in 0..batch.num_rows() {
+            match text(batch, operation, row).as_deref() {
+                Some("1") | Some("3") => {
+                    rows.remove(&row_id(batch, row));
+                }
+                _ => {
+                    rows.insert(row_id(batch, row), captured(batch, row));
+                }
+            }
+        }
+    }
+    rows
+}
+
+/// `(id, _chunk, cut column as text)` of every snapshot row of S in bronze.
+async fn snapshot_rows(
+    bronze: &str,
+    snapshot: Lsn,
+    column: &str,
+) -> Vec<(i64, i32, Option<String>)> {
+    let batches = query(
+        bronze,
+        &format!(
+            "SELECT id, _chunk, CAST(\"{column}\" AS VARCHAR) AS cut FROM t WHERE _operation = 0 \
+             AND _snapshot = '{snapshot}'"
+        ),
+    )
+    .await;
+    let mut rows = Vec::new();
+    for batch in &batches {
+        for row in 0..batch.num_rows() {
+            rows.push((
+                text(batch, 0, row).expect("id").parse().expect("id"),
+                text(batch, 1, row).expect("chunk").parse().expect("chunk"),
+                text(batch, 2, row),
+            ));
+        }
+    }
+    rows
+}
+
+/// Plans rows of one event, as JSON.
+async fn plans_rows(bronze: &str, event: &str) -> Vec<serde_json::Value> {
+    let batches = query(
+        &snapshot::plans_location(bronze),
+        &format!("SELECT detail FROM t WHERE event = '{event}'"),
+    )
+    .await;
+    let mut rows = Vec::new();
+    for batch in &batches {
+        for row in 0..batch.num_rows() {
+            rows.push(serde_json::from_str(&text(batch, 0, row).expect("detail")).expect("json"));
+        }
+    }
+    rows
+}
+
+fn no_row_twice(rows: &[(i64, i32, Option<String>)]) {
+    let ids: BTreeSet<i64> = rows.iter().map(|(id, ..)| *id).collect();
+    assert_eq!(ids.len(), rows.len(), "a row read by two chunks");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_composite_case_insensitive_key_is_chunked_on_keyset_bounds_next_to_the_stream() {
+    let lab = Lab::with_tables(&[sample::accounts()]).await;
+    lab.workload(61, 300);
+    let mut config = config(&lab, "dbo.accounts", "accounts");
+    let bronze = config.target.clone();
+    let snapshot = snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
+        .await
+        .expect("open")
+        .expect("opened");
+    let open = plans_rows(&bronze, "snapshot_open").await;
+    assert_eq!(open[0]["kind"], "keyset", "{}", open[0]);
+    assert_eq!(open[0]["unique"], true);
+    assert_eq!(open[0]["keys"][0]["name"], "region");
+    assert_eq!(open[0]["keys"][1]["name"], "code");
+    lab.workload(62, 40);
+    run_now(config.clone()).await;
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let first = snapshots
+        .backfill(&options(40, Some(1)))
+        .await
+        .expect("wave 1");
+    let total = first.chunks_total.expect("planned");
+    assert!(total > 4, "{total} chunks");
+    let plan = &plans_rows(&bronze, "snapshot_plan").await[0]["chunks"];
+    assert!(plan[1]["lo"].is_array(), "keyset bounds: {}", plan[1]);
+
+    // Changes between waves, and a commit between a chunk's stamp and its read.
+    lab.workload(63, 60);
+    let writer = Arc::new(Mutex::new(Some(lab.writer(64))));
+    let hook_writer = Arc::clone(&writer);
+    let accounts: TableName = "dbo.accounts".parse().expect("table");
+    lab.db.set_faults(Faults {
+        before_snapshot_read: Some(SnapshotHook(Arc::new(move || {
+            let Some(mut writer) = hook_writer.lock().expect("lock").take() else {
+                return;
+            };
+            let mut tx = writer.begin();
+            let keys = tx.random_keys(&accounts, 6).expect("keys");
+            tx.update(&accounts, &keys[..3]).expect("update");
+            tx.delete(&accounts, &keys[3..]).expect("delete");
+            tx.insert(&accounts, 3).expect("insert");
+            tx.commit().expect("commit");
+            writer.publish().expect("publish");
+        }))),
+        ..Faults::default()
+    });
+    snapshots
+        .backfill(&options(40, Some(1)))
+        .await
+        .expect("wave 2");
+    lab.db.set_faults(Faults::default());
+    assert!(writer.lock().expect("lock").is_none(), "the hook ran");
+    lab.workload(65, 60);
+    let done = snapshots.backfill(&options(40, None)).await.expect("rest");
+    assert!(done.done && done.chunks_done == total, "{done:?}");
+    run_now(config.clone()).await;
+
+    no_row_twice(&snapshot_rows(&bronze, snapshot, "region").await);
+    assert_eq!(
+        rebuild(&bronze, snapshot).await,
+        source_rows(&lab, "dbo.accounts").await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heap_is_chunked_on_a_repeated_column_with_nulls_each_value_in_one_chunk() {
+    let lab = Lab::with_tables(&[sample::events()]).await;
+    lab.workload(71, 250);
+    let mut config = config(&lab, "dbo.events", "events");
+    let bronze = config.target.clone();
+
+    // Refused before anything is recorded: a heap without snapshot_keys, and a bit column.
+    let refused = snapshot::bootstrap(&mut config.clone(), SnapshotMode::Chunked)
+        .await
+        .expect_err("no unique index");
+    assert!(refused.to_string().contains("snapshot_keys"), "{refused}");
+    let mut bit = config.clone();
+    bit.snapshot_keys = Some(vec!["flag".into()]);
+    let refused = snapshot::bootstrap(&mut bit, SnapshotMode::Chunked)
+        .await
+        .expect_err("bit");
+    assert!(refused.to_string().contains("'flag'"), "{refused}");
+    let plans_url =
+        mssql_cdc_writer::tables::table_url(&snapshot::plans_location(&bronze)).expect("url");
+    assert!(
+        mssql_cdc_writer::tables::open(&plans_url)
+            .await
+            .expect("open")
+            .is_none(),
+        "nothing recorded by a refused open"
+    );
+
+    config.snapshot_keys = Some(vec!["source".into()]);
+    let snapshot = snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
+        .await
+        .expect("open")
+        .expect("opened");
+    lab.workload(72, 40);
+    run_now(config.clone()).await;
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    // Chunks of 15 rows: the value holding half the rows is a chunk of its own (the seek
+    // doubles past it), and the others are packed by value.
+    let first = snapshots
+        .backfill(&options(15, Some(1)))
+        .await
+        .expect("wave 1");
+    let total = first.chunks_total.expect("planned");
+    assert!(total >= 4, "{total} chunks");
+
+    // A backfill configured without the open's columns is refused: plans never move.
+    let mut dropped = config.clone();
+    dropped.snapshot_keys = None;
+    let refused = Snapshots::connect(dropped)
+        .await
+        .expect("connect")
+        .backfill(&options(15, None))
+        .await
+        .expect_err("keys dropped");
+    assert!(refused.to_string().contains("source"), "{refused}");
+
+    lab.workload(73, 50);
+    let done = snapshots.backfill(&options(15, None)).await.expect("rest");
+    assert!(done.done && done.chunks_done == total, "{done:?}");
+    run_now(config.clone()).await;
+
+    let rows = snapshot_rows(&bronze, snapshot, "source").await;
+    no_row_twice(&rows);
+    // Each value (case and trailing spaces folded, as the collation compares) in one chunk,
+    // the NULLs in the first.
+    let mut chunks_of: BTreeMap<Option<String>, BTreeSet<i32>> = BTreeMap::new();
+    for (_, chunk, value) in &rows {
+        let folded = value.as_ref().map(|v| v.trim_end().to_lowercase());
+        chunks_of.entry(folded).or_default().insert(*chunk);
+    }
+    assert!(chunks_of.contains_key(&None), "the heap has NULLs");
+    assert_eq!(chunks_of[&None], BTreeSet::from([0]), "NULLs sort first");
+    for (value, chunks) in &chunks_of {
+        assert_eq!(chunks.len(), 1, "{value:?} is in chunks {chunks:?}");
+    }
+    let spellings: BTreeSet<&str> = rows
+        .iter()
+        .filter_map(|(_, _, value)| value.as_deref())
+        .filter(|value| value.trim_end().eq_ignore_ascii_case("north"))
+        .collect();
+    assert!(
+        spellings.len() > 1,
+        "mixed case in one value: {spellings:?}"
+    );
+    assert_eq!(
+        rebuild(&bronze, snapshot).await,
+        source_rows(&lab, "dbo.events").await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_keyset_chunk_ends_at_the_first_key_after_max_sought_before_its_wave() {
+    let lab = Lab::with_tables(&[sample::events()]).await;
+    lab.workload(81, 200);
+    let mut config = config(&lab, "dbo.events", "events_by_id");
+    config.snapshot_keys = Some(vec!["id".into()]);
+    let bronze = config.target.clone();
+    let snapshot = snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
+        .await
+        .expect("open")
+        .expect("opened");
+    let max = plans_rows(&bronze, "snapshot_open").await[0]["max"][0]
+        .as_i64()
+        .expect("an integer MAX");
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let first = snapshots
+        .backfill(&options(30, Some(1)))
+        .await
+        .expect("wave 1");
+    let total = first.chunks_total.expect("planned");
+    let plan = &plans_rows(&bronze, "snapshot_plan").await[0]["chunks"];
+    let last = &plan[plan.as_array().expect("chunks").len() - 1];
+    assert!(last["hi"].is_null(), "no key after MAX at planning: {last}");
+
+    // The stream inserts above MAX while the snapshot is read.
+    lab.workload(82, 80);
+    run_now(config.clone()).await;
+    let done = snapshots.backfill(&options(30, None)).await.expect("rest");
+    assert!(done.done && done.chunks_done == total, "{done:?}");
+    let recorded_last = plans_rows(&bronze, "snapshot_chunk")
+        .await
+        .into_iter()
+        .find(|chunk| chunk["chunk"].as_u64() == Some(total - 1))
+        .expect("last chunk recorded");
+    let hi = recorded_last["hi"][0]
+        .as_i64()
+        .expect("closed at the first key after MAX");
+    assert!(hi > max, "{hi} after MAX {max}");
+    let rows = snapshot_rows(&bronze, snapshot, "id").await;
+    no_row_twice(&rows);
+    assert!(
+        rows.iter().all(|(id, ..)| *id < hi),
+        "rows inserted above the last bound are left to the stream"
+    );
+    run_now(config.clone()).await;
+    assert_eq!(
+        rebuild(&bronze, snapshot).await,
+        source_rows(&lab, "dbo.events").await
+    );
+}
