@@ -3,6 +3,7 @@
 
 mod common;
 
+use mssql_cdc_flight::keys::{Bound, KeyColumn, KeySeek, KeyTuple, KeyValue};
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -261,8 +262,8 @@ async fn chunks_planned_from_counted_slices_tile_the_table() {
             .enumerate()
             .map(|(index, (range, _))| ChunkSpec {
                 chunk: index as i32,
-                lo: range.lo,
-                hi: range.hi,
+                lo: range.lo.map(Bound::Int),
+                hi: range.hi.map(Bound::Int),
             })
             .collect(),
     );
@@ -346,8 +347,8 @@ async fn bad_snapshot_commands_are_refused() {
     let mut empty_chunk = SnapshotCommand::new(TABLE);
     empty_chunk.chunks = Some(vec![ChunkSpec {
         chunk: 0,
-        lo: Some(10),
-        hi: Some(10),
+        lo: Some(Bound::Int(10)),
+        hi: Some(Bound::Int(10)),
     }]);
     let error = client
         .plan_snapshot(&empty_chunk)
@@ -369,6 +370,40 @@ async fn bad_snapshot_commands_are_refused() {
         )
         .await
         .expect_err("width 0");
+    assert_eq!(error.code(), Some(tonic::Code::InvalidArgument));
+
+    // Keyset commands: unknown and uncuttable columns named, bounds of the wrong shape.
+    let customers = "dbo.customers";
+    let refused = |keys: serde_json::Value| async move {
+        client
+            .action::<serde_json::Value>("key_max", &json!({"table": customers, "keys": keys}))
+            .await
+    };
+    let unknown = refused(json!(["nope"])).await.expect_err("unknown column");
+    assert!(unknown.to_string().contains("'nope'"), "{unknown}");
+    let bit = refused(json!(["is_active"])).await.expect_err("bit");
+    assert!(bit.to_string().contains("bit has no MIN or MAX"), "{bit}");
+    let twice = refused(json!(["name", "name"])).await.expect_err("twice");
+    assert!(twice.to_string().contains("twice"), "{twice}");
+    let mut short = SnapshotCommand::new(customers);
+    short.keys = Some(vec!["name".into(), "customer_id".into()]);
+    short.chunks = Some(vec![ChunkSpec {
+        chunk: 3,
+        lo: Some(Bound::Keys(vec![KeyValue::Text("a".into())])),
+        hi: None,
+    }]);
+    let error = client
+        .plan_snapshot(&short)
+        .await
+        .expect_err("one value short");
+    assert!(error.to_string().contains("chunk 3"), "{error}");
+    let error = client
+        .action::<serde_json::Value>(
+            "key_bound",
+            &json!({"table": customers, "keys": ["customer_id"], "from": ["7"], "n": 1}),
+        )
+        .await
+        .expect_err("text for an int column");
     assert_eq!(error.code(), Some(tonic::Code::InvalidArgument));
 }
 
@@ -443,6 +478,21 @@ impl mssql_cdc_flight::source::CdcSource for KeylessSource {
             "{table} has no integer key"
         )))
     }
+    async fn key_max(
+        &self,
+        table: &mssql_cdc_flight::source::TableName,
+        keys: &[KeyColumn],
+    ) -> mssql_cdc_flight::Result<Option<KeyTuple>> {
+        self.0.key_max(table, keys).await
+    }
+    async fn key_bound(
+        &self,
+        table: &mssql_cdc_flight::source::TableName,
+        keys: &[KeyColumn],
+        seek: &KeySeek,
+    ) -> mssql_cdc_flight::Result<Option<KeyTuple>> {
+        self.0.key_bound(table, keys, seek).await
+    }
     async fn read_snapshot(
         &self,
         read: mssql_cdc_flight::source::SnapshotRead,
@@ -482,7 +532,7 @@ async fn a_table_without_an_integer_key_is_read_whole_in_one_stream_and_not_chun
     chunked.chunks = Some(vec![ChunkSpec {
         chunk: 1,
         lo: None,
-        hi: Some(10),
+        hi: Some(Bound::Int(10)),
     }]);
     let error = client
         .plan_snapshot(&chunked)

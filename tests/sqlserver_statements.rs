@@ -8,6 +8,7 @@
 //! After a deliberate change of a statement, rewrite the golden file with
 //! `UPDATE_GOLDEN=1 cargo test --test sqlserver_statements` and review its diff.
 
+use mssql_cdc_flight::keys::{KeyColumn, KeyValue, KeysetRange};
 use mssql_cdc_flight::mssql::clock::{self, ServerClock};
 use mssql_cdc_flight::mssql::sql::{self, Isolation};
 use mssql_cdc_flight::source::{KeyRange, TableName};
@@ -48,6 +49,27 @@ fn every_statement() -> Vec<(&'static str, String, usize)> {
     let offset = ServerClock::Offset(-180);
     let both = sql::source_read_prefix(Some(5000), Isolation::Snapshot);
     let ok = |result: mssql_cdc_flight::Result<String>| result.expect("statement");
+    let accounts = TableName::new("dbo", "accounts");
+    let key = |name: &str, sql_type: &str| KeyColumn {
+        name: name.into(),
+        sql_type: sql_type.parse().expect("type"),
+    };
+    let composite = vec![key("region", "varchar(20)"), key("id", "int")];
+    let typed = vec![
+        key("opened", "datetime2(7)"),
+        key("token", "uniqueidentifier"),
+        key("hash", "varbinary(16)"),
+        key("ratio", "float"),
+    ];
+    let lo = vec![KeyValue::Text("North".into()), KeyValue::Int(17)];
+    let hi = vec![KeyValue::Text("south".into()), KeyValue::Int(4)];
+    let with_null = vec![KeyValue::Null, KeyValue::Int(3)];
+    let typed_lo = vec![
+        KeyValue::Text("2026-01-01T00:00:00.1234567".into()),
+        KeyValue::Text("6F9619FF-8B86-D011-B42D-00C04FC964FF".into()),
+        KeyValue::Text("0x00FF".into()),
+        KeyValue::Null,
+    ];
     vec![
         ("max_lsn", sql::max_lsn().into(), 1),
         ("min_lsn", sql::min_lsn().into(), 1),
@@ -160,6 +182,86 @@ fn every_statement() -> Vec<(&'static str, String, usize)> {
             1,
         ),
         (
+            "key_max composite",
+            ok(sql::key_max(&accounts, &composite, "")),
+            1,
+        ),
+        (
+            "key_max typed columns with snapshot isolation",
+            ok(sql::key_max(&accounts, &typed, &both)),
+            3,
+        ),
+        (
+            "key_bound from a bound through MAX",
+            ok(sql::key_bound(
+                &accounts,
+                &composite,
+                Some((&lo, true)),
+                Some((&hi, true)),
+                100_000,
+                "",
+            )
+            .map(|(text, values)| {
+                assert_eq!(values.len(), 4, "two values per bound");
+                text
+            })),
+            1,
+        ),
+        (
+            "key_bound first key after MAX with a NULL in it",
+            ok(sql::key_bound(
+                &accounts,
+                &composite,
+                Some((&with_null, false)),
+                None,
+                0,
+                "",
+            )
+            .map(|(text, values)| {
+                assert_eq!(values.len(), 1, "a NULL is never bound");
+                text
+            })),
+            1,
+        ),
+        (
+            "key_bound typed values",
+            ok(
+                sql::key_bound(&accounts, &typed, Some((&typed_lo, true)), None, 7, "")
+                    .map(|(text, _)| text),
+            ),
+            1,
+        ),
+        (
+            "snapshot_keyset_rows chunk",
+            ok(sql::snapshot_keyset_rows(
+                &accounts,
+                &composite,
+                &columns[..2],
+                &KeysetRange {
+                    lo: Some(lo.clone()),
+                    hi: Some(hi.clone()),
+                },
+                "",
+            )
+            .map(|(text, _)| text)),
+            1,
+        ),
+        (
+            "snapshot_keyset_rows first chunk (NULL keys first)",
+            ok(sql::snapshot_keyset_rows(
+                &accounts,
+                &composite,
+                &columns[..1],
+                &KeysetRange {
+                    lo: None,
+                    hi: Some(hi.clone()),
+                },
+                "",
+            )
+            .map(|(text, _)| text)),
+            1,
+        ),
+        (
             "named_zone_capability",
             clock::named_zone_capability_sql().into(),
             1,
@@ -232,6 +334,19 @@ fn hostile_names_stay_one_identifier() {
         assert_eq!(statements(&text), Ok(1), "{text}");
         let text = sql::key_buckets(&table, name, "").expect("quoted");
         assert_eq!(statements(&text), Ok(1), "{text}");
+        let keys = [KeyColumn {
+            name: name.into(),
+            sql_type: "nvarchar(40)".parse().expect("type"),
+        }];
+        let bound = vec![KeyValue::Text("v'); DELETE FROM z; --".into())];
+        let (text, values) =
+            sql::key_bound(&table, &keys, Some((&bound, true)), None, 3, "").expect("quoted");
+        assert_eq!(statements(&text), Ok(1), "{text}");
+        assert!(
+            !text.contains("DELETE FROM z"),
+            "values are parameters: {text}"
+        );
+        assert_eq!(values, bound);
     }
     // Without the quoting, the same name would have been two statements.
     assert_eq!(

@@ -73,6 +73,27 @@ SET LOCK_TIMEOUT 250; SELECT t.[order_id] FROM [dbo].[orders] t WHERE t.[order_i
 -- snapshot_rows whole table
 SELECT t.[order_id], CAST(t.[price] AS decimal(19,4)) AS [price] FROM [dbo].[orders] t;
 
+-- key_max composite
+SELECT TOP (1) CONVERT(nvarchar(max), t.[region]) AS [region], CAST(t.[id] AS bigint) AS [id] FROM [dbo].[accounts] t ORDER BY t.[region] DESC, t.[id] DESC;
+
+-- key_max typed columns with snapshot isolation
+SET TRANSACTION ISOLATION LEVEL SNAPSHOT; SET LOCK_TIMEOUT 5000; SELECT TOP (1) CONVERT(nvarchar(40), t.[opened], 126) AS [opened], CONVERT(nvarchar(max), t.[token]) AS [token], CONVERT(nvarchar(max), t.[hash], 1) AS [hash], CONVERT(nvarchar(40), t.[ratio], 3) AS [ratio] FROM [dbo].[accounts] t ORDER BY t.[opened] DESC, t.[token] DESC, t.[hash] DESC, t.[ratio] DESC;
+
+-- key_bound from a bound through MAX
+SELECT CONVERT(nvarchar(max), t.[region]) AS [region], CAST(t.[id] AS bigint) AS [id] FROM [dbo].[accounts] t WHERE ((t.[region] > CAST(@P1 AS varchar(20))) OR (t.[region] = CAST(@P1 AS varchar(20)) AND t.[id] > @P2) OR (t.[region] = CAST(@P1 AS varchar(20)) AND t.[id] = @P2)) AND (((t.[region] < CAST(@P3 AS varchar(20)) OR t.[region] IS NULL)) OR (t.[region] = CAST(@P3 AS varchar(20)) AND (t.[id] < @P4 OR t.[id] IS NULL)) OR (t.[region] = CAST(@P3 AS varchar(20)) AND t.[id] = @P4)) ORDER BY t.[region], t.[id] OFFSET 100000 ROWS FETCH NEXT 1 ROWS ONLY;
+
+-- key_bound first key after MAX with a NULL in it
+SELECT CONVERT(nvarchar(max), t.[region]) AS [region], CAST(t.[id] AS bigint) AS [id] FROM [dbo].[accounts] t WHERE ((t.[region] IS NOT NULL) OR (t.[region] IS NULL AND t.[id] > @P1)) ORDER BY t.[region], t.[id] OFFSET 0 ROWS FETCH NEXT 1 ROWS ONLY;
+
+-- key_bound typed values
+SELECT CONVERT(nvarchar(40), t.[opened], 126) AS [opened], CONVERT(nvarchar(max), t.[token]) AS [token], CONVERT(nvarchar(max), t.[hash], 1) AS [hash], CONVERT(nvarchar(40), t.[ratio], 3) AS [ratio] FROM [dbo].[accounts] t WHERE ((t.[opened] > CAST(@P1 AS datetime2(7))) OR (t.[opened] = CAST(@P1 AS datetime2(7)) AND t.[token] > CAST(@P2 AS uniqueidentifier)) OR (t.[opened] = CAST(@P1 AS datetime2(7)) AND t.[token] = CAST(@P2 AS uniqueidentifier) AND t.[hash] > CONVERT(varbinary(16), @P3, 1)) OR (t.[opened] = CAST(@P1 AS datetime2(7)) AND t.[token] = CAST(@P2 AS uniqueidentifier) AND t.[hash] = CONVERT(varbinary(16), @P3, 1) AND t.[ratio] IS NOT NULL) OR (t.[opened] = CAST(@P1 AS datetime2(7)) AND t.[token] = CAST(@P2 AS uniqueidentifier) AND t.[hash] = CONVERT(varbinary(16), @P3, 1) AND t.[ratio] IS NULL)) ORDER BY t.[opened], t.[token], t.[hash], t.[ratio] OFFSET 7 ROWS FETCH NEXT 1 ROWS ONLY;
+
+-- snapshot_keyset_rows chunk
+SELECT t.[order_id], CAST(t.[price] AS decimal(19,4)) AS [price] FROM [dbo].[accounts] t WHERE ((t.[region] > CAST(@P1 AS varchar(20))) OR (t.[region] = CAST(@P1 AS varchar(20)) AND t.[id] > @P2) OR (t.[region] = CAST(@P1 AS varchar(20)) AND t.[id] = @P2)) AND (((t.[region] < CAST(@P3 AS varchar(20)) OR t.[region] IS NULL)) OR (t.[region] = CAST(@P3 AS varchar(20)) AND (t.[id] < @P4 OR t.[id] IS NULL))) ORDER BY t.[region], t.[id];
+
+-- snapshot_keyset_rows first chunk (NULL keys first)
+SELECT t.[order_id] FROM [dbo].[accounts] t WHERE (((t.[region] < CAST(@P1 AS varchar(20)) OR t.[region] IS NULL)) OR (t.[region] = CAST(@P1 AS varchar(20)) AND (t.[id] < @P2 OR t.[id] IS NULL))) ORDER BY t.[region], t.[id];
+
 -- named_zone_capability
 SELECT CASE WHEN CAST(SERVERPROPERTY('ProductMajorVersion') AS int) >= 16 OR CAST(SERVERPROPERTY('EngineEdition') AS int) IN (5, 8) THEN 1 ELSE 0 END AS named_zone;
 
