@@ -61,7 +61,12 @@ impl SimDb {
 
     /// The current rows as `(row key, content)` pairs.
     fn current_rows(&self, definition: &TableDef) -> Result<Vec<(i64, u64)>> {
-        Ok(self.store.read_state(definition)?.into_iter().collect())
+        Ok(self
+            .store
+            .read_state(definition)?
+            .iter()
+            .map(|(key, content)| (*key, *content))
+            .collect())
     }
 
     /// The largest key on `keys`.

@@ -252,7 +252,10 @@ impl SimWriter {
         let mut next_keys = BTreeMap::new();
         for table in &manifest.tables {
             let rows = db.store.read_state(table).map_err(release)?;
-            tables.insert(table.table.clone(), TableRows::from_map(rows));
+            tables.insert(
+                table.table.clone(),
+                TableRows::from_map(Arc::unwrap_or_clone(rows)),
+            );
             next_keys.insert(table.table.clone(), table.next_key);
         }
         let mut writer = SimWriter {
