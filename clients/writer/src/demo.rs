@@ -15,10 +15,13 @@ use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
 
-/// `(table, short name, key column)` of the sample tables.
-const TABLES: [(&str, &str, &str); 2] = [
-    ("dbo.customers", "customers", "customer_id"),
-    ("dbo.orders", "orders", "order_id"),
+/// `(table, short name, key columns)` of the demo's tables: two keyed on one integer column
+/// (chunks planned from counted key slices) and `dbo.accounts`, whose unique index is
+/// `(region, code)` with case-mixed text (chunks cut on keyset bounds).
+const TABLES: [(&str, &str, &[&str]); 3] = [
+    ("dbo.customers", "customers", &["customer_id"]),
+    ("dbo.orders", "orders", &["order_id"]),
+    ("dbo.accounts", "accounts", &["region", "code"]),
 ];
 
 pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
@@ -34,9 +37,11 @@ pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
         "1. a simulated SQL Server CDC database in {}",
         dir.join("db").display()
     );
+    let mut tables = sample::sample_tables();
+    tables.push(sample::accounts());
     let db = SimDb::create(
         &dir.join("db"),
-        &sample::sample_tables(),
+        &tables,
         CommitTime(chrono::Utc::now().timestamp_micros()),
     )?;
     let mut writer = db.writer(Clock::Wall, 7)?;
@@ -102,7 +107,7 @@ pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
             bronze: config.target.clone(),
             target: lake.join(format!("silver_{name}")).display().to_string(),
             capture_instance: None,
-            keys: vec![key.to_string()],
+            keys: key.iter().map(|column| column.to_string()).collect(),
             control: lake.join("control").display().to_string(),
             facts: Some(config.facts.clone()),
             granularity: Granularity::Minute,

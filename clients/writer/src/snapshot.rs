@@ -1397,6 +1397,12 @@ impl Snapshots {
         let appender = Arc::new(
             bronze::Appender::prepare(table, &schema, &self.config.target, rows_kind).await?,
         );
+        // At most `partitions` streams at a time: a wave is read in rounds of `partitions`
+        // chunks, as many streams as a full snapshot reads with (more only thrash two cores
+        // and hold more batches in memory); each chunk is stamped when its read starts.
+        let slots = Arc::new(tokio::sync::Semaphore::new(
+            self.config.partitions.max(1) as usize
+        ));
         let mut reads = Vec::new();
         for endpoint in &plan.info.endpoint {
             let ticket = endpoint.ticket.clone().ok_or_else(|| {
@@ -1404,7 +1410,12 @@ impl Snapshots {
             })?;
             let client = self.client.clone();
             let mut files = appender.file_writer();
+            let slots = Arc::clone(&slots);
             reads.push(tokio::spawn(async move {
+                let _slot = slots
+                    .acquire_owned()
+                    .await
+                    .map_err(|error| WriterError::Internal(format!("read slots: {error}")))?;
                 let mut reader = client.open_endpoint(&ticket).await?;
                 let streamed: Result<u64> = async {
                     let mut rows = 0u64;
