@@ -57,13 +57,10 @@ pub async fn plan(
 ) -> Result<FlightInfo> {
     let table: TableName = command.table.parse()?;
     let instances = source.capture_instances(&table).await?;
-    let newest = instances
-        .last()
-        .ok_or_else(|| Error::TableNotFound {
-            table: table.to_string(),
-        })?
-        .name
-        .clone();
+    let instance = instances.last().ok_or_else(|| Error::TableNotFound {
+        table: table.to_string(),
+    })?;
+    let newest = instance.name.clone();
     let columns = planner::select_columns(
         &table,
         planner::union_columns(&table, &instances)?,
@@ -74,9 +71,6 @@ pub async fn plan(
         return Err(Error::invalid("batch_rows must be at least 1"));
     }
     let include_command_id = command.include_command_id.unwrap_or(true);
-    let instance = instances.last().ok_or_else(|| Error::TableNotFound {
-        table: table.to_string(),
-    })?;
     let keyset = command.chunks.as_ref().is_some_and(|chunks| {
         command.keys.is_some()
             || chunks.iter().any(|chunk| {
@@ -87,17 +81,19 @@ pub async fn plan(
         true => cut_keys(&table, instance, command.keys.as_deref())?.0,
         false => Vec::new(),
     };
-    let extent = match source.key_extent(&table).await {
-        Ok(extent) if !keyset => Some(extent),
-        Ok(_) => None,
-        // No single integer key to cut on (a composite or text key, a heap): a full snapshot
-        // reads the table whole, in one stream whatever `partitions` asked (the seed's rule
-        // for tables without a usable index); chunks need keyset bounds.
-        Err(Error::InvalidArgument(reason)) if command.chunks.is_none() || keyset => {
-            tracing::debug!(%table, %reason, "no integer key to cut on");
-            None
-        }
-        Err(error) => return Err(error),
+    let extent = match keyset {
+        true => None,
+        false => match source.key_extent(&table).await {
+            Ok(extent) => Some(extent),
+            // No single integer key to cut on (a composite or text key, a heap): a full
+            // snapshot reads the table whole, in one stream whatever `partitions` asked (the
+            // seed's rule for tables without a usable index); chunks need keyset bounds.
+            Err(Error::InvalidArgument(reason)) if command.chunks.is_none() => {
+                tracing::debug!(%table, %reason, "snapshot read whole: no key to cut on");
+                None
+            }
+            Err(error) => return Err(error),
+        },
     };
     let endpoints: Vec<Vec<SnapshotPiece>> = match &command.chunks {
         Some(chunks) => {

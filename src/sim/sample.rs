@@ -132,3 +132,23 @@ pub fn events() -> TableSpec {
         )
     }
 }
+
+/// `dbo.readings`: a unique `datetime2(7)` key `taken_at` growing with the row id (one
+/// second and three microseconds apart), as a creation time is: keyset plans on a
+/// date-time key, and silver's range deletes with the microsecond rule.
+pub fn readings() -> TableSpec {
+    TableSpec {
+        index: Some(vec!["taken_at".into()]),
+        key_derived: vec!["taken_at".into()],
+        ..spec(
+            "dbo.readings",
+            "id",
+            &[
+                ("id", "bigint", false),
+                ("taken_at", "datetime2(7)", false),
+                ("station", "varchar(10)", true),
+                ("value", "float", true),
+            ],
+        )
+    }
+}

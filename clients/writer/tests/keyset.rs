@@ -16,6 +16,8 @@ use mssql_cdc_flight::client::CdcClient;
 use mssql_cdc_flight::flight::protocol::SnapshotCommand;
 use mssql_cdc_flight::sim::{Faults, SnapshotHook, sample};
 use mssql_cdc_flight::source::TableName;
+use mssql_cdc_writer::control::Granularity;
+use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::StreamConfig;
 
@@ -350,4 +352,112 @@ async fn the_last_keyset_chunk_ends_at_the_first_key_after_max_sought_before_its
         rebuild(&bronze, snapshot).await,
         source_rows(&lab, "dbo.events").await
     );
+}
+
+/// A date-time as the simulator writes keyset bounds, or as Arrow formats a value.
+fn instant(text: &str) -> chrono::NaiveDateTime {
+    chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%dT%H:%M:%S%.f").expect("a date-time")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_resnapshot_wave_on_a_datetime2_key_deletes_the_keys_its_chunks_lack() {
+    let lab = Lab::with_tables(&[sample::readings()]).await;
+    lab.workload(91, 150);
+    let mut config = config(&lab, "dbo.readings", "readings");
+    let bronze = config.target.clone();
+    let apply = ApplyConfig {
+        table: "dbo.readings".into(),
+        bronze: bronze.clone(),
+        target: lab.lake("silver_readings"),
+        capture_instance: None,
+        keys: vec!["taken_at".into()],
+        control: lab.lake("control"),
+        facts: Some(lab.lake("facts")),
+        granularity: Granularity::Minute,
+    };
+    let silver = || async {
+        let mut rows = Rows::new();
+        for batch in query(&apply.target, "SELECT * FROM t").await {
+            for row in 0..batch.num_rows() {
+                rows.insert(row_id(&batch, row), captured(&batch, row));
+            }
+        }
+        rows
+    };
+    snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
+        .await
+        .expect("open");
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let whole = options(20, None);
+    assert!(snapshots.backfill(&whole).await.expect("bootstrap").done);
+    run_now(config.clone()).await;
+    apply_changes(&apply).await.expect("apply");
+    assert_eq!(silver().await, source_rows(&lab, "dbo.readings").await);
+
+    // Rows deleted while no stream runs (as in a purged gap), then a re-snapshot.
+    let before = source_rows(&lab, "dbo.readings").await;
+    let readings: TableName = "dbo.readings".parse().expect("table");
+    let mut writer = lab.writer(92);
+    let mut transaction = writer.begin();
+    let deleted = transaction.random_keys(&readings, 30).expect("keys");
+    transaction.delete(&readings, &deleted).expect("delete");
+    transaction.commit().expect("commit");
+    writer.publish().expect("publish");
+    drop(writer);
+    let resnapshot = snapshots.open_resnapshot().await.expect("re-snapshot");
+    let status = snapshots
+        .backfill(&options(20, Some(1)))
+        .await
+        .expect("wave 1");
+    assert!(!status.done, "{status:?}");
+    assert!(!apply_changes(&apply).await.expect("apply").rebuilt);
+
+    // The ranges wave 1 read, as the source wrote their bounds.
+    let ranges: Vec<(Option<String>, Option<String>)> = query(
+        &snapshot::plans_location(&bronze),
+        &format!(
+            "SELECT detail FROM t WHERE event = 'snapshot_chunk' AND snapshot = '{resnapshot}'"
+        ),
+    )
+    .await
+    .iter()
+    .flat_map(|batch| {
+        (0..batch.num_rows()).map(|row| {
+            serde_json::from_str::<serde_json::Value>(&text(batch, 0, row).expect("detail"))
+                .expect("json")
+        })
+    })
+    .filter(|chunk| chunk["wave"] == 1)
+    .map(|chunk| {
+        let bound = |value: &serde_json::Value| value[0].as_str().map(str::to_string);
+        (bound(&chunk["lo"]), bound(&chunk["hi"]))
+    })
+    .collect();
+    assert!(!ranges.is_empty());
+    let taken_at = |id: &i64| instant(&before[id][1]);
+    let read = |id: &i64| {
+        ranges.iter().any(|(lo, hi)| {
+            lo.as_deref().is_none_or(|lo| taken_at(id) >= instant(lo))
+                && hi.as_deref().is_none_or(|hi| taken_at(id) < instant(hi))
+        })
+    };
+    let now = silver().await;
+    let (inside, outside): (Vec<i64>, Vec<i64>) = deleted.iter().partition(|id| read(id));
+    assert!(
+        !inside.is_empty(),
+        "some deleted keys lie in wave 1's chunks"
+    );
+    assert!(
+        !outside.is_empty(),
+        "some deleted keys wait for later waves"
+    );
+    for id in &inside {
+        assert!(!now.contains_key(id), "row {id} deleted by wave 1");
+    }
+    for id in &outside {
+        assert!(now.contains_key(id), "row {id} waits for its own wave");
+    }
+    assert!(snapshots.backfill(&whole).await.expect("rest").done);
+    assert!(apply_changes(&apply).await.expect("apply").rebuilt);
+    assert_eq!(silver().await, source_rows(&lab, "dbo.readings").await);
 }
