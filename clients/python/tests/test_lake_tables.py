@@ -58,7 +58,8 @@ def test_bronze_holds_what_the_facts_count(lake):
     facts = DeltaTable(str(lake / "facts")).to_pyarrow_table()
     batches = facts.filter(pc.is_null(facts["event"]))
     completions = facts.filter(pc.equal(facts["event"], "bootstrap"))
-    for name, app_id in [("bronze_orders", "demo_orders"), ("bronze_customers", "demo_customers")]:
+    for name, app_id in [("bronze_orders", "demo_orders"), ("bronze_customers", "demo_customers"),
+                         ("bronze_accounts", "demo_accounts")]:
         bronze = DeltaTable(str(lake / name)).to_pyarrow_table()
         changes = bronze.filter(pc.not_equal(bronze["_operation"], 0))
         snapshot = bronze.filter(pc.equal(bronze["_operation"], 0))
@@ -78,7 +79,8 @@ def test_bronze_holds_what_the_facts_count(lake):
 
 
 def test_silver_is_typed_commented_and_one_row_per_key(lake):
-    for name, key in [("silver_orders", "order_id"), ("silver_customers", "customer_id")]:
+    for name, keys in [("silver_orders", ["order_id"]), ("silver_customers", ["customer_id"]),
+                       ("silver_accounts", ["region", "code"])]:
         table = DeltaTable(str(lake / name))
         assert table.metadata().configuration["mssql_cdc.schema_version"] == "1"
         assert table.metadata().description.startswith("mssql_cdc silver")
@@ -87,23 +89,23 @@ def test_silver_is_typed_commented_and_one_row_per_key(lake):
         assert "_operation" not in fields
         rows = table.to_pyarrow_table()
         assert rows.num_rows > 0
-        assert len(set(rows[key].to_pylist())) == rows.num_rows
+        assert len(set(zip(*(rows[key].to_pylist() for key in keys)))) == rows.num_rows
 
 
 def test_the_verdict_is_never_ahead_of_the_data(lake):
     control = DeltaTable(str(lake / "control")).to_pyarrow_table().to_pylist()
     facts = DeltaTable(str(lake / "facts")).to_pyarrow_table()
     bronze = {row["table_name"]: row for row in control if row["table_name"].startswith("dbo.")}
-    assert sorted(bronze) == ["dbo.customers", "dbo.orders"]
+    assert sorted(bronze) == ["dbo.accounts", "dbo.customers", "dbo.orders"]
     latest_end = pc.max(facts["end_commit_ts"]).as_py()
     for row in bronze.values():
         assert row["finalized_until"] is not None
         assert row["finalized_until"] <= latest_end
         assert row["finalized_until"] <= row["end_commit_ts"]
     silver = {row["table_name"]: row for row in control if "silver_" in row["table_name"]}
-    assert len(silver) == 2
+    assert len(silver) == 3
     for name, row in silver.items():
-        table = "dbo.orders" if name.endswith("silver_orders") else "dbo.customers"
+        table = "dbo." + name.rstrip("/").rsplit("silver_", 1)[1]
         assert row["applied_lsn"] is not None
         assert row["finalized_until"] is not None
         assert row["finalized_until"] <= bronze[table]["finalized_until"]
