@@ -455,22 +455,15 @@ impl CdcFlightService {
             "key_max" => {
                 let body: protocol::KeyMaxBody = parse_body(name, body)?;
                 let table = body.table.parse()?;
-                let instances = source.capture_instances(&table).await?;
-                let instance = instances.last().ok_or_else(|| Error::TableNotFound {
-                    table: table.to_string(),
-                })?;
-                let (keys, unique) = snapshot::cut_keys(&table, instance, body.keys.as_deref())?;
+                let (keys, unique) =
+                    snapshot::table_keys(source, &table, body.keys.as_deref()).await?;
                 let max = source.key_max(&table, &keys).await?;
                 json_bytes(&protocol::KeyMaxAnswer { keys, unique, max })
             }
             "key_bound" => {
                 let body: protocol::KeyBoundBody = parse_body(name, body)?;
                 let table = body.table.parse()?;
-                let instances = source.capture_instances(&table).await?;
-                let instance = instances.last().ok_or_else(|| Error::TableNotFound {
-                    table: table.to_string(),
-                })?;
-                let (keys, _) = snapshot::cut_keys(&table, instance, body.keys.as_deref())?;
+                let (keys, _) = snapshot::table_keys(source, &table, body.keys.as_deref()).await?;
                 body.seek.check(&keys)?;
                 json_bytes(&protocol::KeyBoundAnswer {
                     bound: source.key_bound(&table, &keys, &body.seek).await?,

@@ -227,6 +227,19 @@ pub fn cut_keys(
     Ok((keys, unique))
 }
 
+/// [`cut_keys`] on the newest capture instance of `table`.
+pub async fn table_keys(
+    source: &dyn CdcSource,
+    table: &TableName,
+    names: Option<&[String]>,
+) -> Result<(Vec<KeyColumn>, bool)> {
+    let instances = source.capture_instances(table).await?;
+    let instance = instances.last().ok_or_else(|| Error::TableNotFound {
+        table: table.to_string(),
+    })?;
+    cut_keys(table, instance, names)
+}
+
 /// The piece a chunk spec reads: an integer range, or a keyset range on `keys`.
 fn chunk_piece(chunk: &ChunkSpec, keys: &[KeyColumn]) -> Result<SnapshotPiece> {
     if keys.is_empty() {

@@ -8,13 +8,10 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
 
 use common::{Lab, captured, query, run_now, text};
 use mssql_cdc_flight::Lsn;
-use mssql_cdc_flight::client::CdcClient;
-use mssql_cdc_flight::flight::protocol::SnapshotCommand;
-use mssql_cdc_flight::sim::{Faults, SnapshotHook, sample};
+use mssql_cdc_flight::sim::{Faults, sample};
 use mssql_cdc_flight::source::TableName;
 use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
@@ -43,33 +40,12 @@ fn config(lab: &Lab, table: &str, name: &str) -> StreamConfig {
 }
 
 fn row_id(batch: &arrow::record_batch::RecordBatch, row: usize) -> i64 {
-    let index = batch.schema().index_of("id").expect("id");
-    text(batch, index, row)
-        .expect("id")
-        .parse()
-        .expect("integer id")
+    common::integer_at(batch, "id", row)
 }
 
 /// The table now, read whole through the server, by its row id.
 async fn source_rows(lab: &Lab, table: &str) -> Rows {
-    let client = CdcClient::connect(&lab.url).await.expect("connect");
-    let plan = client
-        .plan_snapshot(&SnapshotCommand::new(table))
-        .await
-        .expect("plan");
-    let mut rows = Rows::new();
-    for endpoint in &plan.info.endpoint {
-        let (batches, _) = client
-            .collect_endpoint(endpoint.ticket.as_ref().expect("ticket"))
-            .await
-            .expect("read");
-        for batch in &batches {
-            for row in 0..batch.num_rows() {
-                rows.insert(row_id(batch, row), captured(batch, row));
-            }
-        }
-    }
-    rows
+    common::source_rows_of(lab, table, "id").await
 }
 
 /// ADR 0028's rebuild by row id: the rows of S and the changes after S, latest first.
@@ -177,24 +153,7 @@ async fn a_composite_case_insensitive_key_is_chunked_on_keyset_bounds_next_to_th
 
     // Changes between waves, and a commit between a chunk's stamp and its read.
     lab.workload(63, 60);
-    let writer = Arc::new(Mutex::new(Some(lab.writer(64))));
-    let hook_writer = Arc::clone(&writer);
-    let accounts: TableName = "dbo.accounts".parse().expect("table");
-    lab.db.set_faults(Faults {
-        before_snapshot_read: Some(SnapshotHook(Arc::new(move || {
-            let Some(mut writer) = hook_writer.lock().expect("lock").take() else {
-                return;
-            };
-            let mut tx = writer.begin();
-            let keys = tx.random_keys(&accounts, 6).expect("keys");
-            tx.update(&accounts, &keys[..3]).expect("update");
-            tx.delete(&accounts, &keys[3..]).expect("delete");
-            tx.insert(&accounts, 3).expect("insert");
-            tx.commit().expect("commit");
-            writer.publish().expect("publish");
-        }))),
-        ..Faults::default()
-    });
+    let writer = common::commit_during_next_snapshot_read(&lab, "dbo.accounts", 64);
     snapshots
         .backfill(&options(40, Some(1)))
         .await

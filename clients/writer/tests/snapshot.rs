@@ -6,12 +6,11 @@
 mod common;
 
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 
 use arrow::record_batch::RecordBatch;
 use common::{Lab, Rows, captured, key_of, query, run_now, source_rows, text};
 use mssql_cdc_flight::Lsn;
-use mssql_cdc_flight::sim::{Faults, SnapshotHook};
+use mssql_cdc_flight::sim::Faults;
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::CRASH_AT_VARIABLE;
 
@@ -103,24 +102,7 @@ async fn a_chunked_snapshot_read_next_to_a_running_stream_rebuilds_the_table() {
     // Rows inserted, updated and deleted between waves, and a commit landing between a
     // chunk's stamp and its read.
     lab.workload(23, 60);
-    let writer = Arc::new(Mutex::new(Some(lab.writer(24))));
-    let hook_writer = Arc::clone(&writer);
-    let orders = "dbo.orders".parse().expect("table");
-    lab.db.set_faults(Faults {
-        before_snapshot_read: Some(SnapshotHook(Arc::new(move || {
-            let Some(mut writer) = hook_writer.lock().expect("lock").take() else {
-                return;
-            };
-            let mut tx = writer.begin();
-            let keys = tx.random_keys(&orders, 6).expect("keys");
-            tx.update(&orders, &keys[..3]).expect("update");
-            tx.delete(&orders, &keys[3..]).expect("delete");
-            tx.insert(&orders, 2).expect("insert");
-            tx.commit().expect("commit");
-            writer.publish().expect("publish");
-        }))),
-        ..Faults::default()
-    });
+    let writer = common::commit_during_next_snapshot_read(&lab, "dbo.orders", 24);
     let second = snapshots
         .backfill(&options(9_999, Some(1)))
         .await

@@ -268,18 +268,58 @@ pub fn captured(batch: &RecordBatch, row: usize) -> Vec<String> {
 }
 
 pub fn key_of(batch: &RecordBatch, row: usize) -> i64 {
-    let index = batch.schema().index_of("order_id").expect("key");
+    integer_at(batch, "order_id", row)
+}
+
+/// The value of an integer column of a row.
+pub fn integer_at(batch: &RecordBatch, column: &str, row: usize) -> i64 {
+    let index = batch.schema().index_of(column).expect("key");
     text(batch, index, row)
         .expect("key")
         .parse()
         .expect("integer key")
 }
 
+/// Lands one commit (3 updates, 3 deletes, 3 inserts of `table`) inside the next snapshot
+/// read, between its stamp and its rows; the returned slot is empty once it ran.
+pub fn commit_during_next_snapshot_read(
+    lab: &Lab,
+    table: &str,
+    seed: u64,
+) -> std::sync::Arc<std::sync::Mutex<Option<SimWriter>>> {
+    let writer = std::sync::Arc::new(std::sync::Mutex::new(Some(lab.writer(seed))));
+    let hook_writer = std::sync::Arc::clone(&writer);
+    let table: mssql_cdc_flight::source::TableName = table.parse().expect("table");
+    lab.db.set_faults(mssql_cdc_flight::sim::Faults {
+        before_snapshot_read: Some(mssql_cdc_flight::sim::SnapshotHook(std::sync::Arc::new(
+            move || {
+                let Some(mut writer) = hook_writer.lock().expect("lock").take() else {
+                    return;
+                };
+                let mut tx = writer.begin();
+                let keys = tx.random_keys(&table, 6).expect("keys");
+                tx.update(&table, &keys[..3]).expect("update");
+                tx.delete(&table, &keys[3..]).expect("delete");
+                tx.insert(&table, 3).expect("insert");
+                tx.commit().expect("commit");
+                writer.publish().expect("publish");
+            },
+        ))),
+        ..mssql_cdc_flight::sim::Faults::default()
+    });
+    writer
+}
+
 /// The source table now, read whole through the server.
 pub async fn source_rows(lab: &Lab) -> Rows {
+    source_rows_of(lab, "dbo.orders", "order_id").await
+}
+
+/// A source table now, read whole through the server, by an integer column that is unique.
+pub async fn source_rows_of(lab: &Lab, table: &str, key: &str) -> Rows {
     let client = CdcClient::connect(&lab.url).await.expect("connect");
     let plan = client
-        .plan_snapshot(&SnapshotCommand::new("dbo.orders"))
+        .plan_snapshot(&SnapshotCommand::new(table))
         .await
         .expect("plan");
     let mut rows = Rows::new();
@@ -290,7 +330,7 @@ pub async fn source_rows(lab: &Lab) -> Rows {
             .expect("read");
         for batch in &batches {
             for row in 0..batch.num_rows() {
-                rows.insert(key_of(batch, row), captured(batch, row));
+                rows.insert(integer_at(batch, key, row), captured(batch, row));
             }
         }
     }
