@@ -48,32 +48,9 @@ async fn source_rows(lab: &Lab, table: &str) -> Rows {
     common::source_rows_of(lab, table, "id").await
 }
 
-/// ADR 0028's rebuild by row id: the rows of S and the changes after S, latest first.
+/// ADR 0028's rebuild by row id (see `common::rebuild`).
 async fn rebuild(bronze: &str, snapshot: Lsn) -> Rows {
-    let batches = query(
-        bronze,
-        &format!(
-            "SELECT * FROM t WHERE (_operation = 0 AND _snapshot = '{snapshot}') \
-             OR (_operation <> 0 AND _start_lsn > '{snapshot}') \
-             ORDER BY _start_lsn, _command_id NULLS FIRST, _seqval NULLS FIRST, _operation"
-        ),
-    )
-    .await;
-    let mut rows = Rows::new();
-    for batch in &batches {
-        let operation = batch.schema().index_of("_operation").expect("op");
-        for row in 0..batch.num_rows() {
-            match text(batch, operation, row).as_deref() {
-                Some("1") | Some("3") => {
-                    rows.remove(&row_id(batch, row));
-                }
-                _ => {
-                    rows.insert(row_id(batch, row), captured(batch, row));
-                }
-            }
-        }
-    }
-    rows
+    common::rebuild(bronze, snapshot, "id").await
 }
 
 /// `(id, _chunk, cut column as text)` of every snapshot row of S in bronze.

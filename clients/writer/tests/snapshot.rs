@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 
 use arrow::record_batch::RecordBatch;
-use common::{Lab, Rows, captured, key_of, query, run_now, source_rows, text};
+use common::{Lab, Rows, query, run_now, source_rows, text};
 use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::sim::Faults;
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
@@ -16,34 +16,9 @@ use mssql_cdc_writer::stream::CRASH_AT_VARIABLE;
 
 const WRITER: &str = env!("CARGO_BIN_EXE_mssql-cdc-writer");
 
-/// The rebuild rule of ADR 0028: the rows of snapshot S and the changes after S, the latest
-/// row per key by (_start_lsn, _command_id, _seqval, _operation); deletes drop the key.
+/// The rebuild rule of ADR 0028 on the lab's bronze_orders (see `common::rebuild`).
 async fn rebuild(lab: &Lab, snapshot: Lsn) -> Rows {
-    let batches = query(
-        &lab.lake("bronze_orders"),
-        &format!(
-            "SELECT * FROM t WHERE (_operation = 0 AND _snapshot = '{snapshot}') \
-             OR (_operation <> 0 AND _start_lsn > '{snapshot}') \
-             ORDER BY _start_lsn, _command_id NULLS FIRST, _seqval NULLS FIRST, _operation"
-        ),
-    )
-    .await;
-    let mut rows = Rows::new();
-    for batch in &batches {
-        let operation = batch.schema().index_of("_operation").expect("op");
-        for row in 0..batch.num_rows() {
-            let key = key_of(batch, row);
-            match text(batch, operation, row).as_deref() {
-                Some("1") | Some("3") => {
-                    rows.remove(&key);
-                }
-                _ => {
-                    rows.insert(key, captured(batch, row));
-                }
-            }
-        }
-    }
-    rows
+    common::rebuild(&lab.lake("bronze_orders"), snapshot, "order_id").await
 }
 
 /// `(event, detail)` of every facts row of the lab's app id with an event.

@@ -352,3 +352,34 @@ pub async fn current_rows(location: &str) -> Rows {
     }
     rows
 }
+
+/// The rebuild rule of ADR 0028 over a bronze table: the rows of snapshot S and the changes
+/// after S, the latest row per key (an integer column) by (_start_lsn, _command_id, _seqval,
+/// _operation); deletes drop the key.
+pub async fn rebuild(bronze: &str, snapshot: mssql_cdc_flight::Lsn, key: &str) -> Rows {
+    let batches = query(
+        bronze,
+        &format!(
+            "SELECT * FROM t WHERE (_operation = 0 AND _snapshot = '{snapshot}') \
+             OR (_operation <> 0 AND _start_lsn > '{snapshot}') \
+             ORDER BY _start_lsn, _command_id NULLS FIRST, _seqval NULLS FIRST, _operation"
+        ),
+    )
+    .await;
+    let mut rows = Rows::new();
+    for batch in &batches {
+        let operation = batch.schema().index_of("_operation").expect("op");
+        for row in 0..batch.num_rows() {
+            let id = integer_at(batch, key, row);
+            match text(batch, operation, row).as_deref() {
+                Some("1") | Some("3") => {
+                    rows.remove(&id);
+                }
+                _ => {
+                    rows.insert(id, captured(batch, row));
+                }
+            }
+        }
+    }
+    rows
+}
