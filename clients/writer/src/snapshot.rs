@@ -1397,50 +1397,81 @@ impl Snapshots {
         let appender = Arc::new(
             bronze::Appender::prepare(table, &schema, &self.config.target, rows_kind).await?,
         );
-        // At most `partitions` streams at a time: a wave is read in rounds of `partitions`
-        // chunks, as many streams as a full snapshot reads with (more only thrash two cores
-        // and hold more batches in memory); each chunk is stamped when its read starts.
-        let slots = Arc::new(tokio::sync::Semaphore::new(
-            self.config.partitions.max(1) as usize
+        // `partitions` readers, each taking the next endpoint when it is done with one and
+        // writing every endpoint it reads into its own Parquet files: a wave of many chunks
+        // is read like a full snapshot, with as many streams and as many open files, instead
+        // of a stream and a file per chunk (each new file starts its column dictionaries and
+        // buffers over). Each chunk is stamped when its read starts; its rows and completion
+        // are kept per endpoint, and all files commit together in one append.
+        let tickets = plan
+            .info
+            .endpoint
+            .iter()
+            .map(|endpoint| {
+                endpoint.ticket.clone().ok_or_else(|| {
+                    WriterError::Internal("a snapshot endpoint without ticket".into())
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let endpoints = tickets.len();
+        let queue = Arc::new(std::sync::Mutex::new(
+            tickets
+                .into_iter()
+                .enumerate()
+                .collect::<std::collections::VecDeque<_>>(),
         ));
-        let mut reads = Vec::new();
-        for endpoint in &plan.info.endpoint {
-            let ticket = endpoint.ticket.clone().ok_or_else(|| {
-                WriterError::Internal("a snapshot endpoint without ticket".into())
-            })?;
+        let mut readers = Vec::new();
+        for _ in 0..(self.config.partitions.max(1) as usize).min(endpoints) {
+            let queue = Arc::clone(&queue);
             let client = self.client.clone();
             let mut files = appender.file_writer();
-            let slots = Arc::clone(&slots);
-            reads.push(tokio::spawn(async move {
-                let _slot = slots
-                    .acquire_owned()
-                    .await
-                    .map_err(|error| WriterError::Internal(format!("read slots: {error}")))?;
-                let mut reader = client.open_endpoint(&ticket).await?;
-                let streamed: Result<u64> = async {
-                    let mut rows = 0u64;
-                    while let Some(batch) = reader.next_batch().await? {
-                        rows += batch.num_rows() as u64;
-                        files.write(&batch).await?;
+            readers.push(tokio::spawn(async move {
+                let mut read: Vec<(usize, u64, Completion)> = Vec::new();
+                let streamed: Result<()> = async {
+                    loop {
+                        let next = queue.lock().map_err(|_| poisoned())?.pop_front();
+                        let Some((index, ticket)) = next else {
+                            return Ok(());
+                        };
+                        let mut reader = client.open_endpoint(&ticket).await?;
+                        let mut rows = 0u64;
+                        while let Some(batch) = reader.next_batch().await? {
+                            rows += batch.num_rows() as u64;
+                            files.write(&batch).await?;
+                        }
+                        read.push((index, rows, reader.completion()?));
                     }
-                    Ok(rows)
                 }
                 .await;
-                match streamed.and_then(|rows| Ok((rows, reader.completion()?))) {
-                    Ok((rows, completion)) => Ok((rows, completion, files.close().await?)),
+                match streamed {
+                    Ok(()) => Ok((read, files.close().await?)),
                     Err(error) => {
+                        // The others stop after the endpoint they are reading.
+                        if let Ok(mut queue) = queue.lock() {
+                            queue.clear();
+                        }
                         files.abort().await;
                         Err(error)
                     }
                 }
             }));
         }
-        let mut out = SnapshotRead::default();
+        let mut by_endpoint: Vec<Option<(u64, Completion)>> =
+            (0..endpoints).map(|_| None).collect();
         let mut files = Vec::new();
-        for read in reads {
-            let (rows, completion, endpoint_files) = read
+        for reader in readers {
+            let (read, reader_files) = reader
                 .await
                 .map_err(|error| WriterError::Internal(format!("snapshot read task: {error}")))??;
+            for (index, rows, completion) in read {
+                by_endpoint[index] = Some((rows, completion));
+            }
+            files.extend(reader_files);
+        }
+        let mut out = SnapshotRead::default();
+        for read in by_endpoint {
+            let (rows, completion) = read
+                .ok_or_else(|| WriterError::Internal("a snapshot endpoint was not read".into()))?;
             if let Some(stamp) = completion.snapshot_lsn
                 && stamp < snapshot
             {
@@ -1452,7 +1483,6 @@ impl Snapshots {
             }
             out.rows.push(rows);
             out.completions.push(completion);
-            files.extend(endpoint_files);
         }
         let total: u64 = out.rows.iter().sum();
         let metadata = json!({
@@ -1773,4 +1803,8 @@ pub async fn bootstrap(config: &mut StreamConfig, mode: SnapshotMode) -> Result<
 struct SnapshotRead {
     rows: Vec<u64>,
     completions: Vec<Completion>,
+}
+
+fn poisoned() -> WriterError {
+    WriterError::Internal("a snapshot reader panicked while taking an endpoint".into())
 }
