@@ -1,8 +1,8 @@
 //! Keys a snapshot is cut on, and the bounds of its chunks.
 //!
-//! One integer column (the unique index's, or a `snapshot_keys` column) is cut on integer
-//! bounds planned from row counts ([`crate::chunking`]). Any other key (composite, string,
-//! date, datetime2, uniqueidentifier, or columns that are not unique at all) is cut on
+//! A unique index of one integer column is cut on integer bounds planned from row counts
+//! ([`crate::chunking`]). Any other key (composite, string, date, datetime2,
+//! uniqueidentifier, or `snapshot_keys` columns, unique or not, integers included) is cut on
 //! **keyset bounds**: tuples of key values, each chunk the range `[lo, hi)` in the order the
 //! source sorts the key in (its collation: SQL Server compares `'n'` and `'N'` equal under a
 //! case-insensitive one). Only the source compares key values: clients carry them as the

@@ -521,13 +521,19 @@ fn text_at(row: &Row, index: usize) -> Option<String> {
     }
 }
 
-/// A keyset value of a row's column `index` (as [`sql::key_max`] selects it).
-fn key_value_at(row: &Row, index: usize, column: &KeyColumn) -> KeyValue {
-    let value = match column.sql_type.is_integer() {
-        true => int_at(row, index).map(KeyValue::Int),
-        false => text_at(row, index).map(KeyValue::Text),
-    };
-    value.unwrap_or(KeyValue::Null)
+/// The key of a row whose columns are `keys`, as [`sql::key_max`] and [`sql::key_bound`]
+/// select them: integers as integers, everything else as text.
+fn key_tuple_at(row: &Row, keys: &[KeyColumn]) -> KeyTuple {
+    keys.iter()
+        .enumerate()
+        .map(|(index, column)| {
+            let value = match column.sql_type.is_integer() {
+                true => int_at(row, index).map(KeyValue::Int),
+                false => text_at(row, index).map(KeyValue::Text),
+            };
+            value.unwrap_or(KeyValue::Null)
+        })
+        .collect()
 }
 
 /// The parameters binding keyset values (NULLs never are: the SQL text tests them).
@@ -875,12 +881,7 @@ impl CdcSource for SqlServerSource {
         let row = self
             .first_row(&sql::key_max(table, keys, &prefix)?, &[])
             .await?;
-        Ok(row.map(|row| {
-            keys.iter()
-                .enumerate()
-                .map(|(index, key)| key_value_at(&row, index, key))
-                .collect()
-        }))
+        Ok(row.map(|row| key_tuple_at(&row, keys)))
     }
 
     async fn key_bound(
@@ -899,12 +900,7 @@ impl CdcSource for SqlServerSource {
             &prefix,
         )?;
         let row = self.first_row(&statement, &key_params(values)).await?;
-        Ok(row.map(|row| {
-            keys.iter()
-                .enumerate()
-                .map(|(index, key)| key_value_at(&row, index, key))
-                .collect()
-        }))
+        Ok(row.map(|row| key_tuple_at(&row, keys)))
     }
 
     async fn read_snapshot(&self, read: SnapshotRead) -> Result<BatchStream> {

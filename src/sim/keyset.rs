@@ -7,10 +7,11 @@
 //! Server sorts it. NULL sorts first. A client that compared key values itself would cut
 //! wrong chunks here, as it would on SQL Server; clients only hand the source's values back.
 //!
-//! Every seek computes the key of each current row and sorts them: linear in the table,
+//! Every seek computes the key of each current row and sorts them (n log n in the table),
 //! which suits the test-sized tables the simulator serves.
 
 use std::cmp::Ordering;
+use std::collections::BTreeMap;
 
 use arrow::array::{
     Array, ArrayRef, AsArray, Date32Array, Decimal128Array, Float32Array, Float64Array, Int16Array,
@@ -114,7 +115,7 @@ fn in_seek(columns: &[KeyColumn], seek: &KeySeek, key: &KeyTuple) -> bool {
 pub fn row_keys(
     definition: &TableDef,
     columns: &[KeyColumn],
-    rows: &[(i64, u64)],
+    rows: &BTreeMap<i64, u64>,
 ) -> Result<Vec<KeyTuple>> {
     let mut arrays: Vec<ArrayRef> = Vec::new();
     for column in columns {
@@ -140,11 +141,13 @@ pub fn row_keys(
 pub fn sorted_keys(
     definition: &TableDef,
     columns: &[KeyColumn],
-    rows: &[(i64, u64)],
+    rows: &BTreeMap<i64, u64>,
 ) -> Result<Vec<(KeyTuple, (i64, u64))>> {
     let keys = row_keys(definition, columns, rows)?;
-    let mut sorted: Vec<(KeyTuple, (i64, u64))> =
-        keys.into_iter().zip(rows.iter().copied()).collect();
+    let mut sorted: Vec<(KeyTuple, (i64, u64))> = keys
+        .into_iter()
+        .zip(rows.iter().map(|(key, content)| (*key, *content)))
+        .collect();
     sorted.sort_by(|(a, ra), (b, rb)| compare_tuples(columns, a, b).then(ra.0.cmp(&rb.0)));
     Ok(sorted)
 }
@@ -153,7 +156,7 @@ pub fn sorted_keys(
 pub fn seek(
     definition: &TableDef,
     columns: &[KeyColumn],
-    rows: &[(i64, u64)],
+    rows: &BTreeMap<i64, u64>,
     seek: &KeySeek,
 ) -> Result<Option<KeyTuple>> {
     Ok(sorted_keys(definition, columns, rows)?

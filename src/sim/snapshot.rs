@@ -59,16 +59,6 @@ impl SimDb {
         })
     }
 
-    /// The current rows as `(row key, content)` pairs.
-    fn current_rows(&self, definition: &TableDef) -> Result<Vec<(i64, u64)>> {
-        Ok(self
-            .store
-            .read_state(definition)?
-            .iter()
-            .map(|(key, content)| (*key, *content))
-            .collect())
-    }
-
     /// The largest key on `keys`.
     pub(super) fn keyset_max(
         &self,
@@ -76,7 +66,7 @@ impl SimDb {
         keys: &[KeyColumn],
     ) -> Result<Option<KeyTuple>> {
         let definition = self.table_def(table)?;
-        let rows = self.current_rows(&definition)?;
+        let rows = self.store.read_state(&definition)?;
         Ok(keyset::sorted_keys(&definition, keys, &rows)?
             .pop()
             .map(|(key, _)| key))
@@ -90,7 +80,7 @@ impl SimDb {
         seek: &KeySeek,
     ) -> Result<Option<KeyTuple>> {
         let definition = self.table_def(table)?;
-        let rows = self.current_rows(&definition)?;
+        let rows = self.store.read_state(&definition)?;
         keyset::seek(&definition, keys, &rows, seek)
     }
 
@@ -135,10 +125,7 @@ impl SimDb {
             .collect();
         let stamp = read.stamp.to_string();
         let keyset_order = match read.pieces.iter().any(|piece| piece.keyset.is_some()) {
-            true => {
-                let all: Vec<(i64, u64)> = rows.iter().map(|(k, c)| (*k, *c)).collect();
-                keyset::sorted_keys(&definition, &read.keys, &all)?
-            }
+            true => keyset::sorted_keys(&definition, &read.keys, &rows)?,
             false => Vec::new(),
         };
         for piece in &read.pieces {

@@ -109,10 +109,8 @@ struct SnapshotTable {
     /// The stream's app id.
     #[arg(long, required_unless_present = "admin")]
     app_id: Option<String>,
-    /// Columns a chunked snapshot is cut on, comma-separated (unique or not; default the
-    /// unique index CDC uses; a table without one needs them).
-    #[arg(long, value_delimiter = ',')]
-    snapshot_keys: Option<Vec<String>>,
+    #[command(flatten)]
+    snapshot_keys: SnapshotKeys,
 }
 
 impl SnapshotTable {
@@ -126,9 +124,18 @@ impl SnapshotTable {
             self.facts.clone().ok_or_else(missing)?,
             self.app_id.clone().ok_or_else(missing)?,
             2,
-            self.snapshot_keys.clone(),
+            self.snapshot_keys.columns.clone(),
         ))
     }
+}
+
+/// `--snapshot-keys`, shared by the commands that can open or read a chunked snapshot.
+#[derive(Args, Clone)]
+struct SnapshotKeys {
+    /// Columns a chunked snapshot is cut on, comma-separated (unique or not; default the
+    /// unique index CDC uses; a table without one needs them).
+    #[arg(long = "snapshot-keys", value_delimiter = ',')]
+    columns: Option<Vec<String>>,
 }
 
 /// The stream configuration a snapshot command needs: its table, lake and app id (no
@@ -195,10 +202,8 @@ struct BackfillArgs {
     /// Pause while the stream's retention headroom is below this many hours (or unknown).
     #[arg(long)]
     min_headroom_hours: Option<f64>,
-    /// Columns a chunked snapshot is cut on, comma-separated (unique or not; default the
-    /// unique index CDC uses; a table without one needs them).
-    #[arg(long, value_delimiter = ',')]
-    snapshot_keys: Option<Vec<String>>,
+    #[command(flatten)]
+    snapshot_keys: SnapshotKeys,
 }
 
 #[derive(Args)]
@@ -294,10 +299,8 @@ struct RunArgs {
     /// (read now, one append) or `chunked` (opened now, read by `backfill` next to the stream).
     #[arg(long)]
     bootstrap: Option<String>,
-    /// Columns a chunked snapshot is cut on, comma-separated (unique or not; default the
-    /// unique index CDC uses; a table without one needs them).
-    #[arg(long, value_delimiter = ',')]
-    snapshot_keys: Option<Vec<String>>,
+    #[command(flatten)]
+    snapshot_keys: SnapshotKeys,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -339,7 +342,7 @@ fn main() -> anyhow::Result<()> {
             partitions: args.partitions,
             granularity: args.granularity.parse::<Granularity>()?,
             fail_on_data_loss: !args.skip_data_loss,
-            snapshot_keys: args.snapshot_keys,
+            snapshot_keys: args.snapshot_keys.columns,
         };
         if let Some(mode) = &args.bootstrap {
             let mode: SnapshotMode = mode.parse()?;
@@ -429,7 +432,7 @@ async fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
         args.facts,
         args.app_id,
         args.partitions,
-        args.snapshot_keys,
+        args.snapshot_keys.columns,
     );
     let options = BackfillOptions {
         chunk_rows: args.chunk_rows,
