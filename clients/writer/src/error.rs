@@ -41,6 +41,12 @@ pub enum WriterError {
     /// A DataFusion query over a lake table failed.
     #[error("query: {0}")]
     Query(#[from] deltalake::datafusion::error::DataFusionError),
+    /// Reading or writing a Parquet file failed.
+    #[error("parquet: {0}")]
+    Parquet(#[from] deltalake::parquet::errors::ParquetError),
+    /// The object store failed.
+    #[error("storage: {0}")]
+    Storage(#[from] deltalake::ObjectStoreError),
     /// Arrow failed.
     #[error("arrow: {0}")]
     Arrow(#[from] arrow::error::ArrowError),

@@ -20,13 +20,16 @@
 //! ORDER BY _start_lsn DESC, _command_id DESC, _seqval DESC, _operation DESC)`. Operation 1
 //! deletes; 3 deletes its own key (the 4 of the same key and commit outranks it); 0, 2 and 4
 //! upsert. A merged image only replaces a silver row when it is at least as new as the row's
-//! `_start_lsn`, so a call left behind by a crash reapplies idempotently. Keys match
-//! null-safely: rows with non-NULL keys merge on `=` (prunable), rows with a NULL key on
-//! `IS NULL`.
+//! `_start_lsn`, so a call left behind by a crash reapplies idempotently. The merge itself is
+//! a copy-on-write of the files holding a changed key ([`rewrite`]), keys matched null-safely
+//! as Arrow row-format bytes.
+
+mod rewrite;
+
+pub use rewrite::MergeCounts;
 
 use arrow::datatypes::DataType as ArrowType;
 use arrow::record_batch::RecordBatch;
-use deltalake::DeltaTable;
 use deltalake::datafusion::prelude::{DataFrame, SessionContext};
 use deltalake::kernel::StructField;
 use deltalake::protocol::SaveMode;
@@ -385,7 +388,14 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
             "silver",
         )
         .await?;
-        merge(table, latest, &config.keys, &silver_fields).await?;
+        let mut columns: Vec<&str> = silver_fields
+            .iter()
+            .map(|field| field.name().as_str())
+            .collect();
+        columns.push("_operation");
+        let latest = latest.select_columns(&columns)?.collect().await?;
+        let counts = rewrite::merge(&table, latest, &config.keys).await?;
+        tracing::debug!(target = %config.target, ?counts, "silver merged");
         let high = collect_text(
             &context,
             &format!(
@@ -461,99 +471,6 @@ fn without_field_metadata(batch: RecordBatch) -> Result<RecordBatch> {
         std::sync::Arc::new(arrow::datatypes::Schema::new(fields)),
         batch.columns().to_vec(),
     )?)
-}
-
-/// Merges the ranked latest images into silver: deletes (1, 3) and upserts (0, 2, 4), each
-/// only when at least as new as silver's row.
-async fn merge(
-    table: DeltaTable,
-    latest: DataFrame,
-    keys: &[String],
-    fields: &[StructField],
-) -> Result<()> {
-    // The ranking runs once: its one row per key is small next to silver, and both MERGEs
-    // (and the NULL check) read it from memory.
-    let batches = latest.collect().await?;
-    let mut with_keys = Vec::new();
-    let mut null_keys = Vec::new();
-    for batch in batches {
-        let mut any_null: Option<arrow::array::BooleanArray> = None;
-        for key in keys {
-            let column = batch
-                .column_by_name(key)
-                .ok_or_else(|| WriterError::Internal(format!("ranked rows without {key}")))?;
-            let nulls = arrow::compute::is_null(column)?;
-            any_null = Some(match any_null {
-                Some(before) => arrow::compute::or(&before, &nulls)?,
-                None => nulls,
-            });
-        }
-        let Some(any_null) = any_null else { continue };
-        with_keys.push(arrow::compute::filter_record_batch(
-            &batch,
-            &arrow::compute::not(&any_null)?,
-        )?);
-        null_keys.push(arrow::compute::filter_record_batch(&batch, &any_null)?);
-    }
-    let context = SessionContext::new();
-    let mut table = table;
-    for (part, null_safe) in [(with_keys, false), (null_keys, true)] {
-        if part.iter().all(|batch| batch.num_rows() == 0) {
-            continue;
-        }
-        let source = context.read_batches(part)?;
-        let predicate = keys
-            .iter()
-            .map(|key| {
-                let (target, source) = (
-                    format!("target.{}", quote(key)),
-                    format!("source.{}", quote(key)),
-                );
-                if null_safe {
-                    format!("{target} IS NULL AND {source} IS NULL")
-                } else {
-                    format!("{target} = {source}")
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(" AND ");
-        let (merged, _) = table
-            .merge(source, predicate)
-            .with_source_alias("source")
-            .with_target_alias("target")
-            .when_matched_delete(|delete| {
-                delete.predicate(
-                    "source._operation IN (1, 3) AND source._start_lsn >= target._start_lsn",
-                )
-            })?
-            .when_matched_update(|update| {
-                fields.iter().fold(
-                    update.predicate(
-                        "source._operation IN (0, 2, 4) AND source._start_lsn >= target._start_lsn",
-                    ),
-                    |update, field| {
-                        update.update(
-                            quote(field.name()),
-                            format!("source.{}", quote(field.name())),
-                        )
-                    },
-                )
-            })?
-            .when_not_matched_insert(|insert| {
-                fields.iter().fold(
-                    insert.predicate("source._operation IN (0, 2, 4)"),
-                    |insert, field| {
-                        insert.set(
-                            quote(field.name()),
-                            format!("source.{}", quote(field.name())),
-                        )
-                    },
-                )
-            })?
-            .await?;
-        table = merged;
-    }
-    Ok(())
 }
 
 /// Amendment 2's range deletes of the new chunks of an open snapshot, as a query of

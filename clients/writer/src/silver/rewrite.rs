@@ -1,0 +1,384 @@
+//! Silver's MERGE as a copy-on-write of the files that hold a changed key.
+//!
+//! delta-rs' MERGE joins every file it cannot prune with the source, carries its bookkeeping
+//! columns through the join and evaluates every clause per row (stack.md §2.6). Silver's
+//! source is one row per key (the ranking), so the merge is a lookup instead:
+//!
+//! 1. the changed keys go into a hash index, as Arrow row-format bytes: composite, string and
+//!    NULL keys compare as bytes, and a NULL equals a NULL (the null-safe match);
+//! 2. each silver file's key columns are read and looked up; a file holding no changed key
+//!    stays as it is;
+//! 3. a file holding one is read whole and written again without the rows a change replaces
+//!    or deletes (a change at least as new as the row's `_start_lsn`), followed by the new
+//!    images of those keys: a key stays in the file that held it, so silver's layout (the
+//!    rebuild's key order) survives the merges;
+//! 4. the upserts of keys no file held go into new files;
+//! 5. one commit removes the rewritten files and adds the written ones.
+//!
+//! Files are rewritten concurrently, one per core, each streamed batch by batch.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, BooleanArray, StringArray, UInt32Array, new_null_array};
+use arrow::compute::{cast, filter_record_batch, take_record_batch};
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use arrow::row::{RowConverter, SortField};
+use deltalake::DeltaTable;
+use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::{Action, Add, LogicalFileView};
+use deltalake::logstore::ObjectStoreRef;
+use deltalake::logstore::object_store::ObjectStoreExt;
+use deltalake::operations::write::WriterStatsConfig;
+use deltalake::parquet::arrow::ProjectionMask;
+use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use deltalake::protocol::DeltaOperation;
+use deltalake::table::config::TablePropertiesExt;
+use tokio::task::JoinSet;
+
+use crate::error::{Result, WriterError};
+
+/// The ranked changes, one row per key, indexed by key.
+struct Changes {
+    /// Silver's columns plus `_operation`, in silver's types.
+    rows: RecordBatch,
+    /// Silver's columns (the part of `rows` that is written).
+    silver: SchemaRef,
+    keys: Vec<String>,
+    converter: RowConverter,
+    /// Row-format key bytes → row of `rows`.
+    index: HashMap<Box<[u8]>, u32>,
+    lsn: StringArray,
+    /// Operations 0, 2 and 4 (the row's image is written); 1 and 3 only delete.
+    upsert: Vec<bool>,
+}
+
+impl Changes {
+    fn new(rows: RecordBatch, silver: SchemaRef, keys: &[String]) -> Result<Self> {
+        let key_columns = columns(&rows, keys)?;
+        let converter = RowConverter::new(
+            key_columns
+                .iter()
+                .map(|column| SortField::new(column.data_type().clone()))
+                .collect(),
+        )?;
+        let encoded = converter.convert_columns(&key_columns)?;
+        let index = (0..rows.num_rows())
+            .map(|row| (Box::from(encoded.row(row).as_ref()), row as u32))
+            .collect();
+        let lsn = string_column(&rows, "_start_lsn")?;
+        let operation = cast(
+            column(&rows, "_operation")?,
+            &arrow::datatypes::DataType::Int32,
+        )?;
+        let operation = operation
+            .as_any()
+            .downcast_ref::<arrow::array::Int32Array>()
+            .ok_or_else(|| WriterError::Internal("_operation is not an integer".into()))?;
+        let upsert = operation
+            .iter()
+            .map(|operation| matches!(operation, Some(0 | 2 | 4)))
+            .collect();
+        Ok(Changes {
+            rows,
+            silver,
+            keys: keys.to_vec(),
+            converter,
+            index,
+            lsn,
+            upsert,
+        })
+    }
+
+    /// The changes of `batch`'s keys: per row of `batch`, the change row holding its key.
+    fn lookup(&self, batch: &RecordBatch) -> Result<Vec<Option<u32>>> {
+        let encoded = self
+            .converter
+            .convert_columns(&columns(batch, &self.keys)?)?;
+        Ok(encoded
+            .iter()
+            .map(|row| self.index.get(row.as_ref()).copied())
+            .collect())
+    }
+
+    /// Silver's columns of the change rows `which`.
+    fn images(&self, which: Vec<u32>) -> Result<RecordBatch> {
+        let taken = take_record_batch(&self.rows, &UInt32Array::from(which))?;
+        conform(&taken, &self.silver)
+    }
+}
+
+/// How the writers of new files are configured (silver's own settings).
+#[derive(Clone)]
+struct FileSettings {
+    store: ObjectStoreRef,
+    schema: SchemaRef,
+    target_file_size: std::num::NonZeroU64,
+    stats: WriterStatsConfig,
+}
+
+impl FileSettings {
+    fn writer(&self) -> DeltaWriter {
+        DeltaWriter::new(
+            self.store.clone(),
+            WriterConfig::new(
+                self.schema.clone(),
+                Vec::new(),
+                None,
+                Some(self.target_file_size),
+                None,
+                self.stats.num_indexed_cols,
+                self.stats.stats_columns.clone(),
+            ),
+        )
+    }
+}
+
+/// What rewriting one file did.
+#[derive(Default)]
+struct FileOutcome {
+    rewritten: Option<LogicalFileView>,
+    written: Vec<Add>,
+    /// Change rows whose key the file held (applied there, or outranked by its row).
+    held: Vec<u32>,
+}
+
+/// What a merge changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MergeCounts {
+    /// Silver files read whole and written again.
+    pub files_rewritten: usize,
+    /// Silver files left as they were.
+    pub files_kept: usize,
+    /// Change rows whose key silver held.
+    pub keys_found: usize,
+}
+
+/// Merges `latest` (one row per key: silver's columns and `_operation`) into `table`.
+pub async fn merge(
+    table: &DeltaTable,
+    latest: Vec<RecordBatch>,
+    keys: &[String],
+) -> Result<MergeCounts> {
+    let state = table.snapshot()?;
+    let silver = state.snapshot().arrow_schema();
+    let Some(first) = latest.first() else {
+        return Ok(MergeCounts::default());
+    };
+    let rows = arrow::compute::concat_batches(&first.schema(), &latest)?;
+    drop(latest);
+    if rows.num_rows() == 0 {
+        return Ok(MergeCounts::default());
+    }
+    let changes = Arc::new(Changes::new(rows, silver.clone(), keys)?);
+    let settings = FileSettings {
+        store: table.log_store().object_store(None),
+        schema: silver.clone(),
+        target_file_size: state.table_config().target_file_size(),
+        stats: WriterStatsConfig::from_config(state.snapshot().table_configuration()),
+    };
+    let files: Vec<LogicalFileView> = state.log_data().iter().collect();
+    let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut counts = MergeCounts::default();
+    let mut held = vec![false; changes.rows.num_rows()];
+    let mut removes = Vec::new();
+    let mut adds = Vec::new();
+    let mut running = JoinSet::new();
+    let mut pending = files.into_iter();
+    let mut failure = None;
+    loop {
+        while failure.is_none() && running.len() < parallel {
+            let Some(file) = pending.next() else { break };
+            running.spawn(rewrite_file(file, Arc::clone(&changes), settings.clone()));
+        }
+        let Some(joined) = running.join_next().await else {
+            break;
+        };
+        let outcome = match joined {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(error)) => {
+                failure.get_or_insert(error);
+                continue;
+            }
+            Err(error) => {
+                failure.get_or_insert(WriterError::Internal(format!(
+                    "a silver file rewrite stopped: {error}"
+                )));
+                continue;
+            }
+        };
+        for row in &outcome.held {
+            held[*row as usize] = true;
+        }
+        counts.keys_found += outcome.held.len();
+        match outcome.rewritten {
+            Some(file) => {
+                counts.files_rewritten += 1;
+                removes.push(file.remove_action(true));
+            }
+            None => counts.files_kept += 1,
+        }
+        adds.extend(outcome.written);
+    }
+    if let Some(error) = failure {
+        // Written files are not committed; vacuum removes them.
+        return Err(error);
+    }
+    let new_keys: Vec<u32> = (0..held.len())
+        .filter(|row| !held[*row] && changes.upsert[*row])
+        .map(|row| row as u32)
+        .collect();
+    if !new_keys.is_empty() {
+        let mut writer = settings.writer();
+        writer.write(&changes.images(new_keys)?).await?;
+        adds.extend(writer.close().await?);
+    }
+    if removes.is_empty() && adds.is_empty() {
+        return Ok(counts);
+    }
+    let predicate = keys
+        .iter()
+        .map(|key| format!("target.{key} <=> source.{key}"))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    CommitBuilder::from(CommitProperties::default())
+        .with_actions(
+            removes
+                .into_iter()
+                .map(Action::Remove)
+                .chain(adds.into_iter().map(Action::Add))
+                .collect(),
+        )
+        .build(
+            Some(state),
+            table.log_store(),
+            DeltaOperation::Merge {
+                predicate: None,
+                merge_predicate: Some(predicate),
+                matched_predicates: Vec::new(),
+                not_matched_predicates: Vec::new(),
+                not_matched_by_source_predicates: Vec::new(),
+            },
+        )
+        .await?;
+    Ok(counts)
+}
+
+/// Rewrites `file` when it holds a changed key: its rows no change outranks, then the new
+/// images of the keys it held.
+async fn rewrite_file(
+    file: LogicalFileView,
+    changes: Arc<Changes>,
+    settings: FileSettings,
+) -> Result<FileOutcome> {
+    // One GET per file (silver's files are at most the target file size); both passes
+    // decode from those bytes.
+    let bytes = settings
+        .store
+        .get(&file.object_store_path())
+        .await?
+        .bytes()
+        .await?;
+    // The key columns first: most files of a large table hold no changed key.
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())?;
+    let roots = changes
+        .keys
+        .iter()
+        .map(|key| builder.schema().index_of(key))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    let mut touched = false;
+    for batch in builder.with_projection(mask).build()? {
+        if changes.lookup(&batch?)?.iter().any(Option::is_some) {
+            touched = true;
+            break;
+        }
+    }
+    if !touched {
+        return Ok(FileOutcome::default());
+    }
+    let rows = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
+    let mut writer = settings.writer();
+    let mut held = Vec::new();
+    let mut replaced = Vec::new();
+    for batch in rows {
+        let batch = conform(&batch?, &settings.schema)?;
+        let lsn = string_column(&batch, "_start_lsn")?;
+        let mut keep = Vec::with_capacity(batch.num_rows());
+        for (row, change) in changes.lookup(&batch)?.into_iter().enumerate() {
+            let Some(change) = change else {
+                keep.push(true);
+                continue;
+            };
+            held.push(change);
+            // A change replaces the row only when at least as new (a call reapplied after
+            // a crash, or a chunk row older than the change silver holds, leaves it).
+            let newer = !lsn.is_valid(row)
+                || (changes.lsn.is_valid(change as usize)
+                    && changes.lsn.value(change as usize) >= lsn.value(row));
+            if newer {
+                replaced.push(change);
+            }
+            keep.push(!newer);
+        }
+        let kept = filter_record_batch(&batch, &BooleanArray::from(keep))?;
+        if kept.num_rows() > 0 {
+            writer.write(&kept).await?;
+        }
+    }
+    let images: Vec<u32> = replaced
+        .into_iter()
+        .filter(|change| changes.upsert[*change as usize])
+        .collect();
+    if !images.is_empty() {
+        writer.write(&changes.images(images)?).await?;
+    }
+    let written = writer.close().await?;
+    Ok(FileOutcome {
+        rewritten: Some(file),
+        written,
+        held,
+    })
+}
+
+fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
+    batch
+        .column_by_name(name)
+        .ok_or_else(|| WriterError::Internal(format!("silver rows without column {name}")))
+}
+
+fn columns(batch: &RecordBatch, names: &[String]) -> Result<Vec<ArrayRef>> {
+    names
+        .iter()
+        .map(|name| column(batch, name).cloned())
+        .collect()
+}
+
+fn string_column(batch: &RecordBatch, name: &str) -> Result<StringArray> {
+    let column = cast(column(batch, name)?, &arrow::datatypes::DataType::Utf8)?;
+    Ok(column
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .ok_or_else(|| WriterError::Internal(format!("{name} is not text")))?
+        .clone())
+}
+
+/// `batch` in `schema`'s columns and types: a column it lacks (silver gained one after a
+/// capture-instance switch) is NULL.
+fn conform(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    if batch.schema().as_ref() == schema.as_ref() {
+        return Ok(batch.clone());
+    }
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|field| match batch.column_by_name(field.name()) {
+            Some(column) if column.data_type() == field.data_type() => Ok(column.clone()),
+            Some(column) => Ok(cast(column, field.data_type())?),
+            None => Ok(new_null_array(field.data_type(), batch.num_rows())),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(schema.clone(), columns)?)
+}
