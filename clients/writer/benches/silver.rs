@@ -9,8 +9,9 @@
 //! - **plain merge**: the obvious implementation, the same latest image per key merged with
 //!   a null-safe key predicate (`target.k IS NOT DISTINCT FROM source.k`).
 //!
-//! Reported: seconds of each, their ratio (target ≤ 0.5), the process's peak RSS (server,
-//! simulator and writer together), and the latency of `BENCH_SILVER_ROUNDS` (default 5)
+//! Reported: seconds of each, their ratio (target ≤ 0.5), the process's peak RSS during each
+//! (reset before it with `clear_refs`; the process holds the server and the simulator too),
+//! and the latency of `BENCH_SILVER_ROUNDS` (default 5)
 //! steady-state calls of 10,000 changes each.
 //!
 //! `cargo bench -p mssql-cdc-writer --bench silver`.
@@ -31,6 +32,12 @@ use mssql_cdc_writer::tables;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Resets the process's peak RSS to its current RSS (Linux `clear_refs` 5), so the next
+/// [`peak_rss_mib`] is the peak of what ran in between.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
 
 fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
@@ -180,9 +187,11 @@ fn main() -> anyhow::Result<()> {
             granularity: Granularity::Minute,
         };
         Stream::connect(stream.clone()).await?.run_available_now().await?;
+        reset_peak_rss();
         let started = Instant::now();
         let first = apply_changes(&apply).await?;
         let load_seconds = started.elapsed().as_secs_f64();
+        let rss_load = peak_rss_mib();
         let applied = first
             .applied_lsn
             .map(|lsn| lsn.to_string())
@@ -193,13 +202,16 @@ fn main() -> anyhow::Result<()> {
         Stream::connect(stream.clone()).await?.run_available_now().await?;
         copy_dir(&base.join("lake").join("silver"), &base.join("lake").join("plain"))?;
 
+        reset_peak_rss();
         let started = Instant::now();
         apply_changes(&apply).await?;
         let ours = started.elapsed().as_secs_f64();
         let rss_ours = peak_rss_mib();
+        reset_peak_rss();
         let started = Instant::now();
         plain_merge(&lake("bronze"), &lake("plain"), &applied).await?;
         let plain = started.elapsed().as_secs_f64();
+        let rss_plain = peak_rss_mib();
 
         let mut latencies = Vec::new();
         for _ in 0..rounds {
@@ -212,11 +224,11 @@ fn main() -> anyhow::Result<()> {
         latencies.sort_by(f64::total_cmp);
         let median = latencies.get(latencies.len() / 2).copied().unwrap_or(0.0);
         println!(
-            "| silver rows | changes | initial load s | apply_changes s | plain merge s | ratio | peak RSS after apply_changes MiB | 10k-change call median s |"
+            "| silver rows | changes | initial load s (peak RSS MiB) | apply_changes s | plain merge s | ratio | peak RSS apply_changes / plain MiB | 10k-change call median s |"
         );
         println!("|---|---|---|---|---|---|---|---|");
         println!(
-            "| {rows} | {changes} | {load_seconds:.1} | {ours:.1} | {plain:.1} | {:.2} | {rss_ours:.0} | {median:.2} |",
+            "| {rows} | {changes} | {load_seconds:.1} ({rss_load:.0}) | {ours:.1} | {plain:.1} | {:.2} | {rss_ours:.0} / {rss_plain:.0} | {median:.2} |",
             ours / plain
         );
         server.stop().await?;
