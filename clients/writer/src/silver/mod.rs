@@ -30,9 +30,9 @@ pub use rewrite::MergeCounts;
 
 use arrow::datatypes::DataType as ArrowType;
 use arrow::record_batch::RecordBatch;
-use deltalake::datafusion::prelude::{DataFrame, SessionContext};
+use deltalake::datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use deltalake::datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 use deltalake::kernel::StructField;
-use deltalake::protocol::SaveMode;
 use mssql_cdc_flight::{CommitTime, Lsn};
 use url::Url;
 
@@ -187,7 +187,7 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
             bronze_found: false,
         });
     };
-    let context = SessionContext::new();
+    let context = query_context()?;
     context.register_table("bronze", bronze.table_provider().await?)?;
     let schema = bronze.snapshot()?.schema();
     for key in &config.keys {
@@ -278,25 +278,15 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
             ),
             None => "SELECT * FROM bronze WHERE _operation <> 0".to_string(),
         };
+        // Written in key order, so each file holds a range of keys and a later merge
+        // rewrites only the files whose ranges its changes fall in.
         let latest = context
             .sql(&format!(
-                "SELECT * FROM ({}) WHERE _operation IN (0, 2, 4)",
+                "SELECT * FROM ({}) WHERE _operation IN (0, 2, 4) ORDER BY {key_list}",
                 rank(&source)
             ))
             .await?;
         let frame = project_silver(latest, &silver_fields)?;
-        let schema = std::sync::Arc::new(frame.schema().as_arrow().clone());
-        let mut batches = frame
-            .collect()
-            .await?
-            .into_iter()
-            .map(without_field_metadata)
-            .collect::<Result<Vec<_>>>()?;
-        if batches.is_empty() {
-            // A snapshot without rows (an emptied table): the overwrite still has to remove
-            // every silver row, and delta-rs refuses a write without a batch.
-            batches.push(without_field_metadata(RecordBatch::new_empty(schema))?);
-        }
         let table = tables::ensure(
             &silver_url,
             TableKind::Silver,
@@ -304,10 +294,8 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
             "silver",
         )
         .await?;
-        table
-            .write(batches)
-            .with_save_mode(SaveMode::Overwrite)
-            .await?;
+        let rows = rewrite::overwrite(&table, frame.execute_stream().await?).await?;
+        tracing::debug!(target = %config.target, rows, "silver rebuilt");
         let high = collect_text(
             &context,
             &format!("SELECT MAX(_start_lsn) FROM ({source}) WHERE _operation <> 0"),
@@ -433,6 +421,20 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
     })
 }
 
+/// DataFusion's memory for one call's queries. Past it the ranking's sort spills to disk,
+/// so a rebuild of a table larger than memory streams instead of failing.
+const QUERY_MEMORY_BYTES: usize = 1 << 30;
+
+fn query_context() -> Result<SessionContext> {
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(QUERY_MEMORY_BYTES, 1.0)
+        .build_arc()?;
+    Ok(SessionContext::new_with_config_rt(
+        SessionConfig::new(),
+        runtime,
+    ))
+}
+
 /// Silver's fields: bronze's captured columns, `_start_lsn` and `_commit_ts`, commented.
 fn silver_fields(bronze: &deltalake::kernel::StructType) -> Result<Vec<StructField>> {
     let comments: std::collections::HashMap<&str, &str> = TableKind::Silver
@@ -456,21 +458,6 @@ fn silver_fields(bronze: &deltalake::kernel::StructType) -> Result<Vec<StructFie
 fn project_silver(frame: DataFrame, fields: &[StructField]) -> Result<DataFrame> {
     let names: Vec<&str> = fields.iter().map(|field| field.name().as_str()).collect();
     Ok(frame.select_columns(&names)?)
-}
-
-/// The batch with its fields' metadata dropped (bronze's comments are not silver's; Delta
-/// refuses a write whose field metadata differs from the table's).
-fn without_field_metadata(batch: RecordBatch) -> Result<RecordBatch> {
-    let fields: Vec<arrow::datatypes::Field> = batch
-        .schema()
-        .fields()
-        .iter()
-        .map(|field| field.as_ref().clone().with_metadata(Default::default()))
-        .collect();
-    Ok(RecordBatch::try_new(
-        std::sync::Arc::new(arrow::datatypes::Schema::new(fields)),
-        batch.columns().to_vec(),
-    )?)
 }
 
 /// Amendment 2's range deletes of the new chunks of an open snapshot, as a query of

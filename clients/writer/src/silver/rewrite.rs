@@ -27,6 +27,7 @@ use arrow::record_batch::RecordBatch;
 use arrow::row::{RowConverter, SortField};
 use deltalake::DeltaTable;
 use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
+use deltalake::datafusion::execution::SendableRecordBatchStream;
 use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
 use deltalake::kernel::{Action, Add, LogicalFileView};
 use deltalake::logstore::ObjectStoreRef;
@@ -34,9 +35,10 @@ use deltalake::logstore::object_store::ObjectStoreExt;
 use deltalake::operations::write::WriterStatsConfig;
 use deltalake::parquet::arrow::ProjectionMask;
 use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use deltalake::protocol::DeltaOperation;
+use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::table::config::TablePropertiesExt;
 use tokio::task::JoinSet;
+use tokio_stream::StreamExt;
 
 use crate::error::{Result, WriterError};
 
@@ -120,6 +122,16 @@ struct FileSettings {
 }
 
 impl FileSettings {
+    fn of(table: &DeltaTable) -> Result<Self> {
+        let state = table.snapshot()?;
+        Ok(FileSettings {
+            store: table.log_store().object_store(None),
+            schema: state.snapshot().arrow_schema(),
+            target_file_size: state.table_config().target_file_size(),
+            stats: WriterStatsConfig::from_config(state.snapshot().table_configuration()),
+        })
+    }
+
     fn writer(&self) -> DeltaWriter {
         DeltaWriter::new(
             self.store.clone(),
@@ -172,13 +184,8 @@ pub async fn merge(
     if rows.num_rows() == 0 {
         return Ok(MergeCounts::default());
     }
-    let changes = Arc::new(Changes::new(rows, silver.clone(), keys)?);
-    let settings = FileSettings {
-        store: table.log_store().object_store(None),
-        schema: silver.clone(),
-        target_file_size: state.table_config().target_file_size(),
-        stats: WriterStatsConfig::from_config(state.snapshot().table_configuration()),
-    };
+    let changes = Arc::new(Changes::new(rows, silver, keys)?);
+    let settings = FileSettings::of(table)?;
     let files: Vec<LogicalFileView> = state.log_data().iter().collect();
     let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut counts = MergeCounts::default();
@@ -341,6 +348,48 @@ async fn rewrite_file(
         written,
         held,
     })
+}
+
+/// Replaces every row of `table` with the rows of `rows` (a rebuild), streamed into files
+/// as they come: one commit removes every file and adds the written ones. Returns the rows
+/// written.
+pub async fn overwrite(table: &DeltaTable, mut rows: SendableRecordBatchStream) -> Result<usize> {
+    let state = table.snapshot()?;
+    let settings = FileSettings::of(table)?;
+    let mut writer = settings.writer();
+    let mut written = 0;
+    while let Some(batch) = rows.next().await {
+        let batch = conform(&batch?, &settings.schema)?;
+        written += batch.num_rows();
+        if batch.num_rows() > 0 {
+            writer.write(&batch).await?;
+        }
+    }
+    let adds = writer.close().await?;
+    // An emptied table's snapshot writes nothing: the removes alone empty silver.
+    let removes: Vec<Action> = state
+        .log_data()
+        .iter()
+        .map(|file| Action::Remove(file.remove_action(true)))
+        .collect();
+    CommitBuilder::from(CommitProperties::default())
+        .with_actions(
+            removes
+                .into_iter()
+                .chain(adds.into_iter().map(Action::Add))
+                .collect(),
+        )
+        .build(
+            Some(state),
+            table.log_store(),
+            DeltaOperation::Write {
+                mode: SaveMode::Overwrite,
+                partition_by: None,
+                predicate: None,
+            },
+        )
+        .await?;
+    Ok(written)
 }
 
 fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
