@@ -155,6 +155,7 @@ async fn snapshot_facts(facts: &Url, bronze: &str) -> Result<SnapshotFacts> {
 
 /// Runs `apply_changes` once.
 pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
+    let call_started = std::time::Instant::now();
     if config.keys.is_empty() {
         return Err(WriterError::invalid(format!(
             "apply_changes into {} needs key columns: the capture instance has no unique index \
@@ -268,6 +269,8 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
     };
     let mut new_position = position.clone();
     let rebuilt;
+    tracing::debug!(target = %config.target, needs_rebuild, elapsed = ?call_started.elapsed(),
+        "silver's position, bronze's verdict and the newest snapshot read");
     if needs_rebuild {
         // 3a. Rebuild: the snapshot's rows and the changes after it; every other key goes.
         let source = match &newest {
@@ -294,8 +297,9 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
             "silver",
         )
         .await?;
+        let started = std::time::Instant::now();
         let rows = rewrite::overwrite(&table, frame.execute_stream().await?).await?;
-        tracing::debug!(target = %config.target, rows, "silver rebuilt");
+        tracing::debug!(target = %config.target, rows, elapsed = ?started.elapsed(), "silver rebuilt");
         let high = collect_text(
             &context,
             &format!("SELECT MAX(_start_lsn) FROM ({source}) WHERE _operation <> 0"),
@@ -365,10 +369,13 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
                 new_position.open_snapshot_lsn = Some(open.clone());
             }
         }
-        let source = parts.join(" UNION ALL ");
-        let latest = context
-            .sql(&rank(&format!("SELECT DISTINCT * FROM ({source})")))
-            .await?;
+        // The parts of an open snapshot's waves overlap (a change is both past the position
+        // and after a chunk's stamp): DISTINCT then, and only then (it hashes every column).
+        let source = match parts.as_slice() {
+            [changes] => changes.clone(),
+            _ => format!("SELECT DISTINCT * FROM ({})", parts.join(" UNION ALL ")),
+        };
+        let latest = context.sql(&rank(&source)).await?;
         let table = tables::ensure(
             &silver_url,
             TableKind::Silver,
@@ -381,9 +388,12 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
             .map(|field| field.name().as_str())
             .collect();
         columns.push("_operation");
+        let started = std::time::Instant::now();
         let latest = latest.select_columns(&columns)?.collect().await?;
+        let ranked = started.elapsed();
         let counts = rewrite::merge(&table, latest, &config.keys).await?;
-        tracing::debug!(target = %config.target, ?counts, "silver merged");
+        tracing::debug!(target = %config.target, ?counts, ?ranked, merged = ?started.elapsed() - ranked,
+            "silver merged");
         let high = collect_text(
             &context,
             &format!(
@@ -410,6 +420,7 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
     let candidate =
         verdict.and_then(|(end, granularity)| end.commit_ts.map(|t| granularity.truncate(t)));
     let finalized_until = silver_row.finalized_until.max(candidate);
+    tracing::debug!(target = %config.target, rebuilt, elapsed = ?call_started.elapsed(), "apply_changes done");
     Ok(ApplyOutcome {
         rebuilt,
         applied_lsn: new_position

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, BooleanArray, StringArray, UInt32Array, new_null_array};
 use arrow::compute::{cast, filter_record_batch, take_record_batch};
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use arrow::row::{RowConverter, SortField};
 use deltalake::DeltaTable;
@@ -49,6 +49,7 @@ struct Changes {
     /// Silver's columns (the part of `rows` that is written).
     silver: SchemaRef,
     keys: Vec<String>,
+    key_types: Vec<DataType>,
     converter: RowConverter,
     /// Row-format key bytes → row of `rows`.
     index: HashMap<Box<[u8]>, u32>,
@@ -59,22 +60,26 @@ struct Changes {
 
 impl Changes {
     fn new(rows: RecordBatch, silver: SchemaRef, keys: &[String]) -> Result<Self> {
-        let key_columns = columns(&rows, keys)?;
+        // In silver's key types, as the files' keys are looked up: equal keys, equal bytes.
+        let key_types = keys
+            .iter()
+            .map(|key| match silver.field_with_name(key) {
+                Ok(field) => Ok(field.data_type().clone()),
+                Err(_) => Ok(column(&rows, key)?.data_type().clone()),
+            })
+            .collect::<Result<Vec<_>>>()?;
         let converter = RowConverter::new(
-            key_columns
+            key_types
                 .iter()
-                .map(|column| SortField::new(column.data_type().clone()))
+                .map(|data_type| SortField::new(data_type.clone()))
                 .collect(),
         )?;
-        let encoded = converter.convert_columns(&key_columns)?;
+        let encoded = converter.convert_columns(&key_columns(&rows, keys, &key_types)?)?;
         let index = (0..rows.num_rows())
             .map(|row| (Box::from(encoded.row(row).as_ref()), row as u32))
             .collect();
         let lsn = string_column(&rows, "_start_lsn")?;
-        let operation = cast(
-            column(&rows, "_operation")?,
-            &arrow::datatypes::DataType::Int32,
-        )?;
+        let operation = cast(column(&rows, "_operation")?, &DataType::Int32)?;
         let operation = operation
             .as_any()
             .downcast_ref::<arrow::array::Int32Array>()
@@ -87,6 +92,7 @@ impl Changes {
             rows,
             silver,
             keys: keys.to_vec(),
+            key_types,
             converter,
             index,
             lsn,
@@ -96,9 +102,9 @@ impl Changes {
 
     /// The changes of `batch`'s keys: per row of `batch`, the change row holding its key.
     fn lookup(&self, batch: &RecordBatch) -> Result<Vec<Option<u32>>> {
-        let encoded = self
-            .converter
-            .convert_columns(&columns(batch, &self.keys)?)?;
+        let encoded =
+            self.converter
+                .convert_columns(&key_columns(batch, &self.keys, &self.key_types)?)?;
         Ok(encoded
             .iter()
             .map(|row| self.index.get(row.as_ref()).copied())
@@ -398,15 +404,23 @@ fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
         .ok_or_else(|| WriterError::Internal(format!("silver rows without column {name}")))
 }
 
-fn columns(batch: &RecordBatch, names: &[String]) -> Result<Vec<ArrayRef>> {
-    names
-        .iter()
-        .map(|name| column(batch, name).cloned())
+/// The key columns of `batch` in `types` (a file written before a type was widened).
+fn key_columns(batch: &RecordBatch, keys: &[String], types: &[DataType]) -> Result<Vec<ArrayRef>> {
+    keys.iter()
+        .zip(types)
+        .map(|(key, data_type)| {
+            let column = column(batch, key)?;
+            if column.data_type() == data_type {
+                Ok(column.clone())
+            } else {
+                Ok(cast(column, data_type)?)
+            }
+        })
         .collect()
 }
 
 fn string_column(batch: &RecordBatch, name: &str) -> Result<StringArray> {
-    let column = cast(column(batch, name)?, &arrow::datatypes::DataType::Utf8)?;
+    let column = cast(column(batch, name)?, &DataType::Utf8)?;
     Ok(column
         .as_any()
         .downcast_ref::<StringArray>()
