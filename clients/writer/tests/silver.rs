@@ -467,3 +467,84 @@ async fn each_resnapshot_wave_deletes_the_keys_its_chunks_lack() {
     assert!(apply(&lab).await.rebuilt);
     assert_in_step(&lab, "after the re-snapshot completed").await;
 }
+
+/// Silver's data files, by path.
+async fn silver_files(lab: &Lab) -> std::collections::BTreeSet<String> {
+    let url = mssql_cdc_writer::tables::table_url(&lab.lake("silver_orders")).expect("url");
+    let table = mssql_cdc_writer::tables::open(&url)
+        .await
+        .expect("open silver")
+        .expect("silver exists");
+    table
+        .snapshot()
+        .expect("snapshot")
+        .log_data()
+        .iter()
+        .map(|file| file.path().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_rewrites_only_the_files_holding_a_changed_key() {
+    let lab = Lab::new().await;
+    let table: mssql_cdc_flight::source::TableName = "dbo.orders".parse().expect("table");
+    let mut writer = lab.writer(7);
+    let commit = |writer: &mut mssql_cdc_flight::sim::SimWriter,
+                  change: &dyn Fn(&mut mssql_cdc_flight::sim::Transaction<'_>) -> Vec<i64>|
+     -> Vec<i64> {
+        let mut tx = writer.begin();
+        let keys = change(&mut tx);
+        tx.commit().expect("commit");
+        writer.publish().expect("publish");
+        keys
+    };
+    let config = lab.config();
+    let older = commit(&mut writer, &|tx| tx.insert(&table, 200).expect("insert"));
+    run_now(config.clone()).await;
+    apply(&lab).await;
+    let first = silver_files(&lab).await;
+    assert_eq!(first.len(), 1, "the first call's rows in one file");
+    // New keys go to a new file; no file holds them, so none is rewritten.
+    let newer = commit(&mut writer, &|tx| tx.insert(&table, 20).expect("insert"));
+    run_now(config.clone()).await;
+    apply(&lab).await;
+    let second = silver_files(&lab).await;
+    assert_eq!(second.len(), 2);
+    assert!(second.is_superset(&first), "the older file stays");
+    assert_in_step(&lab, "after the inserts").await;
+    // An update and a delete of the newer keys rewrite only the file holding them.
+    commit(&mut writer, &|tx| {
+        tx.update(&table, &newer[..3]).expect("update");
+        tx.delete(&table, &newer[3..5]).expect("delete");
+        Vec::new()
+    });
+    run_now(config.clone()).await;
+    apply(&lab).await;
+    let third = silver_files(&lab).await;
+    assert_eq!(third.len(), 2);
+    assert!(
+        third.is_superset(&first),
+        "the file of the older keys stays"
+    );
+    assert_eq!(third.difference(&second).count(), 1, "one file rewritten");
+    assert_in_step(&lab, "after the updates of newer keys").await;
+    // A delete of an older key rewrites that file and leaves the newer one.
+    commit(&mut writer, &|tx| {
+        tx.delete(&table, &older[..1]).expect("delete");
+        Vec::new()
+    });
+    run_now(config.clone()).await;
+    apply(&lab).await;
+    let fourth = silver_files(&lab).await;
+    assert_eq!(fourth.len(), 2);
+    assert!(
+        !fourth.is_superset(&first),
+        "the older keys' file rewritten"
+    );
+    assert_eq!(
+        fourth.intersection(&third).count(),
+        1,
+        "the newer keys' file stays"
+    );
+    assert_in_step(&lab, "after the delete of an older key").await;
+}
