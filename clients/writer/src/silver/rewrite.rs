@@ -7,7 +7,8 @@
 //! 1. the changed keys go into a hash index, as Arrow row-format bytes: composite, string and
 //!    NULL keys compare as bytes, and a NULL equals a NULL (the null-safe match);
 //! 2. each silver file's key columns are read and looked up; a file holding no changed key
-//!    stays as it is;
+//!    stays as it is (one integer key: a file whose statistics' key range holds no changed
+//!    key is not even read);
 //! 3. a file holding one is read whole and written again without the rows a change replaces
 //!    or deletes (a change at least as new as the row's `_start_lsn`), followed by the new
 //!    images of those keys: a key stays in the file that held it, so silver's layout (the
@@ -111,6 +112,28 @@ impl Changes {
             .collect())
     }
 
+    /// The changed keys, sorted, when the key is one integer column and no change's key is
+    /// NULL: a file whose statistics' key range holds none of them is not read.
+    fn integer_keys(&self) -> Result<Option<(String, Vec<i64>)>> {
+        let ([key], [data_type]) = (self.keys.as_slice(), self.key_types.as_slice()) else {
+            return Ok(None);
+        };
+        if !data_type.is_integer() {
+            return Ok(None);
+        }
+        let values = cast(column(&self.rows, key)?, &DataType::Int64)?;
+        let values = values
+            .as_any()
+            .downcast_ref::<arrow::array::Int64Array>()
+            .ok_or_else(|| WriterError::Internal(format!("{key} is not an integer")))?;
+        if values.null_count() > 0 {
+            return Ok(None);
+        }
+        let mut sorted = values.values().to_vec();
+        sorted.sort_unstable();
+        Ok(Some((key.clone(), sorted)))
+    }
+
     /// Silver's columns of the change rows `which`.
     fn images(&self, which: Vec<u32>) -> Result<RecordBatch> {
         let taken = take_record_batch(&self.rows, &UInt32Array::from(which))?;
@@ -193,6 +216,7 @@ pub async fn merge(
     let changes = Arc::new(Changes::new(rows, silver, keys)?);
     let settings = FileSettings::of(table)?;
     let files: Vec<LogicalFileView> = state.log_data().iter().collect();
+    let integer_keys = changes.integer_keys()?;
     let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut counts = MergeCounts::default();
     let mut held = vec![false; changes.rows.num_rows()];
@@ -204,6 +228,12 @@ pub async fn merge(
     loop {
         while failure.is_none() && running.len() < parallel {
             let Some(file) = pending.next() else { break };
+            if let Some((key, sorted)) = &integer_keys
+                && !may_hold(&file, key, sorted)
+            {
+                counts.files_kept += 1;
+                continue;
+            }
             running.spawn(rewrite_file(file, Arc::clone(&changes), settings.clone()));
         }
         let Some(joined) = running.join_next().await else {
@@ -277,6 +307,25 @@ pub async fn merge(
         )
         .await?;
     Ok(counts)
+}
+
+/// Whether `file` may hold one of the `sorted` keys, by its statistics' range of `key`
+/// (true when it has none).
+fn may_hold(file: &LogicalFileView, key: &str, sorted: &[i64]) -> bool {
+    let Some(stats) = file
+        .stats()
+        .and_then(|stats| serde_json::from_str::<serde_json::Value>(&stats).ok())
+    else {
+        return true;
+    };
+    let (Some(min), Some(max)) = (
+        stats["minValues"][key].as_i64(),
+        stats["maxValues"][key].as_i64(),
+    ) else {
+        return true;
+    };
+    let first = sorted.partition_point(|value| *value < min);
+    sorted.get(first).is_some_and(|value| *value <= max)
 }
 
 /// Rewrites `file` when it holds a changed key: its rows no change outranks, then the new
