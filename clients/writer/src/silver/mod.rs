@@ -28,8 +28,11 @@ mod rewrite;
 
 pub use rewrite::MergeCounts;
 
+use std::sync::Arc;
+
 use arrow::datatypes::DataType as ArrowType;
 use arrow::record_batch::RecordBatch;
+use deltalake::datafusion::execution::memory_pool::FairSpillPool;
 use deltalake::datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use deltalake::datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 use deltalake::kernel::StructField;
@@ -437,8 +440,10 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
 const QUERY_MEMORY_BYTES: usize = 1 << 30;
 
 fn query_context() -> Result<SessionContext> {
+    // Fair, not greedy: a hash aggregate (the DISTINCT of an open snapshot's parts) must
+    // not take the memory the ranking's sort needs to spill.
     let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(QUERY_MEMORY_BYTES, 1.0)
+        .with_memory_pool(Arc::new(FairSpillPool::new(QUERY_MEMORY_BYTES)))
         .build_arc()?;
     Ok(SessionContext::new_with_config_rt(
         SessionConfig::new(),
