@@ -13,7 +13,9 @@
 //!    or deletes (a change at least as new as the row's `_start_lsn`), followed by the new
 //!    images of those keys: a key stays in the file that held it, so silver's layout (the
 //!    rebuild's key order) survives the merges;
-//! 4. the upserts of keys no file held go into new files;
+//! 4. the upserts of keys no file held go into new files, together with the small files
+//!    earlier calls' inserts left (read and merged like the others): a steady cadence of
+//!    calls keeps a few files, not one per call;
 //! 5. one commit removes the rewritten files and adds the written ones.
 //!
 //! Files are rewritten concurrently, one per core, each streamed batch by batch.
@@ -26,6 +28,7 @@ use arrow::compute::{cast, filter_record_batch, take_record_batch};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use arrow::row::{RowConverter, SortField};
+use bytes::Bytes;
 use deltalake::DeltaTable;
 use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
 use deltalake::datafusion::execution::SendableRecordBatchStream;
@@ -177,10 +180,15 @@ impl FileSettings {
     }
 }
 
+/// A file smaller than the target file size over this is small: merges fold small files
+/// together (the inserts of one call each) so a silver fed by a steady cadence of calls does
+/// not gather thousands of files.
+const SMALL_FILE_FRACTION: u64 = 8;
+
 /// What rewriting one file did.
 #[derive(Default)]
 struct FileOutcome {
-    rewritten: Option<LogicalFileView>,
+    rewritten: Vec<LogicalFileView>,
     written: Vec<Add>,
     /// Change rows whose key the file held (applied there, or outranked by its row).
     held: Vec<u32>,
@@ -215,7 +223,24 @@ pub async fn merge(
     }
     let changes = Arc::new(Changes::new(rows, silver, keys)?);
     let settings = FileSettings::of(table)?;
-    let files: Vec<LogicalFileView> = state.log_data().iter().collect();
+    let (small, files): (Vec<LogicalFileView>, Vec<LogicalFileView>) =
+        state.log_data().iter().partition(|file| {
+            (file.size() as u64) < settings.target_file_size.get() / SMALL_FILE_FRACTION
+        });
+    // Small files (the inserts of earlier calls) are folded into one with this call's new
+    // keys whenever it writes images, or when there are several.
+    let compaction = (small.len() > 1 || (!small.is_empty() && changes.upsert.contains(&true)))
+        .then(|| {
+            tokio::spawn(compact(
+                small.clone(),
+                Arc::clone(&changes),
+                settings.clone(),
+            ))
+        });
+    let files = match compaction {
+        Some(_) => files,
+        None => files.into_iter().chain(small).collect(),
+    };
     let integer_keys = changes.integer_keys()?;
     let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut counts = MergeCounts::default();
@@ -256,14 +281,44 @@ pub async fn merge(
             held[*row as usize] = true;
         }
         counts.keys_found += outcome.held.len();
-        match outcome.rewritten {
-            Some(file) => {
-                counts.files_rewritten += 1;
-                removes.push(file.remove_action(true));
-            }
-            None => counts.files_kept += 1,
+        if outcome.rewritten.is_empty() {
+            counts.files_kept += 1;
         }
+        counts.files_rewritten += outcome.rewritten.len();
+        removes.extend(
+            outcome
+                .rewritten
+                .iter()
+                .map(|file| file.remove_action(true)),
+        );
         adds.extend(outcome.written);
+    }
+    let mut writer = None;
+    if let Some(compaction) = compaction {
+        match compaction.await {
+            Ok(Ok(compaction)) => {
+                for row in &compaction.held {
+                    held[*row as usize] = true;
+                }
+                counts.keys_found += compaction.held.len();
+                counts.files_rewritten += compaction.rewritten.len();
+                removes.extend(
+                    compaction
+                        .rewritten
+                        .iter()
+                        .map(|file| file.remove_action(true)),
+                );
+                writer = Some(compaction.writer);
+            }
+            Ok(Err(error)) => {
+                failure.get_or_insert(error);
+            }
+            Err(error) => {
+                failure.get_or_insert(WriterError::Internal(format!(
+                    "the compaction of silver's small files stopped: {error}"
+                )));
+            }
+        }
     }
     if let Some(error) = failure {
         // Written files are not committed; vacuum removes them.
@@ -274,8 +329,12 @@ pub async fn merge(
         .map(|row| row as u32)
         .collect();
     if !new_keys.is_empty() {
-        let mut writer = settings.writer();
-        writer.write(&changes.images(new_keys)?).await?;
+        writer
+            .get_or_insert_with(|| settings.writer())
+            .write(&changes.images(new_keys)?)
+            .await?;
+    }
+    if let Some(writer) = writer {
         adds.extend(writer.close().await?);
     }
     if removes.is_empty() && adds.is_empty() {
@@ -361,12 +420,60 @@ async fn rewrite_file(
     if !touched {
         return Ok(FileOutcome::default());
     }
-    let rows = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
     let mut writer = settings.writer();
     let mut held = Vec::new();
-    let mut replaced = Vec::new();
-    for batch in rows {
-        let batch = conform(&batch?, &settings.schema)?;
+    apply_to_file(bytes, &changes, &settings.schema, &mut writer, &mut held).await?;
+    let written = writer.close().await?;
+    Ok(FileOutcome {
+        rewritten: vec![file],
+        written,
+        held,
+    })
+}
+
+/// Small files, rewritten together into one writer (then the new keys' images): each call
+/// that writes images folds the small files earlier calls left into one.
+struct Compaction {
+    writer: DeltaWriter,
+    rewritten: Vec<LogicalFileView>,
+    held: Vec<u32>,
+}
+
+async fn compact(
+    files: Vec<LogicalFileView>,
+    changes: Arc<Changes>,
+    settings: FileSettings,
+) -> Result<Compaction> {
+    let mut writer = settings.writer();
+    let mut held = Vec::new();
+    for file in &files {
+        let bytes = settings
+            .store
+            .get(&file.object_store_path())
+            .await?
+            .bytes()
+            .await?;
+        apply_to_file(bytes, &changes, &settings.schema, &mut writer, &mut held).await?;
+    }
+    Ok(Compaction {
+        writer,
+        rewritten: files,
+        held,
+    })
+}
+
+/// Writes the rows of a silver file (its Parquet `bytes`) no change outranks into `writer`,
+/// then the new images of the keys it held; the change rows whose key it held go to `held`.
+async fn apply_to_file(
+    bytes: Bytes,
+    changes: &Changes,
+    schema: &SchemaRef,
+    writer: &mut DeltaWriter,
+    held: &mut Vec<u32>,
+) -> Result<()> {
+    let mut images = Vec::new();
+    for batch in ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()? {
+        let batch = conform(&batch?, schema)?;
         let lsn = string_column(&batch, "_start_lsn")?;
         let mut keep = Vec::with_capacity(batch.num_rows());
         for (row, change) in changes.lookup(&batch)?.into_iter().enumerate() {
@@ -380,8 +487,8 @@ async fn rewrite_file(
             let newer = !lsn.is_valid(row)
                 || (changes.lsn.is_valid(change as usize)
                     && changes.lsn.value(change as usize) >= lsn.value(row));
-            if newer {
-                replaced.push(change);
+            if newer && changes.upsert[change as usize] {
+                images.push(change);
             }
             keep.push(!newer);
         }
@@ -390,19 +497,10 @@ async fn rewrite_file(
             writer.write(&kept).await?;
         }
     }
-    let images: Vec<u32> = replaced
-        .into_iter()
-        .filter(|change| changes.upsert[*change as usize])
-        .collect();
     if !images.is_empty() {
         writer.write(&changes.images(images)?).await?;
     }
-    let written = writer.close().await?;
-    Ok(FileOutcome {
-        rewritten: Some(file),
-        written,
-        held,
-    })
+    Ok(())
 }
 
 /// Replaces every row of `table` with the rows of `rows` (a rebuild), streamed into files
