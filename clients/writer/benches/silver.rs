@@ -39,17 +39,26 @@ fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
-fn peak_rss_mib() -> f64 {
+fn status_mib(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|status| {
             status
                 .lines()
-                .find(|line| line.starts_with("VmHWM:"))
+                .find(|line| line.starts_with(field))
                 .and_then(|line| line.split_whitespace().nth(1))
                 .and_then(|kib| kib.parse::<f64>().ok())
         })
         .map_or(0.0, |kib| kib / 1024.0)
+}
+
+fn peak_rss_mib() -> f64 {
+    status_mib("VmHWM:")
+}
+
+/// The RSS now: what the process holds before a phase (server, simulator, allocator caches).
+fn rss_mib() -> f64 {
+    status_mib("VmRSS:")
 }
 
 /// Commits `changes` changes: 70% updates, 20% inserts, 10% deletes of uniform random keys.
@@ -203,6 +212,7 @@ fn main() -> anyhow::Result<()> {
         copy_dir(&base.join("lake").join("silver"), &base.join("lake").join("plain"))?;
 
         reset_peak_rss();
+        let rss_before = rss_mib();
         let started = Instant::now();
         apply_changes(&apply).await?;
         let ours = started.elapsed().as_secs_f64();
@@ -224,11 +234,11 @@ fn main() -> anyhow::Result<()> {
         latencies.sort_by(f64::total_cmp);
         let median = latencies.get(latencies.len() / 2).copied().unwrap_or(0.0);
         println!(
-            "| silver rows | changes | initial load s (peak RSS MiB) | apply_changes s | plain merge s | ratio | peak RSS apply_changes / plain MiB | 10k-change call median s |"
+            "| silver rows | changes | initial load s (peak RSS MiB) | apply_changes s | plain merge s | ratio | peak RSS apply_changes / plain MiB (RSS before) | 10k-change call median s |"
         );
         println!("|---|---|---|---|---|---|---|---|");
         println!(
-            "| {rows} | {changes} | {load_seconds:.1} ({rss_load:.0}) | {ours:.1} | {plain:.1} | {:.2} | {rss_ours:.0} / {rss_plain:.0} | {median:.2} |",
+            "| {rows} | {changes} | {load_seconds:.1} ({rss_load:.0}) | {ours:.1} | {plain:.1} | {:.2} | {rss_ours:.0} / {rss_plain:.0} ({rss_before:.0}) | {median:.2} |",
             ours / plain
         );
         server.stop().await?;

@@ -274,8 +274,12 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
     let rebuilt;
     tracing::debug!(target = %config.target, needs_rebuild, elapsed = ?call_started.elapsed(),
         "silver's position, bronze's verdict and the newest snapshot read");
-    if needs_rebuild {
-        // 3a. Rebuild: the snapshot's rows and the changes after it; every other key goes.
+    // A first call without a snapshot (a stream from the earliest offset) writes every key:
+    // silver is written whole, streamed like a rebuild, not merged from memory.
+    let first_load = newest.is_none() && position.applied_lsn.is_none();
+    if needs_rebuild || first_load {
+        // 3a. Rebuild: the snapshot's rows and the changes after it (no snapshot: every
+        //     change); every other key goes.
         let source = match &newest {
             Some(snapshot) => format!(
                 "SELECT * FROM bronze WHERE (_operation = 0 AND COALESCE(_snapshot, _start_lsn) = {s}) \
@@ -314,7 +318,7 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
             .max(newest.clone())
             .or(position.applied_lsn.clone());
         new_position.snapshot_lsn = newest.clone();
-        rebuilt = true;
+        rebuilt = needs_rebuild;
     } else {
         // 3b. Merge the changes past the position, with the new waves of an open snapshot.
         let applied = position.applied_lsn.clone().unwrap_or_default();

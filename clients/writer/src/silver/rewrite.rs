@@ -39,6 +39,10 @@ use deltalake::logstore::object_store::ObjectStoreExt;
 use deltalake::operations::write::WriterStatsConfig;
 use deltalake::parquet::arrow::ProjectionMask;
 use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use deltalake::parquet::basic::{Compression, Encoding, PageType};
+use deltalake::parquet::file::metadata::ParquetMetaData;
+use deltalake::parquet::file::properties::WriterProperties;
+use deltalake::parquet::schema::types::ColumnPath;
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::table::config::TablePropertiesExt;
 use tokio::task::JoinSet;
@@ -165,12 +169,21 @@ impl FileSettings {
     }
 
     fn writer(&self) -> DeltaWriter {
+        self.writer_without_dictionary(&[])
+    }
+
+    /// A writer that does not try a dictionary for `plain` columns.
+    fn writer_without_dictionary(&self, plain: &[ColumnPath]) -> DeltaWriter {
+        let properties = plain.iter().fold(
+            WriterProperties::builder().set_compression(Compression::SNAPPY),
+            |properties, column| properties.set_column_dictionary_enabled(column.clone(), false),
+        );
         DeltaWriter::new(
             self.store.clone(),
             WriterConfig::new(
                 self.schema.clone(),
                 Vec::new(),
-                None,
+                Some(properties.build()),
                 Some(self.target_file_size),
                 None,
                 self.stats.num_indexed_cols,
@@ -411,6 +424,7 @@ async fn rewrite_file(
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
     let mut touched = false;
+    let metadata = Arc::clone(builder.metadata());
     for batch in builder.with_projection(mask).build()? {
         if changes.lookup(&batch?)?.iter().any(Option::is_some) {
             touched = true;
@@ -420,7 +434,7 @@ async fn rewrite_file(
     if !touched {
         return Ok(FileOutcome::default());
     }
-    let mut writer = settings.writer();
+    let mut writer = settings.writer_without_dictionary(&plain_columns(&metadata));
     let mut held = Vec::new();
     apply_to_file(bytes, &changes, &settings.schema, &mut writer, &mut held).await?;
     let written = writer.close().await?;
@@ -429,6 +443,32 @@ async fn rewrite_file(
         written,
         held,
     })
+}
+
+/// The columns whose data pages the file holds without a dictionary: the writer gave it up
+/// (too many distinct values: keys, amounts, times). Written again, they skip the attempt,
+/// which would intern up to a dictionary page of values per row group only to drop them.
+fn plain_columns(metadata: &ParquetMetaData) -> Vec<ColumnPath> {
+    let Some(group) = metadata.row_groups().first() else {
+        return Vec::new();
+    };
+    group
+        .columns()
+        .iter()
+        .filter(|column| {
+            // The data pages' encodings (parquet-rs reads them as a mask by default).
+            column
+                .page_encoding_stats_mask()
+                .is_some_and(|data_pages| data_pages.is_set(Encoding::PLAIN))
+                || column.page_encoding_stats().is_some_and(|stats| {
+                    stats.iter().any(|page| {
+                        matches!(page.page_type, PageType::DATA_PAGE | PageType::DATA_PAGE_V2)
+                            && page.encoding == Encoding::PLAIN
+                    })
+                })
+        })
+        .map(|column| column.column_path().clone())
+        .collect()
 }
 
 /// Small files, rewritten together into one writer (then the new keys' images): each call
@@ -591,4 +631,42 @@ fn conform(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::{Field, Schema};
+    use deltalake::parquet::arrow::ArrowWriter;
+
+    #[test]
+    fn a_column_that_outgrew_its_dictionary_is_written_again_without_one() {
+        let rows = 300_000;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("order_id", DataType::Int64, false),
+            Field::new("status", DataType::Utf8, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..rows)),
+                Arc::new(StringArray::from_iter_values(
+                    (0..rows).map(|row| ["new", "paid", "shipped"][row as usize % 3]),
+                )),
+            ],
+        )
+        .expect("batch");
+        let mut file = Vec::new();
+        let mut writer = ArrowWriter::try_new(&mut file, schema, None).expect("writer");
+        writer.write(&batch).expect("write");
+        writer.close().expect("close");
+        let builder =
+            ParquetRecordBatchReaderBuilder::try_new(Bytes::from(file)).expect("read back");
+        let plain: Vec<String> = plain_columns(builder.metadata())
+            .iter()
+            .map(|column| column.string())
+            .collect();
+        assert_eq!(plain, vec!["order_id".to_string()]);
+    }
 }
