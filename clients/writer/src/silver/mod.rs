@@ -263,11 +263,19 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
         .map(|key| quote(key))
         .collect::<Vec<_>>()
         .join(", ");
+    // Only silver's columns and the operation go through the ranking's sort (bronze's other
+    // metadata would widen every sorted row for nothing).
+    let ranked_columns = silver_fields
+        .iter()
+        .map(|field| quote(field.name()))
+        .chain(["_operation".to_string()])
+        .collect::<Vec<_>>()
+        .join(", ");
     let rank = |source: &str| {
         format!(
-            "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY {key_list} ORDER BY \
-             _start_lsn DESC, _command_id DESC NULLS LAST, _seqval DESC NULLS LAST, \
-             _operation DESC) AS _rank FROM ({source})) WHERE _rank = 1"
+            "SELECT {ranked_columns} FROM (SELECT {ranked_columns}, ROW_NUMBER() OVER \
+             (PARTITION BY {key_list} ORDER BY _start_lsn DESC, _command_id DESC NULLS LAST, \
+             _seqval DESC NULLS LAST, _operation DESC) AS _rank FROM ({source})) WHERE _rank = 1"
         )
     };
     let mut new_position = position.clone();
