@@ -201,7 +201,8 @@ const SMALL_FILE_FRACTION: u64 = 8;
 /// What rewriting one file did.
 #[derive(Default)]
 struct FileOutcome {
-    rewritten: Vec<LogicalFileView>,
+    /// The file, when it held a changed key and was written again.
+    rewritten: Option<LogicalFileView>,
     written: Vec<Add>,
     /// Change rows whose key the file held (applied there, or outranked by its row).
     held: Vec<u32>,
@@ -294,16 +295,13 @@ pub async fn merge(
             held[*row as usize] = true;
         }
         counts.keys_found += outcome.held.len();
-        if outcome.rewritten.is_empty() {
-            counts.files_kept += 1;
+        match &outcome.rewritten {
+            Some(file) => {
+                counts.files_rewritten += 1;
+                removes.push(file.remove_action(true));
+            }
+            None => counts.files_kept += 1,
         }
-        counts.files_rewritten += outcome.rewritten.len();
-        removes.extend(
-            outcome
-                .rewritten
-                .iter()
-                .map(|file| file.remove_action(true)),
-        );
         adds.extend(outcome.written);
     }
     let mut writer = None;
@@ -439,7 +437,7 @@ async fn rewrite_file(
     apply_to_file(bytes, &changes, &settings.schema, &mut writer, &mut held).await?;
     let written = writer.close().await?;
     Ok(FileOutcome {
-        rewritten: vec![file],
+        rewritten: Some(file),
         written,
         held,
     })
