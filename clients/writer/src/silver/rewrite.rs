@@ -638,8 +638,11 @@ mod tests {
     use arrow::datatypes::{Field, Schema};
     use deltalake::parquet::arrow::ArrowWriter;
 
-    /// A batch of `(region, code, value, _start_lsn, _operation)` rows.
-    fn changes(rows: &[(Option<&str>, Option<i64>, &str, &str, i32)]) -> RecordBatch {
+    /// `(region, code, value, _start_lsn, _operation)`.
+    type ChangeRow<'a> = (Option<&'a str>, Option<i64>, &'a str, &'a str, i32);
+
+    /// A batch of change rows.
+    fn changes(rows: &[ChangeRow<'_>]) -> RecordBatch {
         let schema = Arc::new(Schema::new(vec![
             Field::new("region", DataType::Utf8, true),
             Field::new("code", DataType::Int64, true),
