@@ -172,6 +172,16 @@ impl FileSettings {
         self.writer_without_dictionary(&[])
     }
 
+    /// A silver file's bytes, in one GET.
+    async fn read(&self, file: &LogicalFileView) -> Result<Bytes> {
+        Ok(self
+            .store
+            .get(&file.object_store_path())
+            .await?
+            .bytes()
+            .await?)
+    }
+
     /// A writer that does not try a dictionary for `plain` columns.
     fn writer_without_dictionary(&self, plain: &[ColumnPath]) -> DeltaWriter {
         let properties = plain.iter().fold(
@@ -407,12 +417,7 @@ async fn rewrite_file(
 ) -> Result<FileOutcome> {
     // One GET per file (silver's files are at most the target file size); both passes
     // decode from those bytes.
-    let bytes = settings
-        .store
-        .get(&file.object_store_path())
-        .await?
-        .bytes()
-        .await?;
+    let bytes = settings.read(&file).await?;
     // The key columns first: most files of a large table hold no changed key.
     let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())?;
     let roots = changes
@@ -485,12 +490,7 @@ async fn compact(
     let mut writer = settings.writer();
     let mut held = Vec::new();
     for file in &files {
-        let bytes = settings
-            .store
-            .get(&file.object_store_path())
-            .await?
-            .bytes()
-            .await?;
+        let bytes = settings.read(file).await?;
         apply_to_file(bytes, &changes, &settings.schema, &mut writer, &mut held).await?;
     }
     Ok(Compaction {
