@@ -622,3 +622,108 @@ async fn small_files_are_folded_into_one_by_the_next_merge() {
     assert_eq!(silver_files(&lab).await.len(), 1, "folded by deletes");
     assert_in_step(&lab, "after the deletes").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_without_later_changes_stamps_the_position_at_its_lsn() {
+    let lab = Lab::new().await;
+    workload(&lab, 31, 120, churn());
+    let mut config = stream_config(&lab);
+    let snapshot = snapshot::bootstrap(&mut config, SnapshotMode::Full)
+        .await
+        .expect("bootstrap")
+        .expect("a full snapshot");
+    run_now(config.clone()).await;
+    let first = apply(&lab).await;
+    assert!(first.rebuilt);
+    assert_eq!(
+        first.applied_lsn,
+        Some(snapshot),
+        "no change after S: the position is S itself"
+    );
+    assert_in_step(&lab, "rebuilt from the snapshot alone").await;
+    // The changes after S merge from there; none before S comes back.
+    workload(&lab, 32, 60, churn());
+    run_now(config.clone()).await;
+    let second = apply(&lab).await;
+    assert!(!second.rebuilt && second.applied_lsn > Some(snapshot));
+    assert_in_step(&lab, "changes after S merged").await;
+}
+
+/// Rows of bronze committed at or before `until` that silver's position does not cover.
+async fn bronze_rows_past(lab: &Lab, until: mssql_cdc_flight::CommitTime, applied: &str) -> i64 {
+    let until = chrono::DateTime::from_timestamp_micros(until.0)
+        .expect("time")
+        .format("%Y-%m-%dT%H:%M:%S%.6f");
+    let batches = common::query(
+        &lab.lake("bronze_orders"),
+        &format!(
+            "SELECT COUNT(*) FROM t WHERE _operation <> 0 AND _commit_ts <= \
+             CAST('{until}' AS TIMESTAMP) AND _start_lsn > '{applied}'"
+        ),
+    )
+    .await;
+    common::text(&batches[0], 0, 0)
+        .expect("count")
+        .parse()
+        .expect("integer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_verdict_never_covers_a_batch_committed_during_the_call() {
+    let lab = Lab::new().await;
+    workload(&lab, 41, 60, churn());
+    let config = stream_config(&lab);
+    run_now(config.clone()).await;
+    apply(&lab).await;
+    // The stream commits batches while apply_changes runs, again and again: whatever batch
+    // lands between the verdict's read and bronze's pinning, silver's verdict may only cover
+    // changes it applied (the verdict is read first, so it can lag, never lead).
+    let streaming = {
+        let config = config.clone();
+        // A minute per commit: the verdict (truncated to the minute) moves with every batch.
+        let mut writer = lab
+            .db
+            .writer(
+                mssql_cdc_flight::sim::Clock::Virtual {
+                    step_micros: 60_000_000,
+                },
+                42,
+            )
+            .expect("writer");
+        writer.set_journal(&lab.journal()).expect("journal");
+        tokio::spawn(async move {
+            for _ in 0..12 {
+                let spec = WorkloadSpec {
+                    commits: Some(10),
+                    mix: churn(),
+                    tables: vec!["dbo.orders".parse().expect("table")],
+                    ..WorkloadSpec::default()
+                };
+                workload::run(
+                    &mut writer,
+                    &spec,
+                    &std::sync::atomic::AtomicBool::new(false),
+                )
+                .expect("workload");
+                run_now(config.clone()).await;
+            }
+        })
+    };
+    let mut checked = 0;
+    while !streaming.is_finished() {
+        let outcome = apply(&lab).await;
+        if let (Some(until), Some(applied)) = (outcome.finalized_until, outcome.applied_lsn) {
+            assert_eq!(
+                bronze_rows_past(&lab, until, &applied.to_string()).await,
+                0,
+                "silver's verdict {until:?} covers rows past its position {applied}"
+            );
+            checked += 1;
+        }
+    }
+    streaming.await.expect("stream");
+    let last = apply(&lab).await;
+    assert_eq!(last.finalized_until, bronze_verdict(&lab).await);
+    assert_in_step(&lab, "after the stream stopped").await;
+    assert!(checked > 2, "{checked} calls checked");
+}
