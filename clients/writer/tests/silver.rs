@@ -727,3 +727,43 @@ async fn the_verdict_never_covers_a_batch_committed_during_the_call() {
     assert_in_step(&lab, "after the stream stopped").await;
     assert!(checked > 2, "{checked} calls checked");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_memory_that_is_not_a_number_is_refused_by_name() {
+    let lab = Lab::new().await;
+    workload(&lab, 51, 20, churn());
+    run_now(lab.config()).await;
+    let config = apply_config(&lab, true);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"))
+        .args([
+            "apply",
+            "--table",
+            &config.table,
+            "--bronze",
+            &config.bronze,
+            "--target",
+            &config.target,
+            "--keys",
+            "order_id",
+            "--control",
+            &config.control,
+        ])
+        .env(mssql_cdc_writer::silver::QUERY_MEMORY_VARIABLE, "lots")
+        .output()
+        .expect("run the CLI");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("MSSQL_CDC_WRITER_QUERY_MEMORY_MIB=lots"),
+        "{stderr}"
+    );
+    assert!(
+        mssql_cdc_writer::tables::open(
+            &mssql_cdc_writer::tables::table_url(&config.target).expect("url")
+        )
+        .await
+        .expect("open")
+        .is_none(),
+        "nothing written"
+    );
+}

@@ -447,15 +447,33 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
     })
 }
 
-/// DataFusion's memory for one call's queries. Past it the ranking's sort spills to disk,
-/// so a rebuild of a table larger than memory streams instead of failing.
-const QUERY_MEMORY_BYTES: usize = 1 << 30;
+/// DataFusion's memory for one call's queries, in MiB, unless `QUERY_MEMORY_VARIABLE` says
+/// otherwise. Past it the ranking's sort spills to disk, so a rebuild of a table larger than
+/// memory streams instead of failing.
+const QUERY_MEMORY_MIB: usize = 1024;
+
+/// Overrides [`QUERY_MEMORY_MIB`] (a smaller writer host, or a larger one that should not
+/// spill).
+pub const QUERY_MEMORY_VARIABLE: &str = "MSSQL_CDC_WRITER_QUERY_MEMORY_MIB";
 
 fn query_context() -> Result<SessionContext> {
+    let mib = match std::env::var(QUERY_MEMORY_VARIABLE) {
+        Ok(value) => value
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|mib| *mib > 0)
+            .ok_or_else(|| {
+                WriterError::invalid(format!(
+                    "{QUERY_MEMORY_VARIABLE}={value}: expected a positive number of MiB"
+                ))
+            })?,
+        Err(_) => QUERY_MEMORY_MIB,
+    };
     // Fair, not greedy: a hash aggregate (the DISTINCT of an open snapshot's parts) must
     // not take the memory the ranking's sort needs to spill.
     let runtime = RuntimeEnvBuilder::new()
-        .with_memory_pool(Arc::new(FairSpillPool::new(QUERY_MEMORY_BYTES)))
+        .with_memory_pool(Arc::new(FairSpillPool::new(mib << 20)))
         .build_arc()?;
     Ok(SessionContext::new_with_config_rt(
         SessionConfig::new(),
