@@ -252,7 +252,8 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
     let needs_rebuild = match (&newest, &position.snapshot_lsn) {
         (Some(newest), Some(rebuilt)) => newest > rebuilt,
         (Some(_), None) => true,
-        // No snapshot: the changes alone (a stream from the earliest offset) are merged.
+        // No snapshot: the changes alone (a stream from the earliest offset) are merged
+        // (the first call writes them whole, below).
         (None, _) => false,
     };
     let open = facts.as_ref().and_then(|facts| facts.open.clone());
