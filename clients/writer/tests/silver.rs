@@ -729,28 +729,31 @@ async fn the_verdict_never_covers_a_batch_committed_during_the_call() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_query_memory_that_is_not_a_number_is_refused_by_name() {
+async fn a_query_memory_not_a_number_or_too_small_is_refused_by_name() {
     let lab = Lab::new().await;
     workload(&lab, 51, 20, churn());
     run_now(lab.config()).await;
     let config = apply_config(&lab, true);
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"))
-        .args([
-            "apply",
-            "--table",
-            &config.table,
-            "--bronze",
-            &config.bronze,
-            "--target",
-            &config.target,
-            "--keys",
-            "order_id",
-            "--control",
-            &config.control,
-        ])
-        .env(mssql_cdc_writer::silver::QUERY_MEMORY_VARIABLE, "lots")
-        .output()
-        .expect("run the CLI");
+    let run = |memory: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"))
+            .args([
+                "apply",
+                "--table",
+                &config.table,
+                "--bronze",
+                &config.bronze,
+                "--target",
+                &config.target,
+                "--keys",
+                "order_id",
+                "--control",
+                &config.control,
+            ])
+            .env(mssql_cdc_writer::silver::QUERY_MEMORY_VARIABLE, memory)
+            .output()
+            .expect("run the CLI")
+    };
+    let output = run("lots");
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -766,4 +769,32 @@ async fn a_query_memory_that_is_not_a_number_is_refused_by_name() {
         .is_none(),
         "nothing written"
     );
+    // Too little memory for the ranking: refused naming the variable, no row written.
+    let output = run("1");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("set MSSQL_CDC_WRITER_QUERY_MEMORY_MIB above 1 MiB"),
+        "{stderr}"
+    );
+    let position = control::row(
+        &mssql_cdc_writer::tables::table_url(&config.control).expect("url"),
+        &config.target,
+    )
+    .await
+    .expect("control");
+    assert!(position.is_none_or(|row| row.position.applied_lsn.is_none()));
+    assert!(silver_rows_if_any(&config.target).await.is_empty());
+    // With the default, the same call succeeds.
+    apply(&lab).await;
+    assert_in_step(&lab, "with the default query memory").await;
+}
+
+/// Silver's rows, none when it does not exist.
+async fn silver_rows_if_any(location: &str) -> Rows {
+    let url = mssql_cdc_writer::tables::table_url(location).expect("url");
+    match mssql_cdc_writer::tables::open(&url).await.expect("open") {
+        Some(_) => common::current_rows(location).await,
+        None => Rows::new(),
+    }
 }

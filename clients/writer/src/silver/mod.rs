@@ -158,6 +158,22 @@ async fn snapshot_facts(facts: &Url, bronze: &str) -> Result<SnapshotFacts> {
 
 /// Runs `apply_changes` once.
 pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
+    apply_once(config).await.map_err(|error| match &error {
+        // DataFusion names its own setting; the writer's is the variable.
+        WriterError::Query(query) if query.to_string().contains("Resources exhausted") => {
+            WriterError::invalid(format!(
+                "apply_changes into {}: the ranking ran out of its query memory; set {} above \
+                 {} MiB (no row was written): {error}",
+                config.target,
+                QUERY_MEMORY_VARIABLE,
+                query_memory_mib().unwrap_or(QUERY_MEMORY_MIB)
+            ))
+        }
+        _ => error,
+    })
+}
+
+async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {
     let call_started = std::time::Instant::now();
     if config.keys.is_empty() {
         return Err(WriterError::invalid(format!(
@@ -449,16 +465,16 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
 }
 
 /// DataFusion's memory for one call's queries, in MiB, unless `QUERY_MEMORY_VARIABLE` says
-/// otherwise. Past it the ranking's sort spills to disk, so a rebuild of a table larger than
-/// memory streams instead of failing.
+/// otherwise. Past it the ranking's sort spills to disk; its merge of the spilled runs still
+/// needs room (10,000,000 rows rebuild in 1 GiB, not in 512 MiB).
 const QUERY_MEMORY_MIB: usize = 1024;
 
 /// Overrides [`QUERY_MEMORY_MIB`] (a smaller writer host, or a larger one that should not
 /// spill).
 pub const QUERY_MEMORY_VARIABLE: &str = "MSSQL_CDC_WRITER_QUERY_MEMORY_MIB";
 
-fn query_context() -> Result<SessionContext> {
-    let mib = match std::env::var(QUERY_MEMORY_VARIABLE) {
+fn query_memory_mib() -> Result<usize> {
+    Ok(match std::env::var(QUERY_MEMORY_VARIABLE) {
         Ok(value) => value
             .trim()
             .parse::<usize>()
@@ -470,7 +486,11 @@ fn query_context() -> Result<SessionContext> {
                 ))
             })?,
         Err(_) => QUERY_MEMORY_MIB,
-    };
+    })
+}
+
+fn query_context() -> Result<SessionContext> {
+    let mib = query_memory_mib()?;
     // Fair, not greedy: a hash aggregate (the DISTINCT of an open snapshot's parts) must
     // not take the memory the ranking's sort needs to spill.
     let runtime = RuntimeEnvBuilder::new()
