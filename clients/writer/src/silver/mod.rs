@@ -295,6 +295,13 @@ async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {
              _seqval DESC NULLS LAST, _operation DESC) AS _rank FROM ({source})) WHERE _rank = 1"
         )
     };
+    let table = tables::ensure(
+        &silver_url,
+        TableKind::Silver,
+        silver_fields.clone(),
+        "silver",
+    )
+    .await?;
     let mut new_position = position.clone();
     let rebuilt;
     tracing::debug!(target = %config.target, needs_rebuild, elapsed = ?call_started.elapsed(),
@@ -322,13 +329,6 @@ async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {
             ))
             .await?;
         let frame = project_silver(latest, &silver_fields)?;
-        let table = tables::ensure(
-            &silver_url,
-            TableKind::Silver,
-            silver_fields.clone(),
-            "silver",
-        )
-        .await?;
         let started = std::time::Instant::now();
         let rows = rewrite::overwrite(&table, frame.execute_stream().await?).await?;
         tracing::debug!(target = %config.target, rows, elapsed = ?started.elapsed(), "silver rebuilt");
@@ -407,21 +407,9 @@ async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {
             [changes] => changes.clone(),
             _ => format!("SELECT DISTINCT * FROM ({})", parts.join(" UNION ALL ")),
         };
-        let latest = context.sql(&rank(&source)).await?;
-        let table = tables::ensure(
-            &silver_url,
-            TableKind::Silver,
-            silver_fields.clone(),
-            "silver",
-        )
-        .await?;
-        let mut columns: Vec<&str> = silver_fields
-            .iter()
-            .map(|field| field.name().as_str())
-            .collect();
-        columns.push("_operation");
+        // Silver's columns and `_operation`, one row per key.
         let started = std::time::Instant::now();
-        let latest = latest.select_columns(&columns)?.collect().await?;
+        let latest = context.sql(&rank(&source)).await?.collect().await?;
         let ranked = started.elapsed();
         let counts = rewrite::merge(&table, latest, &config.keys).await?;
         tracing::debug!(target = %config.target, ?counts, ?ranked, merged = ?started.elapsed() - ranked,

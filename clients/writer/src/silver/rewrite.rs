@@ -33,7 +33,7 @@ use deltalake::DeltaTable;
 use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
 use deltalake::datafusion::execution::SendableRecordBatchStream;
 use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
-use deltalake::kernel::{Action, Add, LogicalFileView};
+use deltalake::kernel::{Action, Add, LogicalFileView, Remove};
 use deltalake::logstore::ObjectStoreRef;
 use deltalake::logstore::object_store::ObjectStoreExt;
 use deltalake::operations::write::WriterStatsConfig;
@@ -236,7 +236,6 @@ pub async fn merge(
     keys: &[String],
 ) -> Result<MergeCounts> {
     let state = table.snapshot()?;
-    let silver = state.snapshot().arrow_schema();
     let Some(first) = latest.first() else {
         return Ok(MergeCounts::default());
     };
@@ -245,25 +244,23 @@ pub async fn merge(
     if rows.num_rows() == 0 {
         return Ok(MergeCounts::default());
     }
-    let changes = Arc::new(Changes::new(rows, silver, keys)?);
     let settings = FileSettings::of(table)?;
-    let (small, files): (Vec<LogicalFileView>, Vec<LogicalFileView>) =
+    let changes = Arc::new(Changes::new(rows, settings.schema.clone(), keys)?);
+    let (small, mut files): (Vec<LogicalFileView>, Vec<LogicalFileView>) =
         state.log_data().iter().partition(|file| {
             (file.size() as u64) < settings.target_file_size.get() / SMALL_FILE_FRACTION
         });
     // Small files (the inserts of earlier calls) are folded into one with this call's new
     // keys whenever it writes images, or when there are several.
-    let compaction = (small.len() > 1 || (!small.is_empty() && changes.upsert.contains(&true)))
-        .then(|| {
-            tokio::spawn(compact(
-                small.clone(),
-                Arc::clone(&changes),
-                settings.clone(),
-            ))
-        });
-    let files = match compaction {
-        Some(_) => files,
-        None => files.into_iter().chain(small).collect(),
+    let compaction = if small.len() > 1 || (!small.is_empty() && changes.upsert.contains(&true)) {
+        Some(tokio::spawn(compact(
+            small,
+            Arc::clone(&changes),
+            settings.clone(),
+        )))
+    } else {
+        files.extend(small);
+        None
     };
     let integer_keys = changes.integer_keys()?;
     let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -366,6 +363,29 @@ pub async fn merge(
         .map(|key| format!("target.{key} <=> source.{key}"))
         .collect::<Vec<_>>()
         .join(" AND ");
+    commit(
+        table,
+        removes,
+        adds,
+        DeltaOperation::Merge {
+            predicate: None,
+            merge_predicate: Some(predicate),
+            matched_predicates: Vec::new(),
+            not_matched_predicates: Vec::new(),
+            not_matched_by_source_predicates: Vec::new(),
+        },
+    )
+    .await?;
+    Ok(counts)
+}
+
+/// Removes `removes` and adds `adds` in one commit on the version `table` was read at.
+async fn commit(
+    table: &DeltaTable,
+    removes: Vec<Remove>,
+    adds: Vec<Add>,
+    operation: DeltaOperation,
+) -> Result<()> {
     CommitBuilder::from(CommitProperties::default())
         .with_actions(
             removes
@@ -374,19 +394,9 @@ pub async fn merge(
                 .chain(adds.into_iter().map(Action::Add))
                 .collect(),
         )
-        .build(
-            Some(state),
-            table.log_store(),
-            DeltaOperation::Merge {
-                predicate: None,
-                merge_predicate: Some(predicate),
-                matched_predicates: Vec::new(),
-                not_matched_predicates: Vec::new(),
-                not_matched_by_source_predicates: Vec::new(),
-            },
-        )
+        .build(Some(table.snapshot()?), table.log_store(), operation)
         .await?;
-    Ok(counts)
+    Ok(())
 }
 
 /// Whether `file` may hold one of the `sorted` keys, by its statistics' range of `key`
@@ -545,7 +555,6 @@ async fn apply_to_file(
 /// as they come: one commit removes every file and adds the written ones. Returns the rows
 /// written.
 pub async fn overwrite(table: &DeltaTable, mut rows: SendableRecordBatchStream) -> Result<usize> {
-    let state = table.snapshot()?;
     let settings = FileSettings::of(table)?;
     let mut writer = settings.writer();
     let mut written = 0;
@@ -558,28 +567,23 @@ pub async fn overwrite(table: &DeltaTable, mut rows: SendableRecordBatchStream) 
     }
     let adds = writer.close().await?;
     // An emptied table's snapshot writes nothing: the removes alone empty silver.
-    let removes: Vec<Action> = state
+    let removes = table
+        .snapshot()?
         .log_data()
         .iter()
-        .map(|file| Action::Remove(file.remove_action(true)))
+        .map(|file| file.remove_action(true))
         .collect();
-    CommitBuilder::from(CommitProperties::default())
-        .with_actions(
-            removes
-                .into_iter()
-                .chain(adds.into_iter().map(Action::Add))
-                .collect(),
-        )
-        .build(
-            Some(state),
-            table.log_store(),
-            DeltaOperation::Write {
-                mode: SaveMode::Overwrite,
-                partition_by: None,
-                predicate: None,
-            },
-        )
-        .await?;
+    commit(
+        table,
+        removes,
+        adds,
+        DeltaOperation::Write {
+            mode: SaveMode::Overwrite,
+            partition_by: None,
+            predicate: None,
+        },
+    )
+    .await?;
     Ok(written)
 }
 
