@@ -137,19 +137,22 @@ pub fn row_keys(
         .collect()
 }
 
-/// The rows in key order with their keys (ties in row-key order, as a heap's are stable).
-pub fn sorted_keys(
+/// The rows of `[range.lo, range.hi)` in key order (ties in row-key order, as a heap's are
+/// stable): every row's key is computed, only the range's are sorted.
+pub fn rows_in_range(
     definition: &TableDef,
     columns: &[KeyColumn],
     rows: &BTreeMap<i64, u64>,
-) -> Result<Vec<(KeyTuple, (i64, u64))>> {
+    range: &KeysetRange,
+) -> Result<Vec<(i64, u64)>> {
     let keys = row_keys(definition, columns, rows)?;
-    let mut sorted: Vec<(KeyTuple, (i64, u64))> = keys
+    let mut inside: Vec<(KeyTuple, (i64, u64))> = keys
         .into_iter()
         .zip(rows.iter().map(|(key, content)| (*key, *content)))
+        .filter(|(key, _)| in_range(columns, range, key))
         .collect();
-    sorted.sort_by(|(a, ra), (b, rb)| compare_tuples(columns, a, b).then(ra.0.cmp(&rb.0)));
-    Ok(sorted)
+    inside.sort_by(|(a, ra), (b, rb)| compare_tuples(columns, a, b).then(ra.0.cmp(&rb.0)));
+    Ok(inside.into_iter().map(|(_, row)| row).collect())
 }
 
 /// The key of the `(n + 1)`-th row of the seek's range.
@@ -159,11 +162,18 @@ pub fn seek(
     rows: &BTreeMap<i64, u64>,
     seek: &KeySeek,
 ) -> Result<Option<KeyTuple>> {
-    Ok(sorted_keys(definition, columns, rows)?
+    // The (n + 1)-th smallest key of the range: a selection, not a sort of the whole table
+    // per seek. Equal keys are the same value whichever of them is picked.
+    let mut keys: Vec<KeyTuple> = row_keys(definition, columns, rows)?
         .into_iter()
-        .map(|(key, _)| key)
         .filter(|key| in_seek(columns, seek, key))
-        .nth(usize::try_from(seek.n).unwrap_or(usize::MAX)))
+        .collect();
+    let n = usize::try_from(seek.n).unwrap_or(usize::MAX);
+    if n >= keys.len() {
+        return Ok(None);
+    }
+    let (_, nth, _) = keys.select_nth_unstable_by(n, |a, b| compare_tuples(columns, a, b));
+    Ok(Some(std::mem::take(nth)))
 }
 
 /// A key value of one row of an array built by [`ColumnBuilder`], in the text form the

@@ -67,9 +67,23 @@ impl SimDb {
     ) -> Result<Option<KeyTuple>> {
         let definition = self.table_def(table)?;
         let rows = self.store.read_state(&definition)?;
-        Ok(keyset::sorted_keys(&definition, keys, &rows)?
-            .pop()
-            .map(|(key, _)| key))
+        // Cut on the row key itself: the last entry of the ordered rows, as SQL Server's MAX
+        // is one seek to the end of the index (this is every integer-keyed table's open).
+        if let [key] = keys
+            && key.name == definition.key
+            && key.is_integer()
+        {
+            let last: std::collections::BTreeMap<i64, u64> = rows
+                .iter()
+                .next_back()
+                .map(|(k, v)| (*k, *v))
+                .into_iter()
+                .collect();
+            return Ok(keyset::row_keys(&definition, keys, &last)?.pop());
+        }
+        Ok(keyset::row_keys(&definition, keys, &rows)?
+            .into_iter()
+            .max_by(|a, b| keyset::compare_tuples(keys, a, b)))
     }
 
     /// The key of the `(n + 1)`-th row of a seek's range.
@@ -124,17 +138,9 @@ impl SimDb {
             .map(|column| definition.column(&column.name))
             .collect();
         let stamp = read.stamp.to_string();
-        let keyset_order = match read.pieces.iter().any(|piece| piece.keyset.is_some()) {
-            true => keyset::sorted_keys(&definition, &read.keys, &rows)?,
-            false => Vec::new(),
-        };
         for piece in &read.pieces {
             let keys: Vec<(i64, u64)> = match &piece.keyset {
-                Some(range) => keyset_order
-                    .iter()
-                    .filter(|(key, _)| keyset::in_range(&read.keys, range, key))
-                    .map(|(_, row)| *row)
-                    .collect(),
+                Some(range) => keyset::rows_in_range(&definition, &read.keys, &rows, range)?,
                 None => rows
                     .range(piece.range.lo.unwrap_or(i64::MIN)..)
                     .take_while(|(key, _)| piece.range.hi.is_none_or(|hi| **key < hi))
