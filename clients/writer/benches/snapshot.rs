@@ -10,9 +10,11 @@
 //! - **chunked, one round per wave**: the same with `target_wave_seconds` 0, so every wave is
 //!   one round of 2 chunks: the most waves, the most per-wave cost.
 //!
-//! Reported: rows/s of each, chunked / full (target ≥ 0.9), and the fixed cost per wave =
-//! (one-round-waves seconds − full seconds) / waves (target ≤ 1 s). Each runs once untimed
-//! first.
+//! The three run in turn `BENCH_REPEATS` times (default 5; one untimed round first). Reported
+//! per round and as the median of the rounds: rows/s of each, chunked / full (target ≥ 0.9),
+//! the chunked open's own seconds (S recorded, the key's extent, plans and facts rows), and
+//! the fixed cost per wave = (one-round-waves seconds − full seconds) / waves (target ≤ 1 s).
+//! A round takes about 15 s on the 2-core machine; its noise is why the medians are quoted.
 //!
 //! `cargo bench -p mssql-cdc-writer --bench snapshot`.
 
@@ -58,15 +60,17 @@ async fn full(url: &str, lake: &Path) -> anyhow::Result<(f64, u64)> {
     Ok((started.elapsed().as_secs_f64(), snapshot.rows))
 }
 
+/// A chunked snapshot opened and backfilled: `(seconds, seconds of the open, waves)`.
 async fn chunked(
     url: &str,
     lake: &Path,
     chunk_rows: u64,
     target_wave_seconds: f64,
-) -> anyhow::Result<(f64, u64)> {
+) -> anyhow::Result<(f64, f64, u64)> {
     let started = Instant::now();
     let snapshots = Snapshots::connect(config(url, lake)).await?;
     snapshots.open_chunked().await?;
+    let opened = started.elapsed().as_secs_f64();
     let status = snapshots
         .backfill(&BackfillOptions {
             chunk_rows,
@@ -78,7 +82,42 @@ async fn chunked(
     anyhow::ensure!(status.done, "backfill stopped: {status:?}");
     let seconds = started.elapsed().as_secs_f64();
     let waves = snapshots_waves(lake).await?;
-    Ok((seconds, waves))
+    Ok((seconds, opened, waves))
+}
+
+/// One round of the three runs.
+struct Round {
+    full: f64,
+    chunked: f64,
+    open: f64,
+    waves: u64,
+    rounds: f64,
+    round_waves: u64,
+}
+
+impl Round {
+    fn row(&self, label: &str, rows: u64) -> String {
+        format!(
+            "| {label} | {:.0} | {:.0} ({}) | {:.2} | {:.3} s | {:.0} ({}) | {:.3} s |",
+            rows as f64 / self.full,
+            rows as f64 / self.chunked,
+            self.waves,
+            self.full / self.chunked,
+            self.open,
+            rows as f64 / self.rounds,
+            self.round_waves,
+            (self.rounds - self.full) / self.round_waves.max(1) as f64,
+        )
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    match values.len() % 2 {
+        0 if middle > 0 => (values[middle - 1] + values[middle]) / 2.0,
+        _ => values[middle],
+    }
 }
 
 /// Waves the chunked snapshot of `lake` took (its facts' highest wave).
@@ -100,6 +139,7 @@ fn main() -> anyhow::Result<()> {
     mssql_cdc_flight::init_process("warn,deltalake_core::operations::merge=error");
     let rows = common::env_number("BENCH_SNAPSHOT_ROWS", 2_000_000);
     let chunks = common::env_number("BENCH_CHUNKS", 16).max(1);
+    let repeats = common::env_number("BENCH_REPEATS", 5).max(1);
     let temporary = tempfile::tempdir()?;
     let db = SimDb::create(
         &temporary.path().join("db"),
@@ -125,26 +165,44 @@ fn main() -> anyhow::Result<()> {
         let server = common::start_server(&db).await?;
         let url = server.url.clone();
         let chunk_rows = rows.div_ceil(chunks);
-        let lake = |name: &str| temporary.path().join(name);
-        full(&url, &lake("warm_full")).await?;
-        chunked(&url, &lake("warm_chunked"), chunk_rows, 0.0).await?;
-        let (full_seconds, full_rows) = full(&url, &lake("full")).await?;
-        anyhow::ensure!(full_rows == rows, "the full snapshot read {full_rows} rows");
-        let (chunked_seconds, waves) = chunked(&url, &lake("chunked"), chunk_rows, 30.0).await?;
-        let (round_seconds, round_waves) =
-            chunked(&url, &lake("chunked_rounds"), chunk_rows, 0.0).await?;
+        let lake = |name: String| temporary.path().join(name);
+        full(&url, &lake("warm_full".into())).await?;
+        chunked(&url, &lake("warm_chunked".into()), chunk_rows, 0.0).await?;
+        let mut rounds = Vec::new();
+        for round in 0..repeats {
+            let (full_seconds, full_rows) = full(&url, &lake(format!("full{round}"))).await?;
+            anyhow::ensure!(full_rows == rows, "the full snapshot read {full_rows} rows");
+            let (chunked_seconds, open, waves) =
+                chunked(&url, &lake(format!("chunked{round}")), chunk_rows, 30.0).await?;
+            let (round_seconds, _, round_waves) =
+                chunked(&url, &lake(format!("rounds{round}")), chunk_rows, 0.0).await?;
+            rounds.push(Round {
+                full: full_seconds,
+                chunked: chunked_seconds,
+                open,
+                waves,
+                rounds: round_seconds,
+                round_waves,
+            });
+        }
+        println!("{rows} rows, chunks of {chunk_rows}, {repeats} rounds");
         println!(
-            "| rows | chunk rows | full rows/s | chunked rows/s (waves) | chunked / full | one-round waves rows/s (waves) | fixed cost per wave |"
+            "| round | full rows/s | chunked rows/s (waves) | chunked / full | chunked open | one-round waves rows/s (waves) | fixed cost per wave |"
         );
         println!("|---|---|---|---|---|---|---|");
-        println!(
-            "| {rows} | {chunk_rows} | {:.0} | {:.0} ({waves}) | {:.2} | {:.0} ({round_waves}) | {:.3} s |",
-            rows as f64 / full_seconds,
-            rows as f64 / chunked_seconds,
-            full_seconds / chunked_seconds,
-            rows as f64 / round_seconds,
-            (round_seconds - full_seconds) / round_waves.max(1) as f64,
-        );
+        for (index, round) in rounds.iter().enumerate() {
+            println!("{}", round.row(&(index + 1).to_string(), rows));
+        }
+        let middle = |field: fn(&Round) -> f64| median(rounds.iter().map(field).collect());
+        let medians = Round {
+            full: middle(|r| r.full),
+            chunked: middle(|r| r.chunked),
+            open: middle(|r| r.open),
+            waves: middle(|r| r.waves as f64).round() as u64,
+            rounds: middle(|r| r.rounds),
+            round_waves: middle(|r| r.round_waves as f64).round() as u64,
+        };
+        println!("{}", medians.row("median", rows));
         server.stop().await?;
         anyhow::Ok(())
     })
