@@ -974,8 +974,11 @@ impl Snapshots {
                     .then(|| "no chunked snapshot is open for this app_id".into()),
             });
         };
+        let planning = Instant::now();
         let keyset = self.keyset_open(snapshot).await?;
         let plan = self.plan(snapshot, options.chunk_rows).await?;
+        tracing::debug!(%snapshot, chunks = plan.len(), ms = planning.elapsed().as_millis() as u64,
+            "backfill planned");
         let total = plan.len() as u64;
         let partitions = self.config.partitions.max(1) as usize;
         let mut rounds = 1usize;
@@ -994,6 +997,7 @@ impl Snapshots {
             };
             let remaining: Vec<PlannedChunk> =
                 plan.iter().filter(|chunk| !taken(chunk)).cloned().collect();
+            let between = Instant::now();
             let mut stop: Option<(String, String, bool)> = None;
             if remaining.is_empty() {
                 stop = Some(("done".into(), String::new(), false));
@@ -1039,10 +1043,26 @@ impl Snapshots {
             // Commit the wave in flight (bronze append, facts rows) while the next is read.
             let finishing = async {
                 match in_flight.take() {
-                    Some(wave) => self.finish_wave(snapshot, &plan, wave).await.map(Some),
+                    Some(wave) => {
+                        let clock = Instant::now();
+                        let finished = self.finish_wave(snapshot, &plan, wave).await?;
+                        tracing::debug!(
+                            wave = finished.0,
+                            ms = clock.elapsed().as_millis() as u64,
+                            "wave committed to bronze and facts"
+                        );
+                        Ok::<_, WriterError>(Some(finished))
+                    }
                     None => Ok(None),
                 }
             };
+            if let Some((wave, _)) = &next {
+                tracing::debug!(
+                    wave,
+                    ms = between.elapsed().as_millis() as u64,
+                    "wave checked and recorded"
+                );
+            }
             let reading = async {
                 match &next {
                     Some((wave, chunks)) => {
@@ -1050,6 +1070,7 @@ impl Snapshots {
                         let stage = self
                             .read_wave_files(snapshot, *wave, chunks, keyset.as_ref())
                             .await?;
+                        tracing::debug!(wave, ms = clock.elapsed().as_millis() as u64, "wave read");
                         Ok(Some((stage, clock.elapsed())))
                     }
                     None => Ok::<_, WriterError>(None),
@@ -1378,6 +1399,7 @@ impl Snapshots {
         command: SnapshotCommand,
         version: i64,
     ) -> Result<PendingFiles> {
+        let preparing = Instant::now();
         let plan = self.client.plan_snapshot(&command).await?;
         let schema = Arc::new(
             plan.info
@@ -1396,6 +1418,11 @@ impl Snapshots {
         .await?;
         let appender = Arc::new(
             bronze::Appender::prepare(table, &schema, &self.config.target, rows_kind).await?,
+        );
+        tracing::debug!(
+            version,
+            ms = preparing.elapsed().as_millis() as u64,
+            "snapshot read planned, bronze prepared"
         );
         // `partitions` readers, each taking the next endpoint when it is done with one and
         // writing every endpoint it reads into its own Parquet files: a wave of many chunks
