@@ -25,12 +25,18 @@ pub mod types;
 
 pub use error::{Error, Result};
 
+/// Installs the ring rustls crypto provider for the process, for library callers that open
+/// TLS connections without [`init_process`] (two providers are compiled into the dependency
+/// tree, and rustls refuses to pick one). Installed already is fine.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Process setup shared by the project's binaries: installs the ring rustls crypto provider
 /// (two providers are compiled into the dependency tree, and rustls refuses to pick one) and
 /// logs to stderr with `RUST_LOG`, or `default_filter` when it is unset.
 pub fn init_process(default_filter: &str) {
-    // Already installed (a second call, or a test harness) is fine: one provider is in place.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    install_crypto_provider();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let _ = tracing_subscriber::fmt()

@@ -5,9 +5,21 @@
 //! (`snapshot::{open, state, set_paused}`), with the table's settings from the sidecar file,
 //! so the answer is the same whichever way it was asked. Pause and resume are rows of the
 //! plans table, which the sidecar's backfill checks before each wave.
+//!
+//! Who may call: with `admin_token_file` every call carries `authorization: Bearer <token>`,
+//! compared in constant time; a call without it, or with another, is `UNAUTHENTICATED` and
+//! touches nothing. A service bound to an address other than loopback needs a token (anybody
+//! reaching the port could otherwise open and pause snapshots), and with `admin_tls_cert` and
+//! `admin_tls_key` its connections are TLS, so the token does not cross the network in clear.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
 use tonic::{Code, Status};
 
 use crate::error::{Result, WriterError};
@@ -137,6 +149,74 @@ pub enum Request {
     Resume,
 }
 
+/// Shortest bearer token accepted.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
+/// The admin service's bearer token. `Debug` never shows it.
+#[derive(Clone)]
+pub struct AdminToken(Arc<str>);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("AdminToken(<redacted>)")
+    }
+}
+
+impl AdminToken {
+    /// The token in the first line of `path`, surrounding whitespace removed.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| WriterError::Io {
+            context: format!("reading the admin token file {}", path.display()),
+            source,
+        })?;
+        Self::new(text.lines().next().unwrap_or_default()).map_err(|error| {
+            WriterError::invalid(format!("admin token file {}: {error}", path.display()))
+        })
+    }
+
+    /// A token of at least [`MIN_TOKEN_CHARS`] visible ASCII characters (what an HTTP header
+    /// value carries).
+    pub fn new(text: &str) -> Result<Self> {
+        let text = text.trim();
+        if text.chars().count() < MIN_TOKEN_CHARS {
+            return Err(WriterError::invalid(format!(
+                "the admin token must have at least {MIN_TOKEN_CHARS} characters"
+            )));
+        }
+        if !text.bytes().all(|byte| byte.is_ascii_graphic()) {
+            return Err(WriterError::invalid(
+                "the admin token must be visible ASCII characters without spaces",
+            ));
+        }
+        Ok(AdminToken(Arc::from(text)))
+    }
+
+    /// Whether an `authorization` header value is `Bearer <this token>`; the comparison takes
+    /// the same time wherever the first difference lies.
+    fn admits(&self, header: &[u8]) -> bool {
+        let Some(offered) = header.strip_prefix(b"Bearer ") else {
+            return false;
+        };
+        let expected = self.0.as_bytes();
+        offered.len() == expected.len()
+            && offered
+                .iter()
+                .zip(expected)
+                .fold(0u8, |difference, (a, b)| difference | (a ^ b))
+                == 0
+    }
+}
+
+/// How a caller reaches the admin service: its token and, for `https://` URLs, the CA that
+/// signed the service's certificate.
+#[derive(Clone, Debug, Default)]
+pub struct AdminAccess {
+    /// Sent as `authorization: Bearer <token>` with every call.
+    pub token: Option<AdminToken>,
+    /// PEM certificate(s) of the CA to trust.
+    pub ca_certificate: Option<Vec<u8>>,
+}
+
 /// Runs a request on the lake of `config` (what the service does, and the CLI without
 /// `--admin`).
 pub async fn run_locally(config: &StreamConfig, request: Request) -> Result<SnapshotState> {
@@ -149,12 +229,38 @@ pub async fn run_locally(config: &StreamConfig, request: Request) -> Result<Snap
 }
 
 /// Sends a request for `table` to the admin service at `url`.
-pub async fn call(url: &str, table: &str, request: Request) -> Result<SnapshotState> {
-    let mut client = SnapshotAdminClient::connect(url.to_string())
-        .await
-        .map_err(|error| {
-            WriterError::Internal(format!("cannot reach the admin service at {url}: {error}"))
-        })?;
+pub async fn call(
+    url: &str,
+    access: &AdminAccess,
+    table: &str,
+    request: Request,
+) -> Result<SnapshotState> {
+    let unreachable = |error: &dyn std::fmt::Display| {
+        WriterError::Internal(format!("cannot reach the admin service at {url}: {error}"))
+    };
+    let mut endpoint = Endpoint::from_shared(url.to_string()).map_err(|e| unreachable(&e))?;
+    if let Some(ca) = &access.ca_certificate {
+        mssql_cdc_flight::install_crypto_provider();
+        endpoint = endpoint
+            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))
+            .map_err(|e| unreachable(&e))?;
+    }
+    let channel = endpoint.connect().await.map_err(|e| unreachable(&e))?;
+    let authorization = access
+        .token
+        .as_ref()
+        .map(|token| MetadataValue::try_from(format!("Bearer {}", token.0)))
+        .transpose()
+        .map_err(|_| WriterError::invalid("the admin token is not a valid header value"))?;
+    let mut client =
+        SnapshotAdminClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
+            if let Some(value) = &authorization {
+                request
+                    .metadata_mut()
+                    .insert("authorization", value.clone());
+            }
+            Ok(request)
+        });
     let table_request = || TableRequest {
         table: table.to_string(),
     };
@@ -187,6 +293,11 @@ pub async fn call(url: &str, table: &str, request: Request) -> Result<SnapshotSt
         Code::InvalidArgument | Code::NotFound | Code::FailedPrecondition => {
             WriterError::InvalidArgument(status.message().to_string())
         }
+        Code::Unauthenticated => WriterError::InvalidArgument(format!(
+            "the admin service at {url} refused the call: {} (the sidecar's admin_token_file; \
+             callers pass it with --admin-token-file or MSSQL_CDC_WRITER_ADMIN_TOKEN_FILE)",
+            status.message()
+        )),
         _ => WriterError::Internal(format!("admin service: {}", status.message())),
     })?;
     answer.into_inner().into_state()
@@ -285,17 +396,142 @@ impl SnapshotAdmin for AdminService {
     }
 }
 
-/// Serves the admin service on `listener` until `stop` turns true.
-pub async fn serve(
+/// The admin service of a sidecar, bound and checked, not yet serving.
+pub struct AdminServer {
     listener: TcpListener,
     config: SidecarConfig,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<()> {
-    tonic::transport::Server::builder()
-        .add_service(SnapshotAdminServer::new(AdminService::new(config)))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-            let _ = stop.wait_for(|stopped| *stopped).await;
-        })
-        .await
-        .map_err(|error| WriterError::Internal(format!("admin service: {error}")))
+    token: Option<AdminToken>,
+    tls: Option<Identity>,
+}
+
+impl AdminServer {
+    /// Binds `admin_listen` of `config` (none when unset) after reading its token and TLS
+    /// identity; refuses an address other than loopback without a token.
+    pub async fn bind(config: &SidecarConfig) -> Result<Option<Self>> {
+        let Some(address) = &config.admin_listen else {
+            return Ok(None);
+        };
+        let token = config
+            .admin_token_file
+            .as_deref()
+            .map(AdminToken::from_file)
+            .transpose()?;
+        let tls = match (&config.admin_tls_cert, &config.admin_tls_key) {
+            (Some(certificate), Some(key)) => {
+                let read = |path: &Path| {
+                    std::fs::read(path).map_err(|source| WriterError::Io {
+                        context: format!("reading {}", path.display()),
+                        source,
+                    })
+                };
+                Some(Identity::from_pem(read(certificate)?, read(key)?))
+            }
+            _ => None,
+        };
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|source| WriterError::Io {
+                context: format!("binding the admin service to {address}"),
+                source,
+            })?;
+        let local = listener.local_addr().map_err(|source| WriterError::Io {
+            context: "the admin service's address".into(),
+            source,
+        })?;
+        if !local.ip().is_loopback() {
+            if token.is_none() {
+                return Err(WriterError::invalid(format!(
+                    "admin_listen {address} is not a loopback address: set admin_token_file \
+                     (and admin_tls_cert, admin_tls_key) so that only operators holding the \
+                     token can open and pause snapshots"
+                )));
+            }
+            if tls.is_none() {
+                tracing::warn!(%local, "the admin token crosses the network in clear text: \
+                    set admin_tls_cert and admin_tls_key");
+            }
+        }
+        Ok(Some(AdminServer {
+            listener,
+            config: config.clone(),
+            token,
+            tls,
+        }))
+    }
+
+    /// The address bound.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.listener
+            .local_addr()
+            .map_err(|source| WriterError::Io {
+                context: "the admin service's address".into(),
+                source,
+            })
+    }
+
+    /// Serves until `stop` turns true.
+    pub async fn serve(self, mut stop: tokio::sync::watch::Receiver<bool>) -> Result<()> {
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(identity) = self.tls {
+            mssql_cdc_flight::install_crypto_provider();
+            builder = builder
+                .tls_config(ServerTlsConfig::new().identity(identity))
+                .map_err(|error| WriterError::invalid(format!("admin TLS identity: {error}")))?;
+        }
+        let token = self.token;
+        let service = SnapshotAdminServer::with_interceptor(
+            AdminService::new(self.config),
+            move |request: tonic::Request<()>| authorize(token.as_ref(), request),
+        );
+        builder
+            .add_service(service)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), async move {
+                let _ = stop.wait_for(|stopped| *stopped).await;
+            })
+            .await
+            .map_err(|error| WriterError::Internal(format!("admin service: {error}")))
+    }
+}
+
+/// Lets a call through when no token is set or it carries the token.
+fn authorize(
+    token: Option<&AdminToken>,
+    request: tonic::Request<()>,
+) -> std::result::Result<tonic::Request<()>, Status> {
+    let Some(token) = token else {
+        return Ok(request);
+    };
+    let offered = request.metadata().get("authorization");
+    if offered.is_some_and(|value| token.admits(value.as_bytes())) {
+        return Ok(request);
+    }
+    let peer = request.remote_addr();
+    tracing::warn!(?peer, token_sent = offered.is_some(), "admin call refused");
+    Err(Status::unauthenticated(match offered {
+        Some(_) => "the bearer token does not match",
+        None => "a bearer token is required",
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_admits_only_its_own_bearer_header() {
+        let token = AdminToken::new("  abcdefghijklmnop0123 \n").expect("token");
+        assert!(token.admits(b"Bearer abcdefghijklmnop0123"));
+        assert!(!token.admits(b"Bearer abcdefghijklmnop0124"));
+        assert!(!token.admits(b"Bearer abcdefghijklmnop012"));
+        assert!(!token.admits(b"bearer abcdefghijklmnop0123"));
+        assert!(!token.admits(b"abcdefghijklmnop0123"));
+        assert!(!format!("{token:?}").contains("abcdef"));
+    }
+
+    #[test]
+    fn short_or_spaced_tokens_are_refused() {
+        assert!(AdminToken::new("short").is_err());
+        assert!(AdminToken::new("has a space inside of it").is_err());
+        assert!(AdminToken::new("0123456789abcdef").is_ok());
+    }
 }

@@ -36,7 +36,7 @@ enum Commands {
     Apply(Box<ApplyArgs>),
     /// Open, inspect, pause or resume a table's snapshot (see docs/snapshots.md).
     #[command(subcommand)]
-    Snapshot(SnapshotCommand),
+    Snapshot(Box<SnapshotCommand>),
     /// Print each table of a sidecar file: last batch, end offset, verdict, lag.
     Status {
         /// The sidecar file.
@@ -90,6 +90,12 @@ struct SnapshotTable {
     /// sidecar's own settings for the table apply; without it the lake is used directly.
     #[arg(long, env = "MSSQL_CDC_WRITER_ADMIN")]
     admin: Option<String>,
+    /// A file holding the admin service's bearer token (its `admin_token_file`).
+    #[arg(long, env = "MSSQL_CDC_WRITER_ADMIN_TOKEN_FILE", requires = "admin")]
+    admin_token_file: Option<PathBuf>,
+    /// PEM certificate of the CA that signed the admin service's certificate (`https://`).
+    #[arg(long, env = "MSSQL_CDC_WRITER_ADMIN_CA", requires = "admin")]
+    admin_ca: Option<PathBuf>,
     /// Flight server URL (used by `open`, `pause` and `resume`).
     #[arg(
         long,
@@ -316,7 +322,7 @@ fn main() -> anyhow::Result<()> {
         Commands::Run(args) => *args,
         Commands::Status { config } => return runtime.block_on(print_status(config)),
         Commands::Backfill(args) => return runtime.block_on(backfill(*args)),
-        Commands::Snapshot(command) => return runtime.block_on(snapshot_command(command)),
+        Commands::Snapshot(command) => return runtime.block_on(snapshot_command(*command)),
         Commands::Apply(args) => return runtime.block_on(apply(*args)),
         Commands::Demo(args) => return runtime.block_on(demo::run(args.dir, args.commits)),
     };
@@ -417,7 +423,25 @@ async fn snapshot_command(command: SnapshotCommand) -> anyhow::Result<()> {
         SnapshotCommand::Resume { table } => (table, admin::Request::Resume),
     };
     let state = match &table.admin {
-        Some(url) => admin::call(url, &table.table, request).await?,
+        Some(url) => {
+            let access = admin::AdminAccess {
+                token: table
+                    .admin_token_file
+                    .as_deref()
+                    .map(admin::AdminToken::from_file)
+                    .transpose()?,
+                ca_certificate: table
+                    .admin_ca
+                    .as_ref()
+                    .map(|path| {
+                        std::fs::read(path).map_err(|error| {
+                            anyhow::anyhow!("reading --admin-ca {}: {error}", path.display())
+                        })
+                    })
+                    .transpose()?,
+            };
+            admin::call(url, &access, &table.table, request).await?
+        }
         None => admin::run_locally(&table.config()?, request).await?,
     };
     println!("{}", serde_json::to_string(&state)?);
@@ -498,12 +522,14 @@ async fn run_sidecar(path: &std::path::Path, available_now: bool) -> anyhow::Res
             let _ = stop.send(true);
         }
     });
-    if let Some(address) = &config.admin_listen {
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
-            .map_err(|error| anyhow::anyhow!("binding the admin service to {address}: {error}"))?;
-        println!("admin service on {}", listener.local_addr()?);
-        tokio::spawn(admin::serve(listener, config.clone(), stopped.clone()));
+    if let Some(server) = admin::AdminServer::bind(&config).await? {
+        println!("admin service on {}", server.local_addr()?);
+        let stopped = stopped.clone();
+        tokio::spawn(async move {
+            if let Err(error) = server.serve(stopped).await {
+                tracing::error!(%error, "the admin service stopped");
+            }
+        });
     }
     sidecar::run_continuous(&config, stopped).await;
     Ok(())

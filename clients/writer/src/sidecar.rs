@@ -68,6 +68,16 @@ pub struct SidecarConfig {
     /// pause and resume snapshots), for example `127.0.0.1:50061`; none when unset.
     #[serde(default)]
     pub admin_listen: Option<String>,
+    /// A file holding the admin service's bearer token (one line, at least 16 characters):
+    /// every call must carry it. Required when `admin_listen` is not a loopback address.
+    #[serde(default)]
+    pub admin_token_file: Option<PathBuf>,
+    /// PEM certificate of the admin service (with `admin_tls_key`): TLS on its connections.
+    #[serde(default)]
+    pub admin_tls_cert: Option<PathBuf>,
+    /// PEM private key of `admin_tls_cert`.
+    #[serde(default)]
+    pub admin_tls_key: Option<PathBuf>,
     /// The tables.
     pub tables: Vec<TableEntry>,
 }
@@ -241,6 +251,12 @@ impl SidecarConfig {
             return Err(WriterError::invalid(format!(
                 "app_id '{}' is used by two tables",
                 pair[0]
+            )));
+        }
+        if config.admin_tls_cert.is_some() != config.admin_tls_key.is_some() {
+            return Err(WriterError::invalid(format!(
+                "{}: admin_tls_cert and admin_tls_key go together",
+                path.display()
             )));
         }
         if !(config.poll_seconds.is_finite() && config.poll_seconds > 0.0) {

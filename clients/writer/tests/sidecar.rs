@@ -126,19 +126,21 @@ async fn the_admin_service_opens_pauses_and_resumes_a_snapshot_the_sidecar_reads
     let mut config = SidecarConfig::load(&path).expect("config");
     config.poll_seconds = 0.2;
     config.tables[0].chunk_rows = Some(20);
+    config.admin_listen = Some("127.0.0.1:0".into());
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+    let server = admin::AdminServer::bind(&config)
         .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("address"));
-    tokio::spawn(admin::serve(listener, config.clone(), stopped.clone()));
+        .expect("bind")
+        .expect("admin_listen is set");
+    let url = format!("http://{}", server.local_addr().expect("address"));
+    tokio::spawn(server.serve(stopped.clone()));
     let running = tokio::spawn({
         let config = config.clone();
         async move { sidecar::run_continuous(&config, stopped).await }
     });
     let call = |request: Request| {
         let url = url.clone();
-        async move { admin::call(&url, "dbo.orders", request).await }
+        async move { admin::call(&url, &Default::default(), "dbo.orders", request).await }
     };
     // The stream's first batch creates the facts table; until then status has no lake.
     let mut state = None;
@@ -150,7 +152,7 @@ async fn the_admin_service_opens_pauses_and_resumes_a_snapshot_the_sidecar_reads
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     assert_eq!(state.expect("status answers").state, "no_snapshot");
-    let unknown = admin::call(&url, "dbo.nowhere", Request::Status)
+    let unknown = admin::call(&url, &Default::default(), "dbo.nowhere", Request::Status)
         .await
         .expect_err("not in the file");
     assert!(unknown.to_string().contains("dbo.nowhere"), "{unknown}");
@@ -253,4 +255,167 @@ async fn the_admin_service_opens_pauses_and_resumes_a_snapshot_the_sidecar_reads
     );
     stop.send(true).expect("stop");
     running.await.expect("sidecar stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_service_answers_only_calls_carrying_its_token_over_tls() {
+    use mssql_cdc_writer::admin::{self, AdminAccess, AdminToken, Request};
+    use mssql_cdc_writer::snapshot::SnapshotMode;
+
+    let lab = Lab::new().await;
+    lab.workload(73, 100);
+    let path = write_config(&lab, &[("dbo.orders", "orders")]);
+    let mut config = SidecarConfig::load(&path).expect("config");
+    let file = |name: &str, text: &str| {
+        let path = lab.dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        path
+    };
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
+    let token = "s3cret-admin-token-0123456789";
+    config.admin_token_file = Some(file("admin.token", &format!("{token}\n")));
+    config.admin_tls_cert = Some(file("admin.pem", &certified.cert.pem()));
+    config.admin_tls_key = Some(file("admin.key", &certified.signing_key.serialize_pem()));
+
+    // An address other than loopback is refused without a token, before anything listens.
+    let mut open_to_all = config.clone();
+    open_to_all.admin_listen = Some("0.0.0.0:0".into());
+    open_to_all.admin_token_file = None;
+    let refused = admin::AdminServer::bind(&open_to_all)
+        .await
+        .err()
+        .expect("no token on 0.0.0.0");
+    assert!(
+        refused.to_string().contains("admin_token_file"),
+        "{refused}"
+    );
+    let mut short = config.clone();
+    short.admin_listen = Some("127.0.0.1:0".into());
+    short.admin_token_file = Some(file("short.token", "abc"));
+    let refused = admin::AdminServer::bind(&short)
+        .await
+        .err()
+        .expect("a short token");
+    assert!(refused.to_string().contains("16 characters"), "{refused}");
+
+    config.admin_listen = Some("127.0.0.1:0".into());
+    let server = admin::AdminServer::bind(&config)
+        .await
+        .expect("bind")
+        .expect("admin_listen is set");
+    let port = server.local_addr().expect("address").port();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(server.serve(stopped));
+    let url = format!("https://localhost:{port}");
+    let ca = certified.cert.pem().into_bytes();
+    let access = |token: Option<&str>| AdminAccess {
+        token: token.map(|text| AdminToken::new(text).expect("token")),
+        ca_certificate: Some(ca.clone()),
+    };
+    let open = |access: AdminAccess| {
+        let url = url.clone();
+        async move {
+            admin::call(
+                &url,
+                &access,
+                "dbo.orders",
+                Request::Open(SnapshotMode::Chunked, false),
+            )
+            .await
+        }
+    };
+    let facts = mssql_cdc_writer::tables::table_url(&lab.lake("facts")).expect("url");
+    let nothing_recorded = || async {
+        mssql_cdc_writer::tables::open(&facts)
+            .await
+            .expect("open")
+            .is_none()
+    };
+
+    let missing = open(access(None)).await.expect_err("no token");
+    assert!(
+        missing.to_string().contains("a bearer token is required")
+            && missing.to_string().contains("--admin-token-file"),
+        "{missing}"
+    );
+    let wrong = open(access(Some("another-token-0123456789")))
+        .await
+        .expect_err("wrong token");
+    assert!(wrong.to_string().contains("does not match"), "{wrong}");
+    // The same length, one character off.
+    let near = format!("{}X", &token[..token.len() - 1]);
+    assert!(open(access(Some(&near))).await.is_err());
+    assert!(nothing_recorded().await, "a refused call wrote to the lake");
+    let plaintext = admin::call(
+        &format!("http://localhost:{port}"),
+        &AdminAccess {
+            token: Some(AdminToken::new(token).expect("token")),
+            ca_certificate: None,
+        },
+        "dbo.orders",
+        Request::Status,
+    )
+    .await;
+    assert!(plaintext.is_err(), "plaintext reached a TLS service");
+    assert!(nothing_recorded().await);
+
+    let opened = open(access(Some(token)))
+        .await
+        .expect("open with the token");
+    assert_eq!(opened.mode.as_deref(), Some("chunked"));
+    assert_eq!(opened.state, "open", "{opened:?}");
+
+    // The CLI passes the token file and the CA.
+    let cli = |with_token: bool| {
+        let mut args = vec![
+            "snapshot".to_string(),
+            "status".into(),
+            "--admin".into(),
+            url.clone(),
+            "--admin-ca".into(),
+            config
+                .admin_tls_cert
+                .as_ref()
+                .expect("cert")
+                .display()
+                .to_string(),
+            "--table".into(),
+            "dbo.orders".into(),
+        ];
+        if with_token {
+            args.push("--admin-token-file".into());
+            args.push(
+                config
+                    .admin_token_file
+                    .as_ref()
+                    .expect("token")
+                    .display()
+                    .to_string(),
+            );
+        }
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"))
+                .args(args)
+                .env_remove("MSSQL_CDC_WRITER_ADMIN_TOKEN_FILE")
+                .output()
+                .expect("run")
+        })
+    };
+    let refused = cli(false).await.expect("join");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("a bearer token is required"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let answered = cli(true).await.expect("join");
+    assert!(
+        answered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&answered.stderr)
+    );
+    let printed: serde_json::Value = serde_json::from_slice(&answered.stdout).expect("JSON");
+    assert_eq!(printed["state"], "open", "{printed}");
+    let _ = stop.send(true);
 }
