@@ -658,16 +658,17 @@ impl Snapshots {
             }
         };
         let txn = self.txn("snapplan", snapshot);
-        self.append_plans(
-            &txn,
-            0,
-            snapshot,
-            vec![(
-                "snapshot_plan",
-                json!({"chunk_rows": chunk_rows, "chunk_count": chunks.len(), "chunks": chunks}),
-            )],
-        )
-        .await?;
+        let recorded = self
+            .append_plans(
+                &txn,
+                0,
+                snapshot,
+                vec![(
+                    "snapshot_plan",
+                    json!({"chunk_rows": chunk_rows, "chunk_count": chunks.len(), "chunks": chunks}),
+                )],
+            )
+            .await?;
         self.append_facts(
             &txn,
             0,
@@ -684,7 +685,10 @@ impl Snapshots {
             }],
         )
         .await?;
-        // The plan read back is the one recorded (a concurrent call leaves one plan).
+        if recorded {
+            return Ok(chunks);
+        }
+        // Another call recorded its plan first (one plan per snapshot): that one is read.
         Box::pin(self.plan(snapshot, chunk_rows)).await
     }
 
@@ -1429,7 +1433,11 @@ impl Snapshots {
         // is read like a full snapshot, with as many streams and as many open files, instead
         // of a stream and a file per chunk (each new file starts its column dictionaries and
         // buffers over). Each chunk is stamped when its read starts; its rows and completion
-        // are kept per endpoint, and all files commit together in one append.
+        // are kept per endpoint, and all files commit together in one append. A reader opens
+        // its next endpoint while it drains the current one, so the server has the next
+        // chunk's first batches on the way when the current stream ends (a stream opened at
+        // each chunk's end left both sides idle for its round trip and first batch, once per
+        // chunk); the stamp is still taken before that chunk's read.
         let tickets = plan
             .info
             .endpoint
@@ -1454,13 +1462,25 @@ impl Snapshots {
             let mut files = appender.file_writer();
             readers.push(tokio::spawn(async move {
                 let mut read: Vec<(usize, u64, Completion)> = Vec::new();
+                let open_next = || -> Result<Option<(usize, OpeningEndpoint)>> {
+                    let next = queue.lock().map_err(|_| poisoned())?.pop_front();
+                    Ok(next.map(|(index, ticket)| {
+                        let client = client.clone();
+                        let opening = tokio::spawn(async move {
+                            client
+                                .open_endpoint(&ticket)
+                                .await
+                                .map_err(WriterError::from)
+                        });
+                        (index, OpeningEndpoint(opening))
+                    }))
+                };
+                let mut upcoming = None;
                 let streamed: Result<()> = async {
-                    loop {
-                        let next = queue.lock().map_err(|_| poisoned())?.pop_front();
-                        let Some((index, ticket)) = next else {
-                            return Ok(());
-                        };
-                        let mut reader = client.open_endpoint(&ticket).await?;
+                    upcoming = open_next()?;
+                    while let Some((index, opening)) = upcoming.take() {
+                        let mut reader = opening.reader().await?;
+                        upcoming = open_next()?;
                         let mut rows = 0u64;
                         while let Some(batch) = reader.next_batch().await? {
                             rows += batch.num_rows() as u64;
@@ -1468,8 +1488,11 @@ impl Snapshots {
                         }
                         read.push((index, rows, reader.completion()?));
                     }
+                    Ok(())
                 }
                 .await;
+                // A stream opened ahead and not read (a failure) is closed by the drop.
+                drop(upcoming);
                 match streamed {
                     Ok(()) => Ok((read, files.close().await?)),
                     Err(error) => {
@@ -1551,6 +1574,23 @@ impl Snapshots {
                 .await?;
         }
         Ok(pending.read)
+    }
+}
+
+/// An endpoint's stream being opened ahead of its read; dropped unread, it is cancelled.
+struct OpeningEndpoint(tokio::task::JoinHandle<Result<mssql_cdc_flight::client::EndpointReader>>);
+
+impl OpeningEndpoint {
+    async fn reader(mut self) -> Result<mssql_cdc_flight::client::EndpointReader> {
+        (&mut self.0)
+            .await
+            .map_err(|error| WriterError::Internal(format!("opening a snapshot stream: {error}")))?
+    }
+}
+
+impl Drop for OpeningEndpoint {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
