@@ -54,6 +54,9 @@ pub struct Faults {
     /// Runs inside every snapshot read after its stamp was recorded and before the rows are
     /// read: a test commits here to land a commit between a chunk's stamp and its read.
     pub before_snapshot_read: Option<SnapshotHook>,
+    /// After this many more snapshot reads have started, the next one fails as a dropped
+    /// connection after its first batch (once).
+    pub break_snapshot_read_after: Option<u64>,
 }
 
 /// A callback run by snapshot reads (see [`Faults::before_snapshot_read`]).
@@ -211,6 +214,26 @@ impl SimDb {
             faults.drop_connection_after_rows = None;
         }
         due
+    }
+
+    /// Whether the snapshot read starting now is the one [`Faults::break_snapshot_read_after`]
+    /// breaks; counts the read down otherwise.
+    fn take_broken_snapshot_read(&self) -> bool {
+        let mut faults = self
+            .faults
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match faults.break_snapshot_read_after {
+            Some(0) => {
+                faults.break_snapshot_read_after = None;
+                true
+            }
+            Some(after) => {
+                faults.break_snapshot_read_after = Some(after - 1);
+                false
+            }
+            None => false,
+        }
     }
 
     /// Retention cleanup (`sys.sp_cdc_cleanup_change_table`): change rows below

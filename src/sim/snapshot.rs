@@ -129,6 +129,7 @@ impl SimDb {
         if let Some(hook) = self.faults().before_snapshot_read {
             (hook.0)();
         }
+        let broken = self.take_broken_snapshot_read();
         let definition = self.table_def(&read.table)?;
         let rows = self.store.read_state(&definition)?;
         let schema = snapshot_schema(&read.columns, read.include_command_id);
@@ -187,6 +188,13 @@ impl SimDb {
                 debug_assert_eq!(schema.field(schema.fields().len() - 1).name(), CHUNK_COLUMN);
                 if sender.blocking_send(Ok(batch)).is_err() {
                     return Ok(());
+                }
+                if broken {
+                    return Err(Error::SourceUnavailable(
+                        "the connection to the source was dropped during a snapshot read \
+                         (injected fault)"
+                            .into(),
+                    ));
                 }
             }
         }

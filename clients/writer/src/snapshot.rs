@@ -1460,24 +1460,17 @@ impl Snapshots {
             let queue = Arc::clone(&queue);
             let client = self.client.clone();
             let mut files = appender.file_writer();
+            // Every reader's first endpoint is taken here, so none takes two before another
+            // has one.
+            let first = queue.lock().map_err(|_| poisoned())?.pop_front();
+            let mut upcoming = first.map(|next| OpeningEndpoint::start(&client, next));
             readers.push(tokio::spawn(async move {
                 let mut read: Vec<(usize, u64, Completion)> = Vec::new();
                 let open_next = || -> Result<Option<(usize, OpeningEndpoint)>> {
                     let next = queue.lock().map_err(|_| poisoned())?.pop_front();
-                    Ok(next.map(|(index, ticket)| {
-                        let client = client.clone();
-                        let opening = tokio::spawn(async move {
-                            client
-                                .open_endpoint(&ticket)
-                                .await
-                                .map_err(WriterError::from)
-                        });
-                        (index, OpeningEndpoint(opening))
-                    }))
+                    Ok(next.map(|next| OpeningEndpoint::start(&client, next)))
                 };
-                let mut upcoming = None;
                 let streamed: Result<()> = async {
-                    upcoming = open_next()?;
                     while let Some((index, opening)) = upcoming.take() {
                         let mut reader = opening.reader().await?;
                         upcoming = open_next()?;
@@ -1581,6 +1574,18 @@ impl Snapshots {
 struct OpeningEndpoint(tokio::task::JoinHandle<Result<mssql_cdc_flight::client::EndpointReader>>);
 
 impl OpeningEndpoint {
+    /// Starts opening the stream of endpoint `index`.
+    fn start(client: &CdcClient, (index, ticket): (usize, arrow_flight::Ticket)) -> (usize, Self) {
+        let client = client.clone();
+        let opening = tokio::spawn(async move {
+            client
+                .open_endpoint(&ticket)
+                .await
+                .map_err(WriterError::from)
+        });
+        (index, OpeningEndpoint(opening))
+    }
+
     async fn reader(mut self) -> Result<mssql_cdc_flight::client::EndpointReader> {
         (&mut self.0)
             .await

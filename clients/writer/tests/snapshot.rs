@@ -147,6 +147,72 @@ async fn a_chunked_snapshot_read_next_to_a_running_stream_rebuilds_the_table() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunk_stream_broken_mid_wave_commits_nothing_of_the_wave_and_the_rerun_reads_it_once() {
+    let lab = Lab::new().await;
+    lab.workload(26, 300);
+    let mut config = lab.config();
+    let snapshot = snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
+        .await
+        .expect("open")
+        .expect("a new checkpoint is bootstrapped");
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    // Waves of one round (2 chunks); each reader opens its next chunk's stream while reading
+    // one. The fourth chunk stream breaks after its first batch: wave 2 fails, wave 1 stays.
+    lab.db.set_faults(Faults {
+        break_snapshot_read_after: Some(3),
+        ..Faults::default()
+    });
+    let broken = snapshots
+        .backfill(&options(25, None))
+        .await
+        .expect_err("a broken chunk stream fails the wave");
+    assert!(broken.to_string().contains("dropped"), "{broken}");
+    lab.db.set_faults(Faults::default());
+    let snapshot_rows = || async {
+        let batches = query(
+            &lab.lake("bronze_orders"),
+            &format!(
+                "SELECT COUNT(*), COUNT(DISTINCT _chunk), COUNT(DISTINCT order_id) FROM t \
+                 WHERE _snapshot = '{snapshot}'"
+            ),
+        )
+        .await;
+        (0..3)
+            .map(|column| text(&batches[0], column, 0).expect("count"))
+            .collect::<Vec<_>>()
+    };
+    let after_failure = snapshot_rows().await;
+    assert_eq!(
+        after_failure[1], "2",
+        "only wave 1's two chunks are in bronze: {after_failure:?}"
+    );
+    let chunk_rows_in_facts = facts_events(&lab)
+        .await
+        .iter()
+        .filter(|(event, _)| event == "snapshot_chunk")
+        .count();
+    assert_eq!(chunk_rows_in_facts, 2, "facts rows of wave 1 only");
+
+    run_now(config.clone()).await;
+    let done = snapshots.backfill(&options(25, None)).await.expect("rerun");
+    assert!(done.done, "{done:?}");
+    let total = done.chunks_total.expect("planned");
+    let counts = snapshot_rows().await;
+    assert_eq!(counts[0], counts[2], "no snapshot row twice: {counts:?}");
+    assert_eq!(counts[1], total.to_string(), "every chunk once: {counts:?}");
+    assert_eq!(
+        facts_events(&lab)
+            .await
+            .iter()
+            .filter(|(event, _)| event == "snapshot_chunk")
+            .count() as u64,
+        total
+    );
+    run_now(config.clone()).await;
+    assert_eq!(rebuild(&lab, snapshot).await, source_rows(&lab).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_bootstrap_is_read_once_and_the_stream_starts_after_it() {
     let lab = Lab::new().await;
     lab.workload(31, 200);
