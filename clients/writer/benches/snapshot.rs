@@ -10,7 +10,8 @@
 //! - **chunked, one round per wave**: the same with `target_wave_seconds` 0, so every wave is
 //!   one round of 2 chunks: the most waves, the most per-wave cost.
 //!
-//! The three run in turn `BENCH_REPEATS` times (default 5; one untimed round first). Reported
+//! The three run in turn `BENCH_REPEATS` times (default 5; one untimed round first), each
+//! after a `sync` (no run pays for writing back an earlier run's files). Reported
 //! per round and as the median of the rounds: rows/s of each, chunked / full (target ≥ 0.9),
 //! the chunked open's own seconds (S recorded, the key's extent, plans and facts rows), and
 //! the fixed cost per wave = (one-round-waves seconds − full seconds) / waves (target ≤ 1 s).
@@ -111,6 +112,15 @@ impl Round {
     }
 }
 
+/// Writes every dirty page back before a timed run, so no run pays for the writeback of the
+/// files an earlier run left in the page cache (the kernel flushes them after 30 s, which
+/// otherwise lands inside whichever run comes next).
+fn settle() -> anyhow::Result<()> {
+    let status = std::process::Command::new("sync").status()?;
+    anyhow::ensure!(status.success(), "sync failed: {status}");
+    Ok(())
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let middle = values.len() / 2;
@@ -170,10 +180,13 @@ fn main() -> anyhow::Result<()> {
         chunked(&url, &lake("warm_chunked".into()), chunk_rows, 0.0).await?;
         let mut rounds = Vec::new();
         for round in 0..repeats {
+            settle()?;
             let (full_seconds, full_rows) = full(&url, &lake(format!("full{round}"))).await?;
             anyhow::ensure!(full_rows == rows, "the full snapshot read {full_rows} rows");
+            settle()?;
             let (chunked_seconds, open, waves) =
                 chunked(&url, &lake(format!("chunked{round}")), chunk_rows, 30.0).await?;
+            settle()?;
             let (round_seconds, _, round_waves) =
                 chunked(&url, &lake(format!("rounds{round}")), chunk_rows, 0.0).await?;
             rounds.push(Round {

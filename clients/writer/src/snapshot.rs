@@ -381,22 +381,23 @@ impl Snapshots {
         .await
     }
 
-    /// Plans rows of a snapshot for one event, their details parsed.
-    async fn plans_rows(&self, snapshot: Lsn, event: &str) -> Result<Vec<serde_json::Value>> {
+    /// Every plans row of a snapshot, read in one query: a backfill reads them once and
+    /// takes its keys, plan and recorded waves from them.
+    async fn plans_rows(&self, snapshot: Lsn) -> Result<PlansRows> {
         let rows = tables::query_text(
             &self.plans,
-            &format!(
-                "SELECT detail FROM t WHERE snapshot = '{snapshot}' AND event = '{}'",
-                quoted(event)
-            ),
+            &format!("SELECT event, detail FROM t WHERE snapshot = '{snapshot}'"),
         )
         .await?;
-        rows.into_iter()
+        let rows = rows
+            .into_iter()
             .map(|row| {
-                serde_json::from_str(row[0].as_deref().unwrap_or("null"))
-                    .map_err(|error| WriterError::Internal(format!("plans detail: {error}")))
+                let detail = serde_json::from_str(row[1].as_deref().unwrap_or("null"))
+                    .map_err(|error| WriterError::Internal(format!("plans detail: {error}")))?;
+                Ok((row[0].clone().unwrap_or_default(), detail))
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        Ok(PlansRows(rows))
     }
 
     /// Refuses to start a snapshot of `mode` while one of the other mode is open.
@@ -613,9 +614,15 @@ impl Snapshots {
         Ok(snapshot)
     }
 
-    /// The plan of an open snapshot: made and recorded on the first call, read back after.
-    async fn plan(&self, snapshot: Lsn, chunk_rows: u64) -> Result<Vec<PlannedChunk>> {
-        if let Some(plan) = self.plans_rows(snapshot, "snapshot_plan").await?.pop() {
+    /// The plan of an open snapshot (`recorded`: its plans rows): made and recorded on the
+    /// first call, read back after.
+    async fn plan(
+        &self,
+        snapshot: Lsn,
+        recorded: &PlansRows,
+        chunk_rows: u64,
+    ) -> Result<Vec<PlannedChunk>> {
+        if let Some(plan) = recorded.last("snapshot_plan") {
             if plan["chunk_rows"].as_u64() != Some(chunk_rows) {
                 tracing::warn!(planned = %plan["chunk_rows"], asked = chunk_rows,
                     "the snapshot is planned already: its chunk_rows stays");
@@ -623,17 +630,13 @@ impl Snapshots {
             return serde_json::from_value(plan["chunks"].clone())
                 .map_err(|error| WriterError::Internal(format!("recorded plan: {error}")));
         }
-        let open = self
-            .plans_rows(snapshot, "snapshot_open")
-            .await?
-            .pop()
-            .ok_or_else(|| {
-                WriterError::invalid(format!(
-                    "snapshot {snapshot} has no snapshot_open row in {}: a range without bounds \
+        let open = recorded.last("snapshot_open").cloned().ok_or_else(|| {
+            WriterError::invalid(format!(
+                "snapshot {snapshot} has no snapshot_open row in {}: a range without bounds \
                      is never read as the whole table",
-                    plans_location(&self.config.target)
-                ))
-            })?;
+                plans_location(&self.config.target)
+            ))
+        })?;
         let chunks = match keyset_of(&open)? {
             Some(keyset) => self.plan_keyset(&keyset, chunk_rows).await?,
             None => {
@@ -689,7 +692,8 @@ impl Snapshots {
             return Ok(chunks);
         }
         // Another call recorded its plan first (one plan per snapshot): that one is read.
-        Box::pin(self.plan(snapshot, chunk_rows)).await
+        let now = self.plans_rows(snapshot).await?;
+        Box::pin(self.plan(snapshot, &now, chunk_rows)).await
     }
 
     /// The key of the `(n + 1)`-th row of a range, sought by the server on the open's keys.
@@ -798,12 +802,12 @@ impl Snapshots {
 
     /// The keyset an open snapshot is cut on; `None` for an integer plan. Refuses a stream
     /// configured to cut on other columns (the option changed or dropped since the open).
-    async fn keyset_open(&self, snapshot: Lsn) -> Result<Option<KeysetOpen>> {
-        let Some(open) = self.plans_rows(snapshot, "snapshot_open").await?.pop() else {
+    fn keyset_open_of(&self, snapshot: Lsn, recorded: &PlansRows) -> Result<Option<KeysetOpen>> {
+        let Some(open) = recorded.last("snapshot_open") else {
             return Ok(None);
         };
-        let keyset = keyset_of(&open)?;
-        let recorded: Option<Vec<String>> = match &keyset {
+        let keyset = keyset_of(open)?;
+        let cut_on: Option<Vec<String>> = match &keyset {
             Some(keyset) => (!keyset.unique).then(|| keyset.names()),
             None => None,
         };
@@ -818,13 +822,13 @@ impl Snapshots {
             }
             (asked, _) => asked.clone(),
         };
-        if asked != recorded {
+        if asked != cut_on {
             return Err(WriterError::invalid(format!(
                 "{}: snapshot {snapshot} was opened cut on {}, but snapshot_keys is now {}: a \
                  plan never moves to other columns; set snapshot_keys back to finish it, or \
                  open a new snapshot",
                 self.config.table,
-                recorded.map_or("the unique index".to_string(), |keys| format!("{keys:?}")),
+                cut_on.map_or("the unique index".to_string(), |keys| format!("{keys:?}")),
                 asked.map_or("unset (the unique index)".to_string(), |keys| format!(
                     "{keys:?}"
                 )),
@@ -858,7 +862,6 @@ impl Snapshots {
         Ok(done)
     }
 
-    /// Pauses while the stream's retention headroom is short or unknown.
     /// Pauses (or resumes) the open chunked snapshot: a plans row every backfill checks
     /// before it starts a wave, so the pause holds across processes and restarts; the wave
     /// being read finishes. Returns the snapshot's S.
@@ -900,6 +903,7 @@ impl Snapshots {
         Ok(snapshot)
     }
 
+    /// Why to pause while the stream's retention headroom is short or unknown, or `None`.
     async fn headroom_guard(&self, min_hours: f64) -> Result<Option<(String, String)>> {
         let rows = tables::query_text(
             &self.facts,
@@ -979,8 +983,11 @@ impl Snapshots {
             });
         };
         let planning = Instant::now();
-        let keyset = self.keyset_open(snapshot).await?;
-        let plan = self.plan(snapshot, options.chunk_rows).await?;
+        let recorded_plans = self.plans_rows(snapshot).await?;
+        let keyset = self.keyset_open_of(snapshot, &recorded_plans)?;
+        let plan = self
+            .plan(snapshot, &recorded_plans, options.chunk_rows)
+            .await?;
         tracing::debug!(%snapshot, chunks = plan.len(), ms = planning.elapsed().as_millis() as u64,
             "backfill planned");
         let total = plan.len() as u64;
@@ -1035,6 +1042,7 @@ impl Snapshots {
                     let chunks = self
                         .wave_chunks(
                             snapshot,
+                            &recorded_plans,
                             wave,
                             &remaining,
                             partitions * rounds,
@@ -1144,22 +1152,19 @@ impl Snapshots {
     }
 
     /// The chunks of `wave`: those its plans rows recorded (a rerun reads exactly them), or
-    /// the next `count` remaining ones, recorded before they are read.
+    /// the next `count` remaining ones, recorded before they are read. `recorded` holds the
+    /// plans rows as the call began: a wave recorded later by another call is found when its
+    /// transaction refuses this call's record.
     async fn wave_chunks(
         &self,
         snapshot: Lsn,
+        recorded: &PlansRows,
         wave: i64,
         remaining: &[PlannedChunk],
         count: usize,
         keyset: Option<&KeysetOpen>,
     ) -> Result<Vec<PlannedChunk>> {
-        let recorded: Vec<PlannedChunk> = self
-            .plans_rows(snapshot, "snapshot_chunk")
-            .await?
-            .into_iter()
-            .filter(|detail| detail["wave"].as_i64() == Some(wave))
-            .filter_map(|detail| serde_json::from_value(detail).ok())
-            .collect();
+        let recorded = recorded.wave(wave);
         if !recorded.is_empty() {
             return Ok(recorded);
         }
@@ -1189,13 +1194,7 @@ impl Snapshots {
             return Ok(chunks);
         }
         // Another call recorded this wave first: its chunks win.
-        Ok(self
-            .plans_rows(snapshot, "snapshot_chunk")
-            .await?
-            .into_iter()
-            .filter(|detail| detail["wave"].as_i64() == Some(wave))
-            .filter_map(|detail| serde_json::from_value(detail).ok())
-            .collect())
+        Ok(self.plans_rows(snapshot).await?.wave(wave))
     }
 
     /// Reads one wave's chunks into bronze files, not yet committed; or, when bronze already
@@ -1596,6 +1595,31 @@ impl OpeningEndpoint {
 impl Drop for OpeningEndpoint {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// A snapshot's plans rows, `(event, detail)`, in the table's order.
+struct PlansRows(Vec<(String, serde_json::Value)>);
+
+impl PlansRows {
+    /// The detail of the last row of `event`.
+    fn last(&self, event: &str) -> Option<&serde_json::Value> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(name, _)| name == event)
+            .map(|(_, detail)| detail)
+    }
+
+    /// The chunks recorded for `wave`.
+    fn wave(&self, wave: i64) -> Vec<PlannedChunk> {
+        self.0
+            .iter()
+            .filter(|(name, detail)| {
+                name == "snapshot_chunk" && detail["wave"].as_i64() == Some(wave)
+            })
+            .filter_map(|(_, detail)| serde_json::from_value(detail.clone()).ok())
+            .collect()
     }
 }
 
