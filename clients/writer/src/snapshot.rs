@@ -1598,7 +1598,8 @@ impl Drop for OpeningEndpoint {
     }
 }
 
-/// A snapshot's plans rows, `(event, detail)`, in the table's order.
+/// A snapshot's plans rows, `(event, detail)` (one `snapshot_open` and one `snapshot_plan`
+/// per snapshot; `last` takes the last a scan returns, as the reads before it did).
 struct PlansRows(Vec<(String, serde_json::Value)>);
 
 impl PlansRows {
