@@ -123,6 +123,7 @@ impl CdcClient {
         let mut endpoint = Endpoint::from_shared(url.to_string())
             .map_err(|error| connect_error(error.to_string()))?;
         if let Some(tls) = tls {
+            crate::install_crypto_provider();
             let mut config = tonic::transport::ClientTlsConfig::new()
                 .ca_certificate(tonic::transport::Certificate::from_pem(&tls.ca_certificate));
             if let Some(domain) = &tls.domain {

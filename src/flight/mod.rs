@@ -181,6 +181,7 @@ pub async fn serve(
         .initial_connection_window_size(Some(CONNECTION_WINDOW))
         .tcp_nodelay(true);
     if let Some(identity) = tls {
+        crate::install_crypto_provider();
         let config = tonic::transport::ServerTlsConfig::new().identity(
             tonic::transport::Identity::from_pem(identity.certificate, identity.key),
         );

@@ -254,7 +254,7 @@ fn quoted(text: &str) -> String {
 impl Snapshots {
     /// Connects to the server of `config` (its table, target, facts and app id are used).
     pub async fn connect(config: StreamConfig) -> Result<Self> {
-        let client = CdcClient::connect(&config.server).await?;
+        let client = crate::stream::connect_server(&config.server).await?;
         Ok(Snapshots {
             target: tables::table_url(&config.target)?,
             facts: tables::table_url(&config.facts)?,

@@ -123,6 +123,37 @@ fn micros_now() -> i64 {
     chrono::Utc::now().timestamp_micros()
 }
 
+/// The variable naming the PEM file of the CA that signed the Flight server's certificate,
+/// read when the server URL is `https://` (the server binary's client commands read it too).
+pub const FLIGHT_CA_VARIABLE: &str = "MSSQL_CDC_FLIGHT_TLS_CA";
+
+/// Connects to the Flight server at `server`: plaintext for `http://`, TLS verified against
+/// the CA in [`FLIGHT_CA_VARIABLE`] for `https://` (refused without it, rather than trusting
+/// whatever answers).
+pub async fn connect_server(server: &str) -> Result<CdcClient> {
+    if !server.starts_with("https://") {
+        return Ok(CdcClient::connect(server).await?);
+    }
+    let path = std::env::var_os(FLIGHT_CA_VARIABLE).ok_or_else(|| {
+        WriterError::invalid(format!(
+            "{server} is TLS: set {FLIGHT_CA_VARIABLE} to the PEM file of the CA that signed \
+             the server's certificate"
+        ))
+    })?;
+    let ca_certificate = std::fs::read(&path).map_err(|source| WriterError::Io {
+        context: format!(
+            "reading {FLIGHT_CA_VARIABLE} {}",
+            std::path::Path::new(&path).display()
+        ),
+        source,
+    })?;
+    let tls = mssql_cdc_flight::client::ClientTls {
+        ca_certificate,
+        domain: None,
+    };
+    Ok(CdcClient::connect_with(server, Some(&tls)).await?)
+}
+
 impl Stream {
     /// Connects to the server and opens the checkpoint.
     pub async fn connect(config: StreamConfig) -> Result<Self> {
@@ -131,7 +162,7 @@ impl Stream {
                 "app_id must be non-empty and without '#'",
             ));
         }
-        let client = CdcClient::connect(&config.server).await?;
+        let client = connect_server(&config.server).await?;
         Ok(Stream {
             target: tables::table_url(&config.target)?,
             facts: tables::table_url(&config.facts)?,
