@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
-use mssql_cdc_flight::client::{CdcClient, ClientTls};
+use mssql_cdc_flight::client::{CdcClient, ClientTls, TLS_CA_VARIABLE};
 use mssql_cdc_flight::flight::local::LocalServer;
 use mssql_cdc_flight::flight::protocol::{ChangesCommand, InitialOffsetBody, LatestOffsetBody};
 use mssql_cdc_flight::flight::ticket::TicketSigner;
@@ -278,7 +278,7 @@ struct ReadArgs {
     #[arg(long, default_value_t = 5)]
     show: usize,
     /// PEM certificate of the CA that signed the server's TLS certificate (use https://).
-    #[arg(long, env = "MSSQL_CDC_FLIGHT_TLS_CA")]
+    #[arg(long, env = TLS_CA_VARIABLE)]
     tls_ca: Option<PathBuf>,
 }
 
@@ -303,11 +303,10 @@ fn main() -> anyhow::Result<()> {
         Commands::Sim(command) => sim(command),
         Commands::Read(args) => runtime.block_on(async {
             let tls = match &args.tls_ca {
-                Some(path) => Some(ClientTls {
-                    ca_certificate: std::fs::read(path)
+                Some(path) => Some(
+                    ClientTls::from_ca_file(path)
                         .with_context(|| format!("reading {}", path.display()))?,
-                    domain: None,
-                }),
+                ),
                 None => None,
             };
             let client = CdcClient::connect_with(&args.server, tls.as_ref()).await?;

@@ -125,7 +125,7 @@ fn micros_now() -> i64 {
 
 /// The variable naming the PEM file of the CA that signed the Flight server's certificate,
 /// read when the server URL is `https://` (the server binary's client commands read it too).
-pub const FLIGHT_CA_VARIABLE: &str = "MSSQL_CDC_FLIGHT_TLS_CA";
+pub const FLIGHT_CA_VARIABLE: &str = mssql_cdc_flight::client::TLS_CA_VARIABLE;
 
 /// Connects to the Flight server at `server`: plaintext for `http://`, TLS verified against
 /// the CA in [`FLIGHT_CA_VARIABLE`] for `https://` (refused without it, rather than trusting
@@ -140,17 +140,13 @@ pub async fn connect_server(server: &str) -> Result<CdcClient> {
              the server's certificate"
         ))
     })?;
-    let ca_certificate = std::fs::read(&path).map_err(|source| WriterError::Io {
-        context: format!(
-            "reading {FLIGHT_CA_VARIABLE} {}",
-            std::path::Path::new(&path).display()
-        ),
-        source,
+    let path = std::path::Path::new(&path);
+    let tls = mssql_cdc_flight::client::ClientTls::from_ca_file(path).map_err(|source| {
+        WriterError::Io {
+            context: format!("reading {FLIGHT_CA_VARIABLE} {}", path.display()),
+            source,
+        }
     })?;
-    let tls = mssql_cdc_flight::client::ClientTls {
-        ca_certificate,
-        domain: None,
-    };
     Ok(CdcClient::connect_with(server, Some(&tls)).await?)
 }
 
