@@ -757,15 +757,8 @@ mod tests {
         .await
         .expect("second merge");
         assert_eq!(counts.keys_found, 4, "{counts:?}");
-        assert_eq!(
-            rows_of(&url).await,
-            vec!["x|1|c", "x|2|e", "|1|a2", "||d2"]
-                .into_iter()
-                .map(String::from)
-                .collect::<std::collections::BTreeSet<_>>()
-                .into_iter()
-                .collect::<Vec<_>>()
-        );
+        // Sorted as `rows_of` sorts ('|' after letters and digits).
+        assert_eq!(rows_of(&url).await, ["x|1|c", "x|2|e", "|1|a2", "||d2"]);
     }
 
     #[test]
