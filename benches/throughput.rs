@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use mssql_cdc_flight::client::CdcClient;
-use mssql_cdc_flight::flight::protocol::ChangesCommand;
+use mssql_cdc_flight::protocol::ChangesCommand;
 use mssql_cdc_flight::sim::{Clock, SimDb, sample};
 use mssql_cdc_flight::source::{CdcSource, ChangeRead, TableName};
 use mssql_cdc_flight::{CommitTime, Lsn};
@@ -80,8 +80,8 @@ async fn scan_in_process(db: &SimDb, table: &TableName) -> anyhow::Result<Measur
         to: db.max_lsn().await?.unwrap_or(Lsn::ZERO),
         columns,
         include_command_id: true,
-        batch_rows: mssql_cdc_flight::flight::protocol::DEFAULT_BATCH_ROWS,
-        batch_bytes: mssql_cdc_flight::flight::protocol::DEFAULT_BATCH_BYTES,
+        batch_rows: mssql_cdc_flight::protocol::DEFAULT_BATCH_ROWS,
+        batch_bytes: mssql_cdc_flight::protocol::DEFAULT_BATCH_BYTES,
     };
     let started = Instant::now();
     let mut stream = db.read_changes(read).await?;

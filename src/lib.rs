@@ -6,31 +6,24 @@
 //! carries what it needs, and tickets are self-contained and signed, so any replica holding
 //! the ticket key serves any ticket.
 //!
-//! - [`lsn`] and [`offset`]: LSNs and stream positions in their wire forms.
-//! - [`source`]: the [`source::CdcSource`] seam; [`sim`] is the embedded simulated database.
-//! - [`flight`]: the Flight service, its commands, actions and tickets.
-//! - [`client`]: a Rust client of the service.
+//! - [`source`]: the [`source::CdcSource`] seam; [`mssql`] reads SQL Server (feature `mssql`,
+//!   on by default) and [`sim`] is the embedded simulated database.
+//! - [`flight`]: the Flight service: planning, the stream producer, tickets.
+//! - The wire contract (LSNs, offsets, the JSON protocol, the client, the error vocabulary)
+//!   lives in the `mssql-cdc-proto` crate; its modules are re-exported here so the server
+//!   names them as `crate::lsn`, `crate::protocol`, and so on.
 
-pub mod chunking;
-pub mod client;
-pub mod error;
 pub mod flight;
-pub mod keys;
-pub mod lsn;
+#[cfg(feature = "mssql")]
 pub mod mssql;
-pub mod offset;
 pub mod sim;
 pub mod source;
-pub mod types;
 
-pub use error::{Error, Result};
-
-/// Installs the ring rustls crypto provider for the process, for library callers that open
-/// TLS connections without [`init_process`] (two providers are compiled into the dependency
-/// tree, and rustls refuses to pick one). Installed already is fine.
-pub fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
+pub use mssql_cdc_proto::{
+    Error, Lsn, Result, catalog, chunking, client, error, install_crypto_provider, keys, lsn,
+    offset, protocol, status, types,
+};
+pub use offset::{CommitTime, Offset};
 
 /// Process setup shared by the project's binaries: installs the ring rustls crypto provider
 /// (two providers are compiled into the dependency tree, and rustls refuses to pick one) and
@@ -44,5 +37,3 @@ pub fn init_process(default_filter: &str) {
         .with_writer(std::io::stderr)
         .try_init();
 }
-pub use lsn::Lsn;
-pub use offset::{CommitTime, Offset};

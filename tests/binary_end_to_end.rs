@@ -7,9 +7,7 @@ use std::process::{Child, Command, Stdio};
 
 use mssql_cdc_flight::Offset;
 use mssql_cdc_flight::client::{CdcClient, ClientError};
-use mssql_cdc_flight::flight::protocol::{
-    ChangesCommand, InitialOffsetBody, LatestOffsetBody, LsnAnswer,
-};
+use mssql_cdc_flight::protocol::{ChangesCommand, InitialOffsetBody, LatestOffsetBody, LsnAnswer};
 use serde_json::json;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_mssql-cdc-flight");

@@ -13,11 +13,11 @@ use arrow_flight::{Criteria, Empty, FlightDescriptor, Ticket};
 use common::{FlightFixture, SimFixture, all_null, read_plan, read_range, row_count, stream_rows};
 use futures::TryStreamExt;
 use mssql_cdc_flight::client::ClientError;
-use mssql_cdc_flight::flight::protocol::{
+use mssql_cdc_flight::flight::ticket::TicketSigner;
+use mssql_cdc_flight::protocol::{
     CaptureInstanceInfo, ChangesCommand, Command, CountAnswer, InitialOffsetBody, LatestOffsetBody,
     LsnAnswer, PlanMetadata, TableCommand, TimeAnswer,
 };
-use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::sim::{CleanupDuringRead, Faults, KeyUpdateStyle};
 use mssql_cdc_flight::source::{CdcSource, Tile};
@@ -249,7 +249,10 @@ async fn list_flights_get_schema_and_list_actions() {
         .try_collect()
         .await
         .expect("list");
-    assert_eq!(actions.len(), mssql_cdc_flight::flight::ACTIONS.len());
+    assert_eq!(
+        actions.len(),
+        mssql_cdc_flight::flight::ActionKind::ALL.len()
+    );
     let flights: Vec<_> = raw
         .list_flights(Criteria::default())
         .await

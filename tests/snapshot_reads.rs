@@ -15,7 +15,7 @@ use common::{FlightFixture, SimFixture};
 use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::chunking::{self, BucketCounter};
 use mssql_cdc_flight::client::CdcClient;
-use mssql_cdc_flight::flight::protocol::{ChangesCommand, ChunkSpec, Completion, SnapshotCommand};
+use mssql_cdc_flight::protocol::{ChangesCommand, ChunkSpec, Completion, SnapshotCommand};
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::sim::{Faults, SnapshotHook};
 use mssql_cdc_flight::source::{KeyBucket, KeyExtent};

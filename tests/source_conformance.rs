@@ -600,6 +600,7 @@ async fn the_simulated_database_conforms() {
 }
 
 /// The same suite against a real SQL Server, when `MSSQL_CDC_TEST_URL` names one.
+#[cfg(feature = "mssql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_server_conforms() {
     let Ok(url) = std::env::var("MSSQL_CDC_TEST_URL") else {

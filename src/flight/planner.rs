@@ -11,10 +11,10 @@
 //! any DDL recorded inside the range.
 
 use crate::error::{Error, Result};
-use crate::flight::protocol::{
+use crate::lsn::Lsn;
+use crate::protocol::{
     ChangesCommand, DEFAULT_MIN_PARTITION_ROWS, MAX_PARTITIONS, PlanMetadata, RangeEvent, RangeInfo,
 };
-use crate::lsn::Lsn;
 use crate::source::{CaptureInstance, CdcSource, TableName};
 use crate::types::{OutputColumn, RESERVED_COLUMN_NAMES, SqlType};
 

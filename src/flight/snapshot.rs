@@ -7,28 +7,21 @@
 //! (`snapshot_lsn`) with `max_lsn` after the read. Tickets hold no stamp, so a replayed
 //! ticket reads the rows again under a new stamp, which is what a rerun wave wants.
 
-use std::sync::Arc;
-use std::time::Instant;
-
-use arrow::record_batch::RecordBatch;
-use arrow_flight::error::FlightError;
-use arrow_flight::{FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
-use futures::StreamExt;
-use tokio::sync::{mpsc, oneshot};
+use arrow_flight::{FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
 
 use super::planner;
-use super::protocol::{
-    COMPLETION_TYPE, ChunkSpec, Completion, DEFAULT_BATCH_ROWS, MAX_PARTITIONS, SnapshotCommand,
-    SnapshotEndpointMetadata, SnapshotPlanMetadata,
-};
 use super::ticket::{
     SnapshotPieceTicket, SnapshotTicket, TicketBody, TicketColumn, TicketKind, TicketSigner,
 };
-use super::{compression_code, flight_error, json_bytes};
+use super::{compression_code, json_bytes};
 use crate::chunking::{self, BucketCounter};
 use crate::error::{Error, Result};
 use crate::keys::{
     Bound, KeyColumn, KeyTuple, KeyValue, KeysetRange, check_tuple, resolve_columns,
+};
+use crate::protocol::{
+    ChunkSpec, DEFAULT_BATCH_ROWS, MAX_PARTITIONS, SnapshotCommand, SnapshotEndpointMetadata,
+    SnapshotPlanMetadata,
 };
 use crate::source::{
     CaptureInstance, CdcSource, KeyBucket, KeyRange, SnapshotPiece, SnapshotRead, TableName,
@@ -337,61 +330,4 @@ pub fn ticket_read(ticket: &SnapshotTicket) -> Result<SnapshotRead> {
             .unwrap_or(usize::MAX)
             .max(1),
     })
-}
-
-/// Stamps and reads a snapshot into `batches`; sends the completion marker to `done` only
-/// when every row was read.
-pub async fn produce(
-    source: Arc<dyn CdcSource>,
-    mut read: SnapshotRead,
-    batches: mpsc::Sender<std::result::Result<RecordBatch, FlightError>>,
-    done: oneshot::Sender<FlightData>,
-) {
-    let started = Instant::now();
-    let outcome = async {
-        // P1: the stamp is recorded before the read, so the read sees every commit up to it.
-        read.stamp = source.snapshot_lsn(&read.table).await?;
-        read.stamp_time = source.lsn_to_time(read.stamp).await?;
-        let stamp = read.stamp;
-        let capture_instance = read.capture_instance.clone();
-        let mut stream = source.read_snapshot(read).await?;
-        let (mut rows, mut bytes) = (0u64, 0u64);
-        while let Some(batch) = stream.next().await {
-            let batch = batch?;
-            rows += batch.num_rows() as u64;
-            bytes += crate::types::batch_slice_size(&batch) as u64;
-            if batches.send(Ok(batch)).await.is_err() {
-                return Ok(None);
-            }
-        }
-        let max_lsn = source.max_lsn().await?;
-        let max_commit_ts = match max_lsn {
-            Some(lsn) => source.lsn_to_time(lsn).await?,
-            None => None,
-        };
-        Ok(Some(Completion {
-            kind: COMPLETION_TYPE.into(),
-            min_lsn: source.min_lsn(&capture_instance).await?,
-            capture_instance,
-            from: stamp,
-            to: stamp,
-            rows,
-            bytes,
-            seconds: started.elapsed().as_secs_f64(),
-            max_lsn,
-            max_commit_ts,
-            snapshot_lsn: Some(stamp),
-        }))
-    }
-    .await;
-    match outcome {
-        Ok(Some(completion)) => {
-            tracing::debug!(rows = completion.rows, stamp = ?completion.snapshot_lsn, "snapshot served");
-            let _ = done.send(FlightData::new().with_app_metadata(json_bytes(&completion)));
-        }
-        Ok(None) => tracing::debug!("client closed the snapshot stream before its end"),
-        Err(error) => {
-            let _ = batches.send(Err(flight_error(&error))).await;
-        }
-    }
 }

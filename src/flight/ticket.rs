@@ -4,157 +4,20 @@
 //! the output columns with their types, batch bounds), so any replica holding the ticket
 //! key can redeem it and no server state is needed between planning and reading. The bytes
 //! are `[version: 1 byte][TicketBody as protobuf][HMAC-SHA256 of the two, 32 bytes]`; the
-//! protobuf messages are those of `proto/mssql_cdc_flight.proto`. A ticket edited by a
-//! client, or signed with another key, is refused.
+//! protobuf messages are those of `proto/mssql_cdc_flight.proto`, generated in the contract
+//! crate ([`mssql_cdc_proto::ticket`]). A ticket edited by a client, or signed with another
+//! key, is refused.
 
 use ring::hmac;
 
 use crate::error::{Error, Result};
+pub use mssql_cdc_proto::ticket::{
+    ChangeRangeTicket, SnapshotPieceTicket, SnapshotTicket, TicketBody, TicketColumn, TicketKind,
+};
 
 /// The ticket format this build writes and reads.
 pub const TICKET_VERSION: u8 = 1;
 const SIGNATURE_LEN: usize = 32;
-
-/// One output column of a ticket (`TicketColumn`).
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct TicketColumn {
-    /// Column name.
-    #[prost(string, tag = "1")]
-    pub name: String,
-    /// SQL Server type the column is served as (`decimal(18,4)`, ...).
-    #[prost(string, tag = "2")]
-    pub sql_type: String,
-}
-
-impl TicketColumn {
-    /// The ticket form of an output column.
-    pub fn of(column: &crate::types::OutputColumn) -> Self {
-        TicketColumn {
-            name: column.name.clone(),
-            sql_type: column.sql_type.to_string(),
-        }
-    }
-
-    /// The output columns a ticket names; a type that does not parse is a malformed ticket.
-    pub fn to_output(columns: &[TicketColumn]) -> Result<Vec<crate::types::OutputColumn>> {
-        columns
-            .iter()
-            .map(|column| {
-                Ok(crate::types::OutputColumn {
-                    name: column.name.clone(),
-                    sql_type: column.sql_type.parse().map_err(
-                        |error: crate::types::SqlTypeParseError| {
-                            Error::TicketMalformed(error.to_string())
-                        },
-                    )?,
-                })
-            })
-            .collect()
-    }
-}
-
-/// A change range to read (`ChangeRangeTicket`).
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct ChangeRangeTicket {
-    /// Source table, `schema.table`.
-    #[prost(string, tag = "1")]
-    pub table: String,
-    /// Capture instance to read.
-    #[prost(string, tag = "2")]
-    pub capture_instance: String,
-    /// First commit LSN read (inclusive), 10 bytes.
-    #[prost(bytes = "vec", tag = "3")]
-    pub from_lsn: Vec<u8>,
-    /// Last commit LSN read (inclusive), 10 bytes.
-    #[prost(bytes = "vec", tag = "4")]
-    pub to_lsn: Vec<u8>,
-    /// Output columns after the metadata columns.
-    #[prost(message, repeated, tag = "5")]
-    pub columns: Vec<TicketColumn>,
-    /// Whether `_command_id` is served.
-    #[prost(bool, tag = "6")]
-    pub include_command_id: bool,
-    /// Most rows per batch.
-    #[prost(uint64, tag = "7")]
-    pub batch_rows: u64,
-    /// Most bytes per batch.
-    #[prost(uint64, tag = "8")]
-    pub batch_bytes: u64,
-    /// IPC compression: 0 none, 1 LZ4 frame, 2 ZSTD.
-    #[prost(uint32, tag = "9")]
-    pub compression: u32,
-    /// Rows the plan counted in the range (informational; the marker has the real count).
-    #[prost(uint64, tag = "10")]
-    pub planned_rows: u64,
-}
-
-/// One key range of a snapshot ticket (`SnapshotPieceTicket`).
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct SnapshotPieceTicket {
-    /// Chunk number (`_chunk`); absent in a full snapshot.
-    #[prost(int32, optional, tag = "1")]
-    pub chunk: Option<i32>,
-    /// First key (inclusive); absent: unbounded.
-    #[prost(sint64, optional, tag = "2")]
-    pub lo: Option<i64>,
-    /// First key after the range; absent: unbounded.
-    #[prost(sint64, optional, tag = "3")]
-    pub hi: Option<i64>,
-    /// Keyset lower bound (inclusive), a JSON array, on the ticket's `keys`.
-    #[prost(string, optional, tag = "4")]
-    pub keyset_lo: Option<String>,
-    /// Keyset upper bound (exclusive), a JSON array.
-    #[prost(string, optional, tag = "5")]
-    pub keyset_hi: Option<String>,
-}
-
-/// A snapshot read (`SnapshotTicket`): the stamp is recorded when the ticket is redeemed.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct SnapshotTicket {
-    /// Source table, `schema.table`.
-    #[prost(string, tag = "1")]
-    pub table: String,
-    /// Capture instance the rows are served for.
-    #[prost(string, tag = "2")]
-    pub capture_instance: String,
-    /// Output columns after the metadata columns.
-    #[prost(message, repeated, tag = "3")]
-    pub columns: Vec<TicketColumn>,
-    /// Key ranges, read in order.
-    #[prost(message, repeated, tag = "4")]
-    pub pieces: Vec<SnapshotPieceTicket>,
-    /// Whether `_command_id` is served.
-    #[prost(bool, tag = "5")]
-    pub include_command_id: bool,
-    /// Most rows per batch.
-    #[prost(uint64, tag = "6")]
-    pub batch_rows: u64,
-    /// IPC compression: 0 none, 1 LZ4 frame, 2 ZSTD.
-    #[prost(uint32, tag = "7")]
-    pub compression: u32,
-    /// The columns keyset pieces are cut on; empty: every piece is an integer range.
-    #[prost(message, repeated, tag = "8")]
-    pub keys: Vec<TicketColumn>,
-}
-
-/// What a ticket reads (`TicketBody.kind`).
-#[derive(Clone, PartialEq, prost::Oneof)]
-pub enum TicketKind {
-    /// A change range of one capture instance.
-    #[prost(message, tag = "1")]
-    ChangeRange(ChangeRangeTicket),
-    /// Current rows of a table.
-    #[prost(message, tag = "2")]
-    Snapshot(SnapshotTicket),
-}
-
-/// The signed part of a ticket (`TicketBody`).
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct TicketBody {
-    /// What to read.
-    #[prost(oneof = "TicketKind", tags = "1, 2")]
-    pub kind: Option<TicketKind>,
-}
 
 /// Signs and verifies tickets with one HMAC-SHA256 key.
 #[derive(Clone)]

@@ -52,8 +52,8 @@ pub struct ColumnDef {
     pub column_id: i32,
     /// SQL Server type.
     #[serde(
-        serialize_with = "crate::source::serialize_sql_type",
-        deserialize_with = "crate::source::deserialize_sql_type"
+        serialize_with = "mssql_cdc_proto::catalog::serialize_sql_type",
+        deserialize_with = "mssql_cdc_proto::catalog::deserialize_sql_type"
     )]
     pub sql_type: SqlType,
     /// Whether NULL is allowed.

@@ -26,10 +26,10 @@ use std::time::Instant;
 
 use arrow::record_batch::RecordBatch;
 use mssql_cdc_flight::client::CdcClient;
-use mssql_cdc_flight::flight::protocol::ChangesCommand;
 use mssql_cdc_flight::sim::{Clock, SimDb, TableSpec, sample};
 use mssql_cdc_flight::source::TableName;
 use mssql_cdc_flight::{CommitTime, Lsn};
+use mssql_cdc_proto::protocol::ChangesCommand;
 use mssql_cdc_writer::bronze;
 use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::stream::{Stream, StreamConfig};

@@ -27,113 +27,43 @@ use crate::sidecar::SidecarConfig;
 use crate::snapshot::{self, SnapshotMode, SnapshotState};
 use crate::stream::StreamConfig;
 
-#[allow(missing_docs, clippy::all, clippy::unwrap_used)]
-mod generated {
-    include!(concat!(
-        env!("OUT_DIR"),
-        "/mssql_cdc.admin.SnapshotAdmin.rs"
-    ));
-}
+use mssql_cdc_proto::admin::SnapshotState as SnapshotStateMessage;
+pub use mssql_cdc_proto::admin::{
+    OpenRequest, PauseRequest, SnapshotAdmin, SnapshotAdminClient, SnapshotAdminServer,
+    TableRequest,
+};
 
-pub use generated::snapshot_admin_client::SnapshotAdminClient;
-pub use generated::snapshot_admin_server::{SnapshotAdmin, SnapshotAdminServer};
-
-/// `TableRequest`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct TableRequest {
-    /// `schema.table`.
-    #[prost(string, tag = "1")]
-    pub table: String,
-}
-
-/// `OpenRequest`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct OpenRequest {
-    /// `schema.table`.
-    #[prost(string, tag = "1")]
-    pub table: String,
-    /// `full` or `chunked`.
-    #[prost(string, tag = "2")]
-    pub mode: String,
-    /// A chunked re-snapshot even when a complete snapshot exists.
-    #[prost(bool, tag = "3")]
-    pub resnapshot: bool,
-}
-
-/// `PauseRequest`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct PauseRequest {
-    /// `schema.table`.
-    #[prost(string, tag = "1")]
-    pub table: String,
-    /// Why; shown by status.
-    #[prost(string, tag = "2")]
-    pub reason: String,
-}
-
-/// `SnapshotState`, the answer of every call.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct SnapshotStateMessage {
-    /// `schema.table`.
-    #[prost(string, tag = "1")]
-    pub table: String,
-    /// S.
-    #[prost(string, optional, tag = "2")]
-    pub snapshot: Option<String>,
-    /// `full` or `chunked`.
-    #[prost(string, optional, tag = "3")]
-    pub mode: Option<String>,
-    /// Chunks with their facts row.
-    #[prost(uint64, tag = "4")]
-    pub chunks_done: u64,
-    /// Chunks planned.
-    #[prost(uint64, optional, tag = "5")]
-    pub chunks_total: Option<u64>,
-    /// Completion row in.
-    #[prost(bool, tag = "6")]
-    pub done: bool,
-    /// Paused by an operator.
-    #[prost(bool, tag = "7")]
-    pub paused: bool,
-    /// `no_snapshot`, `open`, `paused` or `done`.
-    #[prost(string, tag = "8")]
-    pub state: String,
-    /// The operator's reason while paused.
-    #[prost(string, optional, tag = "9")]
-    pub reason: Option<String>,
-}
-
-impl SnapshotStateMessage {
-    fn of(table: &str, state: SnapshotState) -> Self {
-        SnapshotStateMessage {
-            table: table.to_string(),
-            snapshot: state.snapshot.map(|lsn| lsn.to_string()),
-            mode: state.mode,
-            chunks_done: state.chunks_done,
-            chunks_total: state.chunks_total,
-            done: state.done,
-            paused: state.paused,
-            state: state.state,
-            reason: state.reason,
-        }
+/// The wire form of a table's snapshot state.
+fn state_message(table: &str, state: SnapshotState) -> SnapshotStateMessage {
+    SnapshotStateMessage {
+        table: table.to_string(),
+        snapshot: state.snapshot.map(|lsn| lsn.to_string()),
+        mode: state.mode,
+        chunks_done: state.chunks_done,
+        chunks_total: state.chunks_total,
+        done: state.done,
+        paused: state.paused,
+        state: state.state,
+        reason: state.reason,
     }
+}
 
-    fn into_state(self) -> Result<SnapshotState> {
-        Ok(SnapshotState {
-            snapshot: self
-                .snapshot
-                .map(|text| text.parse())
-                .transpose()
-                .map_err(|error| WriterError::Internal(format!("admin answer: {error}")))?,
-            mode: self.mode,
-            chunks_done: self.chunks_done,
-            chunks_total: self.chunks_total,
-            done: self.done,
-            paused: self.paused,
-            state: self.state,
-            reason: self.reason,
-        })
-    }
+/// A snapshot state from its wire form.
+fn state_from_message(message: SnapshotStateMessage) -> Result<SnapshotState> {
+    Ok(SnapshotState {
+        snapshot: message
+            .snapshot
+            .map(|text| text.parse())
+            .transpose()
+            .map_err(|error| WriterError::Internal(format!("admin answer: {error}")))?,
+        mode: message.mode,
+        chunks_done: message.chunks_done,
+        chunks_total: message.chunks_total,
+        done: message.done,
+        paused: message.paused,
+        state: message.state,
+        reason: message.reason,
+    })
 }
 
 /// One admin request.
@@ -240,7 +170,7 @@ pub async fn call(
     };
     let mut endpoint = Endpoint::from_shared(url.to_string()).map_err(|e| unreachable(&e))?;
     if let Some(ca) = &access.ca_certificate {
-        mssql_cdc_flight::install_crypto_provider();
+        mssql_cdc_proto::install_crypto_provider();
         endpoint = endpoint
             .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))
             .map_err(|e| unreachable(&e))?;
@@ -300,7 +230,7 @@ pub async fn call(
         )),
         _ => WriterError::Internal(format!("admin service: {}", status.message())),
     })?;
-    answer.into_inner().into_state()
+    state_from_message(answer.into_inner())
 }
 
 /// The service over a sidecar's configuration.
@@ -343,7 +273,7 @@ impl AdminService {
         let config = self.table(table)?;
         tracing::info!(table, ?request, "admin request");
         let state = run_locally(&config, request).await.map_err(to_status)?;
-        Ok(tonic::Response::new(SnapshotStateMessage::of(table, state)))
+        Ok(tonic::Response::new(state_message(table, state)))
     }
 }
 
@@ -473,7 +403,7 @@ impl AdminServer {
     pub async fn serve(self, mut stop: tokio::sync::watch::Receiver<bool>) -> Result<()> {
         let mut builder = tonic::transport::Server::builder();
         if let Some(identity) = self.tls {
-            mssql_cdc_flight::install_crypto_provider();
+            mssql_cdc_proto::install_crypto_provider();
             builder = builder
                 .tls_config(ServerTlsConfig::new().identity(identity))
                 .map_err(|error| WriterError::invalid(format!("admin TLS identity: {error}")))?;

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mssql_cdc_flight::Offset;
+use mssql_cdc_proto::Offset;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, WriterError};

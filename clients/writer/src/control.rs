@@ -12,7 +12,7 @@ use arrow::array::{Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use deltalake::DeltaTableError;
 use deltalake::datafusion::prelude::{SessionContext, col};
 use deltalake::operations::merge::MergeBuilder;
-use mssql_cdc_flight::{CommitTime, Offset};
+use mssql_cdc_proto::{CommitTime, Offset};
 use url::Url;
 
 use crate::error::{Result, WriterError};

@@ -1,7 +1,7 @@
 //! The writer's error type.
 
-use mssql_cdc_flight::Lsn;
-use mssql_cdc_flight::client::ClientError;
+use mssql_cdc_proto::Lsn;
+use mssql_cdc_proto::client::ClientError;
 
 /// Result with the writer's [`WriterError`].
 pub type Result<T, E = WriterError> = std::result::Result<T, E>;

@@ -447,9 +447,9 @@ pub struct TableStatus {
     /// The checkpoint's last batch and whether it committed.
     pub last_batch: Option<(i64, bool)>,
     /// End offset of the last batch.
-    pub end: Option<mssql_cdc_flight::Offset>,
+    pub end: Option<mssql_cdc_proto::Offset>,
     /// The verdict.
-    pub verdict: Option<mssql_cdc_flight::CommitTime>,
+    pub verdict: Option<mssql_cdc_proto::CommitTime>,
     /// Seconds between now and the end offset's commit time.
     pub lag_seconds: Option<f64>,
     /// The newest snapshot: S, chunks done, chunks planned (chunked), complete.

@@ -24,14 +24,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::record_batch::RecordBatch;
-use mssql_cdc_flight::chunking::{self, BucketCounter};
-use mssql_cdc_flight::client::CdcClient;
-use mssql_cdc_flight::flight::protocol::{
+use mssql_cdc_proto::catalog::{KeyBucket, KeyExtent};
+use mssql_cdc_proto::chunking::{self, BucketCounter};
+use mssql_cdc_proto::client::CdcClient;
+use mssql_cdc_proto::keys::{Bound, KeyColumn, KeySeek, KeyTuple};
+use mssql_cdc_proto::protocol::{
     ChunkSpec, Completion, KeyBoundAnswer, KeyMaxAnswer, LsnAnswer, SnapshotCommand,
 };
-use mssql_cdc_flight::keys::{Bound, KeyColumn, KeySeek, KeyTuple};
-use mssql_cdc_flight::source::{KeyBucket, KeyExtent};
-use mssql_cdc_flight::{CommitTime, Lsn};
+use mssql_cdc_proto::{CommitTime, Lsn};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use url::Url;
@@ -212,14 +212,14 @@ impl BucketCounter for FlightCounter<'_> {
         lo: i64,
         hi: i64,
         width: u64,
-    ) -> mssql_cdc_flight::Result<Vec<KeyBucket>> {
+    ) -> mssql_cdc_proto::Result<Vec<KeyBucket>> {
         self.client
             .action(
                 "key_buckets",
                 &json!({"table": self.table, "lo": lo, "hi": hi, "width": width}),
             )
             .await
-            .map_err(|error| mssql_cdc_flight::Error::SourceUnavailable(error.to_string()))
+            .map_err(|error| mssql_cdc_proto::Error::SourceUnavailable(error.to_string()))
     }
 }
 
@@ -1570,7 +1570,7 @@ impl Snapshots {
 }
 
 /// An endpoint's stream being opened ahead of its read; dropped unread, it is cancelled.
-struct OpeningEndpoint(tokio::task::JoinHandle<Result<mssql_cdc_flight::client::EndpointReader>>);
+struct OpeningEndpoint(tokio::task::JoinHandle<Result<mssql_cdc_proto::client::EndpointReader>>);
 
 impl OpeningEndpoint {
     /// Starts opening the stream of endpoint `index`.
@@ -1585,7 +1585,7 @@ impl OpeningEndpoint {
         (index, OpeningEndpoint(opening))
     }
 
-    async fn reader(mut self) -> Result<mssql_cdc_flight::client::EndpointReader> {
+    async fn reader(mut self) -> Result<mssql_cdc_proto::client::EndpointReader> {
         (&mut self.0)
             .await
             .map_err(|error| WriterError::Internal(format!("opening a snapshot stream: {error}")))?

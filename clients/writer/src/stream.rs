@@ -23,11 +23,9 @@ use std::time::Instant;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use mssql_cdc_flight::client::CdcClient;
-use mssql_cdc_flight::flight::protocol::{
-    ChangesCommand, InitialOffsetBody, LatestOffsetBody, LsnAnswer,
-};
-use mssql_cdc_flight::{CommitTime, Lsn, Offset};
+use mssql_cdc_proto::client::CdcClient;
+use mssql_cdc_proto::protocol::{ChangesCommand, InitialOffsetBody, LatestOffsetBody, LsnAnswer};
+use mssql_cdc_proto::{CommitTime, Lsn, Offset};
 use serde_json::json;
 use url::Url;
 
@@ -125,7 +123,7 @@ fn micros_now() -> i64 {
 
 /// The variable naming the PEM file of the CA that signed the Flight server's certificate,
 /// read when the server URL is `https://` (the server binary's client commands read it too).
-pub const FLIGHT_CA_VARIABLE: &str = mssql_cdc_flight::client::TLS_CA_VARIABLE;
+pub const FLIGHT_CA_VARIABLE: &str = mssql_cdc_proto::client::TLS_CA_VARIABLE;
 
 /// Connects to the Flight server at `server`: plaintext for `http://`, TLS verified against
 /// the CA in [`FLIGHT_CA_VARIABLE`] for `https://` (refused without it, rather than trusting
@@ -141,7 +139,7 @@ pub async fn connect_server(server: &str) -> Result<CdcClient> {
         ))
     })?;
     let path = std::path::Path::new(&path);
-    let tls = mssql_cdc_flight::client::ClientTls::from_ca_file(path).map_err(|source| {
+    let tls = mssql_cdc_proto::client::ClientTls::from_ca_file(path).map_err(|source| {
         WriterError::Io {
             context: format!("reading {FLIGHT_CA_VARIABLE} {}", path.display()),
             source,
@@ -373,7 +371,7 @@ impl Stream {
         row.target = Some(self.config.target.clone());
         if let Some(last) = completions.last() {
             row.source_max_commit_ts = last.max_commit_ts.map(CommitTime::micros);
-            let watermark: mssql_cdc_flight::flight::protocol::TimeAnswer = self
+            let watermark: mssql_cdc_proto::protocol::TimeAnswer = self
                 .client
                 .action("lsn_to_time", &json!({"lsn": last.min_lsn}))
                 .await?;
@@ -632,7 +630,7 @@ impl Stream {
 
 /// A planned batch: its events, schema, rows counted and one ticket per endpoint.
 struct PlannedBatch {
-    events: Vec<mssql_cdc_flight::flight::protocol::RangeEvent>,
+    events: Vec<mssql_cdc_proto::protocol::RangeEvent>,
     schema: SchemaRef,
     rows: u64,
     tickets: Vec<arrow_flight::Ticket>,
@@ -647,6 +645,6 @@ struct BronzeTarget {
 /// What reading a batch's endpoints gathered.
 struct EndpointReads {
     totals: Totals,
-    completions: Vec<mssql_cdc_flight::flight::protocol::Completion>,
+    completions: Vec<mssql_cdc_proto::protocol::Completion>,
     files: Vec<deltalake::kernel::Add>,
 }

@@ -36,7 +36,7 @@ use deltalake::datafusion::execution::memory_pool::FairSpillPool;
 use deltalake::datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use deltalake::datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 use deltalake::kernel::StructField;
-use mssql_cdc_flight::{CommitTime, Lsn};
+use mssql_cdc_proto::{CommitTime, Lsn};
 use url::Url;
 
 use crate::control::{self, Granularity};
@@ -635,7 +635,7 @@ enum RangeKey {
 impl RangeKey {
     /// The kind of `key` in a `snapshot_open` plans row, when it is the snapshot's own key.
     fn of_open(open: &serde_json::Value, key: &str) -> Option<Self> {
-        use mssql_cdc_flight::types::SqlType;
+        use mssql_cdc_proto::types::SqlType;
         let parse = |text: &serde_json::Value| text.as_str()?.parse::<SqlType>().ok();
         // An integer plan records the key's extent.
         if open["column"].as_str() == Some(key) {

@@ -8,8 +8,8 @@
 //! so the stream has them (P4), and the rows inserted since do not pile into the last chunk.
 //! The same packing splits a full snapshot into partitions on the server.
 
+use crate::catalog::{KeyBucket, KeyRange};
 use crate::error::Result;
-use crate::source::{KeyBucket, KeyRange};
 
 /// Slices of the first grid.
 pub const GRID_SLICES: u64 = 1_024;

@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::flight::protocol::{
+use crate::protocol::{
     COMPLETION_TYPE, ChangesCommand, Command, Completion, PlanMetadata, SnapshotCommand,
     SnapshotPlanMetadata,
 };
@@ -150,8 +150,8 @@ impl CdcClient {
         let channel = endpoint
             .connect_timeout(Duration::from_secs(10))
             .tcp_nodelay(true)
-            .initial_stream_window_size(Some(crate::flight::STREAM_WINDOW))
-            .initial_connection_window_size(Some(crate::flight::CONNECTION_WINDOW))
+            .initial_stream_window_size(Some(crate::protocol::STREAM_WINDOW))
+            .initial_connection_window_size(Some(crate::protocol::CONNECTION_WINDOW))
             .connect()
             .await
             .map_err(|error| connect_error(error.to_string()))?;

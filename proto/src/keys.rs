@@ -59,8 +59,8 @@ pub struct KeyColumn {
     pub name: String,
     /// Its SQL Server type.
     #[serde(
-        serialize_with = "crate::source::serialize_sql_type",
-        deserialize_with = "crate::source::deserialize_sql_type"
+        serialize_with = "crate::catalog::serialize_sql_type",
+        deserialize_with = "crate::catalog::deserialize_sql_type"
     )]
     pub sql_type: SqlType,
 }
@@ -100,7 +100,7 @@ impl KeyColumn {
 pub fn resolve_columns(
     table: &str,
     names: &[String],
-    columns: &[crate::source::CapturedColumn],
+    columns: &[crate::catalog::CapturedColumn],
 ) -> Result<Vec<KeyColumn>> {
     if names.is_empty() {
         return Err(Error::invalid(format!(

@@ -21,6 +21,14 @@ pub const DEFAULT_MIN_PARTITION_ROWS: u64 = 50_000;
 /// Most partitions one plan may ask for.
 pub const MAX_PARTITIONS: u32 = 256;
 
+/// HTTP/2 flow-control window per stream, for the server and the Rust client. Fixed and large:
+/// the adaptive window sizes itself by the bandwidth-delay product, which on a fast, short link
+/// (loopback, a LAN) stays near the 64 KiB default and makes the sender wait for a window
+/// update every 64 KiB.
+pub const STREAM_WINDOW: u32 = 16 << 20;
+/// HTTP/2 connection-level window, shared by the streams of one connection.
+pub const CONNECTION_WINDOW: u32 = 64 << 20;
+
 /// A descriptor command (`FlightDescriptor.cmd`): a JSON object with a `type`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {
@@ -152,7 +160,7 @@ pub struct SnapshotPlanMetadata {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotEndpointMetadata {
     /// The key ranges the endpoint reads, with their chunk numbers.
-    pub pieces: Vec<crate::source::SnapshotPiece>,
+    pub pieces: Vec<crate::catalog::SnapshotPiece>,
 }
 
 /// `key_buckets` action body.
@@ -417,7 +425,7 @@ pub struct CaptureInstanceInfo {
     /// Creation time.
     pub create_date: CommitTime,
     /// Captured columns in order, `{"name", "column_id", "ordinal", "sql_type"}`.
-    pub columns: Vec<crate::source::CapturedColumn>,
+    pub columns: Vec<crate::catalog::CapturedColumn>,
     /// Unique index columns.
     pub index_columns: Vec<String>,
 }

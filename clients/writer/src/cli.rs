@@ -1,0 +1,301 @@
+//! The `mssql-cdc-writer` command line: every subcommand's flags, each with its environment
+//! variable (`MSSQL_CDC_WRITER_<FLAG>`; the server URL is `MSSQL_CDC_FLIGHT_URL`). Shared
+//! groups (`--server`, `--snapshot-keys`) are defined once and flattened.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Stream SQL Server CDC from an mssql-cdc-flight server into Delta tables.
+#[derive(Parser)]
+#[command(version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Commands,
+}
+
+#[derive(Subcommand)]
+pub enum Commands {
+    /// Stream one table (flags) or every table of a sidecar file (--config) into bronze,
+    /// facts and control.
+    Run(Box<RunArgs>),
+    /// Read waves of the open chunked snapshot of a table into bronze (see docs/snapshots.md).
+    Backfill(Box<BackfillArgs>),
+    /// Apply bronze's changes to a current-state silver table (see docs/silver.md).
+    Apply(Box<ApplyArgs>),
+    /// Open, inspect, pause or resume a table's snapshot (see docs/snapshots.md).
+    #[command(subcommand)]
+    Snapshot(Box<SnapshotCommand>),
+    /// Print each table of a sidecar file: last batch, end offset, verdict, lag.
+    Status {
+        /// The sidecar file.
+        #[arg(long, env = "MSSQL_CDC_WRITER_CONFIG")]
+        config: PathBuf,
+    },
+    /// The whole pipeline on the embedded default: a simulated CDC database with a workload,
+    /// the Flight server in process, and every table streamed into a local lake.
+    #[cfg(feature = "sim")]
+    Demo(DemoArgs),
+}
+
+#[derive(Subcommand)]
+pub enum SnapshotCommand {
+    /// Open a snapshot: `full` reads the whole table now, `chunked` records S and the key
+    /// extent and leaves the chunks to `backfill` (or the sidecar).
+    Open {
+        #[command(flatten)]
+        table: SnapshotTable,
+        /// full or chunked.
+        #[arg(long, default_value = "chunked", env = "MSSQL_CDC_WRITER_MODE")]
+        mode: String,
+        /// Open a chunked re-snapshot even when the table has a complete snapshot (silver is
+        /// rebuilt from it when it completes).
+        #[arg(long, env = "MSSQL_CDC_WRITER_RESNAPSHOT")]
+        resnapshot: bool,
+    },
+    /// The newest snapshot of the app id: mode, chunks done of total, paused or done (JSON).
+    Status {
+        #[command(flatten)]
+        table: SnapshotTable,
+    },
+    /// Pause the open chunked snapshot: every backfill stops before its next wave, in any
+    /// process, until `resume` (the wave being read finishes).
+    Pause {
+        #[command(flatten)]
+        table: SnapshotTable,
+        /// Why, recorded with the pause and shown by status.
+        #[arg(long, env = "MSSQL_CDC_WRITER_REASON")]
+        reason: Option<String>,
+    },
+    /// Resume a paused chunked snapshot.
+    Resume {
+        #[command(flatten)]
+        table: SnapshotTable,
+    },
+}
+
+#[derive(Args)]
+pub struct SnapshotTable {
+    /// A sidecar's admin service (`admin_listen` of its file): the call goes there and the
+    /// sidecar's own settings for the table apply; without it the lake is used directly.
+    #[arg(long, env = "MSSQL_CDC_WRITER_ADMIN")]
+    pub admin: Option<String>,
+    /// A file holding the admin service's bearer token (its `admin_token_file`).
+    #[arg(long, env = "MSSQL_CDC_WRITER_ADMIN_TOKEN_FILE", requires = "admin")]
+    pub admin_token_file: Option<PathBuf>,
+    /// PEM certificate of the CA that signed the admin service's certificate (`https://`).
+    #[arg(long, env = "MSSQL_CDC_WRITER_ADMIN_CA", requires = "admin")]
+    pub admin_ca: Option<PathBuf>,
+    /// The Flight server (used by `open`, `pause` and `resume`).
+    #[command(flatten)]
+    pub server: FlightServer,
+    /// Source table (schema.table).
+    #[arg(long, env = "MSSQL_CDC_WRITER_TABLE")]
+    pub table: String,
+    /// Bronze table location (its plans table lies beside it).
+    #[arg(
+        long,
+        required_unless_present = "admin",
+        env = "MSSQL_CDC_WRITER_TARGET"
+    )]
+    pub target: Option<String>,
+    /// Facts table location.
+    #[arg(
+        long,
+        required_unless_present = "admin",
+        env = "MSSQL_CDC_WRITER_FACTS"
+    )]
+    pub facts: Option<String>,
+    /// The stream's app id.
+    #[arg(
+        long,
+        required_unless_present = "admin",
+        env = "MSSQL_CDC_WRITER_APP_ID"
+    )]
+    pub app_id: Option<String>,
+    #[command(flatten)]
+    pub snapshot_keys: SnapshotKeys,
+}
+
+/// `--server`, shared by every command that reads the Flight server.
+#[derive(Args, Clone)]
+pub struct FlightServer {
+    /// Flight server URL (`https://` verifies the server against `MSSQL_CDC_FLIGHT_TLS_CA`).
+    #[arg(
+        id = "server",
+        long = "server",
+        env = "MSSQL_CDC_FLIGHT_URL",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    pub url: String,
+}
+
+/// `--snapshot-keys`, shared by the commands that can open or read a chunked snapshot.
+#[derive(Args, Clone)]
+pub struct SnapshotKeys {
+    /// Columns a chunked snapshot is cut on, comma-separated (unique or not; default the
+    /// unique index CDC uses; a table without one needs them).
+    #[arg(
+        long = "snapshot-keys",
+        value_delimiter = ',',
+        env = "MSSQL_CDC_WRITER_SNAPSHOT_KEYS"
+    )]
+    pub columns: Option<Vec<String>>,
+}
+
+#[derive(Args)]
+pub struct BackfillArgs {
+    #[command(flatten)]
+    pub server: FlightServer,
+    /// Source table (schema.table).
+    #[arg(long, env = "MSSQL_CDC_WRITER_TABLE")]
+    pub table: String,
+    /// Bronze table location (its plans table lies beside it).
+    #[arg(long, env = "MSSQL_CDC_WRITER_TARGET")]
+    pub target: String,
+    /// Facts table location.
+    #[arg(long, env = "MSSQL_CDC_WRITER_FACTS")]
+    pub facts: String,
+    /// The stream's app id.
+    #[arg(long, env = "MSSQL_CDC_WRITER_APP_ID")]
+    pub app_id: String,
+    /// Chunks read in parallel per round.
+    #[arg(long, default_value_t = 2, env = "MSSQL_CDC_WRITER_PARTITIONS")]
+    pub partitions: u32,
+    /// Most rows per chunk (the first call plans; later calls keep its plan).
+    #[arg(long, default_value_t = 100_000, env = "MSSQL_CDC_WRITER_CHUNK_ROWS")]
+    pub chunk_rows: u64,
+    /// Stop after this many waves.
+    #[arg(long, env = "MSSQL_CDC_WRITER_MAX_WAVES")]
+    pub max_waves: Option<u32>,
+    /// Seconds a wave aims at (whole rounds of --partitions chunks).
+    #[arg(
+        long,
+        default_value_t = 30.0,
+        env = "MSSQL_CDC_WRITER_TARGET_WAVE_SECONDS"
+    )]
+    pub target_wave_seconds: f64,
+    /// Pause while the stream's retention headroom is below this many hours (or unknown).
+    #[arg(long, env = "MSSQL_CDC_WRITER_MIN_HEADROOM_HOURS")]
+    pub min_headroom_hours: Option<f64>,
+    #[command(flatten)]
+    pub snapshot_keys: SnapshotKeys,
+}
+
+#[derive(Args)]
+pub struct ApplyArgs {
+    /// Source table (schema.table): names bronze's verdict in the control table.
+    #[arg(long, env = "MSSQL_CDC_WRITER_TABLE")]
+    pub table: String,
+    /// Bronze location (as the stream's --target).
+    #[arg(long, env = "MSSQL_CDC_WRITER_BRONZE")]
+    pub bronze: String,
+    /// Silver location.
+    #[arg(long, env = "MSSQL_CDC_WRITER_TARGET")]
+    pub target: String,
+    /// Key columns, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required = true,
+        env = "MSSQL_CDC_WRITER_KEYS"
+    )]
+    pub keys: Vec<String>,
+    /// Control table location.
+    #[arg(long, env = "MSSQL_CDC_WRITER_CONTROL")]
+    pub control: String,
+    /// Facts table location (needed for chunked snapshots and for silver's verdict).
+    #[arg(long, env = "MSSQL_CDC_WRITER_FACTS")]
+    pub facts: Option<String>,
+    /// Refuse bronze rows of any other capture instance.
+    #[arg(long, env = "MSSQL_CDC_WRITER_CAPTURE_INSTANCE")]
+    pub capture_instance: Option<String>,
+    /// Verdict granularity: minute, hour or day.
+    #[arg(long, default_value = "hour", env = "MSSQL_CDC_WRITER_GRANULARITY")]
+    pub granularity: String,
+}
+
+#[cfg(feature = "sim")]
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Directory of the simulated database and the lake (default: a new temporary one, kept).
+    #[arg(long, env = "MSSQL_CDC_WRITER_DIR")]
+    pub dir: Option<PathBuf>,
+    /// Workload commits before the first stream run, and again before the second.
+    #[arg(long, default_value_t = 2000, env = "MSSQL_CDC_WRITER_COMMITS")]
+    pub commits: u64,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub server: FlightServer,
+    /// Source table (schema.table).
+    #[arg(
+        long,
+        required_unless_present = "config",
+        env = "MSSQL_CDC_WRITER_TABLE"
+    )]
+    pub table: Option<String>,
+    /// Bronze table location (a path or an object-store URL).
+    #[arg(
+        long,
+        required_unless_present = "config",
+        env = "MSSQL_CDC_WRITER_TARGET"
+    )]
+    pub target: Option<String>,
+    /// Facts table location.
+    #[arg(
+        long,
+        required_unless_present = "config",
+        env = "MSSQL_CDC_WRITER_FACTS"
+    )]
+    pub facts: Option<String>,
+    /// Control table location (the completeness verdict).
+    #[arg(long, env = "MSSQL_CDC_WRITER_CONTROL")]
+    pub control: Option<String>,
+    /// Writer identity; a new checkpoint needs a new app id.
+    #[arg(
+        long,
+        required_unless_present = "config",
+        env = "MSSQL_CDC_WRITER_APP_ID"
+    )]
+    pub app_id: Option<String>,
+    /// Checkpoint directory.
+    #[arg(
+        long,
+        required_unless_present = "config",
+        env = "MSSQL_CDC_WRITER_CHECKPOINT"
+    )]
+    pub checkpoint: Option<PathBuf>,
+    /// A sidecar file listing many tables (see docs/writer.md); replaces the per-table flags.
+    #[arg(long, conflicts_with_all = ["table", "target", "facts", "app_id", "checkpoint"], env = "MSSQL_CDC_WRITER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Where a new checkpoint starts: earliest, latest, or an LSN already processed.
+    #[arg(long, default_value = "earliest", env = "MSSQL_CDC_WRITER_STARTING")]
+    pub starting: String,
+    /// Most commits per batch (default: up to max_lsn).
+    #[arg(long, env = "MSSQL_CDC_WRITER_MAX_COMMITS")]
+    pub max_commits: Option<u64>,
+    /// Endpoints read in parallel.
+    #[arg(long, default_value_t = 2, env = "MSSQL_CDC_WRITER_PARTITIONS")]
+    pub partitions: u32,
+    /// Verdict granularity: minute, hour or day.
+    #[arg(long, default_value = "hour", env = "MSSQL_CDC_WRITER_GRANULARITY")]
+    pub granularity: String,
+    /// Read to the max_lsn recorded at start, then exit (default: run until Ctrl-C).
+    #[arg(long, env = "MSSQL_CDC_WRITER_AVAILABLE_NOW")]
+    pub available_now: bool,
+    /// Seconds between polls when nothing is new (continuous mode).
+    #[arg(long, default_value_t = 5.0, env = "MSSQL_CDC_WRITER_POLL_SECONDS")]
+    pub poll_seconds: f64,
+    /// Skip purged changes (with a data_skipped facts row) instead of stopping. Loses changes.
+    #[arg(long, env = "MSSQL_CDC_WRITER_SKIP_DATA_LOSS")]
+    pub skip_data_loss: bool,
+    /// With a new checkpoint, snapshot the table first and start the stream at its S: `full`
+    /// (read now, one append) or `chunked` (opened now, read by `backfill` next to the stream).
+    #[arg(long, env = "MSSQL_CDC_WRITER_BOOTSTRAP")]
+    pub bootstrap: Option<String>,
+    #[command(flatten)]
+    pub snapshot_keys: SnapshotKeys,
+}

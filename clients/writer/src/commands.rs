@@ -1,0 +1,321 @@
+//! What each `mssql-cdc-writer` subcommand does with its parsed flags (`cli`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mssql_cdc_writer::control::Granularity;
+use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
+use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
+use mssql_cdc_writer::stream::{Stream, StreamConfig};
+use mssql_cdc_writer::{admin, sidecar};
+
+use crate::cli::{ApplyArgs, BackfillArgs, RunArgs, SnapshotCommand, SnapshotTable};
+
+/// `run`: one table from flags, or every table of a sidecar file.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    if let Some(path) = &args.config {
+        return run_sidecar(path, args.available_now).await;
+    }
+    let missing = || {
+        anyhow::anyhow!(
+            "--table, --target, --facts, --app-id and --checkpoint are required without --config"
+        )
+    };
+    {
+        let mut config = StreamConfig {
+            server: args.server.url,
+            table: args.table.ok_or_else(missing)?,
+            target: args.target.ok_or_else(missing)?,
+            facts: args.facts.ok_or_else(missing)?,
+            control: args.control,
+            app_id: args.app_id.ok_or_else(missing)?,
+            checkpoint: args.checkpoint.ok_or_else(missing)?,
+            starting: args.starting,
+            max_commits: args.max_commits,
+            partitions: args.partitions,
+            granularity: args.granularity.parse::<Granularity>()?,
+            fail_on_data_loss: !args.skip_data_loss,
+            snapshot_keys: args.snapshot_keys.columns,
+        };
+        if let Some(mode) = &args.bootstrap {
+            let mode: SnapshotMode = mode.parse()?;
+            if let Some(snapshot) = snapshot::bootstrap(&mut config, mode).await? {
+                println!("snapshot {snapshot} ({mode:?}); the stream starts after it");
+            }
+        }
+        let mut stream = Stream::connect(config).await?;
+        if args.available_now {
+            let outcomes = stream.run_available_now().await?;
+            let rows: u64 = outcomes.iter().map(|outcome| outcome.rows).sum();
+            println!("{} batches, {rows} rows", outcomes.len());
+            if let Some(last) = outcomes.last() {
+                println!(
+                    "offset {} verdict {:?}",
+                    last.end.to_json(),
+                    last.verdict.map(|time| time.to_iso_millis())
+                );
+            }
+        } else {
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            tokio::spawn(async move {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    let _ = stop.send(true);
+                }
+            });
+            let batches = stream
+                .run_continuous(Duration::from_secs_f64(args.poll_seconds), stopped)
+                .await?;
+            println!("stopped after {batches} batches");
+        }
+        anyhow::Ok(())
+    }
+}
+
+/// `apply`: bronze's changes into silver.
+pub async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
+    let config = ApplyConfig {
+        table: args.table,
+        bronze: args.bronze,
+        target: args.target,
+        capture_instance: args.capture_instance,
+        keys: args.keys,
+        control: args.control,
+        facts: args.facts,
+        granularity: args.granularity.parse()?,
+    };
+    let outcome = apply_changes(&config).await?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "rebuilt": outcome.rebuilt,
+            "applied_lsn": outcome.applied_lsn,
+            "finalized_until": outcome.finalized_until.map(|time| time.to_iso_millis()),
+            "bronze_found": outcome.bronze_found,
+        })
+    );
+    Ok(())
+}
+
+/// `snapshot open|status|pause|resume`, through a sidecar's admin service or on the lake.
+pub async fn snapshot_command(command: SnapshotCommand) -> anyhow::Result<()> {
+    let (table, request) = match command {
+        SnapshotCommand::Open {
+            table,
+            mode,
+            resnapshot,
+        } => {
+            let mode: SnapshotMode = mode.parse()?;
+            (table, admin::Request::Open(mode, resnapshot))
+        }
+        SnapshotCommand::Status { table } => (table, admin::Request::Status),
+        SnapshotCommand::Pause { table, reason } => (table, admin::Request::Pause(reason)),
+        SnapshotCommand::Resume { table } => (table, admin::Request::Resume),
+    };
+    let state = match &table.admin {
+        Some(url) => {
+            let access = admin::AdminAccess {
+                token: table
+                    .admin_token_file
+                    .as_deref()
+                    .map(admin::AdminToken::from_file)
+                    .transpose()?,
+                ca_certificate: table
+                    .admin_ca
+                    .as_ref()
+                    .map(|path| {
+                        std::fs::read(path).map_err(|error| {
+                            anyhow::anyhow!("reading --admin-ca {}: {error}", path.display())
+                        })
+                    })
+                    .transpose()?,
+            };
+            admin::call(url, &access, &table.table, request).await?
+        }
+        None => admin::run_locally(&snapshot_table_config(&table)?, request).await?,
+    };
+    println!("{}", serde_json::to_string(&state)?);
+    Ok(())
+}
+
+/// `backfill`: waves of the open chunked snapshot, with a progress line per wave.
+pub async fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
+    let config = snapshot_config(
+        args.server.url,
+        args.table,
+        args.target,
+        args.facts,
+        args.app_id,
+        args.partitions,
+        args.snapshot_keys.columns,
+    );
+    let options = BackfillOptions {
+        chunk_rows: args.chunk_rows,
+        max_waves: args.max_waves,
+        target_wave_seconds: args.target_wave_seconds,
+        min_headroom_hours: args.min_headroom_hours,
+    };
+    let status = Snapshots::connect(config)
+        .await?
+        .backfill_with_progress(&options, |progress| {
+            // One line per wave on stderr: a progress bar that survives logs and pipes.
+            let width = 30usize;
+            let filled = (progress.chunks_done as usize * width)
+                .checked_div(progress.chunks_total as usize)
+                .unwrap_or(0);
+            eprintln!(
+                "[{}{}] {}/{} chunks  wave {}  {:.0} rows/s  ETA {}",
+                "#".repeat(filled),
+                "-".repeat(width - filled),
+                progress.chunks_done,
+                progress.chunks_total,
+                progress.wave,
+                progress.rows_per_second,
+                progress
+                    .eta_seconds
+                    .map_or("?".to_string(), |seconds| format!("{seconds:.0} s")),
+            );
+        })
+        .await?;
+    println!("{}", serde_json::to_string(&status)?);
+    Ok(())
+}
+
+/// Every table of a sidecar file, until done (`--available-now`) or Ctrl-C.
+async fn run_sidecar(path: &std::path::Path, available_now: bool) -> anyhow::Result<()> {
+    let config = sidecar::SidecarConfig::load(path)?;
+    if available_now {
+        let mut failed = Vec::new();
+        for (table, result) in sidecar::run_available_now(&config).await {
+            match result {
+                Ok(outcomes) => {
+                    let rows: u64 = outcomes.iter().map(|outcome| outcome.rows).sum();
+                    println!("{table}: {} batches, {rows} rows", outcomes.len());
+                }
+                Err(error) => {
+                    println!("{table}: FAILED: {error}");
+                    failed.push(table);
+                }
+            }
+        }
+        if !failed.is_empty() {
+            anyhow::bail!(
+                "{} of {} tables failed: {}",
+                failed.len(),
+                config.tables.len(),
+                failed.join(", ")
+            );
+        }
+        return Ok(());
+    }
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = stop.send(true);
+        }
+    });
+    if let Some(server) = admin::AdminServer::bind(&config).await? {
+        println!("admin service on {}", server.local_addr()?);
+        let stopped = stopped.clone();
+        tokio::spawn(async move {
+            if let Err(error) = server.serve(stopped).await {
+                tracing::error!(%error, "the admin service stopped");
+            }
+        });
+    }
+    sidecar::run_continuous(&config, stopped).await;
+    Ok(())
+}
+
+/// `status`: one line per table of a sidecar file.
+pub async fn print_status(path: PathBuf) -> anyhow::Result<()> {
+    let config = sidecar::SidecarConfig::load(&path)?;
+    println!(
+        "{:<24} {:>10} {:<24} {:<24} {:>10}  snapshot",
+        "table", "batch", "end lsn", "finalized_until", "lag s"
+    );
+    for status in sidecar::status(&config).await? {
+        let batch = status
+            .last_batch
+            .map(|(id, committed)| {
+                if committed {
+                    id.to_string()
+                } else {
+                    format!("{id} (open)")
+                }
+            })
+            .unwrap_or_else(|| "-".into());
+        let snapshot = match &status.snapshot {
+            None => "-".to_string(),
+            Some(progress) if progress.done => format!("{} complete", progress.snapshot),
+            Some(progress) => format!(
+                "{} {:?} open: {}/{} chunks",
+                progress.snapshot,
+                progress.mode,
+                progress.chunks_done,
+                progress
+                    .chunks_total
+                    .map_or("?".to_string(), |total| total.to_string())
+            ),
+        };
+        println!(
+            "{:<24} {:>10} {:<24} {:<24} {:>10}  {snapshot}",
+            status.table,
+            batch,
+            status
+                .end
+                .map(|end| end.lsn.to_string())
+                .unwrap_or_else(|| "-".into()),
+            status
+                .verdict
+                .map(|time| time.to_iso_millis())
+                .unwrap_or_else(|| "-".into()),
+            status
+                .lag_seconds
+                .map(|lag| format!("{lag:.1}"))
+                .unwrap_or_else(|| "-".into()),
+        );
+    }
+    Ok(())
+}
+
+/// The stream configuration of a snapshot command run on the lake directly (no `--admin`).
+fn snapshot_table_config(table: &SnapshotTable) -> anyhow::Result<StreamConfig> {
+    let missing = || anyhow::anyhow!("--target, --facts and --app-id are needed without --admin");
+    Ok(snapshot_config(
+        table.server.url.clone(),
+        table.table.clone(),
+        table.target.clone().ok_or_else(missing)?,
+        table.facts.clone().ok_or_else(missing)?,
+        table.app_id.clone().ok_or_else(missing)?,
+        2,
+        table.snapshot_keys.columns.clone(),
+    ))
+}
+
+/// The stream configuration a snapshot command needs: its table, lake and app id (no
+/// checkpoint or control table: snapshots live in bronze, facts and the plans table).
+fn snapshot_config(
+    server: String,
+    table: String,
+    target: String,
+    facts: String,
+    app_id: String,
+    partitions: u32,
+    snapshot_keys: Option<Vec<String>>,
+) -> StreamConfig {
+    StreamConfig {
+        server,
+        table,
+        target,
+        facts,
+        control: None,
+        app_id,
+        checkpoint: PathBuf::new(),
+        starting: "earliest".into(),
+        max_commits: None,
+        partitions,
+        granularity: Granularity::Hour,
+        fail_on_data_loss: true,
+        snapshot_keys,
+    }
+}

@@ -1,0 +1,265 @@
+//! The catalog's wire types: what the service's planning answers say about tables, capture
+//! instances, keys and their extents. Every type here serializes to the JSON of
+//! docs/protocol.md; SQL types travel as their T-SQL text (`decimal(18,4)`).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::keys::KeysetRange;
+use crate::lsn::Lsn;
+use crate::offset::CommitTime;
+use crate::types::{OutputColumn, SqlType};
+
+/// A table name, `schema.table`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TableName {
+    /// The schema, `dbo` by default.
+    pub schema: String,
+    /// The table.
+    pub name: String,
+}
+
+impl TableName {
+    /// A table name from its parts.
+    pub fn new(schema: impl Into<String>, name: impl Into<String>) -> Self {
+        TableName {
+            schema: schema.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The default capture instance name SQL Server gives the table: `<schema>_<table>`.
+    pub fn default_capture_instance(&self) -> String {
+        format!("{}_{}", self.schema, self.name)
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.schema, self.name)
+    }
+}
+
+impl FromStr for TableName {
+    type Err = Error;
+
+    /// Parses `schema.table` or `table` (schema `dbo`); square brackets are stripped.
+    fn from_str(text: &str) -> Result<Self> {
+        let unbracket = |part: &str| {
+            part.trim()
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string()
+        };
+        let parts: Vec<&str> = text.split('.').collect();
+        let (schema, name) = match parts.as_slice() {
+            [name] => ("dbo".to_string(), unbracket(name)),
+            [schema, name] => (unbracket(schema), unbracket(name)),
+            _ => {
+                return Err(Error::invalid(format!(
+                    "table '{text}' must be written as schema.table, for example dbo.orders"
+                )));
+            }
+        };
+        if schema.is_empty() || name.is_empty() {
+            return Err(Error::invalid(format!(
+                "table '{text}' must be written as schema.table, for example dbo.orders"
+            )));
+        }
+        Ok(TableName { schema, name })
+    }
+}
+
+/// One column a capture instance captures (`sys.sp_cdc_get_captured_columns`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapturedColumn {
+    /// The column name.
+    pub name: String,
+    /// The source table's `column_id`.
+    pub column_id: i32,
+    /// Position in the change table (`column_ordinal`).
+    pub ordinal: i32,
+    /// The SQL Server type.
+    #[serde(with = "sql_type_text")]
+    pub sql_type: SqlType,
+}
+
+/// A capture instance of a tracked table (`sys.sp_cdc_help_change_data_capture`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureInstance {
+    /// The capture instance name.
+    pub name: String,
+    /// The source table.
+    pub table: TableName,
+    /// The commit LSN of its enable: from here on every commit of the table is captured.
+    pub start_lsn: Lsn,
+    /// When it was created (orders two instances of one table with `start_lsn`).
+    pub create_date: CommitTime,
+    /// Captured columns by ordinal.
+    pub columns: Vec<CapturedColumn>,
+    /// The columns of the unique index CDC uses (`index_column_list`); empty when none.
+    pub index_columns: Vec<String>,
+}
+
+impl CaptureInstance {
+    /// The captured columns as output columns, in capture order.
+    pub fn output_columns(&self) -> Vec<OutputColumn> {
+        self.columns
+            .iter()
+            .map(|column| OutputColumn {
+                name: column.name.clone(),
+                sql_type: column.sql_type.clone(),
+            })
+            .collect()
+    }
+}
+
+/// One DDL statement recorded for a capture instance (`sys.sp_cdc_get_ddl_history`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DdlEntry {
+    /// The capture instance it was recorded for.
+    pub capture_instance: String,
+    /// The commit LSN of the DDL.
+    pub ddl_lsn: Lsn,
+    /// Its commit time.
+    pub ddl_time: CommitTime,
+    /// The statement text.
+    pub ddl_command: String,
+}
+
+/// One tile of a range's change rows (the seed's NTILE split points).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tile {
+    /// The last commit LSN in the tile; the next tile starts after it.
+    pub last_lsn: Lsn,
+    /// Change rows in the tile.
+    pub rows: u64,
+}
+
+/// The key a snapshot is cut on and its extent, read before planning chunks
+/// (`SELECT MIN(key), MAX(key)` and the row estimate of `sys.dm_db_partition_stats`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyExtent {
+    /// The key column (the unique index CDC uses; one integer column).
+    pub column: String,
+    /// Its SQL Server type.
+    #[serde(with = "sql_type_text")]
+    pub sql_type: SqlType,
+    /// The smallest key; `None` when the table is empty.
+    pub min: Option<i64>,
+    /// The largest key; `None` when the table is empty.
+    pub max: Option<i64>,
+    /// Rows in the table (an estimate on SQL Server).
+    pub rows: u64,
+}
+
+/// Rows counted in one slice `[lo, hi)` of the key (`COUNT_BIG(*) ... GROUP BY` a grid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyBucket {
+    /// First key of the slice.
+    pub lo: i64,
+    /// First key after the slice (`None`: up to the largest key, BIGINT's maximum included).
+    pub hi: Option<i64>,
+    /// Rows whose key lies in the slice.
+    pub rows: u64,
+}
+
+impl KeyBucket {
+    /// Slice `index` of the grid `lo + i * width` with its rows (i128: a grid reaching
+    /// BIGINT's maximum does not overflow; a slice ending past it is open above).
+    pub fn slice(lo: i64, index: i128, width: u64, rows: u64) -> Self {
+        let start = i128::from(lo) + index * i128::from(width);
+        KeyBucket {
+            lo: i64::try_from(start).unwrap_or(i64::MAX),
+            hi: i64::try_from(start + i128::from(width)).ok(),
+            rows,
+        }
+    }
+}
+
+/// Checks the arguments of a `key_buckets` call: a grid of slices `width` keys wide over `[lo, hi]`.
+pub fn check_bucket_grid(lo: i64, hi: i64, width: u64) -> Result<()> {
+    if width == 0 || hi < lo {
+        return Err(Error::invalid(format!(
+            "key_buckets needs lo <= hi and width >= 1 (got lo {lo}, hi {hi}, width {width})"
+        )));
+    }
+    Ok(())
+}
+
+/// A half-open range of the key, `[lo, hi)`; `None` is unbounded on that side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRange {
+    /// Inclusive lower bound.
+    pub lo: Option<i64>,
+    /// Exclusive upper bound.
+    pub hi: Option<i64>,
+}
+
+impl KeyRange {
+    /// Whether `key` lies in the range.
+    pub fn contains(&self, key: i64) -> bool {
+        self.lo.is_none_or(|lo| key >= lo) && self.hi.is_none_or(|hi| key < hi)
+    }
+}
+
+/// One piece of a snapshot read: a key range, tagged with its chunk number (`_chunk`) in a
+/// chunked snapshot, untagged in a full one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotPiece {
+    /// The chunk number; `None` in a full snapshot.
+    pub chunk: Option<i32>,
+    /// The integer key range read (unbounded when `keyset` is set).
+    pub range: KeyRange,
+    /// The keyset range read, on the read's key columns, in a snapshot cut on keyset bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyset: Option<KeysetRange>,
+}
+
+mod sql_type_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::types::SqlType;
+
+    /// Writes a SQL type as its T-SQL text.
+    pub fn serialize<S: Serializer>(value: &SqlType, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&value.to_string())
+    }
+
+    /// Reads a SQL type from its T-SQL text.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<SqlType, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+pub use sql_type_text::{deserialize as deserialize_sql_type, serialize as serialize_sql_type};
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_parse_with_and_without_schema() {
+        assert_eq!(
+            "dbo.orders".parse::<TableName>().expect("ok"),
+            TableName::new("dbo", "orders")
+        );
+        assert_eq!(
+            "orders".parse::<TableName>().expect("ok"),
+            TableName::new("dbo", "orders")
+        );
+        assert_eq!(
+            "[sales].[order lines]".parse::<TableName>().expect("ok"),
+            TableName::new("sales", "order lines")
+        );
+        assert!("a.b.c".parse::<TableName>().is_err());
+        assert!(".orders".parse::<TableName>().is_err());
+        assert_eq!(
+            TableName::new("dbo", "orders").default_capture_instance(),
+            "dbo_orders"
+        );
+    }
+}

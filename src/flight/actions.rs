@@ -1,0 +1,310 @@
+//! The `do_action` planning calls: the one table naming them (with the descriptions
+//! `list_actions` shows) and their dispatch. Bodies and answers are JSON
+//! (`crate::protocol`); docs/protocol.md is the reference.
+
+use arrow_flight::Action;
+
+use super::{CdcFlightService, json_bytes, snapshot};
+use crate::error::{Error, Result};
+use crate::lsn::Lsn;
+use crate::offset::Offset;
+use crate::protocol::{
+    self, CaptureInstanceBody, CountAnswer, InitialOffsetBody, LatestOffsetBody, LsnAnswer,
+    LsnBody, NthCommitBody, RangeBody, TableBody, TimeAnswer, parse_body,
+};
+use crate::source::TableName;
+
+/// Declares [`ActionKind`] from one table of `Variant = "name": "description"`.
+macro_rules! actions {
+    ($($variant:ident = $name:literal: $description:expr,)+) => {
+        /// Every action `do_action` serves.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum ActionKind {
+            $(
+                #[doc = $description]
+                $variant,
+            )+
+        }
+
+        impl ActionKind {
+            /// Every action, in the order `list_actions` shows them.
+            pub const ALL: &[ActionKind] = &[$(ActionKind::$variant),+];
+
+            /// The action's name on the wire (`Action.type`).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(ActionKind::$variant => $name,)+
+                }
+            }
+
+            /// What the action takes and answers, for `list_actions`.
+            pub fn description(self) -> &'static str {
+                match self {
+                    $(ActionKind::$variant => $description,)+
+                }
+            }
+        }
+    };
+}
+
+actions! {
+    MaxLsn = "max_lsn": "{} -> {\"lsn\"}: sys.fn_cdc_get_max_lsn()",
+    MinLsn = "min_lsn": "{\"capture_instance\"} -> {\"lsn\"}: sys.fn_cdc_get_min_lsn(ci)",
+    IncrementLsn = "increment_lsn": "{\"lsn\"} -> {\"lsn\"}: sys.fn_cdc_increment_lsn",
+    DecrementLsn = "decrement_lsn": "{\"lsn\"} -> {\"lsn\"}: sys.fn_cdc_decrement_lsn",
+    LsnToTime = "lsn_to_time": "{\"lsn\"} -> {\"commit_ts\"}: commit time (UTC) of the commit at lsn",
+    NthCommitAfter = "nth_commit_after": "{\"lsn\", \"n\"} -> {\"lsn\"}: the n-th commit after lsn (or the last)",
+    CaptureInstances = "capture_instances": "{\"table\"} -> [capture instance]: the table's instances, oldest first",
+    DdlHistory = "ddl_history": "{\"capture_instance\", \"from\", \"to\"} -> [ddl]: DDL with from < lsn <= to",
+    SplitPoints = "split_points": "{\"capture_instance\", \"from\", \"to\", \"n\"} -> [{\"last_lsn\", \"rows\"}]",
+    CountChanges = "count_changes": "{\"capture_instance\", \"from\", \"to\"} -> {\"rows\"}: change rows in [from, to]",
+    InitialOffset = "initial_offset": "{\"table\", \"starting\"} -> offset: where a new stream starts",
+    LatestOffset = "latest_offset": "{\"start\", \"max_commits\", \"upper\"} -> offset: the end of the next range",
+    SnapshotLsn = "snapshot_lsn": "{\"table\"} -> {\"lsn\"}: the stamp a snapshot read now would get",
+    KeyExtent = "key_extent": "{\"table\"} -> {\"column\", \"sql_type\", \"min\", \"max\", \"rows\"}: the key and its extent",
+    KeyBuckets = "key_buckets": "{\"table\", \"lo\", \"hi\", \"width\"} -> [{\"lo\", \"hi\", \"rows\"}]: rows per key slice",
+    KeyMax = "key_max": "{\"table\", \"keys\"?} -> {\"keys\", \"unique\", \"max\"}: the columns a snapshot is cut on and the largest key",
+    KeyBound = "key_bound": "{\"table\", \"keys\"?, \"from\"?, \"from_inclusive\"?, \"to\"?, \"to_inclusive\"?, \"n\"} -> {\"bound\"}: the key of the (n + 1)-th row of a range, in the source's order",
+}
+
+impl ActionKind {
+    /// The action called `name`; an unknown name is refused with the known ones.
+    pub fn named(name: &str) -> Result<Self> {
+        ActionKind::ALL
+            .iter()
+            .copied()
+            .find(|kind| kind.name() == name)
+            .ok_or_else(|| {
+                let known: Vec<&str> = ActionKind::ALL.iter().map(|kind| kind.name()).collect();
+                Error::invalid(format!(
+                    "unknown action '{name}' (known: {})",
+                    known.join(", ")
+                ))
+            })
+    }
+}
+
+impl CdcFlightService {
+    /// Answers one action: its JSON body in, its JSON answer out.
+    pub(super) async fn action(&self, action: &Action) -> Result<bytes::Bytes> {
+        let kind = ActionKind::named(&action.r#type)?;
+        let name = kind.name();
+        let body = action.body.as_ref();
+        let source = self.source.as_ref();
+        Ok(match kind {
+            ActionKind::MaxLsn => {
+                parse_body::<serde_json::Map<String, serde_json::Value>>(name, body).and_then(
+                    |map| {
+                        map.is_empty()
+                            .then_some(())
+                            .ok_or_else(|| Error::invalid("max_lsn takes no fields"))
+                    },
+                )?;
+                json_bytes(&LsnAnswer {
+                    lsn: source.max_lsn().await?,
+                })
+            }
+            ActionKind::MinLsn => {
+                let body: CaptureInstanceBody = parse_body(name, body)?;
+                json_bytes(&LsnAnswer {
+                    lsn: Some(source.min_lsn(&body.capture_instance).await?),
+                })
+            }
+            ActionKind::IncrementLsn => {
+                let body: LsnBody = parse_body(name, body)?;
+                json_bytes(&LsnAnswer {
+                    lsn: Some(source.increment_lsn(body.lsn).await?),
+                })
+            }
+            ActionKind::DecrementLsn => {
+                let body: LsnBody = parse_body(name, body)?;
+                json_bytes(&LsnAnswer {
+                    lsn: Some(source.decrement_lsn(body.lsn).await?),
+                })
+            }
+            ActionKind::LsnToTime => {
+                let body: LsnBody = parse_body(name, body)?;
+                json_bytes(&TimeAnswer {
+                    commit_ts: source.lsn_to_time(body.lsn).await?,
+                })
+            }
+            ActionKind::NthCommitAfter => {
+                let body: NthCommitBody = parse_body(name, body)?;
+                if body.n == 0 {
+                    return Err(Error::invalid("nth_commit_after needs n >= 1"));
+                }
+                json_bytes(&LsnAnswer {
+                    lsn: source.nth_commit_after(body.lsn, body.n).await?,
+                })
+            }
+            ActionKind::CaptureInstances => {
+                let body: TableBody = parse_body(name, body)?;
+                let mut infos = Vec::new();
+                for instance in source.capture_instances(&body.table.parse()?).await? {
+                    infos.push(self.instance_info(instance).await?);
+                }
+                json_bytes(&infos)
+            }
+            ActionKind::DdlHistory => {
+                let body: RangeBody = parse_body(name, body)?;
+                check_range(&body)?;
+                json_bytes(
+                    &source
+                        .ddl_history(&body.capture_instance, body.from, body.to)
+                        .await?,
+                )
+            }
+            ActionKind::SplitPoints => {
+                let body: RangeBody = parse_body(name, body)?;
+                check_range(&body)?;
+                let n = body
+                    .n
+                    .ok_or_else(|| Error::invalid("split_points needs n"))?;
+                if n == 0 || n > protocol::MAX_PARTITIONS {
+                    return Err(Error::invalid(format!(
+                        "n must be 1 to {}",
+                        protocol::MAX_PARTITIONS
+                    )));
+                }
+                json_bytes(
+                    &source
+                        .split_points(&body.capture_instance, body.from, body.to, n)
+                        .await?,
+                )
+            }
+            ActionKind::SnapshotLsn => {
+                let body: TableBody = parse_body(name, body)?;
+                json_bytes(&LsnAnswer {
+                    lsn: Some(source.snapshot_lsn(&body.table.parse()?).await?),
+                })
+            }
+            ActionKind::KeyExtent => {
+                let body: TableBody = parse_body(name, body)?;
+                json_bytes(&source.key_extent(&body.table.parse()?).await?)
+            }
+            ActionKind::KeyBuckets => {
+                let body: protocol::KeyBucketsBody = parse_body(name, body)?;
+                if body.width == 0 || body.hi < body.lo {
+                    return Err(Error::invalid("key_buckets needs lo <= hi and width >= 1"));
+                }
+                let slices = (i128::from(body.hi) - i128::from(body.lo)) / i128::from(body.width);
+                if slices >= 100_000 {
+                    return Err(Error::invalid(
+                        "key_buckets answers at most 100,000 slices: widen the slices",
+                    ));
+                }
+                json_bytes(
+                    &source
+                        .key_buckets(&body.table.parse()?, body.lo, body.hi, body.width)
+                        .await?,
+                )
+            }
+            ActionKind::KeyMax => {
+                let body: protocol::KeyMaxBody = parse_body(name, body)?;
+                let table = body.table.parse()?;
+                let (keys, unique) =
+                    snapshot::table_keys(source, &table, body.keys.as_deref()).await?;
+                let max = source.key_max(&table, &keys).await?;
+                json_bytes(&protocol::KeyMaxAnswer { keys, unique, max })
+            }
+            ActionKind::KeyBound => {
+                let body: protocol::KeyBoundBody = parse_body(name, body)?;
+                let table = body.table.parse()?;
+                let (keys, _) = snapshot::table_keys(source, &table, body.keys.as_deref()).await?;
+                body.seek.check(&keys)?;
+                json_bytes(&protocol::KeyBoundAnswer {
+                    bound: source.key_bound(&table, &keys, &body.seek).await?,
+                })
+            }
+            ActionKind::CountChanges => {
+                let body: RangeBody = parse_body(name, body)?;
+                check_range(&body)?;
+                let tiles = source
+                    .split_points(&body.capture_instance, body.from, body.to, 1)
+                    .await?;
+                json_bytes(&CountAnswer {
+                    rows: tiles.iter().map(|tile| tile.rows).sum(),
+                })
+            }
+            ActionKind::InitialOffset => {
+                let body: InitialOffsetBody = parse_body(name, body)?;
+                json_bytes(&self.initial_offset(&body).await?)
+            }
+            ActionKind::LatestOffset => {
+                let body: LatestOffsetBody = parse_body(name, body)?;
+                json_bytes(&self.latest_offset(&body).await?)
+            }
+        })
+    }
+
+    async fn offset_at(&self, lsn: Lsn) -> Result<Offset> {
+        Ok(Offset::new(lsn, self.source.lsn_to_time(lsn).await?))
+    }
+
+    /// Where a new stream starts: `earliest` is just before the oldest instance's `min_lsn`
+    /// (so the first range starts at it); `latest` is `max_lsn`, or just before a newer
+    /// instance's start LSN the database has not reached yet.
+    async fn initial_offset(&self, body: &InitialOffsetBody) -> Result<Offset> {
+        let table: TableName = body.table.parse()?;
+        let instances = self.source.capture_instances(&table).await?;
+        match body.starting.as_deref().unwrap_or("earliest") {
+            "earliest" => {
+                let oldest = instances.first().ok_or_else(|| Error::TableNotFound {
+                    table: table.to_string(),
+                })?;
+                let min_lsn = self.source.min_lsn(&oldest.name).await?;
+                self.offset_at(min_lsn.decrement()).await
+            }
+            "latest" => {
+                let mut lsn = self.source.max_lsn().await?.unwrap_or(Lsn::ZERO);
+                for instance in &instances {
+                    if instance.start_lsn > lsn {
+                        lsn = lsn.max(instance.start_lsn.decrement());
+                    }
+                }
+                self.offset_at(lsn).await
+            }
+            explicit => {
+                let lsn: Lsn = explicit.parse().map_err(|error| {
+                    Error::invalid(format!(
+                        "starting must be earliest, latest or an LSN: {error}"
+                    ))
+                })?;
+                self.offset_at(lsn).await
+            }
+        }
+    }
+
+    /// The end of the next range: `max_lsn` (or `upper`), capped at `max_commits` commits
+    /// after `start`; `start` itself when nothing is newer.
+    async fn latest_offset(&self, body: &LatestOffsetBody) -> Result<Offset> {
+        if body.max_commits == Some(0) {
+            return Err(Error::invalid(
+                "max_commits must be at least 1; omit it to read up to max_lsn",
+            ));
+        }
+        let max_lsn = self.source.max_lsn().await?.unwrap_or(Lsn::ZERO);
+        let mut upper = body.upper.map_or(max_lsn, |upper| upper.min(max_lsn));
+        if let Some(start) = &body.start {
+            if upper <= start.lsn {
+                return Ok(*start);
+            }
+            if let Some(n) = body.max_commits
+                && let Some(nth) = self.source.nth_commit_after(start.lsn, n).await?
+            {
+                upper = upper.min(nth);
+            }
+        }
+        self.offset_at(upper).await
+    }
+}
+
+fn check_range(body: &RangeBody) -> Result<()> {
+    if body.from > body.to {
+        return Err(Error::invalid(format!(
+            "from {} is past to {}",
+            body.from, body.to
+        )));
+    }
+    Ok(())
+}

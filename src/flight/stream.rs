@@ -1,0 +1,232 @@
+//! The one `do_get` stream producer, shared by change ranges and snapshots.
+//!
+//! A spawned task reads the source into a bounded channel, so backpressure from the client
+//! reaches the source; the encoder turns the batches into Flight data; the completion marker
+//! (app_metadata only) follows the last batch, and only when the read was whole. A read that
+//! fails ends the stream with its status instead, and a client that leaves stops the task at
+//! its next send. What differs between the two kinds of read is what is checked around it:
+//!
+//! - a change range refuses a start CDC cleanup has already passed (`ChangesPurged`), and
+//!   after the read, a start cleanup passed meanwhile (`PurgedDuringRead`: rows may be missing);
+//! - a snapshot records its stamp `L = max_lsn` before the read (P1 of docs/snapshots.md), so
+//!   the read sees every commit up to it; the marker carries it as `snapshot_lsn`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::CompressionType;
+use arrow::ipc::writer::IpcWriteOptions;
+use arrow::record_batch::RecordBatch;
+use arrow_flight::FlightData;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use super::ticket::{ChangeRangeTicket, TicketColumn};
+use super::{flight_error, json_bytes};
+use crate::error::{Error, Result};
+use crate::lsn::Lsn;
+use crate::protocol::{COMPLETION_TYPE, Completion};
+use crate::source::{BatchStream, CdcSource, ChangeRead, SnapshotRead};
+use crate::types::{batch_slice_size, output_schema, snapshot_schema};
+
+/// The encoder's own split is off: it sizes batches by whole buffers, so a column sliced
+/// from an IPC segment would count the entire segment message and every batch would be cut
+/// into slivers. Sources bound batches by rows and bytes themselves (`batch_bytes`).
+const MAX_FLIGHT_DATA_SIZE: usize = usize::MAX;
+
+/// Batches the producer may read ahead of the encoder.
+const BATCHES_AHEAD: usize = 2;
+
+/// A response stream of the service.
+pub type BoxedStream<T> = BoxStream<'static, std::result::Result<T, Status>>;
+
+/// What one `do_get` reads.
+pub enum StreamRead {
+    /// A change range of one capture instance.
+    Changes(ChangeRead),
+    /// Current rows of a table, stamped when the stream opens.
+    Snapshot(SnapshotRead),
+}
+
+impl StreamRead {
+    /// The change range a ticket names.
+    pub fn changes(ticket: &ChangeRangeTicket) -> Result<Self> {
+        let lsn = |bytes: &[u8]| {
+            Lsn::try_from_slice(bytes).map_err(|error| Error::TicketMalformed(error.to_string()))
+        };
+        let usize_of = |value: u64| usize::try_from(value).unwrap_or(usize::MAX).max(1);
+        Ok(StreamRead::Changes(ChangeRead {
+            capture_instance: ticket.capture_instance.clone(),
+            from: lsn(&ticket.from_lsn)?,
+            to: lsn(&ticket.to_lsn)?,
+            columns: TicketColumn::to_output(&ticket.columns)?,
+            include_command_id: ticket.include_command_id,
+            batch_rows: usize_of(ticket.batch_rows),
+            batch_bytes: usize_of(ticket.batch_bytes),
+        }))
+    }
+
+    fn schema(&self) -> SchemaRef {
+        match self {
+            StreamRead::Changes(read) => output_schema(&read.columns, read.include_command_id),
+            StreamRead::Snapshot(read) => snapshot_schema(&read.columns, read.include_command_id),
+        }
+    }
+
+    fn capture_instance(&self) -> &str {
+        match self {
+            StreamRead::Changes(read) => &read.capture_instance,
+            StreamRead::Snapshot(read) => &read.capture_instance,
+        }
+    }
+
+    /// Checks what must hold before the read, then opens it.
+    async fn open(&mut self, source: &dyn CdcSource) -> Result<BatchStream> {
+        match self {
+            StreamRead::Changes(read) => {
+                let min_lsn = source.min_lsn(&read.capture_instance).await?;
+                if read.from < min_lsn {
+                    return Err(Error::ChangesPurged {
+                        capture_instance: read.capture_instance.clone(),
+                        requested: read.from,
+                        min_lsn,
+                        hint: String::new(),
+                    });
+                }
+                source.read_changes(read.clone()).await
+            }
+            StreamRead::Snapshot(read) => {
+                // P1: the stamp is recorded before the read, so the read sees every commit up
+                // to it.
+                read.stamp = source.snapshot_lsn(&read.table).await?;
+                read.stamp_time = source.lsn_to_time(read.stamp).await?;
+                source.read_snapshot(read.clone()).await
+            }
+        }
+    }
+
+    /// The completion marker of a whole read of `rows` rows and `bytes` bytes, after checking
+    /// what must still hold once the rows are out.
+    async fn completion(
+        &self,
+        source: &dyn CdcSource,
+        rows: u64,
+        bytes: u64,
+        started: Instant,
+    ) -> Result<Completion> {
+        let min_lsn = source.min_lsn(self.capture_instance()).await?;
+        let (from, to, snapshot_lsn) = match self {
+            StreamRead::Changes(read) => {
+                if min_lsn > read.from {
+                    return Err(Error::PurgedDuringRead {
+                        capture_instance: read.capture_instance.clone(),
+                        from: read.from,
+                        min_lsn,
+                    });
+                }
+                (read.from, read.to, None)
+            }
+            StreamRead::Snapshot(read) => (read.stamp, read.stamp, Some(read.stamp)),
+        };
+        let max_lsn = source.max_lsn().await?;
+        let max_commit_ts = match max_lsn {
+            Some(lsn) => source.lsn_to_time(lsn).await?,
+            None => None,
+        };
+        Ok(Completion {
+            kind: COMPLETION_TYPE.into(),
+            capture_instance: self.capture_instance().to_string(),
+            from,
+            to,
+            rows,
+            bytes,
+            seconds: started.elapsed().as_secs_f64(),
+            min_lsn,
+            max_lsn,
+            max_commit_ts,
+            snapshot_lsn,
+        })
+    }
+}
+
+/// The `do_get` response for `read`: its batches in IPC with `compression` (the ticket's
+/// code: 0 none, 1 LZ4 frame, 2 ZSTD), then its completion marker.
+pub fn respond(
+    source: Arc<dyn CdcSource>,
+    read: StreamRead,
+    compression: u32,
+) -> Result<BoxedStream<FlightData>> {
+    let schema = read.schema();
+    let options = ipc_options(compression)?;
+    let (batch_sender, batch_receiver) = mpsc::channel(BATCHES_AHEAD);
+    let (done_sender, done_receiver) = oneshot::channel();
+    tokio::spawn(produce(source, read, batch_sender, done_sender));
+    let data = FlightDataEncoderBuilder::new()
+        .with_schema(schema)
+        .with_options(options)
+        .with_max_flight_data_size(MAX_FLIGHT_DATA_SIZE)
+        .build(ReceiverStream::new(batch_receiver))
+        .map_err(Status::from);
+    let marker = futures::stream::once(done_receiver)
+        .filter_map(|marker| async move { marker.ok().map(Ok) });
+    Ok(data.chain(marker).boxed())
+}
+
+/// Reads `read` into `batches`; sends the completion marker to `done` only when the whole
+/// read succeeded, and an error into `batches` when it did not.
+async fn produce(
+    source: Arc<dyn CdcSource>,
+    mut read: StreamRead,
+    batches: mpsc::Sender<std::result::Result<RecordBatch, FlightError>>,
+    done: oneshot::Sender<FlightData>,
+) {
+    let started = Instant::now();
+    let outcome = async {
+        let mut stream = read.open(source.as_ref()).await?;
+        let (mut rows, mut bytes) = (0u64, 0u64);
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            rows += batch.num_rows() as u64;
+            bytes += batch_slice_size(&batch) as u64;
+            if batches.send(Ok(batch)).await.is_err() {
+                return Ok(None); // the client went away
+            }
+        }
+        read.completion(source.as_ref(), rows, bytes, started)
+            .await
+            .map(Some)
+    }
+    .await;
+    match outcome {
+        Ok(Some(completion)) => {
+            tracing::debug!(capture_instance = %completion.capture_instance, rows = completion.rows,
+                seconds = completion.seconds, snapshot = ?completion.snapshot_lsn, "stream served");
+            let _ = done.send(FlightData::new().with_app_metadata(json_bytes(&completion)));
+        }
+        Ok(None) => tracing::debug!("client closed the stream before its end"),
+        Err(error) => {
+            let _ = batches.send(Err(flight_error(&error))).await;
+        }
+    }
+}
+
+/// IPC options for a ticket's compression code.
+fn ipc_options(compression: u32) -> Result<IpcWriteOptions> {
+    let kind = match compression {
+        0 => None,
+        1 => Some(CompressionType::LZ4_FRAME),
+        2 => Some(CompressionType::ZSTD),
+        other => {
+            return Err(Error::TicketMalformed(format!(
+                "unknown compression {other}"
+            )));
+        }
+    };
+    Ok(IpcWriteOptions::default().try_with_compression(kind)?)
+}
