@@ -10,6 +10,7 @@ pub mod bronze;
 pub mod checkpoint;
 pub mod control;
 pub mod error;
+pub mod events;
 pub mod facts;
 pub mod sidecar;
 pub mod silver;

@@ -33,6 +33,7 @@ use crate::bronze;
 use crate::checkpoint::{BatchRecord, Checkpoint};
 use crate::control::{self, Granularity};
 use crate::error::{Result, WriterError};
+use crate::events;
 use crate::facts::{self, FactsRow, Totals};
 use crate::tables::{self, TableKind};
 
@@ -335,7 +336,7 @@ impl Stream {
                 tracing::warn!(table = %self.config.table, from = %skipped_from.lsn, to = %resume.lsn,
                     "changes purged before they were read were skipped (fail_on_data_loss = false)");
                 events.push(FactsRow {
-                    event: Some("data_skipped".into()),
+                    event: Some(events::DATA_SKIPPED.into()),
                     min_lsn: Some(resume.lsn.to_string()),
                     max_lsn: Some(resume.lsn.to_string()),
                     end_lsn: Some(resume.lsn.to_string()),

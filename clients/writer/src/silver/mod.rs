@@ -41,6 +41,7 @@ use url::Url;
 
 use crate::control::{self, Granularity};
 use crate::error::{Result, WriterError};
+use crate::events;
 use crate::tables::{self, TableKind};
 
 /// What `apply_changes` works on.
@@ -113,9 +114,14 @@ async fn snapshot_facts(facts: &Url, bronze: &str) -> Result<SnapshotFacts> {
     let rows = tables::query_text(
         facts,
         &format!(
-            "SELECT event, min_lsn, detail FROM t WHERE target = {} AND event IN \
-             ('snapshot_open', 'snapshot_chunk', 'bootstrap', 'resnapshot')",
-            text(bronze)
+            "SELECT event, min_lsn, detail FROM t WHERE target = {} AND event IN ({})",
+            text(bronze),
+            events::sql_list(&[
+                events::SNAPSHOT_OPEN,
+                events::SNAPSHOT_CHUNK,
+                events::BOOTSTRAP,
+                events::RESNAPSHOT,
+            ])
         ),
     )
     .await?;
@@ -125,14 +131,18 @@ async fn snapshot_facts(facts: &Url, bronze: &str) -> Result<SnapshotFacts> {
     let mut found = SnapshotFacts {
         complete: rows
             .iter()
-            .filter(|row| matches!(row[0].as_deref(), Some("bootstrap" | "resnapshot")))
+            .filter(|row| {
+                row[0]
+                    .as_deref()
+                    .is_some_and(|event| events::SNAPSHOT_COMPLETIONS.contains(&event))
+            })
             .filter_map(|row| row[1].clone())
             .max(),
         ..SnapshotFacts::default()
     };
     found.open = rows
         .iter()
-        .filter(|row| row[0].as_deref() == Some("snapshot_open"))
+        .filter(|row| row[0].as_deref() == Some(events::SNAPSHOT_OPEN))
         .filter(|row| detail(row)["mode"].as_str() == Some("chunked"))
         .filter_map(|row| row[1].clone())
         .filter(|open| found.complete.as_ref().is_none_or(|done| open > done))
@@ -140,7 +150,7 @@ async fn snapshot_facts(facts: &Url, bronze: &str) -> Result<SnapshotFacts> {
     if let Some(open) = &found.open {
         found.chunks = rows
             .iter()
-            .filter(|row| row[0].as_deref() == Some("snapshot_chunk"))
+            .filter(|row| row[0].as_deref() == Some(events::SNAPSHOT_CHUNK))
             .filter_map(|row| {
                 let detail = detail(row);
                 (detail["snapshot"].as_str() == Some(open.as_str())).then(|| {
@@ -543,9 +553,9 @@ async fn range_deletes(
     let rows = tables::query_text(
         &plans_url,
         &format!(
-            "SELECT event, detail FROM t WHERE snapshot = {} AND event IN \
-             ('snapshot_open', 'snapshot_chunk')",
-            text(open)
+            "SELECT event, detail FROM t WHERE snapshot = {} AND event IN ({})",
+            text(open),
+            events::sql_list(&[events::SNAPSHOT_OPEN, events::SNAPSHOT_CHUNK])
         ),
     )
     .await?;
@@ -560,7 +570,7 @@ async fn range_deletes(
         .collect();
     let Some(kind) = details
         .iter()
-        .filter(|(event, _)| event == "snapshot_open")
+        .filter(|(event, _)| event == events::SNAPSHOT_OPEN)
         .find_map(|(_, open)| RangeKey::of_open(open, key))
     else {
         return Ok(None);
@@ -569,7 +579,7 @@ async fn range_deletes(
     let mut stale = Vec::new();
     for (chunk, _, stamp) in new_chunks {
         let Some((_, planned)) = details.iter().find(|(event, detail)| {
-            event == "snapshot_chunk" && detail["chunk"].as_i64() == Some(i64::from(*chunk))
+            event == events::SNAPSHOT_CHUNK && detail["chunk"].as_i64() == Some(i64::from(*chunk))
         }) else {
             continue;
         };

@@ -1,0 +1,111 @@
+//! A full snapshot (ADR 0016): S recorded first, the whole table read in `partitions` streams
+//! into one bronze append (`<app_id>#snap.<S>`, version 0), then the `bootstrap` facts row; a
+//! rerun finds the row (or the append) and returns S without reading again. Also the bootstrap
+//! of a stream whose checkpoint is new.
+
+use std::time::Instant;
+
+use mssql_cdc_proto::Lsn;
+use mssql_cdc_proto::protocol::SnapshotCommand;
+use serde_json::json;
+
+use super::{FullSnapshot, SnapshotMode, Snapshots, micros_now, snapshot_event};
+use crate::error::Result;
+use crate::events;
+use crate::facts::FactsRow;
+use crate::stream::StreamConfig;
+
+/// Bootstraps a stream whose checkpoint is new: takes (or finds) the snapshot of `mode` and
+/// sets `config.starting` to its S, so the stream reads the changes after it. A checkpoint
+/// that holds a batch is left alone (the stream continues where it was); returns S when a
+/// snapshot was taken or found.
+pub async fn bootstrap(config: &mut StreamConfig, mode: SnapshotMode) -> Result<Option<Lsn>> {
+    if crate::checkpoint::Checkpoint::open(&config.checkpoint)?
+        .last()?
+        .is_some()
+    {
+        return Ok(None);
+    }
+    let snapshots = Snapshots::connect(config.clone()).await?;
+    let snapshot = match mode {
+        SnapshotMode::Full => snapshots.bootstrap_full().await?.snapshot,
+        SnapshotMode::Chunked => snapshots.open_chunked().await?,
+    };
+    config.starting = snapshot.to_string();
+    Ok(Some(snapshot))
+}
+
+impl Snapshots {
+    /// Takes a full snapshot (or returns the one an earlier run completed): the stream starts
+    /// after its S.
+    pub async fn bootstrap_full(&self) -> Result<FullSnapshot> {
+        let recorded = self.recorded().await?;
+        if let Some((snapshot, rows)) = recorded.completions.iter().max().copied() {
+            return Ok(FullSnapshot {
+                snapshot,
+                rows,
+                reused: true,
+            });
+        }
+        Self::mode_lock(&recorded, SnapshotMode::Full)?;
+        // A full snapshot an earlier run opened and crashed in keeps its S.
+        let snapshot = match recorded
+            .opens
+            .iter()
+            .filter(|(_, mode)| *mode == SnapshotMode::Full)
+            .map(|(lsn, _)| *lsn)
+            .max()
+        {
+            Some(open) => open,
+            None => self.stamp().await?,
+        };
+        let detail = json!({"mode": "full", "kind": events::BOOTSTRAP, "generation": 0});
+        self.append_facts(
+            &self.txn("snapopen", snapshot),
+            0,
+            vec![FactsRow {
+                rows: Some(0),
+                detail: Some(detail.to_string()),
+                ..snapshot_event(events::SNAPSHOT_OPEN, snapshot)
+            }],
+        )
+        .await?;
+        crate::stream::crash_point("after_snapshot_open", 0);
+        let started_at = micros_now();
+        let clock = Instant::now();
+        let bronze_txn = self.txn("snap", snapshot);
+        let rows = match self.held_by_bronze(&bronze_txn, 0).await? {
+            true => self
+                .count_snapshot_rows(snapshot, None)
+                .await?
+                .iter()
+                .map(|c| c.1)
+                .sum(),
+            false => {
+                let mut command = SnapshotCommand::new(self.config.table.clone());
+                command.partitions = Some(self.config.partitions.max(1));
+                let read = self
+                    .read_into_bronze(snapshot, command, &bronze_txn, 0)
+                    .await?;
+                read.rows.iter().sum()
+            }
+        };
+        self.append_facts(
+            &self.txn("snapdone", snapshot),
+            0,
+            vec![FactsRow {
+                rows: Some(rows as i64),
+                started_at: Some(started_at),
+                duration_ms: Some(clock.elapsed().as_millis() as i64),
+                detail: Some(json!({"mode": "full", "snapshot": snapshot}).to_string()),
+                ..snapshot_event(events::BOOTSTRAP, snapshot)
+            }],
+        )
+        .await?;
+        Ok(FullSnapshot {
+            snapshot,
+            rows,
+            reused: false,
+        })
+    }
+}

@@ -1,0 +1,155 @@
+//! Opening a chunked snapshot (or a re-snapshot, its next generation): S and the key's extent
+//! (or the keyset and its largest key) recorded in the plans table with a `snapshot_open`
+//! facts row, before any chunk is read; the stream may start at S at once.
+
+use mssql_cdc_proto::Lsn;
+use mssql_cdc_proto::catalog::KeyExtent;
+use mssql_cdc_proto::protocol::KeyMaxAnswer;
+use serde_json::json;
+
+use super::recorded::Recorded;
+use super::status::{SnapshotState, state};
+use super::{KeysetOpen, SnapshotMode, Snapshots, snapshot_event};
+use crate::error::{Result, WriterError};
+use crate::events;
+use crate::facts::FactsRow;
+use crate::stream::StreamConfig;
+
+/// Opens a snapshot of `mode` for the table of `config` (a full one is read now); with
+/// `resnapshot`, a chunked re-snapshot even when a complete snapshot exists.
+pub async fn open(
+    config: &StreamConfig,
+    mode: SnapshotMode,
+    resnapshot: bool,
+) -> Result<SnapshotState> {
+    let snapshots = Snapshots::connect(config.clone()).await?;
+    match (mode, resnapshot) {
+        (SnapshotMode::Full, false) => {
+            snapshots.bootstrap_full().await?;
+        }
+        (SnapshotMode::Full, true) => {
+            return Err(WriterError::invalid(
+                "re-snapshots are chunked in this release: use --mode chunked --resnapshot",
+            ));
+        }
+        (SnapshotMode::Chunked, false) => {
+            snapshots.open_chunked().await?;
+        }
+        (SnapshotMode::Chunked, true) => {
+            snapshots.open_resnapshot().await?;
+        }
+    }
+    state(config).await
+}
+
+impl Snapshots {
+    /// Opens a chunked snapshot (or returns the S of the open or complete one an earlier run
+    /// recorded): the stream starts after S at once, [`Snapshots::backfill`] reads the rows.
+    pub async fn open_chunked(&self) -> Result<Lsn> {
+        let recorded = self.recorded().await?;
+        if let Some(open) = Self::open_chunked_of(&recorded) {
+            return Ok(open);
+        }
+        if let Some((done, _)) = recorded.completions.iter().max() {
+            return Ok(*done);
+        }
+        self.open_chunked_generation(&recorded, None).await
+    }
+
+    /// Opens a chunked **re-snapshot** of a table that has a complete snapshot (generation
+    /// 1 and later): a new S, its own plan and waves, and a `resnapshot` completion row after
+    /// the last chunk, from which silver is rebuilt (every key the new snapshot lacks, rows
+    /// deleted meanwhile included, leaves silver). The stream goes on untouched. An open
+    /// chunked snapshot is returned as it is; without a complete snapshot this is a chunked
+    /// bootstrap.
+    pub async fn open_resnapshot(&self) -> Result<Lsn> {
+        let recorded = self.recorded().await?;
+        if let Some(open) = Self::open_chunked_of(&recorded) {
+            return Ok(open);
+        }
+        let Some(previous) = recorded.completions.iter().map(|(lsn, _)| *lsn).max() else {
+            return self.open_chunked_generation(&recorded, None).await;
+        };
+        self.open_chunked_generation(&recorded, Some(previous))
+            .await
+    }
+
+    /// Records a new chunked snapshot: generation 0, or a re-snapshot after `previous`.
+    pub(super) async fn open_chunked_generation(
+        &self,
+        recorded: &Recorded,
+        previous: Option<Lsn>,
+    ) -> Result<Lsn> {
+        Self::mode_lock(recorded, SnapshotMode::Chunked)?;
+        let snapshot = self.stamp().await?;
+        if let Some(previous) = previous
+            && snapshot <= previous
+        {
+            return Err(WriterError::invalid(format!(
+                "{}: no commit since snapshot {previous} (max_lsn is {snapshot}); a re-snapshot \
+                 would read the same rows",
+                self.config.table
+            )));
+        }
+        let generation = recorded
+            .opens
+            .iter()
+            .map(|(lsn, _)| *lsn)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        let kind = events::completion(previous.is_some());
+        // The columns to cut on, checked and typed by the server, and MAX read after S.
+        let cut: KeyMaxAnswer = self
+            .client
+            .action(
+                "key_max",
+                &json!({"table": self.config.table, "keys": self.config.snapshot_keys}),
+            )
+            .await?;
+        let (open_detail, key_names) = match cut.keys.as_slice() {
+            // One integer unique key: chunks packed from counted slices.
+            [key] if cut.unique && key.is_integer() => {
+                let extent: KeyExtent = self
+                    .client
+                    .action("key_extent", &json!({"table": self.config.table}))
+                    .await?;
+                let names = vec![extent.column.clone()];
+                (serde_json::to_value(&extent).unwrap_or_default(), names)
+            }
+            _ => {
+                let open = KeysetOpen {
+                    kind: "keyset".into(),
+                    keys: cut.keys,
+                    unique: cut.unique,
+                    max: cut.max,
+                };
+                let names = open.names();
+                (serde_json::to_value(&open).unwrap_or_default(), names)
+            }
+        };
+        let txn = self.txn("snapopen", snapshot);
+        // Plans first: the key values live beside bronze, not in the facts.
+        self.append_plans(
+            &txn,
+            0,
+            snapshot,
+            vec![(events::SNAPSHOT_OPEN, open_detail)],
+        )
+        .await?;
+        self.append_facts(
+            &txn,
+            0,
+            vec![FactsRow {
+                rows: Some(0),
+                detail: Some(
+                    json!({"mode": "chunked", "kind": kind, "generation": generation, "keys": key_names})
+                        .to_string(),
+                ),
+                ..snapshot_event(events::SNAPSHOT_OPEN, snapshot)
+            }],
+        )
+        .await?;
+        tracing::info!(table = %self.config.table, %snapshot, kind, generation, "chunked snapshot opened");
+        Ok(snapshot)
+    }
+}

@@ -1,0 +1,277 @@
+//! Planning a chunked snapshot's chunks on its first backfill: counted key slices packed into
+//! chunks of at most `chunk_rows` (an integer key, through the server's `key_buckets`), or
+//! keyset bounds sought on the server (`key_bound`) for composite and text keys; the plan is
+//! recorded once and every later call keeps it.
+
+use mssql_cdc_proto::Lsn;
+use mssql_cdc_proto::catalog::{KeyBucket, KeyExtent};
+use mssql_cdc_proto::chunking::{self, BucketCounter};
+use mssql_cdc_proto::client::CdcClient;
+use mssql_cdc_proto::keys::{Bound, KeySeek, KeyTuple};
+use mssql_cdc_proto::protocol::KeyBoundAnswer;
+use serde_json::json;
+
+use super::{KeysetOpen, PlannedChunk, PlansRows, Snapshots, keyset_of, plans_location};
+use crate::error::{Result, WriterError};
+use crate::events;
+use crate::facts::FactsRow;
+
+/// Counts key slices through the server's `key_buckets` action.
+pub(super) struct FlightCounter<'a> {
+    pub(super) client: &'a CdcClient,
+    pub(super) table: &'a str,
+}
+
+#[async_trait::async_trait]
+impl BucketCounter for FlightCounter<'_> {
+    async fn buckets(
+        &self,
+        lo: i64,
+        hi: i64,
+        width: u64,
+    ) -> mssql_cdc_proto::Result<Vec<KeyBucket>> {
+        self.client
+            .action(
+                "key_buckets",
+                &json!({"table": self.table, "lo": lo, "hi": hi, "width": width}),
+            )
+            .await
+            .map_err(|error| mssql_cdc_proto::Error::SourceUnavailable(error.to_string()))
+    }
+}
+
+impl Snapshots {
+    /// The plan of an open snapshot (`recorded`: its plans rows): made and recorded on the
+    /// first call, read back after.
+    pub(super) async fn plan(
+        &self,
+        snapshot: Lsn,
+        recorded: &PlansRows,
+        chunk_rows: u64,
+    ) -> Result<Vec<PlannedChunk>> {
+        if let Some(plan) = recorded.last(events::SNAPSHOT_PLAN) {
+            if plan["chunk_rows"].as_u64() != Some(chunk_rows) {
+                tracing::warn!(planned = %plan["chunk_rows"], asked = chunk_rows,
+                    "the snapshot is planned already: its chunk_rows stays");
+            }
+            return serde_json::from_value(plan["chunks"].clone())
+                .map_err(|error| WriterError::Internal(format!("recorded plan: {error}")));
+        }
+        let open = recorded
+            .last(events::SNAPSHOT_OPEN)
+            .cloned()
+            .ok_or_else(|| {
+                WriterError::invalid(format!(
+                    "snapshot {snapshot} has no snapshot_open row in {}: a range without bounds \
+                     is never read as the whole table",
+                    plans_location(&self.config.target)
+                ))
+            })?;
+        let chunks = match keyset_of(&open)? {
+            Some(keyset) => self.plan_keyset(&keyset, chunk_rows).await?,
+            None => {
+                let extent: KeyExtent = serde_json::from_value(open)
+                    .map_err(|error| WriterError::Internal(format!("recorded extent: {error}")))?;
+                let counter = FlightCounter {
+                    client: &self.client,
+                    table: &self.config.table,
+                };
+                chunking::plan(&counter, extent.min.zip(extent.max), chunk_rows)
+                    .await
+                    .map_err(|error| WriterError::Internal(format!("planning chunks: {error}")))?
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, (range, rows))| PlannedChunk {
+                        chunk: index as i32,
+                        lo: range.lo.map(Bound::Int),
+                        hi: range.hi.map(Bound::Int),
+                        rows,
+                    })
+                    .collect()
+            }
+        };
+        let txn = self.txn("snapplan", snapshot);
+        let recorded = self
+            .append_plans(
+                &txn,
+                0,
+                snapshot,
+                vec![(
+                    events::SNAPSHOT_PLAN,
+                    json!({"chunk_rows": chunk_rows, "chunk_count": chunks.len(), "chunks": chunks}),
+                )],
+            )
+            .await?;
+        self.append_facts(
+            &txn,
+            0,
+            vec![FactsRow {
+                event: Some(events::SNAPSHOT_PLAN.into()),
+                min_lsn: Some(snapshot.to_string()),
+                max_lsn: Some(snapshot.to_string()),
+                rows: Some(chunks.iter().map(|c| c.rows as i64).sum()),
+                detail: Some(
+                    json!({"snapshot": snapshot, "kind": events::BOOTSTRAP, "chunk_rows": chunk_rows, "chunk_count": chunks.len()})
+                        .to_string(),
+                ),
+                ..FactsRow::default()
+            }],
+        )
+        .await?;
+        if recorded {
+            return Ok(chunks);
+        }
+        // Another call recorded its plan first (one plan per snapshot): that one is read.
+        let now = self.plans_rows(snapshot).await?;
+        Box::pin(self.plan(snapshot, &now, chunk_rows)).await
+    }
+
+    /// The key of the `(n + 1)`-th row of a range, sought by the server on the open's keys.
+    pub(super) async fn seek(&self, open: &KeysetOpen, seek: KeySeek) -> Result<Option<KeyTuple>> {
+        let mut body = serde_json::to_value(&seek).unwrap_or_default();
+        body["table"] = json!(self.config.table);
+        body["keys"] = json!(open.names());
+        let answer: KeyBoundAnswer = self.client.action("key_bound", &body).await?;
+        Ok(answer.bound)
+    }
+
+    /// The first key after MAX (`last_bound`), past MAX's own copies; `None` when no row
+    /// holds one (yet).
+    pub(super) async fn last_bound(&self, open: &KeysetOpen) -> Result<Option<KeyTuple>> {
+        let Some(max) = &open.max else {
+            return Ok(None);
+        };
+        self.seek(
+            open,
+            KeySeek {
+                from: Some(max.clone()),
+                from_inclusive: false,
+                to: None,
+                to_inclusive: false,
+                n: 0,
+            },
+        )
+        .await
+    }
+
+    /// Keyset bounds `chunk_rows` rows apart, walked up front below the MAX recorded at the
+    /// open; the last chunk ends at the first key after MAX (open when there is none yet:
+    /// it is sought again before the wave that reads it).
+    pub(super) async fn plan_keyset(
+        &self,
+        open: &KeysetOpen,
+        chunk_rows: u64,
+    ) -> Result<Vec<PlannedChunk>> {
+        let Some(max) = &open.max else {
+            // An empty table at the open: one chunk, the whole key (rows inserted since S).
+            return Ok(vec![PlannedChunk {
+                chunk: 0,
+                lo: None,
+                hi: None,
+                rows: 0,
+            }]);
+        };
+        let mut bounds: Vec<KeyTuple> = Vec::new();
+        loop {
+            let lo = bounds.last().cloned();
+            let mut n = chunk_rows;
+            let bound = loop {
+                let seek = KeySeek {
+                    from: lo.clone(),
+                    from_inclusive: true,
+                    to: Some(max.clone()),
+                    to_inclusive: true,
+                    n,
+                };
+                let Some(bound) = self.seek(open, seek).await? else {
+                    break None;
+                };
+                // On columns that repeat, the (n + 1)-th row can hold lo's own value (equal
+                // only under the source's collation, maybe): the chunk would end where it
+                // starts. Seek twice as far until [lo, bound) holds a row (Amendment 6).
+                let holds_a_row = open.unique
+                    || self
+                        .seek(
+                            open,
+                            KeySeek {
+                                from: lo.clone(),
+                                from_inclusive: true,
+                                to: Some(bound.clone()),
+                                to_inclusive: false,
+                                n: 0,
+                            },
+                        )
+                        .await?
+                        .is_some();
+                if holds_a_row {
+                    break Some(bound);
+                }
+                n = n.saturating_mul(2);
+            };
+            match bound {
+                Some(bound) => bounds.push(bound),
+                None => break,
+            }
+        }
+        let last_hi = self.last_bound(open).await?;
+        let mut chunks = Vec::with_capacity(bounds.len() + 1);
+        let mut lo: Option<KeyTuple> = None;
+        for bound in bounds {
+            chunks.push(PlannedChunk {
+                chunk: chunks.len() as i32,
+                lo: lo.take().map(Bound::Keys),
+                hi: Some(Bound::Keys(bound.clone())),
+                rows: chunk_rows,
+            });
+            lo = Some(bound);
+        }
+        chunks.push(PlannedChunk {
+            chunk: chunks.len() as i32,
+            lo: lo.map(Bound::Keys),
+            hi: last_hi.map(Bound::Keys),
+            rows: chunk_rows,
+        });
+        Ok(chunks)
+    }
+
+    /// The keyset an open snapshot is cut on; `None` for an integer plan. Refuses a stream
+    /// configured to cut on other columns (the option changed or dropped since the open).
+    pub(super) fn keyset_open_of(
+        &self,
+        snapshot: Lsn,
+        recorded: &PlansRows,
+    ) -> Result<Option<KeysetOpen>> {
+        let Some(open) = recorded.last(events::SNAPSHOT_OPEN) else {
+            return Ok(None);
+        };
+        let keyset = keyset_of(open)?;
+        let cut_on: Option<Vec<String>> = match &keyset {
+            Some(keyset) => (!keyset.unique).then(|| keyset.names()),
+            None => None,
+        };
+        let asked = match (&self.config.snapshot_keys, &keyset) {
+            // Naming the unique index's own columns is the default spelled out.
+            (Some(keys), Some(keyset)) if keyset.unique && *keys == keyset.names() => None,
+            (Some(keys), None)
+                if open["column"].as_str() == keys.first().map(String::as_str)
+                    && keys.len() == 1 =>
+            {
+                None
+            }
+            (asked, _) => asked.clone(),
+        };
+        if asked != cut_on {
+            return Err(WriterError::invalid(format!(
+                "{}: snapshot {snapshot} was opened cut on {}, but snapshot_keys is now {}: a \
+                 plan never moves to other columns; set snapshot_keys back to finish it, or \
+                 open a new snapshot",
+                self.config.table,
+                cut_on.map_or("the unique index".to_string(), |keys| format!("{keys:?}")),
+                asked.map_or("unset (the unique index)".to_string(), |keys| format!(
+                    "{keys:?}"
+                )),
+            )));
+        }
+        Ok(keyset)
+    }
+}

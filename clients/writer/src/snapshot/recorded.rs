@@ -1,0 +1,178 @@
+//! The snapshot rows of the facts table, read back: which snapshots were opened (and in which
+//! mode, and which were re-snapshots), which completed, which chunks are in, and the newest
+//! snapshot's progress. The facts table is the record a rerun trusts.
+
+use mssql_cdc_proto::Lsn;
+use url::Url;
+
+use super::{SnapshotMode, Snapshots, quoted};
+use crate::error::{Result, WriterError};
+use crate::events;
+use crate::tables;
+
+/// The snapshot facts of one app id, as read back from the lake.
+#[derive(Debug, Default)]
+pub(super) struct Recorded {
+    /// S of every `snapshot_open` row with its mode.
+    pub(super) opens: Vec<(Lsn, SnapshotMode)>,
+    /// S of every completion row with its rows.
+    pub(super) completions: Vec<(Lsn, u64)>,
+    /// S of every snapshot opened as a re-snapshot (generation 1 and later).
+    pub(super) resnapshots: Vec<Lsn>,
+}
+
+/// The newest snapshot of an app id as the facts table records it (lake only).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SnapshotProgress {
+    /// Its S.
+    pub snapshot: Lsn,
+    /// `full` or `chunked`.
+    pub mode: SnapshotMode,
+    /// Chunks with their facts row (chunked).
+    pub chunks_done: u64,
+    /// Chunks planned (`None` before the plan, and for a full snapshot).
+    pub chunks_total: Option<u64>,
+    /// Whether its completion row is in.
+    pub done: bool,
+}
+
+/// The newest snapshot of `app_id` in the facts table at `facts`, with its progress.
+pub async fn progress(facts: &Url, app_id: &str) -> Result<Option<SnapshotProgress>> {
+    let rows = tables::query_text(
+        facts,
+        &format!(
+            "SELECT event, min_lsn, detail FROM t WHERE app_id = '{}' AND event IN ({})",
+            quoted(app_id),
+            events::sql_list(&[
+                events::SNAPSHOT_OPEN,
+                events::SNAPSHOT_PLAN,
+                events::SNAPSHOT_CHUNK,
+                events::BOOTSTRAP,
+                events::RESNAPSHOT,
+            ])
+        ),
+    )
+    .await?;
+    let detail = |row: &[Option<String>]| -> serde_json::Value {
+        serde_json::from_str(row[2].as_deref().unwrap_or("{}")).unwrap_or_default()
+    };
+    let Some((snapshot, mode)) = rows
+        .iter()
+        .filter(|row| row[0].as_deref() == Some(events::SNAPSHOT_OPEN))
+        .filter_map(|row| {
+            let lsn: Lsn = row[1].as_deref()?.parse().ok()?;
+            let mode = match detail(row)["mode"].as_str() {
+                Some("chunked") => SnapshotMode::Chunked,
+                _ => SnapshotMode::Full,
+            };
+            Some((lsn, mode))
+        })
+        .max_by_key(|(lsn, _)| *lsn)
+    else {
+        return Ok(None);
+    };
+    let of_snapshot = |row: &&Vec<Option<String>>| {
+        detail(row)["snapshot"].as_str() == Some(snapshot.to_string().as_str())
+    };
+    let chunks_done = rows
+        .iter()
+        .filter(|row| row[0].as_deref() == Some(events::SNAPSHOT_CHUNK))
+        .filter(of_snapshot)
+        .count() as u64;
+    let chunks_total = rows
+        .iter()
+        .filter(|row| row[0].as_deref() == Some(events::SNAPSHOT_PLAN))
+        .filter(of_snapshot)
+        .find_map(|row| detail(row)["chunk_count"].as_u64());
+    let done = rows.iter().any(|row| {
+        row[0]
+            .as_deref()
+            .is_some_and(|event| events::SNAPSHOT_COMPLETIONS.contains(&event))
+            && row[1].as_deref() == Some(snapshot.to_string().as_str())
+    });
+    Ok(Some(SnapshotProgress {
+        snapshot,
+        mode,
+        chunks_done,
+        chunks_total,
+        done,
+    }))
+}
+
+impl Snapshots {
+    pub(super) async fn recorded(&self) -> Result<Recorded> {
+        let rows = tables::query_text(
+            &self.facts,
+            &format!(
+                "SELECT event, min_lsn, detail, rows FROM t WHERE app_id = '{}' AND event IN ({})",
+                quoted(&self.config.app_id),
+                events::sql_list(&[events::SNAPSHOT_OPEN, events::BOOTSTRAP, events::RESNAPSHOT])
+            ),
+        )
+        .await?;
+        let mut recorded = Recorded::default();
+        for row in rows {
+            let (Some(event), Some(lsn)) = (&row[0], &row[1]) else {
+                continue;
+            };
+            let lsn: Lsn = lsn
+                .parse()
+                .map_err(|error| WriterError::Internal(format!("facts min_lsn: {error}")))?;
+            if event == events::SNAPSHOT_OPEN {
+                let detail: serde_json::Value =
+                    serde_json::from_str(row[2].as_deref().unwrap_or("{}")).unwrap_or_default();
+                let mode = match detail["mode"].as_str() {
+                    Some("chunked") => SnapshotMode::Chunked,
+                    _ => SnapshotMode::Full,
+                };
+                if detail["kind"].as_str() == Some(events::RESNAPSHOT) {
+                    recorded.resnapshots.push(lsn);
+                }
+                recorded.opens.push((lsn, mode));
+            } else {
+                let rows = row[3].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0);
+                recorded.completions.push((lsn, rows));
+            }
+        }
+        Ok(recorded)
+    }
+
+    /// The newest chunked snapshot opened and not complete.
+    pub(super) fn open_chunked_of(recorded: &Recorded) -> Option<Lsn> {
+        recorded
+            .opens
+            .iter()
+            .filter(|(lsn, mode)| {
+                *mode == SnapshotMode::Chunked
+                    && !recorded.completions.iter().any(|(done, _)| done >= lsn)
+            })
+            .map(|(lsn, _)| *lsn)
+            .max()
+    }
+
+    /// `(chunk, wave, rows)` of every chunk whose facts row is in.
+    pub(super) async fn chunks_done(&self, snapshot: Lsn) -> Result<Vec<(i32, i64, u64)>> {
+        let rows = tables::query_text(
+            &self.facts,
+            &format!(
+                "SELECT detail, rows FROM t WHERE app_id = '{}' AND event = '{}' AND min_lsn >= '{snapshot}'",
+                quoted(&self.config.app_id),
+                events::SNAPSHOT_CHUNK
+            ),
+        )
+        .await?;
+        let mut done = Vec::new();
+        for row in rows {
+            let detail: serde_json::Value =
+                serde_json::from_str(row[0].as_deref().unwrap_or("{}")).unwrap_or_default();
+            if detail["snapshot"].as_str() == Some(&snapshot.to_string()) {
+                done.push((
+                    detail["chunk"].as_i64().unwrap_or(-1) as i32,
+                    detail["wave"].as_i64().unwrap_or(0),
+                    row[1].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0),
+                ));
+            }
+        }
+        Ok(done)
+    }
+}
