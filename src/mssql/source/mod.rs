@@ -6,42 +6,45 @@
 //! them through a bounded channel, so a slow client slows the read instead of filling
 //! memory; when the client goes away the query is cancelled (TDS attention) and the
 //! connection returned clean, or dropped if the cancel fails.
+//!
+//! [`catalog`] reads the CDC catalog, [`stream`] runs the streaming reads; this module holds
+//! the source, its pool and retries, and the trait implementation.
 
-use crate::keys::{KeyColumn, KeySeek, KeyTuple, KeyValue};
+mod catalog;
+mod stream;
+
+use crate::keys::{KeyColumn, KeySeek, KeyTuple};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray, new_null_array};
-use arrow::datatypes::SchemaRef;
-use arrow::record_batch::RecordBatch;
-use futures::TryStreamExt;
 use tiberius::{ColumnData, Row, ToSql};
-use tokio::sync::{Mutex, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::Mutex;
 
-use super::clock::{self, ClockSetting, ServerClock};
-use super::config::SqlServerConfig;
-use super::decode::{self, ColumnDecoder, RawColumn};
-use super::ident;
-use super::pool::{self, Connection, Connections, Manager};
-use super::sql;
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
+use crate::mssql::clock::ServerClock;
+use crate::mssql::config::SqlServerConfig;
+use crate::mssql::ident;
+use crate::mssql::pool::{self, Connections, Manager};
+use crate::mssql::sql;
 use crate::offset::CommitTime;
 use crate::source::{
     BatchStream, CaptureInstance, CapturedColumn, CdcSource, ChangeRead, DdlEntry, KeyBucket,
     KeyExtent, SnapshotRead, TableName, Tile, TrackedTable, check_bucket_grid,
 };
 use crate::types::{OutputColumn, output_schema, snapshot_schema};
+use catalog::{
+    column_index, int_at, key_params, key_tuple_at, lsn_at, micros_at, named_int, named_lsn,
+    named_text, parse_bracket_list,
+};
+use stream::{BatchShape, Fill};
 
 /// How long an offset read from an older server (no named zone) is trusted before it is
 /// read again: a daylight-saving change moves it.
 const OFFSET_REFRESH: Duration = Duration::from_secs(60);
+
 /// Retries of a transient failure (ADR 0029).
 const RETRIES: u32 = 3;
-/// Batches a read may have in flight towards the client.
-const READ_AHEAD_BATCHES: usize = 2;
 
 /// A bound parameter, owned so a read task can hold it.
 #[derive(Clone, Debug)]
@@ -124,54 +127,6 @@ impl SqlServerSource {
         Ok(self.rows(statement, params).await?.into_iter().next())
     }
 
-    /// The server clock, asked for once (a named zone) or every minute (an offset).
-    async fn clock(&self) -> Result<ServerClock> {
-        if let ClockSetting::Fixed(clock) = &self.config.clock {
-            return Ok(clock.clone());
-        }
-        let mut cached = self.clock.lock().await;
-        if let Some((clock, read_at)) = cached.as_ref()
-            && (!matches!(clock, ServerClock::Offset(_)) || read_at.elapsed() < OFFSET_REFRESH)
-        {
-            return Ok(clock.clone());
-        }
-        let named = self
-            .first_row(clock::named_zone_capability_sql(), &[])
-            .await?
-            .and_then(|row| int_at(&row, 0))
-            == Some(1);
-        let clock = if named {
-            let zone = self
-                .first_row(clock::zone_sql(), &[])
-                .await?
-                .and_then(|row| text_at(&row, 0))
-                .unwrap_or_else(|| "UTC".to_string());
-            if zone.eq_ignore_ascii_case("UTC") {
-                ServerClock::Utc
-            } else {
-                ServerClock::Zone(zone)
-            }
-        } else {
-            let minutes = self
-                .first_row(clock::offset_sql(), &[])
-                .await?
-                .and_then(|row| int_at(&row, 0))
-                .unwrap_or(0);
-            let clock = ServerClock::Offset(i32::try_from(minutes).unwrap_or(0));
-            if minutes != 0 {
-                tracing::warn!(
-                    %clock,
-                    "this SQL Server cannot name its time zone (before 2022): commit times are \
-                     converted with its current offset, which is wrong across a daylight-saving \
-                     change; set source_time_zone to the server's Windows zone to fix"
-                );
-            }
-            clock
-        };
-        *cached = Some((clock.clone(), Instant::now()));
-        Ok(clock)
-    }
-
     async fn lsn_query(&self, statement: &str, params: &[Param]) -> Result<Option<Lsn>> {
         match self.first_row(statement, params).await? {
             Some(row) => lsn_at(&row, 0),
@@ -186,308 +141,6 @@ impl SqlServerSource {
             .and_then(|row| micros_at(&row, 0))
             .map(CommitTime))
     }
-
-    /// The captured columns of an instance, in ordinal order.
-    async fn captured_columns(&self, capture_instance: &str) -> Result<Vec<CapturedColumn>> {
-        let rows = self
-            .rows(
-                sql::captured_columns(),
-                &[Param::Text(capture_instance.to_string())],
-            )
-            .await
-            .map_err(|error| match error {
-                Error::Internal(message) => Error::invalid(format!(
-                    "capture instance '{capture_instance}': sys.sp_cdc_get_captured_columns \
-                     failed. Cause: {message}"
-                )),
-                other => other,
-            })?;
-        let mut columns = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let raw = RawColumn {
-                name: named_text(row, "column_name").unwrap_or_default(),
-                column_id: named_int(row, "column_id").unwrap_or(0) as i32,
-                ordinal: named_int(row, "column_ordinal").unwrap_or(0) as i32,
-                data_type: named_text(row, "data_type").unwrap_or_default(),
-                character_maximum_length: named_int(row, "character_maximum_length")
-                    .map(|n| n as i32),
-                numeric_precision: named_int(row, "numeric_precision").map(|n| n as u8),
-                numeric_scale: named_int(row, "numeric_scale").map(|n| n as i32),
-                datetime_precision: named_int(row, "datetime_precision").map(|n| n as i16),
-            };
-            columns.push(CapturedColumn {
-                sql_type: raw.sql_type()?,
-                name: raw.name,
-                column_id: raw.column_id,
-                ordinal: raw.ordinal,
-            });
-        }
-        columns.sort_by_key(|column| column.ordinal);
-        Ok(columns)
-    }
-
-    /// The single integer key snapshots are cut on, or an error saying why there is none.
-    async fn integer_key(&self, table: &TableName) -> Result<(String, crate::types::SqlType)> {
-        let instances = self.capture_instances(table).await?;
-        let newest = instances.last().ok_or_else(|| Error::TableNotFound {
-            table: table.to_string(),
-        })?;
-        match newest.index_columns.as_slice() {
-            [key] => {
-                let column = newest
-                    .columns
-                    .iter()
-                    .find(|column| &column.name == key)
-                    .ok_or_else(|| {
-                        Error::invalid(format!(
-                            "{table}: key column '{key}' is not captured by '{}'",
-                            newest.name
-                        ))
-                    })?;
-                if !column.sql_type.is_integer() {
-                    return Err(Error::invalid(format!(
-                        "{table}: snapshots are cut on one integer key column; '{key}' is {}",
-                        column.sql_type
-                    )));
-                }
-                Ok((key.clone(), column.sql_type.clone()))
-            }
-            [] => Err(Error::invalid(format!(
-                "{table} has no unique index CDC uses ('{}' lists none): snapshots need one",
-                newest.name
-            ))),
-            keys => Err(Error::invalid(format!(
-                "{table}: snapshots are cut on one integer key column; the unique index is ({})",
-                keys.join(", ")
-            ))),
-        }
-    }
-
-    /// The columns a table has now: every name, and the computed ones.
-    async fn table_columns(
-        &self,
-        table: &TableName,
-    ) -> Result<(BTreeSet<String>, BTreeSet<String>)> {
-        let rows = self
-            .rows(
-                sql::table_columns(),
-                &[Param::Text(ident::quote_table(table)?)],
-            )
-            .await?;
-        let mut present = BTreeSet::new();
-        let mut computed = BTreeSet::new();
-        for row in &rows {
-            if let Some(name) = text_at(row, 0) {
-                if int_at(row, 2) == Some(1) {
-                    computed.insert(name.clone());
-                }
-                present.insert(name);
-            }
-        }
-        Ok((present, computed))
-    }
-
-    /// The captured columns of an instance as served: CDC records computed columns as NULL
-    /// in every change row, so they are left out (with a warning), as the seed does.
-    async fn served_columns(
-        &self,
-        table: &TableName,
-        capture_instance: &str,
-        create_date: CommitTime,
-    ) -> Result<Vec<CapturedColumn>> {
-        let key = (capture_instance.to_string(), create_date);
-        if let Some(columns) = self.captured.lock().await.get(&key) {
-            return Ok(columns.clone());
-        }
-        let mut columns = self.captured_columns(capture_instance).await?;
-        let (_, computed) = self.table_columns(table).await?;
-        columns.retain(|column| {
-            let keep = !computed.contains(&column.name);
-            if !keep {
-                tracing::warn!(
-                    capture_instance,
-                    column = %column.name,
-                    "computed column left out: CDC records it as NULL in every change row"
-                );
-            }
-            keep
-        });
-        self.captured.lock().await.insert(key, columns.clone());
-        Ok(columns)
-    }
-
-    /// A failed read of `object` (a change table or a tracked table, quoted): a missing
-    /// permission names the `GRANT` on that object.
-    fn read_error(object: &str, error: tiberius::error::Error) -> Error {
-        match pool::source_error(error) {
-            Error::PermissionDenied(message) => Error::PermissionDenied(format!(
-                "cannot read {object}: {message}. Grant it to the server's login: GRANT SELECT \
-                 ON {object} TO <user> (ADR 0009)"
-            )),
-            other => other,
-        }
-    }
-
-    /// Starts a read task: runs `statements` (reads of `object`, quoted, named in errors)
-    /// one after the other on one connection and sends the rows as batches of `shape`.
-    fn spawn_read(
-        &self,
-        object: String,
-        statements: Vec<(String, Vec<Param>, Vec<Fill>)>,
-        shape: BatchShape,
-        batch_rows: usize,
-        batch_bytes: usize,
-    ) -> BatchStream {
-        let (sender, receiver) = mpsc::channel(READ_AHEAD_BATCHES);
-        let pool = self.pool.clone();
-        tokio::spawn(async move {
-            let outcome = async {
-                let mut connection = pool.get().await?;
-                for (statement, params, fills) in &statements {
-                    let finished = read_statement(
-                        &mut connection,
-                        &object,
-                        statement,
-                        params,
-                        &shape,
-                        fills,
-                        batch_rows,
-                        batch_bytes,
-                        &sender,
-                    )
-                    .await?;
-                    if !finished {
-                        break;
-                    }
-                }
-                Ok::<(), Error>(())
-            }
-            .await;
-            if let Err(error) = outcome {
-                let _ = sender.send(Err(error)).await;
-            }
-        });
-        Box::pin(ReceiverStream::new(receiver))
-    }
-}
-
-/// A constant column of every row of a statement's batches.
-#[derive(Clone, Debug)]
-enum Fill {
-    Text(String),
-    NullText,
-    Int(Option<i32>),
-    Timestamp(Option<i64>),
-}
-
-impl Fill {
-    fn array(&self, rows: usize) -> ArrayRef {
-        match self {
-            Fill::Text(text) => Arc::new(StringArray::from(vec![text.as_str(); rows])),
-            Fill::NullText => new_null_array(&arrow::datatypes::DataType::Utf8, rows),
-            Fill::Int(value) => Arc::new(Int32Array::from(vec![*value; rows])),
-            Fill::Timestamp(value) => Arc::new(TimestampMicrosecondArray::from(vec![*value; rows])),
-        }
-    }
-}
-
-/// Where each schema column comes from: the result's columns in order, or a constant.
-#[derive(Clone)]
-struct BatchShape {
-    schema: SchemaRef,
-    /// For each schema column: `Some(i)` = the i-th result column, `None` = the next fill.
-    sources: Vec<Option<usize>>,
-}
-
-impl BatchShape {
-    fn decoders(&self, capacity: usize) -> Result<Vec<ColumnDecoder>> {
-        self.sources
-            .iter()
-            .zip(self.schema.fields())
-            .filter(|(source, _)| source.is_some())
-            .map(|(_, field)| ColumnDecoder::new(field.data_type(), capacity))
-            .collect()
-    }
-
-    fn batch(
-        &self,
-        decoders: &mut [ColumnDecoder],
-        fills: &[Fill],
-        rows: usize,
-    ) -> Result<RecordBatch> {
-        let mut fills = fills.iter();
-        let columns: Vec<ArrayRef> = self
-            .sources
-            .iter()
-            .map(|source| match source {
-                Some(index) => Ok(decoders[*index].finish()),
-                None => fills
-                    .next()
-                    .map(|fill| fill.array(rows))
-                    .ok_or_else(|| Error::Internal("a batch shape lacks a constant".into())),
-            })
-            .collect::<Result<_>>()?;
-        Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
-    }
-}
-
-/// Reads one statement's rows into batches; `Ok(false)` when the client went away (the
-/// query is then cancelled).
-#[allow(clippy::too_many_arguments)]
-async fn read_statement(
-    connection: &mut Connection,
-    object: &str,
-    statement: &str,
-    params: &[Param],
-    shape: &BatchShape,
-    fills: &[Fill],
-    batch_rows: usize,
-    batch_bytes: usize,
-    sender: &mpsc::Sender<Result<RecordBatch>>,
-) -> Result<bool> {
-    let batch_rows = batch_rows.max(1);
-    let mut decoders = shape.decoders(batch_rows.min(65_536))?;
-    let values: Vec<&dyn ToSql> = params.iter().map(Param::as_sql).collect();
-    connection.dirty = true;
-    let mut client_gone = false;
-    {
-        let mut stream = connection
-            .client
-            .query(statement, &values)
-            .await
-            .map_err(|error| SqlServerSource::read_error(object, error))?
-            .into_row_stream();
-        let (mut rows, mut bytes) = (0usize, 0usize);
-        while let Some(row) = stream
-            .try_next()
-            .await
-            .map_err(|error| SqlServerSource::read_error(object, error))?
-        {
-            bytes += decode::append_row(&mut decoders, row)?;
-            rows += 1;
-            if rows >= batch_rows || bytes >= batch_bytes {
-                let batch = shape.batch(&mut decoders, fills, rows)?;
-                (rows, bytes) = (0, 0);
-                if sender.send(Ok(batch)).await.is_err() {
-                    client_gone = true;
-                    break;
-                }
-            }
-        }
-        if !client_gone && rows > 0 {
-            let batch = shape.batch(&mut decoders, fills, rows)?;
-            client_gone = sender.send(Ok(batch)).await.is_err();
-        }
-    }
-    if client_gone {
-        // Stop the server's work; a connection whose cancel fails stays dirty and is dropped.
-        if connection.client.cancel_query().await.is_ok() {
-            connection.dirty = false;
-        }
-        return Ok(false);
-    }
-    connection.dirty = false;
-    Ok(true)
 }
 
 /// A short name of a statement for retry logs: its first two words, without arguments
@@ -499,125 +152,6 @@ fn statement_name(statement: &str) -> String {
         .map(|word| word.split('(').next().unwrap_or(word))
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-fn int_at(row: &Row, index: usize) -> Option<i64> {
-    match row.get_column_data(index).ok()? {
-        ColumnData::U8(v) => v.map(i64::from),
-        ColumnData::I16(v) => v.map(i64::from),
-        ColumnData::I32(v) => v.map(i64::from),
-        ColumnData::I64(v) => *v,
-        ColumnData::Bit(v) => v.map(i64::from),
-        ColumnData::Numeric(v) => v.and_then(|n| i64::try_from(n.int_part()).ok()),
-        ColumnData::String(v) => v.as_ref().and_then(|text| text.trim().parse().ok()),
-        _ => None,
-    }
-}
-
-fn text_at(row: &Row, index: usize) -> Option<String> {
-    match row.get_column_data(index).ok()? {
-        ColumnData::String(v) => v.as_ref().map(|text| text.to_string()),
-        _ => None,
-    }
-}
-
-/// The key of a row whose columns are `keys`, as [`sql::key_max`] and [`sql::key_bound`]
-/// select them: integers as integers, everything else as text.
-fn key_tuple_at(row: &Row, keys: &[KeyColumn]) -> KeyTuple {
-    keys.iter()
-        .enumerate()
-        .map(|(index, column)| {
-            let value = match column.sql_type.is_integer() {
-                true => int_at(row, index).map(KeyValue::Int),
-                false => text_at(row, index).map(KeyValue::Text),
-            };
-            value.unwrap_or(KeyValue::Null)
-        })
-        .collect()
-}
-
-/// The parameters binding keyset values (NULLs never are: the SQL text tests them).
-fn key_params(values: Vec<KeyValue>) -> Vec<Param> {
-    values
-        .into_iter()
-        .filter_map(|value| match value {
-            KeyValue::Null => None,
-            KeyValue::Int(value) => Some(Param::Int(value)),
-            KeyValue::Text(value) => Some(Param::Text(value)),
-        })
-        .collect()
-}
-
-fn column_index(row: &Row, name: &str) -> Option<usize> {
-    row.columns()
-        .iter()
-        .position(|column| column.name().eq_ignore_ascii_case(name))
-}
-
-fn named_int(row: &Row, name: &str) -> Option<i64> {
-    int_at(row, column_index(row, name)?)
-}
-
-fn named_text(row: &Row, name: &str) -> Option<String> {
-    text_at(row, column_index(row, name)?)
-}
-
-/// An LSN from a binary(10) column; NULL and the zero LSN are `None`.
-fn lsn_at(row: &Row, index: usize) -> Result<Option<Lsn>> {
-    match row.get_column_data(index) {
-        Ok(ColumnData::Binary(Some(bytes))) => {
-            let lsn = Lsn::try_from_slice(bytes)
-                .map_err(|error| Error::Internal(format!("SQL Server sent an LSN: {error}")))?;
-            Ok((!lsn.is_zero()).then_some(lsn))
-        }
-        Ok(ColumnData::Binary(None)) => Ok(None),
-        Ok(other) => Err(Error::Internal(format!(
-            "SQL Server sent {other:?} where an LSN was expected"
-        ))),
-        Err(error) => Err(pool::source_error(error)),
-    }
-}
-
-fn named_lsn(row: &Row, name: &str) -> Result<Option<Lsn>> {
-    match column_index(row, name) {
-        Some(index) => lsn_at(row, index),
-        None => Ok(None),
-    }
-}
-
-/// Microseconds since the epoch of a date-time column (datetime, datetime2).
-fn micros_at(row: &Row, index: usize) -> Option<i64> {
-    match row.get_column_data(index).ok()? {
-        ColumnData::DateTime2(v) => v.map(decode::datetime2_micros),
-        ColumnData::DateTime(v) => v.map(decode::datetime_micros),
-        _ => None,
-    }
-}
-
-/// The names of an `index_column_list`: `[a], [b]]c]` → `a`, `b]c`.
-pub fn parse_bracket_list(list: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    let mut chars = list.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c != '[' {
-            continue;
-        }
-        let mut name = String::new();
-        while let Some(c) = chars.next() {
-            if c == ']' {
-                if chars.peek() == Some(&']') {
-                    chars.next();
-                    name.push(']');
-                } else {
-                    break;
-                }
-            } else {
-                name.push(c);
-            }
-        }
-        names.push(name);
-    }
-    names
 }
 
 #[async_trait::async_trait]

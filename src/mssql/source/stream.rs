@@ -1,0 +1,199 @@
+//! The streaming machinery: a change range or snapshot read runs on a connection of its own in
+//! a task that decodes rows into Arrow batches bounded by rows and bytes and sends them through
+//! a bounded channel, so a slow client slows the read instead of filling memory; when the
+//! client goes away the query is cancelled (TDS attention) and the connection returned clean,
+//! or dropped if the cancel fails.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray, new_null_array};
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use futures::TryStreamExt;
+use tiberius::ToSql;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{Param, SqlServerSource};
+use crate::error::{Error, Result};
+use crate::mssql::decode::{self, ColumnDecoder};
+use crate::mssql::pool::{self, Connection};
+use crate::source::BatchStream;
+
+/// Batches a read may have in flight towards the client.
+pub(super) const READ_AHEAD_BATCHES: usize = 2;
+
+/// A constant column of every row of a statement's batches.
+#[derive(Clone, Debug)]
+pub(super) enum Fill {
+    Text(String),
+    NullText,
+    Int(Option<i32>),
+    Timestamp(Option<i64>),
+}
+
+impl Fill {
+    pub(super) fn array(&self, rows: usize) -> ArrayRef {
+        match self {
+            Fill::Text(text) => Arc::new(StringArray::from(vec![text.as_str(); rows])),
+            Fill::NullText => new_null_array(&arrow::datatypes::DataType::Utf8, rows),
+            Fill::Int(value) => Arc::new(Int32Array::from(vec![*value; rows])),
+            Fill::Timestamp(value) => Arc::new(TimestampMicrosecondArray::from(vec![*value; rows])),
+        }
+    }
+}
+
+/// Where each schema column comes from: the result's columns in order, or a constant.
+#[derive(Clone)]
+pub(super) struct BatchShape {
+    pub(super) schema: SchemaRef,
+    /// For each schema column: `Some(i)` = the i-th result column, `None` = the next fill.
+    pub(super) sources: Vec<Option<usize>>,
+}
+
+impl BatchShape {
+    pub(super) fn decoders(&self, capacity: usize) -> Result<Vec<ColumnDecoder>> {
+        self.sources
+            .iter()
+            .zip(self.schema.fields())
+            .filter(|(source, _)| source.is_some())
+            .map(|(_, field)| ColumnDecoder::new(field.data_type(), capacity))
+            .collect()
+    }
+
+    pub(super) fn batch(
+        &self,
+        decoders: &mut [ColumnDecoder],
+        fills: &[Fill],
+        rows: usize,
+    ) -> Result<RecordBatch> {
+        let mut fills = fills.iter();
+        let columns: Vec<ArrayRef> = self
+            .sources
+            .iter()
+            .map(|source| match source {
+                Some(index) => Ok(decoders[*index].finish()),
+                None => fills
+                    .next()
+                    .map(|fill| fill.array(rows))
+                    .ok_or_else(|| Error::Internal("a batch shape lacks a constant".into())),
+            })
+            .collect::<Result<_>>()?;
+        Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
+    }
+}
+
+/// Reads one statement's rows into batches; `Ok(false)` when the client went away (the
+/// query is then cancelled).
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn read_statement(
+    connection: &mut Connection,
+    object: &str,
+    statement: &str,
+    params: &[Param],
+    shape: &BatchShape,
+    fills: &[Fill],
+    batch_rows: usize,
+    batch_bytes: usize,
+    sender: &mpsc::Sender<Result<RecordBatch>>,
+) -> Result<bool> {
+    let batch_rows = batch_rows.max(1);
+    let mut decoders = shape.decoders(batch_rows.min(65_536))?;
+    let values: Vec<&dyn ToSql> = params.iter().map(Param::as_sql).collect();
+    connection.dirty = true;
+    let mut client_gone = false;
+    {
+        let mut stream = connection
+            .client
+            .query(statement, &values)
+            .await
+            .map_err(|error| SqlServerSource::read_error(object, error))?
+            .into_row_stream();
+        let (mut rows, mut bytes) = (0usize, 0usize);
+        while let Some(row) = stream
+            .try_next()
+            .await
+            .map_err(|error| SqlServerSource::read_error(object, error))?
+        {
+            bytes += decode::append_row(&mut decoders, row)?;
+            rows += 1;
+            if rows >= batch_rows || bytes >= batch_bytes {
+                let batch = shape.batch(&mut decoders, fills, rows)?;
+                (rows, bytes) = (0, 0);
+                if sender.send(Ok(batch)).await.is_err() {
+                    client_gone = true;
+                    break;
+                }
+            }
+        }
+        if !client_gone && rows > 0 {
+            let batch = shape.batch(&mut decoders, fills, rows)?;
+            client_gone = sender.send(Ok(batch)).await.is_err();
+        }
+    }
+    if client_gone {
+        // Stop the server's work; a connection whose cancel fails stays dirty and is dropped.
+        if connection.client.cancel_query().await.is_ok() {
+            connection.dirty = false;
+        }
+        return Ok(false);
+    }
+    connection.dirty = false;
+    Ok(true)
+}
+
+impl SqlServerSource {
+    /// A failed read of `object` (a change table or a tracked table, quoted): a missing
+    /// permission names the `GRANT` on that object.
+    pub(super) fn read_error(object: &str, error: tiberius::error::Error) -> Error {
+        match pool::source_error(error) {
+            Error::PermissionDenied(message) => Error::PermissionDenied(format!(
+                "cannot read {object}: {message}. Grant it to the server's login: GRANT SELECT \
+                 ON {object} TO <user> (ADR 0009)"
+            )),
+            other => other,
+        }
+    }
+
+    /// Starts a read task: runs `statements` (reads of `object`, quoted, named in errors)
+    /// one after the other on one connection and sends the rows as batches of `shape`.
+    pub(super) fn spawn_read(
+        &self,
+        object: String,
+        statements: Vec<(String, Vec<Param>, Vec<Fill>)>,
+        shape: BatchShape,
+        batch_rows: usize,
+        batch_bytes: usize,
+    ) -> BatchStream {
+        let (sender, receiver) = mpsc::channel(READ_AHEAD_BATCHES);
+        let pool = self.pool.clone();
+        tokio::spawn(async move {
+            let outcome = async {
+                let mut connection = pool.get().await?;
+                for (statement, params, fills) in &statements {
+                    let finished = read_statement(
+                        &mut connection,
+                        &object,
+                        statement,
+                        params,
+                        &shape,
+                        fills,
+                        batch_rows,
+                        batch_bytes,
+                        &sender,
+                    )
+                    .await?;
+                    if !finished {
+                        break;
+                    }
+                }
+                Ok::<(), Error>(())
+            }
+            .await;
+            if let Err(error) = outcome {
+                let _ = sender.send(Err(error)).await;
+            }
+        });
+        Box::pin(ReceiverStream::new(receiver))
+    }
+}
