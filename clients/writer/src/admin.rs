@@ -199,11 +199,7 @@ pub async fn call(
             client
                 .open(OpenRequest {
                     table: table.to_string(),
-                    mode: match mode {
-                        SnapshotMode::Full => "full",
-                        SnapshotMode::Chunked => "chunked",
-                    }
-                    .into(),
+                    mode: mode.as_str().into(),
                     resnapshot,
                 })
                 .await

@@ -47,6 +47,12 @@ pub struct FactsRow {
     pub written_at: Option<i64>,
 }
 
+/// A facts or plans row's `detail` JSON; a missing or unreadable detail reads as empty (every
+/// field absent), as rows written before a field existed do.
+pub fn detail_of(text: Option<&str>) -> serde_json::Value {
+    serde_json::from_str(text.unwrap_or("{}")).unwrap_or_default()
+}
+
 /// The Arrow type a Delta primitive of the writer's tables is written as.
 pub fn arrow_type(data_type: &DataType) -> ArrowType {
     match data_type {

@@ -42,6 +42,8 @@ use url::Url;
 use crate::control::{self, Granularity};
 use crate::error::{Result, WriterError};
 use crate::events;
+use crate::facts;
+use crate::snapshot::SnapshotMode;
 use crate::tables::{self, TableKind};
 
 /// What `apply_changes` works on.
@@ -125,9 +127,8 @@ async fn snapshot_facts(facts: &Url, bronze: &str) -> Result<SnapshotFacts> {
         ),
     )
     .await?;
-    let detail = |row: &Vec<Option<String>>| -> serde_json::Value {
-        serde_json::from_str(row[2].as_deref().unwrap_or("{}")).unwrap_or_default()
-    };
+    let detail =
+        |row: &Vec<Option<String>>| -> serde_json::Value { facts::detail_of(row[2].as_deref()) };
     let mut found = SnapshotFacts {
         complete: rows
             .iter()
@@ -143,7 +144,7 @@ async fn snapshot_facts(facts: &Url, bronze: &str) -> Result<SnapshotFacts> {
     found.open = rows
         .iter()
         .filter(|row| row[0].as_deref() == Some(events::SNAPSHOT_OPEN))
-        .filter(|row| detail(row)["mode"].as_str() == Some("chunked"))
+        .filter(|row| SnapshotMode::of_detail(&detail(row)) == SnapshotMode::Chunked)
         .filter_map(|row| row[1].clone())
         .filter(|open| found.complete.as_ref().is_none_or(|done| open > done))
         .max();

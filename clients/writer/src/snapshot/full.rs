@@ -59,7 +59,7 @@ impl Snapshots {
             Some(open) => open,
             None => self.stamp().await?,
         };
-        let detail = json!({"mode": "full", "kind": events::BOOTSTRAP, "generation": 0});
+        let detail = json!({"mode": SnapshotMode::Full.as_str(), "kind": events::BOOTSTRAP, "generation": 0});
         self.append_facts(
             &self.txn("snapopen", snapshot),
             0,
@@ -97,7 +97,9 @@ impl Snapshots {
                 rows: Some(rows as i64),
                 started_at: Some(started_at),
                 duration_ms: Some(clock.elapsed().as_millis() as i64),
-                detail: Some(json!({"mode": "full", "snapshot": snapshot}).to_string()),
+                detail: Some(
+                    json!({"mode": SnapshotMode::Full.as_str(), "snapshot": snapshot}).to_string(),
+                ),
                 ..snapshot_event(events::BOOTSTRAP, snapshot)
             }],
         )

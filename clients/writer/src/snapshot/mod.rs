@@ -67,17 +67,39 @@ pub enum SnapshotMode {
     Chunked,
 }
 
+impl SnapshotMode {
+    /// The mode's name: in the CLI, the admin service, status answers and the `mode` of the
+    /// facts and plans rows' details.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotMode::Full => "full",
+            SnapshotMode::Chunked => "chunked",
+        }
+    }
+
+    /// The mode a `snapshot_open` row's detail records (anything but chunked is full).
+    pub(crate) fn of_detail(detail: &serde_json::Value) -> Self {
+        if detail["mode"].as_str() == Some(SnapshotMode::Chunked.as_str()) {
+            SnapshotMode::Chunked
+        } else {
+            SnapshotMode::Full
+        }
+    }
+}
+
 impl std::str::FromStr for SnapshotMode {
     type Err = WriterError;
 
     fn from_str(text: &str) -> Result<Self> {
-        match text.to_ascii_lowercase().as_str() {
-            "full" => Ok(SnapshotMode::Full),
-            "chunked" => Ok(SnapshotMode::Chunked),
-            other => Err(WriterError::invalid(format!(
-                "snapshot mode '{other}' is neither full nor chunked"
-            ))),
-        }
+        let text = text.to_ascii_lowercase();
+        [SnapshotMode::Full, SnapshotMode::Chunked]
+            .into_iter()
+            .find(|mode| mode.as_str() == text)
+            .ok_or_else(|| {
+                WriterError::invalid(format!(
+                    "snapshot mode '{text}' is neither full nor chunked"
+                ))
+            })
     }
 }
 

@@ -142,7 +142,7 @@ impl Snapshots {
             vec![FactsRow {
                 rows: Some(0),
                 detail: Some(
-                    json!({"mode": "chunked", "kind": kind, "generation": generation, "keys": key_names})
+                    json!({"mode": SnapshotMode::Chunked.as_str(), "kind": kind, "generation": generation, "keys": key_names})
                         .to_string(),
                 ),
                 ..snapshot_event(events::SNAPSHOT_OPEN, snapshot)

@@ -8,6 +8,7 @@ use url::Url;
 use super::{SnapshotMode, Snapshots, quoted};
 use crate::error::{Result, WriterError};
 use crate::events;
+use crate::facts;
 use crate::tables;
 
 /// The snapshot facts of one app id, as read back from the lake.
@@ -53,19 +54,13 @@ pub async fn progress(facts: &Url, app_id: &str) -> Result<Option<SnapshotProgre
         ),
     )
     .await?;
-    let detail = |row: &[Option<String>]| -> serde_json::Value {
-        serde_json::from_str(row[2].as_deref().unwrap_or("{}")).unwrap_or_default()
-    };
+    let detail = |row: &[Option<String>]| facts::detail_of(row[2].as_deref());
     let Some((snapshot, mode)) = rows
         .iter()
         .filter(|row| row[0].as_deref() == Some(events::SNAPSHOT_OPEN))
         .filter_map(|row| {
             let lsn: Lsn = row[1].as_deref()?.parse().ok()?;
-            let mode = match detail(row)["mode"].as_str() {
-                Some("chunked") => SnapshotMode::Chunked,
-                _ => SnapshotMode::Full,
-            };
-            Some((lsn, mode))
+            Some((lsn, SnapshotMode::of_detail(&detail(row))))
         })
         .max_by_key(|(lsn, _)| *lsn)
     else {
@@ -119,12 +114,8 @@ impl Snapshots {
                 .parse()
                 .map_err(|error| WriterError::Internal(format!("facts min_lsn: {error}")))?;
             if event == events::SNAPSHOT_OPEN {
-                let detail: serde_json::Value =
-                    serde_json::from_str(row[2].as_deref().unwrap_or("{}")).unwrap_or_default();
-                let mode = match detail["mode"].as_str() {
-                    Some("chunked") => SnapshotMode::Chunked,
-                    _ => SnapshotMode::Full,
-                };
+                let detail = facts::detail_of(row[2].as_deref());
+                let mode = SnapshotMode::of_detail(&detail);
                 if detail["kind"].as_str() == Some(events::RESNAPSHOT) {
                     recorded.resnapshots.push(lsn);
                 }
@@ -163,8 +154,7 @@ impl Snapshots {
         .await?;
         let mut done = Vec::new();
         for row in rows {
-            let detail: serde_json::Value =
-                serde_json::from_str(row[0].as_deref().unwrap_or("{}")).unwrap_or_default();
+            let detail = facts::detail_of(row[0].as_deref());
             if detail["snapshot"].as_str() == Some(&snapshot.to_string()) {
                 done.push((
                     detail["chunk"].as_i64().unwrap_or(-1) as i32,

@@ -5,8 +5,8 @@ use mssql_cdc_proto::Lsn;
 use serde::Serialize;
 
 use super::operator::operator_pause;
+use super::plans_location;
 use super::recorded::progress;
-use super::{SnapshotMode, plans_location};
 use crate::error::Result;
 use crate::stream::StreamConfig;
 use crate::tables;
@@ -56,13 +56,7 @@ pub async fn state(config: &StreamConfig) -> Result<SnapshotState> {
     };
     Ok(SnapshotState {
         snapshot: Some(progress.snapshot),
-        mode: Some(
-            match progress.mode {
-                SnapshotMode::Full => "full",
-                SnapshotMode::Chunked => "chunked",
-            }
-            .into(),
-        ),
+        mode: Some(progress.mode.as_str().into()),
         chunks_done: progress.chunks_done,
         chunks_total: progress.chunks_total,
         done: progress.done,

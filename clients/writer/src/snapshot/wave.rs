@@ -12,8 +12,8 @@ use serde_json::json;
 use super::operator::operator_pause;
 use super::read::PendingFiles;
 use super::{
-    BackfillOptions, BackfillStatus, KeysetOpen, PlannedChunk, PlansRows, Snapshots, WaveProgress,
-    micros_now, quoted, snapshot_event,
+    BackfillOptions, BackfillStatus, KeysetOpen, PlannedChunk, PlansRows, SnapshotMode, Snapshots,
+    WaveProgress, micros_now, quoted, snapshot_event,
 };
 use crate::error::{Result, WriterError};
 use crate::events;
@@ -407,7 +407,7 @@ impl Snapshots {
             vec![FactsRow {
                 rows: Some(rows as i64),
                 detail: Some(
-                    json!({"mode": "chunked", "snapshot": snapshot, "chunks": plan.len()})
+                    json!({"mode": SnapshotMode::Chunked.as_str(), "snapshot": snapshot, "chunks": plan.len()})
                         .to_string(),
                 ),
                 ..snapshot_event(event, snapshot)
