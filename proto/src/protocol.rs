@@ -198,6 +198,25 @@ pub enum Compression {
     Zstd,
 }
 
+impl Compression {
+    /// Its code in a ticket (`compression` of `mssql_cdc_flight.proto`).
+    pub fn ticket_code(self) -> u32 {
+        match self {
+            Compression::None => 0,
+            Compression::Lz4 => 1,
+            Compression::Zstd => 2,
+        }
+    }
+
+    /// The compression a ticket's code names; an unknown code is a malformed ticket.
+    pub fn of_ticket_code(code: u32) -> Result<Self> {
+        [Compression::None, Compression::Lz4, Compression::Zstd]
+            .into_iter()
+            .find(|compression| compression.ticket_code() == code)
+            .ok_or_else(|| Error::TicketMalformed(format!("unknown compression {code}")))
+    }
+}
+
 /// The `changes` command: plan the change range `(from, to]` of a table.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -518,6 +537,22 @@ pub const COMPLETION_TYPE: &str = "complete";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ticket_compression_codes_round_trip_and_an_unknown_code_is_refused() {
+        for compression in [Compression::None, Compression::Lz4, Compression::Zstd] {
+            let code = compression.ticket_code();
+            assert_eq!(
+                Compression::of_ticket_code(code).expect("known code"),
+                compression
+            );
+        }
+        assert_eq!(Compression::Zstd.ticket_code(), 2);
+        assert!(matches!(
+            Compression::of_ticket_code(3),
+            Err(Error::TicketMalformed(message)) if message == "unknown compression 3"
+        ));
+    }
 
     #[test]
     fn commands_round_trip_and_refuse_unknown_fields() {

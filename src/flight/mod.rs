@@ -40,8 +40,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::{Error, Result};
 use crate::protocol::{
-    self, CaptureInstanceInfo, ChangesCommand, Command, Compression, DEFAULT_BATCH_BYTES,
-    DEFAULT_BATCH_ROWS,
+    self, CaptureInstanceInfo, ChangesCommand, Command, DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS,
 };
 use crate::source::{CdcSource, TableName};
 use crate::types::output_schema;
@@ -122,14 +121,6 @@ fn flight_error(error: &Error) -> FlightError {
     FlightError::Tonic(Box::new(crate::status::to_status(error)))
 }
 
-fn compression_code(compression: Compression) -> u32 {
-    match compression {
-        Compression::None => 0,
-        Compression::Lz4 => 1,
-        Compression::Zstd => 2,
-    }
-}
-
 impl CdcFlightService {
     async fn table_info(&self, table: &TableName) -> Result<FlightInfo> {
         let instances = self.source.capture_instances(table).await?;
@@ -197,7 +188,7 @@ impl CdcFlightService {
                     include_command_id,
                     batch_rows: batch_rows as u64,
                     batch_bytes: batch_bytes as u64,
-                    compression: compression_code(command.compression.unwrap_or_default()),
+                    compression: command.compression.unwrap_or_default().ticket_code(),
                     planned_rows: read.rows,
                 })),
             };

@@ -9,11 +9,11 @@
 
 use arrow_flight::{FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
 
+use super::json_bytes;
 use super::planner;
 use super::ticket::{
     SnapshotPieceTicket, SnapshotTicket, TicketBody, TicketColumn, TicketKind, TicketSigner,
 };
-use super::{compression_code, json_bytes};
 use crate::chunking::{self, BucketCounter};
 use crate::error::{Error, Result};
 use crate::keys::{
@@ -194,7 +194,7 @@ pub async fn plan(
                     .collect(),
                 include_command_id,
                 batch_rows: batch_rows as u64,
-                compression: compression_code(command.compression.unwrap_or_default()),
+                compression: command.compression.unwrap_or_default().ticket_code(),
             })),
         };
         info = info.with_endpoint(

@@ -31,7 +31,7 @@ use super::ticket::{ChangeRangeTicket, TicketColumn};
 use super::{flight_error, json_bytes};
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
-use crate::protocol::{COMPLETION_TYPE, Completion};
+use crate::protocol::{COMPLETION_TYPE, Completion, Compression};
 use crate::source::{BatchStream, CdcSource, ChangeRead, SnapshotRead};
 use crate::types::{batch_slice_size, output_schema, snapshot_schema};
 
@@ -217,16 +217,11 @@ async fn produce(
 }
 
 /// IPC options for a ticket's compression code.
-fn ipc_options(compression: u32) -> Result<IpcWriteOptions> {
-    let kind = match compression {
-        0 => None,
-        1 => Some(CompressionType::LZ4_FRAME),
-        2 => Some(CompressionType::ZSTD),
-        other => {
-            return Err(Error::TicketMalformed(format!(
-                "unknown compression {other}"
-            )));
-        }
+fn ipc_options(code: u32) -> Result<IpcWriteOptions> {
+    let kind = match Compression::of_ticket_code(code)? {
+        Compression::None => None,
+        Compression::Lz4 => Some(CompressionType::LZ4_FRAME),
+        Compression::Zstd => Some(CompressionType::ZSTD),
     };
     Ok(IpcWriteOptions::default().try_with_compression(kind)?)
 }
