@@ -21,54 +21,58 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             "--table, --target, --facts, --app-id and --checkpoint are required without --config"
         )
     };
-    {
-        let mut config = StreamConfig {
-            server: args.server.url,
-            table: args.table.ok_or_else(missing)?,
-            target: args.target.ok_or_else(missing)?,
-            facts: args.facts.ok_or_else(missing)?,
-            control: args.control,
-            app_id: args.app_id.ok_or_else(missing)?,
-            checkpoint: args.checkpoint.ok_or_else(missing)?,
-            starting: args.starting,
-            max_commits: args.max_commits,
-            partitions: args.partitions,
-            granularity: args.granularity.parse::<Granularity>()?,
-            fail_on_data_loss: !args.skip_data_loss,
-            snapshot_keys: args.snapshot_keys.columns,
-        };
-        if let Some(mode) = &args.bootstrap {
-            let mode: SnapshotMode = mode.parse()?;
-            if let Some(snapshot) = snapshot::bootstrap(&mut config, mode).await? {
-                println!("snapshot {snapshot} ({mode:?}); the stream starts after it");
-            }
+    let mut config = StreamConfig {
+        server: args.server.url,
+        table: args.table.ok_or_else(missing)?,
+        target: args.target.ok_or_else(missing)?,
+        facts: args.facts.ok_or_else(missing)?,
+        control: args.control,
+        app_id: args.app_id.ok_or_else(missing)?,
+        checkpoint: args.checkpoint.ok_or_else(missing)?,
+        starting: args.starting,
+        max_commits: args.max_commits,
+        partitions: args.partitions,
+        granularity: args.granularity.parse::<Granularity>()?,
+        fail_on_data_loss: !args.skip_data_loss,
+        snapshot_keys: args.snapshot_keys.columns,
+    };
+    if let Some(mode) = &args.bootstrap {
+        let mode: SnapshotMode = mode.parse()?;
+        if let Some(snapshot) = snapshot::bootstrap(&mut config, mode).await? {
+            println!("snapshot {snapshot} ({mode:?}); the stream starts after it");
         }
-        let mut stream = Stream::connect(config).await?;
-        if args.available_now {
-            let outcomes = stream.run_available_now().await?;
-            let rows: u64 = outcomes.iter().map(|outcome| outcome.rows).sum();
-            println!("{} batches, {rows} rows", outcomes.len());
-            if let Some(last) = outcomes.last() {
-                println!(
-                    "offset {} verdict {:?}",
-                    last.end.to_json(),
-                    last.verdict.map(|time| time.to_iso_millis())
-                );
-            }
-        } else {
-            let (stop, stopped) = tokio::sync::watch::channel(false);
-            tokio::spawn(async move {
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    let _ = stop.send(true);
-                }
-            });
-            let batches = stream
-                .run_continuous(Duration::from_secs_f64(args.poll_seconds), stopped)
-                .await?;
-            println!("stopped after {batches} batches");
-        }
-        anyhow::Ok(())
     }
+    let mut stream = Stream::connect(config).await?;
+    if args.available_now {
+        let outcomes = stream.run_available_now().await?;
+        let rows: u64 = outcomes.iter().map(|outcome| outcome.rows).sum();
+        println!("{} batches, {rows} rows", outcomes.len());
+        if let Some(last) = outcomes.last() {
+            println!(
+                "offset {} verdict {:?}",
+                last.end.to_json(),
+                last.verdict.map(|time| time.to_iso_millis())
+            );
+        }
+    } else {
+        let stopped = stopped_by_ctrl_c();
+        let batches = stream
+            .run_continuous(Duration::from_secs_f64(args.poll_seconds), stopped)
+            .await?;
+        println!("stopped after {batches} batches");
+    }
+    Ok(())
+}
+
+/// A flag that turns true at Ctrl-C: continuous runs stop after the batch in flight.
+fn stopped_by_ctrl_c() -> tokio::sync::watch::Receiver<bool> {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = stop.send(true);
+        }
+    });
+    stopped
 }
 
 /// `apply`: bronze's changes into silver.
@@ -207,12 +211,7 @@ async fn run_sidecar(path: &std::path::Path, available_now: bool) -> anyhow::Res
         }
         return Ok(());
     }
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            let _ = stop.send(true);
-        }
-    });
+    let stopped = stopped_by_ctrl_c();
     if let Some(server) = admin::AdminServer::bind(&config).await? {
         println!("admin service on {}", server.local_addr()?);
         let stopped = stopped.clone();
