@@ -8,73 +8,25 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use arrow::array::{Array, StringArray};
-use arrow_flight::flight_service_client::FlightServiceClient;
-use arrow_flight::{Criteria, Empty, FlightDescriptor, Ticket};
-use common::{FlightFixture, SimFixture, all_null, read_plan, read_range, row_count, stream_rows};
-use futures::TryStreamExt;
-use mssql_cdc_flight::client::ClientError;
+use arrow_flight::Ticket;
+use common::{
+    FlightFixture, SimFixture, all_null, code, earliest, loaded, orders, read_plan, read_range,
+    row_count, stream_rows,
+};
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::protocol::{
-    CaptureInstanceInfo, ChangesCommand, Command, CountAnswer, InitialOffsetBody, LatestOffsetBody,
-    LsnAnswer, PlanMetadata, TableCommand, TimeAnswer,
+    ChangesCommand, InitialOffsetBody, LatestOffsetBody, LsnAnswer, PlanMetadata,
 };
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::sim::{CleanupDuringRead, Faults, KeyUpdateStyle};
-use mssql_cdc_flight::source::{CdcSource, Tile};
+use mssql_cdc_flight::source::CdcSource;
 use mssql_cdc_flight::{Lsn, Offset};
 use serde_json::json;
 use tonic::Code;
 
-fn orders() -> mssql_cdc_flight::source::TableName {
-    "dbo.orders".parse().expect("table")
-}
-
-/// A database with seeded rows and a mixed workload, served by a fixture.
-async fn loaded(commits: u64) -> (SimFixture, FlightFixture) {
-    let sim = SimFixture::new();
-    let mut writer = sim.writer(11);
-    let spec = WorkloadSpec {
-        commits: Some(commits),
-        max_rows_per_statement: 5,
-        ..WorkloadSpec::default()
-    };
-    workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
-    let flight = FlightFixture::start(Arc::new(sim.db.clone())).await;
-    (sim, flight)
-}
-
-async fn earliest(flight: &FlightFixture, table: &str) -> Offset {
-    flight
-        .client
-        .action(
-            "initial_offset",
-            &InitialOffsetBody {
-                table: table.into(),
-                starting: None,
-            },
-        )
-        .await
-        .expect("initial offset")
-}
-
-async fn raw_client(flight: &FlightFixture) -> FlightServiceClient<tonic::transport::Channel> {
-    let channel = tonic::transport::Endpoint::from_shared(flight.url.clone())
-        .expect("url")
-        .connect()
-        .await
-        .expect("connect");
-    FlightServiceClient::new(channel)
-}
-
-fn code(error: ClientError) -> Code {
-    error
-        .code()
-        .unwrap_or_else(|| panic!("expected a status, got {error}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_range_read_through_flight_equals_what_the_database_committed() {
-    let (sim, flight) = loaded(600).await;
+    let (sim, flight) = loaded(11, 600).await;
     let start = earliest(&flight, "dbo.orders").await;
     let (plan, batches) = read_range(&flight.client, "dbo.orders", start.lsn, None, 4).await;
     let expected = sim.journal_rows("dbo.orders");
@@ -173,446 +125,6 @@ async fn key_updates_are_recorded_as_delete_insert_or_in_place() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn list_flights_get_schema_and_list_actions() {
-    let (_sim, flight) = loaded(20).await;
-    let infos = flight.client.list_tables().await.expect("list");
-    assert_eq!(infos.len(), 2);
-    let metadata: serde_json::Value = serde_json::from_slice(&infos[1].app_metadata).expect("json");
-    assert_eq!(metadata["table"], "dbo.orders");
-    assert_eq!(metadata["capture_instances"][0]["name"], "dbo_orders");
-    assert_eq!(
-        metadata["capture_instances"][0]["index_columns"],
-        json!(["order_id"])
-    );
-
-    let mut raw = raw_client(&flight).await;
-    let table = Command::Table(TableCommand {
-        table: "dbo.customers".into(),
-    });
-    let schema = raw
-        .get_schema(FlightDescriptor::new_cmd(table.to_bytes()))
-        .await
-        .expect("schema")
-        .into_inner();
-    let schema = arrow::datatypes::Schema::try_from(&schema).expect("ipc schema");
-    assert_eq!(schema.fields().len(), 6 + 9);
-    assert_eq!(schema.field(6).name(), "customer_id");
-
-    let mut changes = ChangesCommand::new("dbo.orders", Lsn::ZERO, None);
-    changes.columns = Some(vec!["status".into(), "order_id".into()]);
-    changes.include_command_id = Some(false);
-    let schema = raw
-        .get_schema(FlightDescriptor::new_cmd(
-            Command::Changes(changes).to_bytes(),
-        ))
-        .await
-        .expect("schema")
-        .into_inner();
-    let schema = arrow::datatypes::Schema::try_from(&schema).expect("ipc schema");
-    let names: Vec<&str> = schema
-        .fields()
-        .iter()
-        .map(|field| field.name().as_str())
-        .collect();
-    assert_eq!(
-        names,
-        [
-            "_capture_instance",
-            "_start_lsn",
-            "_seqval",
-            "_operation",
-            "_commit_ts",
-            "status",
-            "order_id"
-        ]
-    );
-
-    let missing = Command::Table(TableCommand {
-        table: "dbo.nope".into(),
-    });
-    let error = raw
-        .get_schema(FlightDescriptor::new_cmd(missing.to_bytes()))
-        .await
-        .expect_err("unknown");
-    assert_eq!(error.code(), Code::NotFound);
-    let error = raw
-        .get_schema(FlightDescriptor::new_cmd(b"{".to_vec()))
-        .await
-        .expect_err("bad json");
-    assert_eq!(error.code(), Code::InvalidArgument);
-
-    let actions: Vec<_> = raw
-        .list_actions(Empty {})
-        .await
-        .expect("actions")
-        .into_inner()
-        .try_collect()
-        .await
-        .expect("list");
-    assert_eq!(
-        actions.len(),
-        mssql_cdc_flight::flight::ActionKind::ALL.len()
-    );
-    let flights: Vec<_> = raw
-        .list_flights(Criteria::default())
-        .await
-        .expect("flights")
-        .into_inner()
-        .try_collect()
-        .await
-        .expect("list");
-    assert_eq!(flights.len(), 2);
-    flight.shutdown_and_wait().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_action_answers_and_refuses_bad_input() {
-    let (sim, flight) = loaded(200).await;
-    let client = &flight.client;
-    let source = sim.db.clone();
-    let max: LsnAnswer = client.action("max_lsn", &json!({})).await.expect("max_lsn");
-    let max = max.lsn.expect("a max lsn");
-    assert_eq!(Some(max), source.max_lsn().await.expect("source max"));
-    let min: LsnAnswer = client
-        .action("min_lsn", &json!({"capture_instance": "dbo_orders"}))
-        .await
-        .expect("min");
-    let min = min.lsn.expect("min lsn");
-    let next: LsnAnswer = client
-        .action("increment_lsn", &json!({"lsn": min}))
-        .await
-        .expect("increment");
-    assert_eq!(next.lsn, Some(min.increment()));
-    let previous: LsnAnswer = client
-        .action("decrement_lsn", &json!({"lsn": min}))
-        .await
-        .expect("decrement");
-    assert_eq!(previous.lsn, Some(min.decrement()));
-    let time: TimeAnswer = client
-        .action("lsn_to_time", &json!({"lsn": max}))
-        .await
-        .expect("time");
-    assert!(time.commit_ts.is_some());
-    let none: TimeAnswer = client
-        .action("lsn_to_time", &json!({"lsn": max.increment()}))
-        .await
-        .expect("time");
-    assert_eq!(none.commit_ts, None);
-    let third: LsnAnswer = client
-        .action("nth_commit_after", &json!({"lsn": min, "n": 3}))
-        .await
-        .expect("nth");
-    assert_eq!(
-        third.lsn,
-        source.nth_commit_after(min, 3).await.expect("source nth")
-    );
-    let beyond: LsnAnswer = client
-        .action("nth_commit_after", &json!({"lsn": max, "n": 3}))
-        .await
-        .expect("nth");
-    assert_eq!(beyond.lsn, None);
-    let capped: LsnAnswer = client
-        .action("nth_commit_after", &json!({"lsn": min, "n": 1_000_000}))
-        .await
-        .expect("nth");
-    assert_eq!(capped.lsn, Some(max));
-    let instances: Vec<CaptureInstanceInfo> = client
-        .action("capture_instances", &json!({"table": "dbo.orders"}))
-        .await
-        .expect("instances");
-    assert_eq!(instances.len(), 1);
-    assert_eq!(instances[0].columns.len(), 10);
-    let ddl: Vec<serde_json::Value> = client
-        .action(
-            "ddl_history",
-            &json!({"capture_instance": "dbo_orders", "from": Lsn::ZERO, "to": max}),
-        )
-        .await
-        .expect("ddl");
-    assert!(ddl.is_empty());
-    let tiles: Vec<Tile> = client
-        .action(
-            "split_points",
-            &json!({"capture_instance": "dbo_orders", "from": min, "to": max, "n": 4}),
-        )
-        .await
-        .expect("split");
-    assert!((2..=4).contains(&tiles.len()), "{} tiles", tiles.len());
-    let count: CountAnswer = client
-        .action(
-            "count_changes",
-            &json!({"capture_instance": "dbo_orders", "from": min, "to": max}),
-        )
-        .await
-        .expect("count");
-    assert_eq!(count.rows, tiles.iter().map(|tile| tile.rows).sum::<u64>());
-    assert_eq!(count.rows as usize, sim.journal_rows("dbo.orders").len());
-
-    for (name, body, expected) in [
-        ("no_such_action", json!({}), Code::InvalidArgument),
-        ("max_lsn", json!({"extra": 1}), Code::InvalidArgument),
-        (
-            "min_lsn",
-            json!({"capture_instance": "dbo_nope"}),
-            Code::NotFound,
-        ),
-        (
-            "min_lsn",
-            json!({"capture_instance": "DBO_ORDERS"}),
-            Code::NotFound,
-        ),
-        (
-            "increment_lsn",
-            json!({"lsn": "0xZZ"}),
-            Code::InvalidArgument,
-        ),
-        ("lsn_to_time", json!({}), Code::InvalidArgument),
-        (
-            "nth_commit_after",
-            json!({"lsn": min, "n": 0}),
-            Code::InvalidArgument,
-        ),
-        (
-            "capture_instances",
-            json!({"table": "dbo.nope"}),
-            Code::NotFound,
-        ),
-        (
-            "split_points",
-            json!({"capture_instance": "dbo_orders", "from": max, "to": min, "n": 2}),
-            Code::InvalidArgument,
-        ),
-        (
-            "split_points",
-            json!({"capture_instance": "dbo_orders", "from": min, "to": max, "n": 0}),
-            Code::InvalidArgument,
-        ),
-        (
-            "initial_offset",
-            json!({"table": "dbo.orders", "starting": "yesterday"}),
-            Code::InvalidArgument,
-        ),
-        (
-            "latest_offset",
-            json!({"max_commits": 0}),
-            Code::InvalidArgument,
-        ),
-    ] {
-        let error = client
-            .action::<serde_json::Value>(name, &body)
-            .await
-            .expect_err(name);
-        assert_eq!(code(error), expected, "{name} {body}");
-    }
-    let hint = client
-        .action::<serde_json::Value>("min_lsn", &json!({"capture_instance": "DBO_ORDERS"}))
-        .await
-        .expect_err("case");
-    assert!(
-        hint.to_string().contains("did you mean dbo_orders"),
-        "{hint}"
-    );
-    flight.shutdown_and_wait().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn offsets_follow_the_seed_rules() {
-    let (_sim, flight) = loaded(100).await;
-    let client = &flight.client;
-    let start = earliest(&flight, "dbo.orders").await;
-    let min: LsnAnswer = client
-        .action("min_lsn", &json!({"capture_instance": "dbo_orders"}))
-        .await
-        .expect("min");
-    assert_eq!(
-        start.lsn,
-        min.lsn.expect("min").decrement(),
-        "earliest is just before min_lsn"
-    );
-    let latest: Offset = client
-        .action(
-            "latest_offset",
-            &LatestOffsetBody {
-                start: Some(start),
-                max_commits: None,
-                upper: None,
-            },
-        )
-        .await
-        .expect("latest");
-    let max: LsnAnswer = client.action("max_lsn", &json!({})).await.expect("max");
-    assert_eq!(Some(latest.lsn), max.lsn);
-    assert!(latest.commit_ts.is_some());
-    let capped: Offset = client
-        .action(
-            "latest_offset",
-            &LatestOffsetBody {
-                start: Some(start),
-                max_commits: Some(5),
-                upper: None,
-            },
-        )
-        .await
-        .expect("capped");
-    let fifth: LsnAnswer = client
-        .action("nth_commit_after", &json!({"lsn": start.lsn, "n": 5}))
-        .await
-        .expect("nth");
-    assert_eq!(Some(capped.lsn), fifth.lsn);
-    let same: Offset = client
-        .action(
-            "latest_offset",
-            &LatestOffsetBody {
-                start: Some(latest),
-                max_commits: Some(5),
-                upper: None,
-            },
-        )
-        .await
-        .expect("nothing new");
-    assert_eq!(same, latest, "nothing newer: the start comes back");
-    let upper: Offset = client
-        .action(
-            "latest_offset",
-            &LatestOffsetBody {
-                start: Some(start),
-                max_commits: None,
-                upper: Some(capped.lsn),
-            },
-        )
-        .await
-        .expect("upper");
-    assert_eq!(upper.lsn, capped.lsn);
-    let newest: Offset = client
-        .action(
-            "initial_offset",
-            &InitialOffsetBody {
-                table: "dbo.orders".into(),
-                starting: Some("latest".into()),
-            },
-        )
-        .await
-        .expect("latest start");
-    assert_eq!(newest.lsn, latest.lsn);
-    let explicit: Offset = client
-        .action(
-            "initial_offset",
-            &InitialOffsetBody {
-                table: "dbo.orders".into(),
-                starting: Some("2a".into()),
-            },
-        )
-        .await
-        .expect("explicit");
-    assert_eq!(explicit.lsn.to_string(), "0x0000000000000000002A");
-    // Batches capped at 5 commits walk the history without gaps or overlaps.
-    let mut position = start;
-    let mut total = 0;
-    for _ in 0..200 {
-        let end: Offset = client
-            .action(
-                "latest_offset",
-                &LatestOffsetBody {
-                    start: Some(position),
-                    max_commits: Some(5),
-                    upper: None,
-                },
-            )
-            .await
-            .expect("step");
-        if end == position {
-            break;
-        }
-        let (_, batches) = read_range(client, "dbo.orders", position.lsn, Some(end.lsn), 1).await;
-        total += row_count(&batches);
-        position = end;
-    }
-    assert_eq!(position.lsn, latest.lsn);
-    let count: CountAnswer = client
-        .action("count_changes", &json!({"capture_instance": "dbo_orders", "from": start.lsn.increment(), "to": latest.lsn}))
-        .await
-        .expect("count");
-    assert_eq!(total as u64, count.rows);
-    flight.shutdown_and_wait().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_plans_are_refused_with_a_reason() {
-    let (_sim, flight) = loaded(50).await;
-    let client = &flight.client;
-    let max: LsnAnswer = client.action("max_lsn", &json!({})).await.expect("max");
-    let max = max.lsn.expect("max");
-    let cases: Vec<(ChangesCommand, Code, &str)> = vec![
-        (
-            ChangesCommand::new("dbo.orders", max, Some(max.decrement())),
-            Code::InvalidArgument,
-            "is past to",
-        ),
-        (
-            ChangesCommand::new("dbo.orders", Lsn::ZERO, Some(max.increment())),
-            Code::InvalidArgument,
-            "past max_lsn",
-        ),
-        (
-            ChangesCommand::new("dbo.nope", Lsn::ZERO, None),
-            Code::NotFound,
-            "dbo.nope",
-        ),
-        (
-            ChangesCommand::new("a.b.c", Lsn::ZERO, None),
-            Code::InvalidArgument,
-            "schema.table",
-        ),
-        (
-            ChangesCommand {
-                columns: Some(vec!["nope".into()]),
-                ..ChangesCommand::new("dbo.orders", max, None)
-            },
-            Code::InvalidArgument,
-            "not captured",
-        ),
-        (
-            ChangesCommand {
-                partitions: Some(0),
-                ..ChangesCommand::new("dbo.orders", max, None)
-            },
-            Code::InvalidArgument,
-            "partitions",
-        ),
-        (
-            ChangesCommand {
-                capture_instance: Some("dbo_nope".into()),
-                ..ChangesCommand::new("dbo.orders", max, None)
-            },
-            Code::NotFound,
-            "dbo_nope",
-        ),
-    ];
-    for (command, expected, text) in cases {
-        let error = client.plan_changes(&command).await.expect_err("refused");
-        assert!(error.to_string().contains(text), "{error}");
-        assert_eq!(code(error), expected);
-    }
-    let mut raw = raw_client(&flight).await;
-    let misspelt =
-        br#"{"type":"changes","table":"dbo.orders","from":"0x00","partitons":2}"#.to_vec();
-    let error = raw
-        .get_flight_info(FlightDescriptor::new_cmd(misspelt))
-        .await
-        .expect_err("unknown option");
-    assert_eq!(error.code(), Code::InvalidArgument);
-    assert!(error.message().contains("partitons"), "{}", error.message());
-    // An empty range plans no endpoint.
-    let empty = client
-        .plan_changes(&ChangesCommand::new("dbo.orders", max, Some(max)))
-        .await
-        .expect("empty");
-    assert!(empty.info.endpoint.is_empty());
-    assert_eq!(empty.info.total_records, 0);
-    flight.shutdown_and_wait().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_range_is_cut_at_a_newer_capture_instance() {
     let sim = SimFixture::new();
     let mut writer = sim.writer(21);
@@ -705,7 +217,7 @@ async fn a_range_is_cut_at_a_newer_capture_instance() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_entries_advance_the_offset_of_a_quiet_table() {
-    let (sim, flight) = loaded(30).await;
+    let (sim, flight) = loaded(11, 30).await;
     let client = &flight.client;
     let before: Offset = client
         .action(
@@ -751,7 +263,7 @@ async fn idle_entries_advance_the_offset_of_a_quiet_table() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purged_changes_are_data_loss_before_planning() {
-    let (sim, flight) = loaded(100).await;
+    let (sim, flight) = loaded(11, 100).await;
     let start = earliest(&flight, "dbo.orders").await;
     let cut = sim
         .db
@@ -789,7 +301,7 @@ async fn purged_changes_are_data_loss_before_planning() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cleanup_during_the_read_is_data_loss_never_a_short_stream() {
-    let (sim, flight) = loaded(400).await;
+    let (sim, flight) = loaded(11, 400).await;
     let start = earliest(&flight, "dbo.orders").await;
     let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
     command.batch_rows = Some(100);
@@ -830,7 +342,7 @@ async fn a_cleanup_during_the_read_is_data_loss_never_a_short_stream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_source_connection_is_unavailable_and_incomplete() {
-    let (sim, flight) = loaded(200).await;
+    let (sim, flight) = loaded(11, 200).await;
     let start = earliest(&flight, "dbo.orders").await;
     let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
     command.batch_rows = Some(50);
@@ -858,7 +370,7 @@ async fn a_dropped_source_connection_is_unavailable_and_incomplete() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_ticket_read_twice_gives_identical_rows_and_on_another_replica() {
-    let (sim, flight) = loaded(300).await;
+    let (sim, flight) = loaded(11, 300).await;
     let start = earliest(&flight, "dbo.orders").await;
     let plan = flight
         .client
@@ -899,7 +411,7 @@ async fn the_same_ticket_read_twice_gives_identical_rows_and_on_another_replica(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_concurrent_reads_all_complete() {
-    let (sim, flight) = loaded(500).await;
+    let (sim, flight) = loaded(11, 500).await;
     let start = earliest(&flight, "dbo.orders").await;
     let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
     command.partitions = Some(8);
@@ -930,7 +442,7 @@ async fn eight_concurrent_reads_all_complete() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampered_and_garbage_tickets_are_refused() {
-    let (_sim, flight) = loaded(50).await;
+    let (_sim, flight) = loaded(11, 50).await;
     let start = earliest(&flight, "dbo.orders").await;
     let plan = flight
         .client
@@ -959,7 +471,7 @@ async fn tampered_and_garbage_tickets_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_published_while_serving_are_seen_on_the_next_request() {
-    let (sim, flight) = loaded(20).await;
+    let (sim, flight) = loaded(11, 20).await;
     let before: LsnAnswer = flight
         .client
         .action("max_lsn", &json!({}))
@@ -1005,7 +517,7 @@ async fn commits_published_while_serving_are_seen_on_the_next_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_reports_serving() {
-    let (_sim, flight) = loaded(5).await;
+    let (_sim, flight) = loaded(11, 5).await;
     let channel = tonic::transport::Endpoint::from_shared(flight.url.clone())
         .expect("url")
         .connect()
@@ -1028,7 +540,7 @@ async fn health_reports_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_slows_but_does_not_break_reads() {
-    let (sim, flight) = loaded(50).await;
+    let (sim, flight) = loaded(11, 50).await;
     sim.db.set_faults(Faults {
         latency: Duration::from_millis(20),
         ..Faults::default()
@@ -1047,7 +559,7 @@ async fn latency_slows_but_does_not_break_reads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_serves_clients_that_trust_its_ca_only() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let (sim, plain) = loaded(50).await;
+    let (sim, plain) = loaded(11, 50).await;
     plain.shutdown_and_wait().await;
     let certified =
         rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");

@@ -5,18 +5,16 @@ mod common;
 
 use mssql_cdc_flight::keys::{Bound, KeyColumn, KeySeek, KeyTuple, KeyValue};
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, Int32Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
-use common::{FlightFixture, SimFixture};
+use common::{FlightFixture, loaded};
 use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::chunking::{self, BucketCounter};
 use mssql_cdc_flight::client::CdcClient;
 use mssql_cdc_flight::protocol::{ChangesCommand, ChunkSpec, Completion, SnapshotCommand};
-use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::sim::{Faults, SnapshotHook};
 use mssql_cdc_flight::source::{KeyBucket, KeyExtent};
 use serde_json::json;
@@ -164,19 +162,6 @@ async fn read_snapshot(client: &CdcClient, command: &SnapshotCommand) -> Snapsho
     out
 }
 
-async fn loaded(commits: u64) -> (SimFixture, FlightFixture) {
-    let sim = SimFixture::new();
-    let mut writer = sim.writer(5);
-    let spec = WorkloadSpec {
-        commits: Some(commits),
-        max_rows_per_statement: 5,
-        ..WorkloadSpec::default()
-    };
-    workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
-    let flight = FlightFixture::start(Arc::new(sim.db.clone())).await;
-    (sim, flight)
-}
-
 /// The table's current rows, rebuilt from every change it ever had.
 async fn current(client: &CdcClient) -> Rows {
     let earliest: mssql_cdc_flight::Offset = client
@@ -193,7 +178,7 @@ async fn current(client: &CdcClient) -> Rows {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_snapshot_in_partitions_is_the_current_table_stamped_before_its_read() {
-    let (_sim, flight) = loaded(300).await;
+    let (_sim, flight) = loaded(5, 300).await;
     let client = &flight.client;
     let expected = current(client).await;
     let mut command = SnapshotCommand::new(TABLE);
@@ -241,7 +226,7 @@ impl BucketCounter for FlightCounter<'_> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunks_planned_from_counted_slices_tile_the_table() {
-    let (_sim, flight) = loaded(400).await;
+    let (_sim, flight) = loaded(5, 400).await;
     let client = &flight.client;
     let expected = current(client).await;
     let extent: KeyExtent = client
@@ -296,7 +281,7 @@ async fn chunks_planned_from_counted_slices_tile_the_table() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_between_the_stamp_and_the_read_only_replays_in_the_rebuild() {
-    let (sim, flight) = loaded(200).await;
+    let (sim, flight) = loaded(5, 200).await;
     let client = &flight.client;
     let orders = "dbo.orders".parse().expect("table");
     let writer = Arc::new(Mutex::new(Some(sim.writer(77))));
@@ -342,7 +327,7 @@ async fn a_commit_between_the_stamp_and_the_read_only_replays_in_the_rebuild() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_snapshot_commands_are_refused() {
-    let (_sim, flight) = loaded(20).await;
+    let (_sim, flight) = loaded(5, 20).await;
     let client = &flight.client;
     let mut empty_chunk = SnapshotCommand::new(TABLE);
     empty_chunk.chunks = Some(vec![ChunkSpec {
@@ -503,7 +488,7 @@ impl mssql_cdc_flight::source::CdcSource for KeylessSource {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_without_an_integer_key_is_read_whole_in_one_stream_and_not_chunked() {
-    let (sim, flight) = loaded(120).await;
+    let (sim, flight) = loaded(5, 120).await;
     let expected = current(&flight.client).await;
     let keyless = FlightFixture::start(Arc::new(KeylessSource(sim.db.clone()))).await;
     let client = &keyless.client;

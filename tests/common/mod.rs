@@ -4,17 +4,21 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use arrow::array::{Array, Int32Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
-use mssql_cdc_flight::client::{CdcClient, ChangesPlan, ClientResult};
+use arrow_flight::flight_service_client::FlightServiceClient;
+use mssql_cdc_flight::client::{CdcClient, ChangesPlan, ClientError, ClientResult};
 use mssql_cdc_flight::flight::local::LocalServer;
 use mssql_cdc_flight::flight::ticket::TicketSigner;
-use mssql_cdc_flight::protocol::{ChangesCommand, Completion};
+use mssql_cdc_flight::protocol::{ChangesCommand, Completion, InitialOffsetBody};
+use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::sim::{Clock, SimDb, SimWriter, sample};
 use mssql_cdc_flight::source::CdcSource;
-use mssql_cdc_flight::{CommitTime, Lsn};
+use mssql_cdc_flight::{CommitTime, Lsn, Offset};
 use tempfile::TempDir;
+use tonic::Code;
 
 /// 2026-01-01T00:00:00Z.
 pub const START: CommitTime = CommitTime(1_767_225_600_000_000);
@@ -202,4 +206,56 @@ pub fn all_null(batches: &[RecordBatch], name: &str) -> bool {
     batches
         .iter()
         .all(|batch| batch.column_by_name(name).expect("column").null_count() == batch.num_rows())
+}
+
+/// `dbo.orders`, a sample table.
+pub fn orders() -> mssql_cdc_flight::source::TableName {
+    "dbo.orders".parse().expect("table")
+}
+
+/// A database with seeded rows and a mixed workload of `commits` (seeded by `seed`), served by
+/// a fixture.
+pub async fn loaded(seed: u64, commits: u64) -> (SimFixture, FlightFixture) {
+    let sim = SimFixture::new();
+    let mut writer = sim.writer(seed);
+    let spec = WorkloadSpec {
+        commits: Some(commits),
+        max_rows_per_statement: 5,
+        ..WorkloadSpec::default()
+    };
+    workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
+    let flight = FlightFixture::start(Arc::new(sim.db.clone())).await;
+    (sim, flight)
+}
+
+/// The offset a new stream of `table` starts at.
+pub async fn earliest(flight: &FlightFixture, table: &str) -> Offset {
+    flight
+        .client
+        .action(
+            "initial_offset",
+            &InitialOffsetBody {
+                table: table.into(),
+                starting: None,
+            },
+        )
+        .await
+        .expect("initial offset")
+}
+
+/// A stock arrow-flight client of the fixture, for calls our client does not make.
+pub async fn raw_client(flight: &FlightFixture) -> FlightServiceClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(flight.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    FlightServiceClient::new(channel)
+}
+
+/// The gRPC code of a client error that must carry one.
+pub fn code(error: ClientError) -> Code {
+    error
+        .code()
+        .unwrap_or_else(|| panic!("expected a status, got {error}"))
 }
