@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use mssql_cdc_flight::client::TLS_CA_VARIABLE;
+use mssql_cdc_flight::client::{TLS_CA_VARIABLE, TOKEN_VARIABLE};
+use mssql_cdc_flight::flight::Limits;
 
 /// Serve SQL Server change data capture as Arrow Flight streams.
 #[derive(Parser)]
@@ -60,14 +61,75 @@ pub struct ServeArgs {
     /// PEM private key for TLS.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Mutual TLS: PEM certificate of the CA that signs client certificates. Every client
+    /// must present one; its principal is the tokens file entry with its SHA-256.
+    #[arg(
+        long,
+        env = "MSSQL_CDC_FLIGHT_TLS_CLIENT_CA",
+        requires = "tls_cert",
+        requires = "tokens_file"
+    )]
+    pub tls_client_ca: Option<PathBuf>,
+    /// The principals (JSON: name, tables, token_sha256 and/or certificate_sha256;
+    /// docs/security.md). Without it every caller reads every table.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// Serve a non-loopback address without authentication (anyone who reaches the port
+    /// reads every table). Refused without this flag.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 #[derive(Args)]
 pub struct TicketKeyArgs {
-    /// File holding the ticket signing key (64 hex digits, or at least 16 bytes of text).
-    /// Replicas that share it redeem each other's tickets. Default: a random key per process.
+    /// File of ticket signing keys: one per line (64 hex digits, or at least 16 bytes of
+    /// text), the first signs and all verify, so a key rotates without breaking plans in
+    /// flight; a file that is not UTF-8 is one binary key. Replicas that share it redeem each
+    /// other's tickets. Default: a random key per process.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_TICKET_KEY_FILE")]
     pub ticket_key_file: Option<PathBuf>,
+    /// Hours a ticket stays redeemable; an expired one is FAILED_PRECONDITION ("re-plan").
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_TICKET_HOURS", default_value_t = 24.0)]
+    pub ticket_hours: f64,
+}
+
+/// The bounds of what clients control (docs/security.md, "Limits").
+#[derive(Args)]
+pub struct LimitArgs {
+    /// Most rows a client may ask per batch.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_BATCH_ROWS", default_value_t = Limits::default().max_batch_rows)]
+    pub max_batch_rows: usize,
+    /// Most bytes a client may ask per batch (the default keeps messages under the 4 MiB
+    /// limit of stock gRPC clients for rows under 1 MiB).
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_BATCH_BYTES", default_value_t = Limits::default().max_batch_bytes)]
+    pub max_batch_bytes: usize,
+    /// Most chunks of one snapshot request (one ticket each).
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_CHUNKS", default_value_t = Limits::default().max_chunks)]
+    pub max_chunks: usize,
+    /// Most rows a key_bound seek may skip (n).
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_SEEK_ROWS", default_value_t = Limits::default().max_seek_rows)]
+    pub max_seek_rows: u64,
+    /// Most do_get streams open at once; more are RESOURCE_EXHAUSTED with a retry hint.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_STREAMS", default_value_t = Limits::default().max_streams)]
+    pub max_streams: usize,
+    /// Most do_get streams open at once for one principal.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_STREAMS_PER_PRINCIPAL", default_value_t = Limits::default().max_streams_per_principal)]
+    pub max_streams_per_principal: usize,
+    /// Seconds a planning call (list, plan, schema, action) may take: DEADLINE_EXCEEDED after.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_CALL_TIMEOUT", default_value_t = Limits::default().call_timeout.as_secs_f64())]
+    pub call_timeout: f64,
+    /// Largest request message accepted, in bytes.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_REQUEST_BYTES", default_value_t = Limits::default().max_request_bytes)]
+    pub max_request_bytes: usize,
+    /// Seconds between HTTP/2 keepalive pings; a peer silent for --keepalive-timeout more is
+    /// dropped with its streams.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_KEEPALIVE_INTERVAL", default_value_t = Limits::default().keepalive_interval.as_secs_f64())]
+    pub keepalive_interval: f64,
+    /// Seconds a keepalive ping may go unanswered.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_KEEPALIVE_TIMEOUT", default_value_t = Limits::default().keepalive_timeout.as_secs_f64())]
+    pub keepalive_timeout: f64,
 }
 
 #[derive(Subcommand)]
@@ -229,6 +291,9 @@ pub struct ReadArgs {
     /// PEM certificate of the CA that signed the server's TLS certificate (use https://).
     #[arg(long, env = TLS_CA_VARIABLE)]
     pub tls_ca: Option<PathBuf>,
+    /// Bearer token of a principal of the server's tokens file.
+    #[arg(long, env = TOKEN_VARIABLE, hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 #[derive(Args)]

@@ -9,7 +9,8 @@ use anyhow::{Context, bail};
 use mssql_cdc_flight::client::{CdcClient, ClientTls};
 use mssql_cdc_flight::flight::local::LocalServer;
 use mssql_cdc_flight::flight::ticket::TicketSigner;
-use mssql_cdc_flight::flight::{self, TlsIdentity};
+use mssql_cdc_flight::flight::auth::Authenticator;
+use mssql_cdc_flight::flight::{self, Limits, ServiceOptions, TlsIdentity};
 use mssql_cdc_flight::mssql::{SqlServerConfig, SqlServerSource};
 use mssql_cdc_flight::protocol::{ChangesCommand, InitialOffsetBody, LatestOffsetBody};
 use mssql_cdc_flight::sim::workload::{Mix, WorkloadSpec};
@@ -17,24 +18,57 @@ use mssql_cdc_flight::sim::{Clock, SimDb, sample};
 use mssql_cdc_flight::source::{CdcSource, TableName};
 use mssql_cdc_flight::{CommitTime, Lsn, Offset};
 
-use crate::cli::{DemoArgs, ReadArgs, ServeArgs, SimCommand, TicketKeyArgs, WorkloadArgs};
+use crate::cli::{
+    DemoArgs, LimitArgs, ReadArgs, ServeArgs, SimCommand, TicketKeyArgs, WorkloadArgs,
+};
 
 impl TicketKeyArgs {
     fn signer(&self) -> anyhow::Result<TicketSigner> {
-        let Some(path) = &self.ticket_key_file else {
-            tracing::warn!(
-                "no ticket key file: using a random key, so only this process redeems its tickets"
-            );
-            return Ok(TicketSigner::random()?);
+        if !(self.ticket_hours > 0.0 && self.ticket_hours.is_finite()) {
+            bail!("--ticket-hours must be a positive number of hours");
+        }
+        let lifetime = Duration::from_secs_f64(self.ticket_hours * 3600.0);
+        let signer = match &self.ticket_key_file {
+            Some(path) => TicketSigner::from_key_file(path)?,
+            None => TicketSigner::random()?,
         };
-        let text = std::fs::read(path)
-            .with_context(|| format!("reading ticket key {}", path.display()))?;
-        let trimmed = String::from_utf8_lossy(&text).trim().to_string();
-        let secret = match hex::decode(&trimmed) {
-            Ok(bytes) if trimmed.len() == 64 => bytes,
-            _ => trimmed.into_bytes(),
+        Ok(signer.with_lifetime(lifetime))
+    }
+}
+
+impl LimitArgs {
+    fn limits(&self) -> anyhow::Result<Limits> {
+        let seconds = |name: &str, value: f64| {
+            if value > 0.0 && value.is_finite() {
+                Ok(Duration::from_secs_f64(value))
+            } else {
+                Err(anyhow::anyhow!("--{name} must be a positive number of seconds"))
+            }
         };
-        Ok(TicketSigner::new(&secret)?)
+        Ok(Limits {
+            max_batch_rows: self.max_batch_rows,
+            max_batch_bytes: self.max_batch_bytes,
+            max_chunks: self.max_chunks,
+            max_seek_rows: self.max_seek_rows,
+            max_streams: self.max_streams,
+            max_streams_per_principal: self.max_streams_per_principal,
+            call_timeout: seconds("call-timeout", self.call_timeout)?,
+            max_request_bytes: self.max_request_bytes,
+            keepalive_interval: seconds("keepalive-interval", self.keepalive_interval)?,
+            keepalive_timeout: seconds("keepalive-timeout", self.keepalive_timeout)?,
+        })
+    }
+}
+
+/// Whether every address `listen` names is a loopback one (`localhost` included).
+fn is_loopback(listen: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    match listen.to_socket_addrs() {
+        Ok(addresses) => {
+            let addresses: Vec<_> = addresses.collect();
+            !addresses.is_empty() && addresses.iter().all(|address| address.ip().is_loopback())
+        }
+        Err(_) => false,
     }
 }
 
@@ -65,7 +99,10 @@ pub async fn read(args: ReadArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let client = CdcClient::connect_with(&args.server, tls.as_ref()).await?;
+    let mut client = CdcClient::connect_with(&args.server, tls.as_ref()).await?;
+    if let Some(token) = &args.token {
+        client = client.with_token(token)?;
+    }
     read_changes(&client, &args, None).await.map(|_| ())
 }
 
@@ -121,20 +158,50 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let source = open_source(&text).await?;
     tracing::info!(source = %source.describe(), "serving");
     let signer = args.key.signer()?;
+    let read = |path: &PathBuf| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(TlsIdentity {
-            certificate: std::fs::read(cert)
-                .with_context(|| format!("reading {}", cert.display()))?,
-            key: std::fs::read(key).with_context(|| format!("reading {}", key.display()))?,
+            certificate: read(cert)?,
+            key: read(key)?,
+            client_ca: args.tls_client_ca.as_ref().map(read).transpose()?,
         }),
         _ => None,
+    };
+    let authenticator = match &args.tokens_file {
+        Some(path) => Some(Arc::new(Authenticator::from_file(path)?)),
+        None => None,
+    };
+    let loopback = is_loopback(&args.listen);
+    if authenticator.is_none() && !loopback {
+        if !args.insecure_no_auth {
+            bail!(
+                "refusing to serve {} without authentication: give --tokens-file (bearer \
+                 tokens, mutual TLS) or, to let anyone who reaches the port read every table, \
+                 --insecure-no-auth",
+                args.listen
+            );
+        }
+        tracing::warn!(listen = %args.listen,
+            "serving without authentication (--insecure-no-auth): anyone who reaches the port reads every table");
+    }
+    if !loopback && signer.is_random() {
+        tracing::warn!(
+            "no ticket key file: tickets are signed with a random key of this process, so \
+             replicas refuse each other's tickets (give every replica the same --ticket-key-file)"
+        );
+    }
+    let options = ServiceOptions {
+        signer,
+        limits: args.limits.limits()?,
+        authenticator,
+        health_interval: flight::HEALTH_PROBE_INTERVAL,
     };
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     // Tests and scripts read this line to find a port chosen with :0.
     println!("listening on {}", listener.local_addr()?);
-    flight::serve(listener, source, signer, tls, shutdown_signal()).await?;
+    flight::serve(listener, source, options, tls, shutdown_signal()).await?;
     Ok(())
 }
 
@@ -423,6 +490,7 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         partitions: 4,
         show: 5,
         tls_ca: None,
+        token: None,
     };
     println!("3. read dbo.orders from the earliest offset");
     let offset = read_changes(&client, &read, None).await?;

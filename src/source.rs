@@ -12,6 +12,7 @@
 
 use arrow::record_batch::RecordBatch;
 use futures::stream::BoxStream;
+use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
 use crate::keys::{KeyColumn, KeySeek, KeyTuple};
@@ -70,8 +71,82 @@ pub struct ChangeRead {
     pub batch_bytes: usize,
 }
 
-/// A stream of change batches in the output schema.
+/// A stream of change batches in the output schema. It ends cleanly only when the read was
+/// whole: a read that stopped early ends with an error (see [`read_channel`]).
 pub type BatchStream = BoxStream<'static, Result<RecordBatch>>;
+
+/// One message of a read task to its stream.
+enum ReadItem {
+    Batch(RecordBatch),
+    End,
+}
+
+/// The sending half of a source read, held by the task that reads: batches, then
+/// [`ReadSender::finish`]. The stream ends cleanly only on the explicit end that `finish(Ok)`
+/// sends; a task that panics or drops its sender without it ends the stream with
+/// `Error::Internal`, so a cut-short read can never pass for a whole one.
+pub struct ReadSender {
+    sender: mpsc::Sender<Result<ReadItem>>,
+}
+
+/// The message a stream ends with when its read task stopped without finishing.
+const READ_STOPPED: &str = "the source read stopped before its end (its task failed); \
+                            the stream is incomplete";
+
+/// A read's channel: the [`ReadSender`] for the task and the [`BatchStream`] it feeds, with
+/// at most `ahead` batches queued between them (backpressure reaches the read).
+pub fn read_channel(ahead: usize) -> (ReadSender, BatchStream) {
+    let (sender, receiver) = mpsc::channel(ahead.max(1));
+    let stream = futures::stream::unfold(Some(receiver), |receiver| async move {
+        let mut receiver = receiver?;
+        match receiver.recv().await {
+            Some(Ok(ReadItem::Batch(batch))) => Some((Ok(batch), Some(receiver))),
+            Some(Ok(ReadItem::End)) => None,
+            Some(Err(error)) => Some((Err(error), None)),
+            None => Some((Err(Error::Internal(READ_STOPPED.into())), None)),
+        }
+    });
+    (ReadSender { sender }, Box::pin(stream))
+}
+
+impl ReadSender {
+    /// Sends a batch; `false` when the stream's reader has gone (stop reading).
+    pub async fn send(&self, batch: RecordBatch) -> bool {
+        self.sender.send(Ok(ReadItem::Batch(batch))).await.is_ok()
+    }
+
+    /// [`ReadSender::send`] from a blocking task.
+    pub fn blocking_send(&self, batch: RecordBatch) -> bool {
+        self.sender
+            .blocking_send(Ok(ReadItem::Batch(batch)))
+            .is_ok()
+    }
+
+    /// Ends the stream: cleanly after `Ok`, with the error otherwise.
+    pub async fn finish(self, outcome: Result<()>) {
+        let _ = self.sender.send(Self::last(outcome)).await;
+    }
+
+    /// [`ReadSender::finish`] from a blocking task.
+    pub fn blocking_finish(self, outcome: Result<()>) {
+        let _ = self.sender.blocking_send(Self::last(outcome));
+    }
+
+    /// Resolves when the stream's reader has gone, so a read waiting on its source can stop
+    /// at once instead of at its next batch.
+    pub async fn closed(&self) {
+        self.sender.closed().await;
+    }
+
+    /// Whether the stream's reader has gone.
+    pub fn is_closed(&self) -> bool {
+        self.sender.is_closed()
+    }
+
+    fn last(outcome: Result<()>) -> Result<ReadItem> {
+        outcome.map(|()| ReadItem::End)
+    }
+}
 
 /// What to read from a table's current rows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,6 +169,8 @@ pub struct SnapshotRead {
     pub stamp_time: Option<CommitTime>,
     /// Upper bound of rows per batch.
     pub batch_rows: usize,
+    /// Upper bound of bytes per batch (Arrow buffer memory), one row at least.
+    pub batch_bytes: usize,
 }
 
 /// What the Flight service needs from a CDC database.

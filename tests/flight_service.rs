@@ -516,29 +516,6 @@ async fn commits_published_while_serving_are_seen_on_the_next_request() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_reports_serving() {
-    let (_sim, flight) = loaded(11, 5).await;
-    let channel = tonic::transport::Endpoint::from_shared(flight.url.clone())
-        .expect("url")
-        .connect()
-        .await
-        .expect("connect");
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    let response = health
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "arrow.flight.protocol.FlightService".into(),
-        })
-        .await
-        .expect("health")
-        .into_inner();
-    assert_eq!(
-        response.status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    );
-    flight.shutdown_and_wait().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_slows_but_does_not_break_reads() {
     let (sim, flight) = loaded(11, 50).await;
     sim.db.set_faults(Faults {
@@ -566,6 +543,7 @@ async fn tls_serves_clients_that_trust_its_ca_only() {
     let identity = mssql_cdc_flight::flight::TlsIdentity {
         certificate: certified.cert.pem().into_bytes(),
         key: certified.signing_key.serialize_pem().into_bytes(),
+        client_ca: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -575,7 +553,7 @@ async fn tls_serves_clients_that_trust_its_ca_only() {
     let server = tokio::spawn(mssql_cdc_flight::flight::serve(
         listener,
         Arc::new(sim.db.clone()),
-        TicketSigner::random().expect("key"),
+        mssql_cdc_flight::flight::ServiceOptions::new(TicketSigner::random().expect("key")),
         Some(identity),
         async {
             let _ = stopped.await;
@@ -585,6 +563,7 @@ async fn tls_serves_clients_that_trust_its_ca_only() {
     let tls = mssql_cdc_flight::client::ClientTls {
         ca_certificate: certified.cert.pem().into_bytes(),
         domain: None,
+        identity: None,
     };
     let client = mssql_cdc_flight::client::CdcClient::connect_with(&url, Some(&tls))
         .await
@@ -610,6 +589,7 @@ async fn tls_serves_clients_that_trust_its_ca_only() {
     let untrusted = mssql_cdc_flight::client::ClientTls {
         ca_certificate: stranger.cert.pem().into_bytes(),
         domain: None,
+        identity: None,
     };
     let refused =
         match mssql_cdc_flight::client::CdcClient::connect_with(&url, Some(&untrusted)).await {

@@ -121,6 +121,7 @@ async fn snapshot_keys(
         stamp,
         stamp_time: None,
         batch_rows: 97,
+        batch_bytes: 1 << 20,
     };
     let mut stream = source.read_snapshot(read).await.expect("snapshot read");
     let mut keys = Vec::new();
@@ -290,6 +291,7 @@ async fn keyset_rows(
         stamp,
         stamp_time: None,
         batch_rows: 89,
+        batch_bytes: 1 << 20,
     };
     let mut stream = source.read_snapshot(read).await.expect("keyset read");
     let mut rows = Vec::new();

@@ -14,6 +14,8 @@ use arrow_flight::{Action, Criteria, FlightDescriptor, FlightInfo, Ticket};
 use futures::{StreamExt, TryStreamExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tonic::Request;
+use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::protocol::{
@@ -78,6 +80,8 @@ pub type ClientResult<T> = Result<T, ClientError>;
 #[derive(Clone)]
 pub struct CdcClient {
     inner: FlightServiceClient<Channel>,
+    /// `Bearer <token>`, sent on every call when set; never printed.
+    authorization: Option<MetadataValue<Ascii>>,
 }
 
 /// A plan of a change range.
@@ -98,18 +102,36 @@ pub struct SnapshotPlan {
     pub metadata: SnapshotPlanMetadata,
 }
 
-/// TLS settings of a client: the CA that signed the server's certificate.
-#[derive(Clone, Debug)]
+/// TLS settings of a client: the CA that signed the server's certificate, and for mutual
+/// TLS the client's own certificate.
+#[derive(Clone)]
 pub struct ClientTls {
     /// PEM certificate(s) of the CA to trust.
     pub ca_certificate: Vec<u8>,
     /// The name to verify the server certificate against (default: the URL's host).
     pub domain: Option<String>,
+    /// Mutual TLS: the client's PEM certificate chain and private key.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("domain", &self.domain)
+            .field("identity", &self.identity.as_ref().map(|_| "<certificate and key>"))
+            .finish()
+    }
 }
 
 /// The variable naming the PEM file of the CA that signed the server's certificate, read by
 /// every client of this project (the server binary's `read`, the writer).
 pub const TLS_CA_VARIABLE: &str = "MSSQL_CDC_FLIGHT_TLS_CA";
+/// The variable holding the bearer token clients of this project send.
+pub const TOKEN_VARIABLE: &str = "MSSQL_CDC_FLIGHT_TOKEN";
+/// The variables naming the PEM files of a client certificate and its key (mutual TLS).
+pub const TLS_CLIENT_CERT_VARIABLE: &str = "MSSQL_CDC_FLIGHT_TLS_CLIENT_CERT";
+/// See [`TLS_CLIENT_CERT_VARIABLE`].
+pub const TLS_CLIENT_KEY_VARIABLE: &str = "MSSQL_CDC_FLIGHT_TLS_CLIENT_KEY";
 
 impl ClientTls {
     /// Trusts the CA in the PEM file at `path`, verifying the URL's host.
@@ -117,6 +139,7 @@ impl ClientTls {
         Ok(ClientTls {
             ca_certificate: std::fs::read(path)?,
             domain: None,
+            identity: None,
         })
     }
 }
@@ -143,6 +166,9 @@ impl CdcClient {
             if let Some(domain) = &tls.domain {
                 config = config.domain_name(domain.clone());
             }
+            if let Some((certificate, key)) = &tls.identity {
+                config = config.identity(tonic::transport::Identity::from_pem(certificate, key));
+            }
             endpoint = endpoint
                 .tls_config(config)
                 .map_err(|error| connect_error(error.to_string()))?;
@@ -157,7 +183,85 @@ impl CdcClient {
             .map_err(|error| connect_error(error.to_string()))?;
         Ok(CdcClient {
             inner: FlightServiceClient::new(channel).max_decoding_message_size(256 << 20),
+            authorization: None,
         })
+    }
+
+    /// Connects as this project's clients do: TLS for `https://` verified against the CA in
+    /// [`TLS_CA_VARIABLE`] (refused without it, rather than trusting whatever answers), a
+    /// client certificate from [`TLS_CLIENT_CERT_VARIABLE`] and [`TLS_CLIENT_KEY_VARIABLE`]
+    /// when set, and the bearer token of [`TOKEN_VARIABLE`] when set.
+    pub async fn connect_from_env(url: &str) -> ClientResult<Self> {
+        let setting = |message: String| ClientError::Connect {
+            url: url.to_string(),
+            message,
+        };
+        let read = |variable: &str| -> ClientResult<Option<Vec<u8>>> {
+            match std::env::var_os(variable) {
+                Some(path) => std::fs::read(&path).map(Some).map_err(|error| {
+                    setting(format!(
+                        "reading {variable} {}: {error}",
+                        std::path::Path::new(&path).display()
+                    ))
+                }),
+                None => Ok(None),
+            }
+        };
+        let tls = match url.starts_with("https://") {
+            false => None,
+            true => {
+                let ca_certificate = read(TLS_CA_VARIABLE)?.ok_or_else(|| {
+                    setting(format!(
+                        "the server is TLS: set {TLS_CA_VARIABLE} to the PEM file of the CA \
+                         that signed its certificate"
+                    ))
+                })?;
+                let identity = match (
+                    read(TLS_CLIENT_CERT_VARIABLE)?,
+                    read(TLS_CLIENT_KEY_VARIABLE)?,
+                ) {
+                    (Some(certificate), Some(key)) => Some((certificate, key)),
+                    (None, None) => None,
+                    _ => {
+                        return Err(setting(format!(
+                            "set both {TLS_CLIENT_CERT_VARIABLE} and {TLS_CLIENT_KEY_VARIABLE}, \
+                             or neither"
+                        )));
+                    }
+                };
+                Some(ClientTls {
+                    ca_certificate,
+                    domain: None,
+                    identity,
+                })
+            }
+        };
+        let client = Self::connect_with(url, tls.as_ref()).await?;
+        match std::env::var(TOKEN_VARIABLE) {
+            Ok(token) if !token.trim().is_empty() => client.with_token(token.trim()),
+            _ => Ok(client),
+        }
+    }
+
+    /// This client sending `token` as `authorization: Bearer` on every call.
+    pub fn with_token(mut self, token: &str) -> ClientResult<Self> {
+        let mut value: MetadataValue<Ascii> = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| ClientError::Protocol("the token is not valid header text".into()))?;
+        value.set_sensitive(true);
+        self.authorization = Some(value);
+        Ok(self)
+    }
+
+    /// A request of `message` with this client's credentials.
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(authorization) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", authorization.clone());
+        }
+        request
     }
 
     /// Calls an action with a JSON body and decodes its JSON answer.
@@ -171,7 +275,7 @@ impl CdcClient {
         let mut results = self
             .inner
             .clone()
-            .do_action(Action::new(name, body))
+            .do_action(self.request(Action::new(name, body)))
             .await?
             .into_inner();
         let result = results
@@ -187,7 +291,7 @@ impl CdcClient {
         let stream = self
             .inner
             .clone()
-            .list_flights(Criteria::default())
+            .list_flights(self.request(Criteria::default()))
             .await?
             .into_inner();
         Ok(stream.try_collect().await?)
@@ -204,7 +308,7 @@ impl CdcClient {
         let info = self
             .inner
             .clone()
-            .get_flight_info(FlightDescriptor::new_cmd(command.to_bytes()))
+            .get_flight_info(self.request(FlightDescriptor::new_cmd(command.to_bytes())))
             .await?
             .into_inner();
         let metadata = serde_json::from_slice(&info.app_metadata)
@@ -224,29 +328,12 @@ impl CdcClient {
         let response = self
             .inner
             .clone()
-            .do_get(ticket.clone())
+            .do_get(self.request(ticket.clone()))
             .await?
             .into_inner();
-        // The completion marker is a metadata-only message (empty IPC header), the Flight
-        // convention arrow-rs' decoder does not accept: take it out before decoding.
-        let marker = std::sync::Arc::new(std::sync::Mutex::new(None::<bytes::Bytes>));
-        let seen = std::sync::Arc::clone(&marker);
-        let data = response
-            .map_err(FlightError::from)
-            .try_filter_map(move |data| {
-                let keep = if data.data_header.is_empty() {
-                    if let Ok(mut slot) = seen.lock() {
-                        *slot = Some(data.app_metadata);
-                    }
-                    None
-                } else {
-                    Some(data)
-                };
-                futures::future::ready(Ok(keep))
-            });
         Ok(EndpointReader {
-            decoder: FlightDataDecoder::new(data),
-            marker,
+            decoder: FlightDataDecoder::new(response.map_err(FlightError::from)),
+            marker: None,
             rows: 0,
         })
     }
@@ -278,10 +365,11 @@ impl CdcClient {
     }
 }
 
-/// One endpoint's stream being read: batches, then the completion marker.
+/// One endpoint's stream being read: batches, then the completion marker (a zero-row batch
+/// whose app_metadata is the [`Completion`]).
 pub struct EndpointReader {
     decoder: FlightDataDecoder,
-    marker: std::sync::Arc<std::sync::Mutex<Option<bytes::Bytes>>>,
+    marker: Option<bytes::Bytes>,
     rows: u64,
 }
 
@@ -289,20 +377,28 @@ impl EndpointReader {
     /// The next batch, or `None` at the end of the stream.
     pub async fn next_batch(&mut self) -> ClientResult<Option<RecordBatch>> {
         while let Some(message) = self.decoder.next().await {
-            if let DecodedPayload::RecordBatch(batch) = message?.payload {
-                if self
-                    .marker
-                    .lock()
-                    .map(|slot| slot.is_some())
-                    .unwrap_or(false)
-                {
-                    return Err(ClientError::Protocol(
-                        "data after the completion marker".into(),
-                    ));
-                }
-                self.rows += batch.num_rows() as u64;
-                return Ok(Some(batch));
+            let message = message?;
+            let DecodedPayload::RecordBatch(batch) = message.payload else {
+                continue;
+            };
+            if self.marker.is_some() {
+                return Err(ClientError::Protocol(
+                    "data after the completion marker".into(),
+                ));
             }
+            if !message.inner.app_metadata.is_empty() {
+                if batch.num_rows() != 0 {
+                    return Err(ClientError::Protocol(format!(
+                        "a batch of {} rows carries app_metadata; only the zero-row \
+                         completion marker does",
+                        batch.num_rows()
+                    )));
+                }
+                self.marker = Some(message.inner.app_metadata);
+                continue;
+            }
+            self.rows += batch.num_rows() as u64;
+            return Ok(Some(batch));
         }
         Ok(None)
     }
@@ -311,8 +407,7 @@ impl EndpointReader {
     /// arrived; [`ClientError::Incomplete`] when the stream ended without it.
     pub fn completion(self) -> ClientResult<Completion> {
         let rows = self.rows;
-        let metadata = self.marker.lock().ok().and_then(|mut slot| slot.take());
-        let Some(metadata) = metadata else {
+        let Some(metadata) = self.marker else {
             return Err(ClientError::Incomplete { rows });
         };
         let marker: Completion = serde_json::from_slice(&metadata)

@@ -68,9 +68,38 @@ pub enum Error {
     /// A ticket whose signature does not match: edited, forged or signed with another key.
     #[error("ticket signature does not match: the ticket was edited or signed with another key")]
     TicketForged,
-    /// The source refuses the login a read it needs (SQL Server error 229 on a change table).
+    /// A ticket past its expiry: plan the range again.
+    #[error("the ticket expired at {expired_at} (unix seconds); plan the read again")]
+    TicketExpired {
+        /// When it expired, in seconds since the Unix epoch.
+        expired_at: u64,
+    },
+    /// The call carries no valid credentials (no token, a wrong one, an unknown certificate).
     #[error("{0}")]
-    PermissionDenied(String),
+    Unauthenticated(String),
+    /// The caller is authenticated but may not read this table.
+    #[error("principal '{principal}' may not read table '{table}'")]
+    NotAuthorized {
+        /// Who asked.
+        principal: String,
+        /// The table asked for.
+        table: String,
+    },
+    /// A limit of the server is reached for now (open streams); retry after a while.
+    #[error("{what}; retry in about {retry_after_seconds} s")]
+    Busy {
+        /// Which limit, with its value.
+        what: String,
+        /// A hint of when a retry may succeed.
+        retry_after_seconds: u64,
+    },
+    /// A planning call ran past the server's deadline.
+    #[error("{0}")]
+    DeadlineExceeded(String),
+    /// The source refuses the server's login a read it needs (SQL Server error 229 on a
+    /// change table): the DBA must run the `GRANT` the message names.
+    #[error("{0}")]
+    GrantMissing(String),
     /// A transient failure of the source (connection dropped, timeout): retrying may succeed.
     #[error("source unavailable: {0}")]
     SourceUnavailable(String),

@@ -14,8 +14,9 @@ use crate::offset::{CommitTime, Offset};
 
 /// Default most rows per batch (the seed's `arrowBatchSize`).
 pub const DEFAULT_BATCH_ROWS: usize = 10_000;
-/// Default most bytes per batch.
-pub const DEFAULT_BATCH_BYTES: usize = 8 << 20;
+/// Default most bytes per batch: with rows under 1 MiB, every message stays under the 4 MiB
+/// receive limit of stock gRPC clients (arrow-rs, grpc-go, pyarrow).
+pub const DEFAULT_BATCH_BYTES: usize = 3 << 20;
 /// Default smallest partition: tiles are merged until they hold this many rows.
 pub const DEFAULT_MIN_PARTITION_ROWS: u64 = 50_000;
 /// Most partitions one plan may ask for.
@@ -66,6 +67,9 @@ pub struct SnapshotCommand {
     /// Most rows per batch; default 10,000.
     #[serde(default)]
     pub batch_rows: Option<usize>,
+    /// Most bytes per batch; default 3 MiB.
+    #[serde(default)]
+    pub batch_bytes: Option<usize>,
     /// IPC compression; default none.
     #[serde(default)]
     pub compression: Option<Compression>,
@@ -82,6 +86,7 @@ impl SnapshotCommand {
             columns: None,
             include_command_id: None,
             batch_rows: None,
+            batch_bytes: None,
             compression: None,
         }
     }
@@ -246,7 +251,7 @@ pub struct ChangesCommand {
     /// Most rows per batch; default 10,000.
     #[serde(default)]
     pub batch_rows: Option<usize>,
-    /// Most bytes per batch; default 8 MiB.
+    /// Most bytes per batch; default 3 MiB.
     #[serde(default)]
     pub batch_bytes: Option<usize>,
     /// IPC compression; default none.

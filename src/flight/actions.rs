@@ -4,6 +4,7 @@
 
 use arrow_flight::Action;
 
+use super::auth::Principal;
 use super::{CdcFlightService, json_bytes, snapshot};
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
@@ -85,8 +86,27 @@ impl ActionKind {
 }
 
 impl CdcFlightService {
-    /// Answers one action: its JSON body in, its JSON answer out.
-    pub(super) async fn action(&self, action: &Action) -> Result<bytes::Bytes> {
+    /// `PERMISSION_DENIED` unless `principal` may read the table of `capture_instance`.
+    async fn check_instance(&self, principal: &Principal, capture_instance: &str) -> Result<()> {
+        let instance = self.source.capture_instance(capture_instance).await?;
+        principal.check(&instance.table)
+    }
+
+    /// `table` parsed, and `PERMISSION_DENIED` unless `principal` may read it.
+    fn granted(principal: &Principal, table: &str) -> Result<TableName> {
+        let table: TableName = table.parse()?;
+        principal.check(&table)?;
+        Ok(table)
+    }
+
+    /// Answers one action of `principal`: its JSON body in, its JSON answer out. An action
+    /// naming a table or a capture instance is checked against the principal's tables; the
+    /// database-wide LSN functions are open to every principal.
+    pub(super) async fn action(
+        &self,
+        principal: &Principal,
+        action: &Action,
+    ) -> Result<bytes::Bytes> {
         let kind = ActionKind::named(&action.r#type)?;
         let name = kind.name();
         let body = action.body.as_ref();
@@ -106,6 +126,8 @@ impl CdcFlightService {
             }
             ActionKind::MinLsn => {
                 let body: CaptureInstanceBody = parse_body(name, body)?;
+                self.check_instance(principal, &body.capture_instance)
+                    .await?;
                 json_bytes(&LsnAnswer {
                     lsn: Some(source.min_lsn(&body.capture_instance).await?),
                 })
@@ -139,8 +161,9 @@ impl CdcFlightService {
             }
             ActionKind::CaptureInstances => {
                 let body: TableBody = parse_body(name, body)?;
+                let table = Self::granted(principal, &body.table)?;
                 let mut infos = Vec::new();
-                for instance in source.capture_instances(&body.table.parse()?).await? {
+                for instance in source.capture_instances(&table).await? {
                     infos.push(self.instance_info(instance).await?);
                 }
                 json_bytes(&infos)
@@ -148,6 +171,8 @@ impl CdcFlightService {
             ActionKind::DdlHistory => {
                 let body: RangeBody = parse_body(name, body)?;
                 check_range(&body)?;
+                self.check_instance(principal, &body.capture_instance)
+                    .await?;
                 json_bytes(
                     &source
                         .ddl_history(&body.capture_instance, body.from, body.to)
@@ -157,6 +182,8 @@ impl CdcFlightService {
             ActionKind::SplitPoints => {
                 let body: RangeBody = parse_body(name, body)?;
                 check_range(&body)?;
+                self.check_instance(principal, &body.capture_instance)
+                    .await?;
                 let n = body
                     .n
                     .ok_or_else(|| Error::invalid("split_points needs n"))?;
@@ -174,16 +201,19 @@ impl CdcFlightService {
             }
             ActionKind::SnapshotLsn => {
                 let body: TableBody = parse_body(name, body)?;
+                let table = Self::granted(principal, &body.table)?;
                 json_bytes(&LsnAnswer {
-                    lsn: Some(source.snapshot_lsn(&body.table.parse()?).await?),
+                    lsn: Some(source.snapshot_lsn(&table).await?),
                 })
             }
             ActionKind::KeyExtent => {
                 let body: TableBody = parse_body(name, body)?;
-                json_bytes(&source.key_extent(&body.table.parse()?).await?)
+                let table = Self::granted(principal, &body.table)?;
+                json_bytes(&source.key_extent(&table).await?)
             }
             ActionKind::KeyBuckets => {
                 let body: protocol::KeyBucketsBody = parse_body(name, body)?;
+                let table = Self::granted(principal, &body.table)?;
                 if body.width == 0 || body.hi < body.lo {
                     return Err(Error::invalid("key_buckets needs lo <= hi and width >= 1"));
                 }
@@ -195,13 +225,13 @@ impl CdcFlightService {
                 }
                 json_bytes(
                     &source
-                        .key_buckets(&body.table.parse()?, body.lo, body.hi, body.width)
+                        .key_buckets(&table, body.lo, body.hi, body.width)
                         .await?,
                 )
             }
             ActionKind::KeyMax => {
                 let body: protocol::KeyMaxBody = parse_body(name, body)?;
-                let table = body.table.parse()?;
+                let table = Self::granted(principal, &body.table)?;
                 let (keys, unique) =
                     snapshot::table_keys(source, &table, body.keys.as_deref()).await?;
                 let max = source.key_max(&table, &keys).await?;
@@ -209,7 +239,8 @@ impl CdcFlightService {
             }
             ActionKind::KeyBound => {
                 let body: protocol::KeyBoundBody = parse_body(name, body)?;
-                let table = body.table.parse()?;
+                let table = Self::granted(principal, &body.table)?;
+                self.limits.check_seek_rows(body.seek.n)?;
                 let (keys, _) = snapshot::table_keys(source, &table, body.keys.as_deref()).await?;
                 body.seek.check(&keys)?;
                 json_bytes(&protocol::KeyBoundAnswer {
@@ -219,6 +250,8 @@ impl CdcFlightService {
             ActionKind::CountChanges => {
                 let body: RangeBody = parse_body(name, body)?;
                 check_range(&body)?;
+                self.check_instance(principal, &body.capture_instance)
+                    .await?;
                 let tiles = source
                     .split_points(&body.capture_instance, body.from, body.to, 1)
                     .await?;
@@ -228,6 +261,7 @@ impl CdcFlightService {
             }
             ActionKind::InitialOffset => {
                 let body: InitialOffsetBody = parse_body(name, body)?;
+                Self::granted(principal, &body.table)?;
                 json_bytes(&self.initial_offset(&body).await?)
             }
             ActionKind::LatestOffset => {

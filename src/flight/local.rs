@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use super::ServiceOptions;
 use super::ticket::TicketSigner;
 use crate::error::{Error, Result};
 use crate::source::CdcSource;
@@ -21,6 +22,11 @@ pub struct LocalServer {
 impl LocalServer {
     /// Serves `source` on a free port of 127.0.0.1, plaintext, signing tickets with `signer`.
     pub async fn start(source: Arc<dyn CdcSource>, signer: TicketSigner) -> Result<Self> {
+        Self::start_with(source, ServiceOptions::new(signer)).await
+    }
+
+    /// Serves `source` on a free port of 127.0.0.1, plaintext, with `options`.
+    pub async fn start_with(source: Arc<dyn CdcSource>, options: ServiceOptions) -> Result<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|error| Error::io("binding a loopback port", error))?;
@@ -28,7 +34,7 @@ impl LocalServer {
             .local_addr()
             .map_err(|error| Error::io("reading the bound address", error))?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(super::serve(listener, source, signer, None, async {
+        let task = tokio::spawn(super::serve(listener, source, options, None, async {
             let _ = stopped.await;
         }));
         Ok(LocalServer {

@@ -10,9 +10,15 @@
 //! - `do_action`: the planning calls (offsets, LSN functions, capture instances, DDL
 //!   history, split points, counts), JSON in and out.
 //!
-//! The service holds no pipeline state; docs/protocol.md is the reference.
+//! Every call passes [`auth::interceptor`] (the caller's principal) and is checked against the
+//! tables it reaches; every size and count a client controls is bounded ([`Limits`]). The
+//! service holds no pipeline state; docs/protocol.md is the reference, docs/security.md the
+//! guide to authentication and limits.
 
 mod actions;
+pub mod auth;
+pub mod gate;
+pub mod limits;
 pub mod local;
 pub mod planner;
 pub mod snapshot;
@@ -20,13 +26,14 @@ pub mod stream;
 pub mod ticket;
 
 pub use actions::ActionKind;
+pub use limits::Limits;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow::ipc::writer::IpcWriteOptions;
-use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
@@ -39,50 +46,71 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::{Error, Result};
-use crate::protocol::{
-    self, CaptureInstanceInfo, ChangesCommand, Command, DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS,
-};
+use crate::protocol::{self, CaptureInstanceInfo, ChangesCommand, Command};
 use crate::source::{CdcSource, TableName};
 use crate::types::output_schema;
+use auth::{Authenticator, BasicCredentials, principal_of};
+use gate::StreamGate;
 use stream::{BoxedStream, StreamRead};
 use ticket::{ChangeRangeTicket, TicketBody, TicketColumn, TicketKind, TicketSigner};
 
-/// Largest message the server accepts from a client.
-const MAX_DECODING_MESSAGE_SIZE: usize = 16 << 20;
-
 pub use mssql_cdc_proto::protocol::{CONNECTION_WINDOW, STREAM_WINDOW};
 
-/// The Flight service over a [`CdcSource`]; build it with [`make_server`].
+/// How often health asks the source whether it answers, by default.
+pub const HEALTH_PROBE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How a service is set up: its ticket keys, its bounds, who may call it.
+#[derive(Clone, Debug)]
+pub struct ServiceOptions {
+    /// Signs and verifies tickets.
+    pub signer: TicketSigner,
+    /// The bounds of what clients control.
+    pub limits: Limits,
+    /// The principals; `None` serves everyone as [`auth::Principal::anonymous`] (loopback, or
+    /// `--insecure-no-auth`).
+    pub authenticator: Option<Arc<Authenticator>>,
+    /// How often health asks the source (`max_lsn`) whether it answers.
+    pub health_interval: Duration,
+}
+
+impl ServiceOptions {
+    /// Default limits, no authentication, tickets signed by `signer`.
+    pub fn new(signer: TicketSigner) -> Self {
+        ServiceOptions {
+            signer,
+            limits: Limits::default(),
+            authenticator: None,
+            health_interval: HEALTH_PROBE_INTERVAL,
+        }
+    }
+}
+
+/// The Flight service over a [`CdcSource`]; [`serve`] runs it.
 pub struct CdcFlightService {
     source: Arc<dyn CdcSource>,
     signer: TicketSigner,
+    limits: Limits,
+    streams: Arc<StreamGate>,
 }
 
-/// The service wrapped for tonic, with message limits set.
-pub fn make_server(
-    source: Arc<dyn CdcSource>,
-    signer: TicketSigner,
-) -> FlightServiceServer<CdcFlightService> {
-    FlightServiceServer::new(CdcFlightService { source, signer })
-        .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE)
-        .max_encoding_message_size(usize::MAX)
-}
-
-/// TLS identity of the server, PEM encoded.
+/// TLS of the server, PEM encoded.
 #[derive(Clone)]
 pub struct TlsIdentity {
     /// Certificate chain.
     pub certificate: Vec<u8>,
     /// Private key.
     pub key: Vec<u8>,
+    /// With mutual TLS: the CA that signs client certificates. Every client must then
+    /// present one, and its principal is the tokens file's entry with its SHA-256.
+    pub client_ca: Option<Vec<u8>>,
 }
 
 /// Serves Flight and gRPC health on `listener` until `shutdown` resolves, then finishes the
-/// calls in flight.
+/// calls in flight. Health says `NOT_SERVING` while the source does not answer.
 pub async fn serve(
     listener: TcpListener,
     source: Arc<dyn CdcSource>,
-    signer: TicketSigner,
+    options: ServiceOptions,
     tls: Option<TlsIdentity>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
@@ -90,38 +118,110 @@ pub async fn serve(
     health_reporter
         .set_serving::<FlightServiceServer<CdcFlightService>>()
         .await;
+    let probe = tokio::spawn(probe_health(
+        Arc::clone(&source),
+        health_reporter,
+        options.health_interval,
+    ));
+    let limits = &options.limits;
     let mut builder = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(STREAM_WINDOW))
         .initial_connection_window_size(Some(CONNECTION_WINDOW))
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .tcp_keepalive(Some(limits.keepalive_interval))
         .tcp_nodelay(true);
     if let Some(identity) = tls {
         crate::install_crypto_provider();
-        let config = tonic::transport::ServerTlsConfig::new().identity(
+        let mut config = tonic::transport::ServerTlsConfig::new().identity(
             tonic::transport::Identity::from_pem(identity.certificate, identity.key),
         );
+        if let Some(ca) = identity.client_ca {
+            config = config.client_ca_root(tonic::transport::Certificate::from_pem(ca));
+        }
         builder = builder
             .tls_config(config)
             .map_err(|error| Error::invalid(format!("bad TLS identity: {error}")))?;
     }
     let local: Option<SocketAddr> = listener.local_addr().ok();
-    tracing::info!(address = ?local, source = %source.describe(), "serving flight");
-    builder
+    tracing::info!(address = ?local, source = %source.describe(),
+        authentication = options.authenticator.is_some(), "serving flight");
+    let interceptor = auth::interceptor(options.authenticator.clone());
+    let flight = FlightServiceServer::new(CdcFlightService {
+        source,
+        signer: options.signer,
+        streams: StreamGate::new(limits.max_streams, limits.max_streams_per_principal),
+        limits: options.limits.clone(),
+    })
+    .max_decoding_message_size(options.limits.max_request_bytes)
+    .max_encoding_message_size(usize::MAX);
+    let served = builder
         .add_service(health_service)
-        .add_service(make_server(source, signer))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            flight,
+            interceptor,
+        ))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
-        .map_err(|error| Error::Internal(format!("the server failed: {error}")))
+        .map_err(|error| Error::Internal(format!("the server failed: {error}")));
+    probe.abort();
+    served
+}
+
+/// Keeps health true: `NOT_SERVING` while `max_lsn` fails or hangs, `SERVING` again once it
+/// answers.
+async fn probe_health(
+    source: Arc<dyn CdcSource>,
+    reporter: tonic_health::server::HealthReporter,
+    interval: Duration,
+) {
+    let mut serving = true;
+    loop {
+        tokio::time::sleep(interval).await;
+        let answer = tokio::time::timeout(interval * 2, source.max_lsn()).await;
+        let healthy = matches!(answer, Ok(Ok(_)));
+        if healthy == serving {
+            continue;
+        }
+        serving = healthy;
+        match healthy {
+            true => {
+                tracing::info!("the source answers again: health SERVING");
+                reporter
+                    .set_serving::<FlightServiceServer<CdcFlightService>>()
+                    .await;
+            }
+            false => {
+                let reason = match answer {
+                    Ok(Err(error)) => error.to_string(),
+                    _ => "max_lsn did not answer in time".into(),
+                };
+                tracing::warn!(%reason, "the source does not answer: health NOT_SERVING");
+                reporter
+                    .set_not_serving::<FlightServiceServer<CdcFlightService>>()
+                    .await;
+            }
+        }
+    }
 }
 
 fn json_bytes(value: &impl Serialize) -> bytes::Bytes {
     bytes::Bytes::from(serde_json::to_vec(value).expect("protocol payloads serialise"))
 }
 
-fn flight_error(error: &Error) -> FlightError {
-    FlightError::Tonic(Box::new(crate::status::to_status(error)))
-}
-
 impl CdcFlightService {
+    /// Runs a planning call within the server's deadline.
+    async fn within_deadline<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        let limit = self.limits.call_timeout;
+        tokio::time::timeout(limit, call).await.map_err(|_| {
+            Error::DeadlineExceeded(format!(
+                "the call ran past the server's deadline of {} s (--call-timeout); ask for \
+                 less (a shorter range, fewer rows per seek) or retry",
+                limit.as_secs_f64()
+            ))
+        })?
+    }
+
     async fn table_info(&self, table: &TableName) -> Result<FlightInfo> {
         let instances = self.source.capture_instances(table).await?;
         let columns = planner::union_columns(table, &instances)?;
@@ -161,13 +261,9 @@ impl CdcFlightService {
         command: &ChangesCommand,
         descriptor: FlightDescriptor,
     ) -> Result<FlightInfo> {
-        let batch_rows = command.batch_rows.unwrap_or(DEFAULT_BATCH_ROWS);
-        let batch_bytes = command.batch_bytes.unwrap_or(DEFAULT_BATCH_BYTES);
-        if batch_rows == 0 || batch_bytes == 0 {
-            return Err(Error::invalid(
-                "batch_rows and batch_bytes must be at least 1",
-            ));
-        }
+        let bounds = self
+            .limits
+            .batch_bounds(command.batch_rows, command.batch_bytes)?;
         let include_command_id = command.include_command_id.unwrap_or(true);
         let plan = planner::plan_changes(self.source.as_ref(), command).await?;
         let columns: Vec<TicketColumn> = plan.columns.iter().map(TicketColumn::of).collect();
@@ -186,11 +282,12 @@ impl CdcFlightService {
                     to_lsn: read.to.as_bytes().to_vec(),
                     columns: columns.clone(),
                     include_command_id,
-                    batch_rows: batch_rows as u64,
-                    batch_bytes: batch_bytes as u64,
+                    batch_rows: bounds.rows as u64,
+                    batch_bytes: bounds.bytes as u64,
                     compression: command.compression.unwrap_or_default().ticket_code(),
                     planned_rows: read.rows,
                 })),
+                expires_at: 0,
             };
             let endpoint_metadata = protocol::EndpointMetadata {
                 capture_instance: read.capture_instance.clone(),
@@ -222,21 +319,46 @@ impl FlightService for CdcFlightService {
 
     async fn handshake(
         &self,
-        _request: Request<Streaming<HandshakeRequest>>,
+        request: Request<Streaming<HandshakeRequest>>,
     ) -> std::result::Result<Response<Self::HandshakeStream>, Status> {
-        Err(Status::unimplemented(
-            "handshake is not needed: calls carry no session",
-        ))
+        // Basic credentials verified by the interceptor are traded for the bearer token;
+        // without authentication the handshake succeeds with nothing to trade.
+        let credentials = request.extensions().get::<BasicCredentials>().cloned();
+        let principal = match &credentials {
+            Some(credentials) => Arc::clone(&credentials.principal),
+            None => principal_of(&request)?,
+        };
+        tracing::debug!(principal = %principal.name, "handshake");
+        let reply = HandshakeResponse {
+            protocol_version: 0,
+            payload: bytes::Bytes::new(),
+        };
+        let mut response = Response::new(futures::stream::once(async move { Ok(reply) }).boxed());
+        if let Some(credentials) = credentials {
+            let value = format!("Bearer {}", credentials.token)
+                .parse()
+                .map_err(|_| Status::unauthenticated("the token is not a valid header value"))?;
+            response.metadata_mut().insert("authorization", value);
+        }
+        Ok(response)
     }
 
     async fn list_flights(
         &self,
-        _request: Request<Criteria>,
+        request: Request<Criteria>,
     ) -> std::result::Result<Response<Self::ListFlightsStream>, Status> {
-        let mut infos = Vec::new();
-        for tracked in self.source.tracked_tables().await? {
-            infos.push(Ok(self.table_info(&tracked.table).await?));
-        }
+        let principal = principal_of(&request)?;
+        let infos = self
+            .within_deadline(async {
+                let mut infos = Vec::new();
+                for tracked in self.source.tracked_tables().await? {
+                    if principal.may_read(&tracked.table) {
+                        infos.push(Ok(self.table_info(&tracked.table).await?));
+                    }
+                }
+                Ok(infos)
+            })
+            .await?;
         Ok(Response::new(futures::stream::iter(infos).boxed()))
     }
 
@@ -244,14 +366,23 @@ impl FlightService for CdcFlightService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> std::result::Result<Response<FlightInfo>, Status> {
+        let principal = principal_of(&request)?;
         let descriptor = request.into_inner();
-        let info = match Command::parse(&descriptor.cmd)? {
-            Command::Table(command) => self.table_info(&command.table.parse()?).await?,
-            Command::Changes(command) => self.changes_info(&command, descriptor).await?,
-            Command::Snapshot(command) => {
-                snapshot::plan(self.source.as_ref(), &self.signer, &command, descriptor).await?
-            }
-        };
+        let command = Command::parse(&descriptor.cmd)?;
+        principal.check(&command_table(&command)?)?;
+        let info = self
+            .within_deadline(async {
+                match command {
+                    Command::Table(command) => self.table_info(&command.table.parse()?).await,
+                    Command::Changes(command) => self.changes_info(&command, descriptor).await,
+                    Command::Snapshot(command) => {
+                        let source = self.source.as_ref();
+                        snapshot::plan(source, &self.signer, &self.limits, &command, descriptor)
+                            .await
+                    }
+                }
+            })
+            .await?;
         Ok(Response::new(info))
     }
 
@@ -268,38 +399,13 @@ impl FlightService for CdcFlightService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> std::result::Result<Response<SchemaResult>, Status> {
-        let schema = match Command::parse(&request.get_ref().cmd)? {
-            Command::Table(command) => {
-                let table: TableName = command.table.parse()?;
-                let instances = self.source.capture_instances(&table).await?;
-                output_schema(&planner::union_columns(&table, &instances)?, true)
-            }
-            Command::Changes(command) => {
-                let table: TableName = command.table.parse()?;
-                let instances = planner::stream_instances(
-                    self.source.as_ref(),
-                    &table,
-                    command.capture_instance.as_deref(),
-                )
-                .await?;
-                let columns = planner::select_columns(
-                    &table,
-                    planner::union_columns(&table, &instances)?,
-                    command.columns.as_deref(),
-                )?;
-                output_schema(&columns, command.include_command_id.unwrap_or(true))
-            }
-            Command::Snapshot(command) => {
-                let table: TableName = command.table.parse()?;
-                let instances = self.source.capture_instances(&table).await?;
-                let columns = planner::select_columns(
-                    &table,
-                    planner::union_columns(&table, &instances)?,
-                    command.columns.as_deref(),
-                )?;
-                crate::types::snapshot_schema(&columns, command.include_command_id.unwrap_or(true))
-            }
-        };
+        let principal = principal_of(&request)?;
+        let command = Command::parse(&request.get_ref().cmd)?;
+        let table = command_table(&command)?;
+        principal.check(&table)?;
+        let schema = self
+            .within_deadline(self.command_schema(&table, &command))
+            .await?;
         let result = SchemaResult::try_from(SchemaAsIpc::new(&schema, &IpcWriteOptions::default()))
             .map_err(|error| Status::internal(error.to_string()))?;
         Ok(Response::new(result))
@@ -309,14 +415,18 @@ impl FlightService for CdcFlightService {
         &self,
         request: Request<Ticket>,
     ) -> std::result::Result<Response<Self::DoGetStream>, Status> {
+        let principal = principal_of(&request)?;
         let body = self.signer.verify(&request.get_ref().ticket)?;
-        let (read, compression) = match body.kind {
-            Some(TicketKind::ChangeRange(ticket)) => {
-                (StreamRead::changes(&ticket)?, ticket.compression)
-            }
+        let (read, compression, table) = match body.kind {
+            Some(TicketKind::ChangeRange(ticket)) => (
+                StreamRead::changes(&ticket)?,
+                ticket.compression,
+                ticket.table,
+            ),
             Some(TicketKind::Snapshot(ticket)) => (
                 StreamRead::Snapshot(snapshot::ticket_read(&ticket)?),
                 ticket.compression,
+                ticket.table,
             ),
             None => {
                 return Err(Status::invalid_argument(
@@ -324,11 +434,19 @@ impl FlightService for CdcFlightService {
                 ));
             }
         };
-        Ok(Response::new(stream::respond(
-            Arc::clone(&self.source),
-            read,
-            compression,
-        )?))
+        // Checked again at redemption: a ticket may travel to another principal.
+        principal.check(&table.parse()?)?;
+        let slot = self.streams.enter(&principal.name)?;
+        let stream = stream::respond(Arc::clone(&self.source), read, compression)?;
+        // The slot is held until the response is dropped: read to its end, or abandoned.
+        Ok(Response::new(
+            stream
+                .map(move |item| {
+                    let _held = &slot;
+                    item
+                })
+                .boxed(),
+        ))
     }
 
     async fn do_put(
@@ -342,7 +460,10 @@ impl FlightService for CdcFlightService {
         &self,
         request: Request<Action>,
     ) -> std::result::Result<Response<Self::DoActionStream>, Status> {
-        let answer = self.action(request.get_ref()).await?;
+        let principal = principal_of(&request)?;
+        let answer = self
+            .within_deadline(self.action(&principal, request.get_ref()))
+            .await?;
         let result = arrow_flight::Result { body: answer };
         Ok(Response::new(
             futures::stream::once(async move { Ok(result) }).boxed(),
@@ -351,8 +472,9 @@ impl FlightService for CdcFlightService {
 
     async fn list_actions(
         &self,
-        _request: Request<Empty>,
+        request: Request<Empty>,
     ) -> std::result::Result<Response<Self::ListActionsStream>, Status> {
+        principal_of(&request)?;
         let actions = ActionKind::ALL.iter().map(|kind| {
             Ok(ActionType {
                 r#type: kind.name().to_string(),
@@ -369,5 +491,47 @@ impl FlightService for CdcFlightService {
         _request: Request<Streaming<FlightData>>,
     ) -> std::result::Result<Response<Self::DoExchangeStream>, Status> {
         Err(Status::unimplemented("do_exchange: use do_get"))
+    }
+}
+
+/// The table a descriptor command reads.
+fn command_table(command: &Command) -> Result<TableName> {
+    match command {
+        Command::Table(command) => command.table.parse(),
+        Command::Changes(command) => command.table.parse(),
+        Command::Snapshot(command) => command.table.parse(),
+    }
+}
+
+impl CdcFlightService {
+    /// The schema `command` would serve.
+    async fn command_schema(
+        &self,
+        table: &TableName,
+        command: &Command,
+    ) -> Result<arrow::datatypes::SchemaRef> {
+        let instances = match command {
+            Command::Changes(command) => {
+                planner::stream_instances(
+                    self.source.as_ref(),
+                    table,
+                    command.capture_instance.as_deref(),
+                )
+                .await?
+            }
+            _ => self.source.capture_instances(table).await?,
+        };
+        let columns = planner::union_columns(table, &instances)?;
+        Ok(match command {
+            Command::Table(_) => output_schema(&columns, true),
+            Command::Changes(command) => output_schema(
+                &planner::select_columns(table, columns, command.columns.as_deref())?,
+                command.include_command_id.unwrap_or(true),
+            ),
+            Command::Snapshot(command) => crate::types::snapshot_schema(
+                &planner::select_columns(table, columns, command.columns.as_deref())?,
+                command.include_command_id.unwrap_or(true),
+            ),
+        })
     }
 }

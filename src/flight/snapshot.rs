@@ -10,6 +10,7 @@
 use arrow_flight::{FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
 
 use super::json_bytes;
+use super::limits::Limits;
 use super::planner;
 use super::ticket::{
     SnapshotPieceTicket, SnapshotTicket, TicketBody, TicketColumn, TicketKind, TicketSigner,
@@ -20,7 +21,7 @@ use crate::keys::{
     Bound, KeyColumn, KeyTuple, KeyValue, KeysetRange, check_tuple, resolve_columns,
 };
 use crate::protocol::{
-    ChunkSpec, DEFAULT_BATCH_ROWS, MAX_PARTITIONS, SnapshotCommand, SnapshotEndpointMetadata,
+    ChunkSpec, MAX_PARTITIONS, SnapshotCommand, SnapshotEndpointMetadata,
     SnapshotPlanMetadata,
 };
 use crate::source::{
@@ -45,6 +46,7 @@ impl BucketCounter for SourceCounter<'_> {
 pub async fn plan(
     source: &dyn CdcSource,
     signer: &TicketSigner,
+    limits: &Limits,
     command: &SnapshotCommand,
     descriptor: FlightDescriptor,
 ) -> Result<FlightInfo> {
@@ -59,9 +61,9 @@ pub async fn plan(
         planner::union_columns(&table, &instances)?,
         command.columns.as_deref(),
     )?;
-    let batch_rows = command.batch_rows.unwrap_or(DEFAULT_BATCH_ROWS);
-    if batch_rows == 0 {
-        return Err(Error::invalid("batch_rows must be at least 1"));
+    let bounds = limits.batch_bounds(command.batch_rows, command.batch_bytes)?;
+    if let Some(chunks) = &command.chunks {
+        limits.check_chunks(chunks.len())?;
     }
     let include_command_id = command.include_command_id.unwrap_or(true);
     let keyset = command.chunks.as_ref().is_some_and(|chunks| {
@@ -193,9 +195,11 @@ pub async fn plan(
                     })
                     .collect(),
                 include_command_id,
-                batch_rows: batch_rows as u64,
+                batch_rows: bounds.rows as u64,
+                batch_bytes: bounds.bytes as u64,
                 compression: command.compression.unwrap_or_default().ticket_code(),
             })),
+            expires_at: 0,
         };
         info = info.with_endpoint(
             FlightEndpoint::new()
@@ -327,6 +331,9 @@ pub fn ticket_read(ticket: &SnapshotTicket) -> Result<SnapshotRead> {
         stamp: crate::lsn::Lsn::ZERO,
         stamp_time: None,
         batch_rows: usize::try_from(ticket.batch_rows)
+            .unwrap_or(usize::MAX)
+            .max(1),
+        batch_bytes: usize::try_from(ticket.batch_bytes)
             .unwrap_or(usize::MAX)
             .max(1),
     })

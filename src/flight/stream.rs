@@ -1,13 +1,18 @@
 //! The one `do_get` stream producer, shared by change ranges and snapshots.
 //!
 //! A spawned task reads the source into a bounded channel, so backpressure from the client
-//! reaches the source; the encoder turns the batches into Flight data; the completion marker
-//! (app_metadata only) follows the last batch, and only when the read was whole. A read that
-//! fails ends the stream with its status instead, and a client that leaves stops the task at
-//! its next send. What differs between the two kinds of read is what is checked around it:
+//! reaches the source; the encoder turns the batches into Flight data; the completion marker,
+//! a zero-row record batch whose app_metadata is the [`Completion`], follows the last batch,
+//! and only when the read was whole. Stock decoders (arrow-rs, pyarrow, arrow-go) read it as
+//! an ordinary empty batch. Nothing else ends a stream cleanly: a read that fails ends it with
+//! its status, a source read task that stops without its explicit end
+//! ([`crate::source::read_channel`]) or a producer that panics ends it with `INTERNAL`, and a
+//! client that leaves stops the task at once. What differs between the two kinds of read is
+//! what is checked around it:
 //!
-//! - a change range refuses a start CDC cleanup has already passed (`ChangesPurged`), and
-//!   after the read, a start cleanup passed meanwhile (`PurgedDuringRead`: rows may be missing);
+//! - a change range refuses a start CDC cleanup has already passed (`ChangesPurged`); after
+//!   the read, a start cleanup passed meanwhile is `PurgedDuringRead` (rows may be missing),
+//!   and rows sent other than the ticket's planned rows are `INTERNAL` (never a marker);
 //! - a snapshot records its stamp `L = max_lsn` before the read (P1 of docs/snapshots.md), so
 //!   the read sees every commit up to it; the marker carries it as `snapshot_lsn`.
 
@@ -16,7 +21,7 @@ use std::time::Instant;
 
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::CompressionType;
-use arrow::ipc::writer::IpcWriteOptions;
+use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
 use arrow::record_batch::RecordBatch;
 use arrow_flight::FlightData;
 use arrow_flight::encode::FlightDataEncoderBuilder;
@@ -28,7 +33,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::ticket::{ChangeRangeTicket, TicketColumn};
-use super::{flight_error, json_bytes};
+use super::json_bytes;
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
 use crate::protocol::{COMPLETION_TYPE, Completion, Compression};
@@ -48,8 +53,14 @@ pub type BoxedStream<T> = BoxStream<'static, std::result::Result<T, Status>>;
 
 /// What one `do_get` reads.
 pub enum StreamRead {
-    /// A change range of one capture instance.
-    Changes(ChangeRead),
+    /// A change range of one capture instance, with the rows counted when it was planned
+    /// (the rows of a closed LSN range never change while retention holds).
+    Changes {
+        /// The range.
+        read: ChangeRead,
+        /// Rows the read must send.
+        planned_rows: u64,
+    },
     /// Current rows of a table, stamped when the stream opens.
     Snapshot(SnapshotRead),
 }
@@ -61,27 +72,30 @@ impl StreamRead {
             Lsn::try_from_slice(bytes).map_err(|error| Error::TicketMalformed(error.to_string()))
         };
         let usize_of = |value: u64| usize::try_from(value).unwrap_or(usize::MAX).max(1);
-        Ok(StreamRead::Changes(ChangeRead {
-            capture_instance: ticket.capture_instance.clone(),
-            from: lsn(&ticket.from_lsn)?,
-            to: lsn(&ticket.to_lsn)?,
-            columns: TicketColumn::to_output(&ticket.columns)?,
-            include_command_id: ticket.include_command_id,
-            batch_rows: usize_of(ticket.batch_rows),
-            batch_bytes: usize_of(ticket.batch_bytes),
-        }))
+        Ok(StreamRead::Changes {
+            read: ChangeRead {
+                capture_instance: ticket.capture_instance.clone(),
+                from: lsn(&ticket.from_lsn)?,
+                to: lsn(&ticket.to_lsn)?,
+                columns: TicketColumn::to_output(&ticket.columns)?,
+                include_command_id: ticket.include_command_id,
+                batch_rows: usize_of(ticket.batch_rows),
+                batch_bytes: usize_of(ticket.batch_bytes),
+            },
+            planned_rows: ticket.planned_rows,
+        })
     }
 
     fn schema(&self) -> SchemaRef {
         match self {
-            StreamRead::Changes(read) => output_schema(&read.columns, read.include_command_id),
+            StreamRead::Changes { read, .. } => output_schema(&read.columns, read.include_command_id),
             StreamRead::Snapshot(read) => snapshot_schema(&read.columns, read.include_command_id),
         }
     }
 
     fn capture_instance(&self) -> &str {
         match self {
-            StreamRead::Changes(read) => &read.capture_instance,
+            StreamRead::Changes { read, .. } => &read.capture_instance,
             StreamRead::Snapshot(read) => &read.capture_instance,
         }
     }
@@ -89,7 +103,7 @@ impl StreamRead {
     /// Checks what must hold before the read, then opens it.
     async fn open(&mut self, source: &dyn CdcSource) -> Result<BatchStream> {
         match self {
-            StreamRead::Changes(read) => {
+            StreamRead::Changes { read, .. } => {
                 let min_lsn = source.min_lsn(&read.capture_instance).await?;
                 if read.from < min_lsn {
                     return Err(Error::ChangesPurged {
@@ -122,13 +136,20 @@ impl StreamRead {
     ) -> Result<Completion> {
         let min_lsn = source.min_lsn(self.capture_instance()).await?;
         let (from, to, snapshot_lsn) = match self {
-            StreamRead::Changes(read) => {
+            StreamRead::Changes { read, planned_rows } => {
                 if min_lsn > read.from {
                     return Err(Error::PurgedDuringRead {
                         capture_instance: read.capture_instance.clone(),
                         from: read.from,
                         min_lsn,
                     });
+                }
+                if rows != *planned_rows {
+                    return Err(Error::Internal(format!(
+                        "the read of {} ({}, {}) sent {rows} rows but {planned_rows} were \
+                         planned; the stream is incomplete",
+                        read.capture_instance, read.from, read.to
+                    )));
                 }
                 (read.from, read.to, None)
             }
@@ -156,7 +177,8 @@ impl StreamRead {
 }
 
 /// The `do_get` response for `read`: its batches in IPC with `compression` (the ticket's
-/// code: 0 none, 1 LZ4 frame, 2 ZSTD), then its completion marker.
+/// code: 0 none, 1 LZ4 frame, 2 ZSTD), then its completion marker, or the status the read
+/// ended with.
 pub fn respond(
     source: Arc<dyn CdcSource>,
     read: StreamRead,
@@ -165,55 +187,98 @@ pub fn respond(
     let schema = read.schema();
     let options = ipc_options(compression)?;
     let (batch_sender, batch_receiver) = mpsc::channel(BATCHES_AHEAD);
-    let (done_sender, done_receiver) = oneshot::channel();
-    tokio::spawn(produce(source, read, batch_sender, done_sender));
+    let (end_sender, end_receiver) = oneshot::channel();
+    tokio::spawn(produce(
+        source,
+        read,
+        Arc::clone(&schema),
+        options.clone(),
+        batch_sender,
+        end_sender,
+    ));
     let data = FlightDataEncoderBuilder::new()
         .with_schema(schema)
         .with_options(options)
         .with_max_flight_data_size(MAX_FLIGHT_DATA_SIZE)
         .build(ReceiverStream::new(batch_receiver))
         .map_err(Status::from);
-    let marker = futures::stream::once(done_receiver)
-        .filter_map(|marker| async move { marker.ok().map(Ok) });
-    Ok(data.chain(marker).boxed())
+    // The end comes after every queued batch: the producer drops its batch sender first.
+    let end = futures::stream::once(end_receiver).map(|end| match end {
+        Ok(end) => end,
+        // The producer stopped without saying how the read ended: it panicked.
+        Err(_) => Err(Status::internal(
+            "the stream's producer stopped before its end (a server bug); do not commit it",
+        )),
+    });
+    Ok(data.chain(end).boxed())
 }
 
-/// Reads `read` into `batches`; sends the completion marker to `done` only when the whole
-/// read succeeded, and an error into `batches` when it did not.
+/// Reads `read` into `batches`; then sends to `end` the completion marker when the whole read
+/// succeeded, or the status it failed with.
 async fn produce(
     source: Arc<dyn CdcSource>,
     mut read: StreamRead,
+    schema: SchemaRef,
+    options: IpcWriteOptions,
     batches: mpsc::Sender<std::result::Result<RecordBatch, FlightError>>,
-    done: oneshot::Sender<FlightData>,
+    end: oneshot::Sender<std::result::Result<FlightData, Status>>,
 ) {
     let started = Instant::now();
     let outcome = async {
         let mut stream = read.open(source.as_ref()).await?;
         let (mut rows, mut bytes) = (0u64, 0u64);
-        while let Some(batch) = stream.next().await {
+        loop {
+            // A client that leaves stops the read at once, also while the source is still
+            // working towards its next batch (dropping the stream cancels the source query).
+            let next = tokio::select! {
+                next = stream.next() => next,
+                () = batches.closed() => return Ok(None),
+            };
+            let Some(batch) = next else { break };
             let batch = batch?;
             rows += batch.num_rows() as u64;
             bytes += batch_slice_size(&batch) as u64;
             if batches.send(Ok(batch)).await.is_err() {
-                return Ok(None); // the client went away
+                return Ok(None);
             }
         }
-        read.completion(source.as_ref(), rows, bytes, started)
-            .await
-            .map(Some)
+        drop(stream);
+        let completion = read
+            .completion(source.as_ref(), rows, bytes, started)
+            .await?;
+        let marker = marker_message(&schema, &options, &completion)?;
+        Ok(Some((completion, marker)))
     }
     .await;
+    drop(batches);
     match outcome {
-        Ok(Some(completion)) => {
+        Ok(Some((completion, marker))) => {
             tracing::debug!(capture_instance = %completion.capture_instance, rows = completion.rows,
                 seconds = completion.seconds, snapshot = ?completion.snapshot_lsn, "stream served");
-            let _ = done.send(FlightData::new().with_app_metadata(json_bytes(&completion)));
+            let _ = end.send(Ok(marker));
         }
         Ok(None) => tracing::debug!("client closed the stream before its end"),
         Err(error) => {
-            let _ = batches.send(Err(flight_error(&error))).await;
+            let _ = end.send(Err(crate::status::to_status(&error)));
         }
     }
+}
+
+/// The completion marker: a zero-row record batch of the stream's schema whose app_metadata
+/// is `completion`, so stock Flight decoders accept it as an ordinary batch.
+fn marker_message(
+    schema: &SchemaRef,
+    options: &IpcWriteOptions,
+    completion: &Completion,
+) -> Result<FlightData> {
+    let empty = RecordBatch::new_empty(Arc::clone(schema));
+    let (_, encoded) = IpcDataGenerator::default().encode(
+        &empty,
+        &mut DictionaryTracker::new(false),
+        options,
+        &mut IpcWriteContext::default(),
+    )?;
+    Ok(FlightData::from(encoded).with_app_metadata(json_bytes(completion)))
 }
 
 /// IPC options for a ticket's compression code.

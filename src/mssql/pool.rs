@@ -183,7 +183,7 @@ pub fn source_error(error: tiberius::error::Error) -> Error {
     } else {
         match &error {
             tiberius::error::Error::Server(token) if matches!(token.code(), 229 | 230) => {
-                Error::PermissionDenied(format!(
+                Error::GrantMissing(format!(
                     "SQL Server refused a read: {} (sql/least_privilege.sql lists the grants \
                      the server's login needs)",
                     token.message()

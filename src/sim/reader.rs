@@ -15,9 +15,6 @@ use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow::compute::cast;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use futures::StreamExt;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use super::SimDb;
 use super::storage::{
@@ -29,8 +26,12 @@ use crate::lsn::Lsn;
 use crate::offset::CommitTime;
 use crate::source::{
     BatchStream, CaptureInstance, CdcSource, ChangeRead, DdlEntry, KeyBucket, KeyExtent,
-    SnapshotRead, TableName, Tile, TrackedTable, capture_instance_not_found,
+    ReadSender, SnapshotRead, TableName, Tile, TrackedTable, capture_instance_not_found,
+    read_channel,
 };
+
+/// Batches a read may have queued ahead of the Flight producer.
+const READ_AHEAD_BATCHES: usize = 2;
 use crate::types::{OutputColumn, output_schema};
 
 impl SimDb {
@@ -365,14 +366,13 @@ impl CdcSource for SimDb {
             )));
         }
         let shaper = OutputShaper::new(&state, &read.columns, read.include_command_id);
-        let (sender, receiver) = mpsc::channel::<Result<RecordBatch>>(2);
+        let (sender, stream) = read_channel(READ_AHEAD_BATCHES);
         let db = self.clone();
         tokio::task::spawn_blocking(move || {
-            if let Err(error) = db.produce_changes(&state, &read, &shaper, &sender) {
-                let _ = sender.blocking_send(Err(error));
-            }
+            let outcome = db.produce_changes(&state, &read, &shaper, &sender);
+            sender.blocking_finish(outcome);
         });
-        Ok(ReceiverStream::new(receiver).boxed())
+        Ok(stream)
     }
 
     async fn key_extent(&self, table: &TableName) -> Result<KeyExtent> {
@@ -408,14 +408,13 @@ impl CdcSource for SimDb {
 
     async fn read_snapshot(&self, read: SnapshotRead) -> Result<BatchStream> {
         self.simulate_latency().await;
-        let (sender, receiver) = mpsc::channel::<Result<RecordBatch>>(2);
+        let (sender, stream) = read_channel(READ_AHEAD_BATCHES);
         let db = self.clone();
         tokio::task::spawn_blocking(move || {
-            if let Err(error) = db.snapshot_rows(&read, &sender) {
-                let _ = sender.blocking_send(Err(error));
-            }
+            let outcome = db.snapshot_rows(&read, &sender);
+            sender.blocking_finish(outcome);
         });
-        Ok(ReceiverStream::new(receiver).boxed())
+        Ok(stream)
     }
 }
 
@@ -426,7 +425,7 @@ impl SimDb {
         state: &CaptureInstanceState,
         read: &ChangeRead,
         shaper: &OutputShaper,
-        sender: &mpsc::Sender<Result<RecordBatch>>,
+        sender: &ReadSender,
     ) -> Result<()> {
         let mut rows_read = 0u64;
         let segments = state
@@ -467,7 +466,7 @@ impl SimDb {
                     let length = per_batch.min(rows.num_rows() - offset);
                     let shaped = shaper.shape(&rows.slice(offset, length))?;
                     offset += length;
-                    if sender.blocking_send(Ok(shaped)).is_err() {
+                    if !sender.blocking_send(shaped) {
                         return Ok(());
                     }
                     rows_read += length as u64;

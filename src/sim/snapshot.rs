@@ -12,7 +12,6 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray, new_null_array};
 use arrow::datatypes::DataType;
 use arrow::record_batch::RecordBatch;
-use tokio::sync::mpsc;
 
 use super::SimDb;
 use super::keyset;
@@ -20,8 +19,28 @@ use super::storage::TableDef;
 use super::values::ColumnBuilder;
 use crate::error::{Error, Result};
 use crate::keys::{KeyColumn, KeySeek, KeyTuple};
-use crate::source::{KeyBucket, KeyExtent, SnapshotRead, TableName, check_bucket_grid};
-use crate::types::{CHUNK_COLUMN, snapshot_schema};
+use crate::source::{
+    KeyBucket, KeyExtent, ReadSender, SnapshotRead, TableName, check_bucket_grid,
+};
+use crate::types::{CHUNK_COLUMN, batch_slice_size, snapshot_schema};
+
+/// Sends `batch` in slices of at most about `batch_bytes` (one row at least), as SQL Server's
+/// reader cuts its batches; `false` when the reader has gone.
+fn send_bounded(sender: &ReadSender, batch: &RecordBatch, batch_bytes: usize) -> bool {
+    let rows = batch.num_rows();
+    let bytes = batch_slice_size(batch);
+    let pieces = bytes.div_ceil(batch_bytes.max(1)).clamp(1, rows.max(1));
+    let per_piece = rows.div_ceil(pieces).max(1);
+    let mut offset = 0;
+    while offset < rows {
+        let length = per_piece.min(rows - offset);
+        if !sender.blocking_send(batch.slice(offset, length)) {
+            return false;
+        }
+        offset += length;
+    }
+    true
+}
 
 impl SimDb {
     fn table_def(&self, table: &TableName) -> Result<TableDef> {
@@ -124,7 +143,7 @@ impl SimDb {
     pub(super) fn snapshot_rows(
         &self,
         read: &SnapshotRead,
-        sender: &mpsc::Sender<Result<RecordBatch>>,
+        sender: &ReadSender,
     ) -> Result<()> {
         if let Some(hook) = self.faults().before_snapshot_read {
             (hook.0)();
@@ -186,7 +205,7 @@ impl SimDb {
                 columns.push(Arc::new(Int32Array::from(vec![piece.chunk; count])));
                 let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
                 debug_assert_eq!(schema.field(schema.fields().len() - 1).name(), CHUNK_COLUMN);
-                if sender.blocking_send(Ok(batch)).is_err() {
+                if !send_bounded(sender, &batch, read.batch_bytes) {
                     return Ok(());
                 }
                 if broken {

@@ -2,6 +2,8 @@
 //! on 127.0.0.1:0, and helpers to read every endpoint of a plan.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod faulty;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -10,6 +12,7 @@ use arrow::array::{Array, Int32Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use mssql_cdc_flight::client::{CdcClient, ChangesPlan, ClientError, ClientResult};
+use mssql_cdc_flight::flight::ServiceOptions;
 use mssql_cdc_flight::flight::local::LocalServer;
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::protocol::{ChangesCommand, Completion, InitialOffsetBody};
@@ -92,15 +95,18 @@ pub struct FlightFixture {
 
 impl FlightFixture {
     pub async fn start(source: Arc<dyn CdcSource>) -> Self {
-        Self::start_with_key(
-            source,
-            TicketSigner::new(b"test key of the flight fixture").expect("key"),
-        )
-        .await
+        Self::start_with_key(source, test_signer()).await
     }
 
     pub async fn start_with_key(source: Arc<dyn CdcSource>, signer: TicketSigner) -> Self {
-        let server = LocalServer::start(source, signer).await.expect("server");
+        Self::start_with(source, ServiceOptions::new(signer)).await
+    }
+
+    /// A server with these options; the fixture's client sends no token.
+    pub async fn start_with(source: Arc<dyn CdcSource>, options: ServiceOptions) -> Self {
+        let server = LocalServer::start_with(source, options)
+            .await
+            .expect("server");
         let client = CdcClient::connect(&server.url).await.expect("connect");
         FlightFixture {
             url: server.url.clone(),
@@ -243,7 +249,13 @@ pub async fn earliest(flight: &FlightFixture, table: &str) -> Offset {
         .expect("initial offset")
 }
 
-/// A stock arrow-flight client of the fixture, for calls our client does not make.
+/// The test fixture's ticket key.
+pub fn test_signer() -> TicketSigner {
+    TicketSigner::new(b"test key of the flight fixture").expect("key")
+}
+
+/// A stock arrow-flight client of the fixture, for calls our client does not make (tonic's
+/// default 4 MiB receive limit, as stock clients have).
 pub async fn raw_client(flight: &FlightFixture) -> FlightServiceClient<tonic::transport::Channel> {
     let channel = tonic::transport::Endpoint::from_shared(flight.url.clone())
         .expect("url")

@@ -126,27 +126,12 @@ fn micros_now() -> i64 {
 /// read when the server URL is `https://` (the server binary's client commands read it too).
 pub const FLIGHT_CA_VARIABLE: &str = mssql_cdc_proto::client::TLS_CA_VARIABLE;
 
-/// Connects to the Flight server at `server`: plaintext for `http://`, TLS verified against
-/// the CA in [`FLIGHT_CA_VARIABLE`] for `https://` (refused without it, rather than trusting
-/// whatever answers).
+/// Connects to the Flight server at `server` as [`CdcClient::connect_from_env`] does:
+/// plaintext for `http://`, TLS verified against the CA in [`FLIGHT_CA_VARIABLE`] for
+/// `https://` (refused without it), the bearer token of `MSSQL_CDC_FLIGHT_TOKEN` and the
+/// client certificate of `MSSQL_CDC_FLIGHT_TLS_CLIENT_CERT`/`_KEY` when set.
 pub async fn connect_server(server: &str) -> Result<CdcClient> {
-    if !server.starts_with("https://") {
-        return Ok(CdcClient::connect(server).await?);
-    }
-    let path = std::env::var_os(FLIGHT_CA_VARIABLE).ok_or_else(|| {
-        WriterError::invalid(format!(
-            "{server} is TLS: set {FLIGHT_CA_VARIABLE} to the PEM file of the CA that signed \
-             the server's certificate"
-        ))
-    })?;
-    let path = std::path::Path::new(&path);
-    let tls = mssql_cdc_proto::client::ClientTls::from_ca_file(path).map_err(|source| {
-        WriterError::Io {
-            context: format!("reading {FLIGHT_CA_VARIABLE} {}", path.display()),
-            source,
-        }
-    })?;
-    Ok(CdcClient::connect_with(server, Some(&tls)).await?)
+    Ok(CdcClient::connect_from_env(server).await?)
 }
 
 impl Stream {

@@ -39,6 +39,7 @@ async fn the_writer_streams_from_a_tls_server_it_trusts_and_refuses_one_it_canno
     let identity = mssql_cdc_flight::flight::TlsIdentity {
         certificate: certified.cert.pem().into_bytes(),
         key: certified.signing_key.serialize_pem().into_bytes(),
+        client_ca: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -51,7 +52,7 @@ async fn the_writer_streams_from_a_tls_server_it_trusts_and_refuses_one_it_canno
     let server = tokio::spawn(mssql_cdc_flight::flight::serve(
         listener,
         Arc::new(lab.db.clone()),
-        TicketSigner::random().expect("key"),
+        mssql_cdc_flight::flight::ServiceOptions::new(TicketSigner::random().expect("key")),
         Some(identity),
         async {
             let _ = stopped.await;

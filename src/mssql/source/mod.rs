@@ -510,7 +510,7 @@ impl CdcSource for SqlServerSource {
             statements,
             shape,
             read.batch_rows,
-            usize::MAX,
+            read.batch_bytes,
         ))
     }
 }

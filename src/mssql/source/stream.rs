@@ -1,8 +1,10 @@
 //! The streaming machinery: a change range or snapshot read runs on a connection of its own in
 //! a task that decodes rows into Arrow batches bounded by rows and bytes and sends them through
-//! a bounded channel, so a slow client slows the read instead of filling memory; when the
-//! client goes away the query is cancelled (TDS attention) and the connection returned clean,
-//! or dropped if the cancel fails.
+//! a bounded channel, so a slow client slows the read instead of filling memory. When the
+//! client goes away between batches the query is cancelled (TDS attention) and the connection
+//! returned clean, or dropped if the cancel fails; when it goes away while the query is still
+//! working towards a row, the connection is dropped at once, which ends the query on the
+//! server. The read ends with an explicit end ([`crate::source::ReadSender::finish`]).
 
 use std::sync::Arc;
 
@@ -11,14 +13,12 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use futures::TryStreamExt;
 use tiberius::ToSql;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use super::{Param, SqlServerSource};
 use crate::error::{Error, Result};
 use crate::mssql::decode::{self, ColumnDecoder};
 use crate::mssql::pool::{self, Connection};
-use crate::source::BatchStream;
+use crate::source::{BatchStream, ReadSender, read_channel};
 
 /// Batches a read may have in flight towards the client.
 pub(super) const READ_AHEAD_BATCHES: usize = 2;
@@ -84,7 +84,7 @@ impl BatchShape {
 }
 
 /// Reads one statement's rows into batches; `Ok(false)` when the client went away (the
-/// query is then cancelled).
+/// query is then cancelled, or its connection left dirty to be dropped).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn read_statement(
     connection: &mut Connection,
@@ -95,7 +95,7 @@ pub(super) async fn read_statement(
     fills: &[Fill],
     batch_rows: usize,
     batch_bytes: usize,
-    sender: &mpsc::Sender<Result<RecordBatch>>,
+    sender: &ReadSender,
 ) -> Result<bool> {
     let batch_rows = batch_rows.max(1);
     let mut decoders = shape.decoders(batch_rows.min(65_536))?;
@@ -103,24 +103,31 @@ pub(super) async fn read_statement(
     connection.dirty = true;
     let mut client_gone = false;
     {
-        let mut stream = connection
-            .client
-            .query(statement, &values)
-            .await
+        // The connection stays dirty when the client leaves while the server works: the pool
+        // drops it, and SQL Server ends the query of a closed connection.
+        let query = tokio::select! {
+            query = connection.client.query(statement, &values) => query,
+            () = sender.closed() => return Ok(false),
+        };
+        let mut stream = query
             .map_err(|error| SqlServerSource::read_error(object, error))?
             .into_row_stream();
         let (mut rows, mut bytes) = (0usize, 0usize);
-        while let Some(row) = stream
-            .try_next()
-            .await
-            .map_err(|error| SqlServerSource::read_error(object, error))?
-        {
+        loop {
+            let row = tokio::select! {
+                row = stream.try_next() => row,
+                () = sender.closed() => return Ok(false),
+            };
+            let Some(row) = row.map_err(|error| SqlServerSource::read_error(object, error))?
+            else {
+                break;
+            };
             bytes += decode::append_row(&mut decoders, row)?;
             rows += 1;
             if rows >= batch_rows || bytes >= batch_bytes {
                 let batch = shape.batch(&mut decoders, fills, rows)?;
                 (rows, bytes) = (0, 0);
-                if sender.send(Ok(batch)).await.is_err() {
+                if !sender.send(batch).await {
                     client_gone = true;
                     break;
                 }
@@ -128,7 +135,7 @@ pub(super) async fn read_statement(
         }
         if !client_gone && rows > 0 {
             let batch = shape.batch(&mut decoders, fills, rows)?;
-            client_gone = sender.send(Ok(batch)).await.is_err();
+            client_gone = !sender.send(batch).await;
         }
     }
     if client_gone {
@@ -147,7 +154,7 @@ impl SqlServerSource {
     /// permission names the `GRANT` on that object.
     pub(super) fn read_error(object: &str, error: tiberius::error::Error) -> Error {
         match pool::source_error(error) {
-            Error::PermissionDenied(message) => Error::PermissionDenied(format!(
+            Error::GrantMissing(message) => Error::GrantMissing(format!(
                 "cannot read {object}: {message}. Grant it to the server's login: GRANT SELECT \
                  ON {object} TO <user> (ADR 0009)"
             )),
@@ -165,7 +172,7 @@ impl SqlServerSource {
         batch_rows: usize,
         batch_bytes: usize,
     ) -> BatchStream {
-        let (sender, receiver) = mpsc::channel(READ_AHEAD_BATCHES);
+        let (sender, stream) = read_channel(READ_AHEAD_BATCHES);
         let pool = self.pool.clone();
         tokio::spawn(async move {
             let outcome = async {
@@ -190,10 +197,8 @@ impl SqlServerSource {
                 Ok::<(), Error>(())
             }
             .await;
-            if let Err(error) = outcome {
-                let _ = sender.send(Err(error)).await;
-            }
+            sender.finish(outcome).await;
         });
-        Box::pin(ReceiverStream::new(receiver))
+        stream
     }
 }

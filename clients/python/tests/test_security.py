@@ -1,0 +1,114 @@
+"""Authentication and per-table authorization seen from pyarrow, against the real server binary.
+
+Two principals in a tokens file: `writer` reads every table, `analyst` only dbo.customers.
+"""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pyarrow.flight as flight
+import pytest
+
+from test_pyarrow_flight import action, binary, read_endpoint, run
+
+WRITER_TOKEN = "writer-token-0123456789"
+ANALYST_TOKEN = "analyst-token-0123456789"
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("secured") / "db"
+    run("sim", "init", str(directory), "--customers", "20", "--orders", "50")
+    tokens = directory.parent / "tokens.json"
+    tokens.write_text(json.dumps({"principals": [
+        {"name": "writer", "tables": ["*"], "token_sha256": sha256(WRITER_TOKEN)},
+        {"name": "analyst", "tables": ["dbo.cust*"], "token_sha256": sha256(ANALYST_TOKEN)},
+    ]}))
+    process = subprocess.Popen(
+        [binary(), "serve", "--source", f"sim:{directory}", "--listen", "127.0.0.1:0",
+         "--tokens-file", str(tokens)],
+        stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
+    )
+    line = process.stdout.readline()
+    assert line.startswith("listening on "), line
+    yield f"grpc://{line.split()[-1]}"
+    process.terminate()
+    assert process.wait(timeout=30) == 0
+
+
+def bearer(token: str) -> flight.FlightCallOptions:
+    return flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())])
+
+
+def test_no_token_and_a_wrong_token_are_unauthenticated(secured):
+    client = flight.FlightClient(secured)
+    with pytest.raises(flight.FlightUnauthenticatedError, match="credentials"):
+        list(client.list_flights())
+    with pytest.raises(flight.FlightUnauthenticatedError, match="not known"):
+        list(client.list_flights(options=bearer("guess")))
+
+
+def test_a_principal_sees_and_reads_only_its_tables(secured):
+    client = flight.FlightClient(secured)
+    analyst = bearer(ANALYST_TOKEN)
+    tables = [json.loads(info.descriptor.command)["table"] for info in client.list_flights(options=analyst)]
+    assert tables == ["dbo.customers"]
+    with pytest.raises(flight.FlightUnauthorizedError, match="may not read table 'dbo.orders'"):
+        command = {"type": "changes", "table": "dbo.orders", "from": "0x00"}
+        client.get_flight_info(flight.FlightDescriptor.for_command(json.dumps(command)), analyst)
+    with pytest.raises(flight.FlightUnauthorizedError):
+        list(client.do_action(flight.Action("initial_offset", b'{"table": "dbo.orders"}'), analyst))
+    # A ticket of dbo.orders planned by the writer is refused to the analyst at redemption.
+    writer = bearer(WRITER_TOKEN)
+    start = json.loads(list(client.do_action(
+        flight.Action("initial_offset", b'{"table": "dbo.orders"}'), writer))[0].body.to_pybytes())
+    command = {"type": "changes", "table": "dbo.orders", "from": start["lsn"]}
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(json.dumps(command)), writer)
+    batches, marker = read_endpoint(client, info.endpoints[0], writer)
+    assert marker is not None and marker["rows"] == sum(b.num_rows for b in batches) > 0
+    with pytest.raises(flight.FlightUnauthorizedError, match="analyst"):
+        client.do_get(info.endpoints[0].ticket, analyst).read_all()
+
+
+def test_basic_credentials_are_traded_for_a_bearer_token(secured):
+    client = flight.FlightClient(secured)
+    header = client.authenticate_basic_token("analyst", ANALYST_TOKEN)
+    options = flight.FlightCallOptions(headers=[header])
+    tables = [json.loads(info.descriptor.command)["table"] for info in client.list_flights(options=options)]
+    assert tables == ["dbo.customers"]
+    with pytest.raises(flight.FlightUnauthenticatedError):
+        flight.FlightClient(secured).authenticate_basic_token("writer", ANALYST_TOKEN)
+
+
+def test_a_non_loopback_listen_without_authentication_is_refused(tmp_path):
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "0", "--orders", "0")
+    done = subprocess.run(
+        [binary(), "serve", "--source", f"sim:{directory}", "--listen", "0.0.0.0:0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode != 0
+    assert "--insecure-no-auth" in done.stderr and "--tokens-file" in done.stderr
+
+
+def test_the_unauthenticated_server_still_answers_actions_on_loopback(tmp_path):
+    # Loopback without a tokens file is the developer's default: everyone is anonymous.
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "0", "--orders", "3")
+    process = subprocess.Popen(
+        [binary(), "serve", "--source", f"sim:{directory}", "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        client = flight.FlightClient(f"grpc://{line.split()[-1]}")
+        assert action(client, "max_lsn", {})["lsn"].startswith("0x")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

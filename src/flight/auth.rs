@@ -1,0 +1,415 @@
+//! Who calls, and which tables they may read.
+//!
+//! Principals come from a tokens file (JSON, docs/security.md): each has a name, the tables
+//! it may read (globs on `schema.table`, `*` and `?`, case-insensitive as SQL Server's default
+//! collations compare names), and how it proves itself: the SHA-256 of a bearer token, and/or
+//! the SHA-256 of a client certificate (mutual TLS). The file holds hashes only, so it is no
+//! secret. Every call passes [`interceptor`], which puts the caller's [`Principal`] in the
+//! request's extensions or refuses the call with `UNAUTHENTICATED`; the service then checks
+//! each table a call reaches ([`Principal::check`]). Tokens are compared in constant time and
+//! never logged.
+//!
+//! Flight's `Handshake` with basic credentials (user = principal name, password = its token)
+//! answers with the `authorization: Bearer` header, so pyarrow's `authenticate_basic_token`
+//! works; the bearer token is the principal's token itself.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use base64::Engine;
+use ring::digest;
+use serde::Deserialize;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Status};
+
+use crate::error::{Error, Result};
+use crate::source::TableName;
+
+/// A caller the server knows, and the tables it may read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Principal {
+    /// The principal's name (logged; never a secret).
+    pub name: String,
+    tables: Vec<String>,
+}
+
+impl Principal {
+    /// The caller of a server without authentication (loopback or `--insecure-no-auth`): it
+    /// may read every table.
+    pub fn anonymous() -> Self {
+        Principal {
+            name: "anonymous".into(),
+            tables: vec!["*".into()],
+        }
+    }
+
+    /// Whether this principal may read `table`.
+    pub fn may_read(&self, table: &TableName) -> bool {
+        let name = table.to_string().to_lowercase();
+        self.tables.iter().any(|glob| glob_matches(glob, &name))
+    }
+
+    /// `PERMISSION_DENIED` unless this principal may read `table`.
+    pub fn check(&self, table: &TableName) -> Result<()> {
+        match self.may_read(table) {
+            true => Ok(()),
+            false => Err(Error::NotAuthorized {
+                principal: self.name.clone(),
+                table: table.to_string(),
+            }),
+        }
+    }
+}
+
+/// Whether `name` matches `glob` (`*` any run, `?` one character; the glob lower-cased).
+fn glob_matches(glob: &str, name: &str) -> bool {
+    let glob: Vec<char> = glob.to_lowercase().chars().collect();
+    let name: Vec<char> = name.chars().collect();
+    // Iterative matching with one backtrack point: at worst glob × name steps, never
+    // exponential, whatever a tokens file holds.
+    let (mut g, mut n) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        if g < glob.len() && (glob[g] == '?' || glob[g] == name[n]) {
+            g += 1;
+            n += 1;
+        } else if g < glob.len() && glob[g] == '*' {
+            star = Some((g, n));
+            g += 1;
+        } else if let Some((star_g, star_n)) = star {
+            g = star_g + 1;
+            n = star_n + 1;
+            star = Some((star_g, star_n + 1));
+        } else {
+            return false;
+        }
+    }
+    glob[g..].iter().all(|c| *c == '*')
+}
+
+/// One principal of the tokens file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrincipalEntry {
+    name: String,
+    tables: Vec<String>,
+    #[serde(default)]
+    token_sha256: Option<String>,
+    #[serde(default)]
+    certificate_sha256: Option<String>,
+}
+
+/// The tokens file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    principals: Vec<PrincipalEntry>,
+}
+
+struct Known {
+    principal: Arc<Principal>,
+    token: Option<[u8; 32]>,
+    certificate: Option<[u8; 32]>,
+}
+
+/// The principals a server accepts.
+pub struct Authenticator {
+    known: Vec<Known>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.known.iter().map(|k| k.principal.name.as_str()).collect();
+        f.debug_struct("Authenticator")
+            .field("principals", &names)
+            .finish()
+    }
+}
+
+/// Whether two hashes are equal, in time independent of where they differ.
+fn same_hash(left: &[u8; 32], right: &[u8; 32]) -> bool {
+    left.iter()
+        .zip(right)
+        .fold(0u8, |difference, (l, r)| difference | (l ^ r))
+        == 0
+}
+
+/// The SHA-256 of `bytes`.
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest::digest(&digest::SHA256, bytes).as_ref());
+    out
+}
+
+fn hash_field(principal: &str, field: &str, hex_text: &str) -> Result<[u8; 32]> {
+    let bytes = hex::decode(hex_text.trim()).ok().filter(|bytes| bytes.len() == 32);
+    bytes
+        .map(|bytes| {
+            let mut out = [0u8; 32];
+            out.copy_from_slice(&bytes);
+            out
+        })
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "tokens file: principal '{principal}': {field} must be 64 hex digits (a SHA-256)"
+            ))
+        })
+}
+
+impl Authenticator {
+    /// Reads a tokens file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read(path)
+            .map_err(|error| Error::io(format!("reading {}", path.display()), error))?;
+        Self::from_json(&text)
+            .map_err(|error| Error::invalid(format!("{}: {error}", path.display())))
+    }
+
+    /// Parses the tokens file's JSON.
+    pub fn from_json(text: &[u8]) -> Result<Self> {
+        let file: TokensFile = serde_json::from_slice(text)
+            .map_err(|error| Error::invalid(format!("tokens file: {error}")))?;
+        let mut known = Vec::new();
+        for entry in file.principals {
+            if entry.name.trim().is_empty() {
+                return Err(Error::invalid("tokens file: a principal without a name"));
+            }
+            if known
+                .iter()
+                .any(|k: &Known| k.principal.name == entry.name)
+            {
+                return Err(Error::invalid(format!(
+                    "tokens file: principal '{}' appears twice",
+                    entry.name
+                )));
+            }
+            let token = entry
+                .token_sha256
+                .as_deref()
+                .map(|text| hash_field(&entry.name, "token_sha256", text))
+                .transpose()?;
+            let certificate = entry
+                .certificate_sha256
+                .as_deref()
+                .map(|text| hash_field(&entry.name, "certificate_sha256", text))
+                .transpose()?;
+            if token.is_none() && certificate.is_none() {
+                return Err(Error::invalid(format!(
+                    "tokens file: principal '{}' needs token_sha256 or certificate_sha256",
+                    entry.name
+                )));
+            }
+            known.push(Known {
+                principal: Arc::new(Principal {
+                    name: entry.name,
+                    tables: entry.tables,
+                }),
+                token,
+                certificate,
+            });
+        }
+        if known.is_empty() {
+            return Err(Error::invalid("tokens file: no principals"));
+        }
+        Ok(Authenticator { known })
+    }
+
+    /// The principal whose token is `token`. Every entry is compared, in constant time, so
+    /// the time taken says nothing of which prefix matched.
+    pub fn by_token(&self, token: &str) -> Option<Arc<Principal>> {
+        let presented = sha256(token.as_bytes());
+        let mut found = None;
+        for known in &self.known {
+            if let Some(hash) = &known.token
+                && same_hash(hash, &presented)
+            {
+                found = Some(Arc::clone(&known.principal));
+            }
+        }
+        found
+    }
+
+    /// The principal of the client certificate `der` (mutual TLS).
+    pub fn by_certificate(&self, der: &[u8]) -> Option<Arc<Principal>> {
+        let presented = sha256(der);
+        self.known
+            .iter()
+            .find(|known| known.certificate.as_ref() == Some(&presented))
+            .map(|known| Arc::clone(&known.principal))
+    }
+
+    /// The principal of basic credentials: user = its name, password = its token.
+    pub fn by_basic(&self, user: &str, password: &str) -> Option<Arc<Principal>> {
+        self.by_token(password)
+            .filter(|principal| principal.name == user)
+    }
+}
+
+/// The credentials a call presents in its `authorization` header.
+enum Presented {
+    Bearer(String),
+    Basic { user: String, password: String },
+}
+
+fn presented(metadata: &MetadataMap) -> std::result::Result<Option<Presented>, Status> {
+    let Some(value) = metadata.get("authorization") else {
+        return Ok(None);
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| Status::unauthenticated("the authorization header is not text"))?;
+    let (scheme, rest) = value.split_once(' ').unwrap_or((value, ""));
+    if scheme.eq_ignore_ascii_case("bearer") {
+        return Ok(Some(Presented::Bearer(rest.trim().to_string())));
+    }
+    if scheme.eq_ignore_ascii_case("basic") {
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(rest.trim())
+            .ok()
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .ok_or_else(|| Status::unauthenticated("basic credentials are not base64 text"))?;
+        let (user, password) = decoded.split_once(':').ok_or_else(|| {
+            Status::unauthenticated("basic credentials need user:password")
+        })?;
+        return Ok(Some(Presented::Basic {
+            user: user.to_string(),
+            password: password.to_string(),
+        }));
+    }
+    Err(Status::unauthenticated(
+        "the authorization header must be Bearer or Basic",
+    ))
+}
+
+/// Basic credentials presented and verified, to be traded for the bearer token by
+/// `handshake` only.
+#[derive(Clone)]
+pub struct BasicCredentials {
+    /// Whose they are.
+    pub principal: Arc<Principal>,
+    /// The token (the password), sent back as the bearer token.
+    pub token: String,
+}
+
+impl std::fmt::Debug for BasicCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BasicCredentials({}, <secret>)", self.principal.name)
+    }
+}
+
+/// The interceptor every call passes: with `authenticator`, a bearer token or a client
+/// certificate of a known principal, or basic credentials (for `handshake`); without one,
+/// every caller is [`Principal::anonymous`].
+pub fn interceptor(
+    authenticator: Option<Arc<Authenticator>>,
+) -> impl Fn(Request<()>) -> std::result::Result<Request<()>, Status> + Clone {
+    move |mut request: Request<()>| {
+        let Some(authenticator) = &authenticator else {
+            request
+                .extensions_mut()
+                .insert(Arc::new(Principal::anonymous()));
+            return Ok(request);
+        };
+        let by_certificate = request
+            .peer_certs()
+            .and_then(|certs| certs.first().map(|leaf| leaf.as_ref().to_vec()))
+            .and_then(|leaf| authenticator.by_certificate(&leaf));
+        let principal = match presented(request.metadata())? {
+            Some(Presented::Bearer(token)) => Some(authenticator.by_token(&token).ok_or_else(
+                || Status::unauthenticated("the bearer token is not known to this server"),
+            )?),
+            Some(Presented::Basic { user, password }) => {
+                let principal = authenticator
+                    .by_basic(&user, &password)
+                    .ok_or_else(|| Status::unauthenticated("wrong user or token"))?;
+                request.extensions_mut().insert(BasicCredentials {
+                    principal,
+                    token: password,
+                });
+                by_certificate
+            }
+            None => by_certificate,
+        };
+        if let Some(principal) = principal {
+            request.extensions_mut().insert(principal);
+        }
+        Ok(request)
+    }
+}
+
+/// The caller of an intercepted request; `UNAUTHENTICATED` when it presented nothing valid.
+pub fn principal_of<T>(request: &Request<T>) -> Result<Arc<Principal>> {
+    request
+        .extensions()
+        .get::<Arc<Principal>>()
+        .cloned()
+        .ok_or_else(|| {
+            Error::Unauthenticated(
+                "this server needs credentials: an authorization: Bearer <token> header (or \
+                 a handshake with basic credentials), or a client certificate it knows"
+                    .into(),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(text: &str) -> TableName {
+        text.parse().expect("table name")
+    }
+
+    #[test]
+    fn globs_match_whole_names_case_insensitively() {
+        assert!(glob_matches("*", "dbo.orders"));
+        assert!(glob_matches("dbo.*", "dbo.orders"));
+        assert!(glob_matches("DBO.Order?", "dbo.orders"));
+        assert!(glob_matches("*.ord*s", "sales.orders"));
+        assert!(!glob_matches("dbo.*", "sales.orders"));
+        assert!(!glob_matches("dbo.order", "dbo.orders"));
+        assert!(!glob_matches("", "dbo.orders"));
+        assert!(glob_matches("a*b*c*d", "axxbyyczzd"));
+        assert!(!glob_matches("a*b*c*d", "axxbyyczz"));
+    }
+
+    #[test]
+    fn a_tokens_file_knows_its_principals_by_token_and_refuses_the_rest() {
+        let json = format!(
+            r#"{{"principals": [
+                {{"name": "writer", "tables": ["*"], "token_sha256": "{}"}},
+                {{"name": "analyst", "tables": ["sales.*"], "token_sha256": "{}"}}
+            ]}}"#,
+            hex::encode(sha256(b"writer-secret")),
+            hex::encode(sha256(b"analyst-secret")),
+        );
+        let auth = Authenticator::from_json(json.as_bytes()).expect("valid file");
+        let analyst = auth.by_token("analyst-secret").expect("known token");
+        assert_eq!(analyst.name, "analyst");
+        assert!(analyst.may_read(&table("sales.orders")));
+        assert!(!analyst.may_read(&table("dbo.orders")));
+        assert!(matches!(
+            analyst.check(&table("dbo.orders")),
+            Err(Error::NotAuthorized { .. })
+        ));
+        assert!(auth.by_token("wrong").is_none());
+        assert!(auth.by_basic("writer", "writer-secret").is_some());
+        assert!(auth.by_basic("analyst", "writer-secret").is_none());
+    }
+
+    #[test]
+    fn a_bad_tokens_file_is_refused_with_the_reason() {
+        for (json, expected) in [
+            (r#"{"principals": []}"#, "no principals"),
+            (r#"{"principals": [{"name": "a", "tables": []}]}"#, "needs token_sha256"),
+            (
+                r#"{"principals": [{"name": "a", "tables": [], "token_sha256": "abc"}]}"#,
+                "64 hex digits",
+            ),
+            (r#"{"principal": []}"#, "unknown field"),
+        ] {
+            let error = Authenticator::from_json(json.as_bytes()).expect_err(json);
+            assert!(error.to_string().contains(expected), "{json}: {error}");
+        }
+    }
+}

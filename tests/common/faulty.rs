@@ -1,0 +1,154 @@
+//! A source that answers as the simulated database does, except where a test breaks it: a
+//! read task that panics, a stream that panics when polled, a read that loses its last batch,
+//! a read that never yields a row, a source that stops answering.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use mssql_cdc_flight::error::{Error, Result};
+use mssql_cdc_flight::keys::{KeyColumn, KeySeek, KeyTuple};
+use mssql_cdc_flight::offset::CommitTime;
+use mssql_cdc_flight::sim::SimDb;
+use mssql_cdc_flight::source::{
+    BatchStream, CdcSource, ChangeRead, DdlEntry, KeyBucket, KeyExtent, SnapshotRead, TableName,
+    Tile, TrackedTable, read_channel,
+};
+use mssql_cdc_flight::Lsn;
+
+/// How a [`FaultySource`] breaks its change reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFault {
+    /// Reads are whole.
+    None,
+    /// The read task sends its first batch, then panics.
+    TaskPanics,
+    /// The stream panics when the producer polls it.
+    StreamPanics,
+    /// The read ends cleanly without its last batch.
+    LosesLastBatch,
+    /// The read never yields a row; it records when its reader went away.
+    NeverAnswers,
+}
+
+/// The simulated database with injected faults.
+pub struct FaultySource {
+    pub db: SimDb,
+    pub fault: std::sync::Mutex<ReadFault>,
+    /// Makes every `max_lsn` fail, as a source that went away.
+    pub down: AtomicBool,
+    /// Set by a [`ReadFault::NeverAnswers`] read when its reader went away.
+    pub reader_left: Arc<AtomicBool>,
+}
+
+impl FaultySource {
+    pub fn new(db: SimDb, fault: ReadFault) -> Self {
+        FaultySource {
+            db,
+            fault: std::sync::Mutex::new(fault),
+            down: AtomicBool::new(false),
+            reader_left: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn fault(&self) -> ReadFault {
+        *self.fault.lock().expect("fault")
+    }
+}
+
+#[async_trait::async_trait]
+impl CdcSource for FaultySource {
+    fn describe(&self) -> String {
+        format!("faulty {}", self.db.describe())
+    }
+    async fn tracked_tables(&self) -> Result<Vec<TrackedTable>> {
+        self.db.tracked_tables().await
+    }
+    async fn max_lsn(&self) -> Result<Option<Lsn>> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(Error::SourceUnavailable("the source is down (injected)".into()));
+        }
+        self.db.max_lsn().await
+    }
+    async fn min_lsn(&self, capture_instance: &str) -> Result<Lsn> {
+        self.db.min_lsn(capture_instance).await
+    }
+    async fn lsn_to_time(&self, lsn: Lsn) -> Result<Option<CommitTime>> {
+        self.db.lsn_to_time(lsn).await
+    }
+    async fn nth_commit_after(&self, lsn: Lsn, n: u64) -> Result<Option<Lsn>> {
+        self.db.nth_commit_after(lsn, n).await
+    }
+    async fn ddl_history(&self, ci: &str, from: Lsn, to: Lsn) -> Result<Vec<DdlEntry>> {
+        self.db.ddl_history(ci, from, to).await
+    }
+    async fn split_points(&self, ci: &str, from: Lsn, to: Lsn, n: u32) -> Result<Vec<Tile>> {
+        self.db.split_points(ci, from, to, n).await
+    }
+    async fn read_changes(&self, read: ChangeRead) -> Result<BatchStream> {
+        let whole = self.db.read_changes(read).await?;
+        Ok(match self.fault() {
+            ReadFault::None => whole,
+            ReadFault::TaskPanics => {
+                let (sender, stream) = read_channel(2);
+                tokio::spawn(async move {
+                    let mut whole = whole;
+                    if let Some(Ok(batch)) = whole.next().await {
+                        sender.send(batch).await;
+                    }
+                    panic!("injected: the read task panics after its first batch");
+                });
+                stream
+            }
+            ReadFault::StreamPanics => futures::stream::once(async {
+                panic!("injected: the stream panics when polled")
+            })
+            .boxed(),
+            ReadFault::LosesLastBatch => {
+                let batches: Vec<_> = whole.collect().await;
+                let keep = batches.len().saturating_sub(1);
+                futures::stream::iter(batches.into_iter().take(keep)).boxed()
+            }
+            ReadFault::NeverAnswers => {
+                let (sender, stream) = read_channel(2);
+                let left = Arc::clone(&self.reader_left);
+                tokio::spawn(async move {
+                    // A source query still working towards its first row: it ends when its
+                    // reader goes, or after a minute (a test failure).
+                    tokio::select! {
+                        () = sender.closed() => left.store(true, Ordering::SeqCst),
+                        () = tokio::time::sleep(Duration::from_secs(60)) => {}
+                    }
+                });
+                stream
+            }
+        })
+    }
+    async fn key_extent(&self, table: &TableName) -> Result<KeyExtent> {
+        self.db.key_extent(table).await
+    }
+    async fn key_buckets(
+        &self,
+        table: &TableName,
+        lo: i64,
+        hi: i64,
+        width: u64,
+    ) -> Result<Vec<KeyBucket>> {
+        self.db.key_buckets(table, lo, hi, width).await
+    }
+    async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {
+        self.db.key_max(table, keys).await
+    }
+    async fn key_bound(
+        &self,
+        table: &TableName,
+        keys: &[KeyColumn],
+        seek: &KeySeek,
+    ) -> Result<Option<KeyTuple>> {
+        self.db.key_bound(table, keys, seek).await
+    }
+    async fn read_snapshot(&self, read: SnapshotRead) -> Result<BatchStream> {
+        self.db.read_snapshot(read).await
+    }
+}
