@@ -174,6 +174,14 @@ pub fn is_transient(error: &tiberius::error::Error) -> bool {
     }
 }
 
+/// SQL Server errors a request's own values cause (a key bound that does not convert to the
+/// key's type, an LSN range `cdc.fn_cdc_get_all_changes_*` refuses): the client's to fix, so
+/// `INVALID_ARGUMENT` and logged at debug, not `INTERNAL`. 241/242/295: date and time
+/// conversion; 245/8114: conversion; 8115: arithmetic overflow; 313: too few arguments (the
+/// CDC table functions' answer to a range outside the instance).
+/// <https://learn.microsoft.com/sql/relational-databases/errors-events/database-engine-events-and-errors>
+const CLIENT_CAUSED_CODES: &[u32] = &[241, 242, 245, 295, 313, 8114, 8115];
+
 /// A tiberius error as this crate's error. Transient failures become
 /// [`Error::SourceUnavailable`]; others keep SQL Server's message (never the connection
 /// string, which tiberius does not include in errors).
@@ -186,6 +194,13 @@ pub fn source_error(error: tiberius::error::Error) -> Error {
                 Error::GrantMissing(format!(
                     "SQL Server refused a read: {} (sql/least_privilege.sql lists the grants \
                      the server's login needs)",
+                    token.message()
+                ))
+            }
+            tiberius::error::Error::Server(token) if CLIENT_CAUSED_CODES.contains(&token.code()) => {
+                Error::invalid(format!(
+                    "SQL Server refused the request's values: error {}: {}",
+                    token.code(),
                     token.message()
                 ))
             }

@@ -210,7 +210,9 @@ impl CdcSource for SqlServerSource {
             None => {
                 // Unknown, or known and not yet processed by capture: say which.
                 self.capture_instance(capture_instance).await?;
-                Err(Error::invalid(format!(
+                // A state that passes once the Agent's capture job runs: UNAVAILABLE, so
+                // clients retry instead of giving up.
+                Err(Error::SourceUnavailable(format!(
                     "capture instance '{capture_instance}' exists but the capture job has not \
                      processed its creation yet (sys.fn_cdc_get_min_lsn is 0x00); is SQL Server \
                      Agent running?"
