@@ -147,13 +147,9 @@ pub async fn serve(
     tracing::info!(address = ?local, source = %source.describe(),
         authentication = options.authenticator.is_some(), "serving flight");
     let interceptor = auth::interceptor(options.authenticator.clone());
-    let flight = FlightServiceServer::new(CdcFlightService {
-        source,
-        signer: options.signer,
-        streams: StreamGate::new(limits.max_streams, limits.max_streams_per_principal),
-        limits: options.limits.clone(),
-    })
-    .max_decoding_message_size(options.limits.max_request_bytes)
+    let max_request_bytes = options.limits.max_request_bytes;
+    let flight = FlightServiceServer::new(CdcFlightService::new(source, options))
+    .max_decoding_message_size(max_request_bytes)
     .max_encoding_message_size(usize::MAX);
     let served = builder
         .add_service(health_service)
@@ -210,6 +206,19 @@ fn json_bytes(value: &impl Serialize) -> bytes::Bytes {
 }
 
 impl CdcFlightService {
+    /// The service over `source`, without the transport: [`serve`] wraps it in the
+    /// authentication interceptor. Called directly (tests, fuzzing), each request must carry
+    /// its `Arc<Principal>` in its extensions.
+    pub fn new(source: Arc<dyn CdcSource>, options: ServiceOptions) -> Self {
+        let limits = options.limits;
+        CdcFlightService {
+            source,
+            signer: options.signer,
+            streams: StreamGate::new(limits.max_streams, limits.max_streams_per_principal),
+            limits,
+        }
+    }
+
     /// Runs a planning call within the server's deadline.
     async fn within_deadline<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
         let limit = self.limits.call_timeout;
