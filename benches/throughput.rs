@@ -5,7 +5,9 @@
 //! (b) the same range through `do_get` of the real server binary, on loopback, read by the
 //! Rust client, and reports rows/s, MB/s (Arrow memory of the batches), (b)/(a), and the
 //! server process's peak RSS (`VmHWM`). Each path reads the range once before it is timed,
-//! so both run with a warm page cache and a warm allocator.
+//! so both run with a warm page cache and a warm allocator. Then (c) the same `do_get` from a
+//! second server with authentication on (a tokens file, the bearer token on every call), and
+//! the cost of authentication per call: sequential `max_lsn` actions on both servers.
 //!
 //! `cargo bench --bench throughput`; sizes with `BENCH_NARROW_ROWS` (default 10,000,000)
 //! and `BENCH_WIDE_ROWS` (default 1,000,000); `BENCH_DIR` keeps the generated databases.
@@ -103,16 +105,36 @@ struct Server {
     url: String,
 }
 
+/// The bench's bearer token, and the tokens file naming it.
+const TOKEN: &str = "the throughput bench's bearer token";
+
+fn tokens_file(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    let hash = ring::digest::digest(&ring::digest::SHA256, TOKEN.as_bytes());
+    let path = dir.join("tokens.json");
+    std::fs::write(
+        &path,
+        serde_json::json!({"principals": [
+            {"name": "bench", "tables": ["*"], "token_sha256": hex::encode(hash.as_ref())}
+        ]})
+        .to_string(),
+    )?;
+    Ok(path)
+}
+
 impl Server {
-    fn start(dir: &Path) -> anyhow::Result<Self> {
+    fn start(dir: &Path, tokens: Option<&Path>) -> anyhow::Result<Self> {
+        let mut args = vec![
+            "serve".to_string(),
+            "--source".into(),
+            format!("sim:{}", dir.display()),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+        ];
+        if let Some(tokens) = tokens {
+            args.extend(["--tokens-file".into(), tokens.display().to_string()]);
+        }
         let mut child = Command::new(env!("CARGO_BIN_EXE_mssql-cdc-flight"))
-            .args([
-                "serve",
-                "--source",
-                &format!("sim:{}", dir.display()),
-                "--listen",
-                "127.0.0.1:0",
-            ])
+            .args(&args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -148,12 +170,35 @@ impl Drop for Server {
     }
 }
 
+async fn connect(url: &str, token: Option<&str>) -> anyhow::Result<CdcClient> {
+    let client = CdcClient::connect(url).await?;
+    Ok(match token {
+        Some(token) => client.with_token(token)?,
+        None => client,
+    })
+}
+
+/// Microseconds per call of `calls` sequential `max_lsn` actions.
+async fn micros_per_call(url: &str, token: Option<&str>, calls: u32) -> anyhow::Result<f64> {
+    let client = connect(url, token).await?;
+    let body = serde_json::json!({});
+    for _ in 0..100 {
+        client.action::<serde_json::Value>("max_lsn", &body).await?;
+    }
+    let started = Instant::now();
+    for _ in 0..calls {
+        client.action::<serde_json::Value>("max_lsn", &body).await?;
+    }
+    Ok(started.elapsed().as_secs_f64() * 1e6 / f64::from(calls))
+}
+
 async fn read_through_flight(
     url: &str,
     table: &TableName,
     partitions: u32,
+    token: Option<&str>,
 ) -> anyhow::Result<Measure> {
-    let client = CdcClient::connect(url).await?;
+    let client = connect(url, token).await?;
     let instances: Vec<serde_json::Value> = client
         .action(
             "capture_instances",
@@ -213,10 +258,12 @@ fn main() -> anyhow::Result<()> {
             env_rows("BENCH_WIDE_ROWS", 1_000_000),
         ),
     ];
+    let tokens = tokens_file(temporary.path())?;
+    let mut call_costs = Vec::new();
     println!(
-        "| table | rows | generate rows/s | (a) in-process rows/s | (a) MB/s | (b) do_get rows/s | (b) MB/s | (b)/(a) | (b) 2 partitions rows/s | server peak RSS MiB |"
+        "| table | rows | generate rows/s | (a) in-process rows/s | (a) MB/s | (b) do_get rows/s | (b) MB/s | (b)/(a) | (b) 2 partitions rows/s | server peak RSS MiB | (c) do_get with auth rows/s | (c)/(b) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, spec, rows) in cases {
         let dir = base.join(spec.table.name.clone());
         let db = if dir.join("manifest.json").exists() {
@@ -233,21 +280,33 @@ fn main() -> anyhow::Result<()> {
         } else {
             "reused".to_string()
         };
-        let (scan, flight, flight_two, rss) = runtime.block_on(async {
+        let (scan, flight, flight_two, rss, authenticated) = runtime.block_on(async {
             // Warm the page cache once so both paths read from memory.
             scan_in_process(&db, &spec.table).await?;
             let scan = scan_in_process(&db, &spec.table).await?;
-            let server = Server::start(&dir)?;
+            let server = Server::start(&dir, None)?;
             // Warm the server the same way (its allocator's first pass pays the page faults).
-            read_through_flight(&server.url, &spec.table, 1).await?;
-            let flight = read_through_flight(&server.url, &spec.table, 1).await?;
-            let flight_two = read_through_flight(&server.url, &spec.table, 2).await?;
+            read_through_flight(&server.url, &spec.table, 1, None).await?;
+            let flight = read_through_flight(&server.url, &spec.table, 1, None).await?;
+            let flight_two = read_through_flight(&server.url, &spec.table, 2, None).await?;
             let rss = server.peak_rss_mib()?;
-            anyhow::Ok((scan, flight, flight_two, rss))
+            let secured = Server::start(&dir, Some(&tokens))?;
+            read_through_flight(&secured.url, &spec.table, 1, Some(TOKEN)).await?;
+            let authenticated =
+                read_through_flight(&secured.url, &spec.table, 1, Some(TOKEN)).await?;
+            // Calls alternate between the two servers, so both see the same machine load.
+            let mut open = Vec::new();
+            let mut with_auth = Vec::new();
+            for _ in 0..3 {
+                open.push(micros_per_call(&server.url, None, 2_000).await?);
+                with_auth.push(micros_per_call(&secured.url, Some(TOKEN), 2_000).await?);
+            }
+            call_costs.push((name, open, with_auth));
+            anyhow::Ok((scan, flight, flight_two, rss, authenticated))
         })?;
         assert_eq!(scan.rows, flight.rows, "both paths read the same rows");
         println!(
-            "| {name} | {} | {generated} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} |",
+            "| {name} | {} | {generated} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} |",
             scan.rows,
             scan.rows_per_second(),
             scan.mb_per_second(),
@@ -256,6 +315,31 @@ fn main() -> anyhow::Result<()> {
             flight.rows_per_second() / scan.rows_per_second(),
             flight_two.rows_per_second(),
             rss,
+            authenticated.rows_per_second(),
+            authenticated.rows_per_second() / flight.rows_per_second(),
+        );
+    }
+    println!();
+    println!("| server of | max_lsn µs/call, no auth (3 runs of 2,000) | with bearer token | auth cost µs/call (medians) |");
+    println!("|---|---|---|---|");
+    for (name, open, with_auth) in call_costs {
+        let median = |values: &[f64]| {
+            let mut sorted = values.to_vec();
+            sorted.sort_by(f64::total_cmp);
+            sorted[sorted.len() / 2]
+        };
+        let show = |values: &[f64]| {
+            values
+                .iter()
+                .map(|value| format!("{value:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "| {name} | {} | {} | {:.1} |",
+            show(&open),
+            show(&with_auth),
+            median(&with_auth) - median(&open)
         );
     }
     Ok(())

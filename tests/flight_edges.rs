@@ -13,13 +13,15 @@ use arrow_flight::decode::{DecodedPayload, FlightDataDecoder, FlightRecordBatchS
 use arrow_flight::error::FlightError;
 use arrow_flight::{Action, FlightDescriptor};
 use common::faulty::{FaultySource, ReadFault};
-use common::{FlightFixture, SimFixture, code, earliest, raw_client, row_count, test_signer};
+use common::{
+    FlightFixture, SimFixture, code, earliest, first_ticket, raw_client, row_count, test_signer,
+    with_workload,
+};
 use futures::TryStreamExt;
 use mssql_cdc_flight::client::ClientError;
 use mssql_cdc_flight::flight::{Limits, ServiceOptions};
 use mssql_cdc_flight::protocol::{ChangesCommand, Command, Completion, SnapshotCommand};
 use mssql_cdc_flight::sim::Faults;
-use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::status::reason_of_status;
 use serde_json::json;
 use tonic::Code;
@@ -32,15 +34,7 @@ async fn faulty(
     fault: ReadFault,
     options: ServiceOptions,
 ) -> (SimFixture, Arc<FaultySource>, FlightFixture) {
-    let sim = SimFixture::new();
-    let mut writer = sim.writer(seed);
-    let spec = WorkloadSpec {
-        commits: Some(commits),
-        max_rows_per_statement: 5,
-        ..WorkloadSpec::default()
-    };
-    workload::run(&mut writer, &spec, &std::sync::atomic::AtomicBool::new(false))
-        .expect("workload");
+    let sim = with_workload(seed, commits);
     let source = Arc::new(FaultySource::new(sim.db.clone(), fault));
     let flight = FlightFixture::start_with(source.clone(), options).await;
     (sim, source, flight)
@@ -129,13 +123,7 @@ async fn a_client_that_leaves_before_the_first_row_stops_the_source_read_at_once
 async fn stock_arrow_rs_decodes_a_whole_stream_and_its_marker_without_a_filter() {
     let (_sim, _source, flight) =
         faulty(23, 300, ReadFault::None, ServiceOptions::new(test_signer())).await;
-    let start = earliest(&flight, "dbo.orders").await;
-    let plan = flight
-        .client
-        .plan_changes(&ChangesCommand::new("dbo.orders", start.lsn, None))
-        .await
-        .expect("plan");
-    let ticket = plan.info.endpoint[0].ticket.clone().expect("ticket");
+    let (plan, ticket) = first_ticket(&flight, "dbo.orders").await;
     // The record batch stream sees every row and an empty last batch.
     let mut raw = raw_client(&flight).await;
     let stream = raw.do_get(ticket.clone()).await.expect("do_get").into_inner();
@@ -223,12 +211,7 @@ async fn every_limit_refuses_with_its_code() {
     );
     // One stream open (its source still working): the next is RESOURCE_EXHAUSTED with a
     // retry hint in the rich details.
-    let plan = flight
-        .client
-        .plan_changes(&ChangesCommand::new("dbo.orders", start.lsn, None))
-        .await
-        .expect("plan");
-    let ticket = plan.info.endpoint[0].ticket.clone().expect("ticket");
+    let (_, ticket) = first_ticket(&flight, "dbo.orders").await;
     let mut raw = raw_client(&flight).await;
     *source.fault.lock().expect("fault") = ReadFault::NeverAnswers;
     let held = raw.do_get(ticket.clone()).await.expect("first stream");

@@ -10,7 +10,8 @@ use std::time::Duration;
 use arrow::array::{Array, StringArray};
 use arrow_flight::Ticket;
 use common::{
-    FlightFixture, SimFixture, all_null, code, earliest, loaded, orders, read_plan, read_range,
+    FlightFixture, SimFixture, all_null, code, earliest, first_ticket, loaded, orders, read_plan,
+    read_range,
     row_count, stream_rows,
 };
 use mssql_cdc_flight::flight::ticket::TicketSigner;
@@ -443,13 +444,7 @@ async fn eight_concurrent_reads_all_complete() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampered_and_garbage_tickets_are_refused() {
     let (_sim, flight) = loaded(11, 50).await;
-    let start = earliest(&flight, "dbo.orders").await;
-    let plan = flight
-        .client
-        .plan_changes(&ChangesCommand::new("dbo.orders", start.lsn, None))
-        .await
-        .expect("plan");
-    let ticket = plan.info.endpoint[0].ticket.clone().expect("ticket");
+    let (_, ticket) = first_ticket(&flight, "dbo.orders").await;
     let mut bytes = ticket.ticket.to_vec();
     // Widen the range: flip a bit of the body (the to_lsn sits near the middle).
     let middle = bytes.len() / 2;

@@ -31,6 +31,7 @@ pub struct Principal {
     /// The principal's name (logged; never a secret).
     pub name: String,
     tables: Vec<String>,
+    anonymous: bool,
 }
 
 impl Principal {
@@ -40,7 +41,14 @@ impl Principal {
         Principal {
             name: "anonymous".into(),
             tables: vec!["*".into()],
+            anonymous: true,
         }
+    }
+
+    /// Whether this is the caller of a server without authentication: every caller then
+    /// shares it, so per-principal bounds do not apply to it.
+    pub fn is_anonymous(&self) -> bool {
+        self.anonymous
     }
 
     /// Whether this principal may read `table`.
@@ -203,6 +211,7 @@ impl Authenticator {
                 principal: Arc::new(Principal {
                     name: entry.name,
                     tables: entry.tables,
+                    anonymous: false,
                 }),
                 token,
                 certificate,

@@ -31,7 +31,7 @@ struct Open {
 #[derive(Debug)]
 pub struct StreamSlot {
     gate: Arc<StreamGate>,
-    principal: String,
+    principal: Option<String>,
 }
 
 impl StreamGate {
@@ -44,10 +44,13 @@ impl StreamGate {
         })
     }
 
-    /// A place for one more stream of `principal`, or `Busy` when a bound is reached.
-    pub fn enter(self: &Arc<Self>, principal: &str) -> Result<StreamSlot> {
+    /// A place for one more stream of `principal` (`None`: the anonymous caller of a server
+    /// without authentication, bound by the total only), or `Busy` when a bound is reached.
+    pub fn enter(self: &Arc<Self>, principal: Option<&str>) -> Result<StreamSlot> {
         let mut open = self.lock();
-        let mine = open.by_principal.get(principal).copied().unwrap_or(0);
+        let mine = principal
+            .and_then(|name| open.by_principal.get(name).copied())
+            .unwrap_or(0);
         if open.total >= self.max_total {
             return Err(Error::Busy {
                 what: format!(
@@ -57,20 +60,24 @@ impl StreamGate {
                 retry_after_seconds: RETRY_AFTER_SECONDS,
             });
         }
-        if mine >= self.max_per_principal {
+        if let Some(name) = principal
+            && mine >= self.max_per_principal
+        {
             return Err(Error::Busy {
                 what: format!(
-                    "principal '{principal}' has {mine} streams open, its limit \
+                    "principal '{name}' has {mine} streams open, its limit \
                      (--max-streams-per-principal)"
                 ),
                 retry_after_seconds: RETRY_AFTER_SECONDS,
             });
         }
         open.total += 1;
-        *open.by_principal.entry(principal.to_string()).or_default() += 1;
+        if let Some(name) = principal {
+            *open.by_principal.entry(name.to_string()).or_default() += 1;
+        }
         Ok(StreamSlot {
             gate: Arc::clone(self),
-            principal: principal.to_string(),
+            principal: principal.map(str::to_string),
         })
     }
 
@@ -89,10 +96,12 @@ impl Drop for StreamSlot {
     fn drop(&mut self) {
         let mut open = self.gate.lock();
         open.total = open.total.saturating_sub(1);
-        if let Some(count) = open.by_principal.get_mut(&self.principal) {
+        if let Some(name) = &self.principal
+            && let Some(count) = open.by_principal.get_mut(name)
+        {
             *count = count.saturating_sub(1);
             if *count == 0 {
-                open.by_principal.remove(&self.principal);
+                open.by_principal.remove(name);
             }
         }
     }
@@ -105,16 +114,27 @@ mod tests {
     #[test]
     fn the_gate_bounds_streams_in_total_and_per_principal_and_frees_on_drop() {
         let gate = StreamGate::new(3, 2);
-        let a1 = gate.enter("a").expect("first");
-        let _a2 = gate.enter("a").expect("second");
-        let refused = gate.enter("a").expect_err("a's third");
+        let a1 = gate.enter(Some("a")).expect("first");
+        let _a2 = gate.enter(Some("a")).expect("second");
+        let refused = gate.enter(Some("a")).expect_err("a's third");
         assert!(refused.to_string().contains("principal 'a' has 2 streams"), "{refused}");
-        let _b1 = gate.enter("b").expect("b");
-        let full = gate.enter("c").expect_err("total");
+        let _b1 = gate.enter(Some("b")).expect("b");
+        let full = gate.enter(Some("c")).expect_err("total");
         assert!(matches!(full, Error::Busy { .. }));
         assert_eq!(gate.open_streams(), 3);
         drop(a1);
         assert_eq!(gate.open_streams(), 2);
-        let _a3 = gate.enter("a").expect("a again after a slot was freed");
+        let _a3 = gate.enter(Some("a")).expect("a again after a slot was freed");
+    }
+
+    #[test]
+    fn the_anonymous_caller_is_bound_by_the_total_only() {
+        let gate = StreamGate::new(3, 1);
+        let slots: Vec<_> = (0..3)
+            .map(|_| gate.enter(None).expect("within the total"))
+            .collect();
+        assert!(gate.enter(None).is_err());
+        drop(slots);
+        assert_eq!(gate.open_streams(), 0);
     }
 }

@@ -445,7 +445,8 @@ impl FlightService for CdcFlightService {
         };
         // Checked again at redemption: a ticket may travel to another principal.
         principal.check(&table.parse()?)?;
-        let slot = self.streams.enter(&principal.name)?;
+        let per_principal = (!principal.is_anonymous()).then_some(principal.name.as_str());
+        let slot = self.streams.enter(per_principal)?;
         let stream = stream::respond(Arc::clone(&self.source), read, compression)?;
         // The slot is held until the response is dropped: read to its end, or abandoned.
         Ok(Response::new(

@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicBool;
 
 use arrow::array::{Array, Int32Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
+use arrow_flight::Ticket;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use mssql_cdc_flight::client::{CdcClient, ChangesPlan, ClientError, ClientResult};
 use mssql_cdc_flight::flight::ServiceOptions;
@@ -219,9 +220,8 @@ pub fn orders() -> mssql_cdc_flight::source::TableName {
     "dbo.orders".parse().expect("table")
 }
 
-/// A database with seeded rows and a mixed workload of `commits` (seeded by `seed`), served by
-/// a fixture.
-pub async fn loaded(seed: u64, commits: u64) -> (SimFixture, FlightFixture) {
+/// A database with seeded rows and a mixed workload of `commits` (seeded by `seed`).
+pub fn with_workload(seed: u64, commits: u64) -> SimFixture {
     let sim = SimFixture::new();
     let mut writer = sim.writer(seed);
     let spec = WorkloadSpec {
@@ -230,8 +230,27 @@ pub async fn loaded(seed: u64, commits: u64) -> (SimFixture, FlightFixture) {
         ..WorkloadSpec::default()
     };
     workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
+    sim
+}
+
+/// [`with_workload`], served by a fixture.
+pub async fn loaded(seed: u64, commits: u64) -> (SimFixture, FlightFixture) {
+    let sim = with_workload(seed, commits);
     let flight = FlightFixture::start(Arc::new(sim.db.clone())).await;
     (sim, flight)
+}
+
+/// The plan of `table` from its earliest offset with every option at its default, and its
+/// first endpoint's ticket.
+pub async fn first_ticket(flight: &FlightFixture, table: &str) -> (ChangesPlan, Ticket) {
+    let start = earliest(flight, table).await;
+    let plan = flight
+        .client
+        .plan_changes(&ChangesCommand::new(table, start.lsn, None))
+        .await
+        .expect("plan");
+    let ticket = plan.info.endpoint[0].ticket.clone().expect("ticket");
+    (plan, ticket)
 }
 
 /// The offset a new stream of `table` starts at.

@@ -46,22 +46,31 @@ def database(tmp_path_factory):
     return directory, journal
 
 
+def start_server(directory, *flags: str):
+    """Starts `serve` over a simulated database on a free loopback port; returns the process
+    and its grpc:// URL."""
+    process = subprocess.Popen(
+        [binary(), "serve", "--source", f"sim:{directory}", "--listen", "127.0.0.1:0", *flags],
+        stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
+    )
+    line = process.stdout.readline()
+    assert line.startswith("listening on "), line
+    return process, f"grpc://{line.split()[-1]}"
+
+
+def stop_server(process):
+    process.terminate()
+    assert process.wait(timeout=30) == 0, "graceful shutdown exits 0"
+
+
 @pytest.fixture(scope="module")
 def server(database):
     directory, _ = database
     key = directory.parent / "ticket.key"
     key.write_text("0123456789abcdef0123456789abcdef")
-    process = subprocess.Popen(
-        [binary(), "serve", "--source", f"sim:{directory}", "--listen", "127.0.0.1:0",
-         "--ticket-key-file", str(key)],
-        stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
-    )
-    line = process.stdout.readline()
-    assert line.startswith("listening on "), line
-    address = line.split()[-1]
-    yield f"grpc://{address}"
-    process.terminate()
-    assert process.wait(timeout=30) == 0, "graceful shutdown exits 0"
+    process, url = start_server(directory, "--ticket-key-file", str(key))
+    yield url
+    stop_server(process)
 
 
 def action(client, name, body):

@@ -6,12 +6,11 @@ Two principals in a tokens file: `writer` reads every table, `analyst` only dbo.
 import hashlib
 import json
 import subprocess
-import sys
 
 import pyarrow.flight as flight
 import pytest
 
-from test_pyarrow_flight import action, binary, read_endpoint, run
+from test_pyarrow_flight import action, binary, read_endpoint, run, start_server, stop_server
 
 WRITER_TOKEN = "writer-token-0123456789"
 ANALYST_TOKEN = "analyst-token-0123456789"
@@ -30,16 +29,9 @@ def secured(tmp_path_factory):
         {"name": "writer", "tables": ["*"], "token_sha256": sha256(WRITER_TOKEN)},
         {"name": "analyst", "tables": ["dbo.cust*"], "token_sha256": sha256(ANALYST_TOKEN)},
     ]}))
-    process = subprocess.Popen(
-        [binary(), "serve", "--source", f"sim:{directory}", "--listen", "127.0.0.1:0",
-         "--tokens-file", str(tokens)],
-        stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
-    )
-    line = process.stdout.readline()
-    assert line.startswith("listening on "), line
-    yield f"grpc://{line.split()[-1]}"
-    process.terminate()
-    assert process.wait(timeout=30) == 0
+    process, url = start_server(directory, "--tokens-file", str(tokens))
+    yield url
+    stop_server(process)
 
 
 def bearer(token: str) -> flight.FlightCallOptions:
@@ -101,14 +93,8 @@ def test_the_unauthenticated_server_still_answers_actions_on_loopback(tmp_path):
     # Loopback without a tokens file is the developer's default: everyone is anonymous.
     directory = tmp_path / "db"
     run("sim", "init", str(directory), "--customers", "0", "--orders", "3")
-    process = subprocess.Popen(
-        [binary(), "serve", "--source", f"sim:{directory}", "--listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
-    )
+    process, url = start_server(directory)
     try:
-        line = process.stdout.readline()
-        client = flight.FlightClient(f"grpc://{line.split()[-1]}")
-        assert action(client, "max_lsn", {})["lsn"].startswith("0x")
+        assert action(flight.FlightClient(url), "max_lsn", {})["lsn"].startswith("0x")
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        stop_server(process)
