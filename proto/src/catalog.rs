@@ -48,10 +48,13 @@ impl FromStr for TableName {
 
     /// Parses `schema.table` or `table` (schema `dbo`); square brackets are stripped.
     fn from_str(text: &str) -> Result<Self> {
+        // Trimmed again inside the brackets, so what prints parses back to the same name
+        // (found by tests/fuzz_parsers.rs: `! ].a` kept a trailing space).
         let unbracket = |part: &str| {
             part.trim()
                 .trim_start_matches('[')
                 .trim_end_matches(']')
+                .trim()
                 .to_string()
         };
         let parts: Vec<&str> = text.split('.').collect();
