@@ -320,7 +320,9 @@ fn main() -> anyhow::Result<()> {
         );
     }
     println!();
-    println!("| server of | max_lsn µs/call, no auth (3 runs of 2,000) | with bearer token | auth cost µs/call (medians) |");
+    println!(
+        "| server of | max_lsn µs/call, no auth (3 runs of 2,000) | with bearer token | auth cost µs/call (medians) |"
+    );
     println!("|---|---|---|---|");
     for (name, open, with_auth) in call_costs {
         let median = |values: &[f64]| {

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use mssql_cdc_flight::client::{CdcClient, ClientTls};
+use mssql_cdc_flight::flight::auth::Authenticator;
 use mssql_cdc_flight::flight::local::LocalServer;
 use mssql_cdc_flight::flight::ticket::TicketSigner;
-use mssql_cdc_flight::flight::auth::Authenticator;
 use mssql_cdc_flight::flight::{self, Limits, ServiceOptions, TlsIdentity};
 use mssql_cdc_flight::mssql::{SqlServerConfig, SqlServerSource};
 use mssql_cdc_flight::protocol::{ChangesCommand, InitialOffsetBody, LatestOffsetBody};
@@ -42,7 +42,9 @@ impl LimitArgs {
             if value > 0.0 && value.is_finite() {
                 Ok(Duration::from_secs_f64(value))
             } else {
-                Err(anyhow::anyhow!("--{name} must be a positive number of seconds"))
+                Err(anyhow::anyhow!(
+                    "--{name} must be a positive number of seconds"
+                ))
             }
         };
         Ok(Limits {
@@ -158,7 +160,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let source = open_source(&text).await?;
     tracing::info!(source = %source.describe(), "serving");
     let signer = args.key.signer()?;
-    let read = |path: &PathBuf| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
+    let read =
+        |path: &PathBuf| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(TlsIdentity {
             certificate: read(cert)?,

@@ -96,8 +96,14 @@ async fn a_principal_sees_plans_and_redeems_only_its_tables() {
     let listed = analyst.list_tables().await.expect("analyst lists");
     assert_eq!(listed.len(), 1);
     assert!(
-        String::from_utf8_lossy(&listed[0].flight_descriptor.as_ref().expect("descriptor").cmd)
-            .contains("dbo.customers")
+        String::from_utf8_lossy(
+            &listed[0]
+                .flight_descriptor
+                .as_ref()
+                .expect("descriptor")
+                .cmd
+        )
+        .contains("dbo.customers")
     );
     // Planning, actions naming the table or one of its capture instances: refused.
     let start: Offset = writer
@@ -111,10 +117,16 @@ async fn a_principal_sees_plans_and_redeems_only_its_tables() {
         other => panic!("{other}"),
     };
     assert_eq!(status.code(), Code::PermissionDenied);
-    assert_eq!(reason_of_status(&status).as_deref(), Some("TABLE_NOT_GRANTED"));
+    assert_eq!(
+        reason_of_status(&status).as_deref(),
+        Some("TABLE_NOT_GRANTED")
+    );
     for (name, body) in [
         ("initial_offset", serde_json::json!({"table": "dbo.orders"})),
-        ("min_lsn", serde_json::json!({"capture_instance": "dbo_orders"})),
+        (
+            "min_lsn",
+            serde_json::json!({"capture_instance": "dbo_orders"}),
+        ),
         ("key_extent", serde_json::json!({"table": "dbo.orders"})),
     ] {
         let error = analyst
@@ -131,9 +143,15 @@ async fn a_principal_sees_plans_and_redeems_only_its_tables() {
     // A ticket the writer planned is refused to the analyst when redeemed.
     let plan = writer.plan_changes(&command).await.expect("writer plans");
     let ticket = plan.info.endpoint[0].ticket.clone().expect("ticket");
-    let (batches, completion) = writer.collect_endpoint(&ticket).await.expect("writer reads");
+    let (batches, completion) = writer
+        .collect_endpoint(&ticket)
+        .await
+        .expect("writer reads");
     assert_eq!(
-        batches.iter().map(|batch| batch.num_rows() as u64).sum::<u64>(),
+        batches
+            .iter()
+            .map(|batch| batch.num_rows() as u64)
+            .sum::<u64>(),
         completion.rows
     );
     let error = analyst.collect_endpoint(&ticket).await.expect_err("redeem");
@@ -195,7 +213,8 @@ async fn mutual_tls_knows_a_client_by_its_certificate() {
     plain.shutdown_and_wait().await;
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("key")).expect("ca");
+    let ca =
+        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("key")).expect("ca");
     let issue = |names: Vec<String>| {
         let key = KeyPair::generate().expect("key");
         let certificate = CertificateParams::new(names)
@@ -239,7 +258,10 @@ async fn mutual_tls_knows_a_client_by_its_certificate() {
     };
     let spark = CdcClient::connect_with(
         &url,
-        Some(&tls(Some((spark_certificate.pem(), spark_key.serialize_pem())))),
+        Some(&tls(Some((
+            spark_certificate.pem(),
+            spark_key.serialize_pem(),
+        )))),
     )
     .await
     .expect("spark connects");
@@ -263,7 +285,10 @@ async fn mutual_tls_knows_a_client_by_its_certificate() {
     )
     .await
     .expect("the CA signed it");
-    let error = stranger.list_tables().await.expect_err("unknown certificate");
+    let error = stranger
+        .list_tables()
+        .await
+        .expect_err("unknown certificate");
     assert_eq!(code(error), Code::Unauthenticated);
     // No certificate at all: the TLS handshake itself fails.
     let refused = match CdcClient::connect_with(&url, Some(&tls(None))).await {

@@ -126,7 +126,11 @@ async fn stock_arrow_rs_decodes_a_whole_stream_and_its_marker_without_a_filter()
     let (plan, ticket) = first_ticket(&flight, "dbo.orders").await;
     // The record batch stream sees every row and an empty last batch.
     let mut raw = raw_client(&flight).await;
-    let stream = raw.do_get(ticket.clone()).await.expect("do_get").into_inner();
+    let stream = raw
+        .do_get(ticket.clone())
+        .await
+        .expect("do_get")
+        .into_inner();
     let batches: Vec<_> =
         FlightRecordBatchStream::new_from_flight_data(stream.map_err(FlightError::from))
             .try_collect()
@@ -175,21 +179,31 @@ async fn every_limit_refuses_with_its_code() {
     let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
     command.batch_rows = Some(1_001);
     invalid(
-        flight.client.plan_changes(&command).await.expect_err("rows"),
+        flight
+            .client
+            .plan_changes(&command)
+            .await
+            .expect_err("rows"),
         "batch_rows",
     );
     command.batch_rows = None;
     command.batch_bytes = Some(64 << 20);
     invalid(
-        flight.client.plan_changes(&command).await.expect_err("bytes"),
+        flight
+            .client
+            .plan_changes(&command)
+            .await
+            .expect_err("bytes"),
         "batch_bytes",
     );
     let mut snapshot = SnapshotCommand::new("dbo.orders");
     snapshot.chunks = Some(
         (0..4)
             .map(|chunk| {
-                serde_json::from_value(json!({"chunk": chunk, "lo": chunk * 10, "hi": chunk * 10 + 10}))
-                    .expect("chunk")
+                serde_json::from_value(
+                    json!({"chunk": chunk, "lo": chunk * 10, "hi": chunk * 10 + 10}),
+                )
+                .expect("chunk")
             })
             .collect(),
     );
@@ -259,7 +273,11 @@ async fn a_planning_call_past_the_deadline_is_deadline_exceeded() {
         .await
         .expect_err("slow source");
     assert_eq!(error.code(), Code::DeadlineExceeded);
-    assert!(error.message().contains("--call-timeout"), "{}", error.message());
+    assert!(
+        error.message().contains("--call-timeout"),
+        "{}",
+        error.message()
+    );
     let command = Command::Table(mssql_cdc_flight::protocol::TableCommand {
         table: "dbo.orders".into(),
     });

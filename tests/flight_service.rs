@@ -11,8 +11,7 @@ use arrow::array::{Array, StringArray};
 use arrow_flight::Ticket;
 use common::{
     FlightFixture, SimFixture, all_null, code, earliest, first_ticket, loaded, orders, read_plan,
-    read_range,
-    row_count, stream_rows,
+    read_range, row_count, stream_rows,
 };
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::protocol::{

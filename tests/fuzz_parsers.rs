@@ -34,10 +34,33 @@ use serde_json::{Value, json};
 
 /// Field names the protocol uses, so generated objects reach past "unknown field".
 const FIELDS: &[&str] = &[
-    "type", "table", "from", "to", "capture_instance", "partitions", "min_partition_rows",
-    "columns", "include_command_id", "batch_rows", "batch_bytes", "compression", "chunks",
-    "keys", "chunk", "lo", "hi", "lsn", "n", "start", "starting", "max_commits", "upper",
-    "width", "from_inclusive", "to_inclusive", "commit_ts",
+    "type",
+    "table",
+    "from",
+    "to",
+    "capture_instance",
+    "partitions",
+    "min_partition_rows",
+    "columns",
+    "include_command_id",
+    "batch_rows",
+    "batch_bytes",
+    "compression",
+    "chunks",
+    "keys",
+    "chunk",
+    "lo",
+    "hi",
+    "lsn",
+    "n",
+    "start",
+    "starting",
+    "max_commits",
+    "upper",
+    "width",
+    "from_inclusive",
+    "to_inclusive",
+    "commit_ts",
 ];
 
 /// Texts that are almost valid: LSNs, tables, modes, and the awkward cases around them.
@@ -76,16 +99,14 @@ fn value() -> impl Strategy<Value = Value> {
     leaf.prop_recursive(3, 24, 6, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            prop::collection::vec((prop::sample::select(FIELDS), inner), 0..8).prop_map(
-                |pairs| {
-                    Value::Object(
-                        pairs
-                            .into_iter()
-                            .map(|(key, value)| (key.to_string(), value))
-                            .collect(),
-                    )
-                }
-            ),
+            prop::collection::vec((prop::sample::select(FIELDS), inner), 0..8).prop_map(|pairs| {
+                Value::Object(
+                    pairs
+                        .into_iter()
+                        .map(|(key, value)| (key.to_string(), value))
+                        .collect(),
+                )
+            }),
         ]
     })
 }
@@ -140,32 +161,36 @@ fn ticket_body() -> impl Strategy<Value = TicketBody> {
         columns(),
         any::<(bool, u64, u64, u32, u64)>(),
     )
-        .prop_map(|(table, capture_instance, from_lsn, to_lsn, columns, numbers)| {
-            TicketKind::ChangeRange(ChangeRangeTicket {
-                table,
-                capture_instance,
-                from_lsn,
-                to_lsn,
-                columns,
-                include_command_id: numbers.0,
-                batch_rows: numbers.1,
-                batch_bytes: numbers.2,
-                compression: numbers.3,
-                planned_rows: numbers.4,
-            })
-        });
+        .prop_map(
+            |(table, capture_instance, from_lsn, to_lsn, columns, numbers)| {
+                TicketKind::ChangeRange(ChangeRangeTicket {
+                    table,
+                    capture_instance,
+                    from_lsn,
+                    to_lsn,
+                    columns,
+                    include_command_id: numbers.0,
+                    batch_rows: numbers.1,
+                    batch_bytes: numbers.2,
+                    compression: numbers.3,
+                    planned_rows: numbers.4,
+                })
+            },
+        );
     let piece = (
         any::<(i32, Option<i64>, Option<i64>)>(),
         prop::option::of(text()),
         prop::option::of(text()),
     )
-        .prop_map(|((chunk, lo, hi), keyset_lo, keyset_hi)| SnapshotPieceTicket {
-            chunk: Some(chunk),
-            lo,
-            hi,
-            keyset_lo,
-            keyset_hi,
-        });
+        .prop_map(
+            |((chunk, lo, hi), keyset_lo, keyset_hi)| SnapshotPieceTicket {
+                chunk: Some(chunk),
+                lo,
+                hi,
+                keyset_lo,
+                keyset_hi,
+            },
+        );
     let snapshot = (
         text(),
         columns(),
@@ -326,10 +351,7 @@ fn the_service_answers_generated_calls_without_panicking() {
         &std::sync::atomic::AtomicBool::new(false),
     )
     .expect("workload");
-    let service = CdcFlightService::new(
-        Arc::new(sim.db.clone()),
-        ServiceOptions::new(signer()),
-    );
+    let service = CdcFlightService::new(Arc::new(sim.db.clone()), ServiceOptions::new(signer()));
     let principal = Arc::new(Principal::anonymous());
     fn request<T>(message: T, principal: &Arc<Principal>) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
@@ -353,7 +375,10 @@ fn the_service_answers_generated_calls_without_panicking() {
                     .do_action(request(Action::new(kind.name(), bytes.clone()), &principal))
                     .await;
                 let _ = service
-                    .get_flight_info(request(FlightDescriptor::new_cmd(bytes.clone()), &principal))
+                    .get_flight_info(request(
+                        FlightDescriptor::new_cmd(bytes.clone()),
+                        &principal,
+                    ))
                     .await;
                 let _ = service
                     .get_schema(request(FlightDescriptor::new_cmd(bytes), &principal))

@@ -118,7 +118,10 @@ impl std::fmt::Debug for ClientTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientTls")
             .field("domain", &self.domain)
-            .field("identity", &self.identity.as_ref().map(|_| "<certificate and key>"))
+            .field(
+                "identity",
+                &self.identity.as_ref().map(|_| "<certificate and key>"),
+            )
             .finish()
     }
 }

@@ -127,7 +127,11 @@ pub struct Authenticator {
 
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<&str> = self.known.iter().map(|k| k.principal.name.as_str()).collect();
+        let names: Vec<&str> = self
+            .known
+            .iter()
+            .map(|k| k.principal.name.as_str())
+            .collect();
         f.debug_struct("Authenticator")
             .field("principals", &names)
             .finish()
@@ -150,7 +154,9 @@ pub fn sha256(bytes: &[u8]) -> [u8; 32] {
 }
 
 fn hash_field(principal: &str, field: &str, hex_text: &str) -> Result<[u8; 32]> {
-    let bytes = hex::decode(hex_text.trim()).ok().filter(|bytes| bytes.len() == 32);
+    let bytes = hex::decode(hex_text.trim())
+        .ok()
+        .filter(|bytes| bytes.len() == 32);
     bytes
         .map(|bytes| {
             let mut out = [0u8; 32];
@@ -182,10 +188,7 @@ impl Authenticator {
             if entry.name.trim().is_empty() {
                 return Err(Error::invalid("tokens file: a principal without a name"));
             }
-            if known
-                .iter()
-                .any(|k: &Known| k.principal.name == entry.name)
-            {
+            if known.iter().any(|k: &Known| k.principal.name == entry.name) {
                 return Err(Error::invalid(format!(
                     "tokens file: principal '{}' appears twice",
                     entry.name
@@ -277,9 +280,9 @@ fn presented(metadata: &MetadataMap) -> std::result::Result<Option<Presented>, S
             .ok()
             .and_then(|bytes| String::from_utf8(bytes).ok())
             .ok_or_else(|| Status::unauthenticated("basic credentials are not base64 text"))?;
-        let (user, password) = decoded.split_once(':').ok_or_else(|| {
-            Status::unauthenticated("basic credentials need user:password")
-        })?;
+        let (user, password) = decoded
+            .split_once(':')
+            .ok_or_else(|| Status::unauthenticated("basic credentials need user:password"))?;
         return Ok(Some(Presented::Basic {
             user: user.to_string(),
             password: password.to_string(),
@@ -324,9 +327,11 @@ pub fn interceptor(
             .and_then(|certs| certs.first().map(|leaf| leaf.as_ref().to_vec()))
             .and_then(|leaf| authenticator.by_certificate(&leaf));
         let principal = match presented(request.metadata())? {
-            Some(Presented::Bearer(token)) => Some(authenticator.by_token(&token).ok_or_else(
-                || Status::unauthenticated("the bearer token is not known to this server"),
-            )?),
+            Some(Presented::Bearer(token)) => {
+                Some(authenticator.by_token(&token).ok_or_else(|| {
+                    Status::unauthenticated("the bearer token is not known to this server")
+                })?)
+            }
             Some(Presented::Basic { user, password }) => {
                 let principal = authenticator
                     .by_basic(&user, &password)
@@ -410,7 +415,10 @@ mod tests {
     fn a_bad_tokens_file_is_refused_with_the_reason() {
         for (json, expected) in [
             (r#"{"principals": []}"#, "no principals"),
-            (r#"{"principals": [{"name": "a", "tables": []}]}"#, "needs token_sha256"),
+            (
+                r#"{"principals": [{"name": "a", "tables": []}]}"#,
+                "needs token_sha256",
+            ),
             (
                 r#"{"principals": [{"name": "a", "tables": [], "token_sha256": "abc"}]}"#,
                 "64 hex digits",

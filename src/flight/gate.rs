@@ -88,7 +88,9 @@ impl StreamGate {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
         // A panic while holding the lock leaves counts that are still whole numbers.
-        self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.open
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -117,14 +119,19 @@ mod tests {
         let a1 = gate.enter(Some("a")).expect("first");
         let _a2 = gate.enter(Some("a")).expect("second");
         let refused = gate.enter(Some("a")).expect_err("a's third");
-        assert!(refused.to_string().contains("principal 'a' has 2 streams"), "{refused}");
+        assert!(
+            refused.to_string().contains("principal 'a' has 2 streams"),
+            "{refused}"
+        );
         let _b1 = gate.enter(Some("b")).expect("b");
         let full = gate.enter(Some("c")).expect_err("total");
         assert!(matches!(full, Error::Busy { .. }));
         assert_eq!(gate.open_streams(), 3);
         drop(a1);
         assert_eq!(gate.open_streams(), 2);
-        let _a3 = gate.enter(Some("a")).expect("a again after a slot was freed");
+        let _a3 = gate
+            .enter(Some("a"))
+            .expect("a again after a slot was freed");
     }
 
     #[test]

@@ -77,7 +77,12 @@ impl Limits {
 
     /// Checks the number of chunks of a snapshot request.
     pub fn check_chunks(&self, chunks: usize) -> Result<()> {
-        within("the number of chunks", chunks as u64, 0, self.max_chunks as u64)
+        within(
+            "the number of chunks",
+            chunks as u64,
+            0,
+            self.max_chunks as u64,
+        )
     }
 
     /// Checks the `n` of a `key_bound` seek.
@@ -114,7 +119,9 @@ mod tests {
             .batch_bounds(Some(1), Some(64 << 20))
             .expect_err("over the byte limit");
         assert!(
-            error.to_string().contains("batch_bytes must be between 1 and"),
+            error
+                .to_string()
+                .contains("batch_bytes must be between 1 and"),
             "{error}"
         );
         assert!(limits.batch_bounds(Some(0), None).is_err());

@@ -149,8 +149,8 @@ pub async fn serve(
     let interceptor = auth::interceptor(options.authenticator.clone());
     let max_request_bytes = options.limits.max_request_bytes;
     let flight = FlightServiceServer::new(CdcFlightService::new(source, options))
-    .max_decoding_message_size(max_request_bytes)
-    .max_encoding_message_size(usize::MAX);
+        .max_decoding_message_size(max_request_bytes)
+        .max_encoding_message_size(usize::MAX);
     let served = builder
         .add_service(health_service)
         .add_service(tonic::service::interceptor::InterceptedService::new(

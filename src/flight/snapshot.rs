@@ -21,8 +21,7 @@ use crate::keys::{
     Bound, KeyColumn, KeyTuple, KeyValue, KeysetRange, check_tuple, resolve_columns,
 };
 use crate::protocol::{
-    ChunkSpec, MAX_PARTITIONS, SnapshotCommand, SnapshotEndpointMetadata,
-    SnapshotPlanMetadata,
+    ChunkSpec, MAX_PARTITIONS, SnapshotCommand, SnapshotEndpointMetadata, SnapshotPlanMetadata,
 };
 use crate::source::{
     CaptureInstance, CdcSource, KeyBucket, KeyRange, SnapshotPiece, SnapshotRead, TableName,

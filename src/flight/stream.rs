@@ -32,8 +32,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use super::ticket::{ChangeRangeTicket, TicketColumn};
 use super::json_bytes;
+use super::ticket::{ChangeRangeTicket, TicketColumn};
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
 use crate::protocol::{COMPLETION_TYPE, Completion, Compression};
@@ -88,7 +88,9 @@ impl StreamRead {
 
     fn schema(&self) -> SchemaRef {
         match self {
-            StreamRead::Changes { read, .. } => output_schema(&read.columns, read.include_command_id),
+            StreamRead::Changes { read, .. } => {
+                output_schema(&read.columns, read.include_command_id)
+            }
             StreamRead::Snapshot(read) => snapshot_schema(&read.columns, read.include_command_id),
         }
     }
@@ -146,7 +148,7 @@ impl StreamRead {
                 }
                 if rows != *planned_rows {
                     return Err(Error::Internal(format!(
-                        "the read of {} ({}, {}) sent {rows} rows but {planned_rows} were \
+                        "the read of {} [{}, {}] sent {rows} rows but {planned_rows} were \
                          planned; the stream is incomplete",
                         read.capture_instance, read.from, read.to
                     )));

@@ -312,7 +312,12 @@ mod tests {
         ));
         let hex_key = format!("{}\n", "ab".repeat(32));
         let from_hex = TicketSigner::from_key_bytes(hex_key.as_bytes()).expect("hex key");
-        assert!(TicketSigner::new(&[0xab; 32]).expect("bytes").verify(&from_hex.sign(&body())).is_ok());
+        assert!(
+            TicketSigner::new(&[0xab; 32])
+                .expect("bytes")
+                .verify(&from_hex.sign(&body()))
+                .is_ok()
+        );
     }
 
     #[test]

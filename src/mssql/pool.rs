@@ -197,7 +197,9 @@ pub fn source_error(error: tiberius::error::Error) -> Error {
                     token.message()
                 ))
             }
-            tiberius::error::Error::Server(token) if CLIENT_CAUSED_CODES.contains(&token.code()) => {
+            tiberius::error::Error::Server(token)
+                if CLIENT_CAUSED_CODES.contains(&token.code()) =>
+            {
                 Error::invalid(format!(
                     "SQL Server refused the request's values: error {}: {}",
                     token.code(),

@@ -19,9 +19,7 @@ use super::storage::TableDef;
 use super::values::ColumnBuilder;
 use crate::error::{Error, Result};
 use crate::keys::{KeyColumn, KeySeek, KeyTuple};
-use crate::source::{
-    KeyBucket, KeyExtent, ReadSender, SnapshotRead, TableName, check_bucket_grid,
-};
+use crate::source::{KeyBucket, KeyExtent, ReadSender, SnapshotRead, TableName, check_bucket_grid};
 use crate::types::{CHUNK_COLUMN, batch_slice_size, snapshot_schema};
 
 /// Sends `batch` in slices of at most about `batch_bytes` (one row at least), as SQL Server's
@@ -140,11 +138,7 @@ impl SimDb {
     }
 
     /// Sends the rows of `read` in batches to `sender`; returns early when it is gone.
-    pub(super) fn snapshot_rows(
-        &self,
-        read: &SnapshotRead,
-        sender: &ReadSender,
-    ) -> Result<()> {
+    pub(super) fn snapshot_rows(&self, read: &SnapshotRead, sender: &ReadSender) -> Result<()> {
         if let Some(hook) = self.faults().before_snapshot_read {
             (hook.0)();
         }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
+use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::error::{Error, Result};
 use mssql_cdc_flight::keys::{KeyColumn, KeySeek, KeyTuple};
 use mssql_cdc_flight::offset::CommitTime;
@@ -15,7 +16,6 @@ use mssql_cdc_flight::source::{
     BatchStream, CdcSource, ChangeRead, DdlEntry, KeyBucket, KeyExtent, SnapshotRead, TableName,
     Tile, TrackedTable, read_channel,
 };
-use mssql_cdc_flight::Lsn;
 
 /// How a [`FaultySource`] breaks its change reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,7 +67,9 @@ impl CdcSource for FaultySource {
     }
     async fn max_lsn(&self) -> Result<Option<Lsn>> {
         if self.down.load(Ordering::SeqCst) {
-            return Err(Error::SourceUnavailable("the source is down (injected)".into()));
+            return Err(Error::SourceUnavailable(
+                "the source is down (injected)".into(),
+            ));
         }
         self.db.max_lsn().await
     }
@@ -101,10 +103,10 @@ impl CdcSource for FaultySource {
                 });
                 stream
             }
-            ReadFault::StreamPanics => futures::stream::once(async {
-                panic!("injected: the stream panics when polled")
-            })
-            .boxed(),
+            ReadFault::StreamPanics => {
+                futures::stream::once(async { panic!("injected: the stream panics when polled") })
+                    .boxed()
+            }
             ReadFault::LosesLastBatch => {
                 let batches: Vec<_> = whole.collect().await;
                 let keep = batches.len().saturating_sub(1);

@@ -118,8 +118,7 @@ pub(super) async fn read_statement(
                 row = stream.try_next() => row,
                 () = sender.closed() => return Ok(false),
             };
-            let Some(row) = row.map_err(|error| SqlServerSource::read_error(object, error))?
-            else {
+            let Some(row) = row.map_err(|error| SqlServerSource::read_error(object, error))? else {
                 break;
             };
             bytes += decode::append_row(&mut decoders, row)?;
