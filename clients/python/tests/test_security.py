@@ -9,8 +9,8 @@ import subprocess
 
 import pyarrow.flight as flight
 import pytest
-
-from test_pyarrow_flight import action, binary, read_endpoint, run, start_server, stop_server
+from conftest import binary, run, start_server, stop_server
+from test_pyarrow_flight import action, read_endpoint
 
 WRITER_TOKEN = "writer-token-0123456789"
 ANALYST_TOKEN = "analyst-token-0123456789"
@@ -25,10 +25,20 @@ def secured(tmp_path_factory):
     directory = tmp_path_factory.mktemp("secured") / "db"
     run("sim", "init", str(directory), "--customers", "20", "--orders", "50")
     tokens = directory.parent / "tokens.json"
-    tokens.write_text(json.dumps({"principals": [
-        {"name": "writer", "tables": ["*"], "token_sha256": sha256(WRITER_TOKEN)},
-        {"name": "analyst", "tables": ["dbo.cust*"], "token_sha256": sha256(ANALYST_TOKEN)},
-    ]}))
+    tokens.write_text(
+        json.dumps(
+            {
+                "principals": [
+                    {"name": "writer", "tables": ["*"], "token_sha256": sha256(WRITER_TOKEN)},
+                    {
+                        "name": "analyst",
+                        "tables": ["dbo.cust*"],
+                        "token_sha256": sha256(ANALYST_TOKEN),
+                    },
+                ]
+            }
+        )
+    )
     process, url = start_server(directory, "--tokens-file", str(tokens))
     yield url
     stop_server(process)
@@ -49,7 +59,10 @@ def test_no_token_and_a_wrong_token_are_unauthenticated(secured):
 def test_a_principal_sees_and_reads_only_its_tables(secured):
     client = flight.FlightClient(secured)
     analyst = bearer(ANALYST_TOKEN)
-    tables = [json.loads(info.descriptor.command)["table"] for info in client.list_flights(options=analyst)]
+    tables = [
+        json.loads(info.descriptor.command)["table"]
+        for info in client.list_flights(options=analyst)
+    ]
     assert tables == ["dbo.customers"]
     with pytest.raises(flight.FlightUnauthorizedError, match="may not read table 'dbo.orders'"):
         command = {"type": "changes", "table": "dbo.orders", "from": "0x00"}
@@ -58,8 +71,11 @@ def test_a_principal_sees_and_reads_only_its_tables(secured):
         list(client.do_action(flight.Action("initial_offset", b'{"table": "dbo.orders"}'), analyst))
     # A ticket of dbo.orders planned by the writer is refused to the analyst at redemption.
     writer = bearer(WRITER_TOKEN)
-    start = json.loads(list(client.do_action(
-        flight.Action("initial_offset", b'{"table": "dbo.orders"}'), writer))[0].body.to_pybytes())
+    start = json.loads(
+        list(client.do_action(flight.Action("initial_offset", b'{"table": "dbo.orders"}'), writer))[
+            0
+        ].body.to_pybytes()
+    )
     command = {"type": "changes", "table": "dbo.orders", "from": start["lsn"]}
     info = client.get_flight_info(flight.FlightDescriptor.for_command(json.dumps(command)), writer)
     batches, marker = read_endpoint(client, info.endpoints[0], writer)
@@ -72,7 +88,10 @@ def test_basic_credentials_are_traded_for_a_bearer_token(secured):
     client = flight.FlightClient(secured)
     header = client.authenticate_basic_token("analyst", ANALYST_TOKEN)
     options = flight.FlightCallOptions(headers=[header])
-    tables = [json.loads(info.descriptor.command)["table"] for info in client.list_flights(options=options)]
+    tables = [
+        json.loads(info.descriptor.command)["table"]
+        for info in client.list_flights(options=options)
+    ]
     assert tables == ["dbo.customers"]
     with pytest.raises(flight.FlightUnauthenticatedError):
         flight.FlightClient(secured).authenticate_basic_token("writer", ANALYST_TOKEN)
@@ -83,7 +102,9 @@ def test_a_non_loopback_listen_without_authentication_is_refused(tmp_path):
     run("sim", "init", str(directory), "--customers", "0", "--orders", "0")
     done = subprocess.run(
         [binary(), "serve", "--source", f"sim:{directory}", "--listen", "0.0.0.0:0"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode != 0
     assert "--insecure-no-auth" in done.stderr and "--tokens-file" in done.stderr

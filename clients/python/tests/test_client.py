@@ -1,0 +1,204 @@
+"""The installable client (``mssql_cdc_flight``) against the real server binary: checked reads
+equal the simulator's journal, a stream cut mid-way is never a short table, every error code
+is its typed exception with the server's fields, and TLS."""
+
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+from conftest import run, start_server, stop_server
+from test_pyarrow_flight import journal_rows
+
+import mssql_cdc_flight as cdc
+
+
+def rows_of(table):
+    return sorted(
+        zip(
+            table.column("_start_lsn").to_pylist(),
+            table.column("_command_id").to_pylist(),
+            table.column("_seqval").to_pylist(),
+            table.column("_operation").to_pylist(),
+            table.column("order_id").to_pylist(),
+            strict=False,
+        )
+    )
+
+
+def test_a_checked_read_is_three_lines_and_equals_the_journal(server, database):
+    _, journal = database
+    client = cdc.connect(server)
+    start = client.initial_offset("dbo.orders")
+    changes = client.read_changes("dbo.orders", start, partitions=3, min_partition_rows=50)
+    assert rows_of(changes) == journal_rows(journal, "dbo.orders")
+    assert changes.schema.names[:6] == [
+        "_capture_instance",
+        "_start_lsn",
+        "_seqval",
+        "_operation",
+        "_command_id",
+        "_commit_ts",
+    ]
+    assert "dbo.orders" in client.tables()
+    assert client.capture_instances("dbo.orders")[0]["name"] == "dbo_orders"
+
+
+def test_offsets_step_through_a_range_in_the_seeds_json_form(server, database):
+    _, journal = database
+    client = cdc.connect(server)
+    offset = client.initial_offset("dbo.orders")
+    assert cdc.Offset.from_json(offset.to_json()) == offset
+    seen = []
+    while True:
+        end = client.latest_offset(offset, max_commits=50)
+        if end == offset:
+            break
+        seen.extend(rows_of(client.read_changes("dbo.orders", offset, end, partitions=2)))
+        offset = end
+    assert sorted(seen) == journal_rows(journal, "dbo.orders")
+
+
+def test_a_snapshot_read_is_checked_too(server):
+    client = cdc.connect(server)
+    snapshot = client.read_snapshot("dbo.orders", partitions=2)
+    assert snapshot.num_rows > 0
+    assert set(snapshot.column("_operation").to_pylist()) == {0}
+    assert "_chunk" in snapshot.schema.names
+
+
+class CuttingProxy:
+    """A TCP proxy that closes the connection after `limit` bytes from the server: a network
+    that breaks in the middle of a stream."""
+
+    def __init__(self, upstream: str, limit: int) -> None:
+        host, port = upstream.removeprefix("grpc://").rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.limit = limit
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"grpc://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pump, args=(client, server, None), daemon=True).start()
+            threading.Thread(
+                target=self._pump, args=(server, client, self.limit), daemon=True
+            ).start()
+
+    @staticmethod
+    def _pump(source, target, limit) -> None:
+        sent = 0
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                if limit is not None and sent + len(data) > limit:
+                    target.sendall(data[: limit - sent])
+                    break
+                target.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+        for end in (source, target):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            end.close()
+
+
+def test_a_stream_cut_mid_way_is_incomplete_never_a_short_table(server):
+    client = cdc.connect(server)
+    start = client.initial_offset("dbo.orders")
+    plan = client.plan_changes("dbo.orders", start, batch_rows=20)
+    assert plan.total_records > 500
+    cut = cdc.connect(CuttingProxy(server, limit=40_000).url)
+    with pytest.raises(cdc.IncompleteStreamError) as raised:
+        cut.read_endpoint(plan.endpoints[0])
+    assert raised.value.rows < plan.total_records
+    # The same endpoint through a whole connection is read whole.
+    assert client.read_endpoint(plan.endpoints[0]).num_rows == plan.total_records
+
+
+def test_each_error_code_is_its_exception_with_the_servers_fields(tmp_path):
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "0", "--orders", "0")
+    run("sim", "run", str(directory), "--commits", "200", "--seed", "5", "--clock", "virtual")
+    process, url = start_server(directory, "--max-streams", "0", "--ticket-hours", "0.001")
+    try:
+        client = cdc.connect(url)
+        with pytest.raises(cdc.NotFoundError) as raised:
+            client.initial_offset("dbo.nope")
+        assert raised.value.reason == "TABLE_NOT_FOUND"
+        assert raised.value.fields == {"table": "dbo.nope"}
+        with pytest.raises(cdc.InvalidRequestError, match="partitons"):
+            client.plan_changes("dbo.orders", client.initial_offset("dbo.orders"), partitons=2)
+        start = client.initial_offset("dbo.orders")
+        plan = client.plan_changes("dbo.orders", start)
+        with pytest.raises(cdc.ServerBusyError) as busy:
+            client.read_endpoint(plan.endpoints[0])
+        assert busy.value.retry_after == 2
+        forged = cdc.Endpoint(ticket=plan.endpoints[0].ticket[:-1] + b"\0")
+        with pytest.raises(cdc.PermissionDeniedError) as denied:
+            client.read_endpoint(forged)
+        assert denied.value.reason == "TICKET_FORGED"
+        time.sleep(4)  # the tickets live 3.6 s
+        with pytest.raises(cdc.TicketExpiredError):
+            client.read_endpoint(plan.endpoints[0])
+        # Cleanup passes the stream's start: the plan is data loss, with the LSNs to act on.
+        end = client.latest_offset(start)
+        run("sim", "cleanup", str(directory), "--low-water-mark", end.lsn)
+        with pytest.raises(cdc.DataLossError) as lost:
+            client.plan_changes("dbo.orders", start)
+        assert lost.value.reason == "CHANGES_PURGED"
+        assert lost.value.fields["capture_instance"] == "dbo_orders"
+        assert lost.value.fields["min_lsn"] > start.lsn
+    finally:
+        stop_server(process)
+
+
+def test_tls_with_the_servers_ca(tmp_path, database):
+    directory, _ = database
+    certificate, key = tmp_path / "server.pem", tmp_path / "server.key"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+            "-keyout",
+            str(key),
+            "-out",
+            str(certificate),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    process, url = start_server(directory, "--tls-cert", str(certificate), "--tls-key", str(key))
+    try:
+        port = url.rsplit(":", 1)[1]
+        client = cdc.connect(f"grpc+tls://localhost:{port}", tls_ca=str(certificate))
+        assert "dbo.orders" in client.tables()
+        untrusting = cdc.connect(f"grpc+tls://localhost:{port}")
+        with pytest.raises(cdc.CdcFlightError):
+            untrusting.tables()
+    finally:
+        stop_server(process)
