@@ -26,6 +26,14 @@ class Endpoint:
     metadata: dict = field(default_factory=dict)
 
 
+@dataclass
+class StreamEnd:
+    """How a checked stream ended: its completion marker and its schema."""
+
+    marker: dict = field(default_factory=dict)
+    schema: pa.Schema | None = None
+
+
 @dataclass(frozen=True)
 class Plan:
     """A planned read: the schema every endpoint serves, its endpoints in order, the plan's
@@ -165,11 +173,14 @@ class Client:
 
     # --- checked reads ---
 
-    def read_endpoint_with_marker(self, endpoint: Endpoint) -> tuple[pa.Table, dict]:
-        """Reads one endpoint; returns its rows and its completion marker, only when the marker
-        arrived and counts exactly the rows that did. Else :class:`IncompleteStreamError`."""
-        batches: list[pa.RecordBatch] = []
-        marker: dict | None = None
+    def iter_endpoint(self, endpoint: Endpoint, end: StreamEnd | None = None):
+        """Yields the endpoint's record batches as they arrive, then checks the stream: raises
+        :class:`IncompleteStreamError` after the last batch when the completion marker did not
+        arrive or counts other rows. A caller that commits only after the iteration ended
+        (a Spark task, :meth:`read_endpoint`) never commits a short stream. ``end`` receives
+        the marker and the schema."""
+        rows = 0
+        seen: dict | None = None
         schema = None
         try:
             reader = self._flight.do_get(flight.Ticket(endpoint.ticket), self._options)
@@ -179,39 +190,44 @@ class Client:
                     chunk = reader.read_chunk()
                 except StopIteration:
                     break
-                if marker is not None:
-                    raise IncompleteStreamError("data after the completion marker", rows=0)
+                if seen is not None:
+                    raise IncompleteStreamError("data after the completion marker", rows=rows)
                 if chunk.app_metadata is not None:
-                    marker = json.loads(chunk.app_metadata.to_pybytes())
+                    seen = json.loads(chunk.app_metadata.to_pybytes())
                 elif chunk.data is not None:
-                    batches.append(chunk.data)
+                    rows += chunk.data.num_rows
+                    yield chunk.data
         except IncompleteStreamError:
             raise
         except Exception as error:
             translated = translate(error)
-            rows = sum(batch.num_rows for batch in batches)
-            if translated.reason is None and (batches or schema is not None):
+            if translated.reason is None and schema is not None:
                 # The stream broke after it began without a verdict of the server (a killed
                 # server, a cut connection): what arrived is not a whole read.
                 raise IncompleteStreamError(
                     f"the stream broke after {rows} rows: {translated.message}",
                     rows=rows,
                     code=translated.code,
-                    reason=translated.reason,
-                    fields=translated.fields,
                 ) from error
             raise translated from error
-        rows = sum(batch.num_rows for batch in batches)
-        if marker is None:
+        if seen is None:
             raise IncompleteStreamError(
                 f"the stream ended without its completion marker after {rows} rows", rows=rows
             )
-        if marker.get("type") != "complete" or marker.get("rows") != rows:
+        if seen.get("type") != "complete" or seen.get("rows") != rows:
             raise IncompleteStreamError(
-                f"the completion marker says {marker.get('rows')} rows but {rows} arrived",
+                f"the completion marker says {seen.get('rows')} rows but {rows} arrived",
                 rows=rows,
             )
-        return pa.Table.from_batches(batches, schema=schema), marker
+        if end is not None:
+            end.marker, end.schema = seen, schema
+
+    def read_endpoint_with_marker(self, endpoint: Endpoint) -> tuple[pa.Table, dict]:
+        """Reads one endpoint; returns its rows and its completion marker, only when the marker
+        arrived and counts exactly the rows that did. Else :class:`IncompleteStreamError`."""
+        end = StreamEnd()
+        batches = list(self.iter_endpoint(endpoint, end))
+        return pa.Table.from_batches(batches, schema=end.schema), end.marker
 
     def read_endpoint(self, endpoint: Endpoint) -> pa.Table:
         """Reads one endpoint; its rows only when the stream is whole (see

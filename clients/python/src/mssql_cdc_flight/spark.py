@@ -1,0 +1,262 @@
+"""The PySpark data source ``mssql_cdc_flight`` (Spark 4's Python Data Source API).
+
+Register it once per session, then read a change range, a snapshot, or a stream::
+
+    from mssql_cdc_flight.spark import register
+    register(spark)
+    changes = (spark.read.format("mssql_cdc_flight")
+               .option("server", "grpc://cdc-flight:50051").option("table", "dbo.orders")
+               .load())
+    stream = (spark.readStream.format("mssql_cdc_flight")
+              .option("server", "grpc://cdc-flight:50051").option("table", "dbo.orders")
+              .option("maxCommitsPerBatch", 1000).load())
+
+The driver plans; every Flight endpoint of the plan is one Spark input partition, read on an
+executor as Arrow record batches (no per-row Python). A partition whose stream ends without
+its completion marker, or with another row count, fails its task, so Spark retries it and
+never commits a short read. Offsets of the stream are this package's :class:`Offset` JSON.
+
+Options (the seed library's names where they mean the same thing):
+
+- ``server`` (required), ``table`` (required), ``token``, ``tlsCa`` (a PEM file path);
+- ``startingOffset`` / ``endingOffset`` for batch reads: ``earliest`` (default), ``latest``,
+  an LSN already processed, or an offset's JSON; the end defaults to the latest;
+- ``snapshot`` = ``true``: the table's current rows instead of changes;
+- ``startingOffsets`` for streams (``earliest`` default, ``latest``, an LSN or an offset's
+  JSON) and ``maxCommitsPerBatch``;
+- ``numPartitions`` (default 4): endpoints per capture instance; ``columns`` (comma
+  separated), ``includeCommandId`` (default true), ``batchRows``, ``compression``,
+  ``minPartitionRows`` (tiles are merged until each holds this many rows, default 50,000).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
+
+from .client import Client, Endpoint, Plan, connect
+from .offset import Offset
+
+NAME = "mssql_cdc_flight"
+
+
+def register(spark) -> None:
+    """Registers the data source ``mssql_cdc_flight`` with a Spark session."""
+    spark.dataSource.register(CdcFlightDataSource)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every driver and executor call needs to reach the server (picklable)."""
+
+    server: str
+    table: str
+    token: str | None
+    tls_ca: bytes | None
+    options: dict[str, Any]
+
+    @classmethod
+    def of(cls, options: dict[str, str]) -> Settings:
+        lower = {key.lower(): value for key, value in options.items()}
+        missing = [name for name in ("server", "table") if not lower.get(name)]
+        if missing:
+            raise ValueError(f"the {NAME} source needs the option(s) {', '.join(missing)}")
+        tls_ca = None
+        if lower.get("tlsca"):
+            with open(lower["tlsca"], "rb") as file:
+                tls_ca = file.read()
+        command: dict[str, Any] = {}
+        if lower.get("columns"):
+            command["columns"] = [c.strip() for c in lower["columns"].split(",") if c.strip()]
+        if "includecommandid" in lower:
+            command["include_command_id"] = lower["includecommandid"].lower() == "true"
+        if lower.get("batchrows"):
+            command["batch_rows"] = int(lower["batchrows"])
+        if lower.get("compression"):
+            command["compression"] = lower["compression"]
+        if lower.get("minpartitionrows"):
+            command["min_partition_rows"] = int(lower["minpartitionrows"])
+        return cls(lower["server"], lower["table"], lower.get("token"), tls_ca, command)
+
+    def client(self) -> Client:
+        return connect(self.server, tls_ca=self.tls_ca, token=self.token)
+
+    @property
+    def snapshot_options(self) -> dict[str, Any]:
+        """The options a snapshot command takes (tiles are a change range's)."""
+        return {k: v for k, v in self.options.items() if k != "min_partition_rows"}
+
+
+def _offset(client: Client, table: str, text: str) -> Offset:
+    """An offset option: ``earliest``, ``latest``, an LSN, or an offset's JSON."""
+    text = text.strip()
+    if text.startswith("{"):
+        return Offset.from_json(text)
+    return client.initial_offset(table, starting=text)
+
+
+class EndpointPartition(InputPartition):
+    """One Flight endpoint of a plan: one Spark input partition."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        super().__init__(endpoint.ticket)
+        self.endpoint = endpoint
+
+
+def _spark_schema(plan_schema) -> StructType:
+    return from_arrow_schema(plan_schema, prefer_timestamp_ntz=True)
+
+
+def _read(settings: Settings, partition: EndpointPartition):
+    """An executor's read of one endpoint: batches as they arrive; the task fails after the
+    last one when the stream was not whole, so its rows are never committed."""
+    client = settings.client()
+    try:
+        yield from client.iter_endpoint(partition.endpoint)
+    finally:
+        client.close()
+
+
+class CdcFlightDataSource(DataSource):
+    """``spark.read.format("mssql_cdc_flight")`` and ``spark.readStream.format(...)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.settings = Settings.of(dict(options))
+        self.lower = {key.lower(): value for key, value in options.items()}
+        self.partitions = int(self.lower.get("numpartitions", "4"))
+
+    def _plan(self) -> Plan:
+        settings = self.settings
+        client = settings.client()
+        try:
+            if self.lower.get("snapshot", "false").lower() == "true":
+                return client.plan_snapshot(
+                    settings.table, partitions=self.partitions, **settings.snapshot_options
+                )
+            start = _offset(client, settings.table, self.lower.get("startingoffset", "earliest"))
+            end_text = self.lower.get("endingoffset", "latest")
+            end = (
+                client.latest_offset(start)
+                if end_text == "latest"
+                else _offset(client, settings.table, end_text)
+            )
+            return client.plan_changes(
+                settings.table, start, end, partitions=self.partitions, **settings.options
+            )
+        finally:
+            client.close()
+
+    def schema(self) -> StructType:
+        # The schema of an empty plan: the server answers it without counting any rows.
+        settings = self.settings
+        client = settings.client()
+        try:
+            if self.lower.get("snapshot", "false").lower() == "true":
+                plan = client.plan_snapshot(
+                    settings.table, partitions=1, **settings.snapshot_options
+                )
+            else:
+                latest = client.initial_offset(settings.table, starting="latest")
+                plan = client.plan_changes(settings.table, latest, latest, **settings.options)
+        finally:
+            client.close()
+        return _spark_schema(plan.schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(self.settings, self._plan())
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StreamReader(self.settings, self.lower, self.partitions)
+
+
+class BatchReader(DataSourceReader):
+    """A batch read: the plan made on the driver, one partition per endpoint."""
+
+    def __init__(self, settings: Settings, plan: Plan) -> None:
+        self.settings = settings
+        self.endpoints = plan.endpoints
+
+    def partitions(self) -> list[InputPartition]:
+        return [EndpointPartition(endpoint) for endpoint in self.endpoints]
+
+    def read(self, partition: InputPartition):
+        assert isinstance(partition, EndpointPartition)
+        return _read(self.settings, partition)
+
+
+class StreamReader(DataSourceStreamReader):
+    """A stream: offsets are :class:`Offset` JSON, each micro-batch the range ``(start, end]``
+    planned on the driver with one partition per endpoint.
+
+    ``latestOffset`` is capped at ``maxCommitsPerBatch`` commits after the end of the last
+    batch this reader planned; the first batch after a restart from a checkpoint, whose start
+    this reader has not seen yet, reads up to ``max_lsn``. Spark 4.0's Python API has no
+    admission control: under ``trigger(availableNow=True)`` Spark asks ``latestOffset`` once
+    per run, so a capped run reads one batch. Leave ``maxCommitsPerBatch`` unset there.
+    """
+
+    def __init__(self, settings: Settings, lower: dict[str, str], partitions: int) -> None:
+        self.settings = settings
+        self.partitions_per_instance = partitions
+        self.starting = lower.get("startingoffsets", "earliest")
+        commits = lower.get("maxcommitsperbatch")
+        self.max_commits = int(commits) if commits else None
+        self.last_end: Offset | None = None
+
+    def initialOffset(self) -> dict:
+        client = self.settings.client()
+        try:
+            offset = _offset(client, self.settings.table, self.starting)
+        finally:
+            client.close()
+        self.last_end = offset
+        return offset.to_dict()
+
+    def latestOffset(self) -> dict:
+        client = self.settings.client()
+        try:
+            if self.last_end is None:
+                start = client.initial_offset(self.settings.table, starting="latest")
+                return start.to_dict()
+            return client.latest_offset(self.last_end, self.max_commits).to_dict()
+        finally:
+            client.close()
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        begin, finish = Offset.from_json(start), Offset.from_json(end)
+        self.last_end = finish
+        if finish.lsn <= begin.lsn:
+            return []
+        client = self.settings.client()
+        try:
+            plan = client.plan_changes(
+                self.settings.table,
+                begin,
+                finish,
+                partitions=self.partitions_per_instance,
+                **self.settings.options,
+            )
+        finally:
+            client.close()
+        return [EndpointPartition(endpoint) for endpoint in plan.endpoints]
+
+    def read(self, partition: InputPartition):
+        assert isinstance(partition, EndpointPartition)
+        return _read(self.settings, partition)
+
+    def commit(self, end: dict) -> None:
+        self.last_end = Offset.from_json(end)
