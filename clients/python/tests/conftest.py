@@ -76,3 +76,25 @@ def server(database):
     process, url = start_server(directory, "--ticket-key-file", str(key))
     yield url
     stop_server(process)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    # Spark's Python workers (the data source's planner among them) run this interpreter,
+    # where the package is installed; the JVM reads the variable when it starts.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("mssql-cdc-flight tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    from mssql_cdc_flight.spark import register
+
+    register(session)
+    yield session
+    session.stop()

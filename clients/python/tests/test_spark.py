@@ -5,35 +5,14 @@ stopped and restarted while a workload runs, partitions per endpoint, and server
 pyspark and Java are required: without them this module fails, it never skips.
 """
 
-import os
 import subprocess
 import sys
 
 import pytest
 from conftest import binary, run, start_server, stop_server
-from pyspark.sql import SparkSession
 from test_pyarrow_flight import journal_rows
 
 import mssql_cdc_flight as cdc
-from mssql_cdc_flight.spark import register
-
-
-@pytest.fixture(scope="module")
-def spark():
-    # Spark's Python workers (the data source's planner among them) run this interpreter,
-    # where the package is installed; the JVM reads the variable when it starts.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("mssql-cdc-flight tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    register(session)
-    yield session
-    session.stop()
 
 
 def keyed_rows(rows):
