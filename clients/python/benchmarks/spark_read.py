@@ -6,7 +6,10 @@ pyarrow client's checked read of the same range, in one run on this machine.
 It creates a simulated database whose dbo.orders holds `--rows` change rows (its seeded
 inserts), serves it with the server binary (a release build is best: `cargo build --release`),
 and reads the whole range: each Spark read counts its rows (`count()` forces every partition
-to be read and checked, without collecting), the pyarrow client reads into a table.
+to be read and checked, without collecting), the pyarrow client reads into a table. Spark's own
+floor is measured too: the same batches, read back from a local Arrow file by a trivial Python
+data source with as many partitions (no network, no server), so the table shows what the
+data source costs beyond Spark's ingestion of Arrow batches from Python.
 """
 
 import argparse
@@ -18,6 +21,37 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+
+
+def file_source(path: str, arrow_schema, partitions: int):
+    """A Python data source yielding the batches of the Arrow file at `path`, `partitions`
+    partitions taking every n-th batch: Spark's ingestion with nothing in front of it."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    class FileReader(DataSourceReader):
+        def partitions(self):
+            return [InputPartition(index) for index in range(partitions)]
+
+        def read(self, partition):
+            import pyarrow as pa
+
+            reader = pa.ipc.open_file(path)
+            for index in range(partition.value, reader.num_record_batches, partitions):
+                yield reader.get_batch(index)
+
+    class ArrowFileSource(DataSource):
+        @classmethod
+        def name(cls):
+            return f"arrow_file_{partitions}"
+
+        def schema(self):
+            return from_arrow_schema(arrow_schema, prefer_timestamp_ntz=True)
+
+        def reader(self, schema):
+            return FileReader()
+
+    return ArrowFileSource
 
 
 def main() -> None:
@@ -84,6 +118,19 @@ def main() -> None:
             counted = frame.count()
             spark_seconds = time.perf_counter() - began
             assert counted == table.num_rows == args.rows, (counted, table.num_rows)
+            import pyarrow as pa
+
+            path = str(work / "batches.arrow")
+            with pa.ipc.new_file(path, table.schema) as writer:
+                for batch in table.to_batches():
+                    writer.write_batch(batch)
+            source = file_source(path, table.schema, partitions)
+            spark.dataSource.register(source)
+            floor = spark.read.format(source.name()).load()
+            floor.count()
+            began = time.perf_counter()
+            assert floor.count() == args.rows
+            floor_seconds = time.perf_counter() - began
             results.append(
                 (
                     partitions,
@@ -91,6 +138,7 @@ def main() -> None:
                     table.num_rows,
                     table.num_rows / pyarrow_seconds,
                     counted / spark_seconds,
+                    args.rows / floor_seconds,
                 )
             )
     finally:
@@ -99,13 +147,14 @@ def main() -> None:
         server.wait()
     print(
         "| partitions | Spark partitions | rows | pyarrow client rows/s | Spark rows/s "
-        "| Spark ÷ pyarrow |"
+        "| Spark ÷ pyarrow | Spark from an Arrow file rows/s | Spark ÷ that floor |"
     )
-    print("|---|---|---|---|---|---|")
-    for partitions, spark_partitions, rows, pyarrow_rate, spark_rate in results:
+    print("|---|---|---|---|---|---|---|---|")
+    for partitions, spark_partitions, rows, pyarrow_rate, spark_rate, floor_rate in results:
         print(
             f"| {partitions} | {spark_partitions} | {rows} | {pyarrow_rate:,.0f} | "
-            f"{spark_rate:,.0f} | {spark_rate / pyarrow_rate:.2f} |"
+            f"{spark_rate:,.0f} | {spark_rate / pyarrow_rate:.2f} | {floor_rate:,.0f} | "
+            f"{spark_rate / floor_rate:.2f} |"
         )
 
 
