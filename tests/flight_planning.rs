@@ -5,13 +5,14 @@
 mod common;
 
 use arrow_flight::{Criteria, Empty, FlightDescriptor};
+use common::faulty::{FaultySource, ReadFault};
 use common::{code, earliest, loaded, raw_client, read_range, row_count};
 use futures::TryStreamExt;
 use mssql_cdc_flight::protocol::{
     CaptureInstanceInfo, ChangesCommand, Command, CountAnswer, InitialOffsetBody, LatestOffsetBody,
     LsnAnswer, TableCommand, TimeAnswer,
 };
-use mssql_cdc_flight::source::{CdcSource, Tile};
+use mssql_cdc_flight::source::{CapturedColumn, CdcSource, Tile};
 use mssql_cdc_flight::{Lsn, Offset};
 use serde_json::json;
 use tonic::Code;
@@ -453,5 +454,59 @@ async fn bad_plans_are_refused_with_a_reason() {
         .expect("empty");
     assert!(empty.info.endpoint.is_empty());
     assert_eq!(empty.info.total_records, 0);
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_the_service_cannot_describe_does_not_hide_the_others() {
+    // dbo.customers gains a geography column in the catalog, which no Arrow type serves.
+    let sim = common::SimFixture::new();
+    let source = std::sync::Arc::new(FaultySource::new(sim.db.clone(), ReadFault::None));
+    *source.extra_column.lock().expect("column") = Some((
+        "dbo.customers".parse().expect("table"),
+        CapturedColumn {
+            name: "location".into(),
+            column_id: 99,
+            ordinal: 99,
+            sql_type: "geography".parse().expect("type"),
+        },
+    ));
+    let flight = common::FlightFixture::start(source).await;
+    let infos = flight.client.list_tables().await.expect("list_flights");
+    assert_eq!(infos.len(), 2);
+    let metadata: Vec<serde_json::Value> = infos
+        .iter()
+        .map(|info| serde_json::from_slice(&info.app_metadata).expect("json"))
+        .collect();
+    let customers = metadata
+        .iter()
+        .find(|m| m["table"] == "dbo.customers")
+        .expect("listed");
+    assert_eq!(customers["error"]["reason"], "INVALID_REQUEST");
+    assert!(
+        customers["error"]["message"]
+            .as_str()
+            .expect("text")
+            .contains("'location' has type geography"),
+        "{customers}"
+    );
+    let orders = metadata
+        .iter()
+        .find(|m| m["table"] == "dbo.orders")
+        .expect("listed");
+    assert!(orders.get("error").is_none(), "{orders}");
+    assert!(
+        orders["capture_instances"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+    );
+    // Planning the table names the column to leave out.
+    let start = earliest(&flight, "dbo.customers").await;
+    let error = flight
+        .client
+        .plan_changes(&ChangesCommand::new("dbo.customers", start.lsn, None))
+        .await
+        .expect_err("unsupported column");
+    assert_eq!(code(error), Code::InvalidArgument);
     flight.shutdown_and_wait().await;
 }

@@ -233,17 +233,24 @@ impl CdcFlightService {
 
     async fn table_info(&self, table: &TableName) -> Result<FlightInfo> {
         let instances = self.source.capture_instances(table).await?;
-        let columns = planner::union_columns(table, &instances)?;
+        self.table_info_of(table, &instances).await
+    }
+
+    /// A table's `FlightInfo` from its capture instances (as the catalog listed them, so a
+    /// listing reads the catalog once, not once per table).
+    async fn table_info_of(
+        &self,
+        table: &TableName,
+        instances: &[crate::source::CaptureInstance],
+    ) -> Result<FlightInfo> {
+        let columns = planner::union_columns(table, instances)?;
         let mut infos = Vec::new();
-        for instance in &instances {
+        for instance in instances {
             infos.push(self.instance_info(instance.clone()).await?);
         }
-        let command = Command::Table(protocol::TableCommand {
-            table: table.to_string(),
-        });
         Ok(FlightInfo::new()
             .try_with_schema(&output_schema(&columns, true))?
-            .with_descriptor(FlightDescriptor::new_cmd(command.to_bytes()))
+            .with_descriptor(table_descriptor(table))
             .with_app_metadata(json_bytes(&serde_json::json!({
                 "table": table.to_string(),
                 "capture_instances": infos,
@@ -361,9 +368,20 @@ impl FlightService for CdcFlightService {
             .within_deadline(async {
                 let mut infos = Vec::new();
                 for tracked in self.source.tracked_tables().await? {
-                    if principal.may_read(&tracked.table) {
-                        infos.push(Ok(self.table_info(&tracked.table).await?));
+                    if !principal.may_read(&tracked.table) {
+                        continue;
                     }
+                    let info = self
+                        .table_info_of(&tracked.table, &tracked.capture_instances)
+                        .await;
+                    infos.push(Ok(match info {
+                        Ok(info) => info,
+                        // One table the service cannot describe (a column type without a
+                        // mapping, two instances typing a column apart) is listed with its
+                        // reason; the others are listed as usual.
+                        Err(error) if !error.is_transient() => unlisted(&tracked.table, &error),
+                        Err(error) => return Err(error),
+                    }));
                 }
                 Ok(infos)
             })
@@ -502,6 +520,29 @@ impl FlightService for CdcFlightService {
     ) -> std::result::Result<Response<Self::DoExchangeStream>, Status> {
         Err(Status::unimplemented("do_exchange: use do_get"))
     }
+}
+
+/// The descriptor of a table's `FlightInfo`.
+fn table_descriptor(table: &TableName) -> FlightDescriptor {
+    let command = Command::Table(protocol::TableCommand {
+        table: table.to_string(),
+    });
+    FlightDescriptor::new_cmd(command.to_bytes())
+}
+
+/// The `FlightInfo` of a table `list_flights` cannot describe: no schema, and its app_metadata
+/// says why (`{"table", "error": {"reason", "message"}}`).
+fn unlisted(table: &TableName, error: &Error) -> FlightInfo {
+    tracing::warn!(%table, %error, "list_flights: the table cannot be described");
+    FlightInfo::new()
+        .with_descriptor(table_descriptor(table))
+        .with_app_metadata(json_bytes(&serde_json::json!({
+            "table": table.to_string(),
+            "error": {
+                "reason": crate::status::reason_of(error),
+                "message": error.to_string(),
+            },
+        })))
 }
 
 /// The table a descriptor command reads.

@@ -1,6 +1,7 @@
 //! A source that answers as the simulated database does, except where a test breaks it: a
 //! read task that panics, a stream that panics when polled, a read that loses its last batch,
-//! a read that never yields a row, a source that stops answering.
+//! a read that never yields a row, a source that stops answering, a captured column of a type
+//! no Arrow type serves (the simulator generates only servable types).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,8 +14,8 @@ use mssql_cdc_flight::keys::{KeyColumn, KeySeek, KeyTuple};
 use mssql_cdc_flight::offset::CommitTime;
 use mssql_cdc_flight::sim::SimDb;
 use mssql_cdc_flight::source::{
-    BatchStream, CdcSource, ChangeRead, DdlEntry, KeyBucket, KeyExtent, SnapshotRead, TableName,
-    Tile, TrackedTable, read_channel,
+    BatchStream, CapturedColumn, CdcSource, ChangeRead, DdlEntry, KeyBucket, KeyExtent,
+    SnapshotRead, TableName, Tile, TrackedTable, read_channel,
 };
 
 /// How a [`FaultySource`] breaks its change reads.
@@ -40,6 +41,9 @@ pub struct FaultySource {
     pub down: AtomicBool,
     /// Set by a [`ReadFault::NeverAnswers`] read when its reader went away.
     pub reader_left: Arc<AtomicBool>,
+    /// A column the catalog reports for a table's capture instances besides its own, as SQL
+    /// Server does for a `geography` column the simulator cannot generate.
+    pub extra_column: std::sync::Mutex<Option<(TableName, CapturedColumn)>>,
 }
 
 impl FaultySource {
@@ -49,6 +53,7 @@ impl FaultySource {
             fault: std::sync::Mutex::new(fault),
             down: AtomicBool::new(false),
             reader_left: Arc::new(AtomicBool::new(false)),
+            extra_column: std::sync::Mutex::new(None),
         }
     }
 
@@ -63,7 +68,15 @@ impl CdcSource for FaultySource {
         format!("faulty {}", self.db.describe())
     }
     async fn tracked_tables(&self) -> Result<Vec<TrackedTable>> {
-        self.db.tracked_tables().await
+        let mut tracked = self.db.tracked_tables().await?;
+        if let Some((table, column)) = self.extra_column.lock().expect("column").clone() {
+            for entry in tracked.iter_mut().filter(|entry| entry.table == table) {
+                for instance in &mut entry.capture_instances {
+                    instance.columns.push(column.clone());
+                }
+            }
+        }
+        Ok(tracked)
     }
     async fn max_lsn(&self) -> Result<Option<Lsn>> {
         if self.down.load(Ordering::SeqCst) {
