@@ -76,10 +76,6 @@ pub(super) fn named_int(row: &Row, name: &str) -> Option<i64> {
     int_at(row, column_index(row, name)?)
 }
 
-pub(super) fn named_text(row: &Row, name: &str) -> Option<String> {
-    text_at(row, column_index(row, name)?)
-}
-
 /// An LSN from a binary(10) column; NULL and the zero LSN are `None`.
 pub(super) fn lsn_at(row: &Row, index: usize) -> Result<Option<Lsn>> {
     match row.get_column_data(index) {
@@ -96,10 +92,91 @@ pub(super) fn lsn_at(row: &Row, index: usize) -> Result<Option<Lsn>> {
     }
 }
 
-pub(super) fn named_lsn(row: &Row, name: &str) -> Result<Option<Lsn>> {
-    match column_index(row, name) {
-        Some(index) => lsn_at(row, index),
-        None => Ok(None),
+/// A row of a catalog procedure's result read by column name: a column the result lacks, or a
+/// value of another type, is an error naming the procedure and the column, never a default
+/// (a misnamed column once read every ordinal as 0).
+pub(super) struct CatalogRow<'a> {
+    pub(super) row: &'a Row,
+    pub(super) source: &'static str,
+}
+
+impl CatalogRow<'_> {
+    fn index(&self, name: &str) -> Result<usize> {
+        column_index(self.row, name).ok_or_else(|| {
+            Error::Internal(format!(
+                "{} returned no column '{name}' (columns: {})",
+                self.source,
+                self.row
+                    .columns()
+                    .iter()
+                    .map(|column| column.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+    }
+
+    fn mistyped(&self, name: &str, wanted: &str, got: &ColumnData<'_>) -> Error {
+        Error::Internal(format!(
+            "{} returned column '{name}' as {got:?}, not {wanted}",
+            self.source
+        ))
+    }
+
+    /// An integer column; `None` for NULL.
+    pub(super) fn int(&self, name: &str) -> Result<Option<i64>> {
+        let data = self
+            .row
+            .get_column_data(self.index(name)?)
+            .map_err(pool::source_error)?;
+        Ok(match data {
+            ColumnData::U8(v) => v.map(i64::from),
+            ColumnData::I16(v) => v.map(i64::from),
+            ColumnData::I32(v) => v.map(i64::from),
+            ColumnData::I64(v) => *v,
+            ColumnData::Numeric(v) => match v {
+                Some(n) => Some(
+                    i64::try_from(n.int_part())
+                        .map_err(|_| self.mistyped(name, "a BIGINT", data))?,
+                ),
+                None => None,
+            },
+            other => return Err(self.mistyped(name, "an integer", other)),
+        })
+    }
+
+    /// An integer column that may not be NULL.
+    pub(super) fn required_int(&self, name: &str) -> Result<i64> {
+        self.int(name)?.ok_or_else(|| self.null(name))
+    }
+
+    /// A text column; `None` for NULL.
+    pub(super) fn text(&self, name: &str) -> Result<Option<String>> {
+        let data = self
+            .row
+            .get_column_data(self.index(name)?)
+            .map_err(pool::source_error)?;
+        match data {
+            ColumnData::String(v) => Ok(v.as_ref().map(|text| text.to_string())),
+            other => Err(self.mistyped(name, "text", other)),
+        }
+    }
+
+    /// A text column that may not be NULL.
+    pub(super) fn required_text(&self, name: &str) -> Result<String> {
+        self.text(name)?.ok_or_else(|| self.null(name))
+    }
+
+    /// A binary(10) LSN column; NULL and the zero LSN are `None`.
+    pub(super) fn lsn(&self, name: &str) -> Result<Option<Lsn>> {
+        lsn_at(self.row, self.index(name)?)
+    }
+
+    fn null(&self, name: &str) -> Error {
+        Error::Internal(format!(
+            "{} returned NULL in column '{name}', which is never NULL",
+            self.source
+        ))
     }
 }
 
@@ -207,16 +284,22 @@ impl SqlServerSource {
             })?;
         let mut columns = Vec::with_capacity(rows.len());
         for row in &rows {
+            // The result set of sys.sp_cdc_get_captured_columns: `ordinal_position` is the
+            // column's position in the change table.
+            // <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sys-sp-cdc-get-captured-columns-transact-sql>
+            let row = CatalogRow {
+                row,
+                source: "sys.sp_cdc_get_captured_columns",
+            };
             let raw = RawColumn {
-                name: named_text(row, "column_name").unwrap_or_default(),
-                column_id: named_int(row, "column_id").unwrap_or(0) as i32,
-                ordinal: named_int(row, "column_ordinal").unwrap_or(0) as i32,
-                data_type: named_text(row, "data_type").unwrap_or_default(),
-                character_maximum_length: named_int(row, "character_maximum_length")
-                    .map(|n| n as i32),
-                numeric_precision: named_int(row, "numeric_precision").map(|n| n as u8),
-                numeric_scale: named_int(row, "numeric_scale").map(|n| n as i32),
-                datetime_precision: named_int(row, "datetime_precision").map(|n| n as i16),
+                name: row.required_text("column_name")?,
+                column_id: row.required_int("column_id")? as i32,
+                ordinal: row.required_int("ordinal_position")? as i32,
+                data_type: row.required_text("data_type")?,
+                character_maximum_length: row.int("character_maximum_length")?.map(|n| n as i32),
+                numeric_precision: row.int("numeric_precision")?.map(|n| n as u8),
+                numeric_scale: row.int("numeric_scale")?.map(|n| n as i32),
+                datetime_precision: row.int("datetime_precision")?.map(|n| n as i16),
             };
             columns.push(CapturedColumn {
                 sql_type: raw.sql_type()?,

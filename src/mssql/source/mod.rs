@@ -34,8 +34,8 @@ use crate::source::{
 };
 use crate::types::{OutputColumn, output_schema, snapshot_schema};
 use catalog::{
-    column_index, int_at, key_params, key_tuple_at, lsn_at, micros_at, named_int, named_lsn,
-    named_text, parse_bracket_list,
+    CatalogRow, column_index, int_at, key_params, key_tuple_at, lsn_at, micros_at, named_int,
+    parse_bracket_list,
 };
 use stream::{BatchShape, Fill};
 
@@ -164,10 +164,15 @@ impl CdcSource for SqlServerSource {
         let rows = self.rows(sql::help_change_data_capture(), &[]).await?;
         let mut tables: BTreeMap<TableName, Vec<CaptureInstance>> = BTreeMap::new();
         for row in &rows {
-            let name = named_text(row, "capture_instance").unwrap_or_default();
+            // <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sys-sp-cdc-help-change-data-capture-transact-sql>
+            let catalog = CatalogRow {
+                row,
+                source: "sys.sp_cdc_help_change_data_capture",
+            };
+            let name = catalog.required_text("capture_instance")?;
             let table = TableName::new(
-                named_text(row, "source_schema").unwrap_or_default(),
-                named_text(row, "source_table").unwrap_or_default(),
+                catalog.required_text("source_schema")?,
+                catalog.required_text("source_table")?,
             );
             let create_date = column_index(row, "create_date")
                 .and_then(|index| micros_at(row, index))
@@ -175,10 +180,13 @@ impl CdcSource for SqlServerSource {
                 .unwrap_or_default();
             let instance = CaptureInstance {
                 columns: self.served_columns(&table, &name, create_date).await?,
+                // NULL for a table without a unique index CDC can use.
                 index_columns: parse_bracket_list(
-                    &named_text(row, "index_column_list").unwrap_or_default(),
+                    &catalog.text("index_column_list")?.unwrap_or_default(),
                 ),
-                start_lsn: named_lsn(row, "start_lsn")?.unwrap_or(Lsn::ZERO),
+                // NULL until the capture job processed a newly enabled instance: read as the
+                // zero LSN for now (issue 18 leaves such an instance out of planning).
+                start_lsn: catalog.lsn("start_lsn")?.unwrap_or(Lsn::ZERO),
                 create_date,
                 name,
                 table: table.clone(),
@@ -270,8 +278,15 @@ impl CdcSource for SqlServerSource {
         let at_or_before = sql::commit_time_at_or_before(&self.clock().await?)?;
         let mut entries = Vec::new();
         for row in &rows {
-            let Some(ddl_lsn) = named_lsn(row, "ddl_lsn")? else {
-                continue;
+            // <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-ddl-history-transact-sql>
+            let catalog = CatalogRow {
+                row,
+                source: "cdc.ddl_history",
+            };
+            let Some(ddl_lsn) = catalog.lsn("ddl_lsn")? else {
+                return Err(Error::Internal(
+                    "cdc.ddl_history returned a NULL or zero ddl_lsn".into(),
+                ));
             };
             entries.push(DdlEntry {
                 capture_instance: capture_instance.to_string(),
@@ -280,7 +295,7 @@ impl CdcSource for SqlServerSource {
                     .time_query(&at_or_before, ddl_lsn)
                     .await?
                     .unwrap_or_default(),
-                ddl_command: named_text(row, "ddl_command").unwrap_or_default(),
+                ddl_command: catalog.required_text("ddl_command")?,
             });
         }
         entries.sort_by_key(|entry| entry.ddl_lsn);
