@@ -28,6 +28,26 @@ pub enum Commands {
     /// The whole loop on the embedded default: a simulated database with a workload, the
     /// server on a loopback port, and the example client reading two ranges.
     Demo(DemoArgs),
+    /// Ask a running server's gRPC health service; exit 0 only when it is SERVING (the
+    /// container image's HEALTHCHECK).
+    Health(HealthArgs),
+}
+
+#[derive(Args)]
+pub struct HealthArgs {
+    /// Server address (`https://` verifies the server against --tls-ca).
+    #[arg(
+        long,
+        env = "MSSQL_CDC_FLIGHT_URL",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    pub server: String,
+    /// PEM certificate of the CA that signed the server's TLS certificate.
+    #[arg(long, env = TLS_CA_VARIABLE)]
+    pub tls_ca: Option<PathBuf>,
+    /// Seconds to wait for the answer.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_HEALTH_TIMEOUT", default_value_t = 5.0)]
+    pub timeout: f64,
 }
 
 #[derive(Args)]

@@ -19,7 +19,7 @@ use mssql_cdc_flight::source::{CdcSource, TableName};
 use mssql_cdc_flight::{CommitTime, Lsn, Offset};
 
 use crate::cli::{
-    DemoArgs, LimitArgs, ReadArgs, ServeArgs, SimCommand, TicketKeyArgs, WorkloadArgs,
+    DemoArgs, HealthArgs, LimitArgs, ReadArgs, ServeArgs, SimCommand, TicketKeyArgs, WorkloadArgs,
 };
 
 impl TicketKeyArgs {
@@ -143,6 +143,39 @@ async fn shutdown_signal() {
         _ = terminate => {},
     }
     tracing::info!("shutting down: finishing the calls in flight");
+}
+
+/// `health`: the server's gRPC health for the Flight service; an error unless SERVING.
+pub async fn health(args: HealthArgs) -> anyhow::Result<()> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let mut endpoint = tonic::transport::Endpoint::from_shared(args.server.clone())?
+        .timeout(Duration::from_secs_f64(args.timeout))
+        .connect_timeout(Duration::from_secs_f64(args.timeout));
+    if let Some(path) = &args.tls_ca {
+        mssql_cdc_flight::install_crypto_provider();
+        let ca = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        endpoint = endpoint.tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+        )?;
+    }
+    let channel = endpoint
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {}", args.server))?;
+    let answer = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "arrow.flight.protocol.FlightService".into(),
+        })
+        .await
+        .with_context(|| format!("asking {} for its health", args.server))?
+        .into_inner();
+    let status = ServingStatus::try_from(answer.status).unwrap_or(ServingStatus::Unknown);
+    println!("{}", status.as_str_name());
+    if status != ServingStatus::Serving {
+        bail!("{} is {}", args.server, status.as_str_name());
+    }
+    Ok(())
 }
 
 /// `serve`: the Flight server until Ctrl-C or SIGTERM.

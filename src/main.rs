@@ -24,5 +24,6 @@ fn main() -> anyhow::Result<()> {
         Commands::Sim(command) => commands::sim(command),
         Commands::Read(args) => runtime.block_on(commands::read(args)),
         Commands::Demo(args) => runtime.block_on(commands::demo(args)),
+        Commands::Health(args) => runtime.block_on(commands::health(args)),
     }
 }

@@ -131,6 +131,9 @@ impl std::fmt::Debug for ClientTls {
 pub const TLS_CA_VARIABLE: &str = "MSSQL_CDC_FLIGHT_TLS_CA";
 /// The variable holding the bearer token clients of this project send.
 pub const TOKEN_VARIABLE: &str = "MSSQL_CDC_FLIGHT_TOKEN";
+/// The variable naming a file that holds the bearer token (first line), so the token need not
+/// sit in the environment; [`TOKEN_VARIABLE`] wins when both are set.
+pub const TOKEN_FILE_VARIABLE: &str = "MSSQL_CDC_FLIGHT_TOKEN_FILE";
 /// The variables naming the PEM files of a client certificate and its key (mutual TLS).
 pub const TLS_CLIENT_CERT_VARIABLE: &str = "MSSQL_CDC_FLIGHT_TLS_CLIENT_CERT";
 /// See [`TLS_CLIENT_CERT_VARIABLE`].
@@ -193,7 +196,8 @@ impl CdcClient {
     /// Connects as this project's clients do: TLS for `https://` verified against the CA in
     /// [`TLS_CA_VARIABLE`] (refused without it, rather than trusting whatever answers), a
     /// client certificate from [`TLS_CLIENT_CERT_VARIABLE`] and [`TLS_CLIENT_KEY_VARIABLE`]
-    /// when set, and the bearer token of [`TOKEN_VARIABLE`] when set.
+    /// when set, and the bearer token of [`TOKEN_VARIABLE`] (or the file named by
+    /// [`TOKEN_FILE_VARIABLE`]) when set.
     pub async fn connect_from_env(url: &str) -> ClientResult<Self> {
         let setting = |message: String| ClientError::Connect {
             url: url.to_string(),
@@ -240,8 +244,15 @@ impl CdcClient {
             }
         };
         let client = Self::connect_with(url, tls.as_ref()).await?;
-        match std::env::var(TOKEN_VARIABLE) {
-            Ok(token) if !token.trim().is_empty() => client.with_token(token.trim()),
+        let token = match std::env::var(TOKEN_VARIABLE) {
+            Ok(token) if !token.trim().is_empty() => Some(token),
+            _ => read(TOKEN_FILE_VARIABLE)?.map(|bytes| {
+                let text = String::from_utf8_lossy(&bytes).into_owned();
+                text.lines().next().unwrap_or_default().to_string()
+            }),
+        };
+        match token {
+            Some(token) if !token.trim().is_empty() => client.with_token(token.trim()),
             _ => Ok(client),
         }
     }

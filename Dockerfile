@@ -1,0 +1,61 @@
+# syntax=docker/dockerfile:1.7
+# The image of mssql-cdc-flight: the Flight server (the default command) and the writer
+# sidecar (`mssql-cdc-writer`), release builds, on a small Debian runtime as a non-root user.
+#
+#   docker build -t mssql-cdc-flight .
+#   docker run -p 50051:50051 -v ./secrets:/run/secrets:ro mssql-cdc-flight
+#
+# The server reads its source from /run/secrets/cdc-source (a SQL Server URL or connection
+# string) and its principals from /run/secrets/tokens.json (docs/security.md): it listens on
+# 0.0.0.0, where authentication is required. deploy/compose.yml runs SQL Server, the server
+# and the writer together.
+
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+# Dependencies first: the manifests, the lock file and the contract's .proto files, built
+# against placeholder sources, so a change of our code does not rebuild the dependencies. The
+# registry and target directories are BuildKit caches as well.
+COPY Cargo.toml Cargo.lock ./
+COPY proto/Cargo.toml proto/build.rs proto/
+COPY proto/mssql_cdc_flight.proto proto/mssql_cdc_admin.proto proto/
+COPY clients/writer/Cargo.toml clients/writer/
+RUN mkdir -p src proto/src clients/writer/src benches clients/writer/benches tests \
+    && touch src/lib.rs proto/src/lib.rs clients/writer/src/lib.rs \
+    && for stub in src/main.rs clients/writer/src/main.rs benches/throughput.rs \
+        benches/catalog.rs tests/sqlserver_statements.rs tests/fuzz_parsers.rs \
+        clients/writer/benches/end_to_end.rs clients/writer/benches/snapshot.rs \
+        clients/writer/benches/silver.rs; do echo 'fn main() {}' > "$stub"; done
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --workspace --bins
+# Then the project itself.
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    touch src/main.rs src/lib.rs proto/src/lib.rs clients/writer/src/main.rs clients/writer/src/lib.rs \
+    && cargo build --release --locked --bin mssql-cdc-flight --bin mssql-cdc-writer \
+    && mkdir -p /out && cp target/release/mssql-cdc-flight target/release/mssql-cdc-writer /out/
+
+FROM debian:bookworm-slim AS runtime
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin cdc
+COPY --from=build /out/mssql-cdc-flight /out/mssql-cdc-writer /usr/local/bin/
+USER 10001:10001
+# Paths of the secrets, not secrets: the files are mounted at run time.
+# hadolint ignore=DL3064
+ENV MSSQL_CDC_FLIGHT_LISTEN=0.0.0.0:50051 \
+    MSSQL_CDC_FLIGHT_SOURCE_FILE=/run/secrets/cdc-source \
+    MSSQL_CDC_FLIGHT_TOKENS_FILE=/run/secrets/tokens.json \
+    RUST_LOG=info
+EXPOSE 50051
+HEALTHCHECK --interval=15s --timeout=6s --start-period=20s --retries=3 \
+    CMD ["mssql-cdc-flight", "health", "--server", "http://127.0.0.1:50051"]
+LABEL org.opencontainers.image.title="mssql-cdc-flight" \
+      org.opencontainers.image.description="SQL Server change data capture as Arrow Flight streams, and the writer that lands them in Delta Lake" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/mssql-cdc-flight/mssql-cdc-flight"
+ENTRYPOINT ["mssql-cdc-flight"]
+CMD ["serve"]
