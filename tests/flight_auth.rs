@@ -70,6 +70,13 @@ async fn no_token_or_a_wrong_one_is_unauthenticated_on_every_call() {
     let wrong = as_principal(&flight, "guessed").await;
     for client in [anonymous, &wrong] {
         let error = client.list_tables().await.expect_err("list");
+        if let mssql_cdc_flight::client::ClientError::Status(status) = &error {
+            assert_eq!(
+                reason_of_status(status).as_deref(),
+                Some("UNAUTHENTICATED"),
+                "{status:?}"
+            );
+        }
         assert_eq!(code(error), Code::Unauthenticated);
         let error = client
             .action::<Offset>("initial_offset", &initial("dbo.orders"))

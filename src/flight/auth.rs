@@ -263,13 +263,13 @@ enum Presented {
     Basic { user: String, password: String },
 }
 
-fn presented(metadata: &MetadataMap) -> std::result::Result<Option<Presented>, Status> {
+fn presented(metadata: &MetadataMap) -> Result<Option<Presented>> {
     let Some(value) = metadata.get("authorization") else {
         return Ok(None);
     };
     let value = value
         .to_str()
-        .map_err(|_| Status::unauthenticated("the authorization header is not text"))?;
+        .map_err(|_| unauthenticated("the authorization header is not text"))?;
     let (scheme, rest) = value.split_once(' ').unwrap_or((value, ""));
     if scheme.eq_ignore_ascii_case("bearer") {
         return Ok(Some(Presented::Bearer(rest.trim().to_string())));
@@ -279,18 +279,22 @@ fn presented(metadata: &MetadataMap) -> std::result::Result<Option<Presented>, S
             .decode(rest.trim())
             .ok()
             .and_then(|bytes| String::from_utf8(bytes).ok())
-            .ok_or_else(|| Status::unauthenticated("basic credentials are not base64 text"))?;
+            .ok_or_else(|| unauthenticated("basic credentials are not base64 text"))?;
         let (user, password) = decoded
             .split_once(':')
-            .ok_or_else(|| Status::unauthenticated("basic credentials need user:password"))?;
+            .ok_or_else(|| unauthenticated("basic credentials need user:password"))?;
         return Ok(Some(Presented::Basic {
             user: user.to_string(),
             password: password.to_string(),
         }));
     }
-    Err(Status::unauthenticated(
+    Err(unauthenticated(
         "the authorization header must be Bearer or Basic",
     ))
+}
+
+fn unauthenticated(message: &str) -> Error {
+    Error::Unauthenticated(message.into())
 }
 
 /// Basic credentials presented and verified, to be traded for the bearer token by
@@ -326,16 +330,20 @@ pub fn interceptor(
             .peer_certs()
             .and_then(|certs| certs.first().map(|leaf| leaf.as_ref().to_vec()))
             .and_then(|leaf| authenticator.by_certificate(&leaf));
-        let principal = match presented(request.metadata())? {
+        // Refusals go through the one error mapping, so they carry their reason code.
+        let refuse = |error: Error| crate::status::to_status(&error);
+        let principal = match presented(request.metadata()).map_err(refuse)? {
             Some(Presented::Bearer(token)) => {
                 Some(authenticator.by_token(&token).ok_or_else(|| {
-                    Status::unauthenticated("the bearer token is not known to this server")
+                    refuse(unauthenticated(
+                        "the bearer token is not known to this server",
+                    ))
                 })?)
             }
             Some(Presented::Basic { user, password }) => {
                 let principal = authenticator
                     .by_basic(&user, &password)
-                    .ok_or_else(|| Status::unauthenticated("wrong user or token"))?;
+                    .ok_or_else(|| refuse(unauthenticated("wrong user or token")))?;
                 request.extensions_mut().insert(BasicCredentials {
                     principal,
                     token: password,

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from .errors import DetailsMiddlewareFactory, IncompleteStreamError, translate
+from .errors import DetailsMiddlewareFactory, IncompleteStreamError, InternalError, translate
 from .offset import Offset
 
 OffsetLike = Offset | dict | str
@@ -97,7 +97,7 @@ class Client:
         except Exception as error:
             raise translate(error) from error
         if len(results) != 1:
-            raise IncompleteStreamError(f"action {name} answered {len(results)} results", rows=0)
+            raise InternalError(f"action {name} answered {len(results)} results, not one")
         return json.loads(results[0].body.to_pybytes())
 
     def tables(self) -> list[str]:

@@ -31,7 +31,7 @@ Options (the seed library's names where they mean the same thing):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -60,9 +60,9 @@ class Settings:
 
     server: str
     table: str
-    token: str | None
-    tls_ca: bytes | None
-    options: dict[str, Any]
+    token: str | None = field(repr=False)  # a secret: never in a repr Spark may log
+    tls_ca: bytes | None = field(repr=False)
+    options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, options: dict[str, str]) -> Settings:
