@@ -98,6 +98,9 @@ pub struct ServeArgs {
     /// reads every table). Refused without this flag.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (docs/operations.md); none without.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub limits: LimitArgs,
 }

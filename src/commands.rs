@@ -232,6 +232,16 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         authenticator,
         health_interval: flight::HEALTH_PROBE_INTERVAL,
     };
+    if let Some(address) = args.metrics_listen {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(address)
+            .set_buckets(&[
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0,
+            ])?
+            .install()
+            .with_context(|| format!("serving metrics on {address}"))?;
+        tracing::info!(%address, "serving Prometheus metrics at /metrics");
+    }
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

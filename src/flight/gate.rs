@@ -72,6 +72,7 @@ impl StreamGate {
             });
         }
         open.total += 1;
+        super::metrics::streams_active(1.0);
         if let Some(name) = principal {
             *open.by_principal.entry(name.to_string()).or_default() += 1;
         }
@@ -98,6 +99,7 @@ impl Drop for StreamSlot {
     fn drop(&mut self) {
         let mut open = self.gate.lock();
         open.total = open.total.saturating_sub(1);
+        super::metrics::streams_active(-1.0);
         if let Some(name) = &self.principal
             && let Some(count) = open.by_principal.get_mut(name)
         {

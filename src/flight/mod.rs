@@ -20,6 +20,7 @@ pub mod auth;
 pub mod gate;
 pub mod limits;
 pub mod local;
+pub mod metrics;
 pub mod planner;
 pub mod snapshot;
 pub mod stream;
@@ -176,6 +177,7 @@ async fn probe_health(
         tokio::time::sleep(interval).await;
         let answer = tokio::time::timeout(interval * 2, source.max_lsn()).await;
         let healthy = matches!(answer, Ok(Ok(_)));
+        metrics::source_up(healthy);
         if healthy == serving {
             continue;
         }
@@ -337,80 +339,101 @@ impl FlightService for CdcFlightService {
         &self,
         request: Request<Streaming<HandshakeRequest>>,
     ) -> std::result::Result<Response<Self::HandshakeStream>, Status> {
-        // Basic credentials verified by the interceptor are traded for the bearer token;
-        // without authentication the handshake succeeds with nothing to trade.
-        let credentials = request.extensions().get::<BasicCredentials>().cloned();
-        let principal = match &credentials {
-            Some(credentials) => Arc::clone(&credentials.principal),
-            None => principal_of(&request)?,
-        };
-        tracing::debug!(principal = %principal.name, "handshake");
-        let reply = HandshakeResponse {
-            protocol_version: 0,
-            payload: bytes::Bytes::new(),
-        };
-        let mut response = Response::new(futures::stream::once(async move { Ok(reply) }).boxed());
-        if let Some(credentials) = credentials {
-            let value = format!("Bearer {}", credentials.token)
-                .parse()
-                .map_err(|_| Status::unauthenticated("the token is not a valid header value"))?;
-            response.metadata_mut().insert("authorization", value);
+        let started = std::time::Instant::now();
+        let result: std::result::Result<Response<Self::HandshakeStream>, Status> = async {
+            // Basic credentials verified by the interceptor are traded for the bearer token;
+            // without authentication the handshake succeeds with nothing to trade.
+            let credentials = request.extensions().get::<BasicCredentials>().cloned();
+            let principal = match &credentials {
+                Some(credentials) => Arc::clone(&credentials.principal),
+                None => principal_of(&request)?,
+            };
+            tracing::debug!(principal = %principal.name, "handshake");
+            let reply = HandshakeResponse {
+                protocol_version: 0,
+                payload: bytes::Bytes::new(),
+            };
+            let mut response =
+                Response::new(futures::stream::once(async move { Ok(reply) }).boxed());
+            if let Some(credentials) = credentials {
+                let value = format!("Bearer {}", credentials.token)
+                    .parse()
+                    .map_err(|_| {
+                        Status::unauthenticated("the token is not a valid header value")
+                    })?;
+                response.metadata_mut().insert("authorization", value);
+            }
+            Ok(response)
         }
-        Ok(response)
+        .await;
+        metrics::call_result("Handshake", started, &result);
+        result
     }
 
     async fn list_flights(
         &self,
         request: Request<Criteria>,
     ) -> std::result::Result<Response<Self::ListFlightsStream>, Status> {
-        let principal = principal_of(&request)?;
-        let infos = self
-            .within_deadline(async {
-                let mut infos = Vec::new();
-                for tracked in self.source.tracked_tables().await? {
-                    if !principal.may_read(&tracked.table) {
-                        continue;
+        let started = std::time::Instant::now();
+        let result: std::result::Result<Response<Self::ListFlightsStream>, Status> = async {
+            let principal = principal_of(&request)?;
+            let infos = self
+                .within_deadline(async {
+                    let mut infos = Vec::new();
+                    for tracked in self.source.tracked_tables().await? {
+                        if !principal.may_read(&tracked.table) {
+                            continue;
+                        }
+                        let info = self
+                            .table_info_of(&tracked.table, &tracked.capture_instances)
+                            .await;
+                        infos.push(Ok(match info {
+                            Ok(info) => info,
+                            // One table the service cannot describe (a column type without a
+                            // mapping, two instances typing a column apart) is listed with its
+                            // reason; the others are listed as usual.
+                            Err(error) if !error.is_transient() => unlisted(&tracked.table, &error),
+                            Err(error) => return Err(error),
+                        }));
                     }
-                    let info = self
-                        .table_info_of(&tracked.table, &tracked.capture_instances)
-                        .await;
-                    infos.push(Ok(match info {
-                        Ok(info) => info,
-                        // One table the service cannot describe (a column type without a
-                        // mapping, two instances typing a column apart) is listed with its
-                        // reason; the others are listed as usual.
-                        Err(error) if !error.is_transient() => unlisted(&tracked.table, &error),
-                        Err(error) => return Err(error),
-                    }));
-                }
-                Ok(infos)
-            })
-            .await?;
-        Ok(Response::new(futures::stream::iter(infos).boxed()))
+                    Ok(infos)
+                })
+                .await?;
+            Ok(Response::new(futures::stream::iter(infos).boxed()))
+        }
+        .await;
+        metrics::call_result("ListFlights", started, &result);
+        result
     }
 
     async fn get_flight_info(
         &self,
         request: Request<FlightDescriptor>,
     ) -> std::result::Result<Response<FlightInfo>, Status> {
-        let principal = principal_of(&request)?;
-        let descriptor = request.into_inner();
-        let command = Command::parse(&descriptor.cmd)?;
-        principal.check(&command_table(&command)?)?;
-        let info = self
-            .within_deadline(async {
-                match command {
-                    Command::Table(command) => self.table_info(&command.table.parse()?).await,
-                    Command::Changes(command) => self.changes_info(&command, descriptor).await,
-                    Command::Snapshot(command) => {
-                        let source = self.source.as_ref();
-                        snapshot::plan(source, &self.signer, &self.limits, &command, descriptor)
-                            .await
+        let started = std::time::Instant::now();
+        let result: std::result::Result<Response<FlightInfo>, Status> = async {
+            let principal = principal_of(&request)?;
+            let descriptor = request.into_inner();
+            let command = Command::parse(&descriptor.cmd)?;
+            principal.check(&command_table(&command)?)?;
+            let info = self
+                .within_deadline(async {
+                    match command {
+                        Command::Table(command) => self.table_info(&command.table.parse()?).await,
+                        Command::Changes(command) => self.changes_info(&command, descriptor).await,
+                        Command::Snapshot(command) => {
+                            let source = self.source.as_ref();
+                            snapshot::plan(source, &self.signer, &self.limits, &command, descriptor)
+                                .await
+                        }
                     }
-                }
-            })
-            .await?;
-        Ok(Response::new(info))
+                })
+                .await?;
+            Ok(Response::new(info))
+        }
+        .await;
+        metrics::call_result("GetFlightInfo", started, &result);
+        result
     }
 
     async fn poll_flight_info(
@@ -426,55 +449,68 @@ impl FlightService for CdcFlightService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> std::result::Result<Response<SchemaResult>, Status> {
-        let principal = principal_of(&request)?;
-        let command = Command::parse(&request.get_ref().cmd)?;
-        let table = command_table(&command)?;
-        principal.check(&table)?;
-        let schema = self
-            .within_deadline(self.command_schema(&table, &command))
-            .await?;
-        let result = SchemaResult::try_from(SchemaAsIpc::new(&schema, &IpcWriteOptions::default()))
-            .map_err(|error| Status::internal(error.to_string()))?;
-        Ok(Response::new(result))
+        let started = std::time::Instant::now();
+        let result: std::result::Result<Response<SchemaResult>, Status> = async {
+            let principal = principal_of(&request)?;
+            let command = Command::parse(&request.get_ref().cmd)?;
+            let table = command_table(&command)?;
+            principal.check(&table)?;
+            let schema = self
+                .within_deadline(self.command_schema(&table, &command))
+                .await?;
+            let result =
+                SchemaResult::try_from(SchemaAsIpc::new(&schema, &IpcWriteOptions::default()))
+                    .map_err(|error| Status::internal(error.to_string()))?;
+            Ok(Response::new(result))
+        }
+        .await;
+        metrics::call_result("GetSchema", started, &result);
+        result
     }
 
     async fn do_get(
         &self,
         request: Request<Ticket>,
     ) -> std::result::Result<Response<Self::DoGetStream>, Status> {
-        let principal = principal_of(&request)?;
-        let body = self.signer.verify(&request.get_ref().ticket)?;
-        let (read, compression, table) = match body.kind {
-            Some(TicketKind::ChangeRange(ticket)) => (
-                StreamRead::changes(&ticket)?,
-                ticket.compression,
-                ticket.table,
-            ),
-            Some(TicketKind::Snapshot(ticket)) => (
-                StreamRead::Snapshot(snapshot::ticket_read(&ticket)?),
-                ticket.compression,
-                ticket.table,
-            ),
-            None => {
-                return Err(Status::invalid_argument(
-                    "ticket is malformed: it names nothing to read",
-                ));
-            }
-        };
-        // Checked again at redemption: a ticket may travel to another principal.
-        principal.check(&table.parse()?)?;
-        let per_principal = (!principal.is_anonymous()).then_some(principal.name.as_str());
-        let slot = self.streams.enter(per_principal)?;
-        let stream = stream::respond(Arc::clone(&self.source), read, compression)?;
-        // The slot is held until the response is dropped: read to its end, or abandoned.
-        Ok(Response::new(
-            stream
-                .map(move |item| {
-                    let _held = &slot;
-                    item
-                })
-                .boxed(),
-        ))
+        let started = std::time::Instant::now();
+        let result: std::result::Result<Response<Self::DoGetStream>, Status> = async {
+            let principal = principal_of(&request)?;
+            let body = self.signer.verify(&request.get_ref().ticket)?;
+            let (read, compression, table) = match body.kind {
+                Some(TicketKind::ChangeRange(ticket)) => (
+                    StreamRead::changes(&ticket)?,
+                    ticket.compression,
+                    ticket.table,
+                ),
+                Some(TicketKind::Snapshot(ticket)) => (
+                    StreamRead::Snapshot(snapshot::ticket_read(&ticket)?),
+                    ticket.compression,
+                    ticket.table,
+                ),
+                None => {
+                    return Err(Status::invalid_argument(
+                        "ticket is malformed: it names nothing to read",
+                    ));
+                }
+            };
+            // Checked again at redemption: a ticket may travel to another principal.
+            principal.check(&table.parse()?)?;
+            let per_principal = (!principal.is_anonymous()).then_some(principal.name.as_str());
+            let slot = self.streams.enter(per_principal)?;
+            let stream = stream::respond(Arc::clone(&self.source), read, compression)?;
+            // The slot is held until the response is dropped: read to its end, or abandoned.
+            Ok(Response::new(
+                stream
+                    .map(move |item| {
+                        let _held = &slot;
+                        item
+                    })
+                    .boxed(),
+            ))
+        }
+        .await;
+        metrics::call_result("DoGet", started, &result);
+        result
     }
 
     async fn do_put(
@@ -488,30 +524,42 @@ impl FlightService for CdcFlightService {
         &self,
         request: Request<Action>,
     ) -> std::result::Result<Response<Self::DoActionStream>, Status> {
-        let principal = principal_of(&request)?;
-        let answer = self
-            .within_deadline(self.action(&principal, request.get_ref()))
-            .await?;
-        let result = arrow_flight::Result { body: answer };
-        Ok(Response::new(
-            futures::stream::once(async move { Ok(result) }).boxed(),
-        ))
+        let started = std::time::Instant::now();
+        let result: std::result::Result<Response<Self::DoActionStream>, Status> = async {
+            let principal = principal_of(&request)?;
+            let answer = self
+                .within_deadline(self.action(&principal, request.get_ref()))
+                .await?;
+            let result = arrow_flight::Result { body: answer };
+            Ok(Response::new(
+                futures::stream::once(async move { Ok(result) }).boxed(),
+            ))
+        }
+        .await;
+        metrics::call_result("DoAction", started, &result);
+        result
     }
 
     async fn list_actions(
         &self,
         request: Request<Empty>,
     ) -> std::result::Result<Response<Self::ListActionsStream>, Status> {
-        principal_of(&request)?;
-        let actions = ActionKind::ALL.iter().map(|kind| {
-            Ok(ActionType {
-                r#type: kind.name().to_string(),
-                description: kind.description().to_string(),
-            })
-        });
-        Ok(Response::new(
-            futures::stream::iter(actions.collect::<Vec<_>>()).boxed(),
-        ))
+        let started = std::time::Instant::now();
+        let result: std::result::Result<Response<Self::ListActionsStream>, Status> = async {
+            principal_of(&request)?;
+            let actions = ActionKind::ALL.iter().map(|kind| {
+                Ok(ActionType {
+                    r#type: kind.name().to_string(),
+                    description: kind.description().to_string(),
+                })
+            });
+            Ok(Response::new(
+                futures::stream::iter(actions.collect::<Vec<_>>()).boxed(),
+            ))
+        }
+        .await;
+        metrics::call_result("ListActions", started, &result);
+        result
     }
 
     async fn do_exchange(

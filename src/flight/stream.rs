@@ -95,6 +95,14 @@ impl StreamRead {
         }
     }
 
+    /// The metrics' name of this kind of read.
+    fn kind(&self) -> &'static str {
+        match self {
+            StreamRead::Changes { .. } => "changes",
+            StreamRead::Snapshot(_) => "snapshot",
+        }
+    }
+
     fn capture_instance(&self) -> &str {
         match self {
             StreamRead::Changes { read, .. } => &read.capture_instance,
@@ -253,15 +261,27 @@ async fn produce(
     }
     .await;
     drop(batches);
+    let kind = read.kind();
     match outcome {
         Ok(Some((completion, marker))) => {
             tracing::debug!(capture_instance = %completion.capture_instance, rows = completion.rows,
                 seconds = completion.seconds, snapshot = ?completion.snapshot_lsn, "stream served");
+            super::metrics::stream_complete(
+                kind,
+                completion.rows,
+                completion.bytes,
+                completion.seconds,
+            );
             let _ = end.send(Ok(marker));
         }
-        Ok(None) => tracing::debug!("client closed the stream before its end"),
+        Ok(None) => {
+            tracing::debug!("client closed the stream before its end");
+            super::metrics::stream_failed(kind, tonic::Code::Cancelled);
+        }
         Err(error) => {
-            let _ = end.send(Err(crate::status::to_status(&error)));
+            let status = crate::status::to_status(&error);
+            super::metrics::stream_failed(kind, status.code());
+            let _ = end.send(Err(status));
         }
     }
 }
