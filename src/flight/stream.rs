@@ -3,8 +3,8 @@
 //! A spawned task reads the source into a bounded channel, so backpressure from the client
 //! reaches the source; the encoder turns the batches into Flight data; the completion marker,
 //! a zero-row record batch whose app_metadata is the [`Completion`], follows the last batch,
-//! and only when the read was whole. Stock decoders (arrow-rs, pyarrow, arrow-go) read it as
-//! an ordinary empty batch. Nothing else ends a stream cleanly: a read that fails ends it with
+//! and only when the read was whole. Stock decoders read it as an ordinary empty batch (arrow-rs'
+//! and pyarrow's are tested). Nothing else ends a stream cleanly: a read that fails ends it with
 //! its status, a source read task that stops without its explicit end
 //! ([`crate::source::read_channel`]) or a producer that panics ends it with `INTERNAL`, and a
 //! client that leaves stops the task at once. What differs between the two kinds of read is
