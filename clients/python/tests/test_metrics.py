@@ -4,6 +4,7 @@ and the source's health."""
 
 import re
 import socket
+import subprocess
 import time
 import urllib.request
 
@@ -55,4 +56,61 @@ def test_metrics_count_calls_rows_and_streams(tmp_path):
         assert samples["mssql_cdc_flight_streams_active"] == 0
         assert any(name.startswith("mssql_cdc_flight_call_seconds") for name in samples)
     finally:
+        stop_server(process)
+
+
+def test_the_writer_counts_batches_rows_and_lag(tmp_path):
+    from test_lake_tables import writer_binary
+
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "0", "--orders", "0")
+    run("sim", "run", str(directory), "--commits", "120", "--seed", "6", "--clock", "virtual")
+    process, url = start_server(directory)
+    port = free_port()
+    lake = tmp_path / "lake"
+    writer = subprocess.Popen(
+        [
+            writer_binary(),
+            "run",
+            "--server",
+            url.replace("grpc://", "http://"),
+            "--table",
+            "dbo.orders",
+            "--target",
+            str(lake / "bronze"),
+            "--facts",
+            str(lake / "facts"),
+            "--control",
+            str(lake / "control"),
+            "--app-id",
+            "orders",
+            "--checkpoint",
+            str(lake / "checkpoint"),
+            "--poll-seconds",
+            "0.2",
+            "--metrics-listen",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        client = cdc.connect(url)
+        expected = client.read_changes("dbo.orders", client.initial_offset("dbo.orders")).num_rows
+        rows_key = 'mssql_cdc_writer_rows_total{table="dbo.orders"}'
+        samples = {}
+        for _ in range(300):
+            try:
+                samples = scrape(port)
+            except OSError:
+                samples = {}
+            if samples.get(rows_key) == expected:
+                break
+            time.sleep(0.1)
+        assert samples.get(rows_key) == expected, samples
+        assert samples['mssql_cdc_writer_batches_total{table="dbo.orders"}'] >= 1
+        assert 'mssql_cdc_writer_capture_lag_seconds{table="dbo.orders"}' in samples
+    finally:
+        writer.kill()
+        writer.wait()
         stop_server(process)

@@ -289,6 +289,9 @@ pub struct RunArgs {
     /// Seconds between polls when nothing is new (continuous mode).
     #[arg(long, default_value_t = 5.0, env = "MSSQL_CDC_WRITER_POLL_SECONDS")]
     pub poll_seconds: f64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (docs/operations.md); none without.
+    #[arg(long, env = "MSSQL_CDC_WRITER_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Skip purged changes (with a data_skipped facts row) instead of stopping. Loses changes.
     #[arg(long, env = "MSSQL_CDC_WRITER_SKIP_DATA_LOSS")]
     pub skip_data_loss: bool,

@@ -13,6 +13,10 @@ use crate::cli::{ApplyArgs, BackfillArgs, RunArgs, SnapshotCommand, SnapshotTabl
 
 /// `run`: one table from flags, or every table of a sidecar file.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    if let Some(address) = args.metrics_listen {
+        mssql_cdc_writer::metrics::serve(address)?;
+        tracing::info!(%address, "serving Prometheus metrics at /metrics");
+    }
     if let Some(path) = &args.config {
         return run_sidecar(path, args.available_now).await;
     }

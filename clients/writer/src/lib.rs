@@ -12,6 +12,7 @@ pub mod control;
 pub mod error;
 pub mod events;
 pub mod facts;
+pub mod metrics;
 pub mod sidecar;
 pub mod silver;
 pub mod snapshot;

@@ -336,6 +336,7 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
                     match result {
                         Ok(outcomes) => return Ok(outcomes),
                         Err(error) if attempt + 1 < AVAILABLE_NOW_ATTEMPTS && !is_final(&error) => {
+                            crate::metrics::failure(&stream_config.table);
                             tracing::warn!(table = %stream_config.table, %error, attempt, "table failed; retrying");
                             tokio::time::sleep(backoff(attempt)).await;
                             attempt += 1;
@@ -407,6 +408,7 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
                 match result {
                     Ok(_) => return,
                     Err(error) => {
+                        crate::metrics::failure(&stream_config.table);
                         tracing::error!(table = %stream_config.table, %error, attempt, "table failed; retrying");
                         let mut stop = stop.clone();
                         tokio::select! {

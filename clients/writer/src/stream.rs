@@ -391,6 +391,13 @@ impl Stream {
         }
         crash_point("after_bronze", record.batch_id);
         row.duration_ms = Some(clock.elapsed().as_millis() as i64);
+        crate::metrics::batch(
+            &self.config.table,
+            u64::try_from(rows).unwrap_or(0),
+            clock.elapsed().as_secs_f64(),
+            row.capture_lag_seconds,
+            row.ingestion_lag_seconds,
+        );
         events.extend(plan.events.iter().map(|event| FactsRow {
             event: Some(event.event.clone()),
             min_lsn: Some(event.lsn.to_string()),

@@ -1,0 +1,32 @@
+//! Prometheus metrics of the writer, recorded through the `metrics` facade: no-ops unless
+//! `run --metrics-listen` installed the exporter (docs/operations.md lists them).
+
+/// Records a committed batch of `table`.
+pub fn batch(table: &str, rows: u64, seconds: f64, capture_lag: Option<f64>, behind: Option<f64>) {
+    let table = table.to_string();
+    metrics::counter!("mssql_cdc_writer_batches_total", "table" => table.clone()).increment(1);
+    metrics::counter!("mssql_cdc_writer_rows_total", "table" => table.clone()).increment(rows);
+    metrics::histogram!("mssql_cdc_writer_batch_seconds", "table" => table.clone()).record(seconds);
+    if let Some(lag) = capture_lag {
+        metrics::gauge!("mssql_cdc_writer_capture_lag_seconds", "table" => table.clone()).set(lag);
+    }
+    if let Some(behind) = behind {
+        metrics::gauge!("mssql_cdc_writer_ingestion_lag_seconds", "table" => table).set(behind);
+    }
+}
+
+/// Records a failed attempt at `table`'s stream (the sidecar retries it).
+pub fn failure(table: &str) {
+    metrics::counter!("mssql_cdc_writer_failures_total", "table" => table.to_string()).increment(1);
+}
+
+/// Serves the metrics at `http://address/metrics`.
+pub fn serve(address: std::net::SocketAddr) -> crate::error::Result<()> {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(address)
+        .set_buckets(&[0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0])
+        .and_then(|builder| builder.install())
+        .map_err(|error| {
+            crate::error::WriterError::invalid(format!("serving metrics on {address}: {error}"))
+        })
+}
