@@ -27,13 +27,9 @@ pub use offset::{CommitTime, Offset};
 
 /// Process setup shared by the project's binaries: installs the ring rustls crypto provider
 /// (two providers are compiled into the dependency tree, and rustls refuses to pick one) and
-/// logs to stderr with `RUST_LOG`, or `default_filter` when it is unset.
+/// logs to stderr with `RUST_LOG`, or `default_filter` when it is unset, as text or JSON
+/// lines ([`mssql_cdc_proto::logging`]).
 pub fn init_process(default_filter: &str) {
     install_crypto_provider();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    mssql_cdc_proto::logging::init(default_filter);
 }

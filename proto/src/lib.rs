@@ -14,6 +14,7 @@
 //! - [`chunking`]: cutting an integer key into chunks from counted slices (server and writer).
 //! - [`error`] and [`status`]: the protocol's errors and their one mapping to gRPC codes.
 //! - [`client`]: the Rust Flight client, which never hands out a stream that lacks its marker.
+//! - [`logging`]: how the binaries log (text, or JSON lines with `MSSQL_CDC_LOG_FORMAT=json`).
 
 pub mod admin;
 pub mod catalog;
@@ -21,6 +22,7 @@ pub mod chunking;
 pub mod client;
 pub mod error;
 pub mod keys;
+pub mod logging;
 pub mod lsn;
 pub mod offset;
 pub mod protocol;

@@ -1,14 +1,16 @@
-"""The server's Prometheus metrics (`serve --metrics-listen`), scraped over HTTP after real
-calls: the calls by method and code, the rows a complete stream served, no stream left open,
-and the source's health."""
+"""Operating signals, read as a machine would: the server's and the writer's Prometheus
+metrics (`--metrics-listen`), scraped over HTTP after real calls and batches, and logs as JSON
+lines."""
 
+import json
+import os
 import re
 import socket
 import subprocess
 import time
 import urllib.request
 
-from conftest import run, start_server, stop_server
+from conftest import binary, run, start_server, stop_server
 
 import mssql_cdc_flight as cdc
 
@@ -114,3 +116,17 @@ def test_the_writer_counts_batches_rows_and_lag(tmp_path):
         writer.kill()
         writer.wait()
         stop_server(process)
+
+
+def test_logs_are_json_lines_when_asked(tmp_path):
+    done = subprocess.run(
+        [binary(), "sim", "init", str(tmp_path / "db"), "--customers", "0", "--orders", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "MSSQL_CDC_LOG_FORMAT": "json", "RUST_LOG": "info"},
+    )
+    entries = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    assert entries, "sim init logged nothing"
+    assert all(entry["level"] in ("INFO", "WARN", "ERROR") for entry in entries)
+    assert any(entry["fields"].get("capture_instance") == "dbo_orders" for entry in entries)

@@ -20,11 +20,7 @@ const DEFAULT_LOG_FILTER: &str = "info,buoyant_kernel=warn,deltalake_core::opera
 
 fn main() -> anyhow::Result<()> {
     mssql_cdc_proto::install_crypto_provider();
-    let directives = std::env::var("RUST_LOG").unwrap_or_else(|_| DEFAULT_LOG_FILTER.into());
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(directives))
-        .with_writer(std::io::stderr)
-        .init();
+    mssql_cdc_proto::logging::init(DEFAULT_LOG_FILTER);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
