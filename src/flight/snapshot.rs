@@ -14,6 +14,7 @@ use super::limits::Limits;
 use super::planner;
 use super::ticket::{
     SnapshotPieceTicket, SnapshotTicket, TicketBody, TicketColumn, TicketKind, TicketSigner,
+    batch_bound,
 };
 use crate::chunking::{self, BucketCounter};
 use crate::error::{Error, Result};
@@ -329,11 +330,7 @@ pub fn ticket_read(ticket: &SnapshotTicket) -> Result<SnapshotRead> {
         include_command_id: ticket.include_command_id,
         stamp: crate::lsn::Lsn::ZERO,
         stamp_time: None,
-        batch_rows: usize::try_from(ticket.batch_rows)
-            .unwrap_or(usize::MAX)
-            .max(1),
-        batch_bytes: usize::try_from(ticket.batch_bytes)
-            .unwrap_or(usize::MAX)
-            .max(1),
+        batch_rows: batch_bound(ticket.batch_rows),
+        batch_bytes: batch_bound(ticket.batch_bytes),
     })
 }

@@ -33,7 +33,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::json_bytes;
-use super::ticket::{ChangeRangeTicket, TicketColumn};
+use super::ticket::{ChangeRangeTicket, TicketColumn, batch_bound};
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
 use crate::protocol::{COMPLETION_TYPE, Completion, Compression};
@@ -71,7 +71,6 @@ impl StreamRead {
         let lsn = |bytes: &[u8]| {
             Lsn::try_from_slice(bytes).map_err(|error| Error::TicketMalformed(error.to_string()))
         };
-        let usize_of = |value: u64| usize::try_from(value).unwrap_or(usize::MAX).max(1);
         Ok(StreamRead::Changes {
             read: ChangeRead {
                 capture_instance: ticket.capture_instance.clone(),
@@ -79,8 +78,8 @@ impl StreamRead {
                 to: lsn(&ticket.to_lsn)?,
                 columns: TicketColumn::to_output(&ticket.columns)?,
                 include_command_id: ticket.include_command_id,
-                batch_rows: usize_of(ticket.batch_rows),
-                batch_bytes: usize_of(ticket.batch_bytes),
+                batch_rows: batch_bound(ticket.batch_rows),
+                batch_bytes: batch_bound(ticket.batch_bytes),
             },
             planned_rows: ticket.planned_rows,
         })

@@ -21,6 +21,11 @@ pub use mssql_cdc_proto::ticket::{
     ChangeRangeTicket, SnapshotPieceTicket, SnapshotTicket, TicketBody, TicketColumn, TicketKind,
 };
 
+/// A ticket's batch bound (rows or bytes) as a `usize`, one at least.
+pub fn batch_bound(value: u64) -> usize {
+    usize::try_from(value).unwrap_or(usize::MAX).max(1)
+}
+
 /// The ticket format this build writes and reads.
 pub const TICKET_VERSION: u8 = 2;
 const KEY_ID_LEN: usize = 4;
