@@ -1,5 +1,6 @@
 """Fixtures shared by the Python tests: the real server binary over a simulated database."""
 
+import json
 import os
 import subprocess
 import sys
@@ -10,15 +11,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def binary() -> str:
-    explicit = os.environ.get("MSSQL_CDC_FLIGHT_BIN")
+def built(name: str, variable: str) -> str:
+    """The workspace binary `name`: the path in `variable`, or the debug build's."""
+    explicit = os.environ.get(variable)
     if explicit:
         return explicit
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    path = target / "debug" / "mssql-cdc-flight"
+    path = target / "debug" / name
     if not path.exists():
-        pytest.fail(f"{path} is missing: run `cargo build` first or set MSSQL_CDC_FLIGHT_BIN")
+        pytest.fail(f"{path} is missing: run `cargo build --workspace` or set {variable}")
     return str(path)
+
+
+def binary() -> str:
+    return built("mssql-cdc-flight", "MSSQL_CDC_FLIGHT_BIN")
+
+
+def writer_binary() -> str:
+    return built("mssql-cdc-writer", "MSSQL_CDC_WRITER_BIN")
 
 
 def run(*args: str) -> str:
@@ -26,15 +36,50 @@ def run(*args: str) -> str:
     return done.stdout
 
 
+def workload_database(directory, *workload: str) -> None:
+    """A simulated database with empty sample tables, then `sim run` with these flags."""
+    run("sim", "init", str(directory), "--customers", "0", "--orders", "0")
+    run("sim", "run", str(directory), *workload)
+
+
+def journal_rows(journal: Path, table: str):
+    """The change rows the workload journaled for `table`, as `change_rows` gives them."""
+    rows = []
+    for line in journal.read_text().splitlines():
+        entry = json.loads(line)
+        if entry["table"] == table:
+            rows.append(
+                (
+                    entry["start_lsn"],
+                    entry["command_id"],
+                    entry["seqval"],
+                    entry["operation"],
+                    entry["key"],
+                )
+            )
+    return sorted(rows)
+
+
+def change_rows(table):
+    """The change rows of dbo.orders in a pyarrow table, keyed and sorted as the journal's."""
+    return sorted(
+        zip(
+            table.column("_start_lsn").to_pylist(),
+            table.column("_command_id").to_pylist(),
+            table.column("_seqval").to_pylist(),
+            table.column("_operation").to_pylist(),
+            table.column("order_id").to_pylist(),
+            strict=True,
+        )
+    )
+
+
 @pytest.fixture(scope="module")
 def database(tmp_path_factory):
     directory = tmp_path_factory.mktemp("sim") / "db"
     journal = directory.parent / "journal.jsonl"
-    run("sim", "init", str(directory), "--customers", "0", "--orders", "0")
-    run(
-        "sim",
-        "run",
-        str(directory),
+    workload_database(
+        directory,
         "--commits",
         "400",
         "--seed",

@@ -8,23 +8,9 @@ import threading
 import time
 
 import pytest
-from conftest import run, start_server, stop_server
-from test_pyarrow_flight import journal_rows
+from conftest import change_rows, journal_rows, run, start_server, stop_server, workload_database
 
 import mssql_cdc_flight as cdc
-
-
-def rows_of(table):
-    return sorted(
-        zip(
-            table.column("_start_lsn").to_pylist(),
-            table.column("_command_id").to_pylist(),
-            table.column("_seqval").to_pylist(),
-            table.column("_operation").to_pylist(),
-            table.column("order_id").to_pylist(),
-            strict=False,
-        )
-    )
 
 
 def test_a_checked_read_is_three_lines_and_equals_the_journal(server, database):
@@ -32,7 +18,7 @@ def test_a_checked_read_is_three_lines_and_equals_the_journal(server, database):
     client = cdc.connect(server)
     start = client.initial_offset("dbo.orders")
     changes = client.read_changes("dbo.orders", start, partitions=3, min_partition_rows=50)
-    assert rows_of(changes) == journal_rows(journal, "dbo.orders")
+    assert change_rows(changes) == journal_rows(journal, "dbo.orders")
     assert changes.schema.names[:6] == [
         "_capture_instance",
         "_start_lsn",
@@ -55,7 +41,7 @@ def test_offsets_step_through_a_range_in_the_seeds_json_form(server, database):
         end = client.latest_offset(offset, max_commits=50)
         if end == offset:
             break
-        seen.extend(rows_of(client.read_changes("dbo.orders", offset, end, partitions=2)))
+        seen.extend(change_rows(client.read_changes("dbo.orders", offset, end, partitions=2)))
         offset = end
     assert sorted(seen) == journal_rows(journal, "dbo.orders")
 
@@ -130,8 +116,7 @@ def test_a_stream_cut_mid_way_is_incomplete_never_a_short_table(server):
 
 def test_each_error_code_is_its_exception_with_the_servers_fields(tmp_path):
     directory = tmp_path / "db"
-    run("sim", "init", str(directory), "--customers", "0", "--orders", "0")
-    run("sim", "run", str(directory), "--commits", "200", "--seed", "5", "--clock", "virtual")
+    workload_database(directory, "--commits", "200", "--seed", "5", "--clock", "virtual")
     process, url = start_server(directory, "--max-streams", "0", "--ticket-hours", "0.001")
     try:
         client = cdc.connect(url)

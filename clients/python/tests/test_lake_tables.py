@@ -1,16 +1,13 @@
 """Our bronze, facts and control tables read by an independent Delta reader (the Python
 `deltalake` package), after the writer's demo streamed a simulated database into a lake."""
 
-import os
 import re
 import subprocess
-from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
+from conftest import writer_binary
 from deltalake import DeltaTable
-
-ROOT = Path(__file__).resolve().parents[3]
 
 FACTS_COLUMNS = [
     "app_id",
@@ -43,17 +40,6 @@ FACTS_COLUMNS = [
     "target",
     "written_at",
 ]
-
-
-def writer_binary() -> str:
-    explicit = os.environ.get("MSSQL_CDC_WRITER_BIN")
-    if explicit:
-        return explicit
-    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    path = target / "debug" / "mssql-cdc-writer"
-    if not path.exists():
-        pytest.fail(f"{path} is missing: run `cargo build --workspace` or set MSSQL_CDC_WRITER_BIN")
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import subprocess
 import time
 import urllib.request
 
-from conftest import binary, run, start_server, stop_server
+from conftest import binary, start_server, stop_server, workload_database, writer_binary
 
 import mssql_cdc_flight as cdc
 
@@ -33,8 +33,7 @@ def scrape(port: int) -> dict[str, float]:
 
 def test_metrics_count_calls_rows_and_streams(tmp_path):
     directory = tmp_path / "db"
-    run("sim", "init", str(directory), "--customers", "0", "--orders", "0")
-    run("sim", "run", str(directory), "--commits", "120", "--seed", "4", "--clock", "virtual")
+    workload_database(directory, "--commits", "120", "--seed", "4", "--clock", "virtual")
     port = free_port()
     process, url = start_server(directory, "--metrics-listen", f"127.0.0.1:{port}")
     try:
@@ -62,11 +61,8 @@ def test_metrics_count_calls_rows_and_streams(tmp_path):
 
 
 def test_the_writer_counts_batches_rows_and_lag(tmp_path):
-    from test_lake_tables import writer_binary
-
     directory = tmp_path / "db"
-    run("sim", "init", str(directory), "--customers", "0", "--orders", "0")
-    run("sim", "run", str(directory), "--commits", "120", "--seed", "6", "--clock", "virtual")
+    workload_database(directory, "--commits", "120", "--seed", "6", "--clock", "virtual")
     process, url = start_server(directory)
     port = free_port()
     lake = tmp_path / "lake"

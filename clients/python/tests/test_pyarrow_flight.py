@@ -6,11 +6,11 @@ stream's completion marker) and compares the rows with the journal.
 """
 
 import json
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
+from conftest import change_rows, journal_rows
 
 
 def action(client, name, body):
@@ -38,23 +38,6 @@ def read_endpoint(client, endpoint, options=None):
         elif chunk.data is not None:
             batches.append(chunk.data)
     return batches, marker
-
-
-def journal_rows(journal: Path, table: str):
-    rows = []
-    for line in journal.read_text().splitlines():
-        entry = json.loads(line)
-        if entry["table"] == table:
-            rows.append(
-                (
-                    entry["start_lsn"],
-                    entry["command_id"],
-                    entry["seqval"],
-                    entry["operation"],
-                    entry["key"],
-                )
-            )
-    return sorted(rows)
 
 
 def test_lists_the_tracked_tables(server):
@@ -103,16 +86,7 @@ def test_plans_and_reads_every_endpoint_as_committed(server, database):
         batches.extend(endpoint_batches)
     table = pa.Table.from_batches(batches, schema=info.schema)
     assert table.num_rows == info.total_records
-    streamed = sorted(
-        zip(
-            table.column("_start_lsn").to_pylist(),
-            table.column("_command_id").to_pylist(),
-            table.column("_seqval").to_pylist(),
-            table.column("_operation").to_pylist(),
-            table.column("order_id").to_pylist(),
-            strict=False,
-        )
-    )
+    streamed = change_rows(table)
     expected = journal_rows(journal, "dbo.orders")
     assert len(expected) > 300
     assert streamed == expected

@@ -9,8 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import binary, run, start_server, stop_server
-from test_pyarrow_flight import journal_rows
+from conftest import binary, journal_rows, start_server, stop_server, workload_database
 
 import mssql_cdc_flight as cdc
 
@@ -64,11 +63,8 @@ def test_a_stream_stopped_and_restarted_while_a_workload_runs_lands_every_change
 ):
     directory = tmp_path / "db"
     journal = tmp_path / "journal.jsonl"
-    run("sim", "init", str(directory), "--customers", "0", "--orders", "0")
-    run(
-        "sim",
-        "run",
-        str(directory),
+    workload_database(
+        directory,
         "--commits",
         "150",
         "--seed",

@@ -10,7 +10,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from .errors import DetailsMiddlewareFactory, IncompleteStreamError, InternalError, translate
+from .errors import (
+    DetailsMiddlewareFactory,
+    IncompleteStreamError,
+    InternalError,
+    server_errors,
+    translate,
+)
 from .offset import Offset
 
 OffsetLike = Offset | dict | str
@@ -92,20 +98,16 @@ class Client:
     def action(self, name: str, body: dict | None = None) -> Any:
         """Calls the action ``name`` with a JSON body; returns its decoded JSON answer."""
         payload = json.dumps(body or {}).encode()
-        try:
+        with server_errors():
             results = list(self._flight.do_action(flight.Action(name, payload), self._options))
-        except Exception as error:
-            raise translate(error) from error
         if len(results) != 1:
             raise InternalError(f"action {name} answered {len(results)} results, not one")
         return json.loads(results[0].body.to_pybytes())
 
     def tables(self) -> list[str]:
         """The tracked tables this principal may read."""
-        try:
+        with server_errors():
             infos = list(self._flight.list_flights(options=self._options))
-        except Exception as error:
-            raise translate(error) from error
         return [json.loads(info.descriptor.command)["table"] for info in infos]
 
     def capture_instances(self, table: str) -> list[dict]:
@@ -128,10 +130,8 @@ class Client:
 
     def _plan(self, command: dict) -> Plan:
         descriptor = flight.FlightDescriptor.for_command(json.dumps(command))
-        try:
+        with server_errors():
             info = self._flight.get_flight_info(descriptor, self._options)
-        except Exception as error:
-            raise translate(error) from error
         endpoints = [
             Endpoint(
                 ticket=endpoint.ticket.ticket,

@@ -10,6 +10,7 @@ pyarrow exception and those details into the exception of this module.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -278,20 +279,29 @@ def translate(error: BaseException) -> CdcFlightError:
     return kind(message, code=code)
 
 
+# pyarrow's exception classes and the gRPC codes they stand for, most specific first.
+_CODE_OF_CLASS: tuple[tuple[type[BaseException], str], ...] = (
+    (flight.FlightUnauthenticatedError, "UNAUTHENTICATED"),
+    (flight.FlightUnauthorizedError, "PERMISSION_DENIED"),
+    (flight.FlightUnavailableError, "UNAVAILABLE"),
+    (flight.FlightTimedOutError, "DEADLINE_EXCEEDED"),
+    (flight.FlightInternalError, "INTERNAL"),
+    (pa.ArrowKeyError, "NOT_FOUND"),
+    (pa.ArrowInvalid, "INVALID_ARGUMENT"),
+)
+
+
 def _code_of(error: BaseException) -> str | None:
     """The gRPC code pyarrow's exception class stands for."""
-    if isinstance(error, flight.FlightUnauthenticatedError):
-        return "UNAUTHENTICATED"
-    if isinstance(error, flight.FlightUnauthorizedError):
-        return "PERMISSION_DENIED"
-    if isinstance(error, flight.FlightUnavailableError):
-        return "UNAVAILABLE"
-    if isinstance(error, flight.FlightTimedOutError):
-        return "DEADLINE_EXCEEDED"
-    if isinstance(error, flight.FlightInternalError):
-        return "INTERNAL"
-    if isinstance(error, pa.ArrowKeyError):
-        return "NOT_FOUND"
-    if isinstance(error, pa.ArrowInvalid):
-        return "INVALID_ARGUMENT"
-    return None
+    return next((code for kind, code in _CODE_OF_CLASS if isinstance(error, kind)), None)
+
+
+@contextmanager
+def server_errors():
+    """Raises what a call inside raises as the exception of this module."""
+    try:
+        yield
+    except CdcFlightError:
+        raise
+    except Exception as error:
+        raise translate(error) from error
