@@ -21,7 +21,7 @@ use futures::StreamExt;
 use mssql_cdc_flight::client::CdcClient;
 use mssql_cdc_flight::protocol::ChangesCommand;
 use mssql_cdc_flight::sim::{Clock, SimDb, sample};
-use mssql_cdc_flight::source::{CdcSource, ChangeRead, TableName};
+use mssql_cdc_flight::source::{BatchBytes, CdcSource, ChangeRead, TableName};
 use mssql_cdc_flight::{CommitTime, Lsn};
 
 #[global_allocator]
@@ -83,7 +83,7 @@ async fn scan_in_process(db: &SimDb, table: &TableName) -> anyhow::Result<Measur
         columns,
         include_command_id: true,
         batch_rows: mssql_cdc_flight::protocol::DEFAULT_BATCH_ROWS,
-        batch_bytes: mssql_cdc_flight::protocol::DEFAULT_BATCH_BYTES,
+        batch_bytes: BatchBytes::fixed(mssql_cdc_flight::protocol::DEFAULT_BATCH_BYTES),
     };
     let started = Instant::now();
     let mut stream = db.read_changes(read).await?;

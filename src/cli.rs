@@ -140,6 +140,11 @@ pub struct LimitArgs {
     /// Most do_get streams open at once for one principal.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_STREAMS_PER_PRINCIPAL", default_value_t = Limits::default().max_streams_per_principal)]
     pub max_streams_per_principal: usize,
+    /// Bytes all open do_get streams may hold together on their way to clients; each
+    /// stream's batches are cut to its share, so many slow readers get smaller batches, not
+    /// more memory (docs/operations.md, "Memory").
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_STREAM_MEMORY", default_value_t = Limits::default().stream_memory)]
+    pub stream_memory: usize,
     /// Seconds a planning call (list, plan, schema, action) may take: DEADLINE_EXCEEDED after.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_CALL_TIMEOUT", default_value_t = Limits::default().call_timeout.as_secs_f64())]
     pub call_timeout: f64,

@@ -47,18 +47,21 @@ impl LimitArgs {
                 ))
             }
         };
-        Ok(Limits {
+        let limits = Limits {
             max_batch_rows: self.max_batch_rows,
             max_batch_bytes: self.max_batch_bytes,
             max_chunks: self.max_chunks,
             max_seek_rows: self.max_seek_rows,
             max_streams: self.max_streams,
             max_streams_per_principal: self.max_streams_per_principal,
+            stream_memory: self.stream_memory,
             call_timeout: seconds("call-timeout", self.call_timeout)?,
             max_request_bytes: self.max_request_bytes,
             keepalive_interval: seconds("keepalive-interval", self.keepalive_interval)?,
             keepalive_timeout: seconds("keepalive-timeout", self.keepalive_timeout)?,
-        })
+        };
+        limits.check()?;
+        Ok(limits)
     }
 }
 

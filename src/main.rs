@@ -8,10 +8,9 @@ mod commands;
 
 use cli::{Cli, Commands};
 
-// Streams allocate and free multi-megabyte Arrow and IPC buffers per batch; glibc hands
-// those to mmap/munmap each time (page faults, zeroed pages), mimalloc reuses them.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// The system allocator on purpose: under many concurrent streams mimalloc (v3) kept four
+// times the live bytes resident (its purge delay and eager arena commit), glibc about two,
+// at the same rows/s (docs/operations.md, "Memory").
 
 fn main() -> anyhow::Result<()> {
     mssql_cdc_flight::init_process("info");

@@ -10,6 +10,9 @@
 //! `(_start_lsn, _command_id, _seqval, _operation)`. The caller turns the half-open offsets
 //! `(start, end]` of the protocol into `[increment(start), end]` before asking.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use arrow::record_batch::RecordBatch;
 use futures::stream::BoxStream;
 use tokio::sync::mpsc;
@@ -67,9 +70,60 @@ pub struct ChangeRead {
     pub include_command_id: bool,
     /// Upper bound of rows per batch.
     pub batch_rows: usize,
-    /// Upper bound of bytes per batch (Arrow buffer memory), one row at least.
-    pub batch_bytes: usize,
+    /// Upper bound of bytes per batch.
+    pub batch_bytes: BatchBytes,
 }
+
+/// The byte bound of a read's batches (Arrow buffer memory, one row at least): the bound the
+/// ticket asked for, lowered while many streams share the server's stream memory
+/// (docs/operations.md, "Memory"). Readers ask [`BatchBytes::now`] for every batch they cut,
+/// so a long read follows the server's load.
+#[derive(Clone, Debug)]
+pub struct BatchBytes {
+    requested: usize,
+    share: Option<Arc<AtomicUsize>>,
+}
+
+impl BatchBytes {
+    /// A bound that never changes.
+    pub fn fixed(bytes: usize) -> Self {
+        BatchBytes {
+            requested: bytes,
+            share: None,
+        }
+    }
+
+    /// `requested`, lowered to `share` whenever that is smaller.
+    pub fn shared(requested: usize, share: Arc<AtomicUsize>) -> Self {
+        BatchBytes {
+            requested,
+            share: Some(share),
+        }
+    }
+
+    /// The bound the ticket asked for.
+    pub fn requested(&self) -> usize {
+        self.requested
+    }
+
+    /// The bound of the next batch.
+    pub fn now(&self) -> usize {
+        let share = self
+            .share
+            .as_ref()
+            .map_or(usize::MAX, |share| share.load(Ordering::Relaxed));
+        self.requested.min(share).max(1)
+    }
+}
+
+/// Two reads are alike when they asked for the same bound; the share is the server's load.
+impl PartialEq for BatchBytes {
+    fn eq(&self, other: &Self) -> bool {
+        self.requested == other.requested
+    }
+}
+
+impl Eq for BatchBytes {}
 
 /// A stream of change batches in the output schema. It ends cleanly only when the read was
 /// whole: a read that stopped early ends with an error (see [`read_channel`]).
@@ -94,9 +148,11 @@ const READ_STOPPED: &str = "the source read stopped before its end (its task fai
                             the stream is incomplete";
 
 /// A read's channel: the [`ReadSender`] for the task and the [`BatchStream`] it feeds, with
-/// at most `ahead` batches queued between them (backpressure reaches the read).
-pub fn read_channel(ahead: usize) -> (ReadSender, BatchStream) {
-    let (sender, receiver) = mpsc::channel(ahead.max(1));
+/// one batch queued between them (backpressure reaches the read). The task may build the
+/// next batch meanwhile, and hold it while it waits: three batches of the
+/// [`crate::flight::gate::BATCHES_PER_STREAM`] a stream holds.
+pub fn read_channel() -> (ReadSender, BatchStream) {
+    let (sender, receiver) = mpsc::channel(1);
     let stream = futures::stream::unfold(Some(receiver), |receiver| async move {
         let mut receiver = receiver?;
         match receiver.recv().await {
@@ -169,8 +225,8 @@ pub struct SnapshotRead {
     pub stamp_time: Option<CommitTime>,
     /// Upper bound of rows per batch.
     pub batch_rows: usize,
-    /// Upper bound of bytes per batch (Arrow buffer memory), one row at least.
-    pub batch_bytes: usize,
+    /// Upper bound of bytes per batch.
+    pub batch_bytes: BatchBytes,
 }
 
 /// What the Flight service needs from a CDC database.

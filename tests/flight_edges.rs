@@ -9,8 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use arrow::record_batch::RecordBatch;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder, FlightRecordBatchStream};
 use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, FlightDescriptor};
 use common::faulty::{FaultySource, ReadFault};
 use common::{
@@ -23,6 +25,7 @@ use mssql_cdc_flight::flight::{Limits, ServiceOptions};
 use mssql_cdc_flight::protocol::{ChangesCommand, Command, Completion, SnapshotCommand};
 use mssql_cdc_flight::sim::Faults;
 use mssql_cdc_flight::status::reason_of_status;
+use mssql_cdc_flight::types::batch_slice_size;
 use serde_json::json;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -327,5 +330,70 @@ async fn health_says_not_serving_while_the_source_is_down() {
     status_becomes(ServingStatus::NotServing).await;
     source.down.store(false, Ordering::SeqCst);
     status_becomes(ServingStatus::Serving).await;
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_streams_share_the_stream_memory_through_smaller_batches() {
+    // 2 MiB for up to 8 streams of 8 batches: 256 KiB batches alone, 64 KiB among four.
+    const ALONE: usize = 256 << 10;
+    const AMONG_FOUR: usize = 64 << 10;
+    let limits = Limits {
+        max_streams: 8,
+        stream_memory: 2 << 20,
+        ..Limits::default()
+    };
+    let options = ServiceOptions {
+        limits,
+        ..ServiceOptions::new(test_signer())
+    };
+    let (_sim, _source, flight) = faulty(24, 3_000, ReadFault::None, options).await;
+    let start = earliest(&flight, "dbo.orders").await;
+    let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
+    command.batch_bytes = Some(1 << 20);
+    let plan = flight.client.plan_changes(&command).await.expect("plan");
+    let ticket = plan.info.endpoint[0].ticket.clone().expect("ticket");
+    let mut raw = raw_client(&flight).await;
+    let read = |raw: &mut FlightServiceClient<_>, ticket: arrow_flight::Ticket| {
+        let mut raw = raw.clone();
+        async move {
+            let stream = raw.do_get(ticket).await.expect("do_get").into_inner();
+            let batches: Vec<RecordBatch> =
+                FlightRecordBatchStream::new_from_flight_data(stream.map_err(FlightError::from))
+                    .try_collect()
+                    .await
+                    .expect("a whole stream");
+            let largest = batches.iter().map(batch_slice_size).max().unwrap_or(0);
+            (row_count(&batches) as u64, largest)
+        }
+    };
+    assert_eq!(plan.info.endpoint.len(), 1);
+
+    let (rows, largest_alone) = read(&mut raw, ticket.clone()).await;
+    assert_eq!(rows, plan.metadata.rows);
+    assert!(
+        rows as usize * 100 > 4 * ALONE,
+        "the read must span several batches: {rows} rows"
+    );
+    assert!(
+        largest_alone > ALONE / 2 && largest_alone <= ALONE * 5 / 4,
+        "alone, a stream's batches are near all of its share: {largest_alone} bytes"
+    );
+
+    // Three streams stay open, unread, each on its own connection (unread streams would
+    // use up a shared connection's window); the fourth shares the memory with them.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut other = raw_client(&flight).await;
+        held.push(other.do_get(ticket.clone()).await.expect("held stream"));
+    }
+    let (rows, largest_shared) = read(&mut raw, ticket).await;
+    assert_eq!(rows, plan.metadata.rows);
+    assert!(
+        largest_shared <= AMONG_FOUR * 5 / 4,
+        "among four, batches shrink to a quarter: {largest_shared} bytes (alone \
+         {largest_alone})"
+    );
+    drop(held);
     flight.shutdown_and_wait().await;
 }

@@ -20,7 +20,7 @@ use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::keys::{KeyColumn, KeySeek, KeyTuple, KeysetRange};
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::source::{
-    CdcSource, ChangeRead, KeyRange, SnapshotPiece, SnapshotRead, TrackedTable,
+    BatchBytes, CdcSource, ChangeRead, KeyRange, SnapshotPiece, SnapshotRead, TrackedTable,
 };
 
 /// Every check, on every capture instance of every tracked table.
@@ -121,7 +121,7 @@ async fn snapshot_keys(
         stamp,
         stamp_time: None,
         batch_rows: 97,
-        batch_bytes: 1 << 20,
+        batch_bytes: BatchBytes::fixed(1 << 20),
     };
     let mut stream = source.read_snapshot(read).await.expect("snapshot read");
     let mut keys = Vec::new();
@@ -291,7 +291,7 @@ async fn keyset_rows(
         stamp,
         stamp_time: None,
         batch_rows: 89,
-        batch_bytes: 1 << 20,
+        batch_bytes: BatchBytes::fixed(1 << 20),
     };
     let mut stream = source.read_snapshot(read).await.expect("keyset read");
     let mut rows = Vec::new();
@@ -464,7 +464,7 @@ async fn check_changes(
         columns: columns.clone(),
         include_command_id: true,
         batch_rows: 333,
-        batch_bytes: 1 << 20,
+        batch_bytes: BatchBytes::fixed(1 << 20),
     };
     let mut stream = source.read_changes(read).await.expect("read");
     let mut rows: Vec<(String, i32, String, i32)> = Vec::new();

@@ -1,11 +1,20 @@
-//! The bound on open `do_get` streams, in total and per principal.
+//! The bound on open `do_get` streams, in total and per principal, and their share of the
+//! server's stream memory.
 //!
 //! A stream holds a [`StreamSlot`] from the moment its ticket is accepted until its response
 //! is dropped (read to its end, failed, or abandoned by the client). Over either bound the
 //! call is refused at once with `RESOURCE_EXHAUSTED` and a retry hint, instead of queueing:
 //! the caller (a Spark task, the writer's retry loop) knows best whether to wait.
+//!
+//! Memory: a stream holds at most [`BATCHES_PER_STREAM`] batches on its way to the client,
+//! so the gate bounds what all streams hold by bounding their batch size. The open streams
+//! share `stream_memory` equally; every open and close moves the share, and readers cut each
+//! batch at the share of that moment ([`crate::source::BatchBytes`]). A stream alone keeps
+//! the batch size its ticket asked for; 32 slow readers each get small batches instead of
+//! 32 times the memory.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
@@ -13,12 +22,24 @@ use crate::error::{Error, Result};
 /// The retry hint of a refused stream: about the time a batch of streams takes.
 const RETRY_AFTER_SECONDS: u64 = 2;
 
-/// Counts the open streams.
+/// Batches one stream may hold at once, counted along its path: in the source reader, the
+/// batch being built, the one queued and the one waiting to be queued (3); in the producer,
+/// the one it holds and the one queued for the encoder (2); the batch being encoded, its IPC
+/// message and the message in the HTTP/2 send buffer (3).
+pub const BATCHES_PER_STREAM: usize = 8;
+
+/// The smallest batch the share lowers a stream to: below it, per-message costs dominate.
+pub const MIN_SHARE_BYTES: usize = 32 << 10;
+
+/// Counts the open streams and sets their share of the stream memory.
 #[derive(Debug)]
 pub struct StreamGate {
     max_total: usize,
     max_per_principal: usize,
+    stream_memory: usize,
     open: Mutex<Open>,
+    /// The byte bound of every open stream's next batch.
+    share: Arc<AtomicUsize>,
 }
 
 #[derive(Debug, Default)]
@@ -35,13 +56,21 @@ pub struct StreamSlot {
 }
 
 impl StreamGate {
-    /// A gate of `max_total` streams, `max_per_principal` of them for one principal.
-    pub fn new(max_total: usize, max_per_principal: usize) -> Arc<Self> {
+    /// A gate of `max_total` streams, `max_per_principal` of them for one principal, sharing
+    /// `stream_memory` bytes.
+    pub fn new(max_total: usize, max_per_principal: usize, stream_memory: usize) -> Arc<Self> {
         Arc::new(StreamGate {
             max_total,
             max_per_principal,
+            stream_memory,
             open: Mutex::new(Open::default()),
+            share: Arc::new(AtomicUsize::new(batch_share(stream_memory, 0))),
         })
+    }
+
+    /// The byte bound of every open stream's next batch, kept current by the gate.
+    pub fn batch_share(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.share)
     }
 
     /// A place for one more stream of `principal` (`None`: the anonymous caller of a server
@@ -72,6 +101,7 @@ impl StreamGate {
             });
         }
         open.total += 1;
+        self.share_among(open.total);
         super::metrics::streams_active(1.0);
         if let Some(name) = principal {
             *open.by_principal.entry(name.to_string()).or_default() += 1;
@@ -87,6 +117,12 @@ impl StreamGate {
         self.lock().total
     }
 
+    fn share_among(&self, streams: usize) {
+        let share = batch_share(self.stream_memory, streams);
+        self.share.store(share, Ordering::Relaxed);
+        super::metrics::batch_share(share);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
         // A panic while holding the lock leaves counts that are still whole numbers.
         self.open
@@ -99,6 +135,7 @@ impl Drop for StreamSlot {
     fn drop(&mut self) {
         let mut open = self.gate.lock();
         open.total = open.total.saturating_sub(1);
+        self.gate.share_among(open.total);
         super::metrics::streams_active(-1.0);
         if let Some(name) = &self.principal
             && let Some(count) = open.by_principal.get_mut(name)
@@ -111,13 +148,18 @@ impl Drop for StreamSlot {
     }
 }
 
+/// The batch bound of each of `streams` open streams sharing `stream_memory`.
+pub fn batch_share(stream_memory: usize, streams: usize) -> usize {
+    (stream_memory / (streams.max(1) * BATCHES_PER_STREAM)).max(MIN_SHARE_BYTES)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_gate_bounds_streams_in_total_and_per_principal_and_frees_on_drop() {
-        let gate = StreamGate::new(3, 2);
+        let gate = StreamGate::new(3, 2, 64 << 20);
         let a1 = gate.enter(Some("a")).expect("first");
         let _a2 = gate.enter(Some("a")).expect("second");
         let refused = gate.enter(Some("a")).expect_err("a's third");
@@ -138,12 +180,32 @@ mod tests {
 
     #[test]
     fn the_anonymous_caller_is_bound_by_the_total_only() {
-        let gate = StreamGate::new(3, 1);
+        let gate = StreamGate::new(3, 1, 64 << 20);
         let slots: Vec<_> = (0..3)
             .map(|_| gate.enter(None).expect("within the total"))
             .collect();
         assert!(gate.enter(None).is_err());
         drop(slots);
         assert_eq!(gate.open_streams(), 0);
+    }
+
+    #[test]
+    fn open_streams_share_the_stream_memory_and_closing_gives_it_back() {
+        let gate = StreamGate::new(8, 8, 8 << 20);
+        let share = gate.batch_share();
+        let now = || share.load(Ordering::Relaxed);
+        assert_eq!(now(), 1 << 20, "nobody open: a first stream's share");
+        let first = gate.enter(None).expect("first");
+        assert_eq!(now(), 1 << 20, "alone: all of it");
+        let others: Vec<_> = (0..3).map(|_| gate.enter(None).expect("more")).collect();
+        assert_eq!(now(), 256 << 10, "a quarter each for four");
+        drop(others);
+        assert_eq!(now(), 1 << 20);
+        drop(first);
+        assert_eq!(
+            batch_share(1 << 20, 64),
+            MIN_SHARE_BYTES,
+            "never below the floor"
+        );
     }
 }

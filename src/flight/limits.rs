@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use super::gate::{BATCHES_PER_STREAM, MIN_SHARE_BYTES};
 use crate::error::{Error, Result};
 use crate::protocol::{DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS};
 
@@ -27,6 +28,9 @@ pub struct Limits {
     pub max_streams: usize,
     /// Most `do_get` streams open at once for one principal.
     pub max_streams_per_principal: usize,
+    /// Bytes all open streams may hold together on their way to clients: each stream's
+    /// batches are cut to its share ([`super::gate`]).
+    pub stream_memory: usize,
     /// Deadline of a planning call (`list_flights`, `get_flight_info`, `get_schema`,
     /// `do_action`).
     pub call_timeout: Duration,
@@ -48,6 +52,7 @@ impl Default for Limits {
             max_seek_rows: 10_000_000,
             max_streams: 64,
             max_streams_per_principal: 16,
+            stream_memory: 64 << 20,
             call_timeout: Duration::from_secs(120),
             max_request_bytes: 1 << 20,
             keepalive_interval: Duration::from_secs(30),
@@ -73,6 +78,21 @@ impl Limits {
         within("batch_rows", rows as u64, 1, self.max_batch_rows as u64)?;
         within("batch_bytes", bytes as u64, 1, self.max_batch_bytes as u64)?;
         Ok(BatchBounds { rows, bytes })
+    }
+
+    /// Checks that the limits fit together: every stream allowed open gets a share of
+    /// the stream memory of at least the smallest batch.
+    pub fn check(&self) -> Result<()> {
+        let least = self.max_streams * BATCHES_PER_STREAM * MIN_SHARE_BYTES;
+        if self.stream_memory < least {
+            return Err(Error::invalid(format!(
+                "--stream-memory {} is too small for --max-streams {}: every stream needs \
+                 {BATCHES_PER_STREAM} batches of at least {MIN_SHARE_BYTES} bytes, \
+                 {least} bytes in all",
+                self.stream_memory, self.max_streams
+            )));
+        }
+        Ok(())
     }
 
     /// Checks the number of chunks of a snapshot request.
@@ -133,5 +153,12 @@ mod tests {
         assert!(limits.check_chunks(1_000).is_ok());
         assert!(limits.check_chunks(1_001).is_err());
         assert!(limits.check_seek_rows(10_000_001).is_err());
+        assert!(limits.check().is_ok());
+        let starved = Limits {
+            max_streams: 1_000,
+            ..Limits::default()
+        };
+        let error = starved.check().expect_err("64 MiB for 1,000 streams");
+        assert!(error.to_string().contains("--stream-memory"), "{error}");
     }
 }

@@ -4,6 +4,8 @@
 //! - `mssql_cdc_flight_calls_total{method, code}` and `mssql_cdc_flight_call_seconds{method}`:
 //!   every call and how it ended (a `do_get` counts when its stream is accepted);
 //! - `mssql_cdc_flight_streams_active`: `do_get` streams open now;
+//! - `mssql_cdc_flight_batch_share_bytes`: the batch bound of every open stream now, their
+//!   share of `--stream-memory` (lower than a ticket's `batch_bytes` under load);
 //! - `mssql_cdc_flight_streams_total{kind, outcome}`, `mssql_cdc_flight_stream_seconds{kind}`,
 //!   `mssql_cdc_flight_rows_served_total{kind}`, `mssql_cdc_flight_bytes_served_total{kind}`:
 //!   streams by how they ended (`complete` or the gRPC code), and what complete ones served;
@@ -37,6 +39,11 @@ pub fn call_result<T>(
 /// One more (`delta` 1) or one fewer (`delta` -1) open stream.
 pub fn streams_active(delta: f64) {
     metrics::gauge!("mssql_cdc_flight_streams_active").increment(delta);
+}
+
+/// The batch bound the open streams share now.
+pub fn batch_share(bytes: usize) {
+    metrics::gauge!("mssql_cdc_flight_batch_share_bytes").set(bytes as f64);
 }
 
 /// Records a stream of `kind` (`changes` or `snapshot`) that ended complete.

@@ -55,7 +55,13 @@ use gate::StreamGate;
 use stream::{BoxedStream, StreamRead};
 use ticket::{ChangeRangeTicket, TicketBody, TicketColumn, TicketKind, TicketSigner};
 
-pub use mssql_cdc_proto::protocol::{CONNECTION_WINDOW, STREAM_WINDOW};
+/// HTTP/2 receive windows of the server, per stream and per connection. Clients send only
+/// small requests (at most `max_request_bytes`), so this is what one client can park in the
+/// server's buffers. What the server sends is paced by the client's windows (the Rust client's
+/// are `mssql_cdc_proto::protocol::STREAM_WINDOW`) and held in hyper's send buffer, about
+/// 400 KiB per stream.
+const REQUEST_STREAM_WINDOW: u32 = 1 << 20;
+const REQUEST_CONNECTION_WINDOW: u32 = 2 << 20;
 
 /// How often health asks the source whether it answers, by default.
 pub const HEALTH_PROBE_INTERVAL: Duration = Duration::from_secs(5);
@@ -126,8 +132,8 @@ pub async fn serve(
     ));
     let limits = &options.limits;
     let mut builder = tonic::transport::Server::builder()
-        .initial_stream_window_size(Some(STREAM_WINDOW))
-        .initial_connection_window_size(Some(CONNECTION_WINDOW))
+        .initial_stream_window_size(Some(REQUEST_STREAM_WINDOW))
+        .initial_connection_window_size(Some(REQUEST_CONNECTION_WINDOW))
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .tcp_keepalive(Some(limits.keepalive_interval))
@@ -216,7 +222,11 @@ impl CdcFlightService {
         CdcFlightService {
             source,
             signer: options.signer,
-            streams: StreamGate::new(limits.max_streams, limits.max_streams_per_principal),
+            streams: StreamGate::new(
+                limits.max_streams,
+                limits.max_streams_per_principal,
+                limits.stream_memory,
+            ),
             limits,
         }
     }
@@ -497,6 +507,8 @@ impl FlightService for CdcFlightService {
             principal.check(&table.parse()?)?;
             let per_principal = (!principal.is_anonymous()).then_some(principal.name.as_str());
             let slot = self.streams.enter(per_principal)?;
+            let mut read = read;
+            read.share(self.streams.batch_share());
             let stream = stream::respond(Arc::clone(&self.source), read, compression)?;
             // The slot is held until the response is dropped: read to its end, or abandoned.
             Ok(Response::new(

@@ -25,7 +25,8 @@ use crate::protocol::{
     ChunkSpec, MAX_PARTITIONS, SnapshotCommand, SnapshotEndpointMetadata, SnapshotPlanMetadata,
 };
 use crate::source::{
-    CaptureInstance, CdcSource, KeyBucket, KeyRange, SnapshotPiece, SnapshotRead, TableName,
+    BatchBytes, CaptureInstance, CdcSource, KeyBucket, KeyRange, SnapshotPiece, SnapshotRead,
+    TableName,
 };
 use crate::types::snapshot_schema;
 
@@ -331,6 +332,6 @@ pub fn ticket_read(ticket: &SnapshotTicket) -> Result<SnapshotRead> {
         stamp: crate::lsn::Lsn::ZERO,
         stamp_time: None,
         batch_rows: batch_bound(ticket.batch_rows),
-        batch_bytes: batch_bound(ticket.batch_bytes),
+        batch_bytes: BatchBytes::fixed(batch_bound(ticket.batch_bytes)),
     })
 }

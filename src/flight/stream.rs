@@ -17,6 +17,7 @@
 //!   the read sees every commit up to it; the marker carries it as `snapshot_lsn`.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
 use arrow::datatypes::SchemaRef;
@@ -37,7 +38,7 @@ use super::ticket::{ChangeRangeTicket, TicketColumn, batch_bound};
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
 use crate::protocol::{COMPLETION_TYPE, Completion, Compression};
-use crate::source::{BatchStream, CdcSource, ChangeRead, SnapshotRead};
+use crate::source::{BatchBytes, BatchStream, CdcSource, ChangeRead, SnapshotRead};
 use crate::types::{batch_slice_size, output_schema, snapshot_schema};
 
 /// The encoder's own split is off: it sizes batches by whole buffers, so a column sliced
@@ -45,8 +46,9 @@ use crate::types::{batch_slice_size, output_schema, snapshot_schema};
 /// into slivers. Sources bound batches by rows and bytes themselves (`batch_bytes`).
 const MAX_FLIGHT_DATA_SIZE: usize = usize::MAX;
 
-/// Batches the producer may read ahead of the encoder.
-const BATCHES_AHEAD: usize = 2;
+/// Batches the producer may queue ahead of the encoder (one of the
+/// [`super::gate::BATCHES_PER_STREAM`]).
+const BATCHES_AHEAD: usize = 1;
 
 /// A response stream of the service.
 pub type BoxedStream<T> = BoxStream<'static, std::result::Result<T, Status>>;
@@ -79,10 +81,19 @@ impl StreamRead {
                 columns: TicketColumn::to_output(&ticket.columns)?,
                 include_command_id: ticket.include_command_id,
                 batch_rows: batch_bound(ticket.batch_rows),
-                batch_bytes: batch_bound(ticket.batch_bytes),
+                batch_bytes: BatchBytes::fixed(batch_bound(ticket.batch_bytes)),
             },
             planned_rows: ticket.planned_rows,
         })
+    }
+
+    /// Cuts the read's batches at `share` whenever it is below the ticket's bound.
+    pub fn share(&mut self, share: Arc<AtomicUsize>) {
+        let bound = match self {
+            StreamRead::Changes { read, .. } => &mut read.batch_bytes,
+            StreamRead::Snapshot(read) => &mut read.batch_bytes,
+        };
+        *bound = BatchBytes::shared(bound.requested(), share);
     }
 
     fn schema(&self) -> SchemaRef {

@@ -10,9 +10,12 @@
 use crate::keys::{KeyColumn, KeySeek, KeyTuple};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, FixedSizeBinaryArray, StringArray, new_null_array};
+use arrow::array::{
+    Array, ArrayRef, FixedSizeBinaryArray, MutableArrayData, StringArray, make_array,
+    new_null_array,
+};
 use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
-use arrow::compute::cast;
+use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 
@@ -30,8 +33,6 @@ use crate::source::{
     read_channel,
 };
 
-/// Batches a read may have queued ahead of the Flight producer.
-const READ_AHEAD_BATCHES: usize = 2;
 use crate::types::{OutputColumn, output_schema};
 
 impl SimDb {
@@ -213,6 +214,59 @@ impl OutputShaper {
     }
 }
 
+/// `rows` cut from a batch of `whole_rows`, copied when they are a small part of it: a slice
+/// keeps all of its batch alive until the client has it, so small batches (a stream's share
+/// of the server's memory under load) would hold a segment batch each. SQL Server's reader
+/// builds fresh batches too.
+pub(super) fn own_rows(rows: &RecordBatch, whole_rows: usize) -> Result<RecordBatch> {
+    if rows.num_rows() * 2 >= whole_rows {
+        return Ok(rows.clone());
+    }
+    let columns = rows
+        .columns()
+        .iter()
+        .map(|column| {
+            let data = column.to_data();
+            let mut copy = MutableArrayData::new(vec![&data], false, data.len());
+            copy.try_extend(0, 0, data.len())?;
+            Ok(make_array(copy.freeze()))
+        })
+        .collect::<Result<_>>()?;
+    Ok(RecordBatch::try_new(rows.schema(), columns)?)
+}
+
+/// Rows gathered for the next output batch: slices of one or more segment batches
+/// (4,096 rows each, as the simulator writes them), so that a batch fills the read's bound as SQL Server's
+/// reader fills it row by row.
+#[derive(Default)]
+struct Gathered {
+    slices: Vec<RecordBatch>,
+    rows: usize,
+    /// Rows of the segment batch the first slice was cut from.
+    first_whole_rows: usize,
+}
+
+impl Gathered {
+    fn push(&mut self, slice: RecordBatch, whole_rows: usize) {
+        if self.slices.is_empty() {
+            self.first_whole_rows = whole_rows;
+        }
+        self.rows += slice.num_rows();
+        self.slices.push(slice);
+    }
+
+    /// The gathered rows as one batch that holds no more memory than its own rows.
+    fn take(&mut self) -> Result<Option<RecordBatch>> {
+        let slices = std::mem::take(&mut self.slices);
+        self.rows = 0;
+        match slices.as_slice() {
+            [] => Ok(None),
+            [one] => own_rows(one, self.first_whole_rows).map(Some),
+            [first, ..] => Ok(Some(concat_batches(&first.schema(), &slices)?)),
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl CdcSource for SimDb {
     fn describe(&self) -> String {
@@ -366,7 +420,7 @@ impl CdcSource for SimDb {
             )));
         }
         let shaper = OutputShaper::new(&state, &read.columns, read.include_command_id);
-        let (sender, stream) = read_channel(READ_AHEAD_BATCHES);
+        let (sender, stream) = read_channel();
         let db = self.clone();
         tokio::task::spawn_blocking(move || {
             let outcome = db.produce_changes(&state, &read, &shaper, &sender);
@@ -408,7 +462,7 @@ impl CdcSource for SimDb {
 
     async fn read_snapshot(&self, read: SnapshotRead) -> Result<BatchStream> {
         self.simulate_latency().await;
-        let (sender, stream) = read_channel(READ_AHEAD_BATCHES);
+        let (sender, stream) = read_channel();
         let db = self.clone();
         tokio::task::spawn_blocking(move || {
             let outcome = db.snapshot_rows(&read, &sender);
@@ -427,7 +481,7 @@ impl SimDb {
         shaper: &OutputShaper,
         sender: &ReadSender,
     ) -> Result<()> {
-        let mut rows_read = 0u64;
+        let (mut rows_read, mut gathered) = (0u64, Gathered::default());
         let segments = state
             .segments
             .iter()
@@ -460,27 +514,53 @@ impl SimDb {
                 // Output row width: the captured values plus two 22-byte LSN strings and the
                 // other metadata columns.
                 let row_width = crate::types::batch_slice_size(&rows) / rows.num_rows() + 64;
-                let per_batch = read.batch_rows.min(read.batch_bytes / row_width).max(1);
                 let mut offset = 0;
                 while offset < rows.num_rows() {
-                    let length = per_batch.min(rows.num_rows() - offset);
-                    let shaped = shaper.shape(&rows.slice(offset, length))?;
+                    let bound = read
+                        .batch_rows
+                        .min(read.batch_bytes.now() / row_width)
+                        .max(1);
+                    let length = bound
+                        .saturating_sub(gathered.rows)
+                        .clamp(1, rows.num_rows() - offset);
+                    gathered.push(rows.slice(offset, length), batch.num_rows());
                     offset += length;
-                    if !sender.blocking_send(shaped) {
+                    if gathered.rows >= bound
+                        && !self.send_gathered(&mut gathered, shaper, sender, &mut rows_read)?
+                    {
                         return Ok(());
-                    }
-                    rows_read += length as u64;
-                    if self.take_dropped_connection(rows_read) {
-                        return Err(Error::SourceUnavailable(
-                            "the connection to the source was dropped during the read (injected fault)".into(),
-                        ));
-                    }
-                    if let Some(cleanup) = self.take_cleanup_during_read(rows_read) {
-                        self.cleanup(cleanup.capture_instance.as_deref(), cleanup.low_water_mark)?;
                     }
                 }
             }
         }
+        self.send_gathered(&mut gathered, shaper, sender, &mut rows_read)?;
         Ok(())
+    }
+
+    /// Sends the gathered rows as one batch, then plays the faults injected after
+    /// `rows_read` rows; `Ok(false)` when the reader has gone.
+    fn send_gathered(
+        &self,
+        gathered: &mut Gathered,
+        shaper: &OutputShaper,
+        sender: &ReadSender,
+        rows_read: &mut u64,
+    ) -> Result<bool> {
+        let Some(rows) = gathered.take()? else {
+            return Ok(true);
+        };
+        *rows_read += rows.num_rows() as u64;
+        if !sender.blocking_send(shaper.shape(&rows)?) {
+            return Ok(false);
+        }
+        if self.take_dropped_connection(*rows_read) {
+            return Err(Error::SourceUnavailable(
+                "the connection to the source was dropped during the read (injected fault)".into(),
+            ));
+        }
+        if let Some(cleanup) = self.take_cleanup_during_read(*rows_read) {
+            self.cleanup(cleanup.capture_instance.as_deref(), cleanup.low_water_mark)?;
+        }
+        Ok(true)
     }
 }

@@ -15,29 +15,35 @@ use arrow::record_batch::RecordBatch;
 
 use super::SimDb;
 use super::keyset;
+use super::reader::own_rows;
 use super::storage::TableDef;
 use super::values::ColumnBuilder;
 use crate::error::{Error, Result};
 use crate::keys::{KeyColumn, KeySeek, KeyTuple};
-use crate::source::{KeyBucket, KeyExtent, ReadSender, SnapshotRead, TableName, check_bucket_grid};
+use crate::source::{
+    BatchBytes, KeyBucket, KeyExtent, ReadSender, SnapshotRead, TableName, check_bucket_grid,
+};
 use crate::types::{CHUNK_COLUMN, batch_slice_size, snapshot_schema};
 
 /// Sends `batch` in slices of at most about `batch_bytes` (one row at least), as SQL Server's
-/// reader cuts its batches; `false` when the reader has gone.
-fn send_bounded(sender: &ReadSender, batch: &RecordBatch, batch_bytes: usize) -> bool {
+/// reader cuts its batches; `Ok(false)` when the reader has gone.
+fn send_bounded(
+    sender: &ReadSender,
+    batch: &RecordBatch,
+    batch_bytes: &BatchBytes,
+) -> Result<bool> {
     let rows = batch.num_rows();
-    let bytes = batch_slice_size(batch);
-    let pieces = bytes.div_ceil(batch_bytes.max(1)).clamp(1, rows.max(1));
-    let per_piece = rows.div_ceil(pieces).max(1);
+    let row_width = batch_slice_size(batch).div_ceil(rows.max(1)).max(1);
     let mut offset = 0;
     while offset < rows {
-        let length = per_piece.min(rows - offset);
-        if !sender.blocking_send(batch.slice(offset, length)) {
-            return false;
+        let length = (batch_bytes.now() / row_width).clamp(1, rows - offset);
+        let piece = own_rows(&batch.slice(offset, length), rows)?;
+        if !sender.blocking_send(piece) {
+            return Ok(false);
         }
         offset += length;
     }
-    true
+    Ok(true)
 }
 
 impl SimDb {
@@ -199,7 +205,7 @@ impl SimDb {
                 columns.push(Arc::new(Int32Array::from(vec![piece.chunk; count])));
                 let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
                 debug_assert_eq!(schema.field(schema.fields().len() - 1).name(), CHUNK_COLUMN);
-                if !send_bounded(sender, &batch, read.batch_bytes) {
+                if !send_bounded(sender, &batch, &read.batch_bytes)? {
                     return Ok(());
                 }
                 if broken {

@@ -106,7 +106,7 @@ impl CdcSource for FaultySource {
         Ok(match self.fault() {
             ReadFault::None => whole,
             ReadFault::TaskPanics => {
-                let (sender, stream) = read_channel(2);
+                let (sender, stream) = read_channel();
                 tokio::spawn(async move {
                     let mut whole = whole;
                     if let Some(Ok(batch)) = whole.next().await {
@@ -126,7 +126,7 @@ impl CdcSource for FaultySource {
                 futures::stream::iter(batches.into_iter().take(keep)).boxed()
             }
             ReadFault::NeverAnswers => {
-                let (sender, stream) = read_channel(2);
+                let (sender, stream) = read_channel();
                 let left = Arc::clone(&self.reader_left);
                 tokio::spawn(async move {
                     // A source query still working towards its first row: it ends when its

@@ -9,7 +9,7 @@ N, a fresh server (so VmHWM is that run's peak) serves N pyarrow clients, each o
 connection reading one endpoint (reader i reads endpoint i mod 4) and pausing `--pause-ms`
 after every batch, as a busy Spark executor or a slow network would. Every stream is checked
 (its completion marker counts its rows). Flags after `--` go to `serve` (for example
-`--stream-window 1048576`). `--max-streams` is raised to N so that every reader is served.
+`--stream-memory 33554432`). `--max-streams` is raised to N so that every reader is served.
 """
 
 import argparse
@@ -124,7 +124,8 @@ def main() -> None:
     parser.add_argument("--batch-bytes", type=int, default=None, help="default: the server's")
     parser.add_argument("--binary", default=str(ROOT / "target" / "release" / "mssql-cdc-flight"))
     args = parser.parse_args(flags)
-    db = Path(tempfile.mkdtemp()) / "db"
+    workdir = tempfile.TemporaryDirectory(prefix="concurrent-readers-")
+    db = Path(workdir.name) / "db"
     subprocess.run(
         [args.binary, "sim", "init", str(db), "--customers", "0", "--orders", str(args.rows)],
         check=True,
@@ -138,6 +139,7 @@ def main() -> None:
             args.binary, db, readers, args.pause_ms / 1000, serve_flags, args.batch_bytes
         )
         print(f"| {readers} | {rows} | {rate:,.0f} | {rss:.0f} |", flush=True)
+    workdir.cleanup()
 
 
 if __name__ == "__main__":

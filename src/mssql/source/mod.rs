@@ -361,7 +361,7 @@ impl CdcSource for SqlServerSource {
             vec![(statement, params, fills)],
             shape,
             read.batch_rows,
-            read.batch_bytes,
+            read.batch_bytes.clone(),
         ))
     }
 
@@ -527,7 +527,7 @@ impl CdcSource for SqlServerSource {
             statements,
             shape,
             read.batch_rows,
-            read.batch_bytes,
+            read.batch_bytes.clone(),
         ))
     }
 }

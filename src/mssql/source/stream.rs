@@ -18,10 +18,7 @@ use super::{Param, SqlServerSource};
 use crate::error::{Error, Result};
 use crate::mssql::decode::{self, ColumnDecoder};
 use crate::mssql::pool::{self, Connection};
-use crate::source::{BatchStream, ReadSender, read_channel};
-
-/// Batches a read may have in flight towards the client.
-pub(super) const READ_AHEAD_BATCHES: usize = 2;
+use crate::source::{BatchBytes, BatchStream, ReadSender, read_channel};
 
 /// A constant column of every row of a statement's batches.
 #[derive(Clone, Debug)]
@@ -94,7 +91,7 @@ pub(super) async fn read_statement(
     shape: &BatchShape,
     fills: &[Fill],
     batch_rows: usize,
-    batch_bytes: usize,
+    batch_bytes: &BatchBytes,
     sender: &ReadSender,
 ) -> Result<bool> {
     let batch_rows = batch_rows.max(1);
@@ -113,6 +110,7 @@ pub(super) async fn read_statement(
             .map_err(|error| SqlServerSource::read_error(object, error))?
             .into_row_stream();
         let (mut rows, mut bytes) = (0usize, 0usize);
+        let mut bound = batch_bytes.now();
         loop {
             let row = tokio::select! {
                 row = stream.try_next() => row,
@@ -123,9 +121,10 @@ pub(super) async fn read_statement(
             };
             bytes += decode::append_row(&mut decoders, row)?;
             rows += 1;
-            if rows >= batch_rows || bytes >= batch_bytes {
+            if rows >= batch_rows || bytes >= bound {
                 let batch = shape.batch(&mut decoders, fills, rows)?;
                 (rows, bytes) = (0, 0);
+                bound = batch_bytes.now();
                 if !sender.send(batch).await {
                     client_gone = true;
                     break;
@@ -169,9 +168,9 @@ impl SqlServerSource {
         statements: Vec<(String, Vec<Param>, Vec<Fill>)>,
         shape: BatchShape,
         batch_rows: usize,
-        batch_bytes: usize,
+        batch_bytes: BatchBytes,
     ) -> BatchStream {
-        let (sender, stream) = read_channel(READ_AHEAD_BATCHES);
+        let (sender, stream) = read_channel();
         let pool = self.pool.clone();
         tokio::spawn(async move {
             let outcome = async {
@@ -185,7 +184,7 @@ impl SqlServerSource {
                         &shape,
                         fills,
                         batch_rows,
-                        batch_bytes,
+                        &batch_bytes,
                         &sender,
                     )
                     .await?;

@@ -39,7 +39,7 @@ mod transaction;
 pub use transaction::Transaction;
 
 /// Rows per record batch in a segment file.
-const SEGMENT_BATCH_ROWS: usize = 16_384;
+const SEGMENT_BATCH_ROWS: usize = 4_096;
 /// A published segment smaller than this is rewritten together with the next publish's rows,
 /// so a slow workload does not leave thousands of tiny files.
 const MERGE_BELOW_ROWS: u64 = 16_384;
