@@ -486,7 +486,7 @@ impl FlightService for CdcFlightService {
         let result: std::result::Result<Response<Self::DoGetStream>, Status> = async {
             let principal = principal_of(&request)?;
             let body = self.signer.verify(&request.get_ref().ticket)?;
-            let (read, compression, table) = match body.kind {
+            let (mut read, compression, table) = match body.kind {
                 Some(TicketKind::ChangeRange(ticket)) => (
                     StreamRead::changes(&ticket)?,
                     ticket.compression,
@@ -507,7 +507,6 @@ impl FlightService for CdcFlightService {
             principal.check(&table.parse()?)?;
             let per_principal = (!principal.is_anonymous()).then_some(principal.name.as_str());
             let slot = self.streams.enter(per_principal)?;
-            let mut read = read;
             read.share(self.streams.batch_share());
             let stream = stream::respond(Arc::clone(&self.source), read, compression)?;
             // The slot is held until the response is dropped: read to its end, or abandoned.
