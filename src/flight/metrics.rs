@@ -9,7 +9,9 @@
 //! - `mssql_cdc_flight_streams_total{kind, outcome}`, `mssql_cdc_flight_stream_seconds{kind}`,
 //!   `mssql_cdc_flight_rows_served_total{kind}`, `mssql_cdc_flight_bytes_served_total{kind}`:
 //!   streams by how they ended (`complete` or the gRPC code), and what complete ones served;
-//! - `mssql_cdc_flight_source_up`: 1 while health's probe of the source answers, else 0.
+//! - `mssql_cdc_flight_source_up`: 1 while health's probe of the source answers, else 0;
+//! - `mssql_cdc_flight_source_call_seconds{call, outcome}`: every source call the service
+//!   makes ([`super::metered`]).
 
 use std::time::Instant;
 

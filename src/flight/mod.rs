@@ -20,6 +20,7 @@ pub mod auth;
 pub mod gate;
 pub mod limits;
 pub mod local;
+mod metered;
 pub mod metrics;
 pub mod planner;
 pub mod snapshot;
@@ -220,7 +221,7 @@ impl CdcFlightService {
     pub fn new(source: Arc<dyn CdcSource>, options: ServiceOptions) -> Self {
         let limits = options.limits;
         CdcFlightService {
-            source,
+            source: Arc::new(metered::MeteredSource(source)),
             signer: options.signer,
             streams: StreamGate::new(
                 limits.max_streams,

@@ -56,6 +56,11 @@ def test_metrics_count_calls_rows_and_streams(tmp_path):
         assert samples['mssql_cdc_flight_streams_total{kind="changes",outcome="complete"}'] >= 1
         assert samples["mssql_cdc_flight_streams_active"] == 0
         assert any(name.startswith("mssql_cdc_flight_call_seconds") for name in samples)
+        calls = 'mssql_cdc_flight_source_call_seconds_count{{call="{}",outcome="{}"}}'
+        assert samples[calls.format("read_changes", "ok")] >= 1
+        assert samples[calls.format("max_lsn", "ok")] >= 1
+        # No stream open: the next one alone may use 64 MiB / 8 batches.
+        assert samples["mssql_cdc_flight_batch_share_bytes"] == 8 * 1024 * 1024
     finally:
         stop_server(process)
 
