@@ -131,20 +131,7 @@ async fn open_source(text: &str) -> anyhow::Result<Arc<dyn CdcSource>> {
 }
 
 async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = interrupt => {},
-        _ = terminate => {},
-    }
+    mssql_cdc_proto::signals::shutdown().await;
     tracing::info!("shutting down: finishing the calls in flight");
 }
 

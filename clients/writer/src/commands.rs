@@ -59,7 +59,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             );
         }
     } else {
-        let stopped = stopped_by_ctrl_c();
+        let stopped = stopped_by_signal();
         let batches = stream
             .run_continuous(Duration::from_secs_f64(args.poll_seconds), stopped)
             .await?;
@@ -68,13 +68,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A flag that turns true at Ctrl-C: continuous runs stop after the batch in flight.
-fn stopped_by_ctrl_c() -> tokio::sync::watch::Receiver<bool> {
+/// A flag that turns true at Ctrl-C or SIGTERM: continuous runs stop after the batch in
+/// flight, and the process exits 0.
+fn stopped_by_signal() -> tokio::sync::watch::Receiver<bool> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            let _ = stop.send(true);
-        }
+        mssql_cdc_proto::signals::shutdown().await;
+        tracing::info!("stopping after the batch in flight");
+        let _ = stop.send(true);
     });
     stopped
 }
@@ -215,7 +216,7 @@ async fn run_sidecar(path: &std::path::Path, available_now: bool) -> anyhow::Res
         }
         return Ok(());
     }
-    let stopped = stopped_by_ctrl_c();
+    let stopped = stopped_by_signal();
     if let Some(server) = admin::AdminServer::bind(&config).await? {
         println!("admin service on {}", server.local_addr()?);
         let stopped = stopped.clone();

@@ -387,36 +387,16 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
         tasks.push(tokio::spawn(async move {
             let mut attempt = 0;
             while !*stop.borrow() {
-                let result = async {
-                    bootstrap(&entry, &mut stream_config).await?;
-                    // The chunked snapshot's waves run next to the stream, in their own task.
-                    let backfill = {
-                        let (entry, config, stop) =
-                            (entry.clone(), stream_config.clone(), stop.clone());
-                        tokio::spawn(async move {
-                            backfill_continuous(&entry, &config, poll, stop).await
-                        })
-                    };
-                    let mut stream = Stream::connect(stream_config.clone()).await?;
-                    let batches = stream.run_continuous(poll, stop.clone()).await;
-                    let backfilled = backfill
-                        .await
-                        .map_err(|error| WriterError::Internal(format!("backfill task: {error}")))?;
-                    backfilled.and(batches)
-                }
-                .await;
-                match result {
-                    Ok(_) => return,
-                    Err(error) => {
-                        crate::metrics::failure(&stream_config.table);
-                        tracing::error!(table = %stream_config.table, %error, attempt, "table failed; retrying");
-                        let mut stop = stop.clone();
-                        tokio::select! {
-                            _ = tokio::time::sleep(backoff(attempt)) => {}
-                            _ = stop.changed() => {}
-                        }
-                        attempt += 1;
+                if let Err(error) = continuous_attempt(&entry, &mut stream_config, poll, &stop).await
+                {
+                    crate::metrics::failure(&stream_config.table);
+                    tracing::error!(table = %stream_config.table, %error, attempt, "table failed; retrying");
+                    let mut stop = stop.clone();
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff(attempt)) => {}
+                        _ = stop.changed() => {}
                     }
+                    attempt += 1;
                 }
             }
         }));
@@ -424,6 +404,44 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
     for task in tasks {
         let _ = task.await;
     }
+}
+
+/// One continuous attempt at a table: its stream and, next to it, the waves of its chunked
+/// snapshot. The first of the two to end, with an error or at `stop`, ends the other after
+/// its batch or wave in flight, so a failure of either ends the attempt with that error (to be
+/// logged and retried) instead of leaving the table waiting on the other.
+async fn continuous_attempt(
+    entry: &TableEntry,
+    config: &mut StreamConfig,
+    poll: Duration,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> Result<()> {
+    bootstrap(entry, config).await?;
+    let config: &StreamConfig = config;
+    let (end_attempt, attempt_ended) = tokio::sync::watch::channel(false);
+    let stream = async {
+        let streamed = async {
+            let mut stream = Stream::connect(config.clone()).await?;
+            stream.run_continuous(poll, attempt_ended.clone()).await
+        }
+        .await;
+        let _ = end_attempt.send(true);
+        streamed
+    };
+    let backfill = async {
+        let backfilled = backfill_continuous(entry, config, poll, attempt_ended.clone()).await;
+        let _ = end_attempt.send(true);
+        backfilled
+    };
+    let stopped = async {
+        let (mut stop, mut ended) = (stop.clone(), attempt_ended.clone());
+        tokio::select! {
+            _ = stop.wait_for(|stopped| *stopped) => { let _ = end_attempt.send(true); }
+            _ = ended.wait_for(|ended| *ended) => {}
+        }
+    };
+    let (streamed, backfilled, ()) = tokio::join!(stream, backfill, stopped);
+    streamed.and(backfilled)
 }
 
 /// Applies bronze to silver every `every` until `stop`; a failing call is logged and retried

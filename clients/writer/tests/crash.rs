@@ -194,3 +194,45 @@ async fn killed_at_random_moments_under_a_running_workload() {
     check_invariants(&lab).await;
     restart_and_check_exactly_once(&lab).await;
 }
+
+/// Waits until bronze holds every committed change of dbo.orders.
+async fn wait_for_bronze_to_catch_up(lab: &Lab) {
+    for _ in 0..300 {
+        if bronze_rows(lab).await.as_deref() == Some(lab.committed().as_slice()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("bronze did not catch up with the source in 30 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_a_continuous_writer_cleanly_and_a_restart_goes_on() {
+    let lab = Lab::new().await;
+    lab.workload(33, 120);
+    let mut command = writer_command(&lab, false);
+    command.stdout(Stdio::piped());
+    let child = command.spawn().expect("start the writer");
+    wait_for_bronze_to_catch_up(&lab).await;
+    let terminated = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(terminated.success());
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::task::spawn_blocking(move || child.wait_with_output().expect("wait")),
+    )
+    .await
+    .expect("the writer stops within 30 s of SIGTERM")
+    .expect("join");
+    assert!(
+        output.status.success(),
+        "SIGTERM is a stop, not a crash: {:?}",
+        output.status
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("stopped after"), "{stdout}");
+    lab.workload(34, 30);
+    restart_and_check_exactly_once(&lab).await;
+}

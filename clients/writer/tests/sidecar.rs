@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{Lab, query, source_rows, utf8};
+use common::{Lab, bronze_rows, query, source_rows, utf8};
+use mssql_cdc_flight::sim::Faults;
 use mssql_cdc_writer::sidecar::{self, SidecarConfig};
 
 fn write_config(lab: &Lab, tables: &[(&str, &str)]) -> std::path::PathBuf {
@@ -418,4 +419,37 @@ async fn the_admin_service_answers_only_calls_carrying_its_token_over_tls() {
     let printed: serde_json::Value = serde_json::from_slice(&answered.stdout).expect("JSON");
     assert_eq!(printed["state"], "open", "{printed}");
     let _ = stop.send(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuous_table_whose_stream_fails_is_retried_and_catches_up() {
+    let lab = Lab::new().await;
+    lab.workload(43, 150);
+    // The first change read breaks after a few rows, as a dropped connection would.
+    lab.db.set_faults(Faults {
+        drop_connection_after_rows: Some(5),
+        ..Faults::default()
+    });
+    let path = write_config(&lab, &[("dbo.orders", "orders")]);
+    let mut config = SidecarConfig::load(&path).expect("config");
+    config.poll_seconds = 0.2;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(async move { sidecar::run_continuous(&config, stopped).await });
+    let mut caught_up = false;
+    for _ in 0..300 {
+        if bronze_rows(&lab).await.as_deref() == Some(lab.committed().as_slice()) {
+            caught_up = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        caught_up,
+        "the table's stream failed once and was never retried"
+    );
+    stop.send(true).expect("stop");
+    tokio::time::timeout(std::time::Duration::from_secs(30), running)
+        .await
+        .expect("the sidecar stops after its batch and wave in flight")
+        .expect("join");
 }
