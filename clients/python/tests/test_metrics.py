@@ -131,3 +131,53 @@ def test_logs_are_json_lines_when_asked(tmp_path):
     assert entries, "sim init logged nothing"
     assert all(entry["level"] in ("INFO", "WARN", "ERROR") for entry in entries)
     assert any(entry["fields"].get("capture_instance") == "dbo_orders" for entry in entries)
+
+
+def test_the_writer_reports_a_chunked_snapshots_progress(tmp_path):
+    directory = tmp_path / "db"
+    workload_database(directory, "--commits", "150", "--seed", "7", "--clock", "virtual")
+    process, url = start_server(directory)
+    port = free_port()
+    lake = tmp_path / "lake"
+    config = tmp_path / "sidecar.toml"
+    config.write_text(
+        f'server = "{url.replace("grpc://", "http://")}"\n'
+        f'facts = "{lake / "facts"}"\n'
+        f'control = "{lake / "control"}"\n'
+        f'checkpoints = "{lake / "checkpoints"}"\n'
+        "poll_seconds = 0.2\n\n"
+        "[[tables]]\n"
+        'table = "dbo.orders"\n'
+        f'target = "{lake / "bronze_orders"}"\n'
+        'app_id = "orders"\n'
+        'bootstrap = "chunked"\n'
+        "chunk_rows = 10\n"
+    )
+    writer = subprocess.Popen(
+        [writer_binary(), "run", "--config", str(config), "--metrics-listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    done_key = 'mssql_cdc_writer_snapshot_chunks_done{table="dbo.orders"}'
+    total_key = 'mssql_cdc_writer_snapshot_chunks_total{table="dbo.orders"}'
+    try:
+        samples: dict[str, float] = {}
+        seen_partway = False
+        for _ in range(600):
+            try:
+                samples = scrape(port)
+            except OSError:
+                samples = {}
+            total = samples.get(total_key)
+            if total and samples.get(done_key, 0) < total:
+                seen_partway = True
+            if total and samples.get(done_key) == total:
+                break
+            time.sleep(0.05)
+        assert samples.get(total_key, 0) > 1, samples
+        assert samples.get(done_key) == samples[total_key], samples
+        assert seen_partway, "the gauges follow the waves, not only the end"
+    finally:
+        writer.kill()
+        writer.wait()
+        stop_server(process)

@@ -15,6 +15,18 @@ pub fn batch(table: &str, rows: u64, seconds: f64, capture_lag: Option<f64>, beh
     }
 }
 
+/// Records the progress of `table`'s chunked snapshot: chunks in bronze and facts, and of
+/// the plan (unknown before it exists; both 0 when no snapshot is open).
+pub fn snapshot_chunks(table: &str, done: u64, total: Option<u64>) {
+    let table = table.to_string();
+    metrics::gauge!("mssql_cdc_writer_snapshot_chunks_done", "table" => table.clone())
+        .set(done as f64);
+    if let Some(total) = total {
+        metrics::gauge!("mssql_cdc_writer_snapshot_chunks_total", "table" => table)
+            .set(total as f64);
+    }
+}
+
 /// Records a failed attempt at `table`'s stream (the sidecar retries it).
 pub fn failure(table: &str) {
     metrics::counter!("mssql_cdc_writer_failures_total", "table" => table.to_string()).increment(1);

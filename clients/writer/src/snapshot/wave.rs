@@ -81,8 +81,28 @@ impl Snapshots {
         self.backfill_with_progress(options, |_| {}).await
     }
 
-    /// [`Snapshots::backfill`], calling `on_wave` after every wave.
+    /// [`Snapshots::backfill`], calling `on_wave` after every wave; the metrics follow both.
     pub async fn backfill_with_progress(
+        &self,
+        options: &BackfillOptions,
+        mut on_wave: impl FnMut(&WaveProgress),
+    ) -> Result<BackfillStatus> {
+        let table = &self.config.table;
+        let status = self
+            .backfill_waves(options, |progress| {
+                crate::metrics::snapshot_chunks(
+                    table,
+                    progress.chunks_done,
+                    Some(progress.chunks_total),
+                );
+                on_wave(progress);
+            })
+            .await?;
+        crate::metrics::snapshot_chunks(table, status.chunks_done, status.chunks_total);
+        Ok(status)
+    }
+
+    async fn backfill_waves(
         &self,
         options: &BackfillOptions,
         mut on_wave: impl FnMut(&WaveProgress),
