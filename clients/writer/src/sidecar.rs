@@ -387,8 +387,13 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
         tasks.push(tokio::spawn(async move {
             let mut attempt = 0;
             while !*stop.borrow() {
+                let began = std::time::Instant::now();
                 if let Err(error) = continuous_attempt(&entry, &mut stream_config, poll, &stop).await
                 {
+                    // A table that ran a while before failing starts its backoff over.
+                    if began.elapsed() > backoff(u32::MAX) {
+                        attempt = 0;
+                    }
                     crate::metrics::failure(&stream_config.table);
                     tracing::error!(table = %stream_config.table, %error, attempt, "table failed; retrying");
                     let mut stop = stop.clone();
