@@ -101,18 +101,20 @@ def test_the_writer_counts_batches_rows_and_lag(tmp_path):
         client = cdc.connect(url)
         expected = client.read_changes("dbo.orders", client.initial_offset("dbo.orders")).num_rows
         rows_key = 'mssql_cdc_writer_rows_total{table="dbo.orders"}'
+        verdict = 'mssql_cdc_writer_finalized_until_seconds{table="dbo.orders",layer="bronze"}'
         samples = {}
-        for _ in range(300):
+        for _ in range(300):  # the verdict moves after the batch's rows are counted
             try:
                 samples = scrape(port)
             except OSError:
                 samples = {}
-            if samples.get(rows_key) == expected:
+            if samples.get(rows_key) == expected and verdict in samples:
                 break
             time.sleep(0.1)
         assert samples.get(rows_key) == expected, samples
         assert samples['mssql_cdc_writer_batches_total{table="dbo.orders"}'] >= 1
         assert 'mssql_cdc_writer_capture_lag_seconds{table="dbo.orders"}' in samples
+        assert samples[verdict] > 1_000_000_000, "a Unix timestamp"
     finally:
         writer.kill()
         writer.wait()

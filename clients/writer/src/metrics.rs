@@ -27,6 +27,19 @@ pub fn snapshot_chunks(table: &str, done: u64, total: Option<u64>) {
     }
 }
 
+/// Records how far `layer` (`bronze` or `silver`) of `table` is complete: its verdict's
+/// commit time as a Unix timestamp, so that its age is `time() - value` in PromQL.
+pub fn finalized_until(
+    table: &str,
+    layer: &'static str,
+    until: Option<mssql_cdc_proto::CommitTime>,
+) {
+    if let Some(until) = until {
+        metrics::gauge!("mssql_cdc_writer_finalized_until_seconds", "table" => table.to_string(), "layer" => layer)
+            .set(until.micros() as f64 / 1e6);
+    }
+}
+
 /// Records a failed attempt at `table`'s stream (the sidecar retries it).
 pub fn failure(table: &str) {
     metrics::counter!("mssql_cdc_writer_failures_total", "table" => table.to_string()).increment(1);

@@ -422,6 +422,7 @@ impl Stream {
             }
             None => None,
         };
+        crate::metrics::finalized_until(&self.config.table, "bronze", verdict);
         crash_point("after_control", record.batch_id);
         Ok(BatchOutcome {
             batch_id: record.batch_id,

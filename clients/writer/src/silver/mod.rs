@@ -102,7 +102,7 @@ fn text(value: &str) -> String {
 
 /// Runs `apply_changes` once.
 pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
-    apply_once(config).await.map_err(|error| match &error {
+    let outcome = apply_once(config).await.map_err(|error| match &error {
         // DataFusion names its own setting; the writer's is the variable.
         WriterError::Query(query) if query.to_string().contains("Resources exhausted") => {
             WriterError::invalid(format!(
@@ -114,7 +114,9 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
             ))
         }
         _ => error,
-    })
+    })?;
+    crate::metrics::finalized_until(&config.table, "silver", outcome.finalized_until);
+    Ok(outcome)
 }
 
 async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {

@@ -98,7 +98,10 @@ impl Snapshots {
                 on_wave(progress);
             })
             .await?;
-        crate::metrics::snapshot_chunks(table, status.chunks_done, status.chunks_total);
+        // Without an open snapshot there is no plan: the gauges keep the last one's count.
+        if status.chunks_total.is_some() {
+            crate::metrics::snapshot_chunks(table, status.chunks_done, status.chunks_total);
+        }
         Ok(status)
     }
 
