@@ -13,29 +13,27 @@
 //! - `mssql_cdc_flight_source_call_seconds{call, outcome}`: every source call the service
 //!   makes ([`super::metered`]).
 
+use std::future::Future;
 use std::time::Instant;
 
-use tonic::Code;
+use tonic::{Code, Status};
 
-/// Records a finished call of `method` that began at `started`.
-pub fn call(method: &'static str, started: Instant, code: Code) {
+/// Runs the call `method` and records how it ended and how long it took.
+pub async fn observe<T>(
+    method: &'static str,
+    call: impl Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    let started = Instant::now();
+    let result = call.await;
+    let code = match &result {
+        Ok(_) => Code::Ok,
+        Err(status) => status.code(),
+    };
     metrics::counter!("mssql_cdc_flight_calls_total", "method" => method, "code" => code_name(code))
         .increment(1);
     metrics::histogram!("mssql_cdc_flight_call_seconds", "method" => method)
         .record(started.elapsed().as_secs_f64());
-}
-
-/// Records the outcome of a call returning `result`.
-pub fn call_result<T>(
-    method: &'static str,
-    started: Instant,
-    result: &std::result::Result<T, tonic::Status>,
-) {
-    let code = match result {
-        Ok(_) => Code::Ok,
-        Err(status) => status.code(),
-    };
-    call(method, started, code);
+    result
 }
 
 /// One more (`delta` 1) or one fewer (`delta` -1) open stream.

@@ -350,8 +350,7 @@ impl FlightService for CdcFlightService {
         &self,
         request: Request<Streaming<HandshakeRequest>>,
     ) -> std::result::Result<Response<Self::HandshakeStream>, Status> {
-        let started = std::time::Instant::now();
-        let result: std::result::Result<Response<Self::HandshakeStream>, Status> = async {
+        metrics::observe("Handshake", async {
             // Basic credentials verified by the interceptor are traded for the bearer token;
             // without authentication the handshake succeeds with nothing to trade.
             let credentials = request.extensions().get::<BasicCredentials>().cloned();
@@ -375,18 +374,15 @@ impl FlightService for CdcFlightService {
                 response.metadata_mut().insert("authorization", value);
             }
             Ok(response)
-        }
-        .await;
-        metrics::call_result("Handshake", started, &result);
-        result
+        })
+        .await
     }
 
     async fn list_flights(
         &self,
         request: Request<Criteria>,
     ) -> std::result::Result<Response<Self::ListFlightsStream>, Status> {
-        let started = std::time::Instant::now();
-        let result: std::result::Result<Response<Self::ListFlightsStream>, Status> = async {
+        metrics::observe("ListFlights", async {
             let principal = principal_of(&request)?;
             let infos = self
                 .within_deadline(async {
@@ -411,18 +407,15 @@ impl FlightService for CdcFlightService {
                 })
                 .await?;
             Ok(Response::new(futures::stream::iter(infos).boxed()))
-        }
-        .await;
-        metrics::call_result("ListFlights", started, &result);
-        result
+        })
+        .await
     }
 
     async fn get_flight_info(
         &self,
         request: Request<FlightDescriptor>,
     ) -> std::result::Result<Response<FlightInfo>, Status> {
-        let started = std::time::Instant::now();
-        let result: std::result::Result<Response<FlightInfo>, Status> = async {
+        metrics::observe("GetFlightInfo", async {
             let principal = principal_of(&request)?;
             let descriptor = request.into_inner();
             let command = Command::parse(&descriptor.cmd)?;
@@ -441,10 +434,8 @@ impl FlightService for CdcFlightService {
                 })
                 .await?;
             Ok(Response::new(info))
-        }
-        .await;
-        metrics::call_result("GetFlightInfo", started, &result);
-        result
+        })
+        .await
     }
 
     async fn poll_flight_info(
@@ -460,8 +451,7 @@ impl FlightService for CdcFlightService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> std::result::Result<Response<SchemaResult>, Status> {
-        let started = std::time::Instant::now();
-        let result: std::result::Result<Response<SchemaResult>, Status> = async {
+        metrics::observe("GetSchema", async {
             let principal = principal_of(&request)?;
             let command = Command::parse(&request.get_ref().cmd)?;
             let table = command_table(&command)?;
@@ -473,18 +463,15 @@ impl FlightService for CdcFlightService {
                 SchemaResult::try_from(SchemaAsIpc::new(&schema, &IpcWriteOptions::default()))
                     .map_err(|error| Status::internal(error.to_string()))?;
             Ok(Response::new(result))
-        }
-        .await;
-        metrics::call_result("GetSchema", started, &result);
-        result
+        })
+        .await
     }
 
     async fn do_get(
         &self,
         request: Request<Ticket>,
     ) -> std::result::Result<Response<Self::DoGetStream>, Status> {
-        let started = std::time::Instant::now();
-        let result: std::result::Result<Response<Self::DoGetStream>, Status> = async {
+        metrics::observe("DoGet", async {
             let principal = principal_of(&request)?;
             let body = self.signer.verify(&request.get_ref().ticket)?;
             let (mut read, compression, table) = match body.kind {
@@ -519,10 +506,8 @@ impl FlightService for CdcFlightService {
                     })
                     .boxed(),
             ))
-        }
-        .await;
-        metrics::call_result("DoGet", started, &result);
-        result
+        })
+        .await
     }
 
     async fn do_put(
@@ -536,8 +521,7 @@ impl FlightService for CdcFlightService {
         &self,
         request: Request<Action>,
     ) -> std::result::Result<Response<Self::DoActionStream>, Status> {
-        let started = std::time::Instant::now();
-        let result: std::result::Result<Response<Self::DoActionStream>, Status> = async {
+        metrics::observe("DoAction", async {
             let principal = principal_of(&request)?;
             let answer = self
                 .within_deadline(self.action(&principal, request.get_ref()))
@@ -546,18 +530,15 @@ impl FlightService for CdcFlightService {
             Ok(Response::new(
                 futures::stream::once(async move { Ok(result) }).boxed(),
             ))
-        }
-        .await;
-        metrics::call_result("DoAction", started, &result);
-        result
+        })
+        .await
     }
 
     async fn list_actions(
         &self,
         request: Request<Empty>,
     ) -> std::result::Result<Response<Self::ListActionsStream>, Status> {
-        let started = std::time::Instant::now();
-        let result: std::result::Result<Response<Self::ListActionsStream>, Status> = async {
+        metrics::observe("ListActions", async {
             principal_of(&request)?;
             let actions = ActionKind::ALL.iter().map(|kind| {
                 Ok(ActionType {
@@ -568,10 +549,8 @@ impl FlightService for CdcFlightService {
             Ok(Response::new(
                 futures::stream::iter(actions.collect::<Vec<_>>()).boxed(),
             ))
-        }
-        .await;
-        metrics::call_result("ListActions", started, &result);
-        result
+        })
+        .await
     }
 
     async fn do_exchange(
