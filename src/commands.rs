@@ -96,14 +96,17 @@ impl WorkloadArgs {
     }
 }
 
+/// TLS trusting the CA in the PEM file `--tls-ca` names, if any.
+fn tls_of(ca: Option<&std::path::Path>) -> anyhow::Result<Option<ClientTls>> {
+    ca.map(|path| {
+        ClientTls::from_ca_file(path).with_context(|| format!("reading {}", path.display()))
+    })
+    .transpose()
+}
+
 /// `read`: the example client over plaintext or TLS.
 pub async fn read(args: ReadArgs) -> anyhow::Result<()> {
-    let tls = match &args.tls_ca {
-        Some(path) => Some(
-            ClientTls::from_ca_file(path).with_context(|| format!("reading {}", path.display()))?,
-        ),
-        None => None,
-    };
+    let tls = tls_of(args.tls_ca.as_deref())?;
     let mut client = CdcClient::connect_with(&args.server, tls.as_ref()).await?;
     if let Some(token) = &args.token {
         client = client.with_token(token)?;
@@ -138,17 +141,10 @@ async fn shutdown_signal() {
 /// `health`: the server's gRPC health for the Flight service; an error unless SERVING.
 pub async fn health(args: HealthArgs) -> anyhow::Result<()> {
     use tonic_health::pb::health_check_response::ServingStatus;
-    let mut endpoint = tonic::transport::Endpoint::from_shared(args.server.clone())?
+    let tls = tls_of(args.tls_ca.as_deref())?;
+    let endpoint = CdcClient::endpoint(&args.server, tls.as_ref())?
         .timeout(Duration::from_secs_f64(args.timeout))
         .connect_timeout(Duration::from_secs_f64(args.timeout));
-    if let Some(path) = &args.tls_ca {
-        mssql_cdc_flight::install_crypto_provider();
-        let ca = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        endpoint = endpoint.tls_config(
-            tonic::transport::ClientTlsConfig::new()
-                .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
-        )?;
-    }
     let channel = endpoint
         .connect()
         .await

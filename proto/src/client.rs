@@ -159,26 +159,7 @@ impl CdcClient {
     /// Connects to `url`; with `tls`, over TLS (`https://host:port`) verifying the server's
     /// certificate against the given CA.
     pub async fn connect_with(url: &str, tls: Option<&ClientTls>) -> ClientResult<Self> {
-        let connect_error = |message: String| ClientError::Connect {
-            url: url.to_string(),
-            message,
-        };
-        let mut endpoint = Endpoint::from_shared(url.to_string())
-            .map_err(|error| connect_error(error.to_string()))?;
-        if let Some(tls) = tls {
-            crate::install_crypto_provider();
-            let mut config = tonic::transport::ClientTlsConfig::new()
-                .ca_certificate(tonic::transport::Certificate::from_pem(&tls.ca_certificate));
-            if let Some(domain) = &tls.domain {
-                config = config.domain_name(domain.clone());
-            }
-            if let Some((certificate, key)) = &tls.identity {
-                config = config.identity(tonic::transport::Identity::from_pem(certificate, key));
-            }
-            endpoint = endpoint
-                .tls_config(config)
-                .map_err(|error| connect_error(error.to_string()))?;
-        }
+        let endpoint = Self::endpoint(url, tls)?;
         let channel = endpoint
             .connect_timeout(Duration::from_secs(10))
             .tcp_nodelay(true)
@@ -186,11 +167,40 @@ impl CdcClient {
             .initial_connection_window_size(Some(crate::protocol::CONNECTION_WINDOW))
             .connect()
             .await
-            .map_err(|error| connect_error(error.to_string()))?;
+            .map_err(|error| ClientError::Connect {
+                url: url.to_string(),
+                message: error.to_string(),
+            })?;
         Ok(CdcClient {
             inner: FlightServiceClient::new(channel).max_decoding_message_size(256 << 20),
             authorization: None,
         })
+    }
+
+    /// The endpoint of `url`; with `tls`, trusting its CA, verifying its domain and presenting
+    /// its client certificate. Other gRPC clients of the server (the health check) use it too.
+    pub fn endpoint(url: &str, tls: Option<&ClientTls>) -> ClientResult<Endpoint> {
+        let connect_error = |message: String| ClientError::Connect {
+            url: url.to_string(),
+            message,
+        };
+        let endpoint = Endpoint::from_shared(url.to_string())
+            .map_err(|error| connect_error(error.to_string()))?;
+        let Some(tls) = tls else {
+            return Ok(endpoint);
+        };
+        crate::install_crypto_provider();
+        let mut config = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&tls.ca_certificate));
+        if let Some(domain) = &tls.domain {
+            config = config.domain_name(domain.clone());
+        }
+        if let Some((certificate, key)) = &tls.identity {
+            config = config.identity(tonic::transport::Identity::from_pem(certificate, key));
+        }
+        endpoint
+            .tls_config(config)
+            .map_err(|error| connect_error(error.to_string()))
     }
 
     /// Connects as this project's clients do: TLS for `https://` verified against the CA in
