@@ -31,6 +31,20 @@ def scrape(port: int) -> dict[str, float]:
     return samples
 
 
+def scrape_until(port: int, ready, *, seconds: float, pause: float = 0.1) -> dict[str, float]:
+    """Scrapes until `ready(samples)` holds or `seconds` have passed (the exporter may not
+    listen yet: no samples then); returns the last samples."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            samples = scrape(port)
+        except OSError:
+            samples = {}
+        if ready(samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(pause)
+
+
 def test_metrics_count_calls_rows_and_streams(tmp_path):
     directory = tmp_path / "db"
     workload_database(directory, "--commits", "120", "--seed", "4", "--clock", "virtual")
@@ -43,14 +57,12 @@ def test_metrics_count_calls_rows_and_streams(tmp_path):
             client.initial_offset("dbo.nope")
         except cdc.NotFoundError:
             pass
-        samples = {}
-        for _ in range(50):  # the last stream's counters land as its producer finishes
-            samples = scrape(port)
-            rows = samples.get('mssql_cdc_flight_rows_served_total{kind="changes"}')
-            if rows == changes.num_rows:
-                break
-            time.sleep(0.1)
-        assert samples['mssql_cdc_flight_rows_served_total{kind="changes"}'] == changes.num_rows
+        rows_key = 'mssql_cdc_flight_rows_served_total{kind="changes"}'
+        # The last stream's counters land as its producer finishes.
+        samples = scrape_until(
+            port, lambda samples: samples.get(rows_key) == changes.num_rows, seconds=5
+        )
+        assert samples[rows_key] == changes.num_rows
         assert samples['mssql_cdc_flight_calls_total{method="GetFlightInfo",code="OK"}'] >= 1
         assert samples['mssql_cdc_flight_calls_total{method="DoAction",code="NOT_FOUND"}'] == 1
         assert samples['mssql_cdc_flight_streams_total{kind="changes",outcome="complete"}'] >= 1
@@ -102,15 +114,12 @@ def test_the_writer_counts_batches_rows_and_lag(tmp_path):
         expected = client.read_changes("dbo.orders", client.initial_offset("dbo.orders")).num_rows
         rows_key = 'mssql_cdc_writer_rows_total{table="dbo.orders"}'
         verdict = 'mssql_cdc_writer_finalized_until_seconds{table="dbo.orders",layer="bronze"}'
-        samples = {}
-        for _ in range(300):  # the verdict moves after the batch's rows are counted
-            try:
-                samples = scrape(port)
-            except OSError:
-                samples = {}
-            if samples.get(rows_key) == expected and verdict in samples:
-                break
-            time.sleep(0.1)
+        # The verdict moves after the batch's rows are counted.
+        samples = scrape_until(
+            port,
+            lambda samples: samples.get(rows_key) == expected and verdict in samples,
+            seconds=30,
+        )
         assert samples.get(rows_key) == expected, samples
         assert samples['mssql_cdc_writer_batches_total{table="dbo.orders"}'] >= 1
         assert 'mssql_cdc_writer_capture_lag_seconds{table="dbo.orders"}' in samples
@@ -163,22 +172,18 @@ def test_the_writer_reports_a_chunked_snapshots_progress(tmp_path):
     done_key = 'mssql_cdc_writer_snapshot_chunks_done{table="dbo.orders"}'
     total_key = 'mssql_cdc_writer_snapshot_chunks_total{table="dbo.orders"}'
     try:
-        samples: dict[str, float] = {}
-        seen_partway = False
-        for _ in range(600):
-            try:
-                samples = scrape(port)
-            except OSError:
-                samples = {}
+        partway = []
+
+        def finished(samples: dict[str, float]) -> bool:
             total = samples.get(total_key)
             if total and samples.get(done_key, 0) < total:
-                seen_partway = True
-            if total and samples.get(done_key) == total:
-                break
-            time.sleep(0.05)
+                partway.append(samples.get(done_key, 0))
+            return bool(total) and samples.get(done_key) == total
+
+        samples = scrape_until(port, finished, seconds=30, pause=0.05)
         assert samples.get(total_key, 0) > 1, samples
         assert samples.get(done_key) == samples[total_key], samples
-        assert seen_partway, "the gauges follow the waves, not only the end"
+        assert partway, "the gauges follow the waves, not only the end"
     finally:
         writer.kill()
         writer.wait()
