@@ -81,8 +81,7 @@ class Client:
 
     def __reduce__(self):
         # Spark ships clients to executors: reconnect there with the same settings.
-        url, tls_ca, token, cert_chain, private_key = self._settings
-        return (_reconnect, (url, tls_ca, token, cert_chain, private_key))
+        return (_reconnect, self._settings)
 
     def close(self) -> None:
         self._flight.close()

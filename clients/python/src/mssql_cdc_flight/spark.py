@@ -119,11 +119,8 @@ def _spark_schema(plan_schema) -> StructType:
 def _read(settings: Settings, partition: EndpointPartition):
     """An executor's read of one endpoint: batches as they arrive; the task fails after the
     last one when the stream was not whole, so its rows are never committed."""
-    client = settings.client()
-    try:
+    with settings.client() as client:
         yield from client.iter_endpoint(partition.endpoint)
-    finally:
-        client.close()
 
 
 class CdcFlightDataSource(DataSource):
@@ -138,12 +135,12 @@ class CdcFlightDataSource(DataSource):
         self.settings = Settings.of(dict(options))
         self.lower = {key.lower(): value for key, value in options.items()}
         self.partitions = int(self.lower.get("numpartitions", "4"))
+        self.snapshot = self.lower.get("snapshot", "false").lower() == "true"
 
     def _plan(self) -> Plan:
         settings = self.settings
-        client = settings.client()
-        try:
-            if self.lower.get("snapshot", "false").lower() == "true":
+        with settings.client() as client:
+            if self.snapshot:
                 return client.plan_snapshot(
                     settings.table, partitions=self.partitions, **settings.snapshot_options
                 )
@@ -157,23 +154,18 @@ class CdcFlightDataSource(DataSource):
             return client.plan_changes(
                 settings.table, start, end, partitions=self.partitions, **settings.options
             )
-        finally:
-            client.close()
 
     def schema(self) -> StructType:
         # The schema of an empty plan: the server answers it without counting any rows.
         settings = self.settings
-        client = settings.client()
-        try:
-            if self.lower.get("snapshot", "false").lower() == "true":
+        with settings.client() as client:
+            if self.snapshot:
                 plan = client.plan_snapshot(
                     settings.table, partitions=1, **settings.snapshot_options
                 )
             else:
                 latest = client.initial_offset(settings.table, starting="latest")
                 plan = client.plan_changes(settings.table, latest, latest, **settings.options)
-        finally:
-            client.close()
         return _spark_schema(plan.schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -218,31 +210,24 @@ class StreamReader(DataSourceStreamReader):
         self.last_end: Offset | None = None
 
     def initialOffset(self) -> dict:
-        client = self.settings.client()
-        try:
+        with self.settings.client() as client:
             offset = _offset(client, self.settings.table, self.starting)
-        finally:
-            client.close()
         self.last_end = offset
         return offset.to_dict()
 
     def latestOffset(self) -> dict:
-        client = self.settings.client()
-        try:
+        with self.settings.client() as client:
             if self.last_end is None:
                 start = client.initial_offset(self.settings.table, starting="latest")
                 return start.to_dict()
             return client.latest_offset(self.last_end, self.max_commits).to_dict()
-        finally:
-            client.close()
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         begin, finish = Offset.from_json(start), Offset.from_json(end)
         self.last_end = finish
         if finish.lsn <= begin.lsn:
             return []
-        client = self.settings.client()
-        try:
+        with self.settings.client() as client:
             plan = client.plan_changes(
                 self.settings.table,
                 begin,
@@ -250,8 +235,6 @@ class StreamReader(DataSourceStreamReader):
                 partitions=self.partitions_per_instance,
                 **self.settings.options,
             )
-        finally:
-            client.close()
         return [EndpointPartition(endpoint) for endpoint in plan.endpoints]
 
     def read(self, partition: InputPartition):
