@@ -235,9 +235,9 @@ pub(super) fn own_rows(rows: &RecordBatch, whole_rows: usize) -> Result<RecordBa
     Ok(RecordBatch::try_new(rows.schema(), columns)?)
 }
 
-/// Rows gathered for the next output batch: slices of one or more segment batches
-/// (4,096 rows each, as the simulator writes them), so that a batch fills the read's bound as SQL Server's
-/// reader fills it row by row.
+/// Rows gathered for the next output batch: slices of one or more segment batches (4,096
+/// rows each, as the simulator writes them), so that a batch fills the read's bound as SQL
+/// Server's reader fills it row by row.
 #[derive(Default)]
 struct Gathered {
     slices: Vec<RecordBatch>,
