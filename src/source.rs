@@ -46,6 +46,16 @@ pub fn capture_instance_not_found<'a>(name: &str, known: impl Iterator<Item = &'
     }
 }
 
+/// The error for a capture instance the capture job has not processed yet (its
+/// `start_lsn` is NULL): UNAVAILABLE, a state that passes once SQL Server Agent's capture
+/// job runs, so clients retry instead of giving up.
+pub fn capture_instance_not_processed(name: &str) -> Error {
+    Error::SourceUnavailable(format!(
+        "capture instance '{name}' exists but the capture job has not processed its creation \
+         yet (its start_lsn is NULL); is SQL Server Agent running?"
+    ))
+}
+
 /// A tracked table and its capture instances, oldest first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TrackedTable {
@@ -253,6 +263,28 @@ pub trait CdcSource: Send + Sync + 'static {
             })
     }
 
+    /// The capture instances of one table that can be read, oldest first: a newly enabled
+    /// instance is left out until the capture job has processed it (its `start_lsn` is
+    /// NULL until then, and the older instance still captures every change). UNAVAILABLE
+    /// when the table has no other.
+    async fn active_capture_instances(&self, table: &TableName) -> Result<Vec<CaptureInstance>> {
+        let instances = self.capture_instances(table).await?;
+        let pending: Vec<&str> = instances
+            .iter()
+            .filter(|instance| !instance.is_active())
+            .map(|instance| instance.name.as_str())
+            .collect();
+        if pending.len() == instances.len()
+            && let Some(name) = pending.first()
+        {
+            return Err(capture_instance_not_processed(name));
+        }
+        Ok(instances
+            .into_iter()
+            .filter(CaptureInstance::is_active)
+            .collect())
+    }
+
     /// One capture instance by exact name.
     async fn capture_instance(&self, name: &str) -> Result<CaptureInstance> {
         let tables = self.tracked_tables().await?;
@@ -320,10 +352,10 @@ pub trait CdcSource: Send + Sync + 'static {
     async fn snapshot_lsn(&self, table: &TableName) -> Result<Lsn> {
         let max_lsn = self.max_lsn().await?.unwrap_or(Lsn::ZERO);
         let newest_start = self
-            .capture_instances(table)
+            .active_capture_instances(table)
             .await?
             .iter()
-            .map(|instance| instance.start_lsn)
+            .filter_map(|instance| instance.start_lsn)
             .max()
             .unwrap_or(Lsn::ZERO);
         Ok(max_lsn.max(newest_start))

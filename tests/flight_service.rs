@@ -215,6 +215,148 @@ async fn a_range_is_cut_at_a_newer_capture_instance() {
     flight.shutdown_and_wait().await;
 }
 
+/// A capture instance the capture job has not processed (its `start_lsn` is NULL, as after
+/// `sql/switch_capture_instance.sql` while SQL Server Agent has not run) is left out of
+/// planning, UNAVAILABLE by name; once processed the range is cut at its start, and a cleanup
+/// of both instances past that cut leaves the plans of what is still held as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_instance_the_capture_job_has_not_processed_is_left_out_until_it_is() {
+    let sim = SimFixture::new();
+    let mut writer = sim.writer(23);
+    let spec = WorkloadSpec {
+        commits: Some(120),
+        ..WorkloadSpec::default()
+    };
+    workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("before");
+    let columns: Vec<String> = ["order_id", "status", "amount"].map(String::from).into();
+    let enabled_at = writer
+        .enable_capture_instance_unprocessed(&orders(), "dbo_orders_v2", &columns)
+        .expect("enable");
+    let flight = FlightFixture::start(Arc::new(sim.db.clone())).await;
+    let client = &flight.client;
+    let start = earliest(&flight, "dbo.orders").await;
+
+    // Pending: listed with NULL positions, read from the older instance only.
+    let listed: Vec<serde_json::Value> = client
+        .action("capture_instances", &json!({"table": "dbo.orders"}))
+        .await
+        .expect("capture instances");
+    assert_eq!(listed[1]["name"], "dbo_orders_v2");
+    assert!(listed[1]["start_lsn"].is_null() && listed[1]["min_lsn"].is_null());
+    let (plan, batches) = read_range(client, "dbo.orders", start.lsn, None, 2).await;
+    let instances: Vec<&str> = plan
+        .metadata
+        .ranges
+        .iter()
+        .map(|range| range.capture_instance.as_str())
+        .collect();
+    assert_eq!(instances, vec!["dbo_orders"]);
+    assert!(plan.metadata.events.is_empty());
+    assert_eq!(
+        stream_rows(&batches, "order_id"),
+        sim.journal_rows("dbo.orders")
+    );
+    let mut by_name = ChangesCommand::new("dbo.orders", start.lsn, None);
+    by_name.capture_instance = Some("dbo_orders_v2".into());
+    let refused = client.plan_changes(&by_name).await.expect_err("pending");
+    assert_eq!(code(refused), Code::Unavailable);
+    let latest: Offset = client
+        .action(
+            "initial_offset",
+            &InitialOffsetBody {
+                table: "dbo.orders".into(),
+                starting: Some("latest".into()),
+            },
+        )
+        .await
+        .expect("latest");
+    assert!(
+        latest.lsn < enabled_at,
+        "max_lsn stays below the unprocessed enable"
+    );
+
+    // The capture job's next scan: the newer instance starts at its enable.
+    workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("after");
+    drop(writer);
+    let (plan, batches) = read_range(client, "dbo.orders", start.lsn, None, 2).await;
+    let ranges: Vec<(&str, Lsn)> = plan
+        .metadata
+        .ranges
+        .iter()
+        .map(|range| (range.capture_instance.as_str(), range.from))
+        .collect();
+    assert_eq!(
+        ranges,
+        vec![
+            ("dbo_orders", start.lsn.increment()),
+            ("dbo_orders_v2", enabled_at)
+        ]
+    );
+    assert_eq!(
+        stream_rows(&batches, "order_id"),
+        sim.journal_rows("dbo.orders")
+    );
+    by_name.from = enabled_at.decrement();
+    client
+        .plan_changes(&by_name)
+        .await
+        .expect("by name once processed");
+
+    // A cleanup of both instances past the cut moves both start LSNs to the same mark.
+    let mark = sim
+        .db
+        .nth_commit_after(enabled_at, 20)
+        .await
+        .expect("nth")
+        .expect("commit");
+    let held = |plan: &mssql_cdc_flight::client::ChangesPlan| {
+        plan.metadata
+            .ranges
+            .iter()
+            .map(|range| {
+                (
+                    range.capture_instance.clone(),
+                    range.from,
+                    range.to,
+                    range.rows,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let (before_cleanup, _) = read_range(client, "dbo.orders", mark.decrement(), None, 2).await;
+    sim.db.cleanup(None, mark).expect("cleanup");
+    let instances = sim
+        .db
+        .capture_instances(&orders())
+        .await
+        .expect("instances");
+    assert!(
+        instances
+            .iter()
+            .all(|instance| instance.start_lsn == Some(mark))
+    );
+    let (after_cleanup, batches) =
+        read_range(client, "dbo.orders", mark.decrement(), None, 2).await;
+    assert_eq!(
+        held(&after_cleanup),
+        held(&before_cleanup),
+        "the cut is stable"
+    );
+    assert_eq!(held(&after_cleanup)[0].0, "dbo_orders_v2");
+    let expected: Vec<_> = sim
+        .journal_rows("dbo.orders")
+        .into_iter()
+        .filter(|row| row.start_lsn.parse::<Lsn>().expect("lsn") >= mark)
+        .collect();
+    assert_eq!(stream_rows(&batches, "order_id"), expected);
+    let purged = client
+        .plan_changes(&ChangesCommand::new("dbo.orders", start.lsn, None))
+        .await
+        .expect_err("purged below the mark");
+    assert_eq!(code(purged), Code::DataLoss);
+    flight.shutdown_and_wait().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_entries_advance_the_offset_of_a_quiet_table() {
     let (sim, flight) = loaded(11, 30).await;

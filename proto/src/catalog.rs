@@ -97,9 +97,12 @@ pub struct CaptureInstance {
     pub name: String,
     /// The source table.
     pub table: TableName,
-    /// The commit LSN of its enable: from here on every commit of the table is captured.
-    pub start_lsn: Lsn,
-    /// When it was created (orders two instances of one table with `start_lsn`).
+    /// The low endpoint of its change table (`cdc.change_tables.start_lsn`): the commit LSN
+    /// of its enable, moved up by every cleanup; `None` until the capture job has processed
+    /// the enable, and such an instance is not read yet (see [`CaptureInstance::is_active`]).
+    /// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-change-tables-transact-sql>
+    pub start_lsn: Option<Lsn>,
+    /// When it was created (orders two instances of one table).
     pub create_date: CommitTime,
     /// Captured columns by ordinal.
     pub columns: Vec<CapturedColumn>,
@@ -108,6 +111,12 @@ pub struct CaptureInstance {
 }
 
 impl CaptureInstance {
+    /// Whether the capture job has processed its enable, so its change table has a low
+    /// endpoint and can be read.
+    pub fn is_active(&self) -> bool {
+        self.start_lsn.is_some()
+    }
+
     /// The captured columns as output columns, in capture order.
     pub fn output_columns(&self) -> Vec<OutputColumn> {
         self.columns

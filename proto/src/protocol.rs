@@ -442,10 +442,11 @@ pub struct CaptureInstanceInfo {
     pub name: String,
     /// `schema.table`.
     pub table: String,
-    /// Commit LSN of its enable.
-    pub start_lsn: Lsn,
-    /// Lowest LSN still held.
-    pub min_lsn: Lsn,
+    /// Low endpoint of its change table (the enable's commit LSN until a cleanup moves it);
+    /// null until the capture job has processed the enable.
+    pub start_lsn: Option<Lsn>,
+    /// Lowest LSN still held (`sys.fn_cdc_get_min_lsn`); null while `start_lsn` is.
+    pub min_lsn: Option<Lsn>,
     /// Creation time.
     pub create_date: CommitTime,
     /// Captured columns in order, `{"name", "column_id", "ordinal", "sql_type"}`.

@@ -280,7 +280,7 @@ impl CdcFlightService {
     /// instance's start LSN the database has not reached yet.
     async fn initial_offset(&self, body: &InitialOffsetBody) -> Result<Offset> {
         let table: TableName = body.table.parse()?;
-        let instances = self.source.capture_instances(&table).await?;
+        let instances = self.source.active_capture_instances(&table).await?;
         match body.starting.as_deref().unwrap_or("earliest") {
             "earliest" => {
                 let oldest = instances.first().ok_or_else(|| Error::TableNotFound {
@@ -291,9 +291,9 @@ impl CdcFlightService {
             }
             "latest" => {
                 let mut lsn = self.source.max_lsn().await?.unwrap_or(Lsn::ZERO);
-                for instance in &instances {
-                    if instance.start_lsn > lsn {
-                        lsn = lsn.max(instance.start_lsn.decrement());
+                for start in instances.iter().filter_map(|instance| instance.start_lsn) {
+                    if start > lsn {
+                        lsn = start.decrement();
                     }
                 }
                 self.offset_at(lsn).await

@@ -274,8 +274,13 @@ impl CdcFlightService {
         &self,
         instance: crate::source::CaptureInstance,
     ) -> Result<CaptureInstanceInfo> {
+        // A pending instance has no low endpoint yet; asking would be UNAVAILABLE.
+        let min_lsn = match instance.start_lsn {
+            Some(_) => Some(self.source.min_lsn(&instance.name).await?),
+            None => None,
+        };
         Ok(CaptureInstanceInfo {
-            min_lsn: self.source.min_lsn(&instance.name).await?,
+            min_lsn,
             name: instance.name,
             table: instance.table.to_string(),
             start_lsn: instance.start_lsn,
@@ -609,7 +614,8 @@ impl CdcFlightService {
                 )
                 .await?
             }
-            _ => self.source.capture_instances(table).await?,
+            Command::Snapshot(_) => self.source.active_capture_instances(table).await?,
+            Command::Table(_) => self.source.capture_instances(table).await?,
         };
         let columns = planner::union_columns(table, &instances)?;
         Ok(match command {

@@ -173,7 +173,7 @@ pub async fn stream_instances(
     table: &TableName,
     start_with: Option<&str>,
 ) -> Result<Vec<CaptureInstance>> {
-    let mut instances = source.capture_instances(table).await?;
+    let mut instances = source.active_capture_instances(table).await?;
     if let Some(name) = start_with {
         let position = instances
             .iter()
@@ -181,7 +181,18 @@ pub async fn stream_instances(
             .ok_or_else(|| Error::CaptureInstanceNotFound {
                 name: name.to_string(),
                 hint: format!(" for table {table}"),
-            })?;
+            });
+        let position = match position {
+            Ok(position) => position,
+            // Named, known, and not processed by the capture job yet: a passing state.
+            Err(error) => {
+                let all = source.capture_instances(table).await?;
+                return Err(match all.iter().find(|ci| ci.name == name) {
+                    Some(_) => crate::source::capture_instance_not_processed(name),
+                    None => error,
+                });
+            }
+        };
         instances.drain(..position);
     }
     Ok(instances)
@@ -240,7 +251,10 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
     }
     let mut cursor = command.from.increment();
     for (index, instance) in instances.iter().enumerate() {
-        let next_start = instances.get(index + 1).map(|next| next.start_lsn);
+        // The cut between two instances is the newer one's start_lsn. Cleanup moves it up,
+        // but only past LSNs purged from both change tables (the older instance captured
+        // every change the newer one did), so the cut stays where data can be read.
+        let next_start = instances.get(index + 1).and_then(|next| next.start_lsn);
         if next_start.is_some_and(|start| cursor >= start) {
             continue; // the whole rest of the range is in a newer instance
         }
@@ -253,7 +267,7 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
         }
         let min_lsn = source.min_lsn(&instance.name).await?;
         if cursor < min_lsn {
-            let hint = if index == 0 && cursor < instance.start_lsn {
+            let hint = if index == 0 && instance.start_lsn.is_some_and(|start| cursor < start) {
                 " (an older capture instance of the table may have held these changes before it was disabled)"
                     .to_string()
             } else {
@@ -285,8 +299,8 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
             metadata.events.push(RangeEvent {
                 event: "capture_instance_switched".into(),
                 capture_instance: instance.name.clone(),
-                lsn: instance.start_lsn,
-                commit_ts: source.lsn_to_time(instance.start_lsn).await?,
+                lsn: cursor,
+                commit_ts: source.lsn_to_time(cursor).await?,
                 detail,
             });
         }

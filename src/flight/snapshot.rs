@@ -52,7 +52,7 @@ pub async fn plan(
     descriptor: FlightDescriptor,
 ) -> Result<FlightInfo> {
     let table: TableName = command.table.parse()?;
-    let instances = source.capture_instances(&table).await?;
+    let instances = source.active_capture_instances(&table).await?;
     let instance = instances.last().ok_or_else(|| Error::TableNotFound {
         table: table.to_string(),
     })?;
@@ -231,7 +231,7 @@ pub async fn table_keys(
     table: &TableName,
     names: Option<&[String]>,
 ) -> Result<(Vec<KeyColumn>, bool)> {
-    let instances = source.capture_instances(table).await?;
+    let instances = source.active_capture_instances(table).await?;
     let instance = instances.last().ok_or_else(|| Error::TableNotFound {
         table: table.to_string(),
     })?;

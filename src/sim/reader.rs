@@ -285,7 +285,9 @@ impl CdcSource for SimDb {
                 .map(|ci| CaptureInstance {
                     name: ci.name.clone(),
                     table: ci.table.clone(),
-                    start_lsn: ci.start_lsn,
+                    // As SQL Server reports it: the change table's low endpoint, NULL
+                    // until the capture job has processed the enable.
+                    start_lsn: (!ci.awaiting_capture).then_some(ci.min_lsn),
                     create_date: ci.create_date,
                     columns: ci.columns.clone(),
                     index_columns: ci.index_columns.clone(),
@@ -311,7 +313,13 @@ impl CdcSource for SimDb {
     async fn min_lsn(&self, capture_instance: &str) -> Result<Lsn> {
         self.simulate_latency().await;
         let manifest = self.store.manifest()?;
-        Ok(Self::published_instance(&manifest, capture_instance)?.min_lsn)
+        let instance = Self::published_instance(&manifest, capture_instance)?;
+        if instance.awaiting_capture {
+            return Err(crate::source::capture_instance_not_processed(
+                capture_instance,
+            ));
+        }
+        Ok(instance.min_lsn)
     }
 
     async fn lsn_to_time(&self, lsn: Lsn) -> Result<Option<CommitTime>> {

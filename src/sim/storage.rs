@@ -135,8 +135,13 @@ pub struct CaptureInstanceState {
     pub columns: Vec<CapturedColumn>,
     /// Unique index columns.
     pub index_columns: Vec<String>,
-    /// Lowest LSN still held (moved by cleanup).
+    /// Lowest LSN still held (moved by cleanup): `cdc.change_tables.start_lsn`, which SQL
+    /// Server reports as the instance's `start_lsn` and `sys.fn_cdc_get_min_lsn`.
     pub min_lsn: Lsn,
+    /// Enabled but not yet processed by the capture job: `start_lsn` reads NULL until the
+    /// next `lsn_time_mapping` entry at or past `start_lsn` is published.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub awaiting_capture: bool,
     /// Segments in LSN order.
     pub segments: Vec<SegmentRef>,
     /// Number the next segment file takes.

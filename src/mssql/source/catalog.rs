@@ -317,7 +317,7 @@ impl SqlServerSource {
         &self,
         table: &TableName,
     ) -> Result<(String, crate::types::SqlType)> {
-        let instances = self.capture_instances(table).await?;
+        let instances = self.active_capture_instances(table).await?;
         let newest = instances.last().ok_or_else(|| Error::TableNotFound {
             table: table.to_string(),
         })?;

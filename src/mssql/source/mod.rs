@@ -184,9 +184,10 @@ impl CdcSource for SqlServerSource {
                 index_columns: parse_bracket_list(
                     &catalog.text("index_column_list")?.unwrap_or_default(),
                 ),
-                // NULL until the capture job processed a newly enabled instance: read as the
-                // zero LSN for now (issue 18 leaves such an instance out of planning).
-                start_lsn: catalog.lsn("start_lsn")?.unwrap_or(Lsn::ZERO),
+                // `cdc.change_tables.start_lsn`: moved up by cleanup, and NULL until the
+                // capture job processed a newly enabled instance, which planning leaves out.
+                // <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-change-tables-transact-sql>
+                start_lsn: catalog.lsn("start_lsn")?,
                 create_date,
                 name,
                 table: table.clone(),
@@ -218,13 +219,9 @@ impl CdcSource for SqlServerSource {
             None => {
                 // Unknown, or known and not yet processed by capture: say which.
                 self.capture_instance(capture_instance).await?;
-                // A state that passes once the Agent's capture job runs: UNAVAILABLE, so
-                // clients retry instead of giving up.
-                Err(Error::SourceUnavailable(format!(
-                    "capture instance '{capture_instance}' exists but the capture job has not \
-                     processed its creation yet (sys.fn_cdc_get_min_lsn is 0x00); is SQL Server \
-                     Agent running?"
-                )))
+                Err(crate::source::capture_instance_not_processed(
+                    capture_instance,
+                ))
             }
         }
     }

@@ -456,6 +456,12 @@ impl SimWriter {
             manifest.mapping_entries += mapping.len() as u64;
             if let Some(last) = mapping.last() {
                 manifest.max_lsn = Some(last.lsn);
+                // The capture job's scan reached these enables.
+                for state in &mut manifest.capture_instances {
+                    if state.start_lsn <= last.lsn {
+                        state.awaiting_capture = false;
+                    }
+                }
             }
             manifest.next_lsn = next_lsn;
             manifest.last_commit_time = last_time;
@@ -497,6 +503,30 @@ impl SimWriter {
         table: &TableName,
         name: &str,
         columns: &[String],
+    ) -> Result<Lsn> {
+        self.enable(table, name, columns, true)
+    }
+
+    /// [`SimWriter::enable_capture_instance`] while SQL Server Agent's capture job has not run
+    /// since: the instance is listed with a NULL `start_lsn` (and `sys.fn_cdc_get_min_lsn`
+    /// has nothing for it) until the capture job's next scan, which here is the next commit
+    /// or idle entry this writer publishes. `max_lsn` stays below the enable until then.
+    /// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-change-tables-transact-sql>
+    pub fn enable_capture_instance_unprocessed(
+        &mut self,
+        table: &TableName,
+        name: &str,
+        columns: &[String],
+    ) -> Result<Lsn> {
+        self.enable(table, name, columns, false)
+    }
+
+    fn enable(
+        &mut self,
+        table: &TableName,
+        name: &str,
+        columns: &[String],
+        processed: bool,
     ) -> Result<Lsn> {
         validate_identifier(name)?;
         self.publish()?;
@@ -544,7 +574,11 @@ impl SimWriter {
         }
         let start = self.next_block().increment();
         let time = self.next_time();
-        self.record_mapping(start, MappingKind::Commit, time);
+        if processed {
+            self.record_mapping(start, MappingKind::Commit, time);
+        } else {
+            self.next_lsn = start.increment();
+        }
         let state = CaptureInstanceState {
             name: name.to_string(),
             table: table.clone(),
@@ -553,6 +587,7 @@ impl SimWriter {
             columns: captured,
             index_columns: definition.index_columns(),
             min_lsn: start,
+            awaiting_capture: !processed,
             segments: Vec::new(),
             next_segment: 0,
         };
