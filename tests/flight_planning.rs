@@ -6,11 +6,11 @@ mod common;
 
 use arrow_flight::{Criteria, Empty, FlightDescriptor};
 use common::faulty::{FaultySource, ReadFault};
-use common::{code, earliest, loaded, raw_client, read_range, row_count};
+use common::{code, earliest, initial_offset, loaded, raw_client, read_range, row_count};
 use futures::TryStreamExt;
 use mssql_cdc_flight::protocol::{
-    CaptureInstanceInfo, ChangesCommand, Command, CountAnswer, InitialOffsetBody, LatestOffsetBody,
-    LsnAnswer, TableCommand, TimeAnswer,
+    CaptureInstanceInfo, ChangesCommand, Command, CountAnswer, LatestOffsetBody, LsnAnswer,
+    TableCommand, TimeAnswer,
 };
 use mssql_cdc_flight::source::{CapturedColumn, CdcSource, Tile};
 use mssql_cdc_flight::{Lsn, Offset};
@@ -328,27 +328,9 @@ async fn offsets_follow_the_seed_rules() {
         .await
         .expect("upper");
     assert_eq!(upper.lsn, capped.lsn);
-    let newest: Offset = client
-        .action(
-            "initial_offset",
-            &InitialOffsetBody {
-                table: "dbo.orders".into(),
-                starting: Some("latest".into()),
-            },
-        )
-        .await
-        .expect("latest start");
+    let newest = initial_offset(client, "dbo.orders", Some("latest")).await;
     assert_eq!(newest.lsn, latest.lsn);
-    let explicit: Offset = client
-        .action(
-            "initial_offset",
-            &InitialOffsetBody {
-                table: "dbo.orders".into(),
-                starting: Some("2a".into()),
-            },
-        )
-        .await
-        .expect("explicit");
+    let explicit = initial_offset(client, "dbo.orders", Some("2a")).await;
     assert_eq!(explicit.lsn.to_string(), "0x0000000000000000002A");
     // Batches capped at 5 commits walk the history without gaps or overlaps.
     let mut position = start;

@@ -10,8 +10,8 @@ use std::time::Duration;
 use arrow::array::{Array, StringArray};
 use arrow_flight::Ticket;
 use common::{
-    FlightFixture, SimFixture, all_null, code, earliest, first_ticket, loaded, orders, read_plan,
-    read_range, row_count, stream_rows,
+    FlightFixture, SimFixture, all_null, code, earliest, first_ticket, initial_offset, loaded,
+    orders, read_plan, read_range, row_count, stream_rows,
 };
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::protocol::{
@@ -260,16 +260,7 @@ async fn a_capture_instance_the_capture_job_has_not_processed_is_left_out_until_
     by_name.capture_instance = Some("dbo_orders_v2".into());
     let refused = client.plan_changes(&by_name).await.expect_err("pending");
     assert_eq!(code(refused), Code::Unavailable);
-    let latest: Offset = client
-        .action(
-            "initial_offset",
-            &InitialOffsetBody {
-                table: "dbo.orders".into(),
-                starting: Some("latest".into()),
-            },
-        )
-        .await
-        .expect("latest");
+    let latest = initial_offset(client, "dbo.orders", Some("latest")).await;
     assert!(
         latest.lsn < enabled_at,
         "max_lsn stays below the unprocessed enable"

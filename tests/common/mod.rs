@@ -255,13 +255,17 @@ pub async fn first_ticket(flight: &FlightFixture, table: &str) -> (ChangesPlan, 
 
 /// The offset a new stream of `table` starts at.
 pub async fn earliest(flight: &FlightFixture, table: &str) -> Offset {
-    flight
-        .client
+    initial_offset(&flight.client, table, None).await
+}
+
+/// The `initial_offset` action's answer for `table` starting at `starting`.
+pub async fn initial_offset(client: &CdcClient, table: &str, starting: Option<&str>) -> Offset {
+    client
         .action(
             "initial_offset",
             &InitialOffsetBody {
                 table: table.into(),
-                starting: None,
+                starting: starting.map(String::from),
             },
         )
         .await
