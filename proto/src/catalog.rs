@@ -38,41 +38,84 @@ impl TableName {
 }
 
 impl fmt::Display for TableName {
+    /// `schema.table`, a part bracket-quoted (`]` doubled, as `QUOTENAME` writes it) when it
+    /// holds a dot, a bracket or surrounding spaces, so every name prints to text that parses
+    /// back to it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.schema, self.name)
+        write!(
+            f,
+            "{}.{}",
+            display_part(&self.schema),
+            display_part(&self.name)
+        )
+    }
+}
+
+fn display_part(part: &str) -> std::borrow::Cow<'_, str> {
+    let plain = !part.contains(['.', '[', ']']) && part.trim() == part && !part.is_empty();
+    if plain {
+        part.into()
+    } else {
+        format!("[{}]", part.replace(']', "]]")).into()
     }
 }
 
 impl FromStr for TableName {
     type Err = Error;
 
-    /// Parses `schema.table` or `table` (schema `dbo`); square brackets are stripped.
+    /// Parses `schema.table` or `table` (schema `dbo`) as T-SQL reads a multipart name: a part
+    /// in square brackets is taken as written, with `]]` standing for `]`, so it may hold dots
+    /// and spaces (`[sales.eu].[order]]s]`); a bare part is trimmed and holds no dot or bracket.
+    /// <https://learn.microsoft.com/sql/relational-databases/databases/database-identifiers>
     fn from_str(text: &str) -> Result<Self> {
-        // Trimmed again inside the brackets, so what prints parses back to the same name
-        // (found by tests/fuzz_parsers.rs: `! ].a` kept a trailing space).
-        let unbracket = |part: &str| {
-            part.trim()
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .trim()
-                .to_string()
+        let malformed = |why: &str| {
+            Error::invalid(format!(
+                "table '{text}' must be written as schema.table, for example dbo.orders or \
+                 [my schema].[my.table] ({why})"
+            ))
         };
-        let parts: Vec<&str> = text.split('.').collect();
-        let (schema, name) = match parts.as_slice() {
-            [name] => ("dbo".to_string(), unbracket(name)),
-            [schema, name] => (unbracket(schema), unbracket(name)),
-            _ => {
-                return Err(Error::invalid(format!(
-                    "table '{text}' must be written as schema.table, for example dbo.orders"
-                )));
+        let mut parts = Vec::new();
+        let mut chars = text.chars().peekable();
+        loop {
+            while chars.next_if(|c| c.is_whitespace()).is_some() {}
+            let mut part = String::new();
+            if chars.next_if_eq(&'[').is_some() {
+                loop {
+                    match chars.next() {
+                        Some(']') if chars.next_if_eq(&']').is_some() => part.push(']'),
+                        Some(']') => break,
+                        Some(c) => part.push(c),
+                        None => return Err(malformed("a '[' is not closed")),
+                    }
+                }
+                while chars.next_if(|c| c.is_whitespace()).is_some() {}
+            } else {
+                while let Some(c) = chars.next_if(|c| *c != '.') {
+                    if c == '[' || c == ']' {
+                        return Err(malformed(
+                            "a bracket inside a name needs the name bracketed",
+                        ));
+                    }
+                    part.push(c);
+                }
+                part = part.trim().to_string();
             }
-        };
-        if schema.is_empty() || name.is_empty() {
-            return Err(Error::invalid(format!(
-                "table '{text}' must be written as schema.table, for example dbo.orders"
-            )));
+            if part.is_empty() {
+                return Err(malformed("a part is empty"));
+            }
+            parts.push(part);
+            match chars.next() {
+                None => break,
+                Some('.') => continue,
+                Some(_) => return Err(malformed("text follows a bracketed part")),
+            }
         }
-        Ok(TableName { schema, name })
+        let mut parts = parts.into_iter();
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(name), None, None) => Ok(TableName::new("dbo", name)),
+            (Some(schema), Some(name), None) => Ok(TableName { schema, name }),
+            _ => Err(malformed("more than two parts")),
+        }
     }
 }
 
@@ -273,5 +316,28 @@ mod tests {
             TableName::new("dbo", "orders").default_capture_instance(),
             "dbo_orders"
         );
+    }
+
+    #[test]
+    fn table_names_parse_as_t_sql_multipart_names() {
+        let parsed = |text: &str| TableName::from_str(text).map_err(|error| error.to_string());
+        assert_eq!(parsed("dbo.orders"), Ok(TableName::new("dbo", "orders")));
+        assert_eq!(parsed(" orders "), Ok(TableName::new("dbo", "orders")));
+        assert_eq!(
+            parsed("[dbo] . [orders]"),
+            Ok(TableName::new("dbo", "orders"))
+        );
+        assert_eq!(
+            parsed("[sales.eu].[order]]s]"),
+            Ok(TableName::new("sales.eu", "order]s"))
+        );
+        assert_eq!(parsed("[a b ].t"), Ok(TableName::new("a b ", "t")));
+        for bad in ["", "a.", ".b", "a.b.c", "[a", "a]b", "[a]x.b", "[].b"] {
+            assert!(parsed(bad).is_err(), "{bad:?} is refused");
+        }
+        let odd = TableName::new("sales.eu", "order]s");
+        assert_eq!(odd.to_string(), "[sales.eu].[order]]s]");
+        assert_eq!(TableName::from_str(&odd.to_string()).expect("back"), odd);
+        assert_eq!(TableName::new("dbo", "orders").to_string(), "dbo.orders");
     }
 }
