@@ -190,10 +190,13 @@ async fn a_range_is_cut_at_a_newer_capture_instance() {
             .detail
             .starts_with("dbo_orders -> dbo_orders_v2")
     );
+    // What changed, then the statement as cdc.ddl_history holds it.
     assert!(
         metadata.events[0]
             .detail
-            .contains("ADD [discount] decimal(9,2)")
+            .starts_with("column [discount] added as decimal(9,2): ALTER TABLE"),
+        "{}",
+        metadata.events[0].detail
     );
     // Every change exactly once (no commit from both instances), the union schema holding
     // the new column: NULL before the switch, values after it.

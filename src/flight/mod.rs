@@ -17,6 +17,7 @@
 
 mod actions;
 pub mod auth;
+mod ddl;
 pub mod gate;
 pub mod limits;
 pub mod local;

@@ -313,7 +313,8 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
                 capture_instance: ddl.capture_instance,
                 lsn: ddl.ddl_lsn,
                 commit_ts: Some(ddl.ddl_time.to_millis_precision()),
-                detail: ddl.ddl_command,
+                // What changed against this instance's captured columns, then the statement.
+                detail: super::ddl::describe(&ddl.ddl_command, &instance.columns),
             });
         }
         let tiles = if partitions > 1 {
