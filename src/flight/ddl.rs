@@ -15,7 +15,8 @@ pub fn describe(command: &str, captured: &[CapturedColumn]) -> String {
 }
 
 fn classify(command: &str, captured: &[CapturedColumn]) -> String {
-    let upper = command.to_uppercase();
+    // ASCII only, so byte offsets found in `upper` hold in `command`.
+    let upper = command.to_ascii_uppercase();
     if upper.contains("SP_RENAME") {
         return "column renamed".into();
     }
@@ -39,7 +40,10 @@ fn classify(command: &str, captured: &[CapturedColumn]) -> String {
         return format!("column [{}] dropped", name_and_rest(rest).0);
     }
     if let Some(rest) = after(command, &upper, " ADD ")
-        && !rest.trim_start().to_uppercase().starts_with("CONSTRAINT")
+        && !rest
+            .trim_start()
+            .to_ascii_uppercase()
+            .starts_with("CONSTRAINT")
     {
         let (name, type_text) = name_and_rest(rest);
         return match first_type(type_text) {
@@ -218,7 +222,7 @@ mod tests {
             "column [order]id] narrowed from bigint to int"
         );
         assert_eq!(
-            said("ALTER TABLE dbo.orders ALTER COLUMN qty varchar(10)"),
+            said("ALTER TABLE dbo.straße ALTER COLUMN qty varchar(10)"),
             "column [qty] type changed from int to varchar(10)"
         );
         assert_eq!(
