@@ -175,23 +175,17 @@ pub async fn stream_instances(
 ) -> Result<Vec<CaptureInstance>> {
     let mut instances = source.active_capture_instances(table).await?;
     if let Some(name) = start_with {
-        let position = instances
-            .iter()
-            .position(|ci| ci.name == name)
-            .ok_or_else(|| Error::CaptureInstanceNotFound {
-                name: name.to_string(),
-                hint: format!(" for table {table}"),
+        let Some(position) = instances.iter().position(|ci| ci.name == name) else {
+            // Known and not processed by the capture job yet is a passing state.
+            let all = source.capture_instances(table).await?;
+            return Err(if all.iter().any(|ci| ci.name == name) {
+                crate::source::capture_instance_not_processed(name)
+            } else {
+                Error::CaptureInstanceNotFound {
+                    name: name.to_string(),
+                    hint: format!(" for table {table}"),
+                }
             });
-        let position = match position {
-            Ok(position) => position,
-            // Named, known, and not processed by the capture job yet: a passing state.
-            Err(error) => {
-                let all = source.capture_instances(table).await?;
-                return Err(match all.iter().find(|ci| ci.name == name) {
-                    Some(_) => crate::source::capture_instance_not_processed(name),
-                    None => error,
-                });
-            }
         };
         instances.drain(..position);
     }
