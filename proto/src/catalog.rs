@@ -56,8 +56,30 @@ fn display_part(part: &str) -> std::borrow::Cow<'_, str> {
     if plain {
         part.into()
     } else {
-        format!("[{}]", part.replace(']', "]]")).into()
+        bracket_quote(part).into()
     }
+}
+
+/// `[name]` with `]` doubled, as T-SQL's `QUOTENAME` writes an identifier.
+pub fn bracket_quote(name: &str) -> String {
+    format!("[{}]", name.replace(']', "]]"))
+}
+
+/// Reads a bracket-quoted identifier: `text` starts just after its `[`. Returns the name
+/// (`]]` read as `]`) and the text after its closing `]`; `None` when it is not closed.
+pub fn unbracket(text: &str) -> Option<(String, &str)> {
+    let mut name = String::new();
+    let mut chars = text.char_indices().peekable();
+    while let Some((index, c)) = chars.next() {
+        if c != ']' {
+            name.push(c);
+        } else if chars.next_if(|(_, next)| *next == ']').is_some() {
+            name.push(']');
+        } else {
+            return Some((name, &text[index + 1..]));
+        }
+    }
+    None
 }
 
 impl FromStr for TableName {
@@ -75,39 +97,33 @@ impl FromStr for TableName {
             ))
         };
         let mut parts = Vec::new();
-        let mut chars = text.chars().peekable();
+        let mut rest = text;
         loop {
-            while chars.next_if(|c| c.is_whitespace()).is_some() {}
-            let mut part = String::new();
-            if chars.next_if_eq(&'[').is_some() {
-                loop {
-                    match chars.next() {
-                        Some(']') if chars.next_if_eq(&']').is_some() => part.push(']'),
-                        Some(']') => break,
-                        Some(c) => part.push(c),
-                        None => return Err(malformed("a '[' is not closed")),
-                    }
-                }
-                while chars.next_if(|c| c.is_whitespace()).is_some() {}
+            rest = rest.trim_start();
+            let part = if let Some(quoted) = rest.strip_prefix('[') {
+                let (part, after) =
+                    unbracket(quoted).ok_or_else(|| malformed("a '[' is not closed"))?;
+                rest = after.trim_start();
+                part
             } else {
-                while let Some(c) = chars.next_if(|c| *c != '.') {
-                    if c == '[' || c == ']' {
-                        return Err(malformed(
-                            "a bracket inside a name needs the name bracketed",
-                        ));
-                    }
-                    part.push(c);
+                let end = rest.find('.').unwrap_or(rest.len());
+                let bare = &rest[..end];
+                if bare.contains(['[', ']']) {
+                    return Err(malformed(
+                        "a bracket inside a name needs the name bracketed",
+                    ));
                 }
-                part = part.trim().to_string();
-            }
+                rest = &rest[end..];
+                bare.trim().to_string()
+            };
             if part.is_empty() {
                 return Err(malformed("a part is empty"));
             }
             parts.push(part);
-            match chars.next() {
-                None => break,
-                Some('.') => continue,
-                Some(_) => return Err(malformed("text follows a bracketed part")),
+            match rest.strip_prefix('.') {
+                Some(after) => rest = after,
+                None if rest.is_empty() => break,
+                None => return Err(malformed("text follows a bracketed part")),
             }
         }
         let mut parts = parts.into_iter();

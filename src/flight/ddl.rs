@@ -5,8 +5,10 @@
 
 use std::cmp::Ordering;
 
+use super::planner::type_fits;
 use crate::source::CapturedColumn;
 use crate::types::{Length, SqlType};
+use mssql_cdc_proto::catalog::unbracket;
 
 /// `"<what changed>: <the statement>"`; `"other DDL: ..."` for a statement that does not
 /// change a column.
@@ -63,20 +65,9 @@ fn after<'a>(command: &'a str, upper: &str, keyword: &str) -> Option<&'a str> {
 /// A leading identifier (`[bracketed]` with `]]` for `]`, or a bare word) and what follows.
 fn name_and_rest(text: &str) -> (String, &str) {
     let text = text.trim_start();
-    if let Some(inner) = text.strip_prefix('[') {
-        let mut name = String::new();
-        let mut chars = inner.char_indices().peekable();
-        while let Some((index, c)) = chars.next() {
-            if c == ']' {
-                if chars.next_if(|(_, next)| *next == ']').is_some() {
-                    name.push(']');
-                    continue;
-                }
-                return (name, &inner[index + 1..]);
-            }
-            name.push(c);
-        }
-        return (name, "");
+    if let Some(quoted) = text.strip_prefix('[') {
+        // An unclosed bracket: the rest is the name.
+        return unbracket(quoted).unwrap_or_else(|| (quoted.replace("]]", "]"), ""));
     }
     let end = text
         .find(|c: char| c.is_whitespace() || c == ',' || c == ';')
@@ -112,41 +103,27 @@ fn widening(was: &SqlType, now: &SqlType) -> Option<Ordering> {
     if was == now {
         return Some(Ordering::Equal);
     }
-    let integer_rank = |t: &SqlType| match t {
-        TinyInt => Some(1),
-        SmallInt => Some(2),
-        Int => Some(3),
-        BigInt => Some(4),
-        _ => None,
-    };
     let length = |length: &Length| match length {
         Length::Limited(n) => u64::from(*n),
         Length::Max => u64::MAX,
     };
+    // Numbers: the planner's own rule of which values fit (integer ranks, decimal digits).
+    let fits = |fits: bool| {
+        Some(if fits {
+            Ordering::Less
+        } else {
+            Ordering::Greater
+        })
+    };
     match (was, now) {
-        (Real, Float) => Some(Ordering::Less),
-        (Float, Real) => Some(Ordering::Greater),
-        (
-            Decimal {
-                precision: p1,
-                scale: s1,
-            },
-            Decimal {
-                precision: p2,
-                scale: s2,
-            },
-        ) => {
-            let (whole1, whole2) = (p1 - s1, p2 - s2);
-            // Fewer fraction or whole digits: some values no longer fit (a scale cut rounds).
-            if s2 >= s1 && whole2 >= whole1 {
-                Some(Ordering::Less)
-            } else {
-                Some(Ordering::Greater)
-            }
+        (a, b) if a.is_integer() && b.is_integer() => fits(type_fits(a, b)),
+        (Real | Float, Real | Float) | (Decimal { .. }, Decimal { .. }) => {
+            fits(type_fits(was, now))
         }
         (DateTime2 { precision: a }, DateTime2 { precision: b })
         | (Time { precision: a }, Time { precision: b })
         | (DateTimeOffset { precision: a }, DateTimeOffset { precision: b }) => Some(a.cmp(b)),
+        // Text and bytes: the planner's rule ignores lengths (Arrow holds any), a source does not.
         (VarChar(a), VarChar(b))
         | (NVarChar(a), NVarChar(b))
         | (Char(a), Char(b))
@@ -156,14 +133,8 @@ fn widening(was: &SqlType, now: &SqlType) -> Option<Ordering> {
         | (Char(a), VarChar(b))
         | (NChar(a), NVarChar(b))
         | (VarChar(a), NVarChar(b))
-        | (Binary(a), VarBinary(b)) => match length(a).cmp(&length(b)) {
-            Ordering::Greater => Some(Ordering::Greater),
-            _ => Some(Ordering::Less),
-        },
-        _ => match (integer_rank(was), integer_rank(now)) {
-            (Some(a), Some(b)) => Some(a.cmp(&b)),
-            _ => None,
-        },
+        | (Binary(a), VarBinary(b)) => fits(length(a) <= length(b)),
+        _ => None,
     }
 }
 

@@ -37,7 +37,7 @@ pub fn validate(kind: &str, name: &str) -> Result<()> {
 /// `[name]`, with `]` doubled, after [`validate`].
 pub fn quote(kind: &str, name: &str) -> Result<String> {
     validate(kind, name)?;
-    Ok(format!("[{}]", name.replace(']', "]]")))
+    Ok(mssql_cdc_proto::catalog::bracket_quote(name))
 }
 
 /// `[schema].[table]`.
