@@ -11,12 +11,6 @@ use mssql_cdc_flight::flight::Limits;
 /// Serve SQL Server change data capture as Arrow Flight streams.
 #[derive(Parser)]
 #[command(version, about)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Commands,
-}
-
-#[derive(Subcommand)]
 pub enum Commands {
     /// Run the Flight server.
     Serve(ServeArgs),

@@ -13,6 +13,7 @@
 //!   lives in the `mssql-cdc-proto` crate; its modules are re-exported here so the server
 //!   names them as `crate::lsn`, `crate::protocol`, and so on.
 
+pub mod column_builder;
 pub mod flight;
 #[cfg(feature = "mssql")]
 pub mod mssql;

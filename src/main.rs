@@ -6,7 +6,7 @@ use clap::Parser;
 mod cli;
 mod commands;
 
-use cli::{Cli, Commands};
+use cli::Commands;
 
 // The system allocator on purpose: under many concurrent streams mimalloc (v3) kept four
 // times the live bytes resident (its purge delay and eager arena commit), glibc about two,
@@ -14,11 +14,11 @@ use cli::{Cli, Commands};
 
 fn main() -> anyhow::Result<()> {
     mssql_cdc_flight::init_process("info");
-    let cli = Cli::parse();
+    let command = Commands::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    match cli.command {
+    match command {
         Commands::Serve(args) => runtime.block_on(commands::serve(args)),
         Commands::Sim(command) => commands::sim(command),
         Commands::Read(args) => runtime.block_on(commands::read(args)),

@@ -10,6 +10,7 @@
 //! `(_start_lsn, _command_id, _seqval, _operation)`. The caller turns the half-open offsets
 //! `(start, end]` of the protocol into `[increment(start), end]` before asking.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -18,16 +19,39 @@ use futures::stream::BoxStream;
 use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
-use crate::keys::{KeyColumn, KeySeek, KeyTuple};
+use crate::keys::{KeyColumn, KeyTuple, KeysetSeek};
 use crate::lsn::Lsn;
 use crate::offset::CommitTime;
 use crate::types::OutputColumn;
 
 // The catalog's wire types are the contract's; the trait speaks in them.
 pub use mssql_cdc_proto::catalog::{
-    CaptureInstance, CapturedColumn, DdlEntry, KeyBucket, KeyExtent, KeyRange, SnapshotPiece,
-    TableName, Tile, check_bucket_grid,
+    CaptureInstance, CapturedColumn, DdlEntry, KeyBucket, KeyExtent, KeyGrid, KeyRange,
+    SnapshotPiece, TableName, Tile,
 };
+
+/// LSNs `from` to `to` of one capture instance: what `ddl_history` and `split_points` read
+/// (each method says whether `from` is inclusive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InstanceRange<'a> {
+    /// The capture instance.
+    pub capture_instance: &'a str,
+    /// The lower bound.
+    pub from: Lsn,
+    /// The upper bound (inclusive).
+    pub to: Lsn,
+}
+
+impl<'a> InstanceRange<'a> {
+    /// `from` to `to` of `capture_instance`.
+    pub fn new(capture_instance: &'a str, from: Lsn, to: Lsn) -> Self {
+        InstanceRange {
+            capture_instance,
+            from,
+            to,
+        }
+    }
+}
 
 /// The error for an unknown capture instance, suggesting the names among `known` that differ
 /// only in case (SQL Server compares names case-insensitively on most collations; we do not).
@@ -325,23 +349,12 @@ pub trait CdcSource: Send + Sync + 'static {
     /// idle entries included), or the last one when fewer follow; `None` when none follows.
     async fn nth_commit_after(&self, lsn: Lsn, n: u64) -> Result<Option<Lsn>>;
 
-    /// DDL recorded for a capture instance with `from < ddl_lsn <= to`.
-    async fn ddl_history(
-        &self,
-        capture_instance: &str,
-        from: Lsn,
-        to: Lsn,
-    ) -> Result<Vec<DdlEntry>>;
+    /// DDL recorded for the range's capture instance with `from < ddl_lsn <= to`.
+    async fn ddl_history(&self, range: InstanceRange<'_>) -> Result<Vec<DdlEntry>>;
 
-    /// Splits the change rows of `[from, to]` into at most `n` tiles of about equal rows, each
-    /// ending on a commit boundary, in LSN order. An empty range gives no tiles.
-    async fn split_points(
-        &self,
-        capture_instance: &str,
-        from: Lsn,
-        to: Lsn,
-        n: u32,
-    ) -> Result<Vec<Tile>>;
+    /// Splits the change rows of `[from, to]` into at most `tiles` tiles of about equal rows,
+    /// each ending on a commit boundary, in LSN order. An empty range gives no tiles.
+    async fn split_points(&self, range: InstanceRange<'_>, tiles: NonZeroU32) -> Result<Vec<Tile>>;
 
     /// Streams the change rows of `[read.from, read.to]` in the output schema.
     async fn read_changes(&self, read: ChangeRead) -> Result<BatchStream>;
@@ -364,15 +377,8 @@ pub trait CdcSource: Send + Sync + 'static {
     /// The key column, its type and extent, and the row count of a table.
     async fn key_extent(&self, table: &TableName) -> Result<KeyExtent>;
 
-    /// Row counts of the slices `[lo + i * width, lo + (i + 1) * width)` covering `[lo, hi]`
-    /// (the last slice ends after `hi`); empty slices are left out.
-    async fn key_buckets(
-        &self,
-        table: &TableName,
-        lo: i64,
-        hi: i64,
-        width: u64,
-    ) -> Result<Vec<KeyBucket>>;
+    /// Row counts of the grid's slices of the table's key; empty slices are left out.
+    async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>>;
 
     /// The largest key on `keys` (`SELECT TOP (1) keys ... ORDER BY keys DESC`); `None` when
     /// the table is empty. NULL sorts first, so a key of NULLs is the largest only when every
@@ -381,13 +387,8 @@ pub trait CdcSource: Send + Sync + 'static {
 
     /// The key of the `(seek.n + 1)`-th row of the seek's range in key order, compared as the
     /// source compares the columns (collation included); `None` when the range holds fewer
-    /// rows. See [`KeySeek`] for the three seeks a keyset plan makes.
-    async fn key_bound(
-        &self,
-        table: &TableName,
-        keys: &[KeyColumn],
-        seek: &KeySeek,
-    ) -> Result<Option<KeyTuple>>;
+    /// rows. See [`KeySeek`](crate::keys::KeySeek) for the three seeks a keyset plan makes.
+    async fn key_bound(&self, table: &TableName, seek: &KeysetSeek) -> Result<Option<KeyTuple>>;
 
     /// Streams the table's current rows in the pieces' ranges, as snapshot rows of the output
     /// schema plus `_chunk`: `_operation = 0`, `_start_lsn = read.stamp`, `_seqval` NULL,

@@ -181,7 +181,7 @@ async fn a_server_killed_mid_stream_never_yields_a_complete_stream() {
     let client = CdcClient::connect(&server.url).await.expect("connect");
     let start = earliest(&client).await;
     let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
-    command.batch_rows = Some(500);
+    command.serve.batch_rows = Some(500);
     let plan = client.plan_changes(&command).await.expect("plan");
     let ticket = plan.info.endpoint[0].ticket.clone().expect("ticket");
     let mut rows = 0usize;

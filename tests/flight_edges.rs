@@ -47,7 +47,7 @@ async fn faulty(
 async fn one_endpoint(flight: &FlightFixture) -> arrow_flight::Ticket {
     let start = earliest(flight, "dbo.orders").await;
     let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
-    command.batch_rows = Some(50);
+    command.serve.batch_rows = Some(50);
     let plan = flight.client.plan_changes(&command).await.expect("plan");
     assert_eq!(plan.info.endpoint.len(), 1);
     assert!(plan.metadata.rows > 100, "rows: {}", plan.metadata.rows);
@@ -180,7 +180,7 @@ async fn every_limit_refuses_with_its_code() {
         assert!(text.contains("the server's limit"), "{what}: {text}");
     };
     let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
-    command.batch_rows = Some(1_001);
+    command.serve.batch_rows = Some(1_001);
     invalid(
         flight
             .client
@@ -189,8 +189,8 @@ async fn every_limit_refuses_with_its_code() {
             .expect_err("rows"),
         "batch_rows",
     );
-    command.batch_rows = None;
-    command.batch_bytes = Some(64 << 20);
+    command.serve.batch_rows = None;
+    command.serve.batch_bytes = Some(64 << 20);
     invalid(
         flight
             .client
@@ -350,7 +350,7 @@ async fn open_streams_share_the_stream_memory_through_smaller_batches() {
     let (_sim, _source, flight) = faulty(24, 3_000, ReadFault::None, options).await;
     let start = earliest(&flight, "dbo.orders").await;
     let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
-    command.batch_bytes = Some(1 << 20);
+    command.serve.batch_bytes = Some(1 << 20);
     let plan = flight.client.plan_changes(&command).await.expect("plan");
     let ticket = plan.info.endpoint[0].ticket.clone().expect("ticket");
     let mut raw = raw_client(&flight).await;

@@ -10,7 +10,7 @@ use common::{code, earliest, initial_offset, loaded, raw_client, read_range, row
 use futures::TryStreamExt;
 use mssql_cdc_flight::protocol::{
     CaptureInstanceInfo, ChangesCommand, Command, CountAnswer, LatestOffsetBody, LsnAnswer,
-    TableCommand, TimeAnswer,
+    ServeOptions, TableCommand, TimeAnswer,
 };
 use mssql_cdc_flight::source::{CapturedColumn, CdcSource, Tile};
 use mssql_cdc_flight::{Lsn, Offset};
@@ -44,8 +44,8 @@ async fn list_flights_get_schema_and_list_actions() {
     assert_eq!(schema.field(6).name(), "customer_id");
 
     let mut changes = ChangesCommand::new("dbo.orders", Lsn::ZERO, None);
-    changes.columns = Some(vec!["status".into(), "order_id".into()]);
-    changes.include_command_id = Some(false);
+    changes.serve.columns = Some(vec!["status".into(), "order_id".into()]);
+    changes.serve.include_command_id = Some(false);
     let schema = raw
         .get_schema(FlightDescriptor::new_cmd(
             Command::Changes(changes).to_bytes(),
@@ -392,7 +392,10 @@ async fn bad_plans_are_refused_with_a_reason() {
         ),
         (
             ChangesCommand {
-                columns: Some(vec!["nope".into()]),
+                serve: ServeOptions {
+                    columns: Some(vec!["nope".into()]),
+                    ..ServeOptions::default()
+                },
                 ..ChangesCommand::new("dbo.orders", max, None)
             },
             Code::InvalidArgument,

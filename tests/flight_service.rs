@@ -77,8 +77,10 @@ async fn values_survive_the_trip() {
     // Regenerate the expected rows column by column from (key, content) and compare arrays.
     let batch = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
     for column in &definition.columns {
-        let mut builder =
-            mssql_cdc_flight::sim::values::ColumnBuilder::new(&column.sql_type, keys.len());
+        let mut builder = mssql_cdc_flight::sim::values::ColumnBuilder::for_sql_type(
+            &column.sql_type,
+            keys.len(),
+        );
         for key in &keys {
             let content = writer.content_of(&orders(), *key).expect("row");
             builder.append_generated(column, column.name == definition.key, *key, content);
@@ -440,7 +442,7 @@ async fn a_cleanup_during_the_read_is_data_loss_never_a_short_stream() {
     let (sim, flight) = loaded(11, 400).await;
     let start = earliest(&flight, "dbo.orders").await;
     let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
-    command.batch_rows = Some(100);
+    command.serve.batch_rows = Some(100);
     let plan = flight.client.plan_changes(&command).await.expect("plan");
     let cut = sim
         .db
@@ -481,7 +483,7 @@ async fn a_dropped_source_connection_is_unavailable_and_incomplete() {
     let (sim, flight) = loaded(11, 200).await;
     let start = earliest(&flight, "dbo.orders").await;
     let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
-    command.batch_rows = Some(50);
+    command.serve.batch_rows = Some(50);
     let plan = flight.client.plan_changes(&command).await.expect("plan");
     sim.db.set_faults(Faults {
         drop_connection_after_rows: Some(100),
@@ -552,7 +554,7 @@ async fn eight_concurrent_reads_all_complete() {
     let mut command = ChangesCommand::new("dbo.orders", start.lsn, None);
     command.partitions = Some(8);
     command.min_partition_rows = Some(1);
-    command.batch_rows = Some(64);
+    command.serve.batch_rows = Some(64);
     let plan = flight.client.plan_changes(&command).await.expect("plan");
     assert_eq!(plan.info.endpoint.len(), 8);
     let mut reads = Vec::new();

@@ -3,8 +3,9 @@
 
 mod common;
 
-use mssql_cdc_flight::keys::{Bound, KeyColumn, KeySeek, KeyTuple, KeyValue};
+use mssql_cdc_flight::keys::{Bound, KeyColumn, KeyTuple, KeyValue, KeysetSeek};
 use std::collections::BTreeMap;
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, Int32Array, Int64Array, StringArray};
@@ -14,9 +15,11 @@ use common::{FlightFixture, loaded};
 use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::chunking::{self, BucketCounter};
 use mssql_cdc_flight::client::CdcClient;
-use mssql_cdc_flight::protocol::{ChangesCommand, ChunkSpec, Completion, SnapshotCommand};
+use mssql_cdc_flight::protocol::{
+    ChangesCommand, ChunkSpec, Completion, KeyBucketsBody, SnapshotCommand,
+};
 use mssql_cdc_flight::sim::{Faults, SnapshotHook};
-use mssql_cdc_flight::source::{KeyBucket, KeyExtent};
+use mssql_cdc_flight::source::{InstanceRange, KeyBucket, KeyExtent, KeyGrid};
 use serde_json::json;
 
 const TABLE: &str = "dbo.orders";
@@ -207,18 +210,10 @@ struct FlightCounter<'a>(&'a CdcClient);
 
 #[async_trait::async_trait]
 impl BucketCounter for FlightCounter<'_> {
-    async fn buckets(
-        &self,
-        lo: i64,
-        hi: i64,
-        width: u64,
-    ) -> mssql_cdc_flight::Result<Vec<KeyBucket>> {
+    async fn buckets(&self, grid: KeyGrid) -> mssql_cdc_flight::Result<Vec<KeyBucket>> {
         Ok(self
             .0
-            .action(
-                "key_buckets",
-                &json!({"table": TABLE, "lo": lo, "hi": hi, "width": width}),
-            )
+            .action("key_buckets", &KeyBucketsBody::new(TABLE, grid))
             .await
             .expect("key_buckets"))
     }
@@ -423,20 +418,16 @@ impl mssql_cdc_flight::source::CdcSource for KeylessSource {
     }
     async fn ddl_history(
         &self,
-        capture_instance: &str,
-        from: Lsn,
-        to: Lsn,
+        range: InstanceRange<'_>,
     ) -> mssql_cdc_flight::Result<Vec<mssql_cdc_flight::source::DdlEntry>> {
-        self.0.ddl_history(capture_instance, from, to).await
+        self.0.ddl_history(range).await
     }
     async fn split_points(
         &self,
-        capture_instance: &str,
-        from: Lsn,
-        to: Lsn,
-        n: u32,
+        range: InstanceRange<'_>,
+        tiles: NonZeroU32,
     ) -> mssql_cdc_flight::Result<Vec<mssql_cdc_flight::source::Tile>> {
-        self.0.split_points(capture_instance, from, to, n).await
+        self.0.split_points(range, tiles).await
     }
     async fn read_changes(
         &self,
@@ -455,9 +446,7 @@ impl mssql_cdc_flight::source::CdcSource for KeylessSource {
     async fn key_buckets(
         &self,
         table: &mssql_cdc_flight::source::TableName,
-        _lo: i64,
-        _hi: i64,
-        _width: u64,
+        _grid: KeyGrid,
     ) -> mssql_cdc_flight::Result<Vec<KeyBucket>> {
         Err(mssql_cdc_flight::Error::invalid(format!(
             "{table} has no integer key"
@@ -473,10 +462,9 @@ impl mssql_cdc_flight::source::CdcSource for KeylessSource {
     async fn key_bound(
         &self,
         table: &mssql_cdc_flight::source::TableName,
-        keys: &[KeyColumn],
-        seek: &KeySeek,
+        seek: &KeysetSeek,
     ) -> mssql_cdc_flight::Result<Option<KeyTuple>> {
-        self.0.key_bound(table, keys, seek).await
+        self.0.key_bound(table, seek).await
     }
     async fn read_snapshot(
         &self,

@@ -10,6 +10,7 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -17,10 +18,11 @@ use arrow::array::{Array, Int32Array, StringArray};
 use common::SimFixture;
 use futures::StreamExt;
 use mssql_cdc_flight::Lsn;
-use mssql_cdc_flight::keys::{KeyColumn, KeySeek, KeyTuple, KeysetRange};
+use mssql_cdc_flight::keys::{KeyColumn, KeySeek, KeyTuple, KeysetRange, KeysetSeek};
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::source::{
-    BatchBytes, CdcSource, ChangeRead, KeyRange, SnapshotPiece, SnapshotRead, TrackedTable,
+    BatchBytes, CdcSource, ChangeRead, InstanceRange, KeyGrid, KeyRange, SnapshotPiece,
+    SnapshotRead, TrackedTable,
 };
 
 /// Every check, on every capture instance of every tracked table.
@@ -87,7 +89,7 @@ async fn conformance(source: Arc<dyn CdcSource>) {
             check_commit_walk(source.as_ref(), min_lsn, max_lsn).await;
             check_changes(source.as_ref(), instance, min_lsn, max_lsn).await;
             for entry in source
-                .ddl_history(&instance.name, Lsn::ZERO, max_lsn)
+                .ddl_history(InstanceRange::new(&instance.name, Lsn::ZERO, max_lsn))
                 .await
                 .expect("ddl")
             {
@@ -95,7 +97,7 @@ async fn conformance(source: Arc<dyn CdcSource>) {
                 assert!(entry.ddl_lsn <= max_lsn);
             }
             let none = source
-                .ddl_history(&instance.name, max_lsn, max_lsn)
+                .ddl_history(InstanceRange::new(&instance.name, max_lsn, max_lsn))
                 .await
                 .expect("empty ddl range");
             assert!(none.is_empty(), "(max, max] holds no DDL");
@@ -229,7 +231,7 @@ async fn check_snapshot_primitives(source: &dyn CdcSource, tracked: &TrackedTabl
         .unwrap_or(1)
         .max(1);
     let buckets = source
-        .key_buckets(&tracked.table, min, max, width)
+        .key_buckets(&tracked.table, KeyGrid::new(min, max, width).expect("grid"))
         .await
         .expect("buckets");
     assert_eq!(
@@ -386,7 +388,10 @@ async fn check_keyset_primitives(source: &dyn CdcSource, tracked: &TrackedTable,
             n,
         };
         match source
-            .key_bound(&tracked.table, &keys, &seek)
+            .key_bound(
+                &tracked.table,
+                &KeysetSeek::new(keys.clone(), seek).expect("seek"),
+            )
             .await
             .expect("key_bound")
         {
@@ -403,7 +408,10 @@ async fn check_keyset_primitives(source: &dyn CdcSource, tracked: &TrackedTable,
     };
     assert_eq!(
         source
-            .key_bound(&tracked.table, &keys, &after_max)
+            .key_bound(
+                &tracked.table,
+                &KeysetSeek::new(keys.clone(), after_max).expect("seek"),
+            )
             .await
             .expect("last_bound"),
         None,
@@ -547,7 +555,10 @@ async fn check_changes(
         );
     }
     let tiles = source
-        .split_points(&instance.name, min_lsn, max_lsn, 5)
+        .split_points(
+            InstanceRange::new(&instance.name, min_lsn, max_lsn),
+            NonZeroU32::new(5).expect("5"),
+        )
         .await
         .expect("split");
     assert_eq!(
@@ -573,12 +584,6 @@ async fn check_changes(
         );
         previous = tile.last_lsn;
     }
-    assert!(
-        source
-            .split_points(&instance.name, min_lsn, max_lsn, 0)
-            .await
-            .is_err()
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

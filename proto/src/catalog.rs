@@ -238,27 +238,80 @@ pub struct KeyBucket {
     pub rows: u64,
 }
 
-impl KeyBucket {
-    /// Slice `index` of the grid `lo + i * width` with its rows (i128: a grid reaching
-    /// BIGINT's maximum does not overflow; a slice ending past it is open above).
-    pub fn slice(lo: i64, index: i128, width: u64, rows: u64) -> Self {
-        let start = i128::from(lo) + index * i128::from(width);
+/// A grid of key slices `[lo + i * width, lo + (i + 1) * width)` covering `[lo, hi]` (the last
+/// slice may end after `hi`): what `key_buckets` counts. Made only by [`KeyGrid::new`], so
+/// every grid a source is handed is valid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyGrid {
+    lo: i64,
+    hi: i64,
+    width: u64,
+}
+
+impl KeyGrid {
+    /// The grid of `width`-key slices over `[lo, hi]`; refused unless `lo <= hi` and
+    /// `width >= 1`.
+    pub fn new(lo: i64, hi: i64, width: u64) -> Result<Self> {
+        if width == 0 || hi < lo {
+            return Err(Error::invalid(format!(
+                "key_buckets needs lo <= hi and width >= 1 (got lo {lo}, hi {hi}, width {width})"
+            )));
+        }
+        Ok(KeyGrid { lo, hi, width })
+    }
+
+    /// The first key of the grid.
+    pub fn lo(&self) -> i64 {
+        self.lo
+    }
+
+    /// The last key the grid covers.
+    pub fn hi(&self) -> i64 {
+        self.hi
+    }
+
+    /// Keys per slice.
+    pub fn width(&self) -> u64 {
+        self.width
+    }
+
+    /// How many slices cover `[lo, hi]`.
+    pub fn slices(&self) -> u128 {
+        ((i128::from(self.hi) - i128::from(self.lo)) / i128::from(self.width)) as u128 + 1
+    }
+
+    /// The index of the slice holding `key` (a key of `[lo, hi]`).
+    pub fn index_of(&self, key: i64) -> i128 {
+        (i128::from(key) - i128::from(self.lo)) / i128::from(self.width)
+    }
+
+    /// Slice `index` with its rows (i128: a grid reaching BIGINT's maximum does not
+    /// overflow; a slice ending past it is open above).
+    pub fn slice(&self, index: i128, rows: u64) -> KeyBucket {
+        let start = i128::from(self.lo) + index * i128::from(self.width);
         KeyBucket {
             lo: i64::try_from(start).unwrap_or(i64::MAX),
-            hi: i64::try_from(start + i128::from(width)).ok(),
+            hi: i64::try_from(start + i128::from(self.width)).ok(),
             rows,
         }
     }
-}
 
-/// Checks the arguments of a `key_buckets` call: a grid of slices `width` keys wide over `[lo, hi]`.
-pub fn check_bucket_grid(lo: i64, hi: i64, width: u64) -> Result<()> {
-    if width == 0 || hi < lo {
-        return Err(Error::invalid(format!(
-            "key_buckets needs lo <= hi and width >= 1 (got lo {lo}, hi {hi}, width {width})"
-        )));
+    /// Counts ascending keys into the grid's slices, empty slices left out; keys outside
+    /// `[lo, hi]` are skipped.
+    pub fn count(&self, keys: impl IntoIterator<Item = i64>) -> Vec<KeyBucket> {
+        let mut buckets: Vec<KeyBucket> = Vec::new();
+        for key in keys {
+            if key < self.lo || key > self.hi {
+                continue;
+            }
+            let slice = self.slice(self.index_of(key), 1);
+            match buckets.last_mut() {
+                Some(last) if last.lo == slice.lo => last.rows += 1,
+                _ => buckets.push(slice),
+            }
+        }
+        buckets
     }
-    Ok(())
 }
 
 /// A half-open range of the key, `[lo, hi)`; `None` is unbounded on that side.
@@ -311,6 +364,27 @@ pub use sql_type_text::{deserialize as deserialize_sql_type, serialize as serial
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_grids_are_valid_and_count_keys_into_their_slices() {
+        assert!(KeyGrid::new(5, 4, 1).is_err(), "hi below lo");
+        assert!(KeyGrid::new(1, 10, 0).is_err(), "zero width");
+        let grid = KeyGrid::new(-3, 10, 5).expect("grid");
+        assert_eq!(grid.slices(), 3);
+        let buckets = grid.count([-3, -2, 1, 2, 3, 9, 10, 11]);
+        let slices: Vec<(i64, Option<i64>, u64)> = buckets
+            .iter()
+            .map(|bucket| (bucket.lo, bucket.hi, bucket.rows))
+            .collect();
+        // 11 lies outside the grid; the last slice ends after hi.
+        assert_eq!(
+            slices,
+            vec![(-3, Some(2), 3), (2, Some(7), 2), (7, Some(12), 2)]
+        );
+        // A grid reaching BIGINT's maximum: its last slice is open above.
+        let top = KeyGrid::new(i64::MAX - 1, i64::MAX, 4).expect("top");
+        assert_eq!(top.count([i64::MAX])[0].hi, None);
+    }
 
     #[test]
     fn table_names_parse_with_and_without_schema() {

@@ -8,7 +8,7 @@
 //! so the stream has them (P4), and the rows inserted since do not pile into the last chunk.
 //! The same packing splits a full snapshot into partitions on the server.
 
-use crate::catalog::{KeyBucket, KeyRange};
+use crate::catalog::{KeyBucket, KeyGrid, KeyRange};
 use crate::error::Result;
 
 /// Slices of the first grid.
@@ -17,8 +17,8 @@ pub const GRID_SLICES: u64 = 1_024;
 /// Counts rows per slice of a grid (`key_buckets`), locally or over Flight.
 #[async_trait::async_trait]
 pub trait BucketCounter: Send + Sync {
-    /// Row counts per slice `[lo + i * width, ...)` over `[lo, hi]`, empty slices left out.
-    async fn buckets(&self, lo: i64, hi: i64, width: u64) -> Result<Vec<KeyBucket>>;
+    /// Row counts per slice of the grid, empty slices left out.
+    async fn buckets(&self, grid: KeyGrid) -> Result<Vec<KeyBucket>>;
 }
 
 /// The width of slices cutting `[lo, hi]` into about `slices` slices.
@@ -37,14 +37,15 @@ pub async fn counted_slices(
     hi: i64,
     chunk_rows: u64,
 ) -> Result<Vec<KeyBucket>> {
-    let mut pending = vec![(lo, hi, width_for(lo, hi, GRID_SLICES))];
+    let mut pending = vec![KeyGrid::new(lo, hi, width_for(lo, hi, GRID_SLICES))?];
     let mut done: Vec<KeyBucket> = Vec::new();
-    while let Some((lo, hi, width)) = pending.pop() {
-        for bucket in counter.buckets(lo, hi, width).await? {
-            let slice_hi = bucket.hi.map_or(hi, |end| (end - 1).min(hi));
-            if bucket.rows > chunk_rows && width > 1 {
+    while let Some(grid) = pending.pop() {
+        for bucket in counter.buckets(grid).await? {
+            let slice_hi = bucket.hi.map_or(grid.hi(), |end| (end - 1).min(grid.hi()));
+            if bucket.rows > chunk_rows && grid.width() > 1 {
                 let parts = bucket.rows.div_ceil(chunk_rows.max(1)).saturating_mul(4);
-                pending.push((bucket.lo, slice_hi, width_for(bucket.lo, slice_hi, parts)));
+                let width = width_for(bucket.lo, slice_hi, parts);
+                pending.push(KeyGrid::new(bucket.lo, slice_hi, width)?);
             } else {
                 done.push(bucket);
             }
@@ -109,22 +110,8 @@ mod tests {
 
     #[async_trait::async_trait]
     impl BucketCounter for Keys {
-        async fn buckets(&self, lo: i64, hi: i64, width: u64) -> Result<Vec<KeyBucket>> {
-            let mut buckets: Vec<KeyBucket> = Vec::new();
-            for key in self.0.range(lo..=hi) {
-                let index = (i128::from(*key) - i128::from(lo)) / i128::from(width);
-                let start = i128::from(lo) + index * i128::from(width);
-                let start_key = i64::try_from(start).expect("in range");
-                match buckets.last_mut() {
-                    Some(last) if last.lo == start_key => last.rows += 1,
-                    _ => buckets.push(KeyBucket {
-                        lo: start_key,
-                        hi: i64::try_from(start + i128::from(width)).ok(),
-                        rows: 1,
-                    }),
-                }
-            }
-            Ok(buckets)
+        async fn buckets(&self, grid: KeyGrid) -> Result<Vec<KeyBucket>> {
+            Ok(grid.count(self.0.range(grid.lo()..=grid.hi()).copied()))
         }
     }
 

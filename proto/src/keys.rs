@@ -176,6 +176,33 @@ impl KeySeek {
     }
 }
 
+/// A [`KeySeek`] checked against the key columns it seeks on: what a source's `key_bound` is
+/// handed. Made only by [`KeysetSeek::new`], so its bounds always fit its columns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeysetSeek {
+    columns: Vec<KeyColumn>,
+    seek: KeySeek,
+}
+
+impl KeysetSeek {
+    /// `seek` on `columns`, refused unless each bound has one value per column, integers for
+    /// integer columns.
+    pub fn new(columns: Vec<KeyColumn>, seek: KeySeek) -> Result<Self> {
+        seek.check(&columns)?;
+        Ok(KeysetSeek { columns, seek })
+    }
+
+    /// The key columns, in key order.
+    pub fn columns(&self) -> &[KeyColumn] {
+        &self.columns
+    }
+
+    /// The range and the rows to skip.
+    pub fn seek(&self) -> &KeySeek {
+        &self.seek
+    }
+}
+
 /// Checks that a bound has one value per key column, integers for integer columns.
 pub fn check_tuple(tuple: &KeyTuple, columns: &[KeyColumn]) -> Result<()> {
     if tuple.len() != columns.len() {

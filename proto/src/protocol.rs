@@ -7,6 +7,7 @@
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::catalog::KeyGrid;
 use crate::error::{Error, Result};
 use crate::keys::{Bound, KeyColumn, KeySeek, KeyTuple};
 use crate::lsn::Lsn;
@@ -44,7 +45,6 @@ pub enum Command {
 /// The `snapshot` command: the table in `partitions` endpoints (a full snapshot, `_chunk`
 /// NULL), or one endpoint per chunk of `chunks`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct SnapshotCommand {
     /// `schema.table`.
     pub table: String,
@@ -58,21 +58,9 @@ pub struct SnapshotCommand {
     /// Endpoints of a whole-table read, cut on the key at about equal rows; default 1.
     #[serde(default)]
     pub partitions: Option<u32>,
-    /// Captured columns to serve, in order; default all of the table's instances.
-    #[serde(default)]
-    pub columns: Option<Vec<String>>,
-    /// Serve `_command_id` (NULL on snapshot rows), as the stream does; default true.
-    #[serde(default)]
-    pub include_command_id: Option<bool>,
-    /// Most rows per batch; default 10,000.
-    #[serde(default)]
-    pub batch_rows: Option<usize>,
-    /// Most bytes per batch; default 3 MiB.
-    #[serde(default)]
-    pub batch_bytes: Option<usize>,
-    /// IPC compression; default none.
-    #[serde(default)]
-    pub compression: Option<Compression>,
+    /// How the rows are served.
+    #[serde(flatten)]
+    pub serve: ServeOptions,
 }
 
 impl SnapshotCommand {
@@ -83,11 +71,7 @@ impl SnapshotCommand {
             chunks: None,
             keys: None,
             partitions: None,
-            columns: None,
-            include_command_id: None,
-            batch_rows: None,
-            batch_bytes: None,
-            compression: None,
+            serve: ServeOptions::default(),
         }
     }
 }
@@ -182,6 +166,18 @@ pub struct KeyBucketsBody {
     pub width: u64,
 }
 
+impl KeyBucketsBody {
+    /// The body asking for `grid`'s slices of `table`.
+    pub fn new(table: impl Into<String>, grid: KeyGrid) -> Self {
+        KeyBucketsBody {
+            table: table.into(),
+            lo: grid.lo(),
+            hi: grid.hi(),
+            width: grid.width(),
+        }
+    }
+}
+
 /// The `table` command.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -224,7 +220,6 @@ impl Compression {
 
 /// The `changes` command: plan the change range `(from, to]` of a table.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ChangesCommand {
     /// `schema.table`.
     pub table: String,
@@ -242,10 +237,20 @@ pub struct ChangesCommand {
     /// Tiles are merged until each holds this many rows; default 50,000.
     #[serde(default)]
     pub min_partition_rows: Option<u64>,
+    /// How the rows are served.
+    #[serde(flatten)]
+    pub serve: ServeOptions,
+}
+
+/// How a read's rows are served: the options the `changes` and `snapshot` commands share
+/// (flattened into each command's JSON).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServeOptions {
     /// Captured columns to serve, in order; default all of the table's instances.
     #[serde(default)]
     pub columns: Option<Vec<String>>,
-    /// Serve `_command_id`; default true.
+    /// Serve `_command_id` (NULL on snapshot rows, as the stream has none there); default
+    /// true.
     #[serde(default)]
     pub include_command_id: Option<bool>,
     /// Most rows per batch; default 10,000.
@@ -269,11 +274,7 @@ impl ChangesCommand {
             capture_instance: None,
             partitions: None,
             min_partition_rows: None,
-            columns: None,
-            include_command_id: None,
-            batch_rows: None,
-            batch_bytes: None,
-            compression: None,
+            serve: ServeOptions::default(),
         }
     }
 }
@@ -296,9 +297,12 @@ impl Command {
                 )
             })?;
         match kind.as_str() {
-            "table" => Ok(Command::Table(from_json_value("table command", value)?)),
-            "changes" => Ok(Command::Changes(from_json_value("changes command", value)?)),
-            "snapshot" => Ok(Command::Snapshot(from_json_value(
+            "table" => Ok(Command::Table(command_from_json("table command", value)?)),
+            "changes" => Ok(Command::Changes(command_from_json(
+                "changes command",
+                value,
+            )?)),
+            "snapshot" => Ok(Command::Snapshot(command_from_json(
                 "snapshot command",
                 value,
             )?)),
@@ -324,8 +328,32 @@ impl Command {
     }
 }
 
-fn from_json_value<T: DeserializeOwned>(what: &str, value: serde_json::Value) -> Result<T> {
-    serde_json::from_value(value).map_err(|error| Error::invalid(format!("bad {what}: {error}")))
+/// A command from its JSON object, refusing a field it does not know. serde's
+/// `deny_unknown_fields` does not combine with a flattened [`ServeOptions`], so the fields
+/// sent are checked against those the command serialises back (every field, null or not).
+fn command_from_json<T: Serialize + DeserializeOwned>(
+    what: &str,
+    value: serde_json::Value,
+) -> Result<T> {
+    let sent: Vec<String> = value
+        .as_object()
+        .map(|object| object.keys().cloned().collect())
+        .unwrap_or_default();
+    let command: T = serde_json::from_value(value)
+        .map_err(|error| Error::invalid(format!("bad {what}: {error}")))?;
+    let known = serde_json::to_value(&command).expect("commands serialise");
+    let known = known.as_object().expect("commands serialise as objects");
+    if let Some(unknown) = sent
+        .iter()
+        .find(|field| !known.contains_key(field.as_str()))
+    {
+        let expected: Vec<String> = known.keys().map(|field| format!("`{field}`")).collect();
+        return Err(Error::invalid(format!(
+            "bad {what}: unknown field `{unknown}`, expected one of {}",
+            expected.join(", ")
+        )));
+    }
+    Ok(command)
 }
 
 /// Parses an action body (empty means `{}`).

@@ -331,6 +331,24 @@ pub const RESERVED_COLUMN_NAMES: [&str; 9] = [
     "_chunk",
 ];
 
+/// The text a `time(precision)` value is served as: `HH:MM:SS` and, for a fractional
+/// precision, seven digits (100 ns) with those past the precision zero. `ticks` counts 100 ns
+/// since midnight.
+pub fn time_text(ticks: u64, precision: u8) -> String {
+    let (seconds, fraction) = (ticks / 10_000_000, ticks % 10_000_000);
+    let clock = format!(
+        "{:02}:{:02}:{:02}",
+        seconds / 3600,
+        (seconds / 60) % 60,
+        seconds % 60
+    );
+    if precision == 0 {
+        return clock;
+    }
+    let unit = 10u64.pow(7 - u32::from(precision.min(7)));
+    format!("{clock}.{:07}", fraction / unit * unit)
+}
+
 /// The Arrow type of `_commit_ts`.
 pub fn commit_ts_type() -> DataType {
     DataType::Timestamp(TimeUnit::Microsecond, None)

@@ -2,18 +2,21 @@
 //! `list_actions` shows) and their dispatch. Bodies and answers are JSON
 //! (`crate::protocol`); docs/protocol.md is the reference.
 
+use std::num::NonZeroU32;
+
 use arrow_flight::Action;
 
 use super::auth::Principal;
 use super::{CdcFlightService, json_bytes, snapshot};
 use crate::error::{Error, Result};
+use crate::keys::KeysetSeek;
 use crate::lsn::Lsn;
 use crate::offset::Offset;
 use crate::protocol::{
     self, CaptureInstanceBody, CountAnswer, InitialOffsetBody, LatestOffsetBody, LsnAnswer,
     LsnBody, NthCommitBody, RangeBody, TableBody, TimeAnswer, parse_body,
 };
-use crate::source::TableName;
+use crate::source::{InstanceRange, KeyGrid, TableName};
 
 /// Declares [`ActionKind`] from one table of `Variant = "name": "description"`.
 macro_rules! actions {
@@ -90,6 +93,26 @@ impl CdcFlightService {
     async fn check_instance(&self, principal: &Principal, capture_instance: &str) -> Result<()> {
         let instance = self.source.capture_instance(capture_instance).await?;
         principal.check(&instance.table)
+    }
+
+    /// A range action's body, parsed and checked: `from <= to`, and `PERMISSION_DENIED`
+    /// unless `principal` may read the table of its capture instance.
+    async fn range_body(
+        &self,
+        principal: &Principal,
+        name: &str,
+        body: &[u8],
+    ) -> Result<RangeBody> {
+        let body: RangeBody = parse_body(name, body)?;
+        if body.from > body.to {
+            return Err(Error::invalid(format!(
+                "from {} is past to {}",
+                body.from, body.to
+            )));
+        }
+        self.check_instance(principal, &body.capture_instance)
+            .await?;
+        Ok(body)
     }
 
     /// `table` parsed, and `PERMISSION_DENIED` unless `principal` may read it.
@@ -169,35 +192,20 @@ impl CdcFlightService {
                 json_bytes(&infos)
             }
             ActionKind::DdlHistory => {
-                let body: RangeBody = parse_body(name, body)?;
-                check_range(&body)?;
-                self.check_instance(principal, &body.capture_instance)
-                    .await?;
-                json_bytes(
-                    &source
-                        .ddl_history(&body.capture_instance, body.from, body.to)
-                        .await?,
-                )
+                let body = self.range_body(principal, name, body).await?;
+                json_bytes(&source.ddl_history(range_of(&body)).await?)
             }
             ActionKind::SplitPoints => {
-                let body: RangeBody = parse_body(name, body)?;
-                check_range(&body)?;
-                self.check_instance(principal, &body.capture_instance)
-                    .await?;
+                let body = self.range_body(principal, name, body).await?;
                 let n = body
                     .n
                     .ok_or_else(|| Error::invalid("split_points needs n"))?;
-                if n == 0 || n > protocol::MAX_PARTITIONS {
-                    return Err(Error::invalid(format!(
-                        "n must be 1 to {}",
-                        protocol::MAX_PARTITIONS
-                    )));
-                }
-                json_bytes(
-                    &source
-                        .split_points(&body.capture_instance, body.from, body.to, n)
-                        .await?,
-                )
+                let tiles = NonZeroU32::new(n)
+                    .filter(|n| n.get() <= protocol::MAX_PARTITIONS)
+                    .ok_or_else(|| {
+                        Error::invalid(format!("n must be 1 to {}", protocol::MAX_PARTITIONS))
+                    })?;
+                json_bytes(&source.split_points(range_of(&body), tiles).await?)
             }
             ActionKind::SnapshotLsn => {
                 let body: TableBody = parse_body(name, body)?;
@@ -214,20 +222,13 @@ impl CdcFlightService {
             ActionKind::KeyBuckets => {
                 let body: protocol::KeyBucketsBody = parse_body(name, body)?;
                 let table = Self::granted(principal, &body.table)?;
-                if body.width == 0 || body.hi < body.lo {
-                    return Err(Error::invalid("key_buckets needs lo <= hi and width >= 1"));
-                }
-                let slices = (i128::from(body.hi) - i128::from(body.lo)) / i128::from(body.width);
-                if slices >= 100_000 {
+                let grid = KeyGrid::new(body.lo, body.hi, body.width)?;
+                if grid.slices() > 100_000 {
                     return Err(Error::invalid(
                         "key_buckets answers at most 100,000 slices: widen the slices",
                     ));
                 }
-                json_bytes(
-                    &source
-                        .key_buckets(&table, body.lo, body.hi, body.width)
-                        .await?,
-                )
+                json_bytes(&source.key_buckets(&table, grid).await?)
             }
             ActionKind::KeyMax => {
                 let body: protocol::KeyMaxBody = parse_body(name, body)?;
@@ -242,18 +243,15 @@ impl CdcFlightService {
                 let table = Self::granted(principal, &body.table)?;
                 self.limits.check_seek_rows(body.seek.n)?;
                 let (keys, _) = snapshot::table_keys(source, &table, body.keys.as_deref()).await?;
-                body.seek.check(&keys)?;
+                let seek = KeysetSeek::new(keys, body.seek)?;
                 json_bytes(&protocol::KeyBoundAnswer {
-                    bound: source.key_bound(&table, &keys, &body.seek).await?,
+                    bound: source.key_bound(&table, &seek).await?,
                 })
             }
             ActionKind::CountChanges => {
-                let body: RangeBody = parse_body(name, body)?;
-                check_range(&body)?;
-                self.check_instance(principal, &body.capture_instance)
-                    .await?;
+                let body = self.range_body(principal, name, body).await?;
                 let tiles = source
-                    .split_points(&body.capture_instance, body.from, body.to, 1)
+                    .split_points(range_of(&body), NonZeroU32::MIN)
                     .await?;
                 json_bytes(&CountAnswer {
                     rows: tiles.iter().map(|tile| tile.rows).sum(),
@@ -333,12 +331,11 @@ impl CdcFlightService {
     }
 }
 
-fn check_range(body: &RangeBody) -> Result<()> {
-    if body.from > body.to {
-        return Err(Error::invalid(format!(
-            "from {} is past to {}",
-            body.from, body.to
-        )));
+/// The source call's range of a range body.
+fn range_of(body: &RangeBody) -> InstanceRange<'_> {
+    InstanceRange {
+        capture_instance: &body.capture_instance,
+        from: body.from,
+        to: body.to,
     }
-    Ok(())
 }

@@ -5,16 +5,17 @@
 //! `mssql_cdc_flight_stream_seconds`.
 
 use std::future::Future;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::Result;
-use crate::keys::{KeyColumn, KeySeek, KeyTuple};
+use crate::keys::{KeyColumn, KeyTuple, KeysetSeek};
 use crate::lsn::Lsn;
 use crate::offset::CommitTime;
 use crate::source::{
-    BatchStream, CaptureInstance, CdcSource, ChangeRead, DdlEntry, KeyBucket, KeyExtent,
-    SnapshotRead, TableName, Tile, TrackedTable,
+    BatchStream, CaptureInstance, CdcSource, ChangeRead, DdlEntry, InstanceRange, KeyBucket,
+    KeyExtent, KeyGrid, SnapshotRead, TableName, Tile, TrackedTable,
 };
 
 /// A source whose calls are timed.
@@ -72,31 +73,12 @@ impl CdcSource for MeteredSource {
         timed("nth_commit_after", self.0.nth_commit_after(lsn, n)).await
     }
 
-    async fn ddl_history(
-        &self,
-        capture_instance: &str,
-        from: Lsn,
-        to: Lsn,
-    ) -> Result<Vec<DdlEntry>> {
-        timed(
-            "ddl_history",
-            self.0.ddl_history(capture_instance, from, to),
-        )
-        .await
+    async fn ddl_history(&self, range: InstanceRange<'_>) -> Result<Vec<DdlEntry>> {
+        timed("ddl_history", self.0.ddl_history(range)).await
     }
 
-    async fn split_points(
-        &self,
-        capture_instance: &str,
-        from: Lsn,
-        to: Lsn,
-        n: u32,
-    ) -> Result<Vec<Tile>> {
-        timed(
-            "split_points",
-            self.0.split_points(capture_instance, from, to, n),
-        )
-        .await
+    async fn split_points(&self, range: InstanceRange<'_>, tiles: NonZeroU32) -> Result<Vec<Tile>> {
+        timed("split_points", self.0.split_points(range, tiles)).await
     }
 
     async fn read_changes(&self, read: ChangeRead) -> Result<BatchStream> {
@@ -111,27 +93,16 @@ impl CdcSource for MeteredSource {
         timed("key_extent", self.0.key_extent(table)).await
     }
 
-    async fn key_buckets(
-        &self,
-        table: &TableName,
-        lo: i64,
-        hi: i64,
-        width: u64,
-    ) -> Result<Vec<KeyBucket>> {
-        timed("key_buckets", self.0.key_buckets(table, lo, hi, width)).await
+    async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>> {
+        timed("key_buckets", self.0.key_buckets(table, grid)).await
     }
 
     async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {
         timed("key_max", self.0.key_max(table, keys)).await
     }
 
-    async fn key_bound(
-        &self,
-        table: &TableName,
-        keys: &[KeyColumn],
-        seek: &KeySeek,
-    ) -> Result<Option<KeyTuple>> {
-        timed("key_bound", self.0.key_bound(table, keys, seek)).await
+    async fn key_bound(&self, table: &TableName, seek: &KeysetSeek) -> Result<Option<KeyTuple>> {
+        timed("key_bound", self.0.key_bound(table, seek)).await
     }
 
     async fn read_snapshot(&self, read: SnapshotRead) -> Result<BatchStream> {

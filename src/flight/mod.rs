@@ -298,8 +298,8 @@ impl CdcFlightService {
     ) -> Result<FlightInfo> {
         let bounds = self
             .limits
-            .batch_bounds(command.batch_rows, command.batch_bytes)?;
-        let include_command_id = command.include_command_id.unwrap_or(true);
+            .batch_bounds(command.serve.batch_rows, command.serve.batch_bytes)?;
+        let include_command_id = command.serve.include_command_id.unwrap_or(true);
         let plan = planner::plan_changes(self.source.as_ref(), command).await?;
         let columns: Vec<TicketColumn> = plan.columns.iter().map(TicketColumn::of).collect();
         let mut info = FlightInfo::new()
@@ -319,7 +319,7 @@ impl CdcFlightService {
                     include_command_id,
                     batch_rows: bounds.rows as u64,
                     batch_bytes: bounds.bytes as u64,
-                    compression: command.compression.unwrap_or_default().ticket_code(),
+                    compression: command.serve.compression.unwrap_or_default().ticket_code(),
                     planned_rows: read.rows,
                 })),
                 expires_at: 0,
@@ -622,12 +622,12 @@ impl CdcFlightService {
         Ok(match command {
             Command::Table(_) => output_schema(&columns, true),
             Command::Changes(command) => output_schema(
-                &planner::select_columns(table, columns, command.columns.as_deref())?,
-                command.include_command_id.unwrap_or(true),
+                &planner::select_columns(table, columns, command.serve.columns.as_deref())?,
+                command.serve.include_command_id.unwrap_or(true),
             ),
             Command::Snapshot(command) => crate::types::snapshot_schema(
-                &planner::select_columns(table, columns, command.columns.as_deref())?,
-                command.include_command_id.unwrap_or(true),
+                &planner::select_columns(table, columns, command.serve.columns.as_deref())?,
+                command.serve.include_command_id.unwrap_or(true),
             ),
         })
     }

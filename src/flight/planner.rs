@@ -10,12 +10,14 @@
 //! tail joining its predecessor), and reported with its events: a capture instance switch and
 //! any DDL recorded inside the range.
 
+use std::num::NonZeroU32;
+
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
 use crate::protocol::{
     ChangesCommand, DEFAULT_MIN_PARTITION_ROWS, MAX_PARTITIONS, PlanMetadata, RangeEvent, RangeInfo,
 };
-use crate::source::{CaptureInstance, CdcSource, TableName};
+use crate::source::{CaptureInstance, CdcSource, InstanceRange, TableName};
 use crate::types::{OutputColumn, RESERVED_COLUMN_NAMES, SqlType};
 
 /// A planned read: one endpoint.
@@ -209,7 +211,7 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
     let columns = select_columns(
         &table,
         union_columns(&table, &instances)?,
-        command.columns.as_deref(),
+        command.serve.columns.as_deref(),
     )?;
     let max_lsn = source.max_lsn().await?;
     let ceiling = max_lsn.unwrap_or(Lsn::ZERO);
@@ -298,10 +300,12 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
                 detail,
             });
         }
-        for ddl in source
-            .ddl_history(&instance.name, cursor.decrement(), end)
-            .await?
-        {
+        let range = |from| InstanceRange {
+            capture_instance: &instance.name,
+            from,
+            to: end,
+        };
+        for ddl in source.ddl_history(range(cursor.decrement())).await? {
             metadata.events.push(RangeEvent {
                 event: "schema_change".into(),
                 capture_instance: ddl.capture_instance,
@@ -311,21 +315,17 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
                 detail: super::ddl::describe(&ddl.ddl_command, &instance.columns),
             });
         }
-        let tiles = if partitions > 1 {
-            source
-                .split_points(&instance.name, cursor, end, partitions)
-                .await?
-        } else {
-            let rows: u64 = source
-                .split_points(&instance.name, cursor, end, 1)
-                .await?
-                .iter()
-                .map(|tile| tile.rows)
-                .sum();
-            vec![crate::source::Tile {
+        let tiles = match NonZeroU32::new(partitions).filter(|n| n.get() > 1) {
+            Some(tiles) => source.split_points(range(cursor), tiles).await?,
+            None => vec![crate::source::Tile {
                 last_lsn: end,
-                rows,
-            }]
+                rows: source
+                    .split_points(range(cursor), NonZeroU32::MIN)
+                    .await?
+                    .iter()
+                    .map(|tile| tile.rows)
+                    .sum(),
+            }],
         };
         let instance_reads = merge_tiles(&instance.name, cursor, end, &tiles, min_partition_rows);
         let rows: u64 = instance_reads.iter().map(|read| read.rows).sum();

@@ -25,8 +25,8 @@ use crate::protocol::{
     ChunkSpec, MAX_PARTITIONS, SnapshotCommand, SnapshotEndpointMetadata, SnapshotPlanMetadata,
 };
 use crate::source::{
-    BatchBytes, CaptureInstance, CdcSource, KeyBucket, KeyRange, SnapshotPiece, SnapshotRead,
-    TableName,
+    BatchBytes, CaptureInstance, CdcSource, KeyBucket, KeyGrid, KeyRange, SnapshotPiece,
+    SnapshotRead, TableName,
 };
 use crate::types::snapshot_schema;
 
@@ -38,8 +38,8 @@ struct SourceCounter<'a> {
 
 #[async_trait::async_trait]
 impl BucketCounter for SourceCounter<'_> {
-    async fn buckets(&self, lo: i64, hi: i64, width: u64) -> Result<Vec<KeyBucket>> {
-        self.source.key_buckets(self.table, lo, hi, width).await
+    async fn buckets(&self, grid: KeyGrid) -> Result<Vec<KeyBucket>> {
+        self.source.key_buckets(self.table, grid).await
     }
 }
 
@@ -60,13 +60,13 @@ pub async fn plan(
     let columns = planner::select_columns(
         &table,
         planner::union_columns(&table, &instances)?,
-        command.columns.as_deref(),
+        command.serve.columns.as_deref(),
     )?;
-    let bounds = limits.batch_bounds(command.batch_rows, command.batch_bytes)?;
+    let bounds = limits.batch_bounds(command.serve.batch_rows, command.serve.batch_bytes)?;
     if let Some(chunks) = &command.chunks {
         limits.check_chunks(chunks.len())?;
     }
-    let include_command_id = command.include_command_id.unwrap_or(true);
+    let include_command_id = command.serve.include_command_id.unwrap_or(true);
     let keyset = command.chunks.as_ref().is_some_and(|chunks| {
         command.keys.is_some()
             || chunks.iter().any(|chunk| {
@@ -198,7 +198,7 @@ pub async fn plan(
                 include_command_id,
                 batch_rows: bounds.rows as u64,
                 batch_bytes: bounds.bytes as u64,
-                compression: command.compression.unwrap_or_default().ticket_code(),
+                compression: command.serve.compression.unwrap_or_default().ticket_code(),
             })),
             expires_at: 0,
         };

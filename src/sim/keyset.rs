@@ -125,7 +125,7 @@ pub fn row_keys(
                 definition.table, column.name
             ))
         })?;
-        let mut builder = ColumnBuilder::new(&source.sql_type, rows.len());
+        let mut builder = ColumnBuilder::for_sql_type(&source.sql_type, rows.len());
         let is_key = source.name == definition.key;
         for (key, content) in rows {
             builder.append_generated(source, is_key, *key, *content);

@@ -7,7 +7,8 @@
 //! removes the rows it purged, as SQL Server's change table does; the Flight layer's guard
 //! after the read turns that into `DATA_LOSS`.
 
-use crate::keys::{KeyColumn, KeySeek, KeyTuple};
+use crate::keys::{KeyColumn, KeyTuple, KeysetSeek};
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -28,9 +29,9 @@ use crate::error::{Error, Result};
 use crate::lsn::Lsn;
 use crate::offset::CommitTime;
 use crate::source::{
-    BatchStream, CaptureInstance, CdcSource, ChangeRead, DdlEntry, KeyBucket, KeyExtent,
-    ReadSender, SnapshotRead, TableName, Tile, TrackedTable, capture_instance_not_found,
-    read_channel,
+    BatchStream, CaptureInstance, CdcSource, ChangeRead, DdlEntry, InstanceRange, KeyBucket,
+    KeyExtent, KeyGrid, ReadSender, SnapshotRead, TableName, Tile, TrackedTable,
+    capture_instance_not_found, read_channel,
 };
 
 use crate::types::{OutputColumn, output_schema};
@@ -346,40 +347,27 @@ impl CdcSource for SimDb {
         Ok(Some(mapping.get(index)?.lsn))
     }
 
-    async fn ddl_history(
-        &self,
-        capture_instance: &str,
-        from: Lsn,
-        to: Lsn,
-    ) -> Result<Vec<DdlEntry>> {
+    async fn ddl_history(&self, range: InstanceRange<'_>) -> Result<Vec<DdlEntry>> {
         self.simulate_latency().await;
         let manifest = self.store.manifest()?;
-        Self::published_instance(&manifest, capture_instance)?;
+        Self::published_instance(&manifest, range.capture_instance)?;
         Ok(manifest
             .ddl_history
             .iter()
             .filter(|entry| {
-                entry.capture_instance == capture_instance
-                    && entry.ddl_lsn > from
-                    && entry.ddl_lsn <= to
+                entry.capture_instance == range.capture_instance
+                    && entry.ddl_lsn > range.from
+                    && entry.ddl_lsn <= range.to
             })
             .cloned()
             .collect())
     }
 
-    async fn split_points(
-        &self,
-        capture_instance: &str,
-        from: Lsn,
-        to: Lsn,
-        n: u32,
-    ) -> Result<Vec<Tile>> {
-        if n == 0 {
-            return Err(Error::invalid("split_points needs n >= 1"));
-        }
+    async fn split_points(&self, range: InstanceRange<'_>, tiles: NonZeroU32) -> Result<Vec<Tile>> {
         self.simulate_latency().await;
         let db = self.clone();
-        let name = capture_instance.to_string();
+        let name = range.capture_instance.to_string();
+        let (from, to, n) = (range.from, range.to, tiles.get());
         tokio::task::spawn_blocking(move || {
             let mut total = 0u64;
             db.scan_start_lsns(&name, from, to, |_| total += 1)?;
@@ -442,15 +430,9 @@ impl CdcSource for SimDb {
         self.extent(table)
     }
 
-    async fn key_buckets(
-        &self,
-        table: &TableName,
-        lo: i64,
-        hi: i64,
-        width: u64,
-    ) -> Result<Vec<KeyBucket>> {
+    async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>> {
         self.simulate_latency().await;
-        self.buckets(table, lo, hi, width)
+        self.buckets(table, grid)
     }
 
     async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {
@@ -458,14 +440,9 @@ impl CdcSource for SimDb {
         self.keyset_max(table, keys)
     }
 
-    async fn key_bound(
-        &self,
-        table: &TableName,
-        keys: &[KeyColumn],
-        seek: &KeySeek,
-    ) -> Result<Option<KeyTuple>> {
+    async fn key_bound(&self, table: &TableName, seek: &KeysetSeek) -> Result<Option<KeyTuple>> {
         self.simulate_latency().await;
-        self.keyset_bound(table, keys, seek)
+        self.keyset_bound(table, seek.columns(), seek.seek())
     }
 
     async fn read_snapshot(&self, read: SnapshotRead) -> Result<BatchStream> {

@@ -21,7 +21,7 @@ use super::values::ColumnBuilder;
 use crate::error::{Error, Result};
 use crate::keys::{KeyColumn, KeySeek, KeyTuple};
 use crate::source::{
-    BatchBytes, KeyBucket, KeyExtent, ReadSender, SnapshotRead, TableName, check_bucket_grid,
+    BatchBytes, KeyBucket, KeyExtent, KeyGrid, ReadSender, SnapshotRead, TableName,
 };
 use crate::types::{CHUNK_COLUMN, batch_slice_size, snapshot_schema};
 
@@ -121,26 +121,10 @@ impl SimDb {
         keyset::seek(&definition, keys, &rows, seek)
     }
 
-    /// Row counts per slice of the grid `lo + i * width` over `[lo, hi]`.
-    pub(super) fn buckets(
-        &self,
-        table: &TableName,
-        lo: i64,
-        hi: i64,
-        width: u64,
-    ) -> Result<Vec<KeyBucket>> {
-        check_bucket_grid(lo, hi, width)?;
+    /// Row counts per slice of the grid over the table's key.
+    pub(super) fn buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>> {
         let rows = self.store.read_state(&self.table_def(table)?)?;
-        let mut buckets: Vec<KeyBucket> = Vec::new();
-        for key in rows.range(lo..=hi).map(|(key, _)| *key) {
-            let index = (i128::from(key) - i128::from(lo)) / i128::from(width);
-            let slice = KeyBucket::slice(lo, index, width, 1);
-            match buckets.last_mut() {
-                Some(last) if last.lo == slice.lo => last.rows += 1,
-                _ => buckets.push(slice),
-            }
-        }
-        Ok(buckets)
+        Ok(grid.count(rows.range(grid.lo()..=grid.hi()).map(|(key, _)| *key)))
     }
 
     /// Sends the rows of `read` in batches to `sender`; returns early when it is gone.
@@ -189,7 +173,7 @@ impl SimDb {
                 for (column, source) in read.columns.iter().zip(&sources) {
                     match source {
                         Some(source) => {
-                            let mut builder = ColumnBuilder::new(&column.sql_type, count);
+                            let mut builder = ColumnBuilder::for_sql_type(&column.sql_type, count);
                             let is_key = source.name == definition.key;
                             for (key, content) in part {
                                 builder.append_generated(source, is_key, *key, *content);

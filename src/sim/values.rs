@@ -7,16 +7,10 @@
 //! Values cover each type's shape: NULLs in nullable columns (one in eight), non-ASCII text,
 //! sub-second times at the declared precision, decimals at full precision.
 
-use std::sync::Arc;
-
-use arrow::array::{
-    ArrayRef, BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder, Float32Builder,
-    Float64Builder, Int16Builder, Int32Builder, Int64Builder, StringBuilder,
-    TimestampMicrosecondBuilder,
-};
 use arrow::datatypes::DataType;
 
 use super::storage::{ColumnDef, KeyDerived};
+pub use crate::column_builder::ColumnBuilder;
 use crate::types::{Length, SqlType};
 
 /// SplitMix64: a fast, well-mixed 64-bit hash step.
@@ -40,62 +34,12 @@ const WORDS: [&str; 16] = [
 const BASE_MICROS: i64 = 1_577_836_800_000_000;
 const TEN_YEARS_MICROS: u64 = 10 * 365 * 86_400 * 1_000_000;
 
-/// A builder for one column of the Arrow type a SQL type is served as.
-pub enum ColumnBuilder {
-    /// bit
-    Boolean(BooleanBuilder),
-    /// tinyint, smallint
-    Int16(Int16Builder),
-    /// int
-    Int32(Int32Builder),
-    /// bigint
-    Int64(Int64Builder),
-    /// real
-    Float32(Float32Builder),
-    /// float
-    Float64(Float64Builder),
-    /// decimal, numeric, money, smallmoney
-    Decimal(Decimal128Builder),
-    /// date
-    Date(Date32Builder),
-    /// date-times
-    Timestamp(TimestampMicrosecondBuilder),
-    /// text types, time, uniqueidentifier
-    Utf8(StringBuilder),
-    /// binary types
-    Binary(BinaryBuilder),
-}
-
 impl ColumnBuilder {
-    /// A builder for values of `sql_type`.
-    pub fn new(sql_type: &SqlType, capacity: usize) -> Self {
-        match sql_type.arrow_type() {
-            Some(DataType::Boolean) => {
-                ColumnBuilder::Boolean(BooleanBuilder::with_capacity(capacity))
-            }
-            Some(DataType::Int16) => ColumnBuilder::Int16(Int16Builder::with_capacity(capacity)),
-            Some(DataType::Int32) => ColumnBuilder::Int32(Int32Builder::with_capacity(capacity)),
-            Some(DataType::Int64) => ColumnBuilder::Int64(Int64Builder::with_capacity(capacity)),
-            Some(DataType::Float32) => {
-                ColumnBuilder::Float32(Float32Builder::with_capacity(capacity))
-            }
-            Some(DataType::Float64) => {
-                ColumnBuilder::Float64(Float64Builder::with_capacity(capacity))
-            }
-            Some(DataType::Decimal128(precision, scale)) => ColumnBuilder::Decimal(
-                Decimal128Builder::with_capacity(capacity)
-                    .with_precision_and_scale(precision, scale)
-                    .expect("decimal types come from validated SQL types"),
-            ),
-            Some(DataType::Date32) => ColumnBuilder::Date(Date32Builder::with_capacity(capacity)),
-            Some(DataType::Timestamp(_, zone)) => ColumnBuilder::Timestamp(
-                TimestampMicrosecondBuilder::with_capacity(capacity).with_timezone_opt(zone),
-            ),
-            Some(DataType::Binary) => {
-                ColumnBuilder::Binary(BinaryBuilder::with_capacity(capacity, capacity * 16))
-            }
-            _ => ColumnBuilder::Utf8(StringBuilder::with_capacity(capacity, capacity * 24)),
-        }
+    /// A builder for values of `sql_type`, as the simulator serves it (types without an
+    /// Arrow type of their own as text).
+    pub fn for_sql_type(sql_type: &SqlType, capacity: usize) -> Self {
+        let data_type = sql_type.arrow_type().unwrap_or(DataType::Utf8);
+        ColumnBuilder::new(&data_type, capacity).expect("simulated SQL types have builders")
     }
 
     /// Appends the value column `column` has in a row with this key and content.
@@ -124,7 +68,7 @@ impl ColumnBuilder {
                 let word = REGIONS[(hash % REGIONS.len() as u64) as usize];
                 builder.append_value(format!("{}{key:010}", cased(word, hash >> 16, false)))
             }
-            (KeyDerived::Unique, ColumnBuilder::Date(builder)) => {
+            (KeyDerived::Unique, ColumnBuilder::Date32(builder)) => {
                 builder.append_value(18_262 + key as i32)
             }
             (KeyDerived::Unique, ColumnBuilder::Timestamp(builder)) => builder.append_value(
@@ -161,7 +105,7 @@ impl ColumnBuilder {
             ColumnBuilder::Float64(builder) => {
                 builder.append_value((hash % 1_000_000_000) as f64 / 1000.0)
             }
-            ColumnBuilder::Decimal(builder) => {
+            ColumnBuilder::Decimal(builder, _) => {
                 let precision = match column.sql_type {
                     SqlType::Decimal { precision, .. } => precision,
                     SqlType::Money => 19,
@@ -177,7 +121,7 @@ impl ColumnBuilder {
                 };
                 builder.append_value(signed);
             }
-            ColumnBuilder::Date(builder) => builder.append_value(18_262 + (hash % 3_650) as i32),
+            ColumnBuilder::Date32(builder) => builder.append_value(18_262 + (hash % 3_650) as i32),
             ColumnBuilder::Timestamp(builder) => {
                 builder.append_value(timestamp_value(&column.sql_type, hash))
             }
@@ -187,40 +131,6 @@ impl ColumnBuilder {
             ColumnBuilder::Binary(builder) => {
                 builder.append_value(binary_value(&column.sql_type, hash))
             }
-        }
-    }
-
-    /// Appends NULL.
-    pub fn append_null(&mut self) {
-        match self {
-            ColumnBuilder::Boolean(builder) => builder.append_null(),
-            ColumnBuilder::Int16(builder) => builder.append_null(),
-            ColumnBuilder::Int32(builder) => builder.append_null(),
-            ColumnBuilder::Int64(builder) => builder.append_null(),
-            ColumnBuilder::Float32(builder) => builder.append_null(),
-            ColumnBuilder::Float64(builder) => builder.append_null(),
-            ColumnBuilder::Decimal(builder) => builder.append_null(),
-            ColumnBuilder::Date(builder) => builder.append_null(),
-            ColumnBuilder::Timestamp(builder) => builder.append_null(),
-            ColumnBuilder::Utf8(builder) => builder.append_null(),
-            ColumnBuilder::Binary(builder) => builder.append_null(),
-        }
-    }
-
-    /// The built array; the builder starts over empty.
-    pub fn finish(&mut self) -> ArrayRef {
-        match self {
-            ColumnBuilder::Boolean(builder) => Arc::new(builder.finish()),
-            ColumnBuilder::Int16(builder) => Arc::new(builder.finish()),
-            ColumnBuilder::Int32(builder) => Arc::new(builder.finish()),
-            ColumnBuilder::Int64(builder) => Arc::new(builder.finish()),
-            ColumnBuilder::Float32(builder) => Arc::new(builder.finish()),
-            ColumnBuilder::Float64(builder) => Arc::new(builder.finish()),
-            ColumnBuilder::Decimal(builder) => Arc::new(builder.finish()),
-            ColumnBuilder::Date(builder) => Arc::new(builder.finish()),
-            ColumnBuilder::Timestamp(builder) => Arc::new(builder.finish()),
-            ColumnBuilder::Utf8(builder) => Arc::new(builder.finish()),
-            ColumnBuilder::Binary(builder) => Arc::new(builder.finish()),
         }
     }
 }
@@ -297,21 +207,7 @@ fn text_value(sql_type: &SqlType, key: i64, hash: u64) -> String {
             )
         }
         SqlType::Time { precision } => {
-            let total = hash % (86_400 * 10_000_000);
-            let (seconds, fraction) = (total / 10_000_000, total % 10_000_000);
-            let clock = format!(
-                "{:02}:{:02}:{:02}",
-                seconds / 3600,
-                (seconds / 60) % 60,
-                seconds % 60
-            );
-            if *precision == 0 {
-                clock
-            } else {
-                let digits = format!("{fraction:07}");
-                let kept = &digits[..usize::from(*precision)];
-                format!("{clock}.{kept:0<7}")
-            }
+            crate::types::time_text(hash % (86_400 * 10_000_000), *precision)
         }
         SqlType::Xml => format!("<row key=\"{key}\" value=\"{}\"/>", hash % 100_000),
         _ => {
@@ -378,8 +274,8 @@ mod tests {
     #[test]
     fn values_are_a_function_of_content_and_respect_declared_sizes() {
         let def = column("nvarchar(8)", false);
-        let mut first = ColumnBuilder::new(&def.sql_type, 4);
-        let mut second = ColumnBuilder::new(&def.sql_type, 4);
+        let mut first = ColumnBuilder::for_sql_type(&def.sql_type, 4);
+        let mut second = ColumnBuilder::for_sql_type(&def.sql_type, 4);
         for content in 0..100u64 {
             first.append_generated(&def, false, 1, content);
             second.append_generated(&def, false, 1, content);
@@ -393,13 +289,13 @@ mod tests {
     #[test]
     fn nullable_columns_get_some_nulls_and_keys_never() {
         let def = column("int", true);
-        let mut builder = ColumnBuilder::new(&def.sql_type, 1000);
+        let mut builder = ColumnBuilder::for_sql_type(&def.sql_type, 1000);
         for content in 0..1000u64 {
             builder.append_generated(&def, false, 7, content);
         }
         let nulls = builder.finish().null_count();
         assert!((50..250).contains(&nulls), "{nulls} nulls in 1000");
-        let mut keys = ColumnBuilder::new(&def.sql_type, 1000);
+        let mut keys = ColumnBuilder::for_sql_type(&def.sql_type, 1000);
         for content in 0..1000u64 {
             keys.append_generated(&def, true, 7, content);
         }
@@ -409,7 +305,7 @@ mod tests {
     #[test]
     fn times_honour_their_precision() {
         let def = column("datetime2(3)", false);
-        let mut builder = ColumnBuilder::new(&def.sql_type, 100);
+        let mut builder = ColumnBuilder::for_sql_type(&def.sql_type, 100);
         for content in 0..100u64 {
             builder.append_generated(&def, false, 0, content);
         }

@@ -3,6 +3,7 @@
 //! a read that never yields a row, a source that stops answering, a captured column of a type
 //! no Arrow type serves (the simulator generates only servable types).
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -10,12 +11,12 @@ use std::time::Duration;
 use futures::StreamExt;
 use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::error::{Error, Result};
-use mssql_cdc_flight::keys::{KeyColumn, KeySeek, KeyTuple};
+use mssql_cdc_flight::keys::{KeyColumn, KeyTuple, KeysetSeek};
 use mssql_cdc_flight::offset::CommitTime;
 use mssql_cdc_flight::sim::SimDb;
 use mssql_cdc_flight::source::{
-    BatchStream, CapturedColumn, CdcSource, ChangeRead, DdlEntry, KeyBucket, KeyExtent,
-    SnapshotRead, TableName, Tile, TrackedTable, read_channel,
+    BatchStream, CapturedColumn, CdcSource, ChangeRead, DdlEntry, InstanceRange, KeyBucket,
+    KeyExtent, KeyGrid, SnapshotRead, TableName, Tile, TrackedTable, read_channel,
 };
 
 /// How a [`FaultySource`] breaks its change reads.
@@ -95,11 +96,11 @@ impl CdcSource for FaultySource {
     async fn nth_commit_after(&self, lsn: Lsn, n: u64) -> Result<Option<Lsn>> {
         self.db.nth_commit_after(lsn, n).await
     }
-    async fn ddl_history(&self, ci: &str, from: Lsn, to: Lsn) -> Result<Vec<DdlEntry>> {
-        self.db.ddl_history(ci, from, to).await
+    async fn ddl_history(&self, range: InstanceRange<'_>) -> Result<Vec<DdlEntry>> {
+        self.db.ddl_history(range).await
     }
-    async fn split_points(&self, ci: &str, from: Lsn, to: Lsn, n: u32) -> Result<Vec<Tile>> {
-        self.db.split_points(ci, from, to, n).await
+    async fn split_points(&self, range: InstanceRange<'_>, n: NonZeroU32) -> Result<Vec<Tile>> {
+        self.db.split_points(range, n).await
     }
     async fn read_changes(&self, read: ChangeRead) -> Result<BatchStream> {
         let whole = self.db.read_changes(read).await?;
@@ -143,25 +144,14 @@ impl CdcSource for FaultySource {
     async fn key_extent(&self, table: &TableName) -> Result<KeyExtent> {
         self.db.key_extent(table).await
     }
-    async fn key_buckets(
-        &self,
-        table: &TableName,
-        lo: i64,
-        hi: i64,
-        width: u64,
-    ) -> Result<Vec<KeyBucket>> {
-        self.db.key_buckets(table, lo, hi, width).await
+    async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>> {
+        self.db.key_buckets(table, grid).await
     }
     async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {
         self.db.key_max(table, keys).await
     }
-    async fn key_bound(
-        &self,
-        table: &TableName,
-        keys: &[KeyColumn],
-        seek: &KeySeek,
-    ) -> Result<Option<KeyTuple>> {
-        self.db.key_bound(table, keys, seek).await
+    async fn key_bound(&self, table: &TableName, seek: &KeysetSeek) -> Result<Option<KeyTuple>> {
+        self.db.key_bound(table, seek).await
     }
     async fn read_snapshot(&self, read: SnapshotRead) -> Result<BatchStream> {
         self.db.read_snapshot(read).await

@@ -5,7 +5,7 @@
 //!   spells a type;
 //! - **Desc**: the [`SqlType`] it declares ([`RawColumn::sql_type`]), whose Arrow type is the
 //!   crate-wide mapping of [`crate::types`];
-//! - **Decoder**: one typed Arrow builder per result column ([`ColumnDecoder`]), fed the
+//! - **Decoder**: one typed Arrow builder per result column ([`ColumnBuilder`]), fed the
 //!   `ColumnData` of each row by position (`Row::into_iter`), so there is no name lookup and
 //!   no `FromSql` dispatch per value.
 //!
@@ -16,17 +16,10 @@
 //! upper-case text, `time` to `HH:MM:SS.fffffff`, `xml` to its text, money (cast to decimal in
 //! SQL) to Decimal128.
 
-use std::sync::Arc;
-
-use arrow::array::{
-    ArrayRef, BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder, Float32Builder,
-    Float64Builder, Int16Builder, Int32Builder, Int64Builder, StringBuilder,
-    TimestampMicrosecondBuilder,
-};
-use arrow::datatypes::DataType;
 use tiberius::ColumnData;
 use tiberius::time::{Date, DateTime, DateTime2, Time};
 
+pub use crate::column_builder::ColumnBuilder;
 use crate::error::{Error, Result};
 use crate::types::{Length, SqlType};
 
@@ -123,70 +116,12 @@ impl RawColumn {
     }
 }
 
-/// A typed Arrow builder for one result column.
-pub enum ColumnDecoder {
-    /// bit.
-    Boolean(BooleanBuilder),
-    /// tinyint, smallint.
-    Int16(Int16Builder),
-    /// int.
-    Int32(Int32Builder),
-    /// bigint.
-    Int64(Int64Builder),
-    /// real.
-    Float32(Float32Builder),
-    /// float.
-    Float64(Float64Builder),
-    /// decimal, numeric, money (cast in SQL), with the column's scale.
-    Decimal(Decimal128Builder, u8),
-    /// date.
-    Date32(Date32Builder),
-    /// datetime, smalldatetime, datetime2, datetimeoffset (UTC): microseconds.
-    Timestamp(TimestampMicrosecondBuilder),
-    /// Text: the string types, xml, uniqueidentifier, time, LSN text.
-    Utf8(StringBuilder),
-    /// binary, varbinary, image, rowversion.
-    Binary(BinaryBuilder),
-}
-
-impl ColumnDecoder {
-    /// A builder for values of `data_type` with room for `capacity` rows.
-    pub fn new(data_type: &DataType, capacity: usize) -> Result<Self> {
-        Ok(match data_type {
-            DataType::Boolean => ColumnDecoder::Boolean(BooleanBuilder::with_capacity(capacity)),
-            DataType::Int16 => ColumnDecoder::Int16(Int16Builder::with_capacity(capacity)),
-            DataType::Int32 => ColumnDecoder::Int32(Int32Builder::with_capacity(capacity)),
-            DataType::Int64 => ColumnDecoder::Int64(Int64Builder::with_capacity(capacity)),
-            DataType::Float32 => ColumnDecoder::Float32(Float32Builder::with_capacity(capacity)),
-            DataType::Float64 => ColumnDecoder::Float64(Float64Builder::with_capacity(capacity)),
-            DataType::Decimal128(precision, scale) => ColumnDecoder::Decimal(
-                Decimal128Builder::with_capacity(capacity)
-                    .with_precision_and_scale(*precision, *scale)?,
-                u8::try_from(*scale)
-                    .map_err(|_| Error::Internal(format!("negative decimal scale {scale}")))?,
-            ),
-            DataType::Date32 => ColumnDecoder::Date32(Date32Builder::with_capacity(capacity)),
-            DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, zone) => {
-                ColumnDecoder::Timestamp(
-                    TimestampMicrosecondBuilder::with_capacity(capacity)
-                        .with_timezone_opt(zone.clone()),
-                )
-            }
-            DataType::Utf8 => ColumnDecoder::Utf8(StringBuilder::with_capacity(capacity, 0)),
-            DataType::Binary => ColumnDecoder::Binary(BinaryBuilder::with_capacity(capacity, 0)),
-            other => {
-                return Err(Error::Internal(format!(
-                    "no SQL Server decoder for Arrow type {other}"
-                )));
-            }
-        })
-    }
-
+impl ColumnBuilder {
     /// Appends one value; returns the bytes it added (for batch sizing). A value of a kind
     /// the column cannot hold is an error naming what arrived.
     pub fn append(&mut self, value: ColumnData<'static>) -> Result<usize> {
+        use ColumnBuilder as D;
         use ColumnData as V;
-        use ColumnDecoder as D;
         let mismatch = |value: &ColumnData<'_>, expected: &str| {
             Error::SchemaChanged(format!(
                 "SQL Server sent {} where {expected} was expected; the column's type changed \
@@ -340,58 +275,25 @@ impl ColumnDecoder {
         })
     }
 
-    fn append_null(&mut self) {
-        match self {
-            ColumnDecoder::Boolean(b) => b.append_null(),
-            ColumnDecoder::Int16(b) => b.append_null(),
-            ColumnDecoder::Int32(b) => b.append_null(),
-            ColumnDecoder::Int64(b) => b.append_null(),
-            ColumnDecoder::Float32(b) => b.append_null(),
-            ColumnDecoder::Float64(b) => b.append_null(),
-            ColumnDecoder::Decimal(b, _) => b.append_null(),
-            ColumnDecoder::Date32(b) => b.append_null(),
-            ColumnDecoder::Timestamp(b) => b.append_null(),
-            ColumnDecoder::Utf8(b) => b.append_null(),
-            ColumnDecoder::Binary(b) => b.append_null(),
-        }
-    }
-
     fn expected(&self) -> &'static str {
         match self {
-            ColumnDecoder::Boolean(_) => "bit",
-            ColumnDecoder::Int16(_) => "smallint",
-            ColumnDecoder::Int32(_) => "int",
-            ColumnDecoder::Int64(_) => "bigint",
-            ColumnDecoder::Float32(_) => "real",
-            ColumnDecoder::Float64(_) => "float",
-            ColumnDecoder::Decimal(..) => "decimal",
-            ColumnDecoder::Date32(_) => "date",
-            ColumnDecoder::Timestamp(_) => "a date-time",
-            ColumnDecoder::Utf8(_) => "text",
-            ColumnDecoder::Binary(_) => "binary",
-        }
-    }
-
-    /// The column built so far; the builder starts over empty.
-    pub fn finish(&mut self) -> ArrayRef {
-        match self {
-            ColumnDecoder::Boolean(b) => Arc::new(b.finish()),
-            ColumnDecoder::Int16(b) => Arc::new(b.finish()),
-            ColumnDecoder::Int32(b) => Arc::new(b.finish()),
-            ColumnDecoder::Int64(b) => Arc::new(b.finish()),
-            ColumnDecoder::Float32(b) => Arc::new(b.finish()),
-            ColumnDecoder::Float64(b) => Arc::new(b.finish()),
-            ColumnDecoder::Decimal(b, _) => Arc::new(b.finish()),
-            ColumnDecoder::Date32(b) => Arc::new(b.finish()),
-            ColumnDecoder::Timestamp(b) => Arc::new(b.finish()),
-            ColumnDecoder::Utf8(b) => Arc::new(b.finish()),
-            ColumnDecoder::Binary(b) => Arc::new(b.finish()),
+            ColumnBuilder::Boolean(_) => "bit",
+            ColumnBuilder::Int16(_) => "smallint",
+            ColumnBuilder::Int32(_) => "int",
+            ColumnBuilder::Int64(_) => "bigint",
+            ColumnBuilder::Float32(_) => "real",
+            ColumnBuilder::Float64(_) => "float",
+            ColumnBuilder::Decimal(..) => "decimal",
+            ColumnBuilder::Date32(_) => "date",
+            ColumnBuilder::Timestamp(_) => "a date-time",
+            ColumnBuilder::Utf8(_) => "text",
+            ColumnBuilder::Binary(_) => "binary",
         }
     }
 }
 
 /// Appends one row's values to the decoders, by position; returns the bytes added.
-pub fn append_row(decoders: &mut [ColumnDecoder], row: tiberius::Row) -> Result<usize> {
+pub fn append_row(decoders: &mut [ColumnBuilder], row: tiberius::Row) -> Result<usize> {
     if row.len() != decoders.len() {
         return Err(Error::Internal(format!(
             "SQL Server sent {} columns where {} were expected",
@@ -497,22 +399,9 @@ pub fn datetime2_micros(value: DateTime2) -> i64 {
     days * MICROS_PER_DAY + (time_ticks(value.time()) / 10) as i64
 }
 
-/// `HH:MM:SS` and, for a fractional scale, seven digits (100 ns), as the simulated database
-/// writes `time` values.
+/// The served text of a `time` value ([`crate::types::time_text`]).
 pub fn time_text(time: Time) -> String {
-    let ticks = time_ticks(time);
-    let (seconds, fraction) = (ticks / 10_000_000, ticks % 10_000_000);
-    let clock = format!(
-        "{:02}:{:02}:{:02}",
-        seconds / 3600,
-        (seconds / 60) % 60,
-        seconds % 60
-    );
-    if time.scale() == 0 {
-        clock
-    } else {
-        format!("{clock}.{fraction:07}")
-    }
+    crate::types::time_text(time_ticks(time), time.scale())
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@ use tiberius::xml::XmlData;
 use tiberius::{ColumnType, Row};
 
 use super::*;
+use arrow::array::ArrayRef;
+use arrow::datatypes::DataType;
 
 /// Decodes `values` into one column of `sql_type`.
 fn decode(sql_type: &str, values: Vec<ColumnData<'static>>) -> ArrayRef {
@@ -21,7 +23,7 @@ fn decode(sql_type: &str, values: Vec<ColumnData<'static>>) -> ArrayRef {
         .expect("type")
         .arrow_type()
         .expect("mapped");
-    let mut decoders = vec![ColumnDecoder::new(&data_type, values.len()).expect("decoder")];
+    let mut decoders = vec![ColumnBuilder::new(&data_type, values.len()).expect("decoder")];
     for value in values {
         let row = Row::builder().column("c", ColumnType::Null, value).build();
         append_row(&mut decoders, row).expect("decodes");
@@ -289,7 +291,7 @@ fn binaries_keep_their_bytes() {
 
 #[test]
 fn a_value_of_another_type_is_a_schema_change_not_garbage() {
-    let mut decoders = vec![ColumnDecoder::new(&DataType::Int32, 1).expect("decoder")];
+    let mut decoders = vec![ColumnBuilder::new(&DataType::Int32, 1).expect("decoder")];
     let row = Row::builder()
         .column("c", ColumnType::Int8, ColumnData::I64(Some(1)))
         .build();

@@ -13,8 +13,9 @@
 mod catalog;
 mod stream;
 
-use crate::keys::{KeyColumn, KeySeek, KeyTuple};
+use crate::keys::{KeyColumn, KeyTuple, KeysetSeek};
 use std::collections::{BTreeMap, BTreeSet};
+use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use tiberius::{ColumnData, Row, ToSql};
@@ -29,8 +30,8 @@ use crate::mssql::pool::{self, Connections, Manager};
 use crate::mssql::sql;
 use crate::offset::CommitTime;
 use crate::source::{
-    BatchStream, CaptureInstance, CapturedColumn, CdcSource, ChangeRead, DdlEntry, KeyBucket,
-    KeyExtent, SnapshotRead, TableName, Tile, TrackedTable, check_bucket_grid,
+    BatchStream, CaptureInstance, CapturedColumn, CdcSource, ChangeRead, DdlEntry, InstanceRange,
+    KeyBucket, KeyExtent, KeyGrid, SnapshotRead, TableName, Tile, TrackedTable,
 };
 use crate::types::{OutputColumn, output_schema, snapshot_schema};
 use catalog::{
@@ -256,12 +257,12 @@ impl CdcSource for SqlServerSource {
             .await
     }
 
-    async fn ddl_history(
-        &self,
-        capture_instance: &str,
-        from: Lsn,
-        to: Lsn,
-    ) -> Result<Vec<DdlEntry>> {
+    async fn ddl_history(&self, range: InstanceRange<'_>) -> Result<Vec<DdlEntry>> {
+        let InstanceRange {
+            capture_instance,
+            from,
+            to,
+        } = range;
         let rows = self
             .rows(
                 sql::ddl_history(),
@@ -299,23 +300,14 @@ impl CdcSource for SqlServerSource {
         Ok(entries)
     }
 
-    async fn split_points(
-        &self,
-        capture_instance: &str,
-        from: Lsn,
-        to: Lsn,
-        n: u32,
-    ) -> Result<Vec<Tile>> {
-        if n == 0 {
-            return Err(Error::invalid("split_points needs n >= 1"));
-        }
-        let statement = sql::split_points(capture_instance)?;
-        let rows = self
-            .rows(
-                &statement,
-                &[Param::lsn(from), Param::lsn(to), Param::Int(i64::from(n))],
-            )
-            .await?;
+    async fn split_points(&self, range: InstanceRange<'_>, tiles: NonZeroU32) -> Result<Vec<Tile>> {
+        let statement = sql::split_points(range.capture_instance)?;
+        let params = [
+            Param::lsn(range.from),
+            Param::lsn(range.to),
+            Param::Int(i64::from(tiles.get())),
+        ];
+        let rows = self.rows(&statement, &params).await?;
         rows.iter()
             .map(|row| {
                 Ok(Tile {
@@ -390,14 +382,8 @@ impl CdcSource for SqlServerSource {
         })
     }
 
-    async fn key_buckets(
-        &self,
-        table: &TableName,
-        lo: i64,
-        hi: i64,
-        width: u64,
-    ) -> Result<Vec<KeyBucket>> {
-        check_bucket_grid(lo, hi, width)?;
+    async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>> {
+        let width = grid.width();
         let width_param = i64::try_from(width)
             .map_err(|_| Error::invalid(format!("key_buckets width {width} passes BIGINT")))?;
         let (key, _) = self.integer_key(table).await?;
@@ -405,7 +391,11 @@ impl CdcSource for SqlServerSource {
         let rows = self
             .rows(
                 &sql::key_buckets(table, &key, &prefix)?,
-                &[Param::Int(lo), Param::Int(hi), Param::Int(width_param)],
+                &[
+                    Param::Int(grid.lo()),
+                    Param::Int(grid.hi()),
+                    Param::Int(width_param),
+                ],
             )
             .await?;
         rows.iter()
@@ -414,12 +404,7 @@ impl CdcSource for SqlServerSource {
                     Ok(ColumnData::Numeric(Some(n))) => n.int_part(),
                     _ => return Err(Error::Internal("a key slice without an index".into())),
                 };
-                Ok(KeyBucket::slice(
-                    lo,
-                    index,
-                    width,
-                    int_at(row, 1).unwrap_or(0).max(0) as u64,
-                ))
+                Ok(grid.slice(index, int_at(row, 1).unwrap_or(0).max(0) as u64))
             })
             .collect()
     }
@@ -432,12 +417,8 @@ impl CdcSource for SqlServerSource {
         Ok(row.map(|row| key_tuple_at(&row, keys)))
     }
 
-    async fn key_bound(
-        &self,
-        table: &TableName,
-        keys: &[KeyColumn],
-        seek: &KeySeek,
-    ) -> Result<Option<KeyTuple>> {
+    async fn key_bound(&self, table: &TableName, seek: &KeysetSeek) -> Result<Option<KeyTuple>> {
+        let (keys, seek) = (seek.columns(), seek.seek());
         let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
         let (statement, values) = sql::key_bound(
             table,

@@ -16,7 +16,7 @@ use tiberius::ToSql;
 
 use super::{Param, SqlServerSource};
 use crate::error::{Error, Result};
-use crate::mssql::decode::{self, ColumnDecoder};
+use crate::mssql::decode::{self, ColumnBuilder};
 use crate::mssql::pool::{self, Connection};
 use crate::source::{BatchBytes, BatchStream, ReadSender, read_channel};
 
@@ -49,18 +49,18 @@ pub(super) struct BatchShape {
 }
 
 impl BatchShape {
-    pub(super) fn decoders(&self, capacity: usize) -> Result<Vec<ColumnDecoder>> {
+    pub(super) fn decoders(&self, capacity: usize) -> Result<Vec<ColumnBuilder>> {
         self.sources
             .iter()
             .zip(self.schema.fields())
             .filter(|(source, _)| source.is_some())
-            .map(|(_, field)| ColumnDecoder::new(field.data_type(), capacity))
+            .map(|(_, field)| ColumnBuilder::new(field.data_type(), capacity))
             .collect()
     }
 
     pub(super) fn batch(
         &self,
-        decoders: &mut [ColumnDecoder],
+        decoders: &mut [ColumnBuilder],
         fills: &[Fill],
         rows: usize,
     ) -> Result<RecordBatch> {

@@ -165,7 +165,7 @@ impl CaptureBuffer {
         }
         let values = columns
             .iter()
-            .map(|(column, _)| ColumnBuilder::new(&column.sql_type, SEGMENT_BATCH_ROWS))
+            .map(|(column, _)| ColumnBuilder::for_sql_type(&column.sql_type, SEGMENT_BATCH_ROWS))
             .collect();
         Ok(CaptureBuffer {
             table: state.table.clone(),
