@@ -24,7 +24,7 @@ use tonic::{Code, Status};
 
 use crate::error::{Result, WriterError};
 use crate::sidecar::SidecarConfig;
-use crate::snapshot::{self, SnapshotMode, SnapshotState};
+use crate::snapshot::{self, BackfillStatus, SnapshotMode, SnapshotState};
 use crate::stream::StreamConfig;
 
 use mssql_cdc_proto::admin::SnapshotState as SnapshotStateMessage;
@@ -37,32 +37,34 @@ pub use mssql_cdc_proto::admin::{
 fn state_message(table: &str, state: SnapshotState) -> SnapshotStateMessage {
     SnapshotStateMessage {
         table: table.to_string(),
-        snapshot: state.snapshot.map(|lsn| lsn.to_string()),
+        snapshot: state.status.snapshot.map(|lsn| lsn.to_string()),
         mode: state.mode,
-        chunks_done: state.chunks_done,
-        chunks_total: state.chunks_total,
-        done: state.done,
-        paused: state.paused,
-        state: state.state,
-        reason: state.reason,
+        chunks_done: state.status.chunks_done,
+        chunks_total: state.status.chunks_total,
+        done: state.status.done,
+        paused: state.status.paused,
+        state: state.status.state,
+        reason: state.status.reason,
     }
 }
 
 /// A snapshot state from its wire form.
 fn state_from_message(message: SnapshotStateMessage) -> Result<SnapshotState> {
     Ok(SnapshotState {
-        snapshot: message
-            .snapshot
-            .map(|text| text.parse())
-            .transpose()
-            .map_err(|error| WriterError::Internal(format!("admin answer: {error}")))?,
         mode: message.mode,
-        chunks_done: message.chunks_done,
-        chunks_total: message.chunks_total,
-        done: message.done,
-        paused: message.paused,
-        state: message.state,
-        reason: message.reason,
+        status: BackfillStatus {
+            snapshot: message
+                .snapshot
+                .map(|text| text.parse())
+                .transpose()
+                .map_err(|error| WriterError::Internal(format!("admin answer: {error}")))?,
+            chunks_done: message.chunks_done,
+            chunks_total: message.chunks_total,
+            done: message.done,
+            paused: message.paused,
+            state: message.state,
+            reason: message.reason,
+        },
     })
 }
 

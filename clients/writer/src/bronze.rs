@@ -38,13 +38,7 @@ use crate::tables::TableKind;
 /// The bronze columns of a stream batch: `_batch_id`, `_snapshot`, `_chunk` appended.
 pub fn stream_rows(batch: &RecordBatch, batch_id: i64) -> Result<RecordBatch> {
     let rows = batch.num_rows();
-    let mut fields: Vec<Field> = batch
-        .schema()
-        .fields()
-        .iter()
-        .map(|field| field.as_ref().clone())
-        .collect();
-    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    let (mut fields, mut columns) = parts(batch);
     let batch_id =
         i32::try_from(batch_id).map_err(|_| WriterError::Internal("batch id past INT".into()))?;
     fields.push(Field::new("_batch_id", ArrowType::Int32, true));
@@ -53,6 +47,22 @@ pub fn stream_rows(batch: &RecordBatch, batch_id: i64) -> Result<RecordBatch> {
     columns.push(new_null_array(&ArrowType::Utf8, rows));
     fields.push(Field::new("_chunk", ArrowType::Int32, true));
     columns.push(new_null_array(&ArrowType::Int32, rows));
+    assemble(fields, columns)
+}
+
+/// A batch's fields and columns, to add, move or cast columns.
+fn parts(batch: &RecordBatch) -> (Vec<Field>, Vec<ArrayRef>) {
+    let fields = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|field| field.as_ref().clone())
+        .collect();
+    (fields, batch.columns().to_vec())
+}
+
+/// The batch of `fields` and `columns`.
+fn assemble(fields: Vec<Field>, columns: Vec<ArrayRef>) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(
         Arc::new(Schema::new(fields)),
         columns,
@@ -67,12 +77,7 @@ pub fn snapshot_rows(batch: &RecordBatch, snapshot: &str) -> Result<RecordBatch>
     let chunk_index = schema
         .index_of("_chunk")
         .map_err(|_| WriterError::Internal("a snapshot batch without _chunk".into()))?;
-    let mut fields: Vec<Field> = schema
-        .fields()
-        .iter()
-        .map(|field| field.as_ref().clone())
-        .collect();
-    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    let (mut fields, mut columns) = parts(batch);
     let chunk_field = fields.remove(chunk_index);
     let chunk = columns.remove(chunk_index);
     fields.push(Field::new("_batch_id", ArrowType::Int32, true));
@@ -84,10 +89,7 @@ pub fn snapshot_rows(batch: &RecordBatch, snapshot: &str) -> Result<RecordBatch>
     ])));
     fields.push(chunk_field.with_nullable(true));
     columns.push(chunk);
-    Ok(RecordBatch::try_new(
-        Arc::new(Schema::new(fields)),
-        columns,
-    )?)
+    assemble(fields, columns)
 }
 
 /// Which rows a bronze append writes: a stream batch's or a snapshot's.
@@ -323,21 +325,12 @@ pub fn conform(
     batches
         .into_iter()
         .map(|batch| {
-            let mut fields: Vec<Field> = batch
-                .schema()
-                .fields()
-                .iter()
-                .map(|field| field.as_ref().clone())
-                .collect();
-            let mut columns = batch.columns().to_vec();
+            let (mut fields, mut columns) = parts(&batch);
             for (index, to) in &casts {
                 columns[*index] = arrow::compute::cast(&columns[*index], to)?;
                 fields[*index] = fields[*index].clone().with_data_type(to.clone());
             }
-            Ok(RecordBatch::try_new(
-                Arc::new(Schema::new(fields)),
-                columns,
-            )?)
+            assemble(fields, columns)
         })
         .collect()
 }

@@ -4,17 +4,11 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Arg, Args, Parser, Subcommand};
 
 /// Stream SQL Server CDC from an mssql-cdc-flight server into Delta tables.
 #[derive(Parser)]
 #[command(version, about)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Commands,
-}
-
-#[derive(Subcommand)]
 pub enum Commands {
     /// Stream one table (flags) or every table of a sidecar file (--config) into bronze,
     /// facts and control.
@@ -75,6 +69,7 @@ pub enum SnapshotCommand {
 }
 
 #[derive(Args)]
+#[command(mut_args(StreamLake::required_unless("admin", &[])))]
 pub struct SnapshotTable {
     /// A sidecar's admin service (`admin_listen` of its file): the call goes there and the
     /// sidecar's own settings for the table apply; without it the lake is used directly.
@@ -86,35 +81,71 @@ pub struct SnapshotTable {
     /// PEM certificate of the CA that signed the admin service's certificate (`https://`).
     #[arg(long, env = "MSSQL_CDC_WRITER_ADMIN_CA", requires = "admin")]
     pub admin_ca: Option<PathBuf>,
-    /// The Flight server (used by `open`, `pause` and `resume`).
+    /// The table; without `--admin`, its stream's lake (the server is used by `open`,
+    /// `pause` and `resume`).
+    #[command(flatten)]
+    pub stream: TableArgs,
+    #[command(flatten)]
+    pub snapshot_keys: SnapshotKeys,
+}
+
+/// The table a snapshot command works on: the Flight server, the source table and its
+/// stream's lake.
+#[derive(Args)]
+pub struct TableArgs {
     #[command(flatten)]
     pub server: FlightServer,
     /// Source table (schema.table).
     #[arg(long, env = "MSSQL_CDC_WRITER_TABLE")]
     pub table: String,
-    /// Bronze table location (its plans table lies beside it).
-    #[arg(
-        long,
-        required_unless_present = "admin",
-        env = "MSSQL_CDC_WRITER_TARGET"
-    )]
+    #[command(flatten)]
+    pub lake: StreamLake,
+}
+
+/// `--target`, `--facts` and `--app-id`: a stream's bronze and facts tables and its app id.
+/// Each command flattening them says when they are required (`#[command(mut_args(...))]`
+/// with [`StreamLake::required_unless`] or [`StreamLake::required`]), so a missing one
+/// stays a usage error.
+#[derive(Args, Clone)]
+pub struct StreamLake {
+    /// Bronze table location (a path or an object-store URL; its plans table lies beside it).
+    #[arg(long, env = "MSSQL_CDC_WRITER_TARGET")]
     pub target: Option<String>,
     /// Facts table location.
-    #[arg(
-        long,
-        required_unless_present = "admin",
-        env = "MSSQL_CDC_WRITER_FACTS"
-    )]
+    #[arg(long, env = "MSSQL_CDC_WRITER_FACTS")]
     pub facts: Option<String>,
-    /// The stream's app id.
-    #[arg(
-        long,
-        required_unless_present = "admin",
-        env = "MSSQL_CDC_WRITER_APP_ID"
-    )]
+    /// The stream's app id (the writer's identity; a new checkpoint needs a new app id).
+    #[arg(long, env = "MSSQL_CDC_WRITER_APP_ID")]
     pub app_id: Option<String>,
-    #[command(flatten)]
-    pub snapshot_keys: SnapshotKeys,
+}
+
+impl StreamLake {
+    const IDS: [&'static str; 3] = ["target", "facts", "app_id"];
+
+    /// For `mut_args`: the three flags, and the command's flags named in `also`, are
+    /// required unless the flag `other` is given.
+    pub fn required_unless(
+        other: &'static str,
+        also: &'static [&'static str],
+    ) -> impl FnMut(Arg) -> Arg {
+        move |arg| {
+            let id = arg.get_id().as_str();
+            if Self::IDS.contains(&id) || also.contains(&id) {
+                arg.required_unless_present(other)
+            } else {
+                arg
+            }
+        }
+    }
+
+    /// For `mut_args`: the three flags are required.
+    pub fn required(arg: Arg) -> Arg {
+        if Self::IDS.contains(&arg.get_id().as_str()) {
+            arg.required(true)
+        } else {
+            arg
+        }
+    }
 }
 
 /// `--server`, shared by every command that reads the Flight server.
@@ -144,21 +175,10 @@ pub struct SnapshotKeys {
 }
 
 #[derive(Args)]
+#[command(mut_args(StreamLake::required))]
 pub struct BackfillArgs {
     #[command(flatten)]
-    pub server: FlightServer,
-    /// Source table (schema.table).
-    #[arg(long, env = "MSSQL_CDC_WRITER_TABLE")]
-    pub table: String,
-    /// Bronze table location (its plans table lies beside it).
-    #[arg(long, env = "MSSQL_CDC_WRITER_TARGET")]
-    pub target: String,
-    /// Facts table location.
-    #[arg(long, env = "MSSQL_CDC_WRITER_FACTS")]
-    pub facts: String,
-    /// The stream's app id.
-    #[arg(long, env = "MSSQL_CDC_WRITER_APP_ID")]
-    pub app_id: String,
+    pub stream: TableArgs,
     /// Chunks read in parallel per round.
     #[arg(long, default_value_t = 2, env = "MSSQL_CDC_WRITER_PARTITIONS")]
     pub partitions: u32,
@@ -227,46 +247,20 @@ pub struct DemoArgs {
 }
 
 #[derive(Args)]
+#[command(mut_args(StreamLake::required_unless("config", &["table", "checkpoint"])))]
 pub struct RunArgs {
     #[command(flatten)]
     pub server: FlightServer,
     /// Source table (schema.table).
-    #[arg(
-        long,
-        required_unless_present = "config",
-        env = "MSSQL_CDC_WRITER_TABLE"
-    )]
+    #[arg(long, env = "MSSQL_CDC_WRITER_TABLE")]
     pub table: Option<String>,
-    /// Bronze table location (a path or an object-store URL).
-    #[arg(
-        long,
-        required_unless_present = "config",
-        env = "MSSQL_CDC_WRITER_TARGET"
-    )]
-    pub target: Option<String>,
-    /// Facts table location.
-    #[arg(
-        long,
-        required_unless_present = "config",
-        env = "MSSQL_CDC_WRITER_FACTS"
-    )]
-    pub facts: Option<String>,
+    #[command(flatten)]
+    pub lake: StreamLake,
     /// Control table location (the completeness verdict).
     #[arg(long, env = "MSSQL_CDC_WRITER_CONTROL")]
     pub control: Option<String>,
-    /// Writer identity; a new checkpoint needs a new app id.
-    #[arg(
-        long,
-        required_unless_present = "config",
-        env = "MSSQL_CDC_WRITER_APP_ID"
-    )]
-    pub app_id: Option<String>,
     /// Checkpoint directory.
-    #[arg(
-        long,
-        required_unless_present = "config",
-        env = "MSSQL_CDC_WRITER_CHECKPOINT"
-    )]
+    #[arg(long, env = "MSSQL_CDC_WRITER_CHECKPOINT")]
     pub checkpoint: Option<PathBuf>,
     /// A sidecar file listing many tables (see docs/writer.md); replaces the per-table flags.
     #[arg(long, conflicts_with_all = ["table", "target", "facts", "app_id", "checkpoint"], env = "MSSQL_CDC_WRITER_CONFIG")]

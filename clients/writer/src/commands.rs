@@ -9,7 +9,7 @@ use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots}
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
 use mssql_cdc_writer::{admin, sidecar};
 
-use crate::cli::{ApplyArgs, BackfillArgs, RunArgs, SnapshotCommand, SnapshotTable};
+use crate::cli::{ApplyArgs, BackfillArgs, RunArgs, SnapshotCommand, TableArgs};
 
 /// `run`: one table from flags, or every table of a sidecar file.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -28,10 +28,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut config = StreamConfig {
         server: args.server.url,
         table: args.table.ok_or_else(missing)?,
-        target: args.target.ok_or_else(missing)?,
-        facts: args.facts.ok_or_else(missing)?,
+        target: args.lake.target.ok_or_else(missing)?,
+        facts: args.lake.facts.ok_or_else(missing)?,
         control: args.control,
-        app_id: args.app_id.ok_or_else(missing)?,
+        app_id: args.lake.app_id.ok_or_else(missing)?,
         checkpoint: args.checkpoint.ok_or_else(missing)?,
         starting: args.starting,
         max_commits: args.max_commits,
@@ -138,9 +138,12 @@ pub async fn snapshot_command(command: SnapshotCommand) -> anyhow::Result<()> {
                     })
                     .transpose()?,
             };
-            admin::call(url, &access, &table.table, request).await?
+            admin::call(url, &access, &table.stream.table, request).await?
         }
-        None => admin::run_locally(&snapshot_table_config(&table)?, request).await?,
+        None => {
+            let config = snapshot_config(&table.stream, 2, table.snapshot_keys.columns.clone())?;
+            admin::run_locally(&config, request).await?
+        }
     };
     println!("{}", serde_json::to_string(&state)?);
     Ok(())
@@ -148,15 +151,7 @@ pub async fn snapshot_command(command: SnapshotCommand) -> anyhow::Result<()> {
 
 /// `backfill`: waves of the open chunked snapshot, with a progress line per wave.
 pub async fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
-    let config = snapshot_config(
-        args.server.url,
-        args.table,
-        args.target,
-        args.facts,
-        args.app_id,
-        args.partitions,
-        args.snapshot_keys.columns,
-    );
+    let config = snapshot_config(&args.stream, args.partitions, args.snapshot_keys.columns)?;
     let options = BackfillOptions {
         chunk_rows: args.chunk_rows,
         max_waves: args.max_waves,
@@ -282,38 +277,22 @@ pub async fn print_status(path: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The stream configuration of a snapshot command run on the lake directly (no `--admin`).
-fn snapshot_table_config(table: &SnapshotTable) -> anyhow::Result<StreamConfig> {
-    let missing = || anyhow::anyhow!("--target, --facts and --app-id are needed without --admin");
-    Ok(snapshot_config(
-        table.server.url.clone(),
-        table.table.clone(),
-        table.target.clone().ok_or_else(missing)?,
-        table.facts.clone().ok_or_else(missing)?,
-        table.app_id.clone().ok_or_else(missing)?,
-        2,
-        table.snapshot_keys.columns.clone(),
-    ))
-}
-
-/// The stream configuration a snapshot command needs: its table, lake and app id (no
-/// checkpoint or control table: snapshots live in bronze, facts and the plans table).
+/// The stream configuration a snapshot command run on the lake needs: its table, lake and
+/// app id (no checkpoint or control table: snapshots live in bronze, facts and the plans
+/// table).
 fn snapshot_config(
-    server: String,
-    table: String,
-    target: String,
-    facts: String,
-    app_id: String,
+    table: &TableArgs,
     partitions: u32,
     snapshot_keys: Option<Vec<String>>,
-) -> StreamConfig {
-    StreamConfig {
-        server,
-        table,
-        target,
-        facts,
+) -> anyhow::Result<StreamConfig> {
+    let missing = || anyhow::anyhow!("--target, --facts and --app-id are needed without --admin");
+    Ok(StreamConfig {
+        server: table.server.url.clone(),
+        table: table.table.clone(),
+        target: table.lake.target.clone().ok_or_else(missing)?,
+        facts: table.lake.facts.clone().ok_or_else(missing)?,
         control: None,
-        app_id,
+        app_id: table.lake.app_id.clone().ok_or_else(missing)?,
         checkpoint: PathBuf::new(),
         starting: "earliest".into(),
         max_commits: None,
@@ -321,5 +300,5 @@ fn snapshot_config(
         granularity: Granularity::Hour,
         fail_on_data_loss: true,
         snapshot_keys,
-    }
+    })
 }

@@ -2,18 +2,17 @@
 
 use std::sync::Arc;
 
-use arrow::array::{
-    Array, ArrayRef, Float64Array, Int32Array, Int64Array, StringArray, TimestampMicrosecondArray,
-};
+use arrow::array::{Array, Int32Array, StringArray, TimestampMicrosecondArray};
 use arrow::datatypes::{DataType as ArrowType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use deltalake::kernel::DataType;
+use serde::Serialize;
 
 use crate::error::{Result, WriterError};
 use crate::tables::TableKind;
 
 /// One facts row; `None` is NULL. Times are microseconds since the epoch, UTC.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[allow(missing_docs)] // the fields are the facts columns, documented by their comments
 pub struct FactsRow {
     pub app_id: Option<String>,
@@ -74,59 +73,17 @@ pub fn arrow_schema(kind: TableKind) -> SchemaRef {
     ))
 }
 
-/// Facts rows as one batch in the facts table's column order.
+/// Facts rows as one batch in the facts table's column order: each field fills the column
+/// of its name (strict: a field without a column is an error).
 pub fn to_batch(rows: &[FactsRow]) -> Result<RecordBatch> {
-    let text = |get: fn(&FactsRow) -> &Option<String>| -> ArrayRef {
-        Arc::new(
-            rows.iter()
-                .map(|row| get(row).clone())
-                .collect::<StringArray>(),
-        )
-    };
-    let long = |get: fn(&FactsRow) -> Option<i64>| -> ArrayRef {
-        Arc::new(rows.iter().map(get).collect::<Int64Array>())
-    };
-    let double = |get: fn(&FactsRow) -> Option<f64>| -> ArrayRef {
-        Arc::new(rows.iter().map(get).collect::<Float64Array>())
-    };
-    let time = |get: fn(&FactsRow) -> Option<i64>| -> ArrayRef {
-        Arc::new(rows.iter().map(get).collect::<TimestampMicrosecondArray>())
-    };
-    let columns: Vec<ArrayRef> = vec![
-        text(|r| &r.app_id),
-        long(|r| r.batch_id),
-        long(|r| r.rows),
-        text(|r| &r.min_lsn),
-        text(|r| &r.max_lsn),
-        time(|r| r.min_commit_ts),
-        time(|r| r.max_commit_ts),
-        long(|r| r.deletes),
-        long(|r| r.inserts),
-        long(|r| r.updates),
-        time(|r| r.started_at),
-        long(|r| r.duration_ms),
-        double(|r| r.source_rtt_ms),
-        double(|r| r.read_seconds),
-        double(|r| r.read_mb),
-        long(|r| r.network_wait_ms),
-        time(|r| r.retention_watermark_ts),
-        double(|r| r.retention_headroom_hours),
-        text(|r| &r.event),
-        time(|r| r.lost_from_ts),
-        time(|r| r.lost_to_ts),
-        time(|r| r.source_max_commit_ts),
-        double(|r| r.capture_lag_seconds),
-        double(|r| r.ingestion_lag_seconds),
-        text(|r| &r.end_lsn),
-        time(|r| r.end_commit_ts),
-        text(|r| &r.detail),
-        text(|r| &r.target),
-        time(|r| r.written_at),
-    ];
-    Ok(RecordBatch::try_new(
-        arrow_schema(TableKind::Facts),
-        columns,
-    )?)
+    let schema = arrow_schema(TableKind::Facts);
+    let mut decoder = arrow::json::ReaderBuilder::new(schema.clone())
+        .with_strict_mode(true)
+        .build_decoder()?;
+    decoder.serialize(rows)?;
+    Ok(decoder
+        .flush()?
+        .unwrap_or_else(|| RecordBatch::new_empty(schema)))
 }
 
 #[cfg(test)]
@@ -150,6 +107,58 @@ mod tests {
             1,
             "min_lsn unknown stays NULL"
         );
+        assert!(to_batch(&[]).expect("empty").num_rows() == 0);
+    }
+
+    #[test]
+    fn every_field_fills_its_own_column() {
+        let text = |name: &str| Some(name.to_string());
+        let row = FactsRow {
+            app_id: text("app"),
+            batch_id: Some(1),
+            rows: Some(2),
+            min_lsn: text("min"),
+            max_lsn: text("max"),
+            min_commit_ts: Some(3),
+            max_commit_ts: Some(4),
+            deletes: Some(5),
+            inserts: Some(6),
+            updates: Some(7),
+            started_at: Some(8),
+            duration_ms: Some(9),
+            source_rtt_ms: Some(10.5),
+            read_seconds: Some(11.5),
+            read_mb: Some(12.5),
+            network_wait_ms: Some(13),
+            retention_watermark_ts: Some(14),
+            retention_headroom_hours: Some(15.5),
+            event: text("event"),
+            lost_from_ts: Some(16),
+            lost_to_ts: Some(17),
+            source_max_commit_ts: Some(18),
+            capture_lag_seconds: Some(19.5),
+            ingestion_lag_seconds: Some(20.5),
+            end_lsn: text("end"),
+            end_commit_ts: Some(21),
+            detail: text("{}"),
+            target: text("target"),
+            written_at: Some(22),
+        };
+        let batch = to_batch(&[row]).expect("batch");
+        let shown = arrow::util::pretty::pretty_format_batches(std::slice::from_ref(&batch))
+            .expect("format")
+            .to_string();
+        for column in batch.columns() {
+            assert_eq!(column.null_count(), 0, "{shown}");
+        }
+        let value = |name: &str| {
+            let column = batch.column_by_name(name).expect(name);
+            arrow::util::display::array_value_to_string(column, 0).expect("value")
+        };
+        assert_eq!(value("end_lsn"), "end");
+        assert_eq!(value("network_wait_ms"), "13");
+        assert_eq!(value("read_mb"), "12.5");
+        assert_eq!(value("written_at"), "1970-01-01T00:00:00.000022");
     }
 }
 

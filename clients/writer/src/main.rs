@@ -7,7 +7,7 @@ mod commands;
 #[cfg(feature = "sim")]
 mod demo;
 
-use cli::{Cli, Commands};
+use cli::Commands;
 
 // As in the server: per-batch multi-megabyte Arrow and Parquet buffers are reused by
 // mimalloc instead of going back to mmap/munmap.
@@ -25,7 +25,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        match Cli::parse().command {
+        match Commands::parse() {
             Commands::Run(args) => commands::run(*args).await,
             Commands::Status { config } => commands::print_status(config).await,
             Commands::Backfill(args) => commands::backfill(*args).await,

@@ -152,7 +152,7 @@ async fn the_admin_service_opens_pauses_and_resumes_a_snapshot_the_sidecar_reads
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    assert_eq!(state.expect("status answers").state, "no_snapshot");
+    assert_eq!(state.expect("status answers").status.state, "no_snapshot");
     let unknown = admin::call(&url, &Default::default(), "dbo.nowhere", Request::Status)
         .await
         .expect_err("not in the file");
@@ -165,32 +165,37 @@ async fn the_admin_service_opens_pauses_and_resumes_a_snapshot_the_sidecar_reads
     let paused = call(Request::Pause(Some("load test".into())))
         .await
         .expect("pause");
-    assert!(paused.paused, "{paused:?}");
+    assert!(paused.status.paused, "{paused:?}");
     // The sidecar finishes at most the wave it was reading, then holds.
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let held = call(Request::Status).await.expect("status");
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     let still = call(Request::Status).await.expect("status");
-    assert_eq!(held.state, "paused", "{held:?}");
+    assert_eq!(held.status.state, "paused", "{held:?}");
     assert!(
-        held.reason
+        held.status
+            .reason
             .as_deref()
             .unwrap_or_default()
             .contains("load test")
     );
-    assert_eq!(held.chunks_done, still.chunks_done, "no wave while paused");
+    assert_eq!(
+        held.status.chunks_done, still.status.chunks_done,
+        "no wave while paused"
+    );
     assert!(
-        held.chunks_total
-            .is_some_and(|total| held.chunks_done < total),
+        held.status
+            .chunks_total
+            .is_some_and(|total| held.status.chunks_done < total),
         "{held:?}"
     );
 
     let resumed = call(Request::Resume).await.expect("resume");
-    assert!(!resumed.paused);
+    assert!(!resumed.status.paused);
     let mut done = None;
     for _ in 0..300 {
         let answer = call(Request::Status).await.expect("status");
-        if answer.done {
+        if answer.status.done {
             done = Some(answer);
             break;
         }
@@ -225,10 +230,10 @@ async fn the_admin_service_opens_pauses_and_resumes_a_snapshot_the_sidecar_reads
     assert_eq!(printed["state"], "done", "{printed}");
     assert_eq!(
         printed["snapshot"],
-        serde_json::json!(opened.snapshot.map(|s| s.to_string()))
+        serde_json::json!(opened.status.snapshot.map(|s| s.to_string()))
     );
-    assert_eq!(Some(done.chunks_done), done.chunks_total);
-    let snapshot = opened.snapshot.expect("S");
+    assert_eq!(Some(done.status.chunks_done), done.status.chunks_total);
+    let snapshot = opened.status.snapshot.expect("S");
     let rows = query(
         &lab.lake("bronze_orders"),
         &format!(
@@ -365,7 +370,7 @@ async fn the_admin_service_answers_only_calls_carrying_its_token_over_tls() {
         .await
         .expect("open with the token");
     assert_eq!(opened.mode.as_deref(), Some("chunked"));
-    assert_eq!(opened.state, "open", "{opened:?}");
+    assert_eq!(opened.status.state, "open", "{opened:?}");
 
     // The CLI passes the token file and the CA.
     let cli = |with_token: bool| {

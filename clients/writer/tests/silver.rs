@@ -376,8 +376,8 @@ async fn a_resnapshot_rebuilds_silver_after_the_table_was_emptied_and_refilled()
     assert!(!apply(&lab).await.rebuilt);
     assert_in_step(&lab, "changes merged after it").await;
     let state = snapshot::state(&config).await.expect("state");
-    assert_eq!(state.snapshot, Some(refilled));
-    assert_eq!(state.state, "done", "{state:?}");
+    assert_eq!(state.status.snapshot, Some(refilled));
+    assert_eq!(state.status.state, "done", "{state:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -127,7 +127,8 @@ impl Default for BackfillOptions {
     }
 }
 
-/// What a backfill call did (the seed's `BackfillStatus`).
+/// Where a table's chunked snapshot stands: what a backfill call did (the seed's
+/// `BackfillStatus`), and the fields of [`SnapshotState`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BackfillStatus {
     /// S of the snapshot worked on.
@@ -140,10 +141,26 @@ pub struct BackfillStatus {
     pub done: bool,
     /// Whether the call stopped early for a guard.
     pub paused: bool,
-    /// `no_snapshot`, `reading`, `done`, `waiting_headroom`, `waiting_metrics`.
+    /// After a backfill: `no_snapshot`, `reading`, `done`, `waiting_headroom`,
+    /// `waiting_metrics`; in a [`SnapshotState`]: `no_snapshot`, `open`, `paused`, `done`.
     pub state: String,
     /// Why it paused or stopped.
     pub reason: Option<String>,
+}
+
+impl BackfillStatus {
+    /// The status of a table without a snapshot.
+    pub fn no_snapshot() -> Self {
+        BackfillStatus {
+            snapshot: None,
+            chunks_done: 0,
+            chunks_total: None,
+            done: false,
+            paused: false,
+            state: "no_snapshot".into(),
+            reason: None,
+        }
+    }
 }
 
 /// Progress of a backfill after each wave (for a progress bar).

@@ -4,11 +4,11 @@
 //! recorded once and every later call keeps it.
 
 use mssql_cdc_proto::Lsn;
-use mssql_cdc_proto::catalog::{KeyBucket, KeyExtent};
+use mssql_cdc_proto::catalog::{KeyBucket, KeyExtent, KeyGrid};
 use mssql_cdc_proto::chunking::{self, BucketCounter};
 use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::keys::{Bound, KeySeek, KeyTuple};
-use mssql_cdc_proto::protocol::KeyBoundAnswer;
+use mssql_cdc_proto::protocol::{KeyBoundAnswer, KeyBucketsBody};
 use serde_json::json;
 
 use super::{KeysetOpen, PlannedChunk, PlansRows, Snapshots, keyset_of, plans_location};
@@ -24,17 +24,9 @@ pub(super) struct FlightCounter<'a> {
 
 #[async_trait::async_trait]
 impl BucketCounter for FlightCounter<'_> {
-    async fn buckets(
-        &self,
-        lo: i64,
-        hi: i64,
-        width: u64,
-    ) -> mssql_cdc_proto::Result<Vec<KeyBucket>> {
+    async fn buckets(&self, grid: KeyGrid) -> mssql_cdc_proto::Result<Vec<KeyBucket>> {
         self.client
-            .action(
-                "key_buckets",
-                &json!({"table": self.table, "lo": lo, "hi": hi, "width": width}),
-            )
+            .action("key_buckets", &KeyBucketsBody::new(self.table, grid))
             .await
             .map_err(|error| mssql_cdc_proto::Error::SourceUnavailable(error.to_string()))
     }
