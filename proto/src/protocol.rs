@@ -573,6 +573,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn commands_read_their_flattened_serve_options_and_refuse_unknown_fields() {
+        let command = Command::parse(
+            br#"{"type": "changes", "table": "dbo.orders", "from": "0x00000000000000000000", "batch_rows": 7, "columns": ["a"]}"#,
+        )
+        .expect("changes");
+        let Command::Changes(changes) = &command else {
+            panic!("{command:?}");
+        };
+        assert_eq!(changes.serve.batch_rows, Some(7));
+        assert_eq!(changes.serve.columns, Some(vec!["a".to_string()]));
+        assert_eq!(
+            Command::parse(&command.to_bytes()).expect("round trip"),
+            command
+        );
+        for text in [
+            r#"{"type": "changes", "table": "t.a", "from": "0x00000000000000000000", "batch_row": 7}"#,
+            r#"{"type": "snapshot", "table": "t.a", "partition": 2}"#,
+        ] {
+            let error = Command::parse(text.as_bytes()).expect_err(text).to_string();
+            assert!(error.contains("unknown field"), "{error}");
+            assert!(
+                error.contains("`batch_rows`"),
+                "lists the known fields: {error}"
+            );
+        }
+    }
+
+    #[test]
     fn ticket_compression_codes_round_trip_and_an_unknown_code_is_refused() {
         for compression in [Compression::None, Compression::Lz4, Compression::Zstd] {
             let code = compression.ticket_code();
