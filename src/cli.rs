@@ -95,6 +95,10 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (docs/operations.md); none without.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Seconds between the live tail's `max_lsn` reads while `wait_for_commits` calls wait
+    /// (one read serves every waiting call; none while no call waits).
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_TAIL_INTERVAL", default_value_t = 0.1)]
+    pub tail_interval: f64,
     #[command(flatten)]
     pub limits: LimitArgs,
 }

@@ -212,11 +212,18 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
              replicas refuse each other's tickets (give every replica the same --ticket-key-file)"
         );
     }
+    if !(args.tail_interval.is_finite() && (0.001..=60.0).contains(&args.tail_interval)) {
+        anyhow::bail!(
+            "--tail-interval must be 0.001 to 60 seconds, not {}",
+            args.tail_interval
+        );
+    }
     let options = ServiceOptions {
         signer,
         limits: args.limits.limits()?,
         authenticator,
         health_interval: flight::HEALTH_PROBE_INTERVAL,
+        tail_interval: Duration::from_secs_f64(args.tail_interval),
     };
     if let Some(address) = args.metrics_listen {
         metrics_exporter_prometheus::PrometheusBuilder::new()

@@ -442,6 +442,33 @@ pub struct LatestOffsetBody {
     pub upper: Option<Lsn>,
 }
 
+/// Body of `wait_for_commits`: the live tail. The call answers as soon as `max_lsn` is past
+/// `after`, or when `timeout_ms` has passed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitForCommitsBody {
+    /// The last LSN the caller has seen (its offset's LSN).
+    pub after: Lsn,
+    /// How long to wait at most, in milliseconds; default [`DEFAULT_WAIT_MS`], at most
+    /// [`MAX_WAIT_MS`] (and below the server's call deadline).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// How long `wait_for_commits` waits when the body does not say.
+pub const DEFAULT_WAIT_MS: u64 = 10_000;
+/// The longest wait `wait_for_commits` accepts.
+pub const MAX_WAIT_MS: u64 = 60_000;
+
+/// Answer of `wait_for_commits`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WaitForCommitsAnswer {
+    /// `max_lsn` as the server last read it (null: no commit yet, or not read yet).
+    pub lsn: Option<Lsn>,
+    /// Whether the wait ended at its timeout with `max_lsn` not past `after`.
+    pub timed_out: bool,
+}
+
 /// Answer of actions that return an LSN.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LsnAnswer {

@@ -68,6 +68,7 @@ actions! {
     KeyExtent = "key_extent": "{\"table\"} -> {\"column\", \"sql_type\", \"min\", \"max\", \"rows\"}: the key and its extent",
     KeyBuckets = "key_buckets": "{\"table\", \"lo\", \"hi\", \"width\"} -> [{\"lo\", \"hi\", \"rows\"}]: rows per key slice",
     KeyMax = "key_max": "{\"table\", \"keys\"?} -> {\"keys\", \"unique\", \"max\"}: the columns a snapshot is cut on and the largest key",
+    WaitForCommits = "wait_for_commits": "{\"after\", \"timeout_ms\"?} -> {\"lsn\", \"timed_out\"}: the live tail, answers once max_lsn is past after (or at the timeout)",
     KeyBound = "key_bound": "{\"table\", \"keys\"?, \"from\"?, \"from_inclusive\"?, \"to\"?, \"to_inclusive\"?, \"n\"} -> {\"bound\"}: the key of the (n + 1)-th row of a range, in the source's order",
 }
 
@@ -113,6 +114,24 @@ impl CdcFlightService {
         self.check_instance(principal, &body.capture_instance)
             .await?;
         Ok(body)
+    }
+
+    /// How long a `wait_for_commits` call waits: its `timeout_ms` (default
+    /// [`protocol::DEFAULT_WAIT_MS`], at most [`protocol::MAX_WAIT_MS`]), ending a second
+    /// before the server's call deadline so the answer always arrives.
+    fn wait_timeout(&self, timeout_ms: Option<u64>) -> Result<std::time::Duration> {
+        let asked = timeout_ms.unwrap_or(protocol::DEFAULT_WAIT_MS);
+        if asked > protocol::MAX_WAIT_MS {
+            return Err(Error::invalid(format!(
+                "wait_for_commits waits at most {} ms, not {asked}",
+                protocol::MAX_WAIT_MS
+            )));
+        }
+        let deadline = self
+            .limits
+            .call_timeout
+            .saturating_sub(std::time::Duration::from_secs(1));
+        Ok(std::time::Duration::from_millis(asked).min(deadline))
     }
 
     /// `table` parsed, and `PERMISSION_DENIED` unless `principal` may read it.
@@ -246,6 +265,17 @@ impl CdcFlightService {
                 let seek = KeysetSeek::new(keys, body.seek)?;
                 json_bytes(&protocol::KeyBoundAnswer {
                     bound: source.key_bound(&table, &seek).await?,
+                })
+            }
+            ActionKind::WaitForCommits => {
+                let body: protocol::WaitForCommitsBody = parse_body(name, body)?;
+                let outcome = self
+                    .commits
+                    .wait_after(body.after, self.wait_timeout(body.timeout_ms)?)
+                    .await;
+                json_bytes(&protocol::WaitForCommitsAnswer {
+                    lsn: outcome.max_lsn,
+                    timed_out: outcome.timed_out,
                 })
             }
             ActionKind::CountChanges => {

@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod planner;
 pub mod snapshot;
 pub mod stream;
+pub mod tail;
 pub mod ticket;
 
 pub use actions::ActionKind;
@@ -80,6 +81,8 @@ pub struct ServiceOptions {
     pub authenticator: Option<Arc<Authenticator>>,
     /// How often health asks the source (`max_lsn`) whether it answers.
     pub health_interval: Duration,
+    /// How often the live tail reads `max_lsn` while `wait_for_commits` calls wait.
+    pub tail_interval: Duration,
 }
 
 impl ServiceOptions {
@@ -90,6 +93,7 @@ impl ServiceOptions {
             limits: Limits::default(),
             authenticator: None,
             health_interval: HEALTH_PROBE_INTERVAL,
+            tail_interval: tail::TAIL_INTERVAL,
         }
     }
 }
@@ -100,6 +104,7 @@ pub struct CdcFlightService {
     signer: TicketSigner,
     limits: Limits,
     streams: Arc<StreamGate>,
+    commits: tail::CommitWatch,
 }
 
 /// TLS of the server, PEM encoded.
@@ -221,8 +226,10 @@ impl CdcFlightService {
     /// its `Arc<Principal>` in its extensions.
     pub fn new(source: Arc<dyn CdcSource>, options: ServiceOptions) -> Self {
         let limits = options.limits;
+        let source: Arc<dyn CdcSource> = Arc::new(metered::MeteredSource(source));
         CdcFlightService {
-            source: Arc::new(metered::MeteredSource(source)),
+            commits: tail::CommitWatch::new(Arc::clone(&source), options.tail_interval),
+            source,
             signer: options.signer,
             streams: StreamGate::new(
                 limits.max_streams,

@@ -5,7 +5,7 @@
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -40,6 +40,8 @@ pub struct FaultySource {
     pub fault: std::sync::Mutex<ReadFault>,
     /// Makes every `max_lsn` fail, as a source that went away.
     pub down: AtomicBool,
+    /// How many times `max_lsn` was called.
+    pub max_lsn_calls: AtomicU64,
     /// Set by a [`ReadFault::NeverAnswers`] read when its reader went away.
     pub reader_left: Arc<AtomicBool>,
     /// A column the catalog reports for a table's capture instances besides its own, as SQL
@@ -53,6 +55,7 @@ impl FaultySource {
             db,
             fault: std::sync::Mutex::new(fault),
             down: AtomicBool::new(false),
+            max_lsn_calls: AtomicU64::new(0),
             reader_left: Arc::new(AtomicBool::new(false)),
             extra_column: std::sync::Mutex::new(None),
         }
@@ -80,6 +83,7 @@ impl CdcSource for FaultySource {
         Ok(tracked)
     }
     async fn max_lsn(&self) -> Result<Option<Lsn>> {
+        self.max_lsn_calls.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
             return Err(Error::SourceUnavailable(
                 "the source is down (injected)".into(),

@@ -280,9 +280,14 @@ pub struct RunArgs {
     /// Read to the max_lsn recorded at start, then exit (default: run until Ctrl-C).
     #[arg(long, env = "MSSQL_CDC_WRITER_AVAILABLE_NOW")]
     pub available_now: bool,
-    /// Seconds between polls when nothing is new (continuous mode).
+    /// Seconds between polls when nothing is new (continuous mode); with the live tail, the
+    /// longest wait for a commit.
     #[arg(long, default_value_t = 5.0, env = "MSSQL_CDC_WRITER_POLL_SECONDS")]
     pub poll_seconds: f64,
+    /// Poll every --poll-seconds instead of waiting on the server's live tail
+    /// (`wait_for_commits`, which wakes the stream as soon as a commit lands).
+    #[arg(long, env = "MSSQL_CDC_WRITER_NO_LIVE_TAIL")]
+    pub no_live_tail: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics (docs/operations.md); none without.
     #[arg(long, env = "MSSQL_CDC_WRITER_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,

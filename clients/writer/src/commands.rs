@@ -1,5 +1,6 @@
 //! What each `mssql-cdc-writer` subcommand does with its parsed flags (`cli`).
 
+use mssql_cdc_writer::tail::Waiting;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -61,7 +62,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         let stopped = stopped_by_signal();
         let batches = stream
-            .run_continuous(Duration::from_secs_f64(args.poll_seconds), stopped)
+            .run_continuous(
+                Waiting {
+                    poll: Duration::from_secs_f64(args.poll_seconds),
+                    live_tail: !args.no_live_tail,
+                },
+                stopped,
+            )
             .await?;
         println!("stopped after {batches} batches");
     }

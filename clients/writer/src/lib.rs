@@ -18,5 +18,6 @@ pub mod silver;
 pub mod snapshot;
 pub mod stream;
 pub mod tables;
+pub mod tail;
 
 pub use error::{Result, WriterError};

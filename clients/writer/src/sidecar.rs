@@ -7,6 +7,7 @@
 //! checkpoints = "/lake/_checkpoints"
 //! granularity = "hour"             # minute, hour, day
 //! poll_seconds = 5.0
+//! live_tail = true                 # wait on the server's wait_for_commits (default true)
 //!
 //! [[tables]]
 //! table = "dbo.orders"
@@ -30,6 +31,7 @@
 //! `bootstrap` snapshots itself before its first batch; a chunked snapshot is read by a
 //! backfill task next to the table's stream (available-now: after the stream's run).
 
+use crate::tail::Waiting;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -64,6 +66,10 @@ pub struct SidecarConfig {
     /// Seconds between polls of an idle table (default 5).
     #[serde(default = "default_poll")]
     pub poll_seconds: f64,
+    /// Whether a busy table waits on the server's live tail (`wait_for_commits`) instead of
+    /// the whole poll interval (default true; see [`crate::tail`]).
+    #[serde(default = "default_live_tail")]
+    pub live_tail: bool,
     /// Address of the admin gRPC service (`proto/mssql_cdc_admin.proto`: open, status,
     /// pause and resume snapshots), for example `127.0.0.1:50061`; none when unset.
     #[serde(default)]
@@ -84,6 +90,10 @@ pub struct SidecarConfig {
 
 fn default_poll() -> f64 {
     5.0
+}
+
+fn default_live_tail() -> bool {
+    true
 }
 
 fn default_partitions() -> u32 {
@@ -375,6 +385,10 @@ fn is_final(error: &WriterError) -> bool {
 /// Runs every table until `stop` turns true; a failing table is retried with backoff.
 pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Receiver<bool>) {
     let poll = Duration::from_secs_f64(config.poll_seconds);
+    let waiting = Waiting {
+        poll,
+        live_tail: config.live_tail,
+    };
     let mut tasks = Vec::new();
     for entry in &config.tables {
         if let Some(apply) = apply_config(config, entry) {
@@ -388,7 +402,7 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
             let mut attempt = 0;
             while !*stop.borrow() {
                 let began = std::time::Instant::now();
-                if let Err(error) = continuous_attempt(&entry, &mut stream_config, poll, &stop).await
+                if let Err(error) = continuous_attempt(&entry, &mut stream_config, waiting, &stop).await
                 {
                     // A table that ran a while before failing starts its backoff over.
                     if began.elapsed() > backoff(u32::MAX) {
@@ -418,7 +432,7 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
 async fn continuous_attempt(
     entry: &TableEntry,
     config: &mut StreamConfig,
-    poll: Duration,
+    waiting: Waiting,
     stop: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<()> {
     bootstrap(entry, config).await?;
@@ -427,14 +441,15 @@ async fn continuous_attempt(
     let stream = async {
         let streamed = async {
             let mut stream = Stream::connect(config.clone()).await?;
-            stream.run_continuous(poll, attempt_ended.clone()).await
+            stream.run_continuous(waiting, attempt_ended.clone()).await
         }
         .await;
         let _ = end_attempt.send(true);
         streamed
     };
     let backfill = async {
-        let backfilled = backfill_continuous(entry, config, poll, attempt_ended.clone()).await;
+        let backfilled =
+            backfill_continuous(entry, config, waiting.poll, attempt_ended.clone()).await;
         let _ = end_attempt.send(true);
         backfilled
     };

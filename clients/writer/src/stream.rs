@@ -36,6 +36,7 @@ use crate::error::{Result, WriterError};
 use crate::events;
 use crate::facts::{self, FactsRow, Totals};
 use crate::tables::{self, TableKind};
+use crate::tail::{Tail, Waiting};
 
 /// How one table is streamed.
 #[derive(Clone, Debug)]
@@ -95,6 +96,7 @@ pub struct Stream {
     control: Option<Url>,
     checkpoint: Checkpoint,
     verified: bool,
+    tail: Tail,
 }
 
 /// Environment variable naming a step boundary where the process aborts, for crash tests:
@@ -154,6 +156,7 @@ impl Stream {
             checkpoint: Checkpoint::open(&config.checkpoint)?,
             client,
             verified: false,
+            tail: Tail::default(),
             config,
         })
     }
@@ -225,6 +228,7 @@ impl Stream {
             Some(batch) => {
                 let end = self.latest(batch.end, upper).await?;
                 if end.lsn <= batch.end.lsn {
+                    self.tail.caught_up(batch.end.lsn);
                     return Ok(None);
                 }
                 (batch.batch_id + 1, batch.end, end, false)
@@ -242,6 +246,7 @@ impl Stream {
                     .await?;
                 let end = self.latest(start, upper).await?;
                 if end.lsn <= start.lsn {
+                    self.tail.caught_up(start.lsn);
                     return Ok(None);
                 }
                 (0, start, end, false)
@@ -276,10 +281,11 @@ impl Stream {
         Ok(outcomes)
     }
 
-    /// Runs batches until `stop` resolves, polling every `poll` when nothing is new.
+    /// Runs batches until `stop` resolves, waiting as `waiting` says when nothing is new (on
+    /// the server's live tail, at most the poll interval; see [`crate::tail`]).
     pub async fn run_continuous(
         &mut self,
-        poll: std::time::Duration,
+        waiting: Waiting,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<u64> {
         let mut batches = 0;
@@ -287,13 +293,14 @@ impl Stream {
             match self.run_batch(None).await? {
                 Some(outcome) => {
                     batches += 1;
+                    self.tail.batch(outcome.rows);
                     tracing::info!(table = %self.config.table, batch = outcome.batch_id, rows = outcome.rows,
                         end = %outcome.end.lsn, "batch committed");
                 }
                 None => {
                     let mut stop = stop.clone();
                     tokio::select! {
-                        _ = tokio::time::sleep(poll) => {}
+                        _ = self.tail.wait(&self.client, waiting) => {}
                         _ = stop.changed() => {}
                     }
                 }
