@@ -187,3 +187,26 @@ def test_tls_with_the_servers_ca(tmp_path, database):
             untrusting.tables()
     finally:
         stop_server(process)
+
+
+def test_the_live_tail_wakes_on_a_commit_and_times_out_on_a_quiet_database(tmp_path):
+    directory = tmp_path / "db"
+    workload_database(directory, "--commits", "5", "--seed", "4", "--clock", "virtual")
+    process, url = start_server(directory)
+    try:
+        client = cdc.connect(url)
+        latest = client.latest_offset(client.initial_offset("dbo.orders"))
+        assert client.wait_for_commits(latest, timeout=0.3) is False
+        committer = threading.Timer(
+            0.5, run, ("sim", "run", str(directory), "--commits", "2", "--seed", "5")
+        )
+        committer.start()
+        started = time.monotonic()
+        assert client.wait_for_commits(latest, timeout=30) is True
+        assert time.monotonic() - started < 30
+        committer.join()
+        assert client.latest_offset(latest).lsn > latest.lsn
+        with pytest.raises(ValueError):
+            client.wait_for_commits(latest, timeout=61)
+    finally:
+        stop_server(process)

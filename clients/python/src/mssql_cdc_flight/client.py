@@ -127,6 +127,15 @@ class Client:
             body["max_commits"] = max_commits
         return Offset.from_json(self.action("latest_offset", body))
 
+    def wait_for_commits(self, after: OffsetLike, timeout: float = 10.0) -> bool:
+        """Waits on the server's live tail until a commit past ``after`` lands, at most
+        ``timeout`` seconds (60 at most); ``True`` when one did. A stream loop calls it when
+        ``latest_offset`` answers its own offset, instead of sleeping."""
+        if not 0 < timeout <= 60:
+            raise ValueError(f"timeout must be more than 0 and at most 60 seconds, not {timeout}")
+        body = {"after": _offset(after).lsn, "timeout_ms": max(1, int(timeout * 1000))}
+        return not self.action("wait_for_commits", body)["timed_out"]
+
     def _plan(self, command: dict) -> Plan:
         descriptor = flight.FlightDescriptor.for_command(json.dumps(command))
         with server_errors():
