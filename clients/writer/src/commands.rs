@@ -1,6 +1,5 @@
 //! What each `mssql-cdc-writer` subcommand does with its parsed flags (`cli`).
 
-use mssql_cdc_writer::tail::Waiting;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -8,6 +7,7 @@ use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
+use mssql_cdc_writer::tail::Waiting;
 use mssql_cdc_writer::{admin, sidecar};
 
 use crate::cli::{ApplyArgs, BackfillArgs, RunArgs, SnapshotCommand, TableArgs};

@@ -31,7 +31,6 @@
 //! `bootstrap` snapshots itself before its first batch; a chunked snapshot is read by a
 //! backfill task next to the table's stream (available-now: after the stream's run).
 
-use crate::tail::Waiting;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -44,6 +43,7 @@ use crate::silver::{ApplyConfig, apply_changes};
 use crate::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use crate::stream::{BatchOutcome, Stream, StreamConfig};
 use crate::tables;
+use crate::tail::Waiting;
 
 /// Attempts per table in an available-now run.
 pub const AVAILABLE_NOW_ATTEMPTS: u32 = 3;
