@@ -64,11 +64,11 @@ actions! {
     CountChanges = "count_changes": "{\"capture_instance\", \"from\", \"to\"} -> {\"rows\"}: change rows in [from, to]",
     InitialOffset = "initial_offset": "{\"table\", \"starting\"} -> offset: where a new stream starts",
     LatestOffset = "latest_offset": "{\"start\", \"max_commits\", \"upper\"} -> offset: the end of the next range",
+    WaitForCommits = "wait_for_commits": "{\"after\", \"timeout_ms\"?} -> {\"lsn\", \"timed_out\"}: the live tail, answers once max_lsn is past after (or at the timeout)",
     SnapshotLsn = "snapshot_lsn": "{\"table\"} -> {\"lsn\"}: the stamp a snapshot read now would get",
     KeyExtent = "key_extent": "{\"table\"} -> {\"column\", \"sql_type\", \"min\", \"max\", \"rows\"}: the key and its extent",
     KeyBuckets = "key_buckets": "{\"table\", \"lo\", \"hi\", \"width\"} -> [{\"lo\", \"hi\", \"rows\"}]: rows per key slice",
     KeyMax = "key_max": "{\"table\", \"keys\"?} -> {\"keys\", \"unique\", \"max\"}: the columns a snapshot is cut on and the largest key",
-    WaitForCommits = "wait_for_commits": "{\"after\", \"timeout_ms\"?} -> {\"lsn\", \"timed_out\"}: the live tail, answers once max_lsn is past after (or at the timeout)",
     KeyBound = "key_bound": "{\"table\", \"keys\"?, \"from\"?, \"from_inclusive\"?, \"to\"?, \"to_inclusive\"?, \"n\"} -> {\"bound\"}: the key of the (n + 1)-th row of a range, in the source's order",
 }
 
@@ -363,9 +363,5 @@ impl CdcFlightService {
 
 /// The source call's range of a range body.
 fn range_of(body: &RangeBody) -> InstanceRange<'_> {
-    InstanceRange {
-        capture_instance: &body.capture_instance,
-        from: body.from,
-        to: body.to,
-    }
+    InstanceRange::new(&body.capture_instance, body.from, body.to)
 }

@@ -300,11 +300,7 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
                 detail,
             });
         }
-        let range = |from| InstanceRange {
-            capture_instance: &instance.name,
-            from,
-            to: end,
-        };
+        let range = |from| InstanceRange::new(&instance.name, from, end);
         for ddl in source.ddl_history(range(cursor.decrement())).await? {
             metadata.events.push(RangeEvent {
                 event: "schema_change".into(),
