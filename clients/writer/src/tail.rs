@@ -70,6 +70,14 @@ impl Tail {
 
     /// Waits for new commits as `waiting` says; returns once a commit may be there.
     pub async fn wait(&mut self, client: &CdcClient, waiting: Waiting) {
+        if !self.wait_on_tail(client, waiting).await {
+            tokio::time::sleep(waiting.poll).await;
+        }
+    }
+
+    /// Waits on the server's live tail where the stream may; `false` when it must wait the
+    /// poll interval instead (tail off or unusable, a quiet table, a wake that found nothing).
+    async fn wait_on_tail(&mut self, client: &CdcClient, waiting: Waiting) -> bool {
         let after = match self.after {
             Some(after)
                 if waiting.live_tail
@@ -81,7 +89,7 @@ impl Tail {
             }
             _ => {
                 self.woken_after = None;
-                return tokio::time::sleep(waiting.poll).await;
+                return false;
             }
         };
         let body = WaitForCommitsBody {
@@ -96,16 +104,17 @@ impl Tail {
                 if !answer.timed_out {
                     self.woken_after = Some(after);
                 }
+                true
             }
             Err(error) if error.to_string().contains("unknown action") => {
                 tracing::warn!(%error, "the server has no live tail (wait_for_commits): polling");
                 self.unsupported = true;
-                tokio::time::sleep(waiting.poll).await;
+                false
             }
             Err(error) => {
                 // The next batch meets the same server and reports what is wrong.
                 tracing::debug!(%error, "the live tail failed: waiting the poll interval");
-                tokio::time::sleep(waiting.poll).await;
+                false
             }
         }
     }
