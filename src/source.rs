@@ -26,8 +26,8 @@ use crate::types::OutputColumn;
 
 // The catalog's wire types are the contract's; the trait speaks in them.
 pub use mssql_cdc_proto::catalog::{
-    CaptureInstance, CapturedColumn, DdlEntry, KeyBucket, KeyExtent, KeyGrid, KeyRange,
-    SnapshotPiece, TableName, Tile,
+    CaptureInstance, CapturedColumn, DdlEntry, KeyBucket, KeyExtent, KeyGrid, KeyRange, KeySum,
+    KeySums, SnapshotPiece, TableName, Tile,
 };
 
 /// LSNs `from` to `to` of one capture instance: what `ddl_history` and `split_points` read
@@ -379,6 +379,16 @@ pub trait CdcSource: Send + Sync + 'static {
 
     /// Row counts of the grid's slices of the table's key; empty slices are left out.
     async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>>;
+
+    /// The smallest and largest value of `key`, one integer or `date` column (see
+    /// [`KeyColumn::grid_unit`]), in grid units: `MIN` and `MAX`, dates as day numbers from
+    /// 1970-01-01. `None` when no row has a non-NULL key.
+    async fn key_span(&self, table: &TableName, key: &KeyColumn) -> Result<Option<(i64, i64)>>;
+
+    /// Rows and key sums of `key` (as [`CdcSource::key_span`]) per slice of `grid`, in one
+    /// scan (`COUNT_BIG(*)`, `SUM(CAST(key AS decimal(38,0)))` grouped by slice): every row is
+    /// counted, a key outside the grid in a slice past its ends, a NULL key in `null_rows`.
+    async fn key_sums(&self, table: &TableName, key: &KeyColumn, grid: KeyGrid) -> Result<KeySums>;
 
     /// The largest key on `keys` (`SELECT TOP (1) keys ... ORDER BY keys DESC`); `None` when
     /// the table is empty. NULL sorts first, so a key of NULLs is the largest only when every

@@ -452,6 +452,21 @@ impl mssql_cdc_flight::source::CdcSource for KeylessSource {
             "{table} has no integer key"
         )))
     }
+    async fn key_span(
+        &self,
+        table: &mssql_cdc_flight::source::TableName,
+        key: &KeyColumn,
+    ) -> mssql_cdc_flight::Result<Option<(i64, i64)>> {
+        self.0.key_span(table, key).await
+    }
+    async fn key_sums(
+        &self,
+        table: &mssql_cdc_flight::source::TableName,
+        key: &KeyColumn,
+        grid: KeyGrid,
+    ) -> mssql_cdc_flight::Result<mssql_cdc_flight::source::KeySums> {
+        self.0.key_sums(table, key, grid).await
+    }
     async fn key_max(
         &self,
         table: &mssql_cdc_flight::source::TableName,

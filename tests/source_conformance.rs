@@ -21,7 +21,7 @@ use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::keys::{KeyColumn, KeySeek, KeyTuple, KeysetRange, KeysetSeek};
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::source::{
-    BatchBytes, CdcSource, ChangeRead, InstanceRange, KeyGrid, KeyRange, SnapshotPiece,
+    BatchBytes, CdcSource, ChangeRead, InstanceRange, KeyGrid, KeyRange, KeySums, SnapshotPiece,
     SnapshotRead, TrackedTable,
 };
 
@@ -249,6 +249,7 @@ async fn check_snapshot_primitives(source: &dyn CdcSource, tracked: &TrackedTabl
             bucket.lo, bucket.hi
         );
     }
+    check_key_sums(source, tracked, &extent, &whole).await;
     let cut = whole[whole.len() / 2].1;
     let chunked = snapshot_keys(
         source,
@@ -283,6 +284,80 @@ async fn check_snapshot_primitives(source: &dyn CdcSource, tracked: &TrackedTabl
         chunked
             .iter()
             .all(|(chunk, key)| *chunk == Some(if *key < cut { 1 } else { 2 }))
+    );
+}
+
+/// `key_span` and `key_sums` on the integer key agree with the keys a snapshot read returns,
+/// on a grid covering them and on one that starts mid-way (keys below it fall in slices
+/// before it); a `date` column, when the table has one, counts every row once, NULL or not.
+async fn check_key_sums(
+    source: &dyn CdcSource,
+    tracked: &TrackedTable,
+    extent: &mssql_cdc_flight::source::KeyExtent,
+    whole: &[(Option<i32>, i64)],
+) {
+    let key = KeyColumn {
+        name: extent.column.clone(),
+        sql_type: extent.sql_type.clone(),
+    };
+    let (min, max) = source
+        .key_span(&tracked.table, &key)
+        .await
+        .expect("key_span")
+        .expect("a span");
+    assert_eq!((min, max), (whole[0].1, whole[whole.len() - 1].1));
+    let middle = whole[whole.len() / 2].1;
+    for grid in [
+        KeyGrid::covering(min, max, 7).expect("grid"),
+        KeyGrid::covering(middle, max, 3).expect("grid"),
+    ] {
+        let sums = source
+            .key_sums(&tracked.table, &key, grid)
+            .await
+            .expect("key_sums");
+        assert_eq!(sums.null_rows, 0, "a unique key has no NULL");
+        let keys = whole.iter().map(|(_, key)| Some(*key));
+        assert_eq!(sums, KeySums::count(&grid, keys), "grid {grid:?}");
+    }
+    let instance = newest_active(tracked);
+    if let Some(date) = instance
+        .columns
+        .iter()
+        .find(|column| column.sql_type == mssql_cdc_flight::types::SqlType::Date)
+    {
+        let date = KeyColumn {
+            name: date.name.clone(),
+            sql_type: date.sql_type.clone(),
+        };
+        let span = source.key_span(&tracked.table, &date).await.expect("span");
+        let grid = match span {
+            Some((lo, hi)) => KeyGrid::covering(lo, hi, 5).expect("grid"),
+            None => KeyGrid::new(0, 0, 1).expect("grid"),
+        };
+        let sums = source
+            .key_sums(&tracked.table, &date, grid)
+            .await
+            .expect("date sums");
+        let counted: u64 = sums.slices.iter().map(|slice| slice.slice.rows).sum();
+        assert_eq!(counted + sums.null_rows, whole.len() as u64, "every row once");
+        for slice in &sums.slices {
+            let (lo, hi) = span.expect("slices need a span");
+            assert!(slice.slice.lo <= hi && slice.slice.hi.is_none_or(|end| end > lo));
+            let rows = i128::from(slice.slice.rows);
+            assert!(
+                slice.key_sum >= rows * i128::from(slice.slice.lo.max(lo))
+                    && slice.key_sum <= rows * i128::from(hi),
+                "day sums lie within the slice"
+            );
+        }
+    }
+    let text = KeyColumn {
+        name: "no_such_column".into(),
+        sql_type: "nvarchar(10)".parse().expect("type"),
+    };
+    assert!(
+        source.key_sums(&tracked.table, &text, KeyGrid::new(0, 1, 1).expect("grid")).await.is_err(),
+        "text columns have no key sum"
     );
 }
 

@@ -8,7 +8,7 @@
 //! After a deliberate change of a statement, rewrite the golden file with
 //! `UPDATE_GOLDEN=1 cargo test --test sqlserver_statements` and review its diff.
 
-use mssql_cdc_flight::keys::{KeyColumn, KeyValue, KeysetRange};
+use mssql_cdc_flight::keys::{GridUnit, KeyColumn, KeyValue, KeysetRange};
 use mssql_cdc_flight::mssql::clock::{self, ServerClock};
 use mssql_cdc_flight::mssql::sql::{self, Isolation};
 use mssql_cdc_flight::source::{KeyRange, TableName};
@@ -127,6 +127,31 @@ fn every_statement() -> Vec<(&'static str, String, usize)> {
             "key_buckets",
             ok(sql::key_buckets(&orders, "order_id", "")),
             1,
+        ),
+        (
+            "key_span",
+            ok(sql::key_span(&orders, "order_id", GridUnit::Integer, "")),
+            1,
+        ),
+        (
+            "key_span date snapshot isolation and lock timeout",
+            ok(sql::key_span(&orders, "shipped_on", GridUnit::Days, &both)),
+            3,
+        ),
+        (
+            "key_sums",
+            ok(sql::key_sums(&orders, "order_id", GridUnit::Integer, "")),
+            1,
+        ),
+        (
+            "key_sums date with lock timeout",
+            ok(sql::key_sums(
+                &orders,
+                "shipped_on",
+                GridUnit::Days,
+                &sql::source_read_prefix(Some(5000), Isolation::ReadCommitted),
+            )),
+            2,
         ),
         (
             "snapshot_rows bounded",
@@ -333,6 +358,8 @@ fn hostile_names_stay_one_identifier() {
         let text = sql::change_rows(name, &columns, true, &ServerClock::Utc).expect("quoted");
         assert_eq!(statements(&text), Ok(1), "{text}");
         let text = sql::key_buckets(&table, name, "").expect("quoted");
+        assert_eq!(statements(&text), Ok(1), "{text}");
+        let text = sql::key_sums(&table, name, GridUnit::Days, "").expect("quoted");
         assert_eq!(statements(&text), Ok(1), "{text}");
         let keys = [KeyColumn {
             name: name.into(),

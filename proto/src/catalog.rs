@@ -238,6 +238,73 @@ pub struct KeyBucket {
     pub rows: u64,
 }
 
+/// Rows and the sum of the key in one slice of a reconcile grid (`COUNT_BIG(*)` and
+/// `SUM(CAST(key AS decimal(38,0)))` per slice, dates as day numbers from 1970-01-01): two
+/// tables with equal rows and sums in every slice hold, with overwhelming likelihood, the
+/// same keys there (a missed insert and a missed delete of other keys change the sum).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeySum {
+    /// The slice and its rows.
+    #[serde(flatten)]
+    pub slice: KeyBucket,
+    /// The sum of the slice's keys in grid units, as decimal digits (it passes BIGINT).
+    #[serde(with = "decimal_text")]
+    pub key_sum: i128,
+}
+
+/// Every row of a table counted on a reconcile grid: the slices holding keys (keys outside
+/// the grid in slices past its ends), and the rows whose key is NULL.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeySums {
+    /// Rows whose key is NULL.
+    pub null_rows: u64,
+    /// Slices with rows, in key order.
+    pub slices: Vec<KeySum>,
+}
+
+impl KeySums {
+    /// Counts `(key, grid units)` values into `grid`'s slices, NULL keys apart: what a source
+    /// without SQL computes, and what the writer computes over silver.
+    pub fn count(grid: &KeyGrid, keys: impl IntoIterator<Item = Option<i64>>) -> Self {
+        let mut sums = std::collections::BTreeMap::<i128, (u64, i128)>::new();
+        let mut null_rows = 0;
+        for key in keys {
+            match key {
+                Some(key) => {
+                    let entry = sums.entry(grid.index_of(key)).or_default();
+                    entry.0 += 1;
+                    entry.1 += i128::from(key);
+                }
+                None => null_rows += 1,
+            }
+        }
+        KeySums {
+            null_rows,
+            slices: sums
+                .into_iter()
+                .map(|(index, (rows, key_sum))| KeySum {
+                    slice: grid.slice(index, rows),
+                    key_sum,
+                })
+                .collect(),
+        }
+    }
+}
+
+mod decimal_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &i128, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&value.to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i128, D::Error> {
+        String::deserialize(deserializer)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 /// A grid of key slices `[lo + i * width, lo + (i + 1) * width)` covering `[lo, hi]` (the last
 /// slice may end after `hi`): what `key_buckets` counts. Made only by [`KeyGrid::new`], so
 /// every grid a source is handed is valid.
@@ -260,6 +327,17 @@ impl KeyGrid {
         Ok(KeyGrid { lo, hi, width })
     }
 
+    /// The grid of at most `slices` equal slices over `[lo, hi]` (the fine grid a reconcile
+    /// compares on); refused unless `lo <= hi` and `slices >= 1`.
+    pub fn covering(lo: i64, hi: i64, slices: u64) -> Result<Self> {
+        if slices == 0 {
+            return Err(Error::invalid("a grid needs at least one slice"));
+        }
+        let span = (i128::from(hi) - i128::from(lo) + 1).max(1) as u128;
+        let width = span.div_ceil(u128::from(slices)).min(u128::from(u64::MAX)) as u64;
+        Self::new(lo, hi, width)
+    }
+
     /// The first key of the grid.
     pub fn lo(&self) -> i64 {
         self.lo
@@ -280,17 +358,19 @@ impl KeyGrid {
         ((i128::from(self.hi) - i128::from(self.lo)) / i128::from(self.width)) as u128 + 1
     }
 
-    /// The index of the slice holding `key` (a key of `[lo, hi]`).
+    /// The index of the slice holding `key`; a key outside `[lo, hi]` gets the index of the
+    /// slice it would lie in past the grid's ends (negative below `lo`).
     pub fn index_of(&self, key: i64) -> i128 {
-        (i128::from(key) - i128::from(self.lo)) / i128::from(self.width)
+        (i128::from(key) - i128::from(self.lo)).div_euclid(i128::from(self.width))
     }
 
     /// Slice `index` with its rows (i128: a grid reaching BIGINT's maximum does not
-    /// overflow; a slice ending past it is open above).
+    /// overflow; a slice ending past it is open above, one starting below BIGINT's minimum
+    /// starts there).
     pub fn slice(&self, index: i128, rows: u64) -> KeyBucket {
         let start = i128::from(self.lo) + index * i128::from(self.width);
         KeyBucket {
-            lo: i64::try_from(start).unwrap_or(i64::MAX),
+            lo: i64::try_from(start).unwrap_or(if start < 0 { i64::MIN } else { i64::MAX }),
             hi: i64::try_from(start + i128::from(self.width)).ok(),
             rows,
         }

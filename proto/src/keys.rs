@@ -95,6 +95,28 @@ impl KeyColumn {
     }
 }
 
+/// How a column's values map to the integers of a reconcile grid (`key_sums`): integers as
+/// they are, dates as day numbers from 1970-01-01 (`DATEDIFF_BIG(day, '19700101', d)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GridUnit {
+    /// tinyint, smallint, int, bigint.
+    Integer,
+    /// date: days from 1970-01-01.
+    Days,
+}
+
+impl KeyColumn {
+    /// The grid unit of the column; `None` for a type a reconcile grid cannot sum (every
+    /// type but the integers and `date`).
+    pub fn grid_unit(&self) -> Option<GridUnit> {
+        match self.sql_type {
+            SqlType::Date => Some(GridUnit::Days),
+            _ if self.is_integer() => Some(GridUnit::Integer),
+            _ => None,
+        }
+    }
+}
+
 /// Resolves snapshot key names against a capture instance's columns (exact names), refusing
 /// unknown, repeated and uncuttable columns.
 pub fn resolve_columns(

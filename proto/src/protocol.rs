@@ -7,7 +7,7 @@
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::KeyGrid;
+use crate::catalog::{KeyGrid, KeySums};
 use crate::error::{Error, Result};
 use crate::keys::{Bound, KeyColumn, KeySeek, KeyTuple};
 use crate::lsn::Lsn;
@@ -171,6 +171,71 @@ impl KeyBucketsBody {
     pub fn new(table: impl Into<String>, grid: KeyGrid) -> Self {
         KeyBucketsBody {
             table: table.into(),
+            lo: grid.lo(),
+            hi: grid.hi(),
+            width: grid.width(),
+        }
+    }
+}
+
+/// `key_sums` action body: a table's rows and key sums per slice of a fine grid on one
+/// integer or date column (reconcile's tier 1).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySumsBody {
+    /// `schema.table`.
+    pub table: String,
+    /// The column; default the unique index CDC uses (one integer or date column).
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Grid units `[lo, hi]` the grid must cover besides the table's own extent (the
+    /// other side's extent, so both sides count on one grid).
+    #[serde(default)]
+    pub cover: Option<[i64; 2]>,
+    /// Most slices of the grid; default and maximum [`MAX_KEY_SUM_SLICES`].
+    #[serde(default)]
+    pub slices: Option<u64>,
+}
+
+/// The default and most slices of a `key_sums` grid (the seed's fine grid).
+pub const MAX_KEY_SUM_SLICES: u64 = 100_000;
+
+/// Answer of `key_sums`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeySumsAnswer {
+    /// `max_lsn` read before the table was: every commit up to it is counted.
+    pub stamp: Lsn,
+    /// The column, with its type.
+    pub key: KeyColumn,
+    /// The grid: slices of `width` grid units from `lo`, covering `[lo, hi]`; `null` when
+    /// neither the table nor `cover` holds a key.
+    pub grid: Option<GridAnswer>,
+    /// Rows per slice and rows whose key is NULL.
+    #[serde(flatten)]
+    pub sums: KeySums,
+}
+
+/// A grid as `key_sums` answers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GridAnswer {
+    /// First grid unit.
+    pub lo: i64,
+    /// Last grid unit covered.
+    pub hi: i64,
+    /// Units per slice.
+    pub width: u64,
+}
+
+impl GridAnswer {
+    /// The grid, checked.
+    pub fn grid(&self) -> Result<KeyGrid> {
+        KeyGrid::new(self.lo, self.hi, self.width)
+    }
+}
+
+impl From<KeyGrid> for GridAnswer {
+    fn from(grid: KeyGrid) -> Self {
+        GridAnswer {
             lo: grid.lo(),
             hi: grid.hi(),
             width: grid.width(),

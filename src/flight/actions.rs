@@ -68,6 +68,7 @@ actions! {
     SnapshotLsn = "snapshot_lsn": "{\"table\"} -> {\"lsn\"}: the stamp a snapshot read now would get",
     KeyExtent = "key_extent": "{\"table\"} -> {\"column\", \"sql_type\", \"min\", \"max\", \"rows\"}: the key and its extent",
     KeyBuckets = "key_buckets": "{\"table\", \"lo\", \"hi\", \"width\"} -> [{\"lo\", \"hi\", \"rows\"}]: rows per key slice",
+    KeySums = "key_sums": "{\"table\", \"key\"?, \"cover\"?, \"slices\"?} -> {\"stamp\", \"key\", \"grid\", \"null_rows\", \"slices\": [{\"lo\", \"hi\", \"rows\", \"key_sum\"}]}: rows and key sums per slice of a fine grid on one integer or date column (reconcile)",
     KeyMax = "key_max": "{\"table\", \"keys\"?} -> {\"keys\", \"unique\", \"max\"}: the columns a snapshot is cut on and the largest key",
     KeyBound = "key_bound": "{\"table\", \"keys\"?, \"from\"?, \"from_inclusive\"?, \"to\"?, \"to_inclusive\"?, \"n\"} -> {\"bound\"}: the key of the (n + 1)-th row of a range, in the source's order",
 }
@@ -249,6 +250,11 @@ impl CdcFlightService {
                 }
                 json_bytes(&source.key_buckets(&table, grid).await?)
             }
+            ActionKind::KeySums => {
+                let body: protocol::KeySumsBody = parse_body(name, body)?;
+                let table = Self::granted(principal, &body.table)?;
+                json_bytes(&key_sums(source, &table, &body).await?)
+            }
             ActionKind::KeyMax => {
                 let body: protocol::KeyMaxBody = parse_body(name, body)?;
                 let table = Self::granted(principal, &body.table)?;
@@ -364,4 +370,63 @@ impl CdcFlightService {
 /// The source call's range of a range body.
 fn range_of(body: &RangeBody) -> InstanceRange<'_> {
     InstanceRange::new(&body.capture_instance, body.from, body.to)
+}
+
+/// `key_sums`: `max_lsn` read first (the stamp), then the column's extent, then one scan
+/// counting every row on a grid covering the extent and the body's `cover`.
+async fn key_sums(
+    source: &dyn crate::source::CdcSource,
+    table: &TableName,
+    body: &protocol::KeySumsBody,
+) -> Result<protocol::KeySumsAnswer> {
+    let names = body.key.clone().map(|key| vec![key]);
+    let (keys, _) = snapshot::table_keys(source, table, names.as_deref()).await?;
+    let [key] = keys.as_slice() else {
+        return Err(Error::invalid(format!(
+            "key_sums counts on one column; the unique index of {table} has {} ({}): name one \
+             integer or date column in key",
+            keys.len(),
+            keys.iter().map(|key| key.name.as_str()).collect::<Vec<_>>().join(", ")
+        )));
+    };
+    if key.grid_unit().is_none() {
+        return Err(Error::invalid(format!(
+            "key_sums needs an integer or date column; '{}' of {table} is {}",
+            key.name, key.sql_type
+        )));
+    }
+    let slices = body.slices.unwrap_or(protocol::MAX_KEY_SUM_SLICES);
+    if slices == 0 || slices > protocol::MAX_KEY_SUM_SLICES {
+        return Err(Error::invalid(format!(
+            "slices must be between 1 and {}",
+            protocol::MAX_KEY_SUM_SLICES
+        )));
+    }
+    if let Some([lo, hi]) = body.cover
+        && lo > hi
+    {
+        return Err(Error::invalid(format!("cover [{lo}, {hi}] ends before it starts")));
+    }
+    let stamp = source.max_lsn().await?.unwrap_or(Lsn::ZERO);
+    let span = source.key_span(table, key).await?;
+    let extent = match (span, body.cover) {
+        (Some((lo, hi)), Some([cover_lo, cover_hi])) => Some((lo.min(cover_lo), hi.max(cover_hi))),
+        (Some(span), None) => Some(span),
+        (None, Some([lo, hi])) => Some((lo, hi)),
+        (None, None) => None,
+    };
+    let grid = extent
+        .map(|(lo, hi)| KeyGrid::covering(lo, hi, slices))
+        .transpose()?;
+    let sums = match grid {
+        Some(grid) => source.key_sums(table, key, grid).await?,
+        // No key anywhere: only NULL keys (or no rows) to count, on any grid.
+        None => source.key_sums(table, key, KeyGrid::new(0, 0, 1)?).await?,
+    };
+    Ok(protocol::KeySumsAnswer {
+        stamp,
+        key: key.clone(),
+        grid: grid.map(Into::into),
+        sums,
+    })
 }

@@ -15,7 +15,7 @@ use crate::lsn::Lsn;
 use crate::offset::CommitTime;
 use crate::source::{
     BatchStream, CaptureInstance, CdcSource, ChangeRead, DdlEntry, InstanceRange, KeyBucket,
-    KeyExtent, KeyGrid, SnapshotRead, TableName, Tile, TrackedTable,
+    KeyExtent, KeyGrid, KeySums, SnapshotRead, TableName, Tile, TrackedTable,
 };
 
 /// A source whose calls are timed.
@@ -95,6 +95,14 @@ impl CdcSource for MeteredSource {
 
     async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>> {
         timed("key_buckets", self.0.key_buckets(table, grid)).await
+    }
+
+    async fn key_span(&self, table: &TableName, key: &KeyColumn) -> Result<Option<(i64, i64)>> {
+        timed("key_span", self.0.key_span(table, key)).await
+    }
+
+    async fn key_sums(&self, table: &TableName, key: &KeyColumn, grid: KeyGrid) -> Result<KeySums> {
+        timed("key_sums", self.0.key_sums(table, key, grid)).await
     }
 
     async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {

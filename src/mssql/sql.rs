@@ -10,7 +10,7 @@
 use super::clock::ServerClock;
 use super::ident;
 use crate::error::Result;
-use crate::keys::{KeyColumn, KeyTuple, KeyValue, KeysetRange};
+use crate::keys::{GridUnit, KeyColumn, KeyTuple, KeyValue, KeysetRange};
 use crate::source::{KeyRange, TableName};
 use crate::types::{OutputColumn, SqlType};
 
@@ -242,6 +242,42 @@ pub fn key_buckets(table: &TableName, key: &str, prefix: &str) -> Result<String>
          SELECT CAST(FLOOR((CAST(t.{key} AS decimal(20,0)) - @P1) / @P3) AS decimal(20,0)) \
          AS slice FROM {table} t WHERE t.{key} BETWEEN @P1 AND @P2) x \
          GROUP BY x.slice ORDER BY x.slice"
+    ))
+}
+
+/// A column's value in the grid units of a reconcile (`unit` of `t.{key}`): an integer as
+/// itself, a date as its day number from 1970-01-01.
+/// <https://learn.microsoft.com/sql/t-sql/functions/datediff-big-transact-sql>
+fn grid_units(value: &str, unit: GridUnit) -> String {
+    match unit {
+        GridUnit::Integer => format!("CAST({value} AS decimal(38,0))"),
+        GridUnit::Days => {
+            format!("CAST(DATEDIFF_BIG(day, CAST('19700101' AS date), {value}) AS decimal(38,0))")
+        }
+    }
+}
+
+/// The smallest and largest value of a column in grid units, as two seeks when an index
+/// leads with it (the conversion applies to `MIN` and `MAX`, not to every row).
+pub fn key_span(table: &TableName, key: &str, unit: GridUnit, prefix: &str) -> Result<String> {
+    let (table, key) = (ident::quote_table(table)?, ident::quote("column", key)?);
+    let lo = grid_units(&format!("(SELECT MIN(t.{key}) FROM {table} t)"), unit);
+    let hi = grid_units(&format!("(SELECT MAX(t.{key}) FROM {table} t)"), unit);
+    Ok(format!(
+        "{prefix}SELECT CAST({lo} AS bigint) AS lo, CAST({hi} AS bigint) AS hi"
+    ))
+}
+
+/// Rows and key sums (decimal(38,0), in grid units) per slice `FLOOR((u - @P1) / @P2)` of
+/// every row, in one scan; NULL keys form the slice NULL.
+/// <https://learn.microsoft.com/sql/t-sql/functions/sum-transact-sql>
+pub fn key_sums(table: &TableName, key: &str, unit: GridUnit, prefix: &str) -> Result<String> {
+    let (table, key) = (ident::quote_table(table)?, ident::quote("column", key)?);
+    let units = grid_units(&format!("t.{key}"), unit);
+    Ok(format!(
+        "{prefix}SELECT x.slice, COUNT_BIG(*) AS row_count, SUM(x.u) AS key_sum FROM (\
+         SELECT CAST(FLOOR((v.u - @P1) / @P2) AS decimal(38,0)) AS slice, v.u FROM (\
+         SELECT {units} AS u FROM {table} t) v) x GROUP BY x.slice ORDER BY x.slice"
     ))
 }
 

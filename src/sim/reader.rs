@@ -30,7 +30,7 @@ use crate::lsn::Lsn;
 use crate::offset::CommitTime;
 use crate::source::{
     BatchStream, CaptureInstance, CdcSource, ChangeRead, DdlEntry, InstanceRange, KeyBucket,
-    KeyExtent, KeyGrid, ReadSender, SnapshotRead, TableName, Tile, TrackedTable,
+    KeyExtent, KeyGrid, KeySums, ReadSender, SnapshotRead, TableName, Tile, TrackedTable,
     capture_instance_not_found, read_channel,
 };
 
@@ -433,6 +433,18 @@ impl CdcSource for SimDb {
     async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>> {
         self.simulate_latency().await;
         self.buckets(table, grid)
+    }
+
+    async fn key_span(&self, table: &TableName, key: &KeyColumn) -> Result<Option<(i64, i64)>> {
+        self.simulate_latency().await;
+        let values = self.grid_values(table, key)?;
+        let present = values.iter().flatten();
+        Ok(present.clone().min().copied().zip(present.max().copied()))
+    }
+
+    async fn key_sums(&self, table: &TableName, key: &KeyColumn, grid: KeyGrid) -> Result<KeySums> {
+        self.simulate_latency().await;
+        Ok(KeySums::count(&grid, self.grid_values(table, key)?))
     }
 
     async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {

@@ -127,6 +127,39 @@ impl SimDb {
         Ok(grid.count(rows.range(grid.lo()..=grid.hi()).map(|(key, _)| *key)))
     }
 
+    /// The values of `key` (an integer or `date` column) in grid units, one per row, NULL as
+    /// `None`: what `key_span` and `key_sums` aggregate.
+    pub(super) fn grid_values(&self, table: &TableName, key: &KeyColumn) -> Result<Vec<Option<i64>>> {
+        if key.grid_unit().is_none() {
+            return Err(Error::invalid(format!(
+                "key sums need an integer or date column; '{}' is {}",
+                key.name, key.sql_type
+            )));
+        }
+        let definition = self.table_def(table)?;
+        let rows = self.store.read_state(&definition)?;
+        let source = definition.column(&key.name).ok_or_else(|| {
+            Error::invalid(format!("{table} has no column '{}'", key.name))
+        })?;
+        let mut builder = ColumnBuilder::for_sql_type(&source.sql_type, rows.len());
+        let is_key = source.name == definition.key;
+        for (row_key, content) in rows.iter() {
+            builder.append_generated(source, is_key, *row_key, *content);
+        }
+        // A date is its day number (Date32 is days from 1970-01-01), an integer itself.
+        let mut values = builder.finish();
+        if values.data_type() == &DataType::Date32 {
+            values = arrow::compute::cast(&values, &DataType::Int32)?;
+        }
+        let values = arrow::compute::cast(&values, &DataType::Int64)?;
+        Ok(values
+            .as_any()
+            .downcast_ref::<arrow::array::Int64Array>()
+            .ok_or_else(|| Error::Internal("grid values are not Int64".into()))?
+            .iter()
+            .collect())
+    }
+
     /// Sends the rows of `read` in batches to `sender`; returns early when it is gone.
     pub(super) fn snapshot_rows(&self, read: &SnapshotRead, sender: &ReadSender) -> Result<()> {
         if let Some(hook) = self.faults().before_snapshot_read {

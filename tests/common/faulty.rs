@@ -16,7 +16,7 @@ use mssql_cdc_flight::offset::CommitTime;
 use mssql_cdc_flight::sim::SimDb;
 use mssql_cdc_flight::source::{
     BatchStream, CapturedColumn, CdcSource, ChangeRead, DdlEntry, InstanceRange, KeyBucket,
-    KeyExtent, KeyGrid, SnapshotRead, TableName, Tile, TrackedTable, read_channel,
+    KeyExtent, KeyGrid, KeySums, SnapshotRead, TableName, Tile, TrackedTable, read_channel,
 };
 
 /// How a [`FaultySource`] breaks its change reads.
@@ -150,6 +150,12 @@ impl CdcSource for FaultySource {
     }
     async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>> {
         self.db.key_buckets(table, grid).await
+    }
+    async fn key_span(&self, table: &TableName, key: &KeyColumn) -> Result<Option<(i64, i64)>> {
+        self.db.key_span(table, key).await
+    }
+    async fn key_sums(&self, table: &TableName, key: &KeyColumn, grid: KeyGrid) -> Result<KeySums> {
+        self.db.key_sums(table, key, grid).await
     }
     async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {
         self.db.key_max(table, keys).await

@@ -13,7 +13,7 @@
 mod catalog;
 mod stream;
 
-use crate::keys::{KeyColumn, KeyTuple, KeysetSeek};
+use crate::keys::{GridUnit, KeyColumn, KeyTuple, KeysetSeek};
 use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
@@ -31,7 +31,7 @@ use crate::mssql::sql;
 use crate::offset::CommitTime;
 use crate::source::{
     BatchStream, CaptureInstance, CapturedColumn, CdcSource, ChangeRead, DdlEntry, InstanceRange,
-    KeyBucket, KeyExtent, KeyGrid, SnapshotRead, TableName, Tile, TrackedTable,
+    KeyBucket, KeyExtent, KeyGrid, KeySum, KeySums, SnapshotRead, TableName, Tile, TrackedTable,
 };
 use crate::types::{OutputColumn, output_schema, snapshot_schema};
 use catalog::{
@@ -409,6 +409,46 @@ impl CdcSource for SqlServerSource {
             .collect()
     }
 
+    async fn key_span(&self, table: &TableName, key: &KeyColumn) -> Result<Option<(i64, i64)>> {
+        let unit = grid_unit(key)?;
+        let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
+        let row = self
+            .first_row(&sql::key_span(table, &key.name, unit, &prefix)?, &[])
+            .await?;
+        Ok(row.and_then(|row| int_at(&row, 0).zip(int_at(&row, 1))))
+    }
+
+    async fn key_sums(&self, table: &TableName, key: &KeyColumn, grid: KeyGrid) -> Result<KeySums> {
+        let unit = grid_unit(key)?;
+        let width = i64::try_from(grid.width())
+            .map_err(|_| Error::invalid(format!("key_sums width {} passes BIGINT", grid.width())))?;
+        let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
+        let rows = self
+            .rows(
+                &sql::key_sums(table, &key.name, unit, &prefix)?,
+                &[Param::Int(grid.lo()), Param::Int(width)],
+            )
+            .await?;
+        let decimal = |row: &Row, index: usize, what: &str| match row.get_column_data(index) {
+            Ok(ColumnData::Numeric(value)) => Ok(value.map(|n| n.int_part())),
+            other => Err(Error::Internal(format!(
+                "key_sums: {what} is not a decimal ({other:?})"
+            ))),
+        };
+        let mut sums = KeySums::default();
+        for row in &rows {
+            let count = int_at(row, 1).unwrap_or(0).max(0) as u64;
+            match decimal(row, 0, "the slice")? {
+                None => sums.null_rows += count,
+                Some(index) => sums.slices.push(KeySum {
+                    slice: grid.slice(index, count),
+                    key_sum: decimal(row, 2, "the key sum")?.unwrap_or(0),
+                }),
+            }
+        }
+        Ok(sums)
+    }
+
     async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {
         let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
         let row = self
@@ -510,6 +550,16 @@ impl CdcSource for SqlServerSource {
     }
 }
 
+/// The grid unit of a reconcile key; refused for a column that is neither integer nor date.
+fn grid_unit(key: &KeyColumn) -> Result<GridUnit> {
+    key.grid_unit().ok_or_else(|| {
+        Error::invalid(format!(
+            "key sums need an integer or date column; '{}' is {}",
+            key.name, key.sql_type
+        ))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -533,3 +583,4 @@ mod tests {
         );
     }
 }
+
