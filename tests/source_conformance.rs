@@ -339,7 +339,11 @@ async fn check_key_sums(
             .await
             .expect("date sums");
         let counted: u64 = sums.slices.iter().map(|slice| slice.slice.rows).sum();
-        assert_eq!(counted + sums.null_rows, whole.len() as u64, "every row once");
+        assert_eq!(
+            counted + sums.null_rows,
+            whole.len() as u64,
+            "every row once"
+        );
         for slice in &sums.slices {
             let (lo, hi) = span.expect("slices need a span");
             assert!(slice.slice.lo <= hi && slice.slice.hi.is_none_or(|end| end > lo));
@@ -356,7 +360,10 @@ async fn check_key_sums(
         sql_type: "nvarchar(10)".parse().expect("type"),
     };
     assert!(
-        source.key_sums(&tracked.table, &text, KeyGrid::new(0, 1, 1).expect("grid")).await.is_err(),
+        source
+            .key_sums(&tracked.table, &text, KeyGrid::new(0, 1, 1).expect("grid"))
+            .await
+            .is_err(),
         "text columns have no key sum"
     );
 }

@@ -386,7 +386,10 @@ async fn key_sums(
             "key_sums counts on one column; the unique index of {table} has {} ({}): name one \
              integer or date column in key",
             keys.len(),
-            keys.iter().map(|key| key.name.as_str()).collect::<Vec<_>>().join(", ")
+            keys.iter()
+                .map(|key| key.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         )));
     };
     if key.grid_unit().is_none() {
@@ -405,7 +408,9 @@ async fn key_sums(
     if let Some([lo, hi]) = body.cover
         && lo > hi
     {
-        return Err(Error::invalid(format!("cover [{lo}, {hi}] ends before it starts")));
+        return Err(Error::invalid(format!(
+            "cover [{lo}, {hi}] ends before it starts"
+        )));
     }
     let stamp = source.max_lsn().await?.unwrap_or(Lsn::ZERO);
     let span = source.key_span(table, key).await?;

@@ -129,7 +129,11 @@ impl SimDb {
 
     /// The values of `key` (an integer or `date` column) in grid units, one per row, NULL as
     /// `None`: what `key_span` and `key_sums` aggregate.
-    pub(super) fn grid_values(&self, table: &TableName, key: &KeyColumn) -> Result<Vec<Option<i64>>> {
+    pub(super) fn grid_values(
+        &self,
+        table: &TableName,
+        key: &KeyColumn,
+    ) -> Result<Vec<Option<i64>>> {
         if key.grid_unit().is_none() {
             return Err(Error::invalid(format!(
                 "key sums need an integer or date column; '{}' is {}",
@@ -138,9 +142,9 @@ impl SimDb {
         }
         let definition = self.table_def(table)?;
         let rows = self.store.read_state(&definition)?;
-        let source = definition.column(&key.name).ok_or_else(|| {
-            Error::invalid(format!("{table} has no column '{}'", key.name))
-        })?;
+        let source = definition
+            .column(&key.name)
+            .ok_or_else(|| Error::invalid(format!("{table} has no column '{}'", key.name)))?;
         let mut builder = ColumnBuilder::for_sql_type(&source.sql_type, rows.len());
         let is_key = source.name == definition.key;
         for (row_key, content) in rows.iter() {

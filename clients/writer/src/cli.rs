@@ -20,6 +20,9 @@ pub enum Commands {
     /// Open, inspect, pause or resume a table's snapshot (see docs/snapshots.md).
     #[command(subcommand)]
     Snapshot(Box<SnapshotCommand>),
+    /// Compare silver with the source table, bucket by bucket and row by row (see
+    /// docs/reconcile.md); exits 0 only when every bucket matches or is in flight.
+    Reconcile(Box<ReconcileArgs>),
     /// Print each table of a sidecar file: last batch, end offset, verdict, lag.
     Status {
         /// The sidecar file.
@@ -233,6 +236,43 @@ pub struct ApplyArgs {
     /// Verdict granularity: minute, hour or day.
     #[arg(long, default_value = "hour", env = "MSSQL_CDC_WRITER_GRANULARITY")]
     pub granularity: String,
+}
+
+#[derive(Args)]
+pub struct ReconcileArgs {
+    #[command(flatten)]
+    pub server: FlightServer,
+    /// Source table (schema.table): names bronze's verdict in the control table.
+    #[arg(long, env = "MSSQL_CDC_WRITER_TABLE")]
+    pub table: String,
+    /// Silver location (as apply's --target).
+    #[arg(long, env = "MSSQL_CDC_WRITER_SILVER")]
+    pub silver: String,
+    /// Bronze location (its changes newer than the compared LSN make a difference in flight).
+    #[arg(long, env = "MSSQL_CDC_WRITER_BRONZE")]
+    pub bronze: String,
+    /// Control table location (silver's position in, its verified LSN out).
+    #[arg(long, env = "MSSQL_CDC_WRITER_CONTROL")]
+    pub control: String,
+    /// The key column to compare on (default the unique index CDC uses): one integer or
+    /// date column.
+    #[arg(long, value_delimiter = ',', env = "MSSQL_CDC_WRITER_KEYS")]
+    pub keys: Option<Vec<String>>,
+    /// Rows a bucket holds about.
+    #[arg(long, default_value_t = mssql_cdc_writer::reconcile::DEFAULT_BUCKET_ROWS, env = "MSSQL_CDC_WRITER_BUCKET_ROWS")]
+    pub bucket_rows: u64,
+    /// Share of matching buckets also compared row by row, in [0, 1].
+    #[arg(long, default_value_t = mssql_cdc_writer::reconcile::DEFAULT_SAMPLE, env = "MSSQL_CDC_WRITER_SAMPLE")]
+    pub sample: f64,
+    /// Seed of that sample (default random; the result prints it).
+    #[arg(long, env = "MSSQL_CDC_WRITER_SEED")]
+    pub seed: Option<u64>,
+    /// Report table location: every run's bucket and key rows.
+    #[arg(long, env = "MSSQL_CDC_WRITER_REPORT")]
+    pub report: Option<String>,
+    /// Output: json (the whole result) or table (one line per bucket and finding).
+    #[arg(long, default_value = "table", value_parser = ["json", "table"], env = "MSSQL_CDC_WRITER_OUTPUT")]
+    pub output: String,
 }
 
 #[cfg(feature = "sim")]

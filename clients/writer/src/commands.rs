@@ -4,13 +4,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use mssql_cdc_writer::control::Granularity;
+use mssql_cdc_writer::reconcile::ReconcileConfig;
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
 use mssql_cdc_writer::tail::Waiting;
 use mssql_cdc_writer::{admin, sidecar};
 
-use crate::cli::{ApplyArgs, BackfillArgs, RunArgs, SnapshotCommand, TableArgs};
+use crate::cli::{ApplyArgs, BackfillArgs, ReconcileArgs, RunArgs, SnapshotCommand, TableArgs};
 
 /// `run`: one table from flags, or every table of a sidecar file.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -109,6 +110,34 @@ pub async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
             "bronze_found": outcome.bronze_found,
         })
     );
+    Ok(())
+}
+
+/// `reconcile`: the result as JSON or as a table; exits 1 when a bucket or a key differs
+/// with no change in flight to explain it.
+pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
+    let config = ReconcileConfig {
+        keys: args.keys,
+        bucket_rows: args.bucket_rows,
+        sample: args.sample,
+        seed: args.seed,
+        report: args.report,
+        ..ReconcileConfig::new(
+            &args.server.url,
+            &args.table,
+            &args.silver,
+            &args.bronze,
+            &args.control,
+        )
+    };
+    let result = mssql_cdc_writer::reconcile::reconcile(&config).await?;
+    match args.output.as_str() {
+        "json" => println!("{}", serde_json::to_string_pretty(&result)?),
+        _ => print!("{}", mssql_cdc_writer::reconcile::render(&result)),
+    }
+    if !result.clean() {
+        std::process::exit(1);
+    }
     Ok(())
 }
 

@@ -12,7 +12,7 @@ use arrow::array::{Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use deltalake::DeltaTableError;
 use deltalake::datafusion::prelude::{SessionContext, col};
 use deltalake::operations::merge::MergeBuilder;
-use mssql_cdc_proto::{CommitTime, Offset};
+use mssql_cdc_proto::{CommitTime, Lsn, Offset};
 use url::Url;
 
 use crate::error::{Result, WriterError};
@@ -74,7 +74,6 @@ pub async fn advance(
         return finalized_until(url, table_name).await;
     };
     let candidate = granularity.truncate(end_commit);
-    let schema = crate::facts::arrow_schema(TableKind::Control);
     let columns: Vec<Arc<dyn Array>> = vec![
         Arc::new(StringArray::from(vec![Some(table_name)])),
         Arc::new(TimestampMicrosecondArray::from(vec![Some(candidate.0)])),
@@ -86,7 +85,7 @@ pub async fn advance(
         Arc::new(StringArray::from(vec![None::<&str>])),
         Arc::new(arrow::array::Int32Array::from(vec![None::<i32>])),
     ];
-    let source = RecordBatch::try_new(schema, columns)?;
+    let source = control_batch(columns)?;
     merge_row(url, source, |merge| {
         merge
             .when_matched_update(|update| {
@@ -132,15 +131,45 @@ pub struct ControlRow {
     pub finalized_until: Option<CommitTime>,
     /// The `apply_changes` position (silver rows).
     pub position: Position,
+    /// The LSN of the last reconcile that found silver equal to the source, and when it ran.
+    pub verified: Option<(String, CommitTime)>,
 }
 
 /// The control row of `table_name`; `None` without a control table or row.
 pub async fn row(url: &Url, table_name: &str) -> Result<Option<ControlRow>> {
+    let Some(table) = tables::open(url).await? else {
+        return Ok(None);
+    };
+    // A table an older release wrote lacks the later migrations' columns until the next
+    // write migrates it: read those as NULL.
+    let present: Vec<String> = table
+        .snapshot()?
+        .schema()
+        .fields()
+        .map(|field| field.name().to_string())
+        .collect();
+    let select: Vec<String> = [
+        "end_lsn",
+        "end_commit_ts",
+        "applied_lsn",
+        "snapshot_lsn",
+        "open_snapshot_lsn",
+        "snapshot_wave",
+        "finalized_until",
+        "verified_lsn",
+        "verified_at",
+    ]
+    .iter()
+    .map(|name| match present.iter().any(|field| field == name) {
+        true => name.to_string(),
+        false => format!("NULL AS {name}"),
+    })
+    .collect();
     let rows = tables::query_text(
         url,
         &format!(
-            "SELECT end_lsn, end_commit_ts, applied_lsn, snapshot_lsn, open_snapshot_lsn, \
-             snapshot_wave, finalized_until FROM t WHERE table_name = '{}'",
+            "SELECT {} FROM t WHERE table_name = '{}'",
+            select.join(", "),
             table_name.replace('\'', "''")
         ),
     )
@@ -170,6 +199,7 @@ pub async fn row(url: &Url, table_name: &str) -> Result<Option<ControlRow>> {
             open_snapshot_lsn: row[4].clone(),
             snapshot_wave: row[5].as_deref().and_then(|wave| wave.parse().ok()),
         },
+        verified: row[7].clone().zip(time(&row[8])),
     }))
 }
 
@@ -194,7 +224,6 @@ pub async fn record_apply(
         ),
         None => (None, None, None),
     };
-    let schema = crate::facts::arrow_schema(TableKind::Control);
     let columns: Vec<Arc<dyn Array>> = vec![
         Arc::new(StringArray::from(vec![Some(table_name)])),
         Arc::new(TimestampMicrosecondArray::from(vec![candidate])),
@@ -206,7 +235,7 @@ pub async fn record_apply(
         Arc::new(StringArray::from(vec![position.open_snapshot_lsn.clone()])),
         Arc::new(arrow::array::Int32Array::from(vec![position.snapshot_wave])),
     ];
-    let source = RecordBatch::try_new(schema, columns)?;
+    let source = control_batch(columns)?;
     // The verdict only moves forward: a NULL or older candidate keeps the row's.
     let moves = "source.finalized_until IS NOT NULL AND (target.finalized_until IS NULL OR \
                  source.finalized_until > target.finalized_until)";
@@ -236,6 +265,50 @@ pub async fn record_apply(
                     .set("finalized_until", "source.finalized_until")
                     .set("end_lsn", "source.end_lsn")
                     .set("end_commit_ts", "source.end_commit_ts")
+            })
+    })
+    .await
+}
+
+/// One control row from its first `columns`, the later ones NULL (a MERGE sets only the
+/// columns its clauses name).
+fn control_batch(mut columns: Vec<Arc<dyn Array>>) -> Result<RecordBatch> {
+    let schema = crate::facts::arrow_schema(TableKind::Control);
+    for field in schema.fields().iter().skip(columns.len()) {
+        columns.push(arrow::array::new_null_array(field.data_type(), 1));
+    }
+    Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+/// Records that a reconcile of silver `table_name` found no difference at `lsn`: its
+/// `verified_lsn` and `verified_at` (creating the row when missing).
+pub async fn record_verified(url: &Url, table_name: &str, lsn: Lsn) -> Result<()> {
+    let columns: Vec<Arc<dyn Array>> = vec![
+        Arc::new(StringArray::from(vec![Some(table_name)])),
+        Arc::new(TimestampMicrosecondArray::from(vec![None::<i64>])),
+        Arc::new(StringArray::from(vec![None::<&str>])),
+        Arc::new(TimestampMicrosecondArray::from(vec![None::<i64>])),
+        Arc::new(TimestampMicrosecondArray::from(vec![Some(now())])),
+        Arc::new(StringArray::from(vec![None::<&str>])),
+        Arc::new(StringArray::from(vec![None::<&str>])),
+        Arc::new(StringArray::from(vec![None::<&str>])),
+        Arc::new(arrow::array::Int32Array::from(vec![None::<i32>])),
+        Arc::new(StringArray::from(vec![Some(lsn.to_string())])),
+        Arc::new(TimestampMicrosecondArray::from(vec![Some(now())])),
+    ];
+    merge_row(url, control_batch(columns)?, |merge| {
+        merge
+            .when_matched_update(|update| {
+                update
+                    .update("verified_lsn", "source.verified_lsn")
+                    .update("verified_at", "source.verified_at")
+            })?
+            .when_not_matched_insert(|insert| {
+                insert
+                    .set("table_name", "source.table_name")
+                    .set("updated_at", "source.updated_at")
+                    .set("verified_lsn", "source.verified_lsn")
+                    .set("verified_at", "source.verified_at")
             })
     })
     .await

@@ -59,6 +59,10 @@ pub fn arrow_type(data_type: &DataType) -> ArrowType {
         t if *t == DataType::INTEGER => ArrowType::Int32,
         t if *t == DataType::DOUBLE => ArrowType::Float64,
         t if *t == DataType::TIMESTAMP_NTZ => ArrowType::Timestamp(TimeUnit::Microsecond, None),
+        t if *t == DataType::BOOLEAN => ArrowType::Boolean,
+        DataType::Primitive(deltalake::kernel::PrimitiveType::Decimal(decimal)) => {
+            ArrowType::Decimal128(decimal.precision(), decimal.scale() as i8)
+        }
         _ => ArrowType::Utf8,
     }
 }

@@ -13,6 +13,7 @@ pub mod error;
 pub mod events;
 pub mod facts;
 pub mod metrics;
+pub mod reconcile;
 pub mod sidecar;
 pub mod silver;
 pub mod snapshot;

@@ -31,6 +31,7 @@ fn main() -> anyhow::Result<()> {
             Commands::Backfill(args) => commands::backfill(*args).await,
             Commands::Snapshot(command) => commands::snapshot_command(*command).await,
             Commands::Apply(args) => commands::apply(*args).await,
+            Commands::Reconcile(args) => commands::reconcile(*args).await,
             #[cfg(feature = "sim")]
             Commands::Demo(args) => demo::run(args.dir, args.commits).await,
         }

@@ -47,6 +47,8 @@ pub enum TableKind {
     Plans,
     /// The current state of a source table, kept by `apply_changes`.
     Silver,
+    /// The reconcile report: bucket rows and key rows of every run.
+    Reconcile,
 }
 
 fn column(
@@ -82,6 +84,9 @@ impl TableKind {
             TableKind::Silver => {
                 "mssql_cdc silver: current state of a SQL Server table, kept by apply_changes from its bronze change log; deleted rows are removed"
             }
+            TableKind::Reconcile => {
+                "mssql_cdc reconcile report: per run, one row per key bucket compared (MATCH, IN_FLIGHT, MISMATCH) and one per key found different row by row"
+            }
         }
     }
 
@@ -90,9 +95,10 @@ impl TableKind {
         match self {
             TableKind::Bronze => 2,
             TableKind::Facts => 12,
-            TableKind::Control => 4,
+            TableKind::Control => 5,
             TableKind::Plans => 1,
             TableKind::Silver => 1,
+            TableKind::Reconcile => 0,
         }
     }
 
@@ -368,6 +374,18 @@ impl TableKind {
                     "silver: last wave of it applied",
                     2,
                 ),
+                column(
+                    "verified_lsn",
+                    T::STRING,
+                    "silver: the LSN of the last reconcile that found no difference (both sides compared at it)",
+                    5,
+                ),
+                column(
+                    "verified_at",
+                    T::TIMESTAMP_NTZ,
+                    "silver: when that reconcile ran (UTC)",
+                    5,
+                ),
             ],
             TableKind::Silver => vec![
                 column(
@@ -380,6 +398,95 @@ impl TableKind {
                     "_commit_ts",
                     T::TIMESTAMP_NTZ,
                     "commit time (UTC) of the row's current image",
+                    0,
+                ),
+            ],
+            TableKind::Reconcile => vec![
+                column(
+                    "run_id",
+                    T::STRING,
+                    "the run (UUID); every row of one call shares it",
+                    0,
+                ),
+                column("run_at", T::TIMESTAMP_NTZ, "when the run started (UTC)", 0),
+                column("silver", T::STRING, "the silver table compared", 0),
+                column(
+                    "silver_version",
+                    T::LONG,
+                    "the Delta version of silver read",
+                    0,
+                ),
+                column(
+                    "silver_lsn",
+                    T::STRING,
+                    "silver's applied_lsn, read from the control table before that version",
+                    0,
+                ),
+                column(
+                    "source_lsn",
+                    T::STRING,
+                    "max_lsn read before the source was counted (NULL on chunk rows)",
+                    0,
+                ),
+                column(
+                    "bucket_lo",
+                    T::STRING,
+                    "bucket rows: first key (JSON, inclusive); NULL: open below, NULL keys included",
+                    0,
+                ),
+                column(
+                    "bucket_hi",
+                    T::STRING,
+                    "bucket rows: first key after the bucket (JSON, exclusive); NULL: open above",
+                    0,
+                ),
+                column(
+                    "source_rows",
+                    T::LONG,
+                    "bucket rows: rows in the source table",
+                    0,
+                ),
+                column(
+                    "source_key_sum",
+                    T::decimal(38, 0).expect("decimal(38,0) is valid"),
+                    "bucket rows: sum of the source's keys (a date as its day number from 1970-01-01)",
+                    0,
+                ),
+                column("silver_rows", T::LONG, "bucket rows: rows in silver", 0),
+                column(
+                    "silver_key_sum",
+                    T::decimal(38, 0).expect("decimal(38,0) is valid"),
+                    "bucket rows: sum of silver's keys",
+                    0,
+                ),
+                column(
+                    "status",
+                    T::STRING,
+                    "bucket rows: MATCH, IN_FLIGHT (differs, and the source's change table or bronze holds a change of a key in it newer than the LSN compared at) or MISMATCH",
+                    0,
+                ),
+                column(
+                    "hashed",
+                    T::BOOLEAN,
+                    "bucket rows: whether the bucket was compared row by row (tier 2)",
+                    0,
+                ),
+                column(
+                    "key",
+                    T::STRING,
+                    "key rows: the key as a JSON object (a NULL key column as null)",
+                    0,
+                ),
+                column(
+                    "failure_type",
+                    T::STRING,
+                    "key rows: MISSING_TARGET (in the source, not in silver), MISSING_SOURCE (in silver only), RECORD_DIFF (captured columns differ) or IN_FLIGHT (differs, with a newer change of the key in bronze or the change table)",
+                    0,
+                ),
+                column(
+                    "detail",
+                    T::STRING,
+                    "key rows: JSON {silver_start_lsn, columns: the captured columns that differ}",
                     0,
                 ),
             ],

@@ -420,8 +420,9 @@ impl CdcSource for SqlServerSource {
 
     async fn key_sums(&self, table: &TableName, key: &KeyColumn, grid: KeyGrid) -> Result<KeySums> {
         let unit = grid_unit(key)?;
-        let width = i64::try_from(grid.width())
-            .map_err(|_| Error::invalid(format!("key_sums width {} passes BIGINT", grid.width())))?;
+        let width = i64::try_from(grid.width()).map_err(|_| {
+            Error::invalid(format!("key_sums width {} passes BIGINT", grid.width()))
+        })?;
         let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
         let rows = self
             .rows(
@@ -583,4 +584,3 @@ mod tests {
         );
     }
 }
-

@@ -1,0 +1,451 @@
+//! Reconcile against the in-process server and a silver table the pipeline built: a silver
+//! in step is verified; each injected fault is found with its bucket, key and failure type
+//! and nothing else; changes not applied yet are IN_FLIGHT, never MISMATCH.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::{Lab, run_now};
+use mssql_cdc_flight::sim::workload::{self, Mix, WorkloadSpec};
+use mssql_cdc_writer::control;
+use mssql_cdc_writer::reconcile::{
+    BucketStatus, FailureType, ReconcileConfig, ReconcileResult, reconcile,
+};
+use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
+use mssql_cdc_writer::snapshot::{self, SnapshotMode};
+use mssql_cdc_writer::tables;
+
+fn churn() -> Mix {
+    Mix {
+        insert: 0.4,
+        update: 0.35,
+        delete: 0.15,
+        key_update: 0.1,
+        idle: 0.0,
+    }
+}
+
+fn workload(lab: &Lab, seed: u64, commits: u64) {
+    let mut writer = lab.writer(seed);
+    let spec = WorkloadSpec {
+        commits: Some(commits),
+        mix: churn(),
+        tables: vec!["dbo.orders".parse().expect("table")],
+        ..WorkloadSpec::default()
+    };
+    workload::run(
+        &mut writer,
+        &spec,
+        &std::sync::atomic::AtomicBool::new(false),
+    )
+    .expect("workload");
+}
+
+fn apply_config(lab: &Lab) -> ApplyConfig {
+    ApplyConfig {
+        table: "dbo.orders".into(),
+        bronze: lab.lake("bronze_orders"),
+        target: lab.lake("silver_orders"),
+        capture_instance: None,
+        keys: vec!["order_id".into()],
+        control: lab.lake("control"),
+        facts: Some(lab.lake("facts")),
+        granularity: control::Granularity::Minute,
+    }
+}
+
+/// A silver of dbo.orders in step with the source: a full bootstrap, changes, apply.
+async fn pipeline(lab: &Lab) {
+    workload(lab, 1, 300);
+    let mut config = lab.config();
+    snapshot::bootstrap(&mut config, SnapshotMode::Full)
+        .await
+        .expect("bootstrap");
+    workload(lab, 2, 120);
+    run_now(config.clone()).await;
+    apply_changes(&apply_config(lab)).await.expect("apply");
+}
+
+fn config(lab: &Lab) -> ReconcileConfig {
+    ReconcileConfig {
+        bucket_rows: 40,
+        sample: 0.0,
+        seed: Some(7),
+        report: Some(lab.lake("reconcile")),
+        ..ReconcileConfig::new(
+            &lab.url,
+            "dbo.orders",
+            &lab.lake("silver_orders"),
+            &lab.lake("bronze_orders"),
+            &lab.lake("control"),
+        )
+    }
+}
+
+async fn silver_table(lab: &Lab) -> deltalake::DeltaTable {
+    tables::open(&tables::table_url(&lab.lake("silver_orders")).expect("url"))
+        .await
+        .expect("open")
+        .expect("silver")
+}
+
+/// The silver keys, ascending.
+async fn silver_keys(lab: &Lab) -> Vec<i64> {
+    let batches = common::query(
+        &lab.lake("silver_orders"),
+        "SELECT order_id FROM t ORDER BY order_id",
+    )
+    .await;
+    batches
+        .iter()
+        .flat_map(|batch| (0..batch.num_rows()).map(|row| common::key_of(batch, row)))
+        .collect()
+}
+
+fn findings(result: &ReconcileResult) -> Vec<(String, FailureType)> {
+    result
+        .findings
+        .iter()
+        .map(|finding| (finding.key.to_string(), finding.failure_type))
+        .collect()
+}
+
+fn statuses(result: &ReconcileResult) -> Vec<BucketStatus> {
+    result
+        .bucket_list
+        .iter()
+        .map(|bucket| bucket.status)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silver_in_step_is_verified_at_the_compared_lsn() {
+    let lab = Lab::new().await;
+    pipeline(&lab).await;
+    let result = reconcile(&ReconcileConfig {
+        sample: 1.0,
+        ..config(&lab)
+    })
+    .await
+    .expect("reconcile");
+    assert!(result.buckets >= 3, "{} buckets", result.buckets);
+    assert_eq!(result.matched, result.buckets, "{:?}", statuses(&result));
+    assert_eq!(
+        result.hashed, result.buckets,
+        "sample 1 hashes every bucket"
+    );
+    assert!(result.findings.is_empty(), "{:?}", findings(&result));
+    assert!(result.verified && result.clean());
+    assert_eq!(
+        result.compared_lsn,
+        result.silver_lsn.min(result.source_lsn)
+    );
+    let rows: u64 = result
+        .bucket_list
+        .iter()
+        .map(|bucket| bucket.source.rows)
+        .sum();
+    assert_eq!(rows, silver_keys(&lab).await.len() as u64);
+    let row = control::row(
+        &tables::table_url(&lab.lake("control")).expect("url"),
+        &lab.lake("silver_orders"),
+    )
+    .await
+    .expect("control")
+    .expect("row");
+    assert_eq!(
+        row.verified.map(|(lsn, _)| lsn),
+        Some(result.compared_lsn.to_string())
+    );
+    // The report holds one row per bucket, all MATCH and hashed.
+    let report = common::query(
+        &lab.lake("reconcile"),
+        &format!(
+            "SELECT status, hashed, source_rows, silver_rows FROM t WHERE run_id = '{}'",
+            result.run_id
+        ),
+    )
+    .await;
+    let report_rows: usize = report.iter().map(|batch| batch.num_rows()).sum();
+    assert_eq!(report_rows as u64, result.buckets);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_injected_fault_is_found_with_its_key_and_nothing_else() {
+    let lab = Lab::new().await;
+    pipeline(&lab).await;
+    let keys = silver_keys(&lab).await;
+    assert!(keys.len() > 200, "{} keys", keys.len());
+    let deleted = keys[10];
+    let changed = keys[keys.len() / 2];
+    let added = keys[keys.len() - 1] + 1;
+    let table = silver_table(&lab).await;
+    let (table, _) = table
+        .delete()
+        .with_predicate(format!("order_id = {deleted}").as_str())
+        .await
+        .expect("delete a row");
+    let (table, _) = table
+        .update()
+        .with_predicate(format!("order_id = {changed}").as_str())
+        .with_update("quantity", "quantity + 1")
+        .await
+        .expect("change a value");
+    let template = common::query(
+        &lab.lake("silver_orders"),
+        &format!("SELECT * FROM t WHERE order_id = {changed}"),
+    )
+    .await;
+    let mut row = template[0].clone();
+    let key_index = row.schema().index_of("order_id").expect("key");
+    let mut columns = row.columns().to_vec();
+    columns[key_index] = std::sync::Arc::new(arrow::array::Int64Array::from(vec![added]));
+    row = arrow::record_batch::RecordBatch::try_new(row.schema(), columns).expect("row");
+    table
+        .write(vec![row])
+        .with_save_mode(deltalake::protocol::SaveMode::Append)
+        .await
+        .expect("add a row");
+
+    // A changed value keeps its bucket's rows and key sum: only row by row finds it, so
+    // every bucket is hashed here (sample 1).
+    let result = reconcile(&ReconcileConfig {
+        sample: 1.0,
+        ..config(&lab)
+    })
+    .await
+    .expect("reconcile");
+    let mut found = findings(&result);
+    found.sort();
+    let mut expected = vec![
+        (
+            format!("{{\"order_id\":{deleted}}}"),
+            FailureType::MissingTarget,
+        ),
+        (
+            format!("{{\"order_id\":{changed}}}"),
+            FailureType::RecordDiff,
+        ),
+        (
+            format!("{{\"order_id\":{added}}}"),
+            FailureType::MissingSource,
+        ),
+    ];
+    expected.sort();
+    assert_eq!(found, expected);
+    let diff = result
+        .findings
+        .iter()
+        .find(|finding| finding.failure_type == FailureType::RecordDiff)
+        .expect("diff");
+    assert_eq!(diff.columns, vec!["quantity".to_string()]);
+    // Exactly the buckets holding a missing or an extra row mismatch.
+    for bucket in &result.bucket_list {
+        let counted = [deleted, added]
+            .iter()
+            .any(|key| bucket.contains(Some(*key)));
+        let expected = match counted {
+            true => BucketStatus::Mismatch,
+            false => BucketStatus::Match,
+        };
+        assert_eq!(
+            bucket.status, expected,
+            "bucket {:?}..{:?}",
+            bucket.lo, bucket.hi
+        );
+        assert!(bucket.hashed);
+    }
+    // Without the sample, tier 2 reads only the mismatched buckets: the changed value is
+    // found only when its bucket is one of them.
+    let unsampled = reconcile(&config(&lab)).await.expect("reconcile");
+    let hashed: Vec<bool> = unsampled
+        .bucket_list
+        .iter()
+        .map(|bucket| bucket.hashed)
+        .collect();
+    let mismatched: Vec<bool> = unsampled
+        .bucket_list
+        .iter()
+        .map(|bucket| bucket.status == BucketStatus::Mismatch)
+        .collect();
+    assert_eq!(hashed, mismatched);
+    assert!(!result.verified && !result.clean());
+    // The report names each key and failure.
+    let report = common::query(
+        &lab.lake("reconcile"),
+        &format!(
+            "SELECT key, failure_type FROM t WHERE run_id = '{}' AND key IS NOT NULL ORDER BY key",
+            result.run_id
+        ),
+    )
+    .await;
+    let rows: usize = report.iter().map(|batch| batch.num_rows()).sum();
+    assert_eq!(rows, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_bucket_is_one_mismatch_with_every_key_missing() {
+    let lab = Lab::new().await;
+    pipeline(&lab).await;
+    let first = reconcile(&config(&lab)).await.expect("reconcile");
+    assert!(first.verified);
+    let bucket = first.bucket_list[1].clone();
+    let (lo, hi) = (bucket.lo.expect("lo"), bucket.hi.expect("hi"));
+    let dropped: BTreeSet<i64> = silver_keys(&lab)
+        .await
+        .into_iter()
+        .filter(|key| (lo..hi).contains(key))
+        .collect();
+    silver_table(&lab)
+        .await
+        .delete()
+        .with_predicate(format!("order_id >= {lo} AND order_id < {hi}").as_str())
+        .await
+        .expect("drop a bucket");
+    let result = reconcile(&config(&lab)).await.expect("reconcile");
+    assert_eq!(result.mismatch, 1, "{:?}", statuses(&result));
+    assert_eq!(result.bucket_list[1].status, BucketStatus::Mismatch);
+    assert_eq!(result.bucket_list[1].silver.rows, 0);
+    assert_eq!(
+        result.failures.get("MISSING_TARGET").copied(),
+        Some(dropped.len() as u64)
+    );
+    let missing: BTreeSet<i64> = result
+        .findings
+        .iter()
+        .map(|finding| finding.key["order_id"].as_i64().expect("key"))
+        .collect();
+    assert_eq!(missing, dropped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_not_applied_yet_are_in_flight_never_mismatch() {
+    let lab = Lab::new().await;
+    pipeline(&lab).await;
+    // Some changes reach bronze but not silver, more stay in the change table only.
+    workload(&lab, 3, 40);
+    run_now(lab.config()).await;
+    workload(&lab, 4, 40);
+    let result = reconcile(&ReconcileConfig {
+        sample: 1.0,
+        ..config(&lab)
+    })
+    .await
+    .expect("reconcile");
+    assert_eq!(result.mismatch, 0, "{:?}", statuses(&result));
+    assert!(result.in_flight >= 1, "{:?}", statuses(&result));
+    for (kind, count) in &result.failures {
+        assert!(
+            *count == 0 || kind == "IN_FLIGHT",
+            "{kind}: {count} ({:?})",
+            findings(&result)
+        );
+    }
+    assert!(result.clean() && result.verified);
+    // Once applied, everything matches again.
+    run_now(lab.config()).await;
+    apply_changes(&apply_config(&lab)).await.expect("apply");
+    let later = reconcile(&config(&lab)).await.expect("reconcile");
+    assert_eq!(later.matched, later.buckets, "{:?}", statuses(&later));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_date_column_with_nulls_and_repeats_is_compared_by_day() {
+    let lab = Lab::new().await;
+    pipeline(&lab).await;
+    let date_config = ReconcileConfig {
+        keys: Some(vec!["shipped_on".into()]),
+        bucket_rows: 25,
+        sample: 1.0,
+        ..config(&lab)
+    };
+    let clean = reconcile(&date_config).await.expect("reconcile");
+    assert_eq!(clean.key, "shipped_on");
+    assert_eq!(clean.matched, clean.buckets, "{:?}", statuses(&clean));
+    assert!(
+        clean.bucket_list[0].lo.is_none(),
+        "the first bucket holds the NULL dates"
+    );
+    // A NULL-date row changed, and a dated row changed: each named by its date.
+    let nulls = common::query(
+        &lab.lake("silver_orders"),
+        "SELECT order_id FROM t WHERE shipped_on IS NULL ORDER BY order_id LIMIT 1",
+    )
+    .await;
+    let dated = common::query(
+        &lab.lake("silver_orders"),
+        "SELECT order_id, CAST(shipped_on AS VARCHAR) FROM t WHERE shipped_on IS NOT NULL ORDER BY order_id LIMIT 1",
+    )
+    .await;
+    let null_key = common::key_of(&nulls[0], 0);
+    let dated_key = common::key_of(&dated[0], 0);
+    let day = common::text(&dated[0], 1, 0).expect("day");
+    let table = silver_table(&lab).await;
+    let (table, _) = table
+        .update()
+        .with_predicate(format!("order_id = {null_key}").as_str())
+        .with_update("quantity", "quantity + 1")
+        .await
+        .expect("change a NULL-date row");
+    table
+        .update()
+        .with_predicate(format!("order_id = {dated_key}").as_str())
+        .with_update("status", "'tampered'")
+        .await
+        .expect("change a dated row");
+    let result = reconcile(&date_config).await.expect("reconcile");
+    let mut found = findings(&result);
+    found.sort();
+    let mut expected = vec![
+        ("{\"shipped_on\":null}".to_string(), FailureType::RecordDiff),
+        (
+            format!("{{\"shipped_on\":\"{day}\"}}"),
+            FailureType::RecordDiff,
+        ),
+    ];
+    expected.sort();
+    assert_eq!(found, expected);
+    assert_eq!(result.mismatch, 0, "counts and day sums still match");
+    assert!(!result.verified, "a key failure is not verified");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_calls_are_refused_with_the_reason() {
+    let lab = Lab::new().await;
+    let refused = |config: ReconcileConfig| async move {
+        reconcile(&config).await.expect_err("refused").to_string()
+    };
+    let error = refused(ReconcileConfig {
+        bucket_rows: 0,
+        ..config(&lab)
+    })
+    .await;
+    assert!(error.contains("bucket_rows"), "{error}");
+    let error = refused(ReconcileConfig {
+        sample: 1.5,
+        ..config(&lab)
+    })
+    .await;
+    assert!(error.contains("sample"), "{error}");
+    let error = refused(config(&lab)).await;
+    assert!(error.contains("no position"), "{error}");
+    let error = refused(ReconcileConfig {
+        keys: Some(vec!["status".into()]),
+        ..config(&lab)
+    })
+    .await;
+    assert!(error.contains("integer or date"), "{error}");
+    let error = refused(ReconcileConfig {
+        keys: Some(vec!["nope".into()]),
+        ..config(&lab)
+    })
+    .await;
+    assert!(error.contains("not a captured column"), "{error}");
+    let error = refused(ReconcileConfig {
+        table: "dbo.no_such_table".into(),
+        ..config(&lab)
+    })
+    .await;
+    assert!(error.contains("no_such_table"), "{error}");
+}
