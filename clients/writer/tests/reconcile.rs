@@ -351,6 +351,31 @@ async fn changes_not_applied_yet_are_in_flight_never_mismatch() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_landing_while_a_bucket_is_read_row_by_row_is_in_flight() {
+    let lab = Lab::new().await;
+    pipeline(&lab).await;
+    // The counts match; the first row-by-row read then sees a commit they did not.
+    let hook = common::commit_during_next_snapshot_read(&lab, "dbo.orders", 9);
+    let result = reconcile(&ReconcileConfig {
+        sample: 1.0,
+        bucket_rows: 1_000_000,
+        ..config(&lab)
+    })
+    .await
+    .expect("reconcile");
+    assert!(hook.lock().expect("lock").is_none(), "the commit landed");
+    assert_eq!(result.buckets, 1);
+    assert_eq!(result.bucket_list[0].status, BucketStatus::Match);
+    let found = findings(&result);
+    assert!(!found.is_empty(), "the commit's keys differ");
+    assert!(
+        found.iter().all(|(_, kind)| *kind == FailureType::InFlight),
+        "{found:?}"
+    );
+    assert!(result.clean());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_date_column_with_nulls_and_repeats_is_compared_by_day() {
     let lab = Lab::new().await;
     pipeline(&lab).await;

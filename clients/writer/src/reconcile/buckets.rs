@@ -1,7 +1,7 @@
 //! Tier 1: silver's keys counted and summed on the source's grid, slices merged into
 //! buckets of about `bucket_rows`, each bucket MATCH, IN_FLIGHT or MISMATCH.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use arrow::array::{Array, ArrayRef, Int64Array};
 use arrow::datatypes::DataType;
@@ -11,6 +11,7 @@ use mssql_cdc_proto::catalog::{KeyGrid, KeySums};
 use serde::Serialize;
 
 use super::GridKey;
+use super::in_flight::InFlight;
 use crate::error::{Result, WriterError};
 
 /// A bucket's verdict.
@@ -205,10 +206,9 @@ pub(super) fn merge(source: &KeySums, silver: &KeySums, bucket_rows: u64) -> Vec
 }
 
 /// Turns MISMATCH into IN_FLIGHT where a changed key lies in the bucket.
-pub(super) fn classify(buckets: &mut [Bucket], changed: &BTreeSet<Option<i64>>) {
+pub(super) fn classify(buckets: &mut [Bucket], changed: &InFlight) {
     for bucket in buckets {
-        if bucket.status == BucketStatus::Mismatch
-            && changed.iter().any(|key| bucket.contains(*key))
+        if bucket.status == BucketStatus::Mismatch && changed.keys().any(|key| bucket.contains(key))
         {
             bucket.status = BucketStatus::InFlight;
         }
@@ -259,7 +259,7 @@ mod tests {
         let rows: u64 = buckets.iter().map(|bucket| bucket.silver.rows).sum();
         assert_eq!(rows, silver.len() as u64);
         let mut classified = buckets.clone();
-        classify(&mut classified, &BTreeSet::from([Some(42)]));
+        classify(&mut classified, &InFlight::of_keys([Some(42)]));
         assert_eq!(classified[1].status, BucketStatus::InFlight);
         assert_eq!(
             classified[3].status,

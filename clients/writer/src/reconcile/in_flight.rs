@@ -16,74 +16,110 @@ use super::{GridKey, ReconcileConfig};
 use crate::error::{Result, WriterError};
 use crate::tables;
 
-/// Keys (grid units; `None` is NULL) with a change after `after` in bronze or in the
-/// change table up to `fresh`.
-pub(super) async fn changed_keys(
-    client: &CdcClient,
-    config: &ReconcileConfig,
-    key: &GridKey,
-    after: Lsn,
-    bronze_end: Option<Lsn>,
-    fresh: Lsn,
-) -> Result<BTreeSet<Option<i64>>> {
-    let mut changed = BTreeSet::new();
-    let bronze_url = tables::table_url(&config.bronze)?;
-    if let Some(bronze) = tables::open(&bronze_url).await? {
-        // Snapshot rows count too: a chunk stamped after silver's position is not applied.
-        let context = SessionContext::new();
-        context.register_table("bronze", bronze.table_provider().await?)?;
-        let frame = context
-            .sql(&format!(
-                "SELECT {} FROM bronze WHERE _start_lsn > '{after}'",
-                quote(&key.column.name)
-            ))
-            .await?;
-        let mut stream = frame.execute_stream().await?;
-        while let Some(batch) = stream.try_next().await? {
-            changed.extend(units_of(batch.column(0), key)?.iter());
+/// The keys (grid units; `None` is NULL) with a change after the compared LSN, in bronze
+/// or in the change table up to [`InFlight::through`].
+#[derive(Debug)]
+pub(super) struct InFlight {
+    keys: BTreeSet<Option<i64>>,
+    through: Lsn,
+}
+
+impl InFlight {
+    /// Bronze's changes after `after`, then the change table's from bronze's end (or
+    /// `after`) to `fresh`.
+    pub(super) async fn read(
+        client: &CdcClient,
+        config: &ReconcileConfig,
+        key: &GridKey,
+        after: Lsn,
+        bronze_end: Option<Lsn>,
+        fresh: Lsn,
+    ) -> Result<Self> {
+        let mut keys = BTreeSet::new();
+        let bronze_url = tables::table_url(&config.bronze)?;
+        if let Some(bronze) = tables::open(&bronze_url).await? {
+            // Snapshot rows count too: a chunk stamped after silver's position is not
+            // applied yet.
+            let context = SessionContext::new();
+            context.register_table("bronze", bronze.table_provider().await?)?;
+            let frame = context
+                .sql(&format!(
+                    "SELECT {} FROM bronze WHERE _start_lsn > '{after}'",
+                    quote(&key.column.name)
+                ))
+                .await?;
+            let mut stream = frame.execute_stream().await?;
+            while let Some(batch) = stream.try_next().await? {
+                keys.extend(units_of(batch.column(0), key)?.iter());
+            }
         }
+        // Bronze holds (after, bronze_end]; the change table the rest.
+        let mut in_flight = InFlight {
+            keys,
+            through: bronze_end.map_or(after, |end| end.max(after)),
+        };
+        in_flight.extend_to(client, config, key, fresh).await?;
+        Ok(in_flight)
     }
-    // Bronze holds (after, bronze_end]; the change table the rest, to `fresh`.
-    let from = bronze_end.map_or(after, |end| end.max(after));
-    if from < fresh {
+
+    /// Adds the keys the change table holds changes of after [`InFlight::through`] up to
+    /// `lsn` (nothing when `lsn` is not later): a row read later than the counts may show a
+    /// change the counts did not see.
+    pub(super) async fn extend_to(
+        &mut self,
+        client: &CdcClient,
+        config: &ReconcileConfig,
+        key: &GridKey,
+        lsn: Lsn,
+    ) -> Result<()> {
+        if lsn <= self.through {
+            return Ok(());
+        }
         let command = ChangesCommand {
             serve: ServeOptions {
                 columns: Some(vec![key.column.name.clone()]),
                 include_command_id: Some(false),
                 ..ServeOptions::default()
             },
-            ..ChangesCommand::new(config.table.clone(), from, Some(fresh))
+            ..ChangesCommand::new(config.table.clone(), self.through, Some(lsn))
         };
         let plan = client.plan_changes(&command).await?;
         for endpoint in &plan.info.endpoint {
             let ticket = endpoint.ticket.as_ref().ok_or_else(|| {
                 WriterError::Internal("a change endpoint without a ticket".into())
             })?;
-            let mut failed = None;
-            client
-                .read_endpoint(ticket, |batch| {
-                    if failed.is_some() {
-                        return;
-                    }
-                    match batch
-                        .column_by_name(&key.column.name)
-                        .map(|column| units_of(column, key))
-                    {
-                        Some(Ok(units)) => changed.extend(units.iter()),
-                        Some(Err(error)) => failed = Some(error),
-                        None => {
-                            failed = Some(WriterError::Internal(format!(
-                                "the change rows lack the key column '{}'",
-                                key.column.name
-                            )))
-                        }
-                    }
-                })
-                .await?;
-            if let Some(error) = failed {
-                return Err(error);
+            let mut reader = client.open_endpoint(ticket).await?;
+            while let Some(batch) = reader.next_batch().await? {
+                let column = batch.column_by_name(&key.column.name).ok_or_else(|| {
+                    WriterError::Internal(format!(
+                        "the change rows lack the key column '{}'",
+                        key.column.name
+                    ))
+                })?;
+                self.keys.extend(units_of(column, key)?.iter());
             }
+            reader.completion()?;
+        }
+        self.through = lsn;
+        Ok(())
+    }
+
+    /// Keys known to have changed (tests).
+    #[cfg(test)]
+    pub(super) fn of_keys(keys: impl IntoIterator<Item = Option<i64>>) -> Self {
+        InFlight {
+            keys: keys.into_iter().collect(),
+            through: Lsn::ZERO,
         }
     }
-    Ok(changed)
+
+    /// Whether `key` changed.
+    pub(super) fn contains(&self, key: Option<i64>) -> bool {
+        self.keys.contains(&key)
+    }
+
+    /// The changed keys.
+    pub(super) fn keys(&self) -> impl Iterator<Item = Option<i64>> + '_ {
+        self.keys.iter().copied()
+    }
 }

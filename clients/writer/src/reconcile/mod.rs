@@ -36,6 +36,7 @@ use crate::control;
 use crate::error::{Result, WriterError};
 use crate::tables;
 pub use buckets::{Bucket, BucketStatus};
+use in_flight::InFlight;
 pub use rows::{FailureType, KeyFinding};
 
 /// Rows a bucket holds about, by default (the seed's `bucket_rows`).
@@ -247,7 +248,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         .await?
         .and_then(|row| row.end)
         .map(|end| end.lsn);
-    let changed = in_flight::changed_keys(
+    let mut in_flight = InFlight::read(
         &client,
         config,
         &key,
@@ -256,7 +257,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         fresh.lsn.unwrap_or(source_lsn),
     )
     .await?;
-    buckets::classify(&mut bucket_list, &changed);
+    buckets::classify(&mut bucket_list, &in_flight);
 
     // 4. Tier 2 on every MISMATCH bucket and a sample of the MATCH ones.
     let seed = config.seed.unwrap_or_else(rand::random);
@@ -271,9 +272,16 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         };
         if hash {
             bucket.hashed = true;
-            let found =
-                rows::compare_bucket(&client, config, &context, &key, &columns, bucket, &changed)
-                    .await?;
+            let found = rows::compare_bucket(
+                &client,
+                config,
+                &context,
+                &key,
+                &columns,
+                bucket,
+                &mut in_flight,
+            )
+            .await?;
             findings.extend(found);
         }
     }

@@ -5,7 +5,7 @@
 //! SQL Server's own formatting never enters. Keys are joined null-safely (a NULL key is a
 //! key like any other) and each difference classified as AWS DMS validation does.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -21,6 +21,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::buckets::{Bucket, quote, units_of};
+use super::in_flight::InFlight;
 use super::{GridKey, ReconcileConfig, date_text};
 use crate::error::{Result, WriterError};
 
@@ -103,7 +104,7 @@ pub(super) async fn compare_bucket(
     key: &GridKey,
     columns: &[String],
     bucket: &Bucket,
-    changed: &BTreeSet<Option<i64>>,
+    in_flight: &mut InFlight,
 ) -> Result<Vec<KeyFinding>> {
     let silver_frame = context
         .sql(&format!(
@@ -154,9 +155,12 @@ pub(super) async fn compare_bucket(
         while let Some(batch) = reader.next_batch().await? {
             fingerprint(&batch, columns, &silver_schema, key, None, &mut source)?;
         }
-        reader.completion()?;
+        // The rows may show commits after the counts: their keys are in flight too.
+        if let Some(after_read) = reader.completion()?.max_lsn {
+            in_flight.extend_to(client, config, key, after_read).await?;
+        }
     }
-    Ok(classify(key, columns, source, silver, changed))
+    Ok(classify(key, columns, source, silver, in_flight))
 }
 
 /// The keys of both sides joined, each difference classified.
@@ -165,14 +169,14 @@ fn classify(
     columns: &[String],
     mut source: HashMap<Option<i64>, Vec<RowPrint>>,
     silver: HashMap<Option<i64>, Vec<RowPrint>>,
-    changed: &BTreeSet<Option<i64>>,
+    in_flight: &InFlight,
 ) -> Vec<KeyFinding> {
     let mut findings = Vec::new();
     let mut finding = |units: Option<i64>,
                        failure: FailureType,
                        silver_row: Option<&RowPrint>,
                        differ: Vec<String>| {
-        let failure = match changed.contains(&units) {
+        let failure = match in_flight.contains(units) {
             true => FailureType::InFlight,
             false => failure,
         };
