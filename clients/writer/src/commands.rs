@@ -265,8 +265,8 @@ async fn run_sidecar(path: &std::path::Path, available_now: bool) -> anyhow::Res
 pub async fn print_status(path: PathBuf) -> anyhow::Result<()> {
     let config = sidecar::SidecarConfig::load(&path)?;
     println!(
-        "{:<24} {:>10} {:<24} {:<24} {:>10}  snapshot",
-        "table", "batch", "end lsn", "finalized_until", "lag s"
+        "{:<24} {:>10} {:<24} {:<24} {:>10}  {:<24} {:<24} snapshot",
+        "table", "batch", "end lsn", "finalized_until", "lag s", "verified lsn", "verified at"
     );
     for status in sidecar::status(&config).await? {
         let batch = status
@@ -292,8 +292,14 @@ pub async fn print_status(path: PathBuf) -> anyhow::Result<()> {
                     .map_or("?".to_string(), |total| total.to_string())
             ),
         };
+        let (verified_lsn, verified_at) = status
+            .verified
+            .as_ref()
+            .map_or(("-".to_string(), "-".to_string()), |(lsn, at)| {
+                (lsn.clone(), at.to_iso_millis())
+            });
         println!(
-            "{:<24} {:>10} {:<24} {:<24} {:>10}  {snapshot}",
+            "{:<24} {:>10} {:<24} {:<24} {:>10}  {verified_lsn:<24} {verified_at:<24} {snapshot}",
             status.table,
             batch,
             status

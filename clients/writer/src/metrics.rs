@@ -40,6 +40,28 @@ pub fn finalized_until(
     }
 }
 
+/// Records a reconcile of `table`'s silver: buckets by status, key findings by type, and
+/// the verified LSN's time (a Unix timestamp, when the run verified it).
+pub fn reconcile(table: &str, result: &crate::reconcile::ReconcileResult) {
+    let table = table.to_string();
+    for (status, count) in [
+        ("match", result.matched),
+        ("in_flight", result.in_flight),
+        ("mismatch", result.mismatch),
+    ] {
+        metrics::gauge!("mssql_cdc_writer_reconcile_buckets", "table" => table.clone(), "status" => status)
+            .set(count as f64);
+    }
+    for (failure, count) in &result.failures {
+        metrics::gauge!("mssql_cdc_writer_reconcile_key_failures", "table" => table.clone(), "type" => failure.clone())
+            .set(*count as f64);
+    }
+    if result.verified {
+        metrics::gauge!("mssql_cdc_writer_reconcile_verified_seconds", "table" => table)
+            .set(chrono::Utc::now().timestamp_micros() as f64 / 1e6);
+    }
+}
+
 /// Records a failed attempt at `table`'s stream (the sidecar retries it).
 pub fn failure(table: &str) {
     metrics::counter!("mssql_cdc_writer_failures_total", "table" => table.to_string()).increment(1);

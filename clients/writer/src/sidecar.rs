@@ -23,7 +23,12 @@
 //! silver = "/lake/silver_orders"   # optional: keep a current-state table (apply_changes)
 //! keys = ["order_id"]              # the silver table's key columns
 //! apply_seconds = 60.0             # optional: apply interval (default poll_seconds)
+//! reconcile_minutes = 60.0         # optional: reconcile silver with the source this often
+//! reconcile_keys = ["order_id"]    # optional: the column compared on (default the unique index)
 //! ```
+//!
+//! `reconcile_report = "/lake/reconcile"` at the top level names the report table every
+//! scheduled reconcile appends to (docs/reconcile.md).
 //!
 //! One task per table. A table that fails is logged and retried with exponential backoff
 //! (1 s doubling to 60 s) while the others go on; with available-now each table gets
@@ -39,6 +44,7 @@ use serde::Deserialize;
 use crate::checkpoint::Checkpoint;
 use crate::control::{self, Granularity};
 use crate::error::{Result, WriterError};
+use crate::reconcile::{ReconcileConfig, reconcile};
 use crate::silver::{ApplyConfig, apply_changes};
 use crate::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use crate::stream::{BatchOutcome, Stream, StreamConfig};
@@ -84,6 +90,9 @@ pub struct SidecarConfig {
     /// PEM private key of `admin_tls_cert`.
     #[serde(default)]
     pub admin_tls_key: Option<PathBuf>,
+    /// The report table of scheduled reconciles; none when unset.
+    #[serde(default)]
+    pub reconcile_report: Option<String>,
     /// The tables.
     pub tables: Vec<TableEntry>,
 }
@@ -148,6 +157,13 @@ pub struct TableEntry {
     /// Seconds between `apply_changes` calls (continuous; default `poll_seconds`).
     #[serde(default)]
     pub apply_seconds: Option<f64>,
+    /// Minutes between reconciles of the silver table (continuous; available-now runs one
+    /// after its apply); none when unset.
+    #[serde(default)]
+    pub reconcile_minutes: Option<f64>,
+    /// The column reconcile compares on; default the unique index CDC uses.
+    #[serde(default)]
+    pub reconcile_keys: Option<Vec<String>>,
 }
 
 impl TableEntry {
@@ -174,6 +190,59 @@ fn apply_config(config: &SidecarConfig, entry: &TableEntry) -> Option<ApplyConfi
         facts: Some(config.facts.clone()),
         granularity: config.granularity,
     })
+}
+
+/// The scheduled reconcile of an entry with a silver table and `reconcile_minutes`.
+fn reconcile_config(config: &SidecarConfig, entry: &TableEntry) -> Option<ReconcileConfig> {
+    entry.reconcile_minutes?;
+    let silver = entry.silver.as_ref()?;
+    Some(ReconcileConfig {
+        keys: entry.reconcile_keys.clone(),
+        report: config.reconcile_report.clone(),
+        ..ReconcileConfig::new(
+            &config.server,
+            &entry.table,
+            silver,
+            &entry.target,
+            &config.control,
+        )
+    })
+}
+
+/// Runs one reconcile and logs its verdict: INFO when clean, WARN naming the mismatched
+/// buckets and failures otherwise.
+async fn reconcile_logged(config: &ReconcileConfig) -> Result<()> {
+    let result = reconcile(config).await?;
+    crate::metrics::reconcile(&config.table, &result);
+    if result.clean() {
+        tracing::info!(table = %config.table, buckets = result.buckets,
+            in_flight = result.in_flight, verified_lsn = %result.compared_lsn, "reconcile: silver matches the source");
+    } else {
+        tracing::warn!(table = %config.table, buckets = result.buckets, mismatch = result.mismatch,
+            failures = ?result.failures, run_id = %result.run_id, "reconcile: silver differs from the source");
+    }
+    Ok(())
+}
+
+/// Reconciles every `every` until `stop`, the first after one interval (silver is applied
+/// first); a failing run is logged and tried again at the next tick.
+async fn reconcile_loop(
+    config: ReconcileConfig,
+    every: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => {}
+        }
+        if *stop.borrow() {
+            return;
+        }
+        if let Err(error) = reconcile_logged(&config).await {
+            tracing::error!(table = %config.table, %error, "reconcile failed; retrying at the next tick");
+        }
+    }
 }
 
 /// Bootstraps a new checkpoint when the entry asks for it.
@@ -282,6 +351,23 @@ impl SidecarConfig {
                     entry.table
                 )));
             }
+            if entry.reconcile_minutes.is_some() && entry.silver.is_none() {
+                return Err(WriterError::invalid(format!(
+                    "{}: table {} has reconcile_minutes but no silver table to reconcile",
+                    path.display(),
+                    entry.table
+                )));
+            }
+            if entry
+                .reconcile_minutes
+                .is_some_and(|minutes| !(minutes.is_finite() && minutes > 0.0))
+            {
+                return Err(WriterError::invalid(format!(
+                    "{}: reconcile_minutes of {} must be a positive number",
+                    path.display(),
+                    entry.table
+                )));
+            }
             if entry
                 .apply_seconds
                 .is_some_and(|seconds| !(seconds.is_finite() && seconds > 0.0))
@@ -326,6 +412,7 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
     for entry in &config.tables {
         let mut stream_config = config.stream(entry);
         let apply = apply_config(config, entry);
+        let check = reconcile_config(config, entry);
         let entry = entry.clone();
         tasks.push((
             entry.table.clone(),
@@ -339,6 +426,9 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
                         backfill_to_end(&entry, &stream_config).await?;
                         if let Some(apply) = &apply {
                             apply_changes(apply).await?;
+                        }
+                        if let Some(check) = &check {
+                            reconcile_logged(check).await?;
                         }
                         Ok(outcomes)
                     }
@@ -394,6 +484,12 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
         if let Some(apply) = apply_config(config, entry) {
             let every = Duration::from_secs_f64(entry.apply_seconds.unwrap_or(config.poll_seconds));
             tasks.push(tokio::spawn(apply_loop(apply, every, stop.clone())));
+        }
+        if let (Some(check), Some(minutes)) =
+            (reconcile_config(config, entry), entry.reconcile_minutes)
+        {
+            let every = Duration::from_secs_f64(minutes * 60.0);
+            tasks.push(tokio::spawn(reconcile_loop(check, every, stop.clone())));
         }
         let mut stream_config = config.stream(entry);
         let stop = stop.clone();
@@ -494,6 +590,9 @@ pub struct TableStatus {
     pub lag_seconds: Option<f64>,
     /// The newest snapshot: S, chunks done, chunks planned (chunked), complete.
     pub snapshot: Option<snapshot::SnapshotProgress>,
+    /// The silver table's verified LSN and when it was checked (the last reconcile that
+    /// found no difference); `None` without silver or such a run.
+    pub verified: Option<(String, mssql_cdc_proto::CommitTime)>,
 }
 
 /// The status of every table: last batch, end offset, verdict, lag.
@@ -514,6 +613,12 @@ pub async fn status(config: &SidecarConfig) -> Result<Vec<TableStatus>> {
             verdict,
             lag_seconds,
             snapshot: snapshot::progress(&tables::table_url(&config.facts)?, &entry.app_id).await?,
+            verified: match &entry.silver {
+                Some(silver) => control::row(&control_url, silver)
+                    .await?
+                    .and_then(|row| row.verified),
+                None => None,
+            },
         });
     }
     Ok(statuses)
