@@ -254,6 +254,9 @@ pub struct ReconcileArgs {
     /// Control table location (silver's position in, its verified LSN out).
     #[arg(long, env = "MSSQL_CDC_WRITER_CONTROL")]
     pub control: String,
+    /// Facts table location: also check the chunks of bronze's newest chunked snapshot.
+    #[arg(long, env = "MSSQL_CDC_WRITER_FACTS")]
+    pub facts: Option<String>,
     /// The key column to compare on (default the unique index CDC uses): one integer or
     /// date column.
     #[arg(long, value_delimiter = ',', env = "MSSQL_CDC_WRITER_KEYS")]

@@ -117,6 +117,7 @@ pub async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
 /// with no change in flight to explain it.
 pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
     let config = ReconcileConfig {
+        facts: args.facts,
         keys: args.keys,
         bucket_rows: args.bucket_rows,
         sample: args.sample,

@@ -137,6 +137,7 @@ pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
         let reconcile = ReconcileConfig {
             keys: Some(vec![compared.to_string()]),
             bucket_rows: 500,
+            facts: Some(config.facts.clone()),
             report: Some(lake.join("reconcile").display().to_string()),
             ..ReconcileConfig::new(
                 &url,
@@ -148,7 +149,7 @@ pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
         };
         let result = reconcile::reconcile(&reconcile).await?;
         println!(
-            "   {} on {}: {} buckets, {} match, {} in flight, {} mismatch, {} hashed; {}",
+            "   {} on {}: {} buckets, {} match, {} in flight, {} mismatch, {} hashed, chunks of {} checked; {}",
             config.table,
             result.key,
             result.buckets,
@@ -156,6 +157,9 @@ pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
             result.in_flight,
             result.mismatch,
             result.hashed,
+            result
+                .checked_snapshot
+                .map_or("no chunked snapshot".to_string(), |lsn| lsn.to_string()),
             match result.verified {
                 true => format!("verified at {}", result.compared_lsn),
                 false => format!("NOT verified: {:?}", result.failures),

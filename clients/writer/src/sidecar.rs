@@ -199,6 +199,7 @@ fn reconcile_config(config: &SidecarConfig, entry: &TableEntry) -> Option<Reconc
     Some(ReconcileConfig {
         keys: entry.reconcile_keys.clone(),
         report: config.reconcile_report.clone(),
+        facts: Some(config.facts.clone()),
         ..ReconcileConfig::new(
             &config.server,
             &entry.table,

@@ -10,7 +10,7 @@ use common::{Lab, run_now};
 use mssql_cdc_flight::sim::workload::{self, Mix, WorkloadSpec};
 use mssql_cdc_writer::control;
 use mssql_cdc_writer::reconcile::{
-    BucketStatus, FailureType, ReconcileConfig, ReconcileResult, reconcile,
+    BucketStatus, ChunkCheck, FailureType, ReconcileConfig, ReconcileResult, reconcile,
 };
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, SnapshotMode};
@@ -473,4 +473,133 @@ async fn bad_calls_are_refused_with_the_reason() {
     })
     .await;
     assert!(error.contains("no_such_table"), "{error}");
+}
+
+/// A silver of dbo.orders built through a chunked bootstrap read to its end.
+async fn chunked_pipeline(lab: &Lab) {
+    workload(lab, 5, 300);
+    let mut stream = lab.config();
+    snapshot::bootstrap(&mut stream, SnapshotMode::Chunked)
+        .await
+        .expect("open")
+        .expect("opened");
+    let snapshots = snapshot::Snapshots::connect(stream.clone())
+        .await
+        .expect("connect");
+    let options = snapshot::BackfillOptions {
+        chunk_rows: 40,
+        max_waves: Some(1),
+        target_wave_seconds: 0.0,
+        min_headroom_hours: None,
+    };
+    while !snapshots.backfill(&options).await.expect("wave").done {}
+    run_now(stream).await;
+    apply_changes(&apply_config(lab)).await.expect("apply");
+}
+
+async fn update_lake(location: &str, predicate: &str, column: &str, value: &str) {
+    tables::open(&tables::table_url(location).expect("url"))
+        .await
+        .expect("open")
+        .expect("table")
+        .update()
+        .with_predicate(predicate)
+        .with_update(column, value)
+        .await
+        .expect("update");
+}
+
+fn chunk_findings(result: &ReconcileResult) -> Vec<(ChunkCheck, Option<i32>)> {
+    let mut found: Vec<_> = result
+        .chunk_findings
+        .iter()
+        .map(|finding| (finding.check, finding.chunk))
+        .collect();
+    found.sort();
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chunks_of_a_chunked_snapshot_are_checked_against_facts_plans_and_bronze() {
+    let lab = Lab::new().await;
+    chunked_pipeline(&lab).await;
+    let with_facts = ReconcileConfig {
+        facts: Some(lab.lake("facts")),
+        ..config(&lab)
+    };
+    let clean = reconcile(&with_facts).await.expect("reconcile");
+    let snapshot = clean
+        .checked_snapshot
+        .expect("the chunked snapshot was checked");
+    assert!(
+        clean.chunk_findings.is_empty(),
+        "{:?}",
+        clean.chunk_findings
+    );
+    assert!(clean.verified);
+
+    // A stamp below S, a chunk's facts row counting other rows, and a chunk read over other
+    // bounds than planned (overlapping its neighbour).
+    let facts = lab.lake("facts");
+    let chunk =
+        |number: i32| format!("event = 'snapshot_chunk' AND detail LIKE '%\"chunk\":{number},%'");
+    update_lake(&facts, &chunk(1), "min_lsn", "'0x00000000000000000001'").await;
+    update_lake(&facts, &chunk(2), "rows", "rows + 1").await;
+    let plans = mssql_cdc_writer::snapshot::plans_location(&lab.lake("bronze_orders"));
+    let plans_rows = common::query(
+        &plans,
+        "SELECT detail FROM t WHERE event = 'snapshot_chunk' AND detail LIKE '%\"chunk\":3,%'",
+    )
+    .await;
+    let detail: serde_json::Value =
+        serde_json::from_str(&common::text(&plans_rows[0], 0, 0).expect("detail")).expect("json");
+    let lo = detail["lo"].as_i64().expect("an integer plan");
+    let mut moved = detail.clone();
+    moved["lo"] = serde_json::json!(lo - 5);
+    update_lake(
+        &plans,
+        "event = 'snapshot_chunk' AND detail LIKE '%\"chunk\":3,%'",
+        "detail",
+        &format!("'{}'", moved),
+    )
+    .await;
+    let result = reconcile(&with_facts).await.expect("reconcile");
+    assert_eq!(result.checked_snapshot, Some(snapshot));
+    assert_eq!(
+        chunk_findings(&result),
+        vec![
+            (ChunkCheck::Tiling, Some(3)),
+            (ChunkCheck::Rows, Some(2)),
+            (ChunkCheck::Stamp, Some(1)),
+        ]
+    );
+    assert_eq!(result.mismatch, 0, "silver itself still matches");
+    assert!(!result.clean() && !result.verified);
+
+    // A chunk's facts row gone: bronze holds rows no facts row counts.
+    let table = tables::open(&tables::table_url(&facts).expect("url"))
+        .await
+        .expect("open")
+        .expect("facts");
+    table
+        .delete()
+        .with_predicate(chunk(4).as_str())
+        .await
+        .expect("delete a chunk's facts row");
+    let result = reconcile(&with_facts).await.expect("reconcile");
+    assert!(
+        chunk_findings(&result).contains(&(ChunkCheck::Rows, Some(4))),
+        "{:?}",
+        result.chunk_findings
+    );
+    let report = common::query(
+        &lab.lake("reconcile"),
+        &format!(
+            "SELECT failure_type FROM t WHERE run_id = '{}' AND failure_type LIKE 'CHUNK_%' AND source_lsn IS NULL",
+            result.run_id
+        ),
+    )
+    .await;
+    let rows: usize = report.iter().map(|batch| batch.num_rows()).sum();
+    assert_eq!(rows, result.chunk_findings.len());
 }

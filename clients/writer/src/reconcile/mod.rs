@@ -14,10 +14,12 @@
 //! 4. **tier 2**: every MISMATCH bucket and a seeded sample of MATCH buckets are compared row
 //!    by row: the source's rows read through a snapshot chunk, both sides hashed by the same
 //!    function, keys joined null-safely and classified ([`rows`]);
-//! 5. the report table gets the run's bucket and key rows ([`report`]); when nothing differs
-//!    the control table records silver's `verified_lsn`.
+//! 5. with a facts table, the newest chunked snapshot of bronze is checked ([`chunks`]);
+//! 6. the report table gets the run's bucket, key and chunk rows ([`report`]); when nothing
+//!    differs the control table records silver's `verified_lsn`.
 
 mod buckets;
+mod chunks;
 mod in_flight;
 mod report;
 mod rows;
@@ -36,6 +38,7 @@ use crate::control;
 use crate::error::{Result, WriterError};
 use crate::tables;
 pub use buckets::{Bucket, BucketStatus};
+pub use chunks::{ChunkCheck, ChunkFinding};
 use in_flight::InFlight;
 pub use rows::{FailureType, KeyFinding};
 
@@ -59,6 +62,9 @@ pub struct ReconcileConfig {
     pub bronze: String,
     /// Control table location (silver's position in, `verified_lsn` out).
     pub control: String,
+    /// Facts table location: with it, the newest chunked snapshot of bronze is checked
+    /// (CHUNK_TILING, CHUNK_ROWS, CHUNK_STAMP).
+    pub facts: Option<String>,
     /// The key column compared on; default the unique index CDC uses.
     pub keys: Option<Vec<String>>,
     /// Rows a bucket holds about (at least 1).
@@ -80,6 +86,7 @@ impl ReconcileConfig {
             silver: silver.into(),
             bronze: bronze.into(),
             control: control.into(),
+            facts: None,
             keys: None,
             bucket_rows: DEFAULT_BUCKET_ROWS,
             sample: DEFAULT_SAMPLE,
@@ -145,13 +152,19 @@ pub struct ReconcileResult {
     pub findings: Vec<KeyFinding>,
     /// Key findings in all.
     pub findings_total: u64,
+    /// The chunked snapshot whose chunks were checked (with a facts table, when bronze
+    /// has one).
+    pub checked_snapshot: Option<Lsn>,
+    /// What the chunk checks found.
+    pub chunk_findings: Vec<ChunkFinding>,
 }
 
 impl ReconcileResult {
-    /// Whether every bucket matched or is in flight and no key failed but in flight: the
-    /// CLI's exit code 0.
+    /// Whether every bucket matched or is in flight, no key failed but in flight and every
+    /// chunk check passed: the CLI's exit code 0.
     pub fn clean(&self) -> bool {
         self.mismatch == 0
+            && self.chunk_findings.is_empty()
             && self
                 .failures
                 .iter()
@@ -286,13 +299,30 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         }
     }
 
+    // 5. The chunk checks of bronze's newest chunked snapshot.
+    let (checked_snapshot, chunk_findings) = match &config.facts {
+        Some(facts) => match chunks::check(facts, &config.bronze).await? {
+            Some((snapshot, found)) => (Some(snapshot), found),
+            None => (None, Vec::new()),
+        },
+        None => (None, Vec::new()),
+    };
+
     let mut failures = BTreeMap::new();
     for kind in FailureType::ALL {
         failures.insert(kind.name().to_string(), 0);
     }
+    for check in ChunkCheck::ALL {
+        failures.insert(check.name().to_string(), 0);
+    }
     for finding in &findings {
         *failures
             .entry(finding.failure_type.name().to_string())
+            .or_default() += 1;
+    }
+    for finding in &chunk_findings {
+        *failures
+            .entry(finding.check.name().to_string())
             .or_default() += 1;
     }
     let count =
@@ -317,10 +347,12 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         bucket_list,
         findings: Vec::new(),
         findings_total: findings.len() as u64,
+        checked_snapshot,
+        chunk_findings,
     };
     result.verified = result.clean();
 
-    // 5. The report, then the verified LSN.
+    // 6. The report, then the verified LSN.
     if let Some(location) = &config.report {
         report::write(location, &result, &key, &findings, run_at).await?;
     }
@@ -450,6 +482,15 @@ pub fn render(result: &ReconcileResult) -> String {
                 true => String::new(),
                 false => format!(" ({})", finding.columns.join(", ")),
             }
+        );
+    }
+    for finding in &result.chunk_findings {
+        let _ = writeln!(
+            text,
+            "  snapshot {} {}: {}",
+            finding.snapshot,
+            finding.check.name(),
+            finding.finding
         );
     }
     if result.findings_total > result.findings.len() as u64 {

@@ -1,5 +1,5 @@
-//! The report table: one row per bucket and one per key finding of a run, all sharing its
-//! `run_id` (the seed's three row kinds; chunk rows come with the chunk checks).
+//! The report table: one row per bucket, one per key finding and one per chunk finding of
+//! a run, all sharing its `run_id` (the seed's three row kinds sharing columns).
 
 use std::sync::Arc;
 
@@ -15,7 +15,70 @@ use crate::error::Result;
 use crate::facts;
 use crate::tables::{self, TableKind};
 
-/// Appends the run's rows to the report table at `location` (created when missing).
+/// The columns that differ between the row kinds (the others are the run's).
+#[derive(Default)]
+struct Row {
+    source_lsn: Option<String>,
+    bucket_lo: Option<String>,
+    bucket_hi: Option<String>,
+    source_rows: Option<i64>,
+    source_key_sum: Option<i128>,
+    silver_rows: Option<i64>,
+    silver_key_sum: Option<i128>,
+    status: Option<String>,
+    hashed: Option<bool>,
+    key: Option<String>,
+    failure_type: Option<String>,
+    detail: Option<String>,
+}
+
+/// The run's rows: buckets, then key findings (both at the source LSN), then chunk
+/// findings (no source LSN: they read only the lake).
+fn rows(result: &ReconcileResult, key: &GridKey, findings: &[KeyFinding]) -> Vec<Row> {
+    let source_lsn = Some(result.source_lsn.to_string());
+    let bound = |units: Option<i64>| units.map(|units| key.json(Some(units)).to_string());
+    let buckets = result.bucket_list.iter().map(|bucket| Row {
+        source_lsn: source_lsn.clone(),
+        bucket_lo: bound(bucket.lo),
+        bucket_hi: bound(bucket.hi),
+        source_rows: Some(bucket.source.rows as i64),
+        source_key_sum: Some(bucket.source.key_sum),
+        silver_rows: Some(bucket.silver.rows as i64),
+        silver_key_sum: Some(bucket.silver.key_sum),
+        status: Some(bucket.status.name().to_string()),
+        hashed: Some(bucket.hashed),
+        ..Row::default()
+    });
+    let keys = findings.iter().map(|finding| Row {
+        source_lsn: source_lsn.clone(),
+        key: Some(finding.key.to_string()),
+        failure_type: Some(finding.failure_type.name().to_string()),
+        detail: Some(
+            serde_json::json!({
+                "silver_start_lsn": finding.silver_start_lsn,
+                "columns": finding.columns,
+            })
+            .to_string(),
+        ),
+        ..Row::default()
+    });
+    let chunks = result.chunk_findings.iter().map(|finding| Row {
+        failure_type: Some(finding.check.name().to_string()),
+        detail: Some(
+            serde_json::json!({
+                "snapshot": finding.snapshot,
+                "chunk": finding.chunk,
+                "finding": finding.finding,
+            })
+            .to_string(),
+        ),
+        ..Row::default()
+    });
+    buckets.chain(keys).chain(chunks).collect()
+}
+
+/// Appends the run's rows to the report table at `location` (created when missing), in one
+/// commit.
 pub(super) async fn write(
     location: &str,
     result: &ReconcileResult,
@@ -23,80 +86,43 @@ pub(super) async fn write(
     findings: &[KeyFinding],
     run_at: CommitTime,
 ) -> Result<()> {
-    let buckets = &result.bucket_list;
-    let rows = buckets.len() + findings.len();
-    let repeat = |value: &str| Arc::new(StringArray::from(vec![value; rows])) as ArrayRef;
-    let bound = |units: Option<i64>| units.map(|units| key.json(Some(units)).to_string());
-    let on_buckets = |values: Vec<Option<String>>| {
-        let mut values = values;
-        values.resize(rows, None);
-        Arc::new(StringArray::from(values)) as ArrayRef
+    let rows = rows(result, key, findings);
+    let count = rows.len();
+    let text = |pick: fn(&Row) -> Option<String>| {
+        Arc::new(rows.iter().map(pick).collect::<StringArray>()) as ArrayRef
     };
-    let counts = |pick: &dyn Fn(&super::Bucket) -> i64| {
-        let mut values: Vec<Option<i64>> = buckets.iter().map(|b| Some(pick(b))).collect();
-        values.resize(rows, None);
-        Arc::new(Int64Array::from(values)) as ArrayRef
+    let long = |pick: fn(&Row) -> Option<i64>| {
+        Arc::new(rows.iter().map(pick).collect::<Int64Array>()) as ArrayRef
     };
-    let sums = |pick: &dyn Fn(&super::Bucket) -> i128| -> Result<ArrayRef> {
-        let mut values: Vec<Option<i128>> = buckets.iter().map(|b| Some(pick(b))).collect();
-        values.resize(rows, None);
-        Ok(Arc::new(
-            Decimal128Array::from(values).with_precision_and_scale(38, 0)?,
-        ))
+    let sum = |pick: fn(&Row) -> Option<i128>| -> Result<ArrayRef> {
+        let values: Decimal128Array = rows.iter().map(pick).collect();
+        Ok(Arc::new(values.with_precision_and_scale(38, 0)?))
     };
-    let on_findings = |values: Vec<Option<String>>| {
-        let mut all = vec![None; buckets.len()];
-        all.extend(values);
-        Arc::new(StringArray::from(all)) as ArrayRef
-    };
-    let mut hashed: Vec<Option<bool>> = buckets.iter().map(|b| Some(b.hashed)).collect();
-    hashed.resize(rows, None);
     let columns: Vec<ArrayRef> = vec![
-        repeat(&result.run_id),
-        Arc::new(TimestampMicrosecondArray::from(vec![run_at.0; rows])),
-        repeat(&result.silver),
-        Arc::new(Int64Array::from(vec![result.silver_version; rows])),
-        repeat(&result.silver_lsn.to_string()),
-        repeat(&result.source_lsn.to_string()),
-        on_buckets(buckets.iter().map(|b| bound(b.lo)).collect()),
-        on_buckets(buckets.iter().map(|b| bound(b.hi)).collect()),
-        counts(&|b| b.source.rows as i64),
-        sums(&|b| b.source.key_sum)?,
-        counts(&|b| b.silver.rows as i64),
-        sums(&|b| b.silver.key_sum)?,
-        on_buckets(
-            buckets
-                .iter()
-                .map(|b| Some(b.status.name().to_string()))
-                .collect(),
-        ),
-        Arc::new(BooleanArray::from(hashed)),
-        on_findings(findings.iter().map(|f| Some(f.key.to_string())).collect()),
-        on_findings(
-            findings
-                .iter()
-                .map(|f| Some(f.failure_type.name().to_string()))
-                .collect(),
-        ),
-        on_findings(
-            findings
-                .iter()
-                .map(|f| {
-                    Some(
-                        serde_json::json!({
-                            "silver_start_lsn": f.silver_start_lsn,
-                            "columns": f.columns,
-                        })
-                        .to_string(),
-                    )
-                })
-                .collect(),
-        ),
+        Arc::new(StringArray::from(vec![result.run_id.as_str(); count])),
+        Arc::new(TimestampMicrosecondArray::from(vec![run_at.0; count])),
+        Arc::new(StringArray::from(vec![result.silver.as_str(); count])),
+        Arc::new(Int64Array::from(vec![result.silver_version; count])),
+        Arc::new(StringArray::from(vec![
+            result.silver_lsn.to_string();
+            count
+        ])),
+        text(|row| row.source_lsn.clone()),
+        text(|row| row.bucket_lo.clone()),
+        text(|row| row.bucket_hi.clone()),
+        long(|row| row.source_rows),
+        sum(|row| row.source_key_sum)?,
+        long(|row| row.silver_rows),
+        sum(|row| row.silver_key_sum)?,
+        text(|row| row.status.clone()),
+        Arc::new(rows.iter().map(|row| row.hashed).collect::<BooleanArray>()),
+        text(|row| row.key.clone()),
+        text(|row| row.failure_type.clone()),
+        text(|row| row.detail.clone()),
     ];
     let batch = RecordBatch::try_new(facts::arrow_schema(TableKind::Reconcile), columns)?;
-    let url = tables::table_url(location)?;
     tables::append_once(
-        &url,
+        &tables::table_url(location)?,
         TableKind::Reconcile,
         "reconcile",
         &format!("reconcile#{}", result.run_id),
