@@ -263,24 +263,41 @@ pub struct KeySums {
 }
 
 impl KeySums {
-    /// Counts `(key, grid units)` values into `grid`'s slices, NULL keys apart: what a source
-    /// without SQL computes, and what the writer computes over silver.
+    /// Counts keys (grid units; `None` is NULL) into `grid`'s slices, NULL keys apart: what
+    /// a source without SQL computes, and what the writer computes over silver. Slices of
+    /// the grid are counted in place; keys past its ends, rare, in a map.
     pub fn count(grid: &KeyGrid, keys: impl IntoIterator<Item = Option<i64>>) -> Self {
-        let mut sums = std::collections::BTreeMap::<i128, (u64, i128)>::new();
+        let slices = usize::try_from(grid.slices())
+            .unwrap_or(usize::MAX)
+            .min(1 << 20);
+        let mut inside = vec![(0u64, 0i128); slices];
+        let mut outside = std::collections::BTreeMap::<i128, (u64, i128)>::new();
         let mut null_rows = 0;
         for key in keys {
-            match key {
-                Some(key) => {
-                    let entry = sums.entry(grid.index_of(key)).or_default();
-                    entry.0 += 1;
-                    entry.1 += i128::from(key);
-                }
-                None => null_rows += 1,
-            }
+            let Some(key) = key else {
+                null_rows += 1;
+                continue;
+            };
+            let index = grid.index_of(key);
+            let entry = match usize::try_from(index).ok().filter(|index| *index < slices) {
+                Some(index) => &mut inside[index],
+                None => outside.entry(index).or_default(),
+            };
+            entry.0 += 1;
+            entry.1 += i128::from(key);
         }
+        let inside = inside
+            .into_iter()
+            .enumerate()
+            .map(|(index, counted)| (index as i128, counted));
+        let mut all: Vec<(i128, (u64, i128))> = inside
+            .chain(outside)
+            .filter(|(_, (rows, _))| *rows > 0)
+            .collect();
+        all.sort_unstable_by_key(|(index, _)| *index);
         KeySums {
             null_rows,
-            slices: sums
+            slices: all
                 .into_iter()
                 .map(|(index, (rows, key_sum))| KeySum {
                     slice: grid.slice(index, rows),
@@ -361,6 +378,10 @@ impl KeyGrid {
     /// The index of the slice holding `key`; a key outside `[lo, hi]` gets the index of the
     /// slice it would lie in past the grid's ends (negative below `lo`).
     pub fn index_of(&self, key: i64) -> i128 {
+        // 64-bit arithmetic where it cannot overflow (every key of a realistic grid).
+        if let (Some(offset), Ok(width)) = (key.checked_sub(self.lo), i64::try_from(self.width)) {
+            return i128::from(offset.div_euclid(width));
+        }
         (i128::from(key) - i128::from(self.lo)).div_euclid(i128::from(self.width))
     }
 

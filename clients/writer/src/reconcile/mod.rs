@@ -177,9 +177,17 @@ impl ReconcileResult {
 pub(crate) struct GridKey {
     pub(crate) column: KeyColumn,
     pub(crate) unit: GridUnit,
+    /// Whether the column is the table's unique index, alone.
+    pub(crate) unique: bool,
 }
 
 impl GridKey {
+    /// Whether the column is the table's one-integer unique key: its ranges are integer
+    /// chunks, which the source reads by index seeks.
+    pub(crate) fn is_unique_integer(&self) -> bool {
+        self.unique && self.unit == GridUnit::Integer
+    }
+
     /// A key value in grid units as JSON: an integer, or a date's `YYYY-MM-DD`.
     pub(crate) fn json(&self, units: Option<i64>) -> serde_json::Value {
         match (units, self.unit) {
@@ -231,7 +239,12 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     context.register_table("silver", silver_table.table_provider().await?)?;
 
     // 2. Tier 1: silver's keys, then the source's sums on a grid covering both.
+    let started = std::time::Instant::now();
     let silver_keys = buckets::silver_units(&context, &key).await?;
+    tracing::debug!(
+        seconds = started.elapsed().as_secs_f64(),
+        "reconcile: silver's keys read"
+    );
     let cover = buckets::span(&silver_keys);
     let answer: KeySumsAnswer = client
         .action(
@@ -271,6 +284,11 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     )
     .await?;
     buckets::classify(&mut bucket_list, &in_flight);
+    tracing::debug!(
+        seconds = started.elapsed().as_secs_f64(),
+        buckets = bucket_list.len(),
+        "reconcile: tier 1 done (counts, key sums and the keys in flight)"
+    );
 
     // 4. Tier 2 on every MISMATCH bucket and a sample of the MATCH ones.
     let seed = config.seed.unwrap_or_else(rand::random);
@@ -278,25 +296,37 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     let columns = rows::compared_columns(&instance, &context).await?;
     let mut findings = Vec::new();
     for bucket in &mut bucket_list {
-        let hash = match bucket.status {
+        bucket.hashed = match bucket.status {
             BucketStatus::Mismatch => true,
             BucketStatus::Match => sampler.random::<f64>() < config.sample,
             BucketStatus::InFlight => false,
         };
-        if hash {
-            bucket.hashed = true;
-            let found = rows::compare_bucket(
-                &client,
-                config,
-                &context,
-                &key,
-                &columns,
-                bucket,
-                &mut in_flight,
-            )
-            .await?;
-            findings.extend(found);
-        }
+    }
+    let to_hash = bucket_list.iter().filter(|bucket| bucket.hashed).count();
+    for (done, bucket) in bucket_list
+        .iter()
+        .filter(|bucket| bucket.hashed)
+        .enumerate()
+    {
+        let found = rows::compare_bucket(
+            &client,
+            config,
+            &context,
+            &key,
+            &columns,
+            bucket,
+            &mut in_flight,
+        )
+        .await?;
+        tracing::info!(
+            table = %config.table,
+            bucket = done + 1,
+            of = to_hash,
+            rows = bucket.source.rows.max(bucket.silver.rows),
+            differ = found.len(),
+            "reconcile: bucket compared row by row"
+        );
+        findings.extend(found);
     }
 
     // 5. The chunk checks of bronze's newest chunked snapshot.
@@ -430,7 +460,12 @@ fn grid_key(config: &ReconcileConfig, instance: &CaptureInstanceInfo) -> Result<
             column.name, config.table, column.sql_type
         ))
     })?;
-    Ok(GridKey { column, unit })
+    let unique = instance.index_columns.as_slice() == std::slice::from_ref(&column.name);
+    Ok(GridKey {
+        column,
+        unit,
+        unique,
+    })
 }
 
 /// The result as text: a summary line, one line per bucket that did not match or was

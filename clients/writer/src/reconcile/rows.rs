@@ -5,7 +5,7 @@
 //! SQL Server's own formatting never enters. Keys are joined null-safely (a NULL key is a
 //! key like any other) and each difference classified as AWS DMS validation does.
 
-use std::collections::HashMap;
+use std::cmp::Ordering;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -14,6 +14,7 @@ use arrow::datatypes::SchemaRef;
 use arrow::row::{RowConverter, SortField};
 use deltalake::datafusion::prelude::SessionContext;
 use futures::TryStreamExt;
+use mssql_cdc_proto::Lsn;
 use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::keys::{Bound, GridUnit, KeyValue};
 use mssql_cdc_proto::protocol::{CaptureInstanceInfo, ChunkSpec, ServeOptions, SnapshotCommand};
@@ -72,13 +73,29 @@ pub struct KeyFinding {
     pub columns: Vec<String>,
 }
 
-/// One row's fingerprint: the digest of every compared column, and a short hash of each
-/// to name the columns that differ.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct RowPrint {
-    digest: [u8; 32],
-    columns: Vec<u64>,
-    start_lsn: Option<String>,
+/// The fingerprints of one side's rows of a bucket, one entry per row, sorted by key and
+/// digest for the merge join: flat vectors, so a bucket of a million rows costs a few
+/// allocations, not millions.
+#[derive(Default)]
+struct Prints {
+    /// `(key, digest, row)`: the row indexes `columns` and `lsns`.
+    rows: Vec<(Option<i64>, [u8; 32], u32)>,
+    /// A short hash of each compared column, `width` per row: names the columns that differ.
+    columns: Vec<u32>,
+    /// Silver's `_start_lsn` of each row (empty on the source side).
+    lsns: Vec<Option<Lsn>>,
+    width: usize,
+}
+
+impl Prints {
+    fn column_hashes(&self, row: u32) -> &[u32] {
+        let start = row as usize * self.width;
+        &self.columns[start..start + self.width]
+    }
+
+    fn lsn(&self, row: u32) -> Option<Lsn> {
+        self.lsns.get(row as usize).copied().flatten()
+    }
 }
 
 /// The captured columns of the newest instance that silver holds, in capture order: what
@@ -96,7 +113,8 @@ pub(super) async fn compared_columns(
         .collect())
 }
 
-/// Compares one bucket row by row; returns its key findings.
+/// Compares one bucket row by row; returns its key findings. Silver's rows are read and
+/// hashed on a task of their own while the source's arrive over Flight.
 pub(super) async fn compare_bucket(
     client: &CdcClient,
     config: &ReconcileConfig,
@@ -117,27 +135,36 @@ pub(super) async fn compare_bucket(
             range_condition(key, bucket)
         ))
         .await?;
-    let silver_schema: SchemaRef = Arc::new(silver_frame.schema().as_arrow().clone());
-    let mut silver = HashMap::<Option<i64>, Vec<RowPrint>>::new();
-    let mut stream = silver_frame.execute_stream().await?;
-    while let Some(batch) = stream.try_next().await? {
-        fingerprint(
-            &batch,
-            columns,
-            &silver_schema,
-            key,
-            Some("_start_lsn"),
-            &mut silver,
-        )?;
-    }
-    let mut source = HashMap::<Option<i64>, Vec<RowPrint>>::new();
+    let types: SchemaRef = Arc::new(silver_frame.schema().as_arrow().clone());
+    let silver_side = {
+        let (columns, types, key) = (columns.to_vec(), types.clone(), key.clone());
+        tokio::spawn(async move {
+            let mut prints = Prints::default();
+            let mut stream = silver_frame.execute_stream().await?;
+            while let Some(batch) = stream.try_next().await? {
+                fingerprint(
+                    &batch,
+                    &columns,
+                    &types,
+                    &key,
+                    Some("_start_lsn"),
+                    &mut prints,
+                )?;
+            }
+            prints.rows.sort_unstable();
+            Ok::<_, WriterError>(prints)
+        })
+    };
+    let mut source = Prints::default();
     let command = SnapshotCommand {
         chunks: Some(vec![ChunkSpec {
             chunk: 0,
             lo: bucket.lo.map(|lo| bound(key, lo)),
             hi: bucket.hi.map(|hi| bound(key, hi)),
         }]),
-        keys: Some(vec![key.column.name.clone()]),
+        // The table's own integer key reads as an integer range (an index seek); any other
+        // column as a keyset range on it.
+        keys: (!key.is_unique_integer()).then(|| vec![key.column.name.clone()]),
         serve: ServeOptions {
             columns: Some(columns.to_vec()),
             include_command_id: Some(false),
@@ -146,6 +173,7 @@ pub(super) async fn compare_bucket(
         ..SnapshotCommand::new(config.table.clone())
     };
     let plan = client.plan_snapshot(&command).await?;
+    let mut after_read = None;
     for endpoint in &plan.info.endpoint {
         let ticket = endpoint
             .ticket
@@ -153,85 +181,109 @@ pub(super) async fn compare_bucket(
             .ok_or_else(|| WriterError::Internal("a snapshot endpoint without a ticket".into()))?;
         let mut reader = client.open_endpoint(ticket).await?;
         while let Some(batch) = reader.next_batch().await? {
-            fingerprint(&batch, columns, &silver_schema, key, None, &mut source)?;
+            fingerprint(&batch, columns, &types, key, None, &mut source)?;
         }
-        // The rows may show commits after the counts: their keys are in flight too.
-        if let Some(after_read) = reader.completion()?.max_lsn {
-            in_flight.extend_to(client, config, key, after_read).await?;
-        }
+        after_read = after_read.max(reader.completion()?.max_lsn);
     }
-    Ok(classify(key, columns, source, silver, in_flight))
+    source.rows.sort_unstable();
+    let silver = silver_side
+        .await
+        .map_err(|error| WriterError::Internal(format!("silver's row digests: {error}")))??;
+    // The rows may show commits after the counts: their keys are in flight too.
+    if let Some(after_read) = after_read {
+        in_flight.extend_to(client, config, key, after_read).await?;
+    }
+    Ok(classify(key, columns, &source, &silver, in_flight))
 }
 
-/// The keys of both sides joined, each difference classified.
+/// The keys of both sides joined (both sorted by key, then digest), each difference
+/// classified; the rows of one key compare as a multiset.
 fn classify(
     key: &GridKey,
     columns: &[String],
-    mut source: HashMap<Option<i64>, Vec<RowPrint>>,
-    silver: HashMap<Option<i64>, Vec<RowPrint>>,
+    source: &Prints,
+    silver: &Prints,
     in_flight: &InFlight,
 ) -> Vec<KeyFinding> {
     let mut findings = Vec::new();
-    let mut finding = |units: Option<i64>,
-                       failure: FailureType,
-                       silver_row: Option<&RowPrint>,
-                       differ: Vec<String>| {
-        let failure = match in_flight.contains(units) {
-            true => FailureType::InFlight,
-            false => failure,
+    let (mut at_source, mut at_silver) = (0, 0);
+    let run = |prints: &Prints, from: usize| {
+        let key = prints.rows[from].0;
+        prints.rows[from..]
+            .iter()
+            .take_while(|row| row.0 == key)
+            .count()
+    };
+    loop {
+        let next_source = source.rows.get(at_source).map(|row| row.0);
+        let next_silver = silver.rows.get(at_silver).map(|row| row.0);
+        let order = match (next_source, next_silver) {
+            (None, None) => break,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some(ours), Some(theirs)) => ours.cmp(&theirs),
+        };
+        let (units, failure, silver_row, differ) = match order {
+            Ordering::Less => {
+                let units = source.rows[at_source].0;
+                at_source += run(source, at_source);
+                (units, FailureType::MissingTarget, None, Vec::new())
+            }
+            Ordering::Greater => {
+                let (units, _, row) = silver.rows[at_silver];
+                at_silver += run(silver, at_silver);
+                (units, FailureType::MissingSource, Some(row), Vec::new())
+            }
+            Ordering::Equal => {
+                let units = source.rows[at_source].0;
+                let (source_run, silver_run) = (run(source, at_source), run(silver, at_silver));
+                let ours = &source.rows[at_source..at_source + source_run];
+                let theirs = &silver.rows[at_silver..at_silver + silver_run];
+                at_source += source_run;
+                at_silver += silver_run;
+                let same =
+                    ours.len() == theirs.len() && ours.iter().zip(theirs).all(|(a, b)| a.1 == b.1);
+                if same {
+                    continue;
+                }
+                let (a, b) = (
+                    source.column_hashes(ours[0].2),
+                    silver.column_hashes(theirs[0].2),
+                );
+                let differ = columns
+                    .iter()
+                    .zip(a.iter().zip(b))
+                    .filter(|(_, (x, y))| x != y)
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                (units, FailureType::RecordDiff, Some(theirs[0].2), differ)
+            }
         };
         findings.push(KeyFinding {
             key: serde_json::json!({ key.column.name.clone(): key.json(units) }),
-            failure_type: failure,
-            silver_start_lsn: silver_row.and_then(|row| row.start_lsn.clone()),
+            failure_type: match in_flight.contains(units) {
+                true => FailureType::InFlight,
+                false => failure,
+            },
+            silver_start_lsn: silver_row
+                .and_then(|row| silver.lsn(row))
+                .map(|lsn| lsn.to_string()),
             columns: differ,
         });
-    };
-    for (units, mut silver_rows) in silver {
-        let Some(mut source_rows) = source.remove(&units) else {
-            finding(
-                units,
-                FailureType::MissingSource,
-                silver_rows.first(),
-                Vec::new(),
-            );
-            continue;
-        };
-        silver_rows.sort_by_key(|row| row.digest);
-        source_rows.sort_by_key(|row| row.digest);
-        let same = silver_rows.len() == source_rows.len()
-            && silver_rows
-                .iter()
-                .zip(&source_rows)
-                .all(|(a, b)| a.digest == b.digest);
-        if !same {
-            let differ = match (silver_rows.first(), source_rows.first()) {
-                (Some(a), Some(b)) => columns
-                    .iter()
-                    .zip(a.columns.iter().zip(&b.columns))
-                    .filter(|(_, (x, y))| x != y)
-                    .map(|(name, _)| name.clone())
-                    .collect(),
-                _ => Vec::new(),
-            };
-            finding(units, FailureType::RecordDiff, silver_rows.first(), differ);
-        }
     }
-    for (units, _) in source {
-        finding(units, FailureType::MissingTarget, None, Vec::new());
-    }
-    findings.sort_by_key(|finding| finding.key.to_string());
     findings
 }
 
-/// Fingerprints every row of `batch` into `into`, by key.
+/// Fingerprints every row of `batch` into `into`: each compared column cast to silver's
+/// type (`types`) and written in Arrow's row format, SHA-256 over the columns' bytes (each
+/// length-prefixed), and a short SipHash of each column.
 fn fingerprint(
     batch: &RecordBatch,
     columns: &[String],
     types: &SchemaRef,
     key: &GridKey,
     lsn_column: Option<&str>,
-    into: &mut HashMap<Option<i64>, Vec<RowPrint>>,
+    into: &mut Prints,
 ) -> Result<()> {
     let column = |name: &str| {
         batch
@@ -247,19 +299,21 @@ fn fingerprint(
         encoded.push(converter.convert_columns(&[values])?);
     }
     let keys = units_of(&column(&key.column.name)?, key)?;
-    let lsns = match lsn_column {
-        Some(name) => Some(
-            arrow::compute::cast(&column(name)?, &arrow::datatypes::DataType::Utf8)?
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .cloned()
-                .ok_or_else(|| WriterError::Internal("_start_lsn is not text".into()))?,
-        ),
-        None => None,
-    };
+    if let Some(name) = lsn_column {
+        let text = arrow::compute::cast(&column(name)?, &arrow::datatypes::DataType::Utf8)?;
+        let text = text
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .ok_or_else(|| WriterError::Internal("_start_lsn is not text".into()))?;
+        into.lsns.extend(
+            text.iter()
+                .map(|lsn| lsn.and_then(|lsn| lsn.parse::<Lsn>().ok())),
+        );
+    }
+    into.width = columns.len();
+    into.columns.reserve(batch.num_rows() * columns.len());
     for row in 0..batch.num_rows() {
         let mut digest = Sha256::new();
-        let mut hashes = Vec::with_capacity(encoded.len());
         for rows in &encoded {
             let bytes = rows.row(row);
             let bytes = bytes.as_ref();
@@ -267,23 +321,21 @@ fn fingerprint(
             digest.update(bytes);
             let mut hasher = std::collections::hash_map::DefaultHasher::new();
             bytes.hash(&mut hasher);
-            hashes.push(hasher.finish());
+            into.columns.push(hasher.finish() as u32);
         }
-        let print = RowPrint {
-            digest: digest.finalize().into(),
-            columns: hashes,
-            start_lsn: lsns
-                .as_ref()
-                .and_then(|lsns| lsns.is_valid(row).then(|| lsns.value(row).to_string())),
-        };
+        let number = u32::try_from(into.rows.len())
+            .map_err(|_| WriterError::invalid("a bucket holds more than 4 billion rows"))?;
         let units = keys.is_valid(row).then(|| keys.value(row));
-        into.entry(units).or_default().push(print);
+        into.rows.push((units, digest.finalize().into(), number));
     }
     Ok(())
 }
 
 /// A chunk bound on the key column: the value as the source reads it back.
 fn bound(key: &GridKey, units: i64) -> Bound {
+    if key.is_unique_integer() {
+        return Bound::Int(units);
+    }
     Bound::Keys(vec![match key.unit {
         GridUnit::Integer => KeyValue::Int(units),
         GridUnit::Days => KeyValue::Text(date_text(units)),
