@@ -142,6 +142,10 @@ impl SimDb {
         }
         let definition = self.table_def(table)?;
         let rows = self.store.read_state(&definition)?;
+        if key.name == definition.key {
+            // The row key is its own value: no column to generate.
+            return Ok(rows.keys().map(|row_key| Some(*row_key)).collect());
+        }
         let source = definition
             .column(&key.name)
             .ok_or_else(|| Error::invalid(format!("{table} has no column '{}'", key.name)))?;

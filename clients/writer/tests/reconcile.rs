@@ -603,3 +603,119 @@ async fn the_chunks_of_a_chunked_snapshot_are_checked_against_facts_plans_and_br
     let rows: usize = report.iter().map(|batch| batch.num_rows()).sum();
     assert_eq!(rows, result.chunk_findings.len());
 }
+
+/// Random workloads, random corruptions of silver: reconcile (every bucket hashed) finds
+/// exactly the corrupted keys, each with its failure type, and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_corruptions_are_found_exactly() {
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+    for case in 0..3u64 {
+        let seed = 1000 + case;
+        let mut random = rand::rngs::StdRng::seed_from_u64(seed);
+        let lab = Lab::new().await;
+        workload(&lab, seed, random.random_range(150..400));
+        let mut stream = lab.config();
+        snapshot::bootstrap(&mut stream, SnapshotMode::Full)
+            .await
+            .expect("bootstrap");
+        workload(&lab, seed + 1, random.random_range(20..150));
+        run_now(stream).await;
+        apply_changes(&apply_config(&lab)).await.expect("apply");
+
+        let mut keys = silver_keys(&lab).await;
+        let present: BTreeSet<i64> = keys.iter().copied().collect();
+        keys.shuffle(&mut random);
+        let deleted: Vec<i64> = keys[..random.random_range(0..6)].to_vec();
+        let changed: Vec<i64> = keys[6..6 + random.random_range(0..6)].to_vec();
+        let (low, high) = (
+            *present.first().expect("keys"),
+            *present.last().expect("keys"),
+        );
+        let mut added = BTreeSet::new();
+        while added.len() < random.random_range(0..5) {
+            let candidate = random.random_range(low..high + 50);
+            if !present.contains(&candidate) {
+                added.insert(candidate);
+            }
+        }
+        let list = |keys: &[i64]| {
+            keys.iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut table = silver_table(&lab).await;
+        if !deleted.is_empty() {
+            table = table
+                .delete()
+                .with_predicate(format!("order_id IN ({})", list(&deleted)).as_str())
+                .await
+                .expect("delete")
+                .0;
+        }
+        if !changed.is_empty() {
+            table = table
+                .update()
+                .with_predicate(format!("order_id IN ({})", list(&changed)).as_str())
+                .with_update("amount", "amount + 1")
+                .await
+                .expect("update")
+                .0;
+        }
+        if !added.is_empty() {
+            let template = common::query(
+                &lab.lake("silver_orders"),
+                &format!("SELECT * FROM t WHERE order_id = {}", keys[20]),
+            )
+            .await;
+            let row = &template[0];
+            let key_index = row.schema().index_of("order_id").expect("key");
+            let rows: Vec<arrow::record_batch::RecordBatch> = added
+                .iter()
+                .map(|key| {
+                    let mut columns = row.columns().to_vec();
+                    columns[key_index] =
+                        std::sync::Arc::new(arrow::array::Int64Array::from(vec![*key]));
+                    arrow::record_batch::RecordBatch::try_new(row.schema(), columns).expect("row")
+                })
+                .collect();
+            table
+                .write(rows)
+                .with_save_mode(deltalake::protocol::SaveMode::Append)
+                .await
+                .expect("add");
+        }
+        let result = reconcile(&ReconcileConfig {
+            sample: 1.0,
+            bucket_rows: random.random_range(10..120),
+            ..config(&lab)
+        })
+        .await
+        .expect("reconcile");
+        let found: BTreeSet<(i64, FailureType)> = result
+            .findings
+            .iter()
+            .map(|finding| {
+                (
+                    finding.key["order_id"].as_i64().expect("key"),
+                    finding.failure_type,
+                )
+            })
+            .collect();
+        let expected: BTreeSet<(i64, FailureType)> = deleted
+            .iter()
+            .map(|key| (*key, FailureType::MissingTarget))
+            .chain(changed.iter().map(|key| (*key, FailureType::RecordDiff)))
+            .chain(added.iter().map(|key| (*key, FailureType::MissingSource)))
+            .collect();
+        assert_eq!(found, expected, "case seed {seed}");
+        assert_eq!(result.verified, expected.is_empty(), "case seed {seed}");
+        let mismatched = result.mismatch > 0;
+        assert_eq!(
+            mismatched,
+            !deleted.is_empty() || !added.is_empty(),
+            "case seed {seed}"
+        );
+    }
+}

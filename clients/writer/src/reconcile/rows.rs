@@ -6,7 +6,6 @@
 //! key like any other) and each difference classified as AWS DMS validation does.
 
 use std::cmp::Ordering;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
@@ -155,7 +154,6 @@ pub(super) async fn compare_bucket(
             Ok::<_, WriterError>(prints)
         })
     };
-    let mut source = Prints::default();
     let command = SnapshotCommand {
         chunks: Some(vec![ChunkSpec {
             chunk: 0,
@@ -172,6 +170,21 @@ pub(super) async fn compare_bucket(
         },
         ..SnapshotCommand::new(config.table.clone())
     };
+    // The source's batches are hashed on a task of their own too, so decoding the next one
+    // overlaps hashing this one.
+    let (batches, mut arriving) = tokio::sync::mpsc::channel::<RecordBatch>(2);
+    let source_side = {
+        let (columns, types, key) = (columns.to_vec(), types.clone(), key.clone());
+        tokio::spawn(async move {
+            let mut prints = Prints::default();
+            while let Some(batch) = arriving.recv().await {
+                fingerprint(&batch, &columns, &types, &key, None, &mut prints)?;
+            }
+            prints.rows.sort_unstable();
+            Ok::<_, WriterError>(prints)
+        })
+    };
+    let started = std::time::Instant::now();
     let plan = client.plan_snapshot(&command).await?;
     let mut after_read = None;
     for endpoint in &plan.info.endpoint {
@@ -181,14 +194,26 @@ pub(super) async fn compare_bucket(
             .ok_or_else(|| WriterError::Internal("a snapshot endpoint without a ticket".into()))?;
         let mut reader = client.open_endpoint(ticket).await?;
         while let Some(batch) = reader.next_batch().await? {
-            fingerprint(&batch, columns, &types, key, None, &mut source)?;
+            if batches.send(batch).await.is_err() {
+                break; // the hashing task failed: its error is returned below
+            }
         }
         after_read = after_read.max(reader.completion()?.max_lsn);
     }
-    source.rows.sort_unstable();
-    let silver = silver_side
-        .await
-        .map_err(|error| WriterError::Internal(format!("silver's row digests: {error}")))??;
+    drop(batches);
+    let read_seconds = started.elapsed().as_secs_f64();
+    let joined = |error: tokio::task::JoinError| {
+        WriterError::Internal(format!("a row digest task failed: {error}"))
+    };
+    let source = source_side.await.map_err(joined)??;
+    let silver = silver_side.await.map_err(joined)??;
+    tracing::debug!(
+        read_seconds,
+        hashed_seconds = started.elapsed().as_secs_f64(),
+        source_rows = source.rows.len(),
+        silver_rows = silver.rows.len(),
+        "reconcile: a bucket's rows read and hashed"
+    );
     // The rows may show commits after the counts: their keys are in flight too.
     if let Some(after_read) = after_read {
         in_flight.extend_to(client, config, key, after_read).await?;
@@ -276,7 +301,7 @@ fn classify(
 
 /// Fingerprints every row of `batch` into `into`: each compared column cast to silver's
 /// type (`types`) and written in Arrow's row format, SHA-256 over the columns' bytes (each
-/// length-prefixed), and a short SipHash of each column.
+/// length-prefixed), and a short hash of each column ([`fnv1a`]).
 fn fingerprint(
     batch: &RecordBatch,
     columns: &[String],
@@ -319,9 +344,7 @@ fn fingerprint(
             let bytes = bytes.as_ref();
             digest.update((bytes.len() as u64).to_le_bytes());
             digest.update(bytes);
-            let mut hasher = std::collections::hash_map::DefaultHasher::new();
-            bytes.hash(&mut hasher);
-            into.columns.push(hasher.finish() as u32);
+            into.columns.push(fnv1a(bytes));
         }
         let number = u32::try_from(into.rows.len())
             .map_err(|_| WriterError::invalid("a bucket holds more than 4 billion rows"))?;
@@ -329,6 +352,14 @@ fn fingerprint(
         into.rows.push((units, digest.finalize().into(), number));
     }
     Ok(())
+}
+
+/// FNV-1a over `bytes`, 32 bits: a column's short hash, only ever compared between the two
+/// sides of one key to name the columns that differ (the digest decides whether they do).
+fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5u32, |hash, byte| {
+        (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193)
+    })
 }
 
 /// A chunk bound on the key column: the value as the source reads it back.
