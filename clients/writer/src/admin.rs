@@ -1,5 +1,5 @@
 //! The sidecar's admin service over gRPC (`proto/mssql_cdc_admin.proto`): open a full or
-//! chunked snapshot of a table, its status, pause and resume.
+//! chunked snapshot of a table, its status, pause and resume, and reconcile its silver.
 //!
 //! Every call works on the lake through the same functions as the CLI without `--admin`
 //! (`snapshot::{open, state, set_paused}`), with the table's settings from the sidecar file,
@@ -23,14 +23,15 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerT
 use tonic::{Code, Status};
 
 use crate::error::{Result, WriterError};
-use crate::sidecar::SidecarConfig;
+use crate::reconcile::{self, ReconcileResult};
+use crate::sidecar::{self, SidecarConfig};
 use crate::snapshot::{self, BackfillStatus, SnapshotMode, SnapshotState};
 use crate::stream::StreamConfig;
 
 use mssql_cdc_proto::admin::SnapshotState as SnapshotStateMessage;
 pub use mssql_cdc_proto::admin::{
-    OpenRequest, PauseRequest, SnapshotAdmin, SnapshotAdminClient, SnapshotAdminServer,
-    TableRequest,
+    OpenRequest, PauseRequest, ReconcileReply, ReconcileRequest, SnapshotAdmin,
+    SnapshotAdminClient, SnapshotAdminServer, TableRequest,
 };
 
 /// The wire form of a table's snapshot state.
@@ -160,13 +161,31 @@ pub async fn run_locally(config: &StreamConfig, request: Request) -> Result<Snap
     }
 }
 
-/// Sends a request for `table` to the admin service at `url`.
-pub async fn call(
-    url: &str,
-    access: &AdminAccess,
-    table: &str,
-    request: Request,
-) -> Result<SnapshotState> {
+/// Adds the bearer token to every call of an admin client.
+#[derive(Clone)]
+pub struct WithToken(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for WithToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A client of the admin service.
+pub type AdminClient = SnapshotAdminClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, WithToken>,
+>;
+
+/// Connects to the admin service at `url` with `access`.
+async fn connect(url: &str, access: &AdminAccess) -> Result<AdminClient> {
     let unreachable = |error: &dyn std::fmt::Display| {
         WriterError::Internal(format!("cannot reach the admin service at {url}: {error}"))
     };
@@ -184,15 +203,35 @@ pub async fn call(
         .map(|token| MetadataValue::try_from(format!("Bearer {}", token.0)))
         .transpose()
         .map_err(|_| WriterError::invalid("the admin token is not a valid header value"))?;
-    let mut client =
-        SnapshotAdminClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
-            if let Some(value) = &authorization {
-                request
-                    .metadata_mut()
-                    .insert("authorization", value.clone());
-            }
-            Ok(request)
-        });
+    Ok(SnapshotAdminClient::with_interceptor(
+        channel,
+        WithToken(authorization),
+    ))
+}
+
+/// The writer's error for a status the admin service at `url` answered.
+fn refused(url: &str, status: Status) -> WriterError {
+    match status.code() {
+        Code::InvalidArgument | Code::NotFound | Code::FailedPrecondition => {
+            WriterError::InvalidArgument(status.message().to_string())
+        }
+        Code::Unauthenticated => WriterError::InvalidArgument(format!(
+            "the admin service at {url} refused the call: {} (the sidecar's admin_token_file; \
+             callers pass it with --admin-token-file or MSSQL_CDC_WRITER_ADMIN_TOKEN_FILE)",
+            status.message()
+        )),
+        _ => WriterError::Internal(format!("admin service: {}", status.message())),
+    }
+}
+
+/// Sends a request for `table` to the admin service at `url`.
+pub async fn call(
+    url: &str,
+    access: &AdminAccess,
+    table: &str,
+    request: Request,
+) -> Result<SnapshotState> {
+    let mut client = connect(url, access).await?;
     let table_request = || TableRequest {
         table: table.to_string(),
     };
@@ -217,18 +256,26 @@ pub async fn call(
         }
         Request::Resume => client.resume(table_request()).await,
     }
-    .map_err(|status| match status.code() {
-        Code::InvalidArgument | Code::NotFound | Code::FailedPrecondition => {
-            WriterError::InvalidArgument(status.message().to_string())
-        }
-        Code::Unauthenticated => WriterError::InvalidArgument(format!(
-            "the admin service at {url} refused the call: {} (the sidecar's admin_token_file; \
-             callers pass it with --admin-token-file or MSSQL_CDC_WRITER_ADMIN_TOKEN_FILE)",
-            status.message()
-        )),
-        _ => WriterError::Internal(format!("admin service: {}", status.message())),
-    })?;
+    .map_err(|status| refused(url, status))?;
     state_from_message(answer.into_inner())
+}
+
+/// Asks the admin service at `url` to reconcile a table's silver; the result as the sidecar
+/// found it.
+pub async fn call_reconcile(
+    url: &str,
+    access: &AdminAccess,
+    request: ReconcileRequest,
+) -> Result<ReconcileResult> {
+    let reply = connect(url, access)
+        .await?
+        .reconcile(request)
+        .await
+        .map_err(|status| refused(url, status))?
+        .into_inner();
+    serde_json::from_str(&reply.result_json).map_err(|error| {
+        WriterError::Internal(format!("the admin service's reconcile result: {error}"))
+    })
 }
 
 /// The service over a sidecar's configuration.
@@ -321,6 +368,45 @@ impl SnapshotAdmin for AdminService {
     ) -> std::result::Result<tonic::Response<SnapshotStateMessage>, Status> {
         self.answer(&request.into_inner().table, Request::Resume)
             .await
+    }
+
+    async fn reconcile(
+        &self,
+        request: tonic::Request<ReconcileRequest>,
+    ) -> std::result::Result<tonic::Response<ReconcileReply>, Status> {
+        let request = request.into_inner();
+        self.table(&request.table)?;
+        let entry = self
+            .config
+            .tables
+            .iter()
+            .find(|entry| entry.table.eq_ignore_ascii_case(&request.table))
+            .ok_or_else(|| Status::not_found(format!("table '{}'", request.table)))?;
+        let mut config = sidecar::reconcile_config(&self.config, entry).ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "table {} has no silver table in this sidecar's file: nothing to reconcile",
+                entry.table
+            ))
+        })?;
+        config.sample = request.sample.unwrap_or(config.sample);
+        config.bucket_rows = request.bucket_rows.unwrap_or(config.bucket_rows);
+        config.seed = request.seed.or(config.seed);
+        tracing::info!(table = %entry.table, sample = config.sample, "admin request: reconcile");
+        let result = reconcile::reconcile(&config).await.map_err(to_status)?;
+        let result_json = serde_json::to_string(&result)
+            .map_err(|error| Status::internal(format!("the result as JSON: {error}")))?;
+        Ok(tonic::Response::new(ReconcileReply {
+            run_id: result.run_id.clone(),
+            buckets: result.buckets,
+            matched: result.matched,
+            in_flight: result.in_flight,
+            mismatch: result.mismatch,
+            hashed: result.hashed,
+            verified: result.verified,
+            compared_lsn: result.compared_lsn.to_string(),
+            failures: result.failures.clone().into_iter().collect(),
+            result_json,
+        }))
     }
 }
 

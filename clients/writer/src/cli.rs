@@ -71,9 +71,9 @@ pub enum SnapshotCommand {
     },
 }
 
-#[derive(Args)]
-#[command(mut_args(StreamLake::required_unless("admin", &[])))]
-pub struct SnapshotTable {
+/// `--admin` and its credentials: a call sent to a sidecar's admin service.
+#[derive(Args, Clone)]
+pub struct AdminArgs {
     /// A sidecar's admin service (`admin_listen` of its file): the call goes there and the
     /// sidecar's own settings for the table apply; without it the lake is used directly.
     #[arg(long, env = "MSSQL_CDC_WRITER_ADMIN")]
@@ -84,6 +84,13 @@ pub struct SnapshotTable {
     /// PEM certificate of the CA that signed the admin service's certificate (`https://`).
     #[arg(long, env = "MSSQL_CDC_WRITER_ADMIN_CA", requires = "admin")]
     pub admin_ca: Option<PathBuf>,
+}
+
+#[derive(Args)]
+#[command(mut_args(StreamLake::required_unless("admin", &[])))]
+pub struct SnapshotTable {
+    #[command(flatten)]
+    pub admin: AdminArgs,
     /// The table; without `--admin`, its stream's lake (the server is used by `open`,
     /// `pause` and `resume`).
     #[command(flatten)]
@@ -240,20 +247,37 @@ pub struct ApplyArgs {
 
 #[derive(Args)]
 pub struct ReconcileArgs {
+    /// With `--admin`, the sidecar reconciles the table with its file's settings (its silver,
+    /// bronze, control, facts, keys and report); `--sample`, `--bucket-rows` and `--seed`
+    /// still apply.
+    #[command(flatten)]
+    pub admin: AdminArgs,
     #[command(flatten)]
     pub server: FlightServer,
     /// Source table (schema.table): names bronze's verdict in the control table.
     #[arg(long, env = "MSSQL_CDC_WRITER_TABLE")]
     pub table: String,
     /// Silver location (as apply's --target).
-    #[arg(long, env = "MSSQL_CDC_WRITER_SILVER")]
-    pub silver: String,
+    #[arg(
+        long,
+        env = "MSSQL_CDC_WRITER_SILVER",
+        required_unless_present = "admin"
+    )]
+    pub silver: Option<String>,
     /// Bronze location (its changes newer than the compared LSN make a difference in flight).
-    #[arg(long, env = "MSSQL_CDC_WRITER_BRONZE")]
-    pub bronze: String,
+    #[arg(
+        long,
+        env = "MSSQL_CDC_WRITER_BRONZE",
+        required_unless_present = "admin"
+    )]
+    pub bronze: Option<String>,
     /// Control table location (silver's position in, its verified LSN out).
-    #[arg(long, env = "MSSQL_CDC_WRITER_CONTROL")]
-    pub control: String,
+    #[arg(
+        long,
+        env = "MSSQL_CDC_WRITER_CONTROL",
+        required_unless_present = "admin"
+    )]
+    pub control: Option<String>,
     /// Facts table location: also check the chunks of bronze's newest chunked snapshot.
     #[arg(long, env = "MSSQL_CDC_WRITER_FACTS")]
     pub facts: Option<String>,

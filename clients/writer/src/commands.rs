@@ -11,7 +11,9 @@ use mssql_cdc_writer::stream::{Stream, StreamConfig};
 use mssql_cdc_writer::tail::Waiting;
 use mssql_cdc_writer::{admin, sidecar};
 
-use crate::cli::{ApplyArgs, BackfillArgs, ReconcileArgs, RunArgs, SnapshotCommand, TableArgs};
+use crate::cli::{
+    AdminArgs, ApplyArgs, BackfillArgs, ReconcileArgs, RunArgs, SnapshotCommand, TableArgs,
+};
 
 /// `run`: one table from flags, or every table of a sidecar file.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -116,22 +118,36 @@ pub async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
 /// `reconcile`: the result as JSON or as a table; exits 1 when a bucket or a key differs
 /// with no change in flight to explain it.
 pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
-    let config = ReconcileConfig {
-        facts: args.facts,
-        keys: args.keys,
-        bucket_rows: args.bucket_rows,
-        sample: args.sample,
-        seed: args.seed,
-        report: args.report,
-        ..ReconcileConfig::new(
-            &args.server.url,
-            &args.table,
-            &args.silver,
-            &args.bronze,
-            &args.control,
-        )
+    let result = match &args.admin.admin {
+        Some(url) => {
+            let request = admin::ReconcileRequest {
+                table: args.table.clone(),
+                sample: Some(args.sample),
+                bucket_rows: Some(args.bucket_rows),
+                seed: args.seed,
+            };
+            admin::call_reconcile(url, &admin_access(&args.admin)?, request).await?
+        }
+        None => {
+            let required = |value: &Option<String>| value.clone().unwrap_or_default();
+            let config = ReconcileConfig {
+                facts: args.facts.clone(),
+                keys: args.keys.clone(),
+                bucket_rows: args.bucket_rows,
+                sample: args.sample,
+                seed: args.seed,
+                report: args.report.clone(),
+                ..ReconcileConfig::new(
+                    &args.server.url,
+                    &args.table,
+                    &required(&args.silver),
+                    &required(&args.bronze),
+                    &required(&args.control),
+                )
+            };
+            mssql_cdc_writer::reconcile::reconcile(&config).await?
+        }
     };
-    let result = mssql_cdc_writer::reconcile::reconcile(&config).await?;
     match args.output.as_str() {
         "json" => println!("{}", serde_json::to_string_pretty(&result)?),
         _ => print!("{}", mssql_cdc_writer::reconcile::render(&result)),
@@ -140,6 +156,26 @@ pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// The credentials `--admin-token-file` and `--admin-ca` name.
+fn admin_access(args: &AdminArgs) -> anyhow::Result<admin::AdminAccess> {
+    Ok(admin::AdminAccess {
+        token: args
+            .admin_token_file
+            .as_deref()
+            .map(admin::AdminToken::from_file)
+            .transpose()?,
+        ca_certificate: args
+            .admin_ca
+            .as_ref()
+            .map(|path| {
+                std::fs::read(path).map_err(|error| {
+                    anyhow::anyhow!("reading --admin-ca {}: {error}", path.display())
+                })
+            })
+            .transpose()?,
+    })
 }
 
 /// `snapshot open|status|pause|resume`, through a sidecar's admin service or on the lake.
@@ -157,25 +193,15 @@ pub async fn snapshot_command(command: SnapshotCommand) -> anyhow::Result<()> {
         SnapshotCommand::Pause { table, reason } => (table, admin::Request::Pause(reason)),
         SnapshotCommand::Resume { table } => (table, admin::Request::Resume),
     };
-    let state = match &table.admin {
+    let state = match &table.admin.admin {
         Some(url) => {
-            let access = admin::AdminAccess {
-                token: table
-                    .admin_token_file
-                    .as_deref()
-                    .map(admin::AdminToken::from_file)
-                    .transpose()?,
-                ca_certificate: table
-                    .admin_ca
-                    .as_ref()
-                    .map(|path| {
-                        std::fs::read(path).map_err(|error| {
-                            anyhow::anyhow!("reading --admin-ca {}: {error}", path.display())
-                        })
-                    })
-                    .transpose()?,
-            };
-            admin::call(url, &access, &table.stream.table, request).await?
+            admin::call(
+                url,
+                &admin_access(&table.admin)?,
+                &table.stream.table,
+                request,
+            )
+            .await?
         }
         None => {
             let config = snapshot_config(&table.stream, 2, table.snapshot_keys.columns.clone())?;

@@ -192,9 +192,9 @@ fn apply_config(config: &SidecarConfig, entry: &TableEntry) -> Option<ApplyConfi
     })
 }
 
-/// The scheduled reconcile of an entry with a silver table and `reconcile_minutes`.
-fn reconcile_config(config: &SidecarConfig, entry: &TableEntry) -> Option<ReconcileConfig> {
-    entry.reconcile_minutes?;
+/// The reconcile of an entry with a silver table (scheduled with `reconcile_minutes`, or
+/// asked for through the admin service).
+pub fn reconcile_config(config: &SidecarConfig, entry: &TableEntry) -> Option<ReconcileConfig> {
     let silver = entry.silver.as_ref()?;
     Some(ReconcileConfig {
         keys: entry.reconcile_keys.clone(),
@@ -413,7 +413,9 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
     for entry in &config.tables {
         let mut stream_config = config.stream(entry);
         let apply = apply_config(config, entry);
-        let check = reconcile_config(config, entry);
+        let check = entry
+            .reconcile_minutes
+            .and_then(|_| reconcile_config(config, entry));
         let entry = entry.clone();
         tasks.push((
             entry.table.clone(),

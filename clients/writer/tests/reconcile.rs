@@ -719,3 +719,60 @@ async fn random_corruptions_are_found_exactly() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_exits_zero_only_when_silver_matches() {
+    let lab = Lab::new().await;
+    pipeline(&lab).await;
+    let run = |extra: &[&str]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"));
+        command.args([
+            "reconcile",
+            "--server",
+            &lab.url,
+            "--table",
+            "dbo.orders",
+            "--silver",
+            &lab.lake("silver_orders"),
+            "--bronze",
+            &lab.lake("bronze_orders"),
+            "--control",
+            &lab.lake("control"),
+            "--bucket-rows",
+            "50",
+        ]);
+        command.args(extra);
+        command.output().expect("run the writer")
+    };
+    let clean = tokio::task::block_in_place(|| run(&[]));
+    let text = String::from_utf8_lossy(&clean.stdout);
+    assert!(clean.status.success(), "{text}");
+    assert!(
+        text.contains("verified: silver equals the source at"),
+        "{text}"
+    );
+    let keys = silver_keys(&lab).await;
+    silver_table(&lab)
+        .await
+        .delete()
+        .with_predicate(format!("order_id = {}", keys[3]).as_str())
+        .await
+        .expect("delete a row");
+    let broken = tokio::task::block_in_place(|| run(&["--output", "json"]));
+    assert_eq!(broken.status.code(), Some(1));
+    let result: serde_json::Value = serde_json::from_slice(&broken.stdout).expect("json");
+    assert_eq!(result["failures"]["MISSING_TARGET"], 1);
+    assert_eq!(result["findings"][0]["key"]["order_id"], keys[3]);
+    let usage = tokio::task::block_in_place(|| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"))
+            .args(["reconcile", "--table", "dbo.orders"])
+            .output()
+            .expect("run the writer")
+    });
+    assert_eq!(
+        usage.status.code(),
+        Some(2),
+        "a usage error names the missing flags"
+    );
+    assert!(String::from_utf8_lossy(&usage.stderr).contains("--silver"));
+}

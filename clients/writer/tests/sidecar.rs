@@ -458,3 +458,78 @@ async fn a_continuous_table_whose_stream_fails_is_retried_and_catches_up() {
         .expect("the sidecar stops after its batch and wave in flight")
         .expect("join");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecar_reconciles_silver_after_its_run_and_on_an_admin_call() {
+    use mssql_cdc_writer::admin::{self, ReconcileRequest};
+
+    let lab = Lab::new().await;
+    lab.workload(81, 200);
+    let path = write_config(
+        &lab,
+        &[("dbo.orders", "orders"), ("dbo.customers", "customers")],
+    );
+    let mut config = SidecarConfig::load(&path).expect("config");
+    config.reconcile_report = Some(lab.lake("reconcile"));
+    config.tables[0].silver = Some(lab.lake("silver_orders"));
+    config.tables[0].keys = vec!["order_id".into()];
+    config.tables[0].reconcile_minutes = Some(60.0);
+    for (table, result) in sidecar::run_available_now(&config).await {
+        result.unwrap_or_else(|error| panic!("{table}: {error}"));
+    }
+    // The available-now run reconciled once after its apply: the report and the verified LSN.
+    let statuses = sidecar::status(&config).await.expect("status");
+    let (verified, _) = statuses[0]
+        .verified
+        .clone()
+        .expect("verified after the run");
+    assert!(
+        statuses[1].verified.is_none(),
+        "dbo.customers has no silver"
+    );
+    let report = query(&lab.lake("reconcile"), "SELECT DISTINCT run_id FROM t").await;
+    assert_eq!(
+        report.iter().map(|batch| batch.num_rows()).sum::<usize>(),
+        1
+    );
+
+    // The admin service reconciles on request, with the call's sample.
+    config.admin_listen = Some("127.0.0.1:0".into());
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let server = admin::AdminServer::bind(&config)
+        .await
+        .expect("bind")
+        .expect("admin_listen is set");
+    let url = format!("http://{}", server.local_addr().expect("address"));
+    tokio::spawn(server.serve(stopped));
+    let result = admin::call_reconcile(
+        &url,
+        &Default::default(),
+        ReconcileRequest {
+            table: "dbo.orders".into(),
+            sample: Some(1.0),
+            bucket_rows: Some(50),
+            seed: Some(3),
+        },
+    )
+    .await
+    .expect("reconcile over the admin service");
+    assert!(result.verified && result.clean(), "{result:?}");
+    assert_eq!(result.hashed, result.buckets, "the call's sample of 1");
+    assert_eq!(
+        result.compared_lsn.to_string(),
+        verified,
+        "nothing changed since"
+    );
+    let refused = admin::call_reconcile(
+        &url,
+        &Default::default(),
+        ReconcileRequest {
+            table: "dbo.customers".into(),
+            ..ReconcileRequest::default()
+        },
+    )
+    .await
+    .expect_err("no silver to reconcile");
+    assert!(refused.to_string().contains("no silver table"), "{refused}");
+}

@@ -8,14 +8,14 @@ use arrow::datatypes::DataType;
 use deltalake::datafusion::prelude::SessionContext;
 use futures::TryStreamExt;
 use mssql_cdc_proto::catalog::{KeyGrid, KeySums};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::GridKey;
 use super::in_flight::InFlight;
 use crate::error::{Result, WriterError};
 
 /// A bucket's verdict.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum BucketStatus {
     /// Rows and key sums are equal.
@@ -38,12 +38,15 @@ impl BucketStatus {
 }
 
 /// One side's count of a bucket.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Side {
     /// Rows.
     pub rows: u64,
     /// Sum of the keys in grid units (decimal text in JSON: it passes BIGINT).
-    #[serde(serialize_with = "decimal_text")]
+    #[serde(
+        serialize_with = "decimal_text",
+        deserialize_with = "decimal_from_text"
+    )]
     pub key_sum: i128,
 }
 
@@ -51,8 +54,13 @@ fn decimal_text<S: serde::Serializer>(value: &i128, serializer: S) -> Result<S::
     serializer.serialize_str(&value.to_string())
 }
 
+fn decimal_from_text<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i128, D::Error> {
+    let text = <String as serde::Deserialize>::deserialize(deserializer)?;
+    text.parse().map_err(serde::de::Error::custom)
+}
+
 /// Keys `[lo, hi)` in grid units (`None`: open; an open `lo` holds the NULL keys).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bucket {
     /// First key (grid units), inclusive.
     pub lo: Option<i64>,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use mssql_cdc_proto::Lsn;
 use mssql_cdc_proto::keys::Bound;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, WriterError};
 use crate::events;
@@ -16,7 +16,7 @@ use crate::snapshot::{PlannedChunk, SnapshotMode, plans_location};
 use crate::tables;
 
 /// What a chunk check found wrong.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum ChunkCheck {
     /// The plan's chunks do not tile the key range, or a chunk was read over other bounds.
     #[serde(rename = "CHUNK_TILING")]
@@ -44,7 +44,7 @@ impl ChunkCheck {
 }
 
 /// One chunk check that failed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkFinding {
     /// The check.
     pub check: ChunkCheck,

@@ -32,7 +32,7 @@ use mssql_cdc_proto::keys::{GridUnit, KeyColumn};
 use mssql_cdc_proto::protocol::{CaptureInstanceInfo, KeySumsAnswer, KeySumsBody, LsnAnswer};
 use mssql_cdc_proto::{CommitTime, Lsn};
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::control;
 use crate::error::{Result, WriterError};
@@ -110,7 +110,7 @@ impl ReconcileConfig {
 }
 
 /// What a run found (the seed's `ReconcileResult`, plus the verified LSN).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ReconcileResult {
     /// The run, as in the report table.
     pub run_id: String,

@@ -17,7 +17,7 @@ use mssql_cdc_proto::Lsn;
 use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::keys::{Bound, GridUnit, KeyValue};
 use mssql_cdc_proto::protocol::{CaptureInstanceInfo, ChunkSpec, ServeOptions, SnapshotCommand};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::buckets::{Bucket, quote, units_of};
@@ -26,7 +26,7 @@ use super::{GridKey, ReconcileConfig, date_text};
 use crate::error::{Result, WriterError};
 
 /// How a key differs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum FailureType {
     /// In the source, not in silver.
@@ -60,7 +60,7 @@ impl FailureType {
 }
 
 /// One key found different.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KeyFinding {
     /// The key as a JSON object (`{"order_id": 17}`, a NULL key as `null`).
     pub key: serde_json::Value,
