@@ -74,6 +74,10 @@ pub struct Bucket {
     pub status: BucketStatus,
     /// Whether it was compared row by row.
     pub hashed: bool,
+    /// A key near its middle by rows (a slice bound), where a row-by-row read is cut in two
+    /// reads side by side; `None` when the bucket is one slice.
+    #[serde(skip)]
+    pub split: Option<i64>,
 }
 
 impl Bucket {
@@ -176,12 +180,19 @@ pub(super) fn merge(source: &KeySums, silver: &KeySums, bucket_rows: u64) -> Vec
         silver,
         status: BucketStatus::Match,
         hashed: false,
+        split: None,
     };
     let null = |rows: u64| Side { rows, key_sum: 0 };
     let mut buckets = Vec::new();
     let mut current = open(null(source.null_rows), null(silver.null_rows));
     let mut empty = source.null_rows == 0 && silver.null_rows == 0;
-    for (_, (hi, from_source, from_silver)) in slices {
+    for (lo, (hi, from_source, from_silver)) in slices {
+        if current.split.is_none()
+            && !empty
+            && current.source.rows.max(current.silver.rows) >= bucket_rows / 2
+        {
+            current.split = Some(lo);
+        }
         current.source.rows += from_source.rows;
         current.source.key_sum += from_source.key_sum;
         current.silver.rows += from_silver.rows;
@@ -261,6 +272,12 @@ mod tests {
             buckets[0].source.rows, 31,
             "the NULL key joins the first bucket"
         );
+        assert_eq!(
+            buckets[0].split,
+            Some(20),
+            "about half the bucket's rows below it"
+        );
+        assert_eq!(buckets[1].split, Some(50));
         let statuses: Vec<BucketStatus> = buckets.iter().map(|bucket| bucket.status).collect();
         use BucketStatus::{Match, Mismatch};
         assert_eq!(statuses, vec![Match, Mismatch, Match, Mismatch]);

@@ -154,12 +154,23 @@ pub(super) async fn compare_bucket(
             Ok::<_, WriterError>(prints)
         })
     };
+    // The bucket in two chunks read side by side when it has a middle, as a snapshot's
+    // partitions are.
+    let cuts: Vec<Option<i64>> = std::iter::once(bucket.lo)
+        .chain(bucket.split.map(Some))
+        .chain(std::iter::once(bucket.hi))
+        .collect();
+    let chunks = cuts
+        .windows(2)
+        .enumerate()
+        .map(|(number, pair)| ChunkSpec {
+            chunk: number as i32,
+            lo: pair[0].map(|lo| bound(key, lo)),
+            hi: pair[1].map(|hi| bound(key, hi)),
+        })
+        .collect();
     let command = SnapshotCommand {
-        chunks: Some(vec![ChunkSpec {
-            chunk: 0,
-            lo: bucket.lo.map(|lo| bound(key, lo)),
-            hi: bucket.hi.map(|hi| bound(key, hi)),
-        }]),
+        chunks: Some(chunks),
         // The table's own integer key reads as an integer range (an index seek); any other
         // column as a keyset range on it.
         keys: (!key.is_unique_integer()).then(|| vec![key.column.name.clone()]),
@@ -172,7 +183,7 @@ pub(super) async fn compare_bucket(
     };
     // The source's batches are hashed on a task of their own too, so decoding the next one
     // overlaps hashing this one.
-    let (batches, mut arriving) = tokio::sync::mpsc::channel::<RecordBatch>(2);
+    let (batches, mut arriving) = tokio::sync::mpsc::channel::<RecordBatch>(4);
     let source_side = {
         let (columns, types, key) = (columns.to_vec(), types.clone(), key.clone());
         tokio::spawn(async move {
@@ -186,20 +197,26 @@ pub(super) async fn compare_bucket(
     };
     let started = std::time::Instant::now();
     let plan = client.plan_snapshot(&command).await?;
-    let mut after_read = None;
-    for endpoint in &plan.info.endpoint {
-        let ticket = endpoint
-            .ticket
-            .as_ref()
-            .ok_or_else(|| WriterError::Internal("a snapshot endpoint without a ticket".into()))?;
-        let mut reader = client.open_endpoint(ticket).await?;
-        while let Some(batch) = reader.next_batch().await? {
-            if batches.send(batch).await.is_err() {
-                break; // the hashing task failed: its error is returned below
+    let reads = plan.info.endpoint.iter().map(|endpoint| {
+        let batches = batches.clone();
+        async move {
+            let ticket = endpoint.ticket.as_ref().ok_or_else(|| {
+                WriterError::Internal("a snapshot endpoint without a ticket".into())
+            })?;
+            let mut reader = client.open_endpoint(ticket).await?;
+            while let Some(batch) = reader.next_batch().await? {
+                if batches.send(batch).await.is_err() {
+                    return Ok(None); // the hashing task failed: its error is returned below
+                }
             }
+            Ok::<_, WriterError>(reader.completion()?.max_lsn)
         }
-        after_read = after_read.max(reader.completion()?.max_lsn);
-    }
+    });
+    let after_read = futures::future::try_join_all(reads)
+        .await?
+        .into_iter()
+        .flatten()
+        .max();
     drop(batches);
     let read_seconds = started.elapsed().as_secs_f64();
     let joined = |error: tokio::task::JoinError| {
