@@ -308,13 +308,17 @@ impl KeySums {
     }
 }
 
-mod decimal_text {
+/// An `i128` as JSON text of decimal digits (a DECIMAL(38,0) passes JSON's safe integers):
+/// `#[serde(with = "mssql_cdc_proto::catalog::decimal_text")]`.
+pub mod decimal_text {
     use serde::{Deserialize, Deserializer, Serializer};
 
+    /// Writes the digits.
     pub fn serialize<S: Serializer>(value: &i128, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(&value.to_string())
     }
 
+    /// Reads the digits.
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i128, D::Error> {
         String::deserialize(deserializer)?
             .parse()

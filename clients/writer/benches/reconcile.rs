@@ -20,13 +20,11 @@ mod common;
 
 use std::time::Instant;
 
-use mssql_cdc_flight::CommitTime;
 use mssql_cdc_flight::client::CdcClient;
-use mssql_cdc_flight::sim::{Clock, SimDb, sample};
+use mssql_cdc_flight::sim::sample;
 use mssql_cdc_proto::protocol::SnapshotCommand;
-use mssql_cdc_writer::control::Granularity;
-use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
-use mssql_cdc_writer::stream::{Stream, StreamConfig};
+use mssql_cdc_writer::silver::apply_changes;
+use mssql_cdc_writer::stream::Stream;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -87,22 +85,8 @@ fn main() -> anyhow::Result<()> {
     let bucket_rows = common::env_number("BENCH_RECONCILE_BUCKET_ROWS", 1_000_000);
     let temporary = tempfile::tempdir()?;
     let base = temporary.path();
-    let db = SimDb::create(
-        &base.join("db"),
-        &[sample::orders()],
-        CommitTime(1_767_225_600_000_000),
-    )?;
+    let (db, _) = common::orders_database(base, rows)?;
     let table = sample::orders().table;
-    let mut writer = db.writer(Clock::Virtual { step_micros: 1_000 }, 3)?;
-    let mut inserted = 0u64;
-    while inserted < rows {
-        let count = (rows - inserted).min(10_000);
-        let mut tx = writer.begin();
-        tx.insert(&table, count as usize)?;
-        tx.commit()?;
-        inserted += count;
-    }
-    writer.publish()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -110,31 +94,7 @@ fn main() -> anyhow::Result<()> {
         let server = common::start_server(&db).await?;
         let url = server.url.clone();
         let lake = |name: &str| base.join("lake").join(name).display().to_string();
-        let stream = StreamConfig {
-            server: url.clone(),
-            table: table.to_string(),
-            target: lake("bronze"),
-            facts: lake("facts"),
-            control: Some(lake("control")),
-            app_id: "bench".into(),
-            checkpoint: base.join("checkpoint"),
-            starting: "earliest".into(),
-            max_commits: Some(200),
-            partitions: 2,
-            granularity: Granularity::Minute,
-            fail_on_data_loss: true,
-            snapshot_keys: None,
-        };
-        let apply = ApplyConfig {
-            table: table.to_string(),
-            bronze: lake("bronze"),
-            target: lake("silver"),
-            capture_instance: None,
-            keys: vec!["order_id".into()],
-            control: lake("control"),
-            facts: Some(lake("facts")),
-            granularity: Granularity::Minute,
-        };
+        let (stream, apply) = common::orders_lake(base, &url);
         Stream::connect(stream.clone()).await?.run_available_now().await?;
         apply_changes(&apply).await?;
 

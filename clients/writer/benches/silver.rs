@@ -23,12 +23,10 @@ use std::path::Path;
 use std::time::Instant;
 
 use deltalake::datafusion::prelude::SessionContext;
-use mssql_cdc_flight::CommitTime;
-use mssql_cdc_flight::sim::{Clock, SimDb, SimWriter, sample};
+use mssql_cdc_flight::sim::{SimWriter, sample};
 use mssql_cdc_flight::source::TableName;
-use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
-use mssql_cdc_writer::stream::{Stream, StreamConfig};
+use mssql_cdc_writer::stream::Stream;
 use mssql_cdc_writer::tables;
 
 #[global_allocator]
@@ -194,22 +192,8 @@ fn main() -> anyhow::Result<()> {
     let rounds = common::env_number("BENCH_SILVER_ROUNDS", 5);
     let temporary = tempfile::tempdir()?;
     let base = temporary.path();
-    let db = SimDb::create(
-        &base.join("db"),
-        &[sample::orders()],
-        CommitTime(1_767_225_600_000_000),
-    )?;
+    let (db, writer) = common::orders_database(base, rows)?;
     let table = sample::orders().table;
-    let mut writer = db.writer(Clock::Virtual { step_micros: 1_000 }, 3)?;
-    let mut inserted = 0u64;
-    while inserted < rows {
-        let count = (rows - inserted).min(10_000);
-        let mut tx = writer.begin();
-        tx.insert(&table, count as usize)?;
-        tx.commit()?;
-        inserted += count;
-    }
-    writer.publish()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -217,31 +201,7 @@ fn main() -> anyhow::Result<()> {
         let server = common::start_server(&db).await?;
         let url = server.url.clone();
         let lake = |name: &str| base.join("lake").join(name).display().to_string();
-        let stream = StreamConfig {
-            server: url.clone(),
-            table: table.to_string(),
-            target: lake("bronze"),
-            facts: lake("facts"),
-            control: Some(lake("control")),
-            app_id: "bench".into(),
-            checkpoint: base.join("checkpoint"),
-            starting: "earliest".into(),
-            max_commits: Some(200),
-            partitions: 2,
-            granularity: Granularity::Minute,
-            fail_on_data_loss: true,
-            snapshot_keys: None,
-        };
-        let apply = ApplyConfig {
-            table: table.to_string(),
-            bronze: lake("bronze"),
-            target: lake("silver"),
-            capture_instance: None,
-            keys: vec!["order_id".into()],
-            control: lake("control"),
-            facts: Some(lake("facts")),
-            granularity: Granularity::Minute,
-        };
+        let (stream, apply) = common::orders_lake(base, &url);
         Stream::connect(stream.clone()).await?.run_available_now().await?;
         reset_peak_rss();
         let started = Instant::now();

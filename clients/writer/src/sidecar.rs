@@ -345,39 +345,25 @@ impl SidecarConfig {
             ));
         }
         for entry in &config.tables {
-            if entry.silver.is_some() && entry.keys.is_empty() {
-                return Err(WriterError::invalid(format!(
-                    "{}: table {} has a silver table but no keys",
+            let refuse = |what: &str| {
+                Err(WriterError::invalid(format!(
+                    "{}: table {} {what}",
                     path.display(),
                     entry.table
-                )));
+                )))
+            };
+            let positive = |value: Option<f64>| value.is_none_or(|v| v.is_finite() && v > 0.0);
+            if entry.silver.is_some() && entry.keys.is_empty() {
+                return refuse("has a silver table but no keys");
             }
             if entry.reconcile_minutes.is_some() && entry.silver.is_none() {
-                return Err(WriterError::invalid(format!(
-                    "{}: table {} has reconcile_minutes but no silver table to reconcile",
-                    path.display(),
-                    entry.table
-                )));
+                return refuse("has reconcile_minutes but no silver table to reconcile");
             }
-            if entry
-                .reconcile_minutes
-                .is_some_and(|minutes| !(minutes.is_finite() && minutes > 0.0))
-            {
-                return Err(WriterError::invalid(format!(
-                    "{}: reconcile_minutes of {} must be a positive number",
-                    path.display(),
-                    entry.table
-                )));
+            if !positive(entry.reconcile_minutes) {
+                return refuse("has a reconcile_minutes that is not a positive number");
             }
-            if entry
-                .apply_seconds
-                .is_some_and(|seconds| !(seconds.is_finite() && seconds > 0.0))
-            {
-                return Err(WriterError::invalid(format!(
-                    "{}: apply_seconds of {} must be a positive number",
-                    path.display(),
-                    entry.table
-                )));
+            if !positive(entry.apply_seconds) {
+                return refuse("has an apply_seconds that is not a positive number");
             }
         }
         Ok(config)

@@ -7,7 +7,6 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::{Lab, run_now};
-use mssql_cdc_flight::sim::workload::{self, Mix, WorkloadSpec};
 use mssql_cdc_writer::control;
 use mssql_cdc_writer::reconcile::{
     BucketStatus, ChunkCheck, FailureType, ReconcileConfig, ReconcileResult, reconcile,
@@ -16,30 +15,8 @@ use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, SnapshotMode};
 use mssql_cdc_writer::tables;
 
-fn churn() -> Mix {
-    Mix {
-        insert: 0.4,
-        update: 0.35,
-        delete: 0.15,
-        key_update: 0.1,
-        idle: 0.0,
-    }
-}
-
 fn workload(lab: &Lab, seed: u64, commits: u64) {
-    let mut writer = lab.writer(seed);
-    let spec = WorkloadSpec {
-        commits: Some(commits),
-        mix: churn(),
-        tables: vec!["dbo.orders".parse().expect("table")],
-        ..WorkloadSpec::default()
-    };
-    workload::run(
-        &mut writer,
-        &spec,
-        &std::sync::atomic::AtomicBool::new(false),
-    )
-    .expect("workload");
+    common::orders_workload(lab, seed, commits, common::churn());
 }
 
 fn apply_config(lab: &Lab) -> ApplyConfig {
@@ -583,12 +560,12 @@ async fn the_chunks_of_a_chunked_snapshot_are_checked_against_facts_plans_and_br
         .expect("facts");
     table
         .delete()
-        .with_predicate(chunk(4).as_str())
+        .with_predicate(chunk(0).as_str())
         .await
         .expect("delete a chunk's facts row");
     let result = reconcile(&with_facts).await.expect("reconcile");
     assert!(
-        chunk_findings(&result).contains(&(ChunkCheck::Rows, Some(4))),
+        chunk_findings(&result).contains(&(ChunkCheck::Rows, Some(0))),
         "{:?}",
         result.chunk_findings
     );
@@ -775,4 +752,51 @@ async fn the_command_exits_zero_only_when_silver_matches() {
         "a usage error names the missing flags"
     );
     assert!(String::from_utf8_lossy(&usage.stderr).contains("--silver"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heap_is_refused_unless_a_key_column_is_named() {
+    let lab = Lab::with_tables(&[mssql_cdc_flight::sim::sample::events()]).await;
+    lab.workload(91, 200);
+    let stream = mssql_cdc_writer::stream::StreamConfig {
+        table: "dbo.events".into(),
+        target: lab.lake("bronze_events"),
+        app_id: "events".into(),
+        checkpoint: lab.dir.path().join("checkpoint_events"),
+        ..lab.config()
+    };
+    run_now(stream).await;
+    apply_changes(&ApplyConfig {
+        table: "dbo.events".into(),
+        bronze: lab.lake("bronze_events"),
+        target: lab.lake("silver_events"),
+        keys: vec!["id".into()],
+        ..apply_config(&lab)
+    })
+    .await
+    .expect("apply");
+    let heap = ReconcileConfig {
+        table: "dbo.events".into(),
+        silver: lab.lake("silver_events"),
+        bronze: lab.lake("bronze_events"),
+        sample: 1.0,
+        ..config(&lab)
+    };
+    let refused = reconcile(&heap).await.expect_err("no unique index");
+    assert!(refused.to_string().contains("no unique index"), "{refused}");
+    let keyed = reconcile(&ReconcileConfig {
+        keys: Some(vec!["id".into()]),
+        ..heap.clone()
+    })
+    .await
+    .expect("reconcile on id");
+    assert!(keyed.verified && keyed.hashed == keyed.buckets, "{keyed:?}");
+    // A repeated integer column with NULLs compares too: the rows of a value as a multiset.
+    let repeated = reconcile(&ReconcileConfig {
+        keys: Some(vec!["kind".into()]),
+        ..heap
+    })
+    .await
+    .expect("reconcile on kind");
+    assert!(repeated.verified, "{repeated:?}");
 }

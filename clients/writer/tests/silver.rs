@@ -3,8 +3,8 @@
 
 mod common;
 
-use common::{Lab, Rows, run_now, source_rows};
-use mssql_cdc_flight::sim::workload::{self, Mix, WorkloadSpec};
+use common::{Lab, Rows, churn, run_now, source_rows};
+use mssql_cdc_flight::sim::workload::Mix;
 use mssql_cdc_writer::WriterError;
 use mssql_cdc_writer::control::{self, Granularity, Position};
 use mssql_cdc_writer::silver::{ApplyConfig, ApplyOutcome, apply_changes};
@@ -39,29 +39,7 @@ async fn assert_in_step(lab: &Lab, context: &str) {
 }
 
 fn workload(lab: &Lab, seed: u64, commits: u64, mix: Mix) {
-    let mut writer = lab.writer(seed);
-    let spec = WorkloadSpec {
-        commits: Some(commits),
-        mix,
-        tables: vec!["dbo.orders".parse().expect("table")],
-        ..WorkloadSpec::default()
-    };
-    workload::run(
-        &mut writer,
-        &spec,
-        &std::sync::atomic::AtomicBool::new(false),
-    )
-    .expect("workload");
-}
-
-fn churn() -> Mix {
-    Mix {
-        insert: 0.3,
-        update: 0.35,
-        delete: 0.2,
-        key_update: 0.15,
-        idle: 0.0,
-    }
+    common::orders_workload(lab, seed, commits, mix);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -693,18 +671,7 @@ async fn the_verdict_never_covers_a_batch_committed_during_the_call() {
         writer.set_journal(&lab.journal()).expect("journal");
         tokio::spawn(async move {
             for _ in 0..12 {
-                let spec = WorkloadSpec {
-                    commits: Some(10),
-                    mix: churn(),
-                    tables: vec!["dbo.orders".parse().expect("table")],
-                    ..WorkloadSpec::default()
-                };
-                workload::run(
-                    &mut writer,
-                    &spec,
-                    &std::sync::atomic::AtomicBool::new(false),
-                )
-                .expect("workload");
+                common::run_orders_workload(&mut writer, 10, churn());
                 run_now(config.clone()).await;
             }
         })

@@ -1,10 +1,17 @@
 //! What the writer's benchmarks share: sizes from the environment and the server in process.
 
+#![allow(dead_code)] // each benchmark uses a different part
+
+use std::path::Path;
 use std::sync::Arc;
 
+use mssql_cdc_flight::CommitTime;
 use mssql_cdc_flight::flight::local::LocalServer;
 use mssql_cdc_flight::flight::ticket::TicketSigner;
-use mssql_cdc_flight::sim::SimDb;
+use mssql_cdc_flight::sim::{Clock, SimDb, SimWriter, sample};
+use mssql_cdc_writer::control::Granularity;
+use mssql_cdc_writer::silver::ApplyConfig;
+use mssql_cdc_writer::stream::StreamConfig;
 
 /// A number from the environment variable `name`, or `default`.
 pub fn env_number(name: &str, default: u64) -> u64 {
@@ -17,4 +24,58 @@ pub fn env_number(name: &str, default: u64) -> u64 {
 /// The Flight server serving `db` on 127.0.0.1 in this process.
 pub async fn start_server(db: &SimDb) -> anyhow::Result<LocalServer> {
     Ok(LocalServer::start(Arc::new(db.clone()), TicketSigner::random()?).await?)
+}
+
+/// A simulated `dbo.orders` in `base/db` holding `rows` rows, inserted in commits of 10,000,
+/// and the writer that inserted them (for the changes a benchmark makes next).
+pub fn orders_database(base: &Path, rows: u64) -> anyhow::Result<(SimDb, SimWriter)> {
+    let db = SimDb::create(
+        &base.join("db"),
+        &[sample::orders()],
+        CommitTime(1_767_225_600_000_000),
+    )?;
+    let table = sample::orders().table;
+    let mut writer = db.writer(Clock::Virtual { step_micros: 1_000 }, 3)?;
+    let mut inserted = 0u64;
+    while inserted < rows {
+        let count = (rows - inserted).min(10_000);
+        let mut tx = writer.begin();
+        tx.insert(&table, count as usize)?;
+        tx.commit()?;
+        inserted += count;
+    }
+    writer.publish()?;
+    Ok((db, writer))
+}
+
+/// The stream of `dbo.orders` from `url` into bronze in `base/lake`, and its silver.
+pub fn orders_lake(base: &Path, url: &str) -> (StreamConfig, ApplyConfig) {
+    let lake = |name: &str| base.join("lake").join(name).display().to_string();
+    let table = sample::orders().table.to_string();
+    let stream = StreamConfig {
+        server: url.to_string(),
+        table: table.clone(),
+        target: lake("bronze"),
+        facts: lake("facts"),
+        control: Some(lake("control")),
+        app_id: "bench".into(),
+        checkpoint: base.join("checkpoint"),
+        starting: "earliest".into(),
+        max_commits: Some(200),
+        partitions: 2,
+        granularity: Granularity::Minute,
+        fail_on_data_loss: true,
+        snapshot_keys: None,
+    };
+    let apply = ApplyConfig {
+        table,
+        bronze: lake("bronze"),
+        target: lake("silver"),
+        capture_instance: None,
+        keys: vec!["order_id".into()],
+        control: lake("control"),
+        facts: Some(lake("facts")),
+        granularity: Granularity::Minute,
+    };
+    (stream, apply)
 }

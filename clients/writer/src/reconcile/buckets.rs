@@ -43,20 +43,8 @@ pub struct Side {
     /// Rows.
     pub rows: u64,
     /// Sum of the keys in grid units (decimal text in JSON: it passes BIGINT).
-    #[serde(
-        serialize_with = "decimal_text",
-        deserialize_with = "decimal_from_text"
-    )]
+    #[serde(with = "mssql_cdc_proto::catalog::decimal_text")]
     pub key_sum: i128,
-}
-
-fn decimal_text<S: serde::Serializer>(value: &i128, serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.serialize_str(&value.to_string())
-}
-
-fn decimal_from_text<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i128, D::Error> {
-    let text = <String as serde::Deserialize>::deserialize(deserializer)?;
-    text.parse().map_err(serde::de::Error::custom)
 }
 
 /// Keys `[lo, hi)` in grid units (`None`: open; an open `lo` holds the NULL keys).

@@ -310,6 +310,33 @@ pub fn commit_during_next_snapshot_read(
     writer
 }
 
+/// The silver tests' mix: inserts, updates, deletes and key updates of dbo.orders.
+pub fn churn() -> workload::Mix {
+    workload::Mix {
+        insert: 0.3,
+        update: 0.35,
+        delete: 0.2,
+        key_update: 0.15,
+        idle: 0.0,
+    }
+}
+
+/// `commits` commits of `mix` to dbo.orders through `writer`.
+pub fn run_orders_workload(writer: &mut SimWriter, commits: u64, mix: workload::Mix) {
+    let spec = WorkloadSpec {
+        commits: Some(commits),
+        mix,
+        tables: vec!["dbo.orders".parse().expect("table")],
+        ..WorkloadSpec::default()
+    };
+    workload::run(writer, &spec, &AtomicBool::new(false)).expect("workload");
+}
+
+/// `commits` commits of `mix` to dbo.orders by the lab's journaled writer.
+pub fn orders_workload(lab: &Lab, seed: u64, commits: u64, mix: workload::Mix) {
+    run_orders_workload(&mut lab.writer(seed), commits, mix);
+}
+
 /// The source table now, read whole through the server.
 pub async fn source_rows(lab: &Lab) -> Rows {
     source_rows_of(lab, "dbo.orders", "order_id").await
