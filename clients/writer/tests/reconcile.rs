@@ -20,16 +20,7 @@ fn workload(lab: &Lab, seed: u64, commits: u64) {
 }
 
 fn apply_config(lab: &Lab) -> ApplyConfig {
-    ApplyConfig {
-        table: "dbo.orders".into(),
-        bronze: lab.lake("bronze_orders"),
-        target: lab.lake("silver_orders"),
-        capture_instance: None,
-        keys: vec!["order_id".into()],
-        control: lab.lake("control"),
-        facts: Some(lab.lake("facts")),
-        granularity: control::Granularity::Minute,
-    }
+    common::orders_apply_config(lab)
 }
 
 /// A silver of dbo.orders in step with the source: a full bootstrap, changes, apply.

@@ -6,21 +6,15 @@ mod common;
 use common::{Lab, Rows, churn, run_now, source_rows};
 use mssql_cdc_flight::sim::workload::Mix;
 use mssql_cdc_writer::WriterError;
-use mssql_cdc_writer::control::{self, Granularity, Position};
+use mssql_cdc_writer::control::{self, Position};
 use mssql_cdc_writer::silver::{ApplyConfig, ApplyOutcome, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::StreamConfig;
 
 fn apply_config(lab: &Lab, facts: bool) -> ApplyConfig {
     ApplyConfig {
-        table: "dbo.orders".into(),
-        bronze: lab.lake("bronze_orders"),
-        target: lab.lake("silver_orders"),
-        capture_instance: None,
-        keys: vec!["order_id".into()],
-        control: lab.lake("control"),
         facts: facts.then(|| lab.lake("facts")),
-        granularity: Granularity::Minute,
+        ..common::orders_apply_config(lab)
     }
 }
 

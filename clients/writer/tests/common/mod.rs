@@ -310,6 +310,20 @@ pub fn commit_during_next_snapshot_read(
     writer
 }
 
+/// `apply_changes` of the lab's dbo.orders bronze into `silver_orders`, with the facts.
+pub fn orders_apply_config(lab: &Lab) -> mssql_cdc_writer::silver::ApplyConfig {
+    mssql_cdc_writer::silver::ApplyConfig {
+        table: "dbo.orders".into(),
+        bronze: lab.lake("bronze_orders"),
+        target: lab.lake("silver_orders"),
+        capture_instance: None,
+        keys: vec!["order_id".into()],
+        control: lab.lake("control"),
+        facts: Some(lab.lake("facts")),
+        granularity: Granularity::Minute,
+    }
+}
+
 /// The silver tests' mix: inserts, updates, deletes and key updates of dbo.orders.
 pub fn churn() -> workload::Mix {
     workload::Mix {
