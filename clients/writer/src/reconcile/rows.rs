@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
 use arrow::datatypes::SchemaRef;
-use arrow::row::{RowConverter, SortField};
+use arrow::row::{RowConverter, Rows, SortField};
 use deltalake::datafusion::prelude::SessionContext;
 use futures::TryStreamExt;
 use mssql_cdc_proto::Lsn;
@@ -84,6 +84,8 @@ struct Prints {
     /// Silver's `_start_lsn` of each row (empty on the source side).
     lsns: Vec<Option<Lsn>>,
     width: usize,
+    /// Each compared column's row-format converter and buffer, reused batch after batch.
+    encoders: Vec<(RowConverter, Rows)>,
 }
 
 impl Prints {
@@ -333,13 +335,23 @@ fn fingerprint(
             .cloned()
             .ok_or_else(|| WriterError::Internal(format!("the compared rows lack column '{name}'")))
     };
-    let mut encoded = Vec::with_capacity(columns.len());
-    for name in columns {
-        let target = types.field_with_name(name)?.data_type().clone();
-        let values: ArrayRef = arrow::compute::cast(&column(name)?, &target)?;
-        let converter = RowConverter::new(vec![SortField::new(target)])?;
-        encoded.push(converter.convert_columns(&[values])?);
+    // One converter and one row buffer per column, kept across the side's batches: a
+    // bucket's million rows reuse the same memory instead of faulting in fresh pages.
+    if into.encoders.is_empty() {
+        for name in columns {
+            let target = types.field_with_name(name)?.data_type().clone();
+            let converter = RowConverter::new(vec![SortField::new(target)])?;
+            let rows = converter.empty_rows(batch.num_rows(), batch.num_rows() * 16);
+            into.encoders.push((converter, rows));
+        }
     }
+    for (name, (converter, rows)) in columns.iter().zip(&mut into.encoders) {
+        let target = types.field_with_name(name)?.data_type();
+        let values: ArrayRef = arrow::compute::cast(&column(name)?, target)?;
+        rows.clear();
+        converter.append(rows, &[values])?;
+    }
+    let encoded: Vec<&Rows> = into.encoders.iter().map(|(_, rows)| rows).collect();
     let keys = units_of(&column(&key.column.name)?, key)?;
     if let Some(name) = lsn_column {
         let text = arrow::compute::cast(&column(name)?, &arrow::datatypes::DataType::Utf8)?;
