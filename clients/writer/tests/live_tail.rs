@@ -33,8 +33,10 @@ async fn takes_new_commits_within(waiting: Waiting, limit: Duration) -> bool {
         caught_up_within(&lab, Duration::from_secs(30)).await,
         "the first batch"
     );
-    // The stream now waits; these commits land during its wait.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A batch that brought rows is followed at once by another plan, which finds nothing and
+    // starts the wait; under load that can take a while, so the commits come 2 s later (well
+    // inside a 60 s poll interval) and land during the wait.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     lab.workload(8, 20);
     let caught_up = caught_up_within(&lab, limit).await;
     stop.send(true).expect("stop");
