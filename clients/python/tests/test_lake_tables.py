@@ -59,7 +59,8 @@ def test_tables_carry_their_schema_version_and_comments(lake):
         ("bronze_orders", "2"),
         ("bronze_customers", "2"),
         ("facts", "12"),
-        ("control", "4"),
+        ("control", "5"),
+        ("reconcile", "0"),
     ]:
         table = DeltaTable(str(lake / name))
         assert table.metadata().configuration["mssql_cdc.schema_version"] == version
@@ -70,6 +71,21 @@ def test_tables_carry_their_schema_version_and_comments(lake):
     facts = DeltaTable(str(lake / "facts")).schema()
     assert [field.name for field in facts.fields] == FACTS_COLUMNS
     assert all(field.metadata.get("comment") for field in facts.fields)
+
+
+def test_the_demos_reconcile_report_and_verified_lsns_read_back(lake):
+    report = DeltaTable(str(lake / "reconcile"))
+    assert all(field.metadata.get("comment") for field in report.schema().fields)
+    rows = report.to_pyarrow_table()
+    buckets = rows.filter(pc.is_valid(rows["status"]))
+    assert buckets.num_rows > 0
+    assert set(buckets["status"].to_pylist()) <= {"MATCH", "IN_FLIGHT"}
+    assert pc.sum(buckets["source_rows"]).as_py() == pc.sum(buckets["silver_rows"]).as_py()
+    assert len(set(rows["run_id"].to_pylist())) == 3  # one run per table
+    control = DeltaTable(str(lake / "control")).to_pyarrow_table()
+    silver = control.filter(pc.match_substring(control["table_name"], "silver_"))
+    assert silver.num_rows == 3
+    assert all(lsn.startswith("0x") for lsn in silver["verified_lsn"].to_pylist())
 
 
 def test_bronze_holds_what_the_facts_count(lake):
