@@ -115,6 +115,16 @@ impl KeyColumn {
             _ => None,
         }
     }
+
+    /// [`KeyColumn::grid_unit`], or the error naming the column and its type.
+    pub fn require_grid_unit(&self) -> Result<GridUnit> {
+        self.grid_unit().ok_or_else(|| {
+            Error::invalid(format!(
+                "key sums need an integer or date column; '{}' is {}",
+                self.name, self.sql_type
+            ))
+        })
+    }
 }
 
 /// Resolves snapshot key names against a capture instance's columns (exact names), refusing

@@ -392,12 +392,7 @@ async fn key_sums(
                 .join(", ")
         )));
     };
-    if key.grid_unit().is_none() {
-        return Err(Error::invalid(format!(
-            "key_sums needs an integer or date column; '{}' of {table} is {}",
-            key.name, key.sql_type
-        )));
-    }
+    key.require_grid_unit()?;
     let slices = body.slices.unwrap_or(protocol::MAX_KEY_SUM_SLICES);
     if slices == 0 || slices > protocol::MAX_KEY_SUM_SLICES {
         return Err(Error::invalid(format!(

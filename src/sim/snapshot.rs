@@ -134,12 +134,7 @@ impl SimDb {
         table: &TableName,
         key: &KeyColumn,
     ) -> Result<Vec<Option<i64>>> {
-        if key.grid_unit().is_none() {
-            return Err(Error::invalid(format!(
-                "key sums need an integer or date column; '{}' is {}",
-                key.name, key.sql_type
-            )));
-        }
+        key.require_grid_unit()?;
         let definition = self.table_def(table)?;
         let rows = self.store.read_state(&definition)?;
         if key.name == definition.key {
@@ -150,9 +145,8 @@ impl SimDb {
             .column(&key.name)
             .ok_or_else(|| Error::invalid(format!("{table} has no column '{}'", key.name)))?;
         let mut builder = ColumnBuilder::for_sql_type(&source.sql_type, rows.len());
-        let is_key = source.name == definition.key;
         for (row_key, content) in rows.iter() {
-            builder.append_generated(source, is_key, *row_key, *content);
+            builder.append_generated(source, false, *row_key, *content);
         }
         // A date is its day number (Date32 is days from 1970-01-01), an integer itself.
         let mut values = builder.finish();

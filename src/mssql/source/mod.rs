@@ -13,7 +13,7 @@
 mod catalog;
 mod stream;
 
-use crate::keys::{GridUnit, KeyColumn, KeyTuple, KeysetSeek};
+use crate::keys::{KeyColumn, KeyTuple, KeysetSeek};
 use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
@@ -410,7 +410,7 @@ impl CdcSource for SqlServerSource {
     }
 
     async fn key_span(&self, table: &TableName, key: &KeyColumn) -> Result<Option<(i64, i64)>> {
-        let unit = grid_unit(key)?;
+        let unit = key.require_grid_unit()?;
         let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
         let row = self
             .first_row(&sql::key_span(table, &key.name, unit, &prefix)?, &[])
@@ -419,7 +419,7 @@ impl CdcSource for SqlServerSource {
     }
 
     async fn key_sums(&self, table: &TableName, key: &KeyColumn, grid: KeyGrid) -> Result<KeySums> {
-        let unit = grid_unit(key)?;
+        let unit = key.require_grid_unit()?;
         let width = i64::try_from(grid.width()).map_err(|_| {
             Error::invalid(format!("key_sums width {} passes BIGINT", grid.width()))
         })?;
@@ -549,16 +549,6 @@ impl CdcSource for SqlServerSource {
             read.batch_bytes.clone(),
         ))
     }
-}
-
-/// The grid unit of a reconcile key; refused for a column that is neither integer nor date.
-fn grid_unit(key: &KeyColumn) -> Result<GridUnit> {
-    key.grid_unit().ok_or_else(|| {
-        Error::invalid(format!(
-            "key sums need an integer or date column; '{}' is {}",
-            key.name, key.sql_type
-        ))
-    })
 }
 
 #[cfg(test)]
