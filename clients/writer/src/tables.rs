@@ -687,6 +687,16 @@ where
     }
 }
 
+/// `name` as an identifier of a [`query_text`] query: double-quoted, a `"` doubled.
+pub fn quote_identifier(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// `value` as a string literal of a [`query_text`] query: single-quoted, a `'` doubled.
+pub fn quote_text(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
 /// Runs `sql` over the table at `url` (registered as `t`) and returns every value as text
 /// (`None` for NULL); no rows when there is no table.
 pub async fn query_text(url: &Url, sql: &str) -> Result<Vec<Vec<Option<String>>>> {

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::GridKey;
 use super::in_flight::InFlight;
 use crate::error::{Result, WriterError};
+use crate::tables;
 
 /// A bucket's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,7 +106,10 @@ pub(super) async fn silver_units(
     key: &GridKey,
 ) -> Result<Vec<Int64Array>> {
     let frame = context
-        .sql(&format!("SELECT {} FROM silver", quote(&key.column.name)))
+        .sql(&format!(
+            "SELECT {} FROM silver",
+            tables::quote_identifier(&key.column.name)
+        ))
         .await
         .map_err(|error| {
             WriterError::invalid(format!(
@@ -220,11 +224,6 @@ pub(super) fn classify(buckets: &mut [Bucket], changed: &InFlight) {
             bucket.status = BucketStatus::InFlight;
         }
     }
-}
-
-/// A DataFusion identifier.
-pub(crate) fn quote(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 #[cfg(test)]

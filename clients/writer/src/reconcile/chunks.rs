@@ -69,11 +69,11 @@ pub(super) async fn check(
     bronze: &str,
 ) -> Result<Option<(Lsn, Vec<ChunkFinding>)>> {
     let facts_url = tables::table_url(facts_location)?;
-    let target = bronze.replace('\'', "''");
+    let target = tables::quote_text(bronze);
     let opens = tables::query_text(
         &facts_url,
         &format!(
-            "SELECT min_lsn, detail FROM t WHERE target = '{target}' AND event = '{}'",
+            "SELECT min_lsn, detail FROM t WHERE target = {target} AND event = '{}'",
             events::SNAPSHOT_OPEN
         ),
     )
@@ -103,7 +103,7 @@ pub(super) async fn check(
     for row in tables::query_text(
         &facts_url,
         &format!(
-            "SELECT detail, rows, min_lsn FROM t WHERE target = '{target}' AND event = '{}'",
+            "SELECT detail, rows, min_lsn FROM t WHERE target = {target} AND event = '{}'",
             events::SNAPSHOT_CHUNK
         ),
     )

@@ -11,7 +11,7 @@ use mssql_cdc_proto::Lsn;
 use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::protocol::{ChangesCommand, ServeOptions};
 
-use super::buckets::{quote, units_of};
+use super::buckets::units_of;
 use super::{GridKey, ReconcileConfig};
 use crate::error::{Result, WriterError};
 use crate::tables;
@@ -45,7 +45,7 @@ impl InFlight {
             let frame = context
                 .sql(&format!(
                     "SELECT {} FROM bronze WHERE _start_lsn > '{after}'",
-                    quote(&key.column.name)
+                    tables::quote_identifier(&key.column.name)
                 ))
                 .await?;
             let mut stream = frame.execute_stream().await?;

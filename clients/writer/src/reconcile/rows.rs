@@ -20,10 +20,11 @@ use mssql_cdc_proto::protocol::{CaptureInstanceInfo, ChunkSpec, ServeOptions, Sn
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::buckets::{Bucket, quote, units_of};
+use super::buckets::{Bucket, units_of};
 use super::in_flight::InFlight;
 use super::{GridKey, ReconcileConfig, date_text};
 use crate::error::{Result, WriterError};
+use crate::tables;
 
 /// How a key differs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -130,7 +131,7 @@ pub(super) async fn compare_bucket(
             "SELECT {}, \"_start_lsn\" FROM silver WHERE {}",
             columns
                 .iter()
-                .map(|name| quote(name))
+                .map(|name| tables::quote_identifier(name))
                 .collect::<Vec<_>>()
                 .join(", "),
             range_condition(key, bucket)
@@ -416,7 +417,7 @@ fn bound(key: &GridKey, units: i64) -> Bound {
 
 /// Silver's rows of the bucket, as a SQL condition (an open `lo` holds the NULL keys).
 fn range_condition(key: &GridKey, bucket: &Bucket) -> String {
-    let column = quote(&key.column.name);
+    let column = tables::quote_identifier(&key.column.name);
     let literal = |units: i64| match key.unit {
         GridUnit::Integer => units.to_string(),
         GridUnit::Days => format!("CAST('{}' AS DATE)", date_text(units)),

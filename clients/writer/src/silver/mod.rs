@@ -42,7 +42,7 @@ use mssql_cdc_proto::{CommitTime, Lsn};
 
 use crate::control::{self, Granularity};
 use crate::error::{Result, WriterError};
-use crate::tables::{self, TableKind};
+use crate::tables::{self, TableKind, quote_identifier as quote, quote_text as text};
 use snapshot::{range_deletes, snapshot_facts};
 
 /// What `apply_changes` works on.
@@ -91,14 +91,6 @@ const CHANGE_ONLY_COLUMNS: [&str; 7] = [
     "_snapshot",
     "_chunk",
 ];
-
-fn quote(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-fn text(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
-}
 
 /// Runs `apply_changes` once.
 pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
