@@ -74,18 +74,13 @@ pub async fn advance(
         return finalized_until(url, table_name).await;
     };
     let candidate = granularity.truncate(end_commit);
-    let columns: Vec<Arc<dyn Array>> = vec![
-        Arc::new(StringArray::from(vec![Some(table_name)])),
-        Arc::new(TimestampMicrosecondArray::from(vec![Some(candidate.0)])),
-        Arc::new(StringArray::from(vec![Some(end.lsn.to_string())])),
-        Arc::new(TimestampMicrosecondArray::from(vec![Some(end_commit.0)])),
-        Arc::new(TimestampMicrosecondArray::from(vec![Some(now())])),
-        Arc::new(StringArray::from(vec![None::<&str>])),
-        Arc::new(StringArray::from(vec![None::<&str>])),
-        Arc::new(StringArray::from(vec![None::<&str>])),
-        Arc::new(arrow::array::Int32Array::from(vec![None::<i32>])),
-    ];
-    let source = control_batch(columns)?;
+    let source = control_batch(vec![
+        ("table_name", text(Some(table_name))),
+        ("finalized_until", time(Some(candidate.0))),
+        ("end_lsn", text(Some(&end.lsn.to_string()))),
+        ("end_commit_ts", time(Some(end_commit.0))),
+        ("updated_at", time(Some(now()))),
+    ])?;
     merge_row(url, source, |merge| {
         merge
             .when_matched_update(|update| {
@@ -165,12 +160,12 @@ pub async fn row(url: &Url, table_name: &str) -> Result<Option<ControlRow>> {
         false => format!("NULL AS {name}"),
     })
     .collect();
-    let rows = tables::query_text(
-        url,
+    let rows = tables::query_table_text(
+        &table,
         &format!(
-            "SELECT {} FROM t WHERE table_name = '{}'",
+            "SELECT {} FROM t WHERE table_name = {}",
             select.join(", "),
-            table_name.replace('\'', "''")
+            tables::quote_text(table_name)
         ),
     )
     .await?;
@@ -224,18 +219,23 @@ pub async fn record_apply(
         ),
         None => (None, None, None),
     };
-    let columns: Vec<Arc<dyn Array>> = vec![
-        Arc::new(StringArray::from(vec![Some(table_name)])),
-        Arc::new(TimestampMicrosecondArray::from(vec![candidate])),
-        Arc::new(StringArray::from(vec![end_lsn])),
-        Arc::new(TimestampMicrosecondArray::from(vec![end_commit])),
-        Arc::new(TimestampMicrosecondArray::from(vec![Some(now())])),
-        Arc::new(StringArray::from(vec![position.applied_lsn.clone()])),
-        Arc::new(StringArray::from(vec![position.snapshot_lsn.clone()])),
-        Arc::new(StringArray::from(vec![position.open_snapshot_lsn.clone()])),
-        Arc::new(arrow::array::Int32Array::from(vec![position.snapshot_wave])),
-    ];
-    let source = control_batch(columns)?;
+    let source = control_batch(vec![
+        ("table_name", text(Some(table_name))),
+        ("finalized_until", time(candidate)),
+        ("end_lsn", text(end_lsn.as_deref())),
+        ("end_commit_ts", time(end_commit)),
+        ("updated_at", time(Some(now()))),
+        ("applied_lsn", text(position.applied_lsn.as_deref())),
+        ("snapshot_lsn", text(position.snapshot_lsn.as_deref())),
+        (
+            "open_snapshot_lsn",
+            text(position.open_snapshot_lsn.as_deref()),
+        ),
+        (
+            "snapshot_wave",
+            Arc::new(arrow::array::Int32Array::from(vec![position.snapshot_wave])),
+        ),
+    ])?;
     // The verdict only moves forward: a NULL or older candidate keeps the row's.
     let moves = "source.finalized_until IS NOT NULL AND (target.finalized_until IS NULL OR \
                  source.finalized_until > target.finalized_until)";
@@ -270,33 +270,47 @@ pub async fn record_apply(
     .await
 }
 
-/// One control row from its first `columns`, the later ones NULL (a MERGE sets only the
+/// One control row of the named `values`, every other column NULL (a MERGE sets only the
 /// columns its clauses name).
-fn control_batch(mut columns: Vec<Arc<dyn Array>>) -> Result<RecordBatch> {
+fn control_batch(values: Vec<(&str, Arc<dyn Array>)>) -> Result<RecordBatch> {
     let schema = crate::facts::arrow_schema(TableKind::Control);
-    for field in schema.fields().iter().skip(columns.len()) {
-        columns.push(arrow::array::new_null_array(field.data_type(), 1));
+    let mut values = values;
+    let columns = schema
+        .fields()
+        .iter()
+        .map(
+            |field| match values.iter().position(|(name, _)| name == field.name()) {
+                Some(index) => values.swap_remove(index).1,
+                None => arrow::array::new_null_array(field.data_type(), 1),
+            },
+        )
+        .collect();
+    if let Some((name, _)) = values.first() {
+        return Err(WriterError::Internal(format!(
+            "the control table has no column '{name}'"
+        )));
     }
     Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+fn text(value: Option<&str>) -> Arc<dyn Array> {
+    Arc::new(StringArray::from(vec![value]))
+}
+
+fn time(micros: Option<i64>) -> Arc<dyn Array> {
+    Arc::new(TimestampMicrosecondArray::from(vec![micros]))
 }
 
 /// Records that a reconcile of silver `table_name` found no difference at `lsn`: its
 /// `verified_lsn` and `verified_at` (creating the row when missing).
 pub async fn record_verified(url: &Url, table_name: &str, lsn: Lsn) -> Result<()> {
-    let columns: Vec<Arc<dyn Array>> = vec![
-        Arc::new(StringArray::from(vec![Some(table_name)])),
-        Arc::new(TimestampMicrosecondArray::from(vec![None::<i64>])),
-        Arc::new(StringArray::from(vec![None::<&str>])),
-        Arc::new(TimestampMicrosecondArray::from(vec![None::<i64>])),
-        Arc::new(TimestampMicrosecondArray::from(vec![Some(now())])),
-        Arc::new(StringArray::from(vec![None::<&str>])),
-        Arc::new(StringArray::from(vec![None::<&str>])),
-        Arc::new(StringArray::from(vec![None::<&str>])),
-        Arc::new(arrow::array::Int32Array::from(vec![None::<i32>])),
-        Arc::new(StringArray::from(vec![Some(lsn.to_string())])),
-        Arc::new(TimestampMicrosecondArray::from(vec![Some(now())])),
-    ];
-    merge_row(url, control_batch(columns)?, |merge| {
+    let source = control_batch(vec![
+        ("table_name", text(Some(table_name))),
+        ("updated_at", time(Some(now()))),
+        ("verified_lsn", text(Some(&lsn.to_string()))),
+        ("verified_at", time(Some(now()))),
+    ])?;
+    merge_row(url, source, |merge| {
         merge
             .when_matched_update(|update| {
                 update

@@ -700,9 +700,14 @@ pub fn quote_text(value: &str) -> String {
 /// Runs `sql` over the table at `url` (registered as `t`) and returns every value as text
 /// (`None` for NULL); no rows when there is no table.
 pub async fn query_text(url: &Url, sql: &str) -> Result<Vec<Vec<Option<String>>>> {
-    let Some(table) = open(url).await? else {
-        return Ok(Vec::new());
-    };
+    match open(url).await? {
+        Some(table) => query_table_text(&table, sql).await,
+        None => Ok(Vec::new()),
+    }
+}
+
+/// [`query_text`] over a table already opened.
+pub async fn query_table_text(table: &DeltaTable, sql: &str) -> Result<Vec<Vec<Option<String>>>> {
     let context = deltalake::datafusion::prelude::SessionContext::new();
     context.register_table("t", table.table_provider().await?)?;
     let mut rows = Vec::new();
