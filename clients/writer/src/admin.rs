@@ -291,8 +291,12 @@ impl AdminService {
     }
 
     fn table(&self, table: &str) -> std::result::Result<StreamConfig, Status> {
-        let entry = self
-            .config
+        Ok(self.config.stream(self.entry(table)?))
+    }
+
+    /// The sidecar file's entry of `table`; NOT_FOUND naming the file's tables otherwise.
+    fn entry(&self, table: &str) -> std::result::Result<&sidecar::TableEntry, Status> {
+        self.config
             .tables
             .iter()
             .find(|entry| entry.table.eq_ignore_ascii_case(table))
@@ -306,8 +310,7 @@ impl AdminService {
                         .collect::<Vec<_>>()
                         .join(", ")
                 ))
-            })?;
-        Ok(self.config.stream(entry))
+            })
     }
 
     async fn answer(
@@ -375,13 +378,7 @@ impl SnapshotAdmin for AdminService {
         request: tonic::Request<ReconcileRequest>,
     ) -> std::result::Result<tonic::Response<ReconcileReply>, Status> {
         let request = request.into_inner();
-        self.table(&request.table)?;
-        let entry = self
-            .config
-            .tables
-            .iter()
-            .find(|entry| entry.table.eq_ignore_ascii_case(&request.table))
-            .ok_or_else(|| Status::not_found(format!("table '{}'", request.table)))?;
+        let entry = self.entry(&request.table)?;
         let mut config = sidecar::reconcile_config(&self.config, entry).ok_or_else(|| {
             Status::failed_precondition(format!(
                 "table {} has no silver table in this sidecar's file: nothing to reconcile",

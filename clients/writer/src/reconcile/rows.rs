@@ -80,19 +80,20 @@ pub struct KeyFinding {
 struct Prints {
     /// `(key, digest, row)`: the row indexes `columns` and `lsns`.
     rows: Vec<(Option<i64>, [u8; 32], u32)>,
-    /// A short hash of each compared column, `width` per row: names the columns that differ.
+    /// A short hash of each compared column, one per encoder a row: names the columns that
+    /// differ.
     columns: Vec<u32>,
     /// Silver's `_start_lsn` of each row (empty on the source side).
     lsns: Vec<Option<Lsn>>,
-    width: usize,
     /// Each compared column's row-format converter and buffer, reused batch after batch.
     encoders: Vec<(RowConverter, Rows)>,
 }
 
 impl Prints {
     fn column_hashes(&self, row: u32) -> &[u32] {
-        let start = row as usize * self.width;
-        &self.columns[start..start + self.width]
+        let width = self.encoders.len();
+        let start = row as usize * width;
+        &self.columns[start..start + width]
     }
 
     fn lsn(&self, row: u32) -> Option<Lsn> {
@@ -365,7 +366,6 @@ fn fingerprint(
                 .map(|lsn| lsn.and_then(|lsn| lsn.parse::<Lsn>().ok())),
         );
     }
-    into.width = columns.len();
     into.columns.reserve(batch.num_rows() * columns.len());
     // One buffer per batch: each row's columns, length-prefixed, hashed in one call.
     let mut buffer = Vec::new();
