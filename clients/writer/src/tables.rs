@@ -47,7 +47,7 @@ pub enum TableKind {
     Plans,
     /// The current state of a source table, kept by `apply_changes`.
     Silver,
-    /// The reconcile report: bucket rows and key rows of every run.
+    /// The reconcile report: the bucket, key and chunk rows of every run.
     Reconcile,
 }
 
@@ -85,7 +85,7 @@ impl TableKind {
                 "mssql_cdc silver: current state of a SQL Server table, kept by apply_changes from its bronze change log; deleted rows are removed"
             }
             TableKind::Reconcile => {
-                "mssql_cdc reconcile report: per run, one row per key bucket compared (MATCH, IN_FLIGHT, MISMATCH) and one per key found different row by row"
+                "mssql_cdc reconcile report: per run, one row per key bucket compared (MATCH, IN_FLIGHT, MISMATCH), one per key found different row by row and one per failed chunk check"
             }
         }
     }
