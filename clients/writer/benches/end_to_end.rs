@@ -142,6 +142,7 @@ fn stream_config(url: &str, table: &TableName, lake: &Path, commit_rows: u64) ->
         partitions: 2,
         granularity: Granularity::Minute,
         fail_on_data_loss: true,
+        schema_change_policy: mssql_cdc_writer::schema_policy::SchemaChangePolicy::default(),
         snapshot_keys: None,
     }
 }

@@ -127,6 +127,7 @@ async fn measure(
         partitions: 1,
         granularity: Granularity::Minute,
         fail_on_data_loss: true,
+        schema_change_policy: mssql_cdc_writer::schema_policy::SchemaChangePolicy::default(),
         snapshot_keys: None,
     };
     let mut stream = Stream::connect(config).await?;

@@ -48,6 +48,7 @@ fn config(url: &str, lake: &Path) -> StreamConfig {
         partitions: 2,
         granularity: Granularity::Minute,
         fail_on_data_loss: true,
+        schema_change_policy: mssql_cdc_writer::schema_policy::SchemaChangePolicy::default(),
         snapshot_keys: None,
     }
 }

@@ -157,21 +157,8 @@ impl Appender {
         let incoming = rows.convert(&RecordBatch::new_empty(Arc::new(incoming.clone())))?;
         let existing = table.snapshot()?.schema();
         conform(&existing, target, vec![incoming.clone()])?;
-        let missing: Vec<StructField> = fields(&incoming.schema())?
-            .into_iter()
-            .filter(|field| existing.field(field.name()).is_none())
-            .map(|field| StructField {
-                nullable: true,
-                ..field
-            })
-            .collect();
-        let table = if missing.is_empty() {
-            table
-        } else {
-            tracing::info!(target, columns = ?missing.iter().map(|f| f.name().to_string()).collect::<Vec<_>>(),
-                "bronze takes the new captured columns");
-            table.add_columns().with_fields(missing).await?
-        };
+        let table =
+            crate::tables::add_missing_columns(table, &fields(&incoming.schema())?, target).await?;
         let snapshot = table.snapshot()?;
         Ok(Appender {
             schema: snapshot.schema().as_ref().clone(),
@@ -221,6 +208,67 @@ impl Appender {
             .await?;
         Ok(())
     }
+}
+
+/// The userMetadata key of a stream commit holding the batch's whole facts row.
+pub const FACTS_KEY: &str = "facts";
+/// The userMetadata key of a stream commit holding the batch's event rows.
+pub const EVENTS_KEY: &str = "events";
+
+/// What a stream commit recorded of its batch: the facts row and event rows to write.
+#[derive(Debug)]
+pub struct CommittedBatch {
+    /// The batch's facts row.
+    pub facts: crate::facts::FactsRow,
+    /// Its event rows (`capture_instance_switched`, `schema_change`, `data_skipped`).
+    pub events: Vec<crate::facts::FactsRow>,
+}
+
+/// The facts of stream batch `batch_id` of `app_id` when `bronze` holds it: read from the
+/// userMetadata of its commit, the newest first (a replayed batch is among the last commits).
+pub async fn committed_batch(
+    bronze: &DeltaTable,
+    app_id: &str,
+    batch_id: i64,
+) -> Result<Option<CommittedBatch>> {
+    use futures::StreamExt;
+    if !crate::tables::holds_transaction(bronze, app_id, batch_id).await? {
+        return Ok(None);
+    }
+    let mut history = bronze.history(None);
+    while let Some(info) = history.next().await {
+        let Some(text) = info?.user_metadata else {
+            continue;
+        };
+        let Ok(metadata) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        if metadata["app_id"].as_str() != Some(app_id)
+            || metadata["batch_id"].as_i64() != Some(batch_id)
+        {
+            continue;
+        }
+        fn field<T: serde::de::DeserializeOwned>(
+            metadata: &serde_json::Value,
+            key: &str,
+        ) -> Result<T> {
+            serde_json::from_value(metadata[key].clone()).map_err(|error| {
+                WriterError::Internal(format!(
+                    "bronze's commit of batch {} of '{}' has no readable '{key}' in its \
+                     userMetadata: {error}",
+                    metadata["batch_id"], metadata["app_id"]
+                ))
+            })
+        }
+        return Ok(Some(CommittedBatch {
+            facts: field(&metadata, FACTS_KEY)?,
+            events: field(&metadata, EVENTS_KEY)?,
+        }));
+    }
+    Err(WriterError::Internal(format!(
+        "bronze holds batch {batch_id} of '{app_id}' but no commit in its log names it; the \
+         replay cannot write its facts without it"
+    )))
 }
 
 /// Encodes one endpoint's stream batches into bronze Parquet files as they arrive.

@@ -361,6 +361,14 @@ pub struct RunArgs {
     /// Skip purged changes (with a data_skipped facts row) instead of stopping. Loses changes.
     #[arg(long, env = "MSSQL_CDC_WRITER_SKIP_DATA_LOSS")]
     pub skip_data_loss: bool,
+    /// On a schema change in the source: `evolve` (new columns join bronze and silver, types
+    /// that fit are cast) or `fail` (stop the table, nothing of the batch written).
+    #[arg(
+        long,
+        env = "MSSQL_CDC_WRITER_SCHEMA_CHANGE_POLICY",
+        default_value = "evolve"
+    )]
+    pub schema_change_policy: String,
     /// With a new checkpoint, snapshot the table first and start the stream at its S: `full`
     /// (read now, one append) or `chunked` (opened now, read by `backfill` next to the stream).
     #[arg(long, env = "MSSQL_CDC_WRITER_BOOTSTRAP")]

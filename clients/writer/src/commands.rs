@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::reconcile::ReconcileConfig;
+use mssql_cdc_writer::schema_policy::SchemaChangePolicy;
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
@@ -42,6 +43,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         partitions: args.partitions,
         granularity: args.granularity.parse::<Granularity>()?,
         fail_on_data_loss: !args.skip_data_loss,
+        schema_change_policy: args.schema_change_policy.parse()?,
         snapshot_keys: args.snapshot_keys.columns,
     };
     if let Some(mode) = &args.bootstrap {
@@ -368,6 +370,7 @@ fn snapshot_config(
         partitions,
         granularity: Granularity::Hour,
         fail_on_data_loss: true,
+        schema_change_policy: SchemaChangePolicy::default(),
         snapshot_keys,
     })
 }

@@ -76,6 +76,7 @@ pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
             partitions: 2,
             granularity: Granularity::Minute,
             fail_on_data_loss: true,
+            schema_change_policy: mssql_cdc_writer::schema_policy::SchemaChangePolicy::default(),
             snapshot_keys: None,
         })
         .collect();

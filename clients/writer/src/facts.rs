@@ -6,13 +6,13 @@ use arrow::array::{Array, Int32Array, StringArray, TimestampMicrosecondArray};
 use arrow::datatypes::{DataType as ArrowType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use deltalake::kernel::DataType;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, WriterError};
 use crate::tables::TableKind;
 
 /// One facts row; `None` is NULL. Times are microseconds since the epoch, UTC.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[allow(missing_docs)] // the fields are the facts columns, documented by their comments
 pub struct FactsRow {
     pub app_id: Option<String>,

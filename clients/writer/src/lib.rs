@@ -14,6 +14,7 @@ pub mod events;
 pub mod facts;
 pub mod metrics;
 pub mod reconcile;
+pub mod schema_policy;
 pub mod sidecar;
 pub mod silver;
 pub mod snapshot;

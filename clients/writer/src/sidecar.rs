@@ -17,6 +17,7 @@
 //! partitions = 2                   # optional
 //! starting = "earliest"            # optional
 //! fail_on_data_loss = true         # optional
+//! schema_change_policy = "evolve"  # optional: evolve or fail on a source schema change
 //! bootstrap = "chunked"            # optional: full or chunked, for a new checkpoint
 //! chunk_rows = 100000              # optional: chunk size of a chunked bootstrap
 //! snapshot_keys = ["region"]       # optional: columns chunks are cut on (default: the unique index)
@@ -45,6 +46,7 @@ use crate::checkpoint::Checkpoint;
 use crate::control::{self, Granularity};
 use crate::error::{Result, WriterError};
 use crate::reconcile::{ReconcileConfig, reconcile};
+use crate::schema_policy::SchemaChangePolicy;
 use crate::silver::{ApplyConfig, apply_changes};
 use crate::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use crate::stream::{BatchOutcome, Stream, StreamConfig};
@@ -139,6 +141,9 @@ pub struct TableEntry {
     /// Stop on purged changes (default) or skip them with a `data_skipped` row.
     #[serde(default = "default_true")]
     pub fail_on_data_loss: bool,
+    /// `evolve` (default) or `fail` on a schema change in the source.
+    #[serde(default)]
+    pub schema_change_policy: SchemaChangePolicy,
     /// Snapshot the table before a new checkpoint's first batch (`full` or `chunked`).
     #[serde(default)]
     pub bootstrap: Option<SnapshotMode>,
@@ -384,6 +389,7 @@ impl SidecarConfig {
             partitions: entry.partitions,
             granularity: self.granularity,
             fail_on_data_loss: entry.fail_on_data_loss,
+            schema_change_policy: entry.schema_change_policy,
             snapshot_keys: entry.snapshot_keys.clone(),
         }
     }

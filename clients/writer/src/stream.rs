@@ -13,6 +13,11 @@
 //! 6. Move the verdict in the control table, after the data.
 //! 7. Mark the batch committed in the checkpoint.
 //!
+//! A replayed batch that bronze (or, without rows, the facts table) already holds is finished
+//! from what its commit recorded, never read again: the commit's userMetadata carries the
+//! whole facts row and event rows. A batch bronze holds that this writer never wrote means a
+//! second writer with the same app id, and stops the stream.
+//!
 //! A batch with no rows (idle CDC entries) writes no bronze commit but still its facts row and
 //! the verdict move. A checkpoint deleted or rewound under the same app_id is refused against
 //! the facts and bronze tables' transaction versions.
@@ -35,6 +40,7 @@ use crate::control::{self, Granularity};
 use crate::error::{Result, WriterError};
 use crate::events;
 use crate::facts::{self, FactsRow, Totals};
+use crate::schema_policy::SchemaChangePolicy;
 use crate::tables::{self, TableKind};
 use crate::tail::{Tail, Waiting};
 
@@ -65,6 +71,8 @@ pub struct StreamConfig {
     pub granularity: Granularity,
     /// Stop on purged changes (true), or skip to `min_lsn` with a `data_skipped` event.
     pub fail_on_data_loss: bool,
+    /// Follow schema changes (`evolve`) or stop at them (`fail`).
+    pub schema_change_policy: SchemaChangePolicy,
     /// The columns a chunked snapshot is cut on (the seed's `snapshotKeys`), unique or not;
     /// `None`: the unique index CDC uses. A table without one needs them.
     pub snapshot_keys: Option<Vec<String>>,
@@ -314,6 +322,9 @@ impl Stream {
         record: &mut BatchRecord,
         replayed: bool,
     ) -> Result<BatchOutcome> {
+        if replayed && let Some(outcome) = self.finish_written(record).await? {
+            return Ok(outcome);
+        }
         let started_at = micros_now();
         let clock = Instant::now();
         let ping = Instant::now();
@@ -342,10 +353,23 @@ impl Stream {
             Err(error) => return Err(error),
         };
         crash_point("after_plan", record.batch_id);
-        let bronze = self.prepare_bronze(&plan, record.batch_id).await?;
-        let read = self.read(&plan, bronze.appender.clone()).await?;
+        if self.config.schema_change_policy == SchemaChangePolicy::Fail {
+            let bronze = tables::open(&self.target).await?;
+            let bronze_schema = bronze.as_ref().map(|table| table.snapshot()).transpose()?;
+            self.config.schema_change_policy.check(
+                &self.config.table,
+                &plan.events,
+                &plan.schema,
+                bronze_schema
+                    .as_ref()
+                    .map(|snapshot| snapshot.schema())
+                    .as_deref(),
+            )?;
+        }
+        let appender = self.prepare_bronze(&plan, record.batch_id).await?;
+        let read = self.read(&plan, appender.clone()).await?;
         let rows = read.totals.rows();
-        if rows > 0 && bronze.appender.is_none() && !bronze.committed {
+        if rows > 0 && appender.is_none() {
             return Err(WriterError::Internal(format!(
                 "planning counted no rows in ({}, {}] but {rows} arrived",
                 record.start.lsn, record.end.lsn
@@ -384,15 +408,26 @@ impl Stream {
                 row.ingestion_lag_seconds = Some(((source_max - end) as f64 / 1e3).round() / 1e3);
             }
         }
-        if let Some(appender) = &bronze.appender
+        events.extend(plan.events.iter().map(|event| FactsRow {
+            event: Some(event.event.clone()),
+            min_lsn: Some(event.lsn.to_string()),
+            max_lsn: Some(event.lsn.to_string()),
+            end_lsn: Some(event.lsn.to_string()),
+            end_commit_ts: event.commit_ts.map(CommitTime::micros),
+            detail: Some(event.detail.clone()),
+            rows: Some(0),
+            ..FactsRow::default()
+        }));
+        if let Some(appender) = &appender
             && rows > 0
         {
+            row.duration_ms = Some(clock.elapsed().as_millis() as i64);
             appender
                 .commit(
                     read.files,
                     &self.config.app_id,
                     record.batch_id,
-                    self.user_metadata(record.batch_id, &row),
+                    self.user_metadata(record.batch_id, &row, &events),
                 )
                 .await?;
         }
@@ -405,18 +440,64 @@ impl Stream {
             row.capture_lag_seconds,
             row.ingestion_lag_seconds,
         );
-        events.extend(plan.events.iter().map(|event| FactsRow {
-            event: Some(event.event.clone()),
-            min_lsn: Some(event.lsn.to_string()),
-            max_lsn: Some(event.lsn.to_string()),
-            end_lsn: Some(event.lsn.to_string()),
-            end_commit_ts: event.commit_ts.map(CommitTime::micros),
-            detail: Some(event.detail.clone()),
-            rows: Some(0),
-            ..FactsRow::default()
-        }));
         self.append_facts(record.batch_id, row, events).await?;
         crash_point("after_facts", record.batch_id);
+        let verdict = self.advance_verdict(record).await?;
+        crash_point("after_control", record.batch_id);
+        Ok(BatchOutcome {
+            batch_id: record.batch_id,
+            rows: rows as u64,
+            start: record.start,
+            end: record.end,
+            verdict,
+            replayed,
+        })
+    }
+
+    /// Finishes a replayed batch whose data a crash left written: bronze holds it (its facts
+    /// and events come from bronze's commit) or, for a batch without rows, the facts do. The
+    /// source is not read again: after a cleanup it could not be, and skipping the purged
+    /// range would record a new range under a batch id bronze already holds. `None` when
+    /// neither holds the batch (it is planned and read as any other).
+    async fn finish_written(&self, record: &BatchRecord) -> Result<Option<BatchOutcome>> {
+        let batch_id = record.batch_id;
+        let committed = match tables::open(&self.target).await? {
+            Some(bronze) => bronze::committed_batch(&bronze, &self.config.app_id, batch_id).await?,
+            None => None,
+        };
+        let rows = match committed {
+            Some(committed) => {
+                let rows = committed.facts.rows.unwrap_or(0);
+                self.append_facts(batch_id, committed.facts, committed.events)
+                    .await?;
+                rows
+            }
+            None => match tables::open(&self.facts).await? {
+                Some(facts)
+                    if tables::holds_transaction(&facts, &self.facts_app_id(), batch_id)
+                        .await? =>
+                {
+                    0
+                }
+                _ => return Ok(None),
+            },
+        };
+        tracing::info!(table = %self.config.table, batch_id, rows,
+            "the replayed batch was already written: finished without reading the source");
+        let verdict = self.advance_verdict(record).await?;
+        Ok(Some(BatchOutcome {
+            batch_id,
+            rows: u64::try_from(rows).unwrap_or(0),
+            start: record.start,
+            end: record.end,
+            verdict,
+            replayed: true,
+        }))
+    }
+
+    /// Moves the table's verdict to the batch's end (only forward), when there is a control
+    /// table.
+    async fn advance_verdict(&self, record: &BatchRecord) -> Result<Option<CommitTime>> {
         let verdict = match &self.control {
             Some(url) => {
                 control::advance(
@@ -430,15 +511,7 @@ impl Stream {
             None => None,
         };
         crate::metrics::finalized_until(&self.config.table, "bronze", verdict);
-        crash_point("after_control", record.batch_id);
-        Ok(BatchOutcome {
-            batch_id: record.batch_id,
-            rows: rows as u64,
-            start: record.start,
-            end: record.end,
-            verdict,
-            replayed,
-        })
+        Ok(verdict)
     }
 
     async fn plan(&self, record: &BatchRecord) -> Result<PlannedBatch> {
@@ -496,14 +569,17 @@ impl Stream {
         Ok(resume)
     }
 
-    /// Bronze ready for the batch's files: `appender` is `None` when planning counted no rows
-    /// (no bronze commit) or when bronze already holds the batch (`committed`, a replay).
-    async fn prepare_bronze(&self, plan: &PlannedBatch, batch_id: i64) -> Result<BronzeTarget> {
+    /// Bronze ready for the batch's files; `None` when planning counted no rows (no bronze
+    /// commit). A batch bronze already holds was written by another writer with this app id
+    /// (a replay of one this writer wrote finishes before planning): refused, as going on
+    /// would record this writer's range under the other's batch.
+    async fn prepare_bronze(
+        &self,
+        plan: &PlannedBatch,
+        batch_id: i64,
+    ) -> Result<Option<Arc<bronze::Appender>>> {
         if plan.rows == 0 {
-            return Ok(BronzeTarget {
-                appender: None,
-                committed: false,
-            });
+            return Ok(None);
         }
         let empty = RecordBatch::new_empty(plan.schema.clone());
         let table = tables::ensure(
@@ -514,11 +590,14 @@ impl Stream {
         )
         .await?;
         if tables::holds_transaction(&table, &self.config.app_id, batch_id).await? {
-            tracing::info!(batch_id, "bronze already holds the batch (replay): skipped");
-            return Ok(BronzeTarget {
-                appender: None,
-                committed: true,
-            });
+            return Err(WriterError::CheckpointMismatch(format!(
+                "bronze {} already holds batch {batch_id} of app_id '{}', which this writer's \
+                 checkpoint {} had not written: another writer runs with the same app_id. Stop \
+                 it; each writer needs its own app_id and checkpoint",
+                self.config.target,
+                self.config.app_id,
+                self.config.checkpoint.display(),
+            )));
         }
         let appender = bronze::Appender::prepare(
             table,
@@ -527,10 +606,7 @@ impl Stream {
             bronze::BronzeRows::Stream(batch_id),
         )
         .await?;
-        Ok(BronzeTarget {
-            appender: Some(Arc::new(appender)),
-            committed: false,
-        })
+        Ok(Some(Arc::new(appender)))
     }
 
     /// Reads every endpoint in parallel, each streaming its batches into its own bronze
@@ -587,16 +663,19 @@ impl Stream {
         Ok(outcome)
     }
 
-    /// The seed's facts JSON of a bronze commit (its userMetadata).
-    fn user_metadata(&self, batch_id: i64, facts: &FactsRow) -> String {
-        json!({
+    /// A bronze commit's userMetadata: the seed's facts JSON, then the whole facts row and
+    /// event rows of the batch, from which a replay finishes it without the source.
+    fn user_metadata(&self, batch_id: i64, facts: &FactsRow, events: &[FactsRow]) -> String {
+        let mut metadata = json!({
             "rows": facts.rows, "min_lsn": facts.min_lsn, "max_lsn": facts.max_lsn,
             "min_commit_ts": facts.min_commit_ts.map(|t| CommitTime(t).to_iso_millis()),
             "max_commit_ts": facts.max_commit_ts.map(|t| CommitTime(t).to_iso_millis()),
             "deletes": facts.deletes, "inserts": facts.inserts, "updates": facts.updates,
             "batch_id": batch_id, "app_id": self.config.app_id,
-        })
-        .to_string()
+        });
+        metadata[bronze::FACTS_KEY] = json!(facts);
+        metadata[bronze::EVENTS_KEY] = json!(events);
+        metadata.to_string()
     }
 
     async fn append_facts(
@@ -635,12 +714,6 @@ struct PlannedBatch {
     schema: SchemaRef,
     rows: u64,
     tickets: Vec<arrow_flight::Ticket>,
-}
-
-/// Where a batch's rows go in bronze (see [`Stream::prepare_bronze`]).
-struct BronzeTarget {
-    appender: Option<Arc<bronze::Appender>>,
-    committed: bool,
 }
 
 /// What reading a batch's endpoints gathered.

@@ -627,6 +627,31 @@ pub async fn ensure(
     }
 }
 
+/// Adds to `table` the `fields` it lacks, nullable (rows written before read NULL): bronze
+/// and silver take the columns a newer capture instance brings. `name` says which table in
+/// the log line.
+pub async fn add_missing_columns(
+    table: DeltaTable,
+    fields: &[StructField],
+    name: &str,
+) -> Result<DeltaTable> {
+    let existing = table.snapshot()?.schema();
+    let missing: Vec<StructField> = fields
+        .iter()
+        .filter(|field| existing.field(field.name()).is_none())
+        .map(|field| StructField {
+            nullable: true,
+            ..field.clone()
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(table);
+    }
+    tracing::info!(table = name, columns = ?missing.iter().map(|f| f.name().to_string()).collect::<Vec<_>>(),
+        "new captured columns added; earlier rows read NULL");
+    Ok(table.add_columns().with_fields(missing).await?)
+}
+
 /// Whether `table` holds the application transaction `(app_id, version)` (or a later one).
 pub async fn holds_transaction(table: &DeltaTable, app_id: &str, version: i64) -> Result<bool> {
     let held = table

@@ -16,6 +16,7 @@ use mssql_cdc_flight::CommitTime;
 use mssql_cdc_flight::sim::Clock;
 use mssql_cdc_flight::sim::values::mix;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
+use mssql_cdc_flight::source::CdcSource;
 use mssql_cdc_writer::control::{self, Granularity};
 use mssql_cdc_writer::stream::CRASH_AT_VARIABLE;
 use mssql_cdc_writer::tables;
@@ -193,6 +194,43 @@ async fn killed_at_random_moments_under_a_running_workload() {
     workload.join().expect("workload thread");
     check_invariants(&lab).await;
     restart_and_check_exactly_once(&lab).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_killed_after_its_bronze_commit_finishes_from_bronze_after_cleanup() {
+    let lab = Lab::new().await;
+    // Fewer commits than --max-commits: one batch, ending at max_lsn.
+    lab.workload(35, 30);
+    let status = run_writer(&lab, Some("after_bronze:0".into())).await;
+    assert!(!status.success(), "the writer was meant to die");
+    let written = bronze_rows(&lab).await.expect("bronze");
+    assert_eq!(written, lab.committed(), "bronze holds the whole batch");
+    // Cleanup up to the batch's last commit: the replay cannot plan or read the range again.
+    let max_lsn = lab.db.max_lsn().await.expect("max_lsn").expect("lsn");
+    lab.db.cleanup(None, max_lsn).expect("cleanup");
+    let status = run_writer(&lab, None).await;
+    assert!(status.success(), "the replay finishes from bronze's commit");
+    check_invariants(&lab).await;
+    assert_eq!(bronze_rows(&lab).await.expect("bronze"), written);
+    let facts = query(
+        &lab.lake("facts"),
+        "SELECT batch_id, rows, min_lsn, max_lsn, event FROM t ORDER BY batch_id",
+    )
+    .await;
+    let facts = arrow::compute::concat_batches(&facts[0].schema(), &facts).expect("concat");
+    assert_eq!(facts.num_rows(), 1, "one facts row, no data_skipped event");
+    let rows = facts
+        .column(1)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .expect("bigint");
+    assert_eq!(
+        rows.value(0),
+        written.len() as i64,
+        "the facts count what bronze holds"
+    );
+    let lsns = common::utf8(facts.column(2));
+    assert!(lsns.is_valid(0), "the commit carried the LSN extent");
 }
 
 /// Waits until bronze holds every committed change of dbo.orders.

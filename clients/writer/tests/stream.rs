@@ -14,6 +14,7 @@ use mssql_cdc_flight::source::CdcSource;
 use mssql_cdc_writer::WriterError;
 use mssql_cdc_writer::checkpoint::Checkpoint;
 use mssql_cdc_writer::control::{self, Granularity};
+use mssql_cdc_writer::schema_policy::SchemaChangePolicy;
 use mssql_cdc_writer::tables::{self, SCHEMA_VERSION_KEY};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,6 +109,50 @@ async fn a_replayed_batch_is_not_written_twice() {
     assert_eq!(
         facts_batches(&lab).await.len(),
         (last.batch_id + 1) as usize
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_after_cleanup_purged_its_range_finishes_without_the_source() {
+    let lab = Lab::new().await;
+    lab.workload(2, 100);
+    let config = lab.config();
+    run_now(config.clone()).await;
+    let before = bronze_rows(&lab).await.expect("bronze");
+    let facts_before = facts_batches(&lab).await;
+    let checkpoint = Checkpoint::open(&config.checkpoint).expect("checkpoint");
+    let mut last = checkpoint.last().expect("read").expect("a batch");
+    last.committed = false;
+    checkpoint.record(&last).expect("record");
+    // Cleanup up to the batch's last commit: its range can no longer be planned or read.
+    lab.db.cleanup(None, last.end.lsn).expect("cleanup");
+    for fail_on_data_loss in [true, false] {
+        let mut replaying = config.clone();
+        replaying.fail_on_data_loss = fail_on_data_loss;
+        let outcomes = run_now(replaying).await;
+        assert_eq!(
+            outcomes.len(),
+            1,
+            "only the replay: nothing new was committed"
+        );
+        assert!(outcomes[0].replayed);
+        let recorded = facts_before
+            .iter()
+            .find(|(id, _, event)| *id == last.batch_id && event.is_none())
+            .map(|(_, rows, _)| *rows as u64);
+        assert_eq!(
+            Some(outcomes[0].rows),
+            recorded,
+            "the rows the facts recorded"
+        );
+        last.committed = false;
+        checkpoint.record(&last).expect("record");
+    }
+    assert_eq!(bronze_rows(&lab).await.expect("bronze"), before);
+    assert_eq!(
+        facts_batches(&lab).await,
+        facts_before,
+        "no data_skipped row, no facts row twice"
     );
 }
 
@@ -216,29 +261,50 @@ async fn purged_changes_stop_the_stream_or_are_skipped_with_an_event() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_change_policy_fail_stops_at_a_switch_with_nothing_written() {
+    let lab = Lab::new().await;
+    lab.workload(13, 60);
+    let mut config = lab.config();
+    config.schema_change_policy = SchemaChangePolicy::Fail;
+    run_now(config.clone()).await;
+    let (bronze, facts) = (bronze_rows(&lab).await, facts_batches(&lab).await);
+    let mut writer = common::add_discount_and_switch(&lab, 14);
+    common::run_orders_workload(
+        &mut writer,
+        40,
+        mssql_cdc_flight::sim::workload::Mix::default(),
+    );
+    drop(writer);
+    let error = try_run_now(config.clone()).await.expect_err("stopped");
+    assert!(matches!(error, WriterError::SchemaChanged(_)), "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains("schema_change") || message.contains("capture_instance_switched"),
+        "{message}"
+    );
+    assert!(message.contains("evolve"), "names the way on: {message}");
+    assert_eq!(
+        bronze_rows(&lab).await,
+        bronze,
+        "nothing of the batch in bronze"
+    );
+    assert_eq!(facts_batches(&lab).await, facts, "nor in the facts");
+    config.schema_change_policy = SchemaChangePolicy::Evolve;
+    run_now(config).await;
+    assert_eq!(
+        bronze_rows(&lab).await.expect("bronze"),
+        lab.committed(),
+        "evolve goes on"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_capture_instance_switch_adds_the_new_column_and_its_events() {
     let lab = Lab::new().await;
     lab.workload(11, 60);
     let config = lab.config();
     run_now(config.clone()).await;
-    let orders: mssql_cdc_flight::source::TableName = "dbo.orders".parse().expect("table");
-    let mut writer = lab.writer(12);
-    writer
-        .add_column(&orders, "discount", "decimal(9,2)", true)
-        .expect("ddl");
-    let columns: Vec<String> = lab
-        .db
-        .manifest()
-        .expect("manifest")
-        .table(&orders)
-        .expect("t")
-        .columns
-        .iter()
-        .map(|c| c.name.clone())
-        .collect();
-    writer
-        .enable_capture_instance(&orders, "dbo_orders_v2", &columns)
-        .expect("switch");
+    let mut writer = common::add_discount_and_switch(&lab, 12);
     let spec = WorkloadSpec {
         commits: Some(60),
         ..WorkloadSpec::default()

@@ -65,6 +65,7 @@ pub fn orders_lake(base: &Path, url: &str) -> (StreamConfig, ApplyConfig) {
         partitions: 2,
         granularity: Granularity::Minute,
         fail_on_data_loss: true,
+        schema_change_policy: mssql_cdc_writer::schema_policy::SchemaChangePolicy::default(),
         snapshot_keys: None,
     };
     let apply = ApplyConfig {

@@ -240,6 +240,9 @@ async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {
         "silver",
     )
     .await?;
+    // Bronze's new captured columns (a newer capture instance's) join silver; keys no later
+    // change touches read NULL there, as they do in bronze.
+    let table = tables::add_missing_columns(table, &silver_fields, &config.target).await?;
     let mut new_position = position.clone();
     let rebuilt;
     tracing::debug!(target = %config.target, needs_rebuild, elapsed = ?call_started.elapsed(),

@@ -89,6 +89,7 @@ impl Lab {
             partitions: 2,
             granularity: Granularity::Minute,
             fail_on_data_loss: true,
+            schema_change_policy: mssql_cdc_writer::schema_policy::SchemaChangePolicy::default(),
             snapshot_keys: None,
         }
     }
@@ -344,6 +345,31 @@ pub fn run_orders_workload(writer: &mut SimWriter, commits: u64, mix: workload::
         ..WorkloadSpec::default()
     };
     workload::run(writer, &spec, &AtomicBool::new(false)).expect("workload");
+}
+
+/// `ALTER TABLE dbo.orders ADD discount decimal(9,2) NULL`, then a capture instance
+/// `dbo_orders_v2` capturing every column (the DBA's switch); returns the writer for the
+/// changes after it.
+pub fn add_discount_and_switch(lab: &Lab, seed: u64) -> SimWriter {
+    let orders: mssql_cdc_flight::source::TableName = "dbo.orders".parse().expect("table");
+    let mut writer = lab.writer(seed);
+    writer
+        .add_column(&orders, "discount", "decimal(9,2)", true)
+        .expect("ddl");
+    let columns: Vec<String> = lab
+        .db
+        .manifest()
+        .expect("manifest")
+        .table(&orders)
+        .expect("table")
+        .columns
+        .iter()
+        .map(|column| column.name.clone())
+        .collect();
+    writer
+        .enable_capture_instance(&orders, "dbo_orders_v2", &columns)
+        .expect("switch");
+    writer
 }
 
 /// `commits` commits of `mix` to dbo.orders by the lab's journaled writer.
