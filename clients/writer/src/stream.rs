@@ -467,6 +467,23 @@ impl Stream {
         };
         let rows = match committed {
             Some(committed) => {
+                let planned_end = record.end.lsn.to_string();
+                if committed.facts.end_lsn.as_deref() != Some(planned_end.as_str()) {
+                    return Err(WriterError::CheckpointMismatch(format!(
+                        "bronze {} holds batch {batch_id} of app_id '{}' ending at {}, but this \
+                         writer's checkpoint {} planned it to end at {planned_end}: another \
+                         writer runs with the same app_id. Stop it; each writer needs its own \
+                         app_id and checkpoint",
+                        self.config.target,
+                        self.config.app_id,
+                        committed
+                            .facts
+                            .end_lsn
+                            .as_deref()
+                            .unwrap_or("an unknown end"),
+                        self.config.checkpoint.display(),
+                    )));
+                }
                 let rows = committed.facts.rows.unwrap_or(0);
                 self.append_facts(batch_id, committed.facts, committed.events)
                     .await?;

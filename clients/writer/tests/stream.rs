@@ -157,6 +157,32 @@ async fn a_replay_after_cleanup_purged_its_range_finishes_without_the_source() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_whose_range_bronze_holds_otherwise_is_refused_as_a_second_writer() {
+    let lab = Lab::new().await;
+    lab.workload(3, 100);
+    let config = lab.config();
+    run_now(config.clone()).await;
+    let before = bronze_rows(&lab).await.expect("bronze");
+    // A second writer's checkpoint: the same batch id, planned over another range.
+    let checkpoint = Checkpoint::open(&config.checkpoint).expect("checkpoint");
+    let mut last = checkpoint.last().expect("read").expect("a batch");
+    last.committed = false;
+    last.end = last.start;
+    checkpoint.record(&last).expect("record");
+    let error = try_run_now(config).await.expect_err("refused");
+    assert!(
+        matches!(error, WriterError::CheckpointMismatch(_)),
+        "{error}"
+    );
+    assert!(error.to_string().contains("another writer"), "{error}");
+    assert_eq!(
+        bronze_rows(&lab).await.expect("bronze"),
+        before,
+        "nothing written"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_batches_move_the_verdict_without_rows() {
     let lab = Lab::new().await;
     lab.workload(3, 50);
