@@ -369,6 +369,11 @@ pub struct RunArgs {
         default_value = "evolve"
     )]
     pub schema_change_policy: String,
+    /// When changes were purged before they were read: `fail` (stop the table) or
+    /// `resnapshot` (open a chunked re-snapshot, resume the stream at its S; `backfill` or the
+    /// sidecar reads it).
+    #[arg(long, env = "MSSQL_CDC_WRITER_ON_DATA_LOSS", default_value = "fail")]
+    pub on_data_loss: String,
     /// With a new checkpoint, snapshot the table first and start the stream at its S: `full`
     /// (read now, one append) or `chunked` (opened now, read by `backfill` next to the stream).
     #[arg(long, env = "MSSQL_CDC_WRITER_BOOTSTRAP")]

@@ -44,6 +44,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         granularity: args.granularity.parse::<Granularity>()?,
         fail_on_data_loss: !args.skip_data_loss,
         schema_change_policy: args.schema_change_policy.parse()?,
+        on_data_loss: args.on_data_loss.parse()?,
         snapshot_keys: args.snapshot_keys.columns,
     };
     if let Some(mode) = &args.bootstrap {
@@ -371,6 +372,7 @@ fn snapshot_config(
         granularity: Granularity::Hour,
         fail_on_data_loss: true,
         schema_change_policy: SchemaChangePolicy::default(),
+        on_data_loss: mssql_cdc_writer::data_loss::OnDataLoss::default(),
         snapshot_keys,
     })
 }

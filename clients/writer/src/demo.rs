@@ -77,6 +77,7 @@ pub async fn run(dir: Option<PathBuf>, commits: u64) -> anyhow::Result<()> {
             granularity: Granularity::Minute,
             fail_on_data_loss: true,
             schema_change_policy: mssql_cdc_writer::schema_policy::SchemaChangePolicy::default(),
+            on_data_loss: mssql_cdc_writer::data_loss::OnDataLoss::default(),
             snapshot_keys: None,
         })
         .collect();

@@ -19,6 +19,9 @@ pub const BOOTSTRAP: &str = "bootstrap";
 pub const RESNAPSHOT: &str = "resnapshot";
 /// Purged changes skipped on purpose (`--skip-data-loss`): the range is named (facts).
 pub const DATA_SKIPPED: &str = "data_skipped";
+/// Purged changes healed by a re-snapshot (`on_data_loss = resnapshot`): the lost range and
+/// the snapshot's S (facts).
+pub const DATA_LOSS: &str = "data_loss";
 
 /// The events that complete a snapshot.
 pub const SNAPSHOT_COMPLETIONS: [&str; 2] = [BOOTSTRAP, RESNAPSHOT];

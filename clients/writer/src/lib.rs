@@ -9,6 +9,7 @@ pub mod admin;
 pub mod bronze;
 pub mod checkpoint;
 pub mod control;
+pub mod data_loss;
 pub mod error;
 pub mod events;
 pub mod facts;

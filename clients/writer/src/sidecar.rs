@@ -18,6 +18,7 @@
 //! starting = "earliest"            # optional
 //! fail_on_data_loss = true         # optional
 //! schema_change_policy = "evolve"  # optional: evolve or fail on a source schema change
+//! on_data_loss = "resnapshot"      # optional: fail (default) or heal purged changes by re-snapshot
 //! bootstrap = "chunked"            # optional: full or chunked, for a new checkpoint
 //! chunk_rows = 100000              # optional: chunk size of a chunked bootstrap
 //! snapshot_keys = ["region"]       # optional: columns chunks are cut on (default: the unique index)
@@ -44,6 +45,7 @@ use serde::Deserialize;
 
 use crate::checkpoint::Checkpoint;
 use crate::control::{self, Granularity};
+use crate::data_loss::OnDataLoss;
 use crate::error::{Result, WriterError};
 use crate::reconcile::{ReconcileConfig, reconcile};
 use crate::schema_policy::SchemaChangePolicy;
@@ -144,6 +146,9 @@ pub struct TableEntry {
     /// `evolve` (default) or `fail` on a schema change in the source.
     #[serde(default)]
     pub schema_change_policy: SchemaChangePolicy,
+    /// `fail` (default) or `resnapshot` when changes were purged before they were read.
+    #[serde(default)]
+    pub on_data_loss: OnDataLoss,
     /// Snapshot the table before a new checkpoint's first batch (`full` or `chunked`).
     #[serde(default)]
     pub bootstrap: Option<SnapshotMode>,
@@ -260,9 +265,12 @@ async fn bootstrap(entry: &TableEntry, config: &mut StreamConfig) -> Result<()> 
 }
 
 /// Reads the open chunked snapshot of a table to its end, one wave per call of `backfill`
-/// (available-now runs; a paused snapshot is left for a later run).
+/// (available-now runs of a table with a chunked bootstrap or healing purges by re-snapshot;
+/// a paused snapshot is left for a later run).
 async fn backfill_to_end(entry: &TableEntry, config: &StreamConfig) -> Result<()> {
-    if entry.bootstrap != Some(SnapshotMode::Chunked) {
+    if entry.bootstrap != Some(SnapshotMode::Chunked)
+        && entry.on_data_loss != OnDataLoss::Resnapshot
+    {
         return Ok(());
     }
     let snapshots = Snapshots::connect(config.clone()).await?;
@@ -390,6 +398,7 @@ impl SidecarConfig {
             granularity: self.granularity,
             fail_on_data_loss: entry.fail_on_data_loss,
             schema_change_policy: entry.schema_change_policy,
+            on_data_loss: entry.on_data_loss,
             snapshot_keys: entry.snapshot_keys.clone(),
         }
     }

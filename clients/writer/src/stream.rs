@@ -37,6 +37,7 @@ use url::Url;
 use crate::bronze;
 use crate::checkpoint::{BatchRecord, Checkpoint};
 use crate::control::{self, Granularity};
+use crate::data_loss::{self, OnDataLoss};
 use crate::error::{Result, WriterError};
 use crate::events;
 use crate::facts::{self, FactsRow, Totals};
@@ -73,6 +74,8 @@ pub struct StreamConfig {
     pub fail_on_data_loss: bool,
     /// Follow schema changes (`evolve`) or stop at them (`fail`).
     pub schema_change_policy: SchemaChangePolicy,
+    /// Stop at purged changes (`fail`) or heal them by a re-snapshot (`resnapshot`).
+    pub on_data_loss: OnDataLoss,
     /// The columns a chunked snapshot is cut on (the seed's `snapshotKeys`), unique or not;
     /// `None`: the unique index CDC uses. A table without one needs them.
     pub snapshot_keys: Option<Vec<String>>,
@@ -147,6 +150,13 @@ pub async fn connect_server(server: &str) -> Result<CdcClient> {
 impl Stream {
     /// Connects to the server and opens the checkpoint.
     pub async fn connect(config: StreamConfig) -> Result<Self> {
+        if config.on_data_loss == OnDataLoss::Resnapshot && !config.fail_on_data_loss {
+            return Err(WriterError::invalid(format!(
+                "{}: on_data_loss = resnapshot heals purged changes, fail_on_data_loss = false \
+                 (--skip-data-loss) skips them: choose one",
+                config.table
+            )));
+        }
         if config.app_id.is_empty() || config.app_id.contains('#') {
             return Err(WriterError::invalid(
                 "app_id must be non-empty and without '#'",
@@ -333,6 +343,16 @@ impl Stream {
         let mut events: Vec<FactsRow> = Vec::new();
         let plan = match self.plan(record).await {
             Ok(plan) => plan,
+            Err(WriterError::DataLoss { message, .. })
+                if self.config.on_data_loss == OnDataLoss::Resnapshot =>
+            {
+                let (resume, event) =
+                    data_loss::resnapshot(&self.config, &self.client, record.start, &message)
+                        .await?;
+                self.resume_at(record, resume).await?;
+                events.push(event);
+                self.plan(record).await?
+            }
             Err(WriterError::DataLoss { message, .. }) if !self.config.fail_on_data_loss => {
                 let skipped_from = record.start;
                 let resume = self.skip_to_min_lsn(record).await?;
@@ -578,12 +598,19 @@ impl Stream {
                 },
             )
             .await?;
+        self.resume_at(record, resume).await?;
+        Ok(resume)
+    }
+
+    /// Moves the batch to start at `resume` (its end too, when `resume` is past it), recorded
+    /// in the checkpoint before anything is read.
+    async fn resume_at(&mut self, record: &mut BatchRecord, resume: Offset) -> Result<()> {
         record.start = resume;
         if record.end.lsn <= resume.lsn {
             record.end = self.latest(resume, None).await?;
         }
         self.checkpoint.record(record)?;
-        Ok(resume)
+        Ok(())
     }
 
     /// Bronze ready for the batch's files; `None` when planning counted no rows (no bronze

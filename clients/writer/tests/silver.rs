@@ -413,6 +413,100 @@ async fn a_resnapshot_rebuilds_silver_after_the_table_was_emptied_and_refilled()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_mid_stream_heals_by_resnapshot_and_silver_ends_equal_to_the_source() {
+    use mssql_cdc_flight::source::CdcSource;
+    let lab = Lab::new().await;
+    workload(&lab, 51, 150, churn());
+    let mut config = stream_config(&lab);
+    config.on_data_loss = mssql_cdc_writer::data_loss::OnDataLoss::Resnapshot;
+    snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
+        .await
+        .expect("open");
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let whole = BackfillOptions {
+        chunk_rows: 20,
+        max_waves: None,
+        target_wave_seconds: 0.0,
+        min_headroom_hours: None,
+    };
+    read_all(&snapshots, &whole).await;
+    run_now(config.clone()).await;
+    apply(&lab).await;
+    assert_in_step(&lab, "before the gap").await;
+    let orders: mssql_cdc_flight::source::TableName = "dbo.orders".parse().expect("table");
+    // The gap: inserts, updates and deletes the stream never sees, purged by cleanup.
+    let mut writer = lab.writer(52);
+    let mut transaction = writer.begin();
+    let deleted = transaction.random_keys(&orders, 25).expect("keys");
+    transaction.delete(&orders, &deleted).expect("delete");
+    transaction.commit().expect("commit");
+    common::run_orders_workload(&mut writer, 60, churn());
+    drop(writer);
+    let cut = lab.db.max_lsn().await.expect("max_lsn").expect("lsn");
+    lab.db.cleanup(None, cut).expect("cleanup past the stream");
+    workload(&lab, 53, 40, churn());
+    // The stream meets the purge, opens a re-snapshot at S and resumes at S.
+    let outcomes = run_now(config.clone()).await;
+    assert!(!outcomes.is_empty());
+    let facts = common::facts_batches(&lab).await;
+    assert_eq!(
+        facts
+            .iter()
+            .filter(|row| row.2.as_deref() == Some("data_loss"))
+            .count(),
+        1,
+        "one data_loss row names the gap: {facts:?}"
+    );
+    let state = snapshot::state(&config).await.expect("state");
+    let resnapshot = state.status.snapshot.expect("a re-snapshot is open");
+    assert_eq!(state.status.state, "open", "{state:?}");
+    assert_eq!(outcomes[0].start.lsn, resnapshot, "the stream resumed at S");
+    // Changes after S stream on while the waves are read; silver follows both.
+    workload(&lab, 54, 40, churn());
+    run_now(config.clone()).await;
+    let one_wave = BackfillOptions {
+        max_waves: Some(1),
+        ..whole
+    };
+    snapshots.backfill(&one_wave).await.expect("a wave");
+    apply(&lab).await;
+    read_all(&snapshots, &whole).await;
+    run_now(config.clone()).await;
+    assert!(
+        apply(&lab).await.rebuilt,
+        "the re-snapshot's completion rebuilds silver"
+    );
+    let (silver, source) = (silver_rows(&lab).await, source_rows(&lab).await);
+    let gone: Vec<&i64> = deleted
+        .iter()
+        .filter(|key| !source.contains_key(key))
+        .collect();
+    assert!(!gone.is_empty(), "the gap deleted keys for good");
+    assert!(
+        gone.iter().all(|key| !silver.contains_key(key)),
+        "keys deleted in the gap left silver"
+    );
+    assert_in_step(&lab, "healed").await;
+    let kinds = common::query(
+        &lab.lake("facts"),
+        &format!(
+            "SELECT event, detail FROM t WHERE event IN ('snapshot_plan', 'resnapshot') \
+             AND min_lsn = '{resnapshot}' ORDER BY event"
+        ),
+    )
+    .await;
+    let events = common::utf8(kinds[0].column(0));
+    let details = common::utf8(kinds[0].column(1));
+    assert_eq!(kinds[0].num_rows(), 2, "a plan and a completion");
+    assert_eq!(events.value(0), "resnapshot");
+    assert!(
+        details.value(1).contains("\"kind\":\"resnapshot\""),
+        "the snapshot_plan row says resnapshot: {}",
+        details.value(1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_resnapshot_wave_deletes_the_keys_its_chunks_lack() {
     let lab = Lab::new().await;
     workload(&lab, 41, 150, churn());

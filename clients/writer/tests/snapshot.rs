@@ -213,6 +213,72 @@ async fn a_chunk_stream_broken_mid_wave_commits_nothing_of_the_wave_and_the_reru
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_opening_a_resnapshot_at_once_take_one_generation() {
+    use mssql_cdc_flight::sim::Clock;
+    use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let lab = Lab::new().await;
+    lab.workload(61, 80);
+    let mut config = lab.config();
+    snapshot::bootstrap(&mut config, SnapshotMode::Full)
+        .await
+        .expect("bootstrap");
+    // Commits land all the time and every source call is slow, so the two opens read the
+    // record before either writes and stamp different S: a race for each generation.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writer = lab.db.writer(Clock::Wall, 62).expect("sim writer");
+    writer.set_journal(&lab.journal()).expect("journal");
+    let flag = Arc::clone(&stop);
+    let commits = std::thread::spawn(move || {
+        let spec = WorkloadSpec {
+            commits: None,
+            rate: Some(300.0),
+            publish_interval: std::time::Duration::from_millis(5),
+            ..WorkloadSpec::default()
+        };
+        workload::run(&mut writer, &spec, &flag).expect("workload");
+    });
+    lab.db.set_faults(Faults {
+        latency: std::time::Duration::from_millis(40),
+        ..Faults::default()
+    });
+    let (first, second) = (
+        Snapshots::connect(config.clone()).await.expect("connect"),
+        Snapshots::connect(config.clone()).await.expect("connect"),
+    );
+    let whole = BackfillOptions {
+        chunk_rows: 50,
+        max_waves: None,
+        target_wave_seconds: 0.0,
+        min_headroom_hours: None,
+    };
+    for generation in 1..=3 {
+        let (a, b) = tokio::join!(first.open_resnapshot(), second.open_resnapshot());
+        let (a, b) = (a.expect("open"), b.expect("open"));
+        assert_eq!(
+            a, b,
+            "generation {generation}: both take the one snapshot opened"
+        );
+        let opens = facts_events(&lab)
+            .await
+            .into_iter()
+            .filter(|(event, _)| event == "snapshot_open")
+            .count();
+        assert_eq!(
+            opens,
+            generation + 1,
+            "one open per generation, the bootstrap's too"
+        );
+        let status = first.backfill(&whole).await.expect("backfill");
+        assert!(status.done, "{status:?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    commits.join().expect("workload thread");
+    lab.db.set_faults(Faults::default());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_bootstrap_is_read_once_and_the_stream_starts_after_it() {
     let lab = Lab::new().await;
     lab.workload(31, 200);

@@ -327,7 +327,9 @@ impl Snapshots {
             .ok_or_else(|| WriterError::Internal("the server gave no snapshot_lsn".into()))
     }
 
-    async fn append_facts(&self, txn: &str, version: i64, rows: Vec<FactsRow>) -> Result<()> {
+    /// Appends the rows once under `(txn, version)`; `false` when the facts table held that
+    /// transaction already (a rerun, or a concurrent writer that won).
+    async fn append_facts(&self, txn: &str, version: i64, rows: Vec<FactsRow>) -> Result<bool> {
         let written_at = micros_now();
         let rows: Vec<FactsRow> = rows
             .into_iter()
@@ -346,8 +348,7 @@ impl Snapshots {
             version,
             facts::to_batch(&rows)?,
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     async fn append_plans(

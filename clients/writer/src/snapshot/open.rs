@@ -15,6 +15,9 @@ use crate::events;
 use crate::facts::FactsRow;
 use crate::stream::StreamConfig;
 
+/// The facts transaction (`<app_id>#snapgen`, version = generation) of a chunked open.
+const GENERATION_TXN: &str = "snapgen";
+
 /// Opens a snapshot of `mode` for the table of `config` (a full one is read now); with
 /// `resnapshot`, a chunked re-snapshot even when a complete snapshot exists.
 pub async fn open(
@@ -127,19 +130,22 @@ impl Snapshots {
                 (serde_json::to_value(&open).unwrap_or_default(), names)
             }
         };
-        let txn = self.txn("snapopen", snapshot);
         // Plans first: the key values live beside bronze, not in the facts.
         self.append_plans(
-            &txn,
+            &self.txn("snapopen", snapshot),
             0,
             snapshot,
             vec![(events::SNAPSHOT_OPEN, open_detail)],
         )
         .await?;
-        self.append_facts(
-            &txn,
-            0,
-            vec![FactsRow {
+        // The facts row is the open, keyed by its generation: of two opens racing for one
+        // generation (two writers healing the same loss) Delta lets one commit; the other
+        // finds it and takes its S. Its plans row stays unread (rows are read by S).
+        let opened = self
+            .append_facts(
+                &format!("{}#{GENERATION_TXN}", self.config.app_id),
+                i64::try_from(generation).unwrap_or(i64::MAX),
+                vec![FactsRow {
                 rows: Some(0),
                 detail: Some(
                     json!({"mode": SnapshotMode::Chunked.as_str(), "kind": kind, "generation": generation, "keys": key_names})
@@ -147,8 +153,19 @@ impl Snapshots {
                 ),
                 ..snapshot_event(events::SNAPSHOT_OPEN, snapshot)
             }],
-        )
-        .await?;
+            )
+            .await?;
+        if !opened {
+            let winner = Self::open_chunked_of(&self.recorded().await?).ok_or_else(|| {
+                WriterError::Internal(format!(
+                    "{}: generation {generation} is recorded but no open snapshot holds it",
+                    self.config.table
+                ))
+            })?;
+            tracing::info!(table = %self.config.table, snapshot = %winner, generation,
+                "another writer opened this generation first: its snapshot is taken");
+            return Ok(winner);
+        }
         tracing::info!(table = %self.config.table, %snapshot, kind, generation, "chunked snapshot opened");
         Ok(snapshot)
     }

@@ -83,6 +83,7 @@ impl Snapshots {
             }
         };
         let txn = self.txn("snapplan", snapshot);
+        let kind = events::completion(self.recorded().await?.resnapshots.contains(&snapshot));
         let recorded = self
             .append_plans(
                 &txn,
@@ -103,7 +104,7 @@ impl Snapshots {
                 max_lsn: Some(snapshot.to_string()),
                 rows: Some(chunks.iter().map(|c| c.rows as i64).sum()),
                 detail: Some(
-                    json!({"snapshot": snapshot, "kind": events::BOOTSTRAP, "chunk_rows": chunk_rows, "chunk_count": chunks.len()})
+                    json!({"snapshot": snapshot, "kind": kind, "chunk_rows": chunk_rows, "chunk_count": chunks.len()})
                         .to_string(),
                 ),
                 ..FactsRow::default()

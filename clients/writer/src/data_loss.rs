@@ -1,0 +1,122 @@
+//! What a table's stream does when changes it needs were purged (`on_data_loss`).
+//!
+//! `fail` (the default) stops the table with `DataLoss`, naming the range and the fixes.
+//! `resnapshot` heals it without an operator, as the seed's generations do (ADR 0028): a
+//! chunked re-snapshot is opened at a new S (generation n+1; a chunked bootstrap when there
+//! is no complete snapshot yet), a `data_loss` facts row names the lost range `(start, S]`
+//! and its times, and the stream resumes at S. The backfill then reads the waves next to the
+//! stream; each wave deletes from silver the keys of its chunks' ranges that the source no
+//! longer holds, and the completion rebuilds silver, so keys deleted during the gap leave it.
+//! (`fail_on_data_loss = false` instead skips to `min_lsn`, losing the changes; see
+//! [`crate::stream`].)
+
+use std::str::FromStr;
+
+use mssql_cdc_proto::client::CdcClient;
+use mssql_cdc_proto::protocol::InitialOffsetBody;
+use mssql_cdc_proto::{CommitTime, Offset};
+use serde_json::json;
+
+use crate::error::{Result, WriterError};
+use crate::events;
+use crate::facts::FactsRow;
+use crate::snapshot::Snapshots;
+use crate::stream::StreamConfig;
+
+/// The policy of one table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDataLoss {
+    /// Stop the table.
+    #[default]
+    Fail,
+    /// Re-snapshot it and go on.
+    Resnapshot,
+}
+
+impl FromStr for OnDataLoss {
+    type Err = WriterError;
+
+    fn from_str(text: &str) -> Result<Self> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "fail" => Ok(OnDataLoss::Fail),
+            "resnapshot" => Ok(OnDataLoss::Resnapshot),
+            other => Err(WriterError::invalid(format!(
+                "on_data_loss must be fail or resnapshot, not '{other}'"
+            ))),
+        }
+    }
+}
+
+/// Opens the re-snapshot that heals a purge the batch starting at `start` ran into, and
+/// returns where the stream resumes (the snapshot's S) with the `data_loss` facts row.
+/// A rerun after a crash finds the snapshot it opened and resumes at the same S. A chunked
+/// snapshot opened before `start` is refused: changes after its S were purged too, so it can
+/// no longer complete correctly, and resuming at its S would read again what bronze holds.
+pub async fn resnapshot(
+    config: &StreamConfig,
+    client: &CdcClient,
+    start: Offset,
+    reason: &str,
+) -> Result<(Offset, FactsRow)> {
+    let snapshot = Snapshots::connect(config.clone())
+        .await?
+        .open_resnapshot()
+        .await?;
+    if snapshot < start.lsn {
+        return Err(WriterError::DataLoss {
+            table: config.table.clone(),
+            from: start.lsn,
+            message: format!(
+                "{reason}; the chunked snapshot {snapshot} is open and older than the stream's \
+                 position, so changes it needs were purged as well: it cannot complete"
+            ),
+        });
+    }
+    let resume: Offset = client
+        .action(
+            "initial_offset",
+            &InitialOffsetBody {
+                table: config.table.clone(),
+                starting: Some(snapshot.to_string()),
+            },
+        )
+        .await?;
+    tracing::warn!(table = %config.table, from = %start.lsn, to = %snapshot,
+        "changes purged before they were read: re-snapshot opened, the stream resumes at its S");
+    let row = FactsRow {
+        event: Some(events::DATA_LOSS.into()),
+        rows: Some(0),
+        min_lsn: Some(start.lsn.to_string()),
+        max_lsn: Some(snapshot.to_string()),
+        end_lsn: Some(snapshot.to_string()),
+        end_commit_ts: resume.commit_ts.map(CommitTime::micros),
+        lost_from_ts: start.commit_ts.map(CommitTime::micros),
+        lost_to_ts: resume.commit_ts.map(CommitTime::micros),
+        detail: Some(
+            json!({"from": start.lsn, "to": snapshot, "snapshot": snapshot, "reason": reason})
+                .to_string(),
+        ),
+        ..FactsRow::default()
+    };
+    Ok((resume, row))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_policy_parses_its_two_names_and_refuses_others() {
+        assert_eq!(
+            "Resnapshot".parse::<OnDataLoss>().expect("parse"),
+            OnDataLoss::Resnapshot
+        );
+        assert_eq!(
+            "fail".parse::<OnDataLoss>().expect("parse"),
+            OnDataLoss::Fail
+        );
+        let error = "skip".parse::<OnDataLoss>().expect_err("refused");
+        assert!(error.to_string().contains("fail or resnapshot"), "{error}");
+    }
+}
