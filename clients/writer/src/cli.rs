@@ -311,6 +311,10 @@ pub struct DemoArgs {
     /// Workload commits before the first stream run, and again before the second.
     #[arg(long, default_value_t = 2000, env = "MSSQL_CDC_WRITER_COMMITS")]
     pub commits: u64,
+    /// `pipeline` (every table end to end) or `data-loss` (a writer stopped past retention
+    /// heals by re-snapshot, ending with silver verified against the source).
+    #[arg(long, default_value = "pipeline", value_parser = ["pipeline", "data-loss"], env = "MSSQL_CDC_WRITER_SCENARIO")]
+    pub scenario: String,
 }
 
 #[derive(Args)]

@@ -12,7 +12,8 @@ pub enum WriterError {
     /// Changes the stream needs were purged by CDC cleanup.
     #[error(
         "table {table}: changes after {from} were purged by CDC cleanup before they were read \
-         ({message}); re-snapshot the table, or set fail_on_data_loss = false to skip to min_lsn \
+         ({message}); set on_data_loss = resnapshot (--on-data-loss resnapshot) to heal it by a \
+         re-snapshot, or fail_on_data_loss = false to skip to min_lsn \
          (the skipped changes are lost)"
     )]
     DataLoss {

@@ -33,7 +33,10 @@ fn main() -> anyhow::Result<()> {
             Commands::Apply(args) => commands::apply(*args).await,
             Commands::Reconcile(args) => commands::reconcile(*args).await,
             #[cfg(feature = "sim")]
-            Commands::Demo(args) => demo::run(args.dir, args.commits).await,
+            Commands::Demo(args) => match args.scenario.as_str() {
+                "data-loss" => demo::run_data_loss(args.dir, args.commits).await,
+                _ => demo::run(args.dir, args.commits).await,
+            },
         }
     })
 }
