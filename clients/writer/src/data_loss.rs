@@ -50,9 +50,8 @@ impl FromStr for OnDataLoss {
 
 /// Opens the re-snapshot that heals a purge the batch starting at `start` ran into, and
 /// returns where the stream resumes (the snapshot's S) with the `data_loss` facts row.
-/// A rerun after a crash finds the snapshot it opened and resumes at the same S. A chunked
-/// snapshot opened before `start` is refused: changes after its S were purged too, so it can
-/// no longer complete correctly, and resuming at its S would read again what bronze holds.
+/// A rerun after a crash finds the snapshot it opened and resumes at the same S; a chunked
+/// snapshot open from before `start` is superseded (see [`Snapshots::open_healing`]).
 pub async fn resnapshot(
     config: &StreamConfig,
     client: &CdcClient,
@@ -61,18 +60,8 @@ pub async fn resnapshot(
 ) -> Result<(Offset, FactsRow)> {
     let snapshot = Snapshots::connect(config.clone())
         .await?
-        .open_resnapshot()
+        .open_healing(start.lsn)
         .await?;
-    if snapshot < start.lsn {
-        return Err(WriterError::DataLoss {
-            table: config.table.clone(),
-            from: start.lsn,
-            message: format!(
-                "{reason}; the chunked snapshot {snapshot} is open and older than the stream's \
-                 position, so changes it needs were purged as well: it cannot complete"
-            ),
-        });
-    }
     let resume: Offset = client
         .action(
             "initial_offset",

@@ -412,9 +412,69 @@ async fn a_resnapshot_rebuilds_silver_after_the_table_was_emptied_and_refilled()
     assert_eq!(state.status.state, "done", "{state:?}");
 }
 
+/// A gap the stream never sees: 25 keys deleted, then inserts, updates and deletes, all
+/// purged by cleanup, then changes after the purge. Returns the keys deleted first.
+async fn purged_gap(lab: &Lab, seed: u64) -> Vec<i64> {
+    use mssql_cdc_flight::source::CdcSource;
+    let orders: mssql_cdc_flight::source::TableName = "dbo.orders".parse().expect("table");
+    let mut writer = lab.writer(seed);
+    let mut transaction = writer.begin();
+    let deleted = transaction.random_keys(&orders, 25).expect("keys");
+    transaction.delete(&orders, &deleted).expect("delete");
+    transaction.commit().expect("commit");
+    common::run_orders_workload(&mut writer, 60, churn());
+    drop(writer);
+    let cut = lab.db.max_lsn().await.expect("max_lsn").expect("lsn");
+    lab.db.cleanup(None, cut).expect("cleanup past the stream");
+    workload(lab, seed + 1, 40, churn());
+    deleted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_while_a_chunked_snapshot_is_open_is_healed_by_a_newer_generation() {
+    let lab = Lab::new().await;
+    workload(&lab, 56, 150, churn());
+    let mut config = stream_config(&lab);
+    config.on_data_loss = mssql_cdc_writer::data_loss::OnDataLoss::Resnapshot;
+    let first = snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
+        .await
+        .expect("open")
+        .expect("opened");
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let whole = BackfillOptions {
+        chunk_rows: 20,
+        max_waves: None,
+        target_wave_seconds: 0.0,
+        min_headroom_hours: None,
+    };
+    let one_wave = BackfillOptions {
+        max_waves: Some(1),
+        ..whole
+    };
+    snapshots.backfill(&one_wave).await.expect("a wave");
+    run_now(config.clone()).await;
+    apply(&lab).await;
+    purged_gap(&lab, 57).await;
+    run_now(config.clone()).await;
+    let state = snapshot::state(&config).await.expect("state");
+    let second = state.status.snapshot.expect("open");
+    assert!(
+        second > first,
+        "a newer generation supersedes the broken snapshot"
+    );
+    read_all(&snapshots, &whole).await;
+    run_now(config.clone()).await;
+    assert!(apply(&lab).await.rebuilt);
+    assert_in_step(&lab, "healed by the newer generation").await;
+    let state = snapshot::state(&config).await.expect("state");
+    assert_eq!(
+        (state.status.snapshot, state.status.state.as_str()),
+        (Some(second), "done")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_mid_stream_heals_by_resnapshot_and_silver_ends_equal_to_the_source() {
-    use mssql_cdc_flight::source::CdcSource;
     let lab = Lab::new().await;
     workload(&lab, 51, 150, churn());
     let mut config = stream_config(&lab);
@@ -433,18 +493,7 @@ async fn a_purge_mid_stream_heals_by_resnapshot_and_silver_ends_equal_to_the_sou
     run_now(config.clone()).await;
     apply(&lab).await;
     assert_in_step(&lab, "before the gap").await;
-    let orders: mssql_cdc_flight::source::TableName = "dbo.orders".parse().expect("table");
-    // The gap: inserts, updates and deletes the stream never sees, purged by cleanup.
-    let mut writer = lab.writer(52);
-    let mut transaction = writer.begin();
-    let deleted = transaction.random_keys(&orders, 25).expect("keys");
-    transaction.delete(&orders, &deleted).expect("delete");
-    transaction.commit().expect("commit");
-    common::run_orders_workload(&mut writer, 60, churn());
-    drop(writer);
-    let cut = lab.db.max_lsn().await.expect("max_lsn").expect("lsn");
-    lab.db.cleanup(None, cut).expect("cleanup past the stream");
-    workload(&lab, 53, 40, churn());
+    let deleted = purged_gap(&lab, 52).await;
     // The stream meets the purge, opens a re-snapshot at S and resumes at S.
     let outcomes = run_now(config.clone()).await;
     assert!(!outcomes.is_empty());

@@ -77,6 +77,22 @@ impl Snapshots {
             .await
     }
 
+    /// The chunked snapshot that heals a purge the stream met at `position`: one opened
+    /// after `position` (this heal's own, found again by a rerun), else a new generation.
+    /// A chunked snapshot opened at or before `position` is superseded by it, as ADR 0028
+    /// requires: the purged changes after its S are ones its rebuild needed, and the newer
+    /// generation's completion closes it.
+    pub async fn open_healing(&self, position: Lsn) -> Result<Lsn> {
+        let recorded = self.recorded().await?;
+        if let Some(open) = Self::open_chunked_of(&recorded)
+            && open > position
+        {
+            return Ok(open);
+        }
+        let previous = recorded.completions.iter().map(|(lsn, _)| *lsn).max();
+        self.open_chunked_generation(&recorded, previous).await
+    }
+
     /// Records a new chunked snapshot: generation 0, or a re-snapshot after `previous`.
     pub(super) async fn open_chunked_generation(
         &self,
