@@ -23,6 +23,10 @@ pub const DATA_SKIPPED: &str = "data_skipped";
 /// the snapshot's S (facts).
 pub const DATA_LOSS: &str = "data_loss";
 
+/// An open chunked snapshot given up (facts): changes after its S were skipped
+/// (`data_skipped`), so its rebuild would miss them; it is never read or applied again.
+pub const SNAPSHOT_ABANDONED: &str = "snapshot_abandoned";
+
 /// The events that complete a snapshot.
 pub const SNAPSHOT_COMPLETIONS: [&str; 2] = [BOOTSTRAP, RESNAPSHOT];
 

@@ -368,6 +368,7 @@ impl Stream {
                     detail: Some(json!({"from": skipped_from.lsn, "to": resume.lsn, "certain": true, "reason": message}).to_string()),
                     ..FactsRow::default()
                 });
+                events.extend(self.abandon_broken_snapshot(resume.lsn).await?);
                 self.plan(record).await?
             }
             Err(error) => return Err(error),
@@ -600,6 +601,32 @@ impl Stream {
             .await?;
         self.resume_at(record, resume).await?;
         Ok(resume)
+    }
+
+    /// The `snapshot_abandoned` row of an open chunked snapshot whose S is before `resume`,
+    /// where the stream skips purged changes to: its rebuild needs changes after S that are
+    /// gone, so it is given up (ADR 0028) and never read or applied again. A re-snapshot
+    /// (`snapshot open --resnapshot`, or `on_data_loss = resnapshot`) replaces it.
+    async fn abandon_broken_snapshot(&self, resume: Lsn) -> Result<Option<FactsRow>> {
+        let state = crate::snapshot::state(&self.config).await?;
+        let open = state.mode.as_deref() == Some(crate::snapshot::SnapshotMode::Chunked.as_str())
+            && matches!(state.status.state.as_str(), "open" | "paused");
+        let Some(snapshot) = state.status.snapshot.filter(|s| open && *s < resume) else {
+            return Ok(None);
+        };
+        tracing::warn!(table = %self.config.table, %snapshot,
+            "the open chunked snapshot is abandoned: changes after its S were skipped");
+        Ok(Some(FactsRow {
+            event: Some(events::SNAPSHOT_ABANDONED.into()),
+            rows: Some(0),
+            min_lsn: Some(snapshot.to_string()),
+            max_lsn: Some(snapshot.to_string()),
+            detail: Some(
+                json!({"snapshot": snapshot, "reason": "changes after its S were skipped", "skipped_to": resume})
+                    .to_string(),
+            ),
+            ..FactsRow::default()
+        }))
     }
 
     /// Moves the batch to start at `resume` (its end too, when `resume` is past it), recorded

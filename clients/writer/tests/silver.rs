@@ -474,6 +474,65 @@ async fn a_purge_while_a_chunked_snapshot_is_open_is_healed_by_a_newer_generatio
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skipping_purged_changes_abandons_the_open_chunked_snapshot() {
+    let lab = Lab::new().await;
+    workload(&lab, 58, 150, churn());
+    let mut config = stream_config(&lab);
+    let first = snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
+        .await
+        .expect("open")
+        .expect("opened");
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let whole = BackfillOptions {
+        chunk_rows: 20,
+        max_waves: None,
+        target_wave_seconds: 0.0,
+        min_headroom_hours: None,
+    };
+    snapshots
+        .backfill(&BackfillOptions {
+            max_waves: Some(1),
+            ..whole
+        })
+        .await
+        .expect("a wave");
+    run_now(config.clone()).await;
+    apply(&lab).await;
+    purged_gap(&lab, 59).await;
+    let mut skipping = config.clone();
+    skipping.fail_on_data_loss = false;
+    run_now(skipping.clone()).await;
+    let events: Vec<String> = common::facts_batches(&lab)
+        .await
+        .into_iter()
+        .filter_map(|row| row.2)
+        .collect();
+    assert!(events.contains(&"data_skipped".to_string()), "{events:?}");
+    assert!(
+        events.contains(&"snapshot_abandoned".to_string()),
+        "{events:?}"
+    );
+    let state = snapshot::state(&config).await.expect("state");
+    assert_eq!(
+        (state.status.snapshot, state.status.state.as_str()),
+        (Some(first), "abandoned")
+    );
+    let status = snapshots.backfill(&whole).await.expect("backfill");
+    assert_eq!(
+        status.state, "no_snapshot",
+        "an abandoned snapshot is never read again"
+    );
+    apply(&lab).await;
+    // A new snapshot (generation 1) replaces it, and silver is whole again.
+    let second = snapshots.open_resnapshot().await.expect("open");
+    assert!(second > first);
+    read_all(&snapshots, &whole).await;
+    run_now(skipping).await;
+    assert!(apply(&lab).await.rebuilt);
+    assert_in_step(&lab, "after the snapshot that replaced the abandoned one").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_mid_stream_heals_by_resnapshot_and_silver_ends_equal_to_the_source() {
     let lab = Lab::new().await;
     workload(&lab, 51, 150, churn());

@@ -360,6 +360,62 @@ async fn a_full_snapshot_left_open_by_a_crash_holds_its_mode_until_a_rerun_compl
     let lab = Lab::new().await;
     lab.workload(71, 60);
     let config = lab.config();
+    crash_after_a_full_open(&lab).await;
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let locked = snapshots.open_chunked().await.expect_err("mode lock");
+    assert!(locked.to_string().contains("--bootstrap full"), "{locked}");
+    let full = snapshots.bootstrap_full().await.expect("rerun");
+    assert!(!full.reused && full.rows > 0, "{full:?}");
+    let events = facts_events(&lab).await;
+    assert_eq!(
+        events
+            .iter()
+            .map(|(event, _)| event.as_str())
+            .collect::<Vec<_>>(),
+        ["snapshot_open", "bootstrap"],
+        "the rerun kept the open's S"
+    );
+    let mut stream = config.clone();
+    stream.starting = full.snapshot.to_string();
+    lab.workload(72, 30);
+    run_now(stream).await;
+    assert_eq!(rebuild(&lab, full.snapshot).await, source_rows(&lab).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_snapshot_left_open_by_a_crash_is_released_once_cleanup_passes_its_s() {
+    use mssql_cdc_flight::source::CdcSource;
+    let lab = Lab::new().await;
+    lab.workload(73, 60);
+    let config = lab.config();
+    crash_after_a_full_open(&lab).await;
+    lab.workload(74, 30);
+    let cut = lab.db.max_lsn().await.expect("max_lsn").expect("lsn");
+    lab.db.cleanup(None, cut).expect("cleanup past the open S");
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let chunked = snapshots
+        .open_chunked()
+        .await
+        .expect("the lock is released");
+    let events: Vec<String> = facts_events(&lab)
+        .await
+        .into_iter()
+        .map(|(event, _)| event)
+        .collect();
+    assert_eq!(
+        events,
+        ["snapshot_open", "snapshot_abandoned", "snapshot_open"]
+    );
+    let state = snapshot::state(&config).await.expect("state");
+    assert_eq!(
+        (state.status.snapshot, state.status.state.as_str()),
+        (Some(chunked), "open")
+    );
+}
+
+/// Runs the writer binary with a full bootstrap that aborts right after its open.
+async fn crash_after_a_full_open(lab: &Lab) {
+    let config = lab.config();
     let crashed = tokio::task::spawn_blocking({
         let mut command = Command::new(WRITER);
         command
@@ -380,25 +436,6 @@ async fn a_full_snapshot_left_open_by_a_crash_holds_its_mode_until_a_rerun_compl
     .await
     .expect("join");
     assert!(!crashed.status.success(), "aborted after the open");
-    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
-    let locked = snapshots.open_chunked().await.expect_err("mode lock");
-    assert!(locked.to_string().contains("--bootstrap full"), "{locked}");
-    let full = snapshots.bootstrap_full().await.expect("rerun");
-    assert!(!full.reused && full.rows > 0, "{full:?}");
-    let events = facts_events(&lab).await;
-    assert_eq!(
-        events
-            .iter()
-            .map(|(event, _)| event.as_str())
-            .collect::<Vec<_>>(),
-        ["snapshot_open", "bootstrap"],
-        "the rerun kept the open's S"
-    );
-    let mut stream = config.clone();
-    stream.starting = full.snapshot.to_string();
-    lab.workload(72, 30);
-    run_now(stream).await;
-    assert_eq!(rebuild(&lab, full.snapshot).await, source_rows(&lab).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

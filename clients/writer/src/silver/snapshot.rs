@@ -17,7 +17,8 @@ use crate::tables;
 pub(super) struct SnapshotFacts {
     /// Newest complete snapshot's S.
     pub(super) complete: Option<String>,
-    /// The newest chunked snapshot opened after every complete one, not complete.
+    /// The newest chunked snapshot opened after every complete one, not complete and not
+    /// abandoned.
     pub(super) open: Option<String>,
     /// `(chunk, wave, stamp)` of the open snapshot's chunks.
     pub(super) chunks: Vec<(i32, i32, String)>,
@@ -34,6 +35,7 @@ pub(super) async fn snapshot_facts(facts: &Url, bronze: &str) -> Result<Snapshot
                 events::SNAPSHOT_CHUNK,
                 events::BOOTSTRAP,
                 events::RESNAPSHOT,
+                events::SNAPSHOT_ABANDONED,
             ])
         ),
     )
@@ -52,9 +54,15 @@ pub(super) async fn snapshot_facts(facts: &Url, bronze: &str) -> Result<Snapshot
             .max(),
         ..SnapshotFacts::default()
     };
+    let abandoned: Vec<&Option<String>> = rows
+        .iter()
+        .filter(|row| row[0].as_deref() == Some(events::SNAPSHOT_ABANDONED))
+        .map(|row| &row[1])
+        .collect();
     found.open = rows
         .iter()
         .filter(|row| row[0].as_deref() == Some(events::SNAPSHOT_OPEN))
+        .filter(|row| !abandoned.contains(&&row[1]))
         .filter(|row| SnapshotMode::of_detail(&detail(row)) == SnapshotMode::Chunked)
         .filter_map(|row| row[1].clone())
         .filter(|open| found.complete.as_ref().is_none_or(|done| open > done))

@@ -47,15 +47,11 @@ impl Snapshots {
                 reused: true,
             });
         }
+        let recorded = self.release_expired_full(recorded).await?;
         Self::mode_lock(&recorded, SnapshotMode::Full)?;
-        // A full snapshot an earlier run opened and crashed in keeps its S.
-        let snapshot = match recorded
-            .opens
-            .iter()
-            .filter(|(_, mode)| *mode == SnapshotMode::Full)
-            .map(|(lsn, _)| *lsn)
-            .max()
-        {
+        // A full snapshot an earlier run opened and crashed in keeps its S (while cleanup
+        // has not passed it).
+        let snapshot = match Self::open_full_of(&recorded) {
             Some(open) => open,
             None => self.stamp().await?,
         };

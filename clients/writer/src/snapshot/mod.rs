@@ -400,17 +400,59 @@ impl Snapshots {
         Ok(PlansRows(rows))
     }
 
-    /// Refuses to start a snapshot of `mode` while one of the other mode is open.
-    fn mode_lock(recorded: &Recorded, mode: SnapshotMode) -> Result<()> {
-        let open_full = recorded
+    /// The full snapshot a crashed run left open (not complete, not abandoned).
+    fn open_full_of(recorded: &Recorded) -> Option<Lsn> {
+        recorded
             .opens
             .iter()
             .filter(|(lsn, open_mode)| {
                 *open_mode == SnapshotMode::Full
                     && !recorded.completions.iter().any(|(done, _)| done >= lsn)
+                    && !recorded.abandoned.contains(lsn)
             })
             .map(|(lsn, _)| *lsn)
-            .max();
+            .max()
+    }
+
+    /// `recorded` after releasing a full snapshot left open whose S cleanup has passed: a
+    /// stream could no longer start at it, so completing it would only fail later; it is
+    /// abandoned (a `snapshot_abandoned` row), which frees the mode lock it held.
+    async fn release_expired_full(&self, mut recorded: Recorded) -> Result<Recorded> {
+        let Some(open) = Self::open_full_of(&recorded) else {
+            return Ok(recorded);
+        };
+        let earliest: mssql_cdc_proto::Offset = self
+            .client
+            .action(
+                "initial_offset",
+                &json!({"table": self.config.table, "starting": "earliest"}),
+            )
+            .await?;
+        if earliest.lsn <= open {
+            return Ok(recorded);
+        }
+        tracing::warn!(table = %self.config.table, snapshot = %open, min_lsn = %earliest.lsn.increment(),
+            "a full snapshot left open by a crash is released: cleanup passed its S");
+        self.append_facts(
+            &self.txn("snapabandon", open),
+            0,
+            vec![FactsRow {
+                rows: Some(0),
+                detail: Some(
+                    json!({"snapshot": open, "mode": SnapshotMode::Full.as_str(), "reason": "cleanup passed its S before it completed", "min_lsn": earliest.lsn.increment()})
+                        .to_string(),
+                ),
+                ..snapshot_event(events::SNAPSHOT_ABANDONED, open)
+            }],
+        )
+        .await?;
+        recorded.abandoned.push(open);
+        Ok(recorded)
+    }
+
+    /// Refuses to start a snapshot of `mode` while one of the other mode is open.
+    fn mode_lock(recorded: &Recorded, mode: SnapshotMode) -> Result<()> {
+        let open_full = Self::open_full_of(recorded);
         if mode == SnapshotMode::Chunked
             && let Some(open) = open_full
         {

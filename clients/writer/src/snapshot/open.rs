@@ -99,6 +99,8 @@ impl Snapshots {
         recorded: &Recorded,
         previous: Option<Lsn>,
     ) -> Result<Lsn> {
+        let released = self.release_expired_full(recorded.clone()).await?;
+        let recorded = &released;
         Self::mode_lock(recorded, SnapshotMode::Chunked)?;
         let snapshot = self.stamp().await?;
         if let Some(previous) = previous

@@ -12,7 +12,7 @@ use crate::facts;
 use crate::tables;
 
 /// The snapshot facts of one app id, as read back from the lake.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct Recorded {
     /// S of every `snapshot_open` row with its mode.
     pub(super) opens: Vec<(Lsn, SnapshotMode)>,
@@ -20,6 +20,8 @@ pub(super) struct Recorded {
     pub(super) completions: Vec<(Lsn, u64)>,
     /// S of every snapshot opened as a re-snapshot (generation 1 and later).
     pub(super) resnapshots: Vec<Lsn>,
+    /// S of every snapshot abandoned.
+    pub(super) abandoned: Vec<Lsn>,
 }
 
 /// The newest snapshot of an app id as the facts table records it (lake only).
@@ -35,6 +37,8 @@ pub struct SnapshotProgress {
     pub chunks_total: Option<u64>,
     /// Whether its completion row is in.
     pub done: bool,
+    /// Whether it was abandoned (changes after its S were skipped).
+    pub abandoned: bool,
 }
 
 /// The newest snapshot of `app_id` in the facts table at `facts`, with its progress.
@@ -50,6 +54,7 @@ pub async fn progress(facts: &Url, app_id: &str) -> Result<Option<SnapshotProgre
                 events::SNAPSHOT_CHUNK,
                 events::BOOTSTRAP,
                 events::RESNAPSHOT,
+                events::SNAPSHOT_ABANDONED,
             ])
         ),
     )
@@ -85,12 +90,17 @@ pub async fn progress(facts: &Url, app_id: &str) -> Result<Option<SnapshotProgre
             .is_some_and(|event| events::SNAPSHOT_COMPLETIONS.contains(&event))
             && row[1].as_deref() == Some(snapshot.to_string().as_str())
     });
+    let abandoned = rows.iter().any(|row| {
+        row[0].as_deref() == Some(events::SNAPSHOT_ABANDONED)
+            && row[1].as_deref() == Some(snapshot.to_string().as_str())
+    });
     Ok(Some(SnapshotProgress {
         snapshot,
         mode,
         chunks_done,
         chunks_total,
         done,
+        abandoned,
     }))
 }
 
@@ -101,7 +111,12 @@ impl Snapshots {
             &format!(
                 "SELECT event, min_lsn, detail, rows FROM t WHERE app_id = '{}' AND event IN ({})",
                 quoted(&self.config.app_id),
-                events::sql_list(&[events::SNAPSHOT_OPEN, events::BOOTSTRAP, events::RESNAPSHOT])
+                events::sql_list(&[
+                    events::SNAPSHOT_OPEN,
+                    events::BOOTSTRAP,
+                    events::RESNAPSHOT,
+                    events::SNAPSHOT_ABANDONED,
+                ])
             ),
         )
         .await?;
@@ -120,6 +135,8 @@ impl Snapshots {
                     recorded.resnapshots.push(lsn);
                 }
                 recorded.opens.push((lsn, mode));
+            } else if event == events::SNAPSHOT_ABANDONED {
+                recorded.abandoned.push(lsn);
             } else {
                 let rows = row[3].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0);
                 recorded.completions.push((lsn, rows));
@@ -136,6 +153,7 @@ impl Snapshots {
             .filter(|(lsn, mode)| {
                 *mode == SnapshotMode::Chunked
                     && !recorded.completions.iter().any(|(done, _)| done >= lsn)
+                    && !recorded.abandoned.contains(lsn)
             })
             .map(|(lsn, _)| *lsn)
             .max()

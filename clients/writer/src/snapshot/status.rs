@@ -11,8 +11,8 @@ use crate::stream::StreamConfig;
 use crate::tables;
 
 /// What `snapshot status` answers for a table (lake only): its newest snapshot's mode and
-/// where it stands (`state`: `no_snapshot`, `open`, `paused` or `done`; `paused` when an
-/// operator paused it, with the operator's reason).
+/// where it stands (`state`: `no_snapshot`, `open`, `paused`, `done` or `abandoned`; `paused`
+/// when an operator paused it, with the operator's reason).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SnapshotState {
     /// `full` or `chunked`.
@@ -33,6 +33,10 @@ pub async fn state(config: &StreamConfig) -> Result<SnapshotState> {
     };
     let reason = if progress.done {
         None
+    } else if progress.abandoned {
+        Some(
+            "abandoned: changes after its S were skipped (data_skipped); open a re-snapshot".into(),
+        )
     } else {
         let plans = tables::table_url(&plans_location(&config.target))?;
         operator_pause(&plans, progress.snapshot).await?
@@ -44,9 +48,11 @@ pub async fn state(config: &StreamConfig) -> Result<SnapshotState> {
             chunks_done: progress.chunks_done,
             chunks_total: progress.chunks_total,
             done: progress.done,
-            paused: reason.is_some(),
+            paused: reason.is_some() && !progress.abandoned,
             state: if progress.done {
                 "done"
+            } else if progress.abandoned {
+                "abandoned"
             } else if reason.is_some() {
                 "paused"
             } else {
