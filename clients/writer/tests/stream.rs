@@ -15,6 +15,7 @@ use mssql_cdc_writer::WriterError;
 use mssql_cdc_writer::checkpoint::Checkpoint;
 use mssql_cdc_writer::control::{self, Granularity};
 use mssql_cdc_writer::schema_policy::SchemaChangePolicy;
+use mssql_cdc_writer::stream::StreamConfig;
 use mssql_cdc_writer::tables::{self, SCHEMA_VERSION_KEY};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -229,6 +230,56 @@ async fn idle_batches_move_the_verdict_without_rows() {
             .await
             .expect("is_final")
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_table_follows_max_lsn_so_cleanup_up_to_its_last_run_never_strands_it() {
+    let lab = Lab::new().await;
+    lab.workload(15, 40);
+    let quiet = StreamConfig {
+        table: "dbo.customers".into(),
+        target: lab.lake("bronze_customers"),
+        app_id: "customers".into(),
+        checkpoint: lab.dir.path().join("checkpoint_customers"),
+        ..lab.config()
+    };
+    run_now(quiet.clone()).await;
+    let control_url = tables::table_url(&lab.lake("control")).expect("url");
+    let mut verdict = control::finalized_until(&control_url, "dbo.customers")
+        .await
+        .expect("verdict");
+    for round in 0..3u64 {
+        // Only dbo.orders changes, then the capture job's idle entries, six minutes apart.
+        let mut writer = lab.writer(16 + round);
+        common::run_orders_workload(
+            &mut writer,
+            30,
+            mssql_cdc_flight::sim::workload::Mix::default(),
+        );
+        writer.idle();
+        writer.publish().expect("publish");
+        drop(writer);
+        let before = lab.db.max_lsn().await.expect("max_lsn").expect("lsn");
+        let outcomes = run_now(quiet.clone()).await;
+        assert!(
+            outcomes.iter().all(|outcome| outcome.rows == 0),
+            "round {round}: the quiet table has no rows to read"
+        );
+        assert_eq!(
+            outcomes.last().map(|outcome| outcome.end.lsn),
+            Some(before),
+            "round {round}: its offset follows max_lsn without rows"
+        );
+        // Retention passes everything the writer has read: cleanup up to its offset.
+        lab.db.cleanup(None, before).expect("cleanup");
+        let now = control::finalized_until(&control_url, "dbo.customers")
+            .await
+            .expect("verdict");
+        assert!(now >= verdict, "round {round}: the verdict never goes back");
+        verdict = now;
+    }
+    lab.workload(19, 20);
+    run_now(quiet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
