@@ -233,6 +233,112 @@ async fn a_batch_killed_after_its_bronze_commit_finishes_from_bronze_after_clean
     assert!(lsns.is_valid(0), "the commit carried the LSN extent");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_at_random_moments_with_a_cleanup_past_the_writer_heals_by_resnapshot() {
+    let lab = Lab::new().await;
+    lab.workload(36, 50);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writer = lab.db.writer(Clock::Wall, 37).expect("sim writer");
+    writer.set_journal(&lab.journal()).expect("journal");
+    let flag = Arc::clone(&stop);
+    let workload = std::thread::spawn(move || {
+        let spec = WorkloadSpec {
+            commits: None,
+            rate: Some(200.0),
+            publish_interval: Duration::from_millis(50),
+            mix: common::churn(),
+            ..WorkloadSpec::default()
+        };
+        workload::run(&mut writer, &spec, &flag).expect("workload");
+    });
+    let healing = |available_now: bool| {
+        let mut command = writer_command(&lab, available_now);
+        command.args(["--on-data-loss", "resnapshot"]);
+        command
+    };
+    let mut seed = 11u64;
+    let mut purged_to = None;
+    for kill in 0..24 {
+        seed = mix(seed);
+        let mut child = healing(false).spawn().expect("start the writer");
+        tokio::time::sleep(Duration::from_millis(50 + seed % 400)).await;
+        child.kill().expect("SIGKILL");
+        let _ = child.wait();
+        if kill == 8 {
+            // The writer is down while retention cleanup purges past its offset.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let cut = lab.db.max_lsn().await.expect("max_lsn").expect("lsn");
+            lab.db.cleanup(None, cut).expect("cleanup");
+            purged_to = Some(cut);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    workload.join().expect("workload thread");
+    let mut last = healing(true);
+    let status = tokio::task::spawn_blocking(move || last.status().expect("run"))
+        .await
+        .expect("join");
+    assert!(status.success(), "the last run finishes");
+    let config = lab.config();
+    let snapshots = mssql_cdc_writer::snapshot::Snapshots::connect(config.clone())
+        .await
+        .expect("connect");
+    let options = mssql_cdc_writer::snapshot::BackfillOptions {
+        chunk_rows: 50,
+        max_waves: None,
+        target_wave_seconds: 0.0,
+        min_headroom_hours: None,
+    };
+    let backfilled = snapshots.backfill(&options).await.expect("backfill");
+    assert!(
+        backfilled.done,
+        "the healing re-snapshot is read: {backfilled:?}"
+    );
+    let healed_at = backfilled.snapshot.expect("its S");
+    assert!(
+        Some(healed_at) > purged_to,
+        "the re-snapshot is newer than the purge"
+    );
+    mssql_cdc_writer::silver::apply_changes(&common::orders_apply_config(&lab))
+        .await
+        .expect("apply");
+    // Bronze: no change twice, none never committed, and every change after S once.
+    let changes: Vec<_> = bronze_rows(&lab)
+        .await
+        .expect("bronze")
+        .into_iter()
+        .filter(|row| row.2 != 0)
+        .collect();
+    let mut unique = changes.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(changes.len(), unique.len(), "a change was written twice");
+    let committed = lab.committed();
+    assert!(
+        unique
+            .iter()
+            .all(|row| committed.binary_search(row).is_ok())
+    );
+    let after: Vec<_> = committed
+        .iter()
+        .filter(|row| row.0 > healed_at.to_string())
+        .cloned()
+        .collect();
+    let bronze_after: Vec<_> = unique
+        .into_iter()
+        .filter(|row| row.0 > healed_at.to_string())
+        .collect();
+    assert_eq!(
+        bronze_after, after,
+        "every change after the re-snapshot's S, once"
+    );
+    assert_eq!(
+        common::current_rows(&lab.lake("silver_orders")).await,
+        common::source_rows(&lab).await,
+        "silver equals the source"
+    );
+}
+
 /// Waits until bronze holds every committed change of dbo.orders.
 async fn wait_for_bronze_to_catch_up(lab: &Lab) {
     for _ in 0..300 {
