@@ -378,6 +378,10 @@ pub struct RunArgs {
     /// sidecar reads it).
     #[arg(long, env = "MSSQL_CDC_WRITER_ON_DATA_LOSS", default_value = "fail")]
     pub on_data_loss: String,
+    /// Open a chunked re-snapshot when a newer capture instance becomes active, so columns
+    /// only it captures are filled for every row (`backfill` or the sidecar reads it).
+    #[arg(long, env = "MSSQL_CDC_WRITER_SNAPSHOT_ON_SWITCH")]
+    pub snapshot_on_switch: bool,
     /// With a new checkpoint, snapshot the table first and start the stream at its S: `full`
     /// (read now, one append) or `chunked` (opened now, read by `backfill` next to the stream).
     #[arg(long, env = "MSSQL_CDC_WRITER_BOOTSTRAP")]

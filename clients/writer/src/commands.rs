@@ -45,6 +45,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         fail_on_data_loss: !args.skip_data_loss,
         schema_change_policy: args.schema_change_policy.parse()?,
         on_data_loss: args.on_data_loss.parse()?,
+        snapshot_on_switch: args.snapshot_on_switch,
         snapshot_keys: args.snapshot_keys.columns,
     };
     if let Some(mode) = &args.bootstrap {
@@ -373,6 +374,7 @@ fn snapshot_config(
         fail_on_data_loss: true,
         schema_change_policy: SchemaChangePolicy::default(),
         on_data_loss: mssql_cdc_writer::data_loss::OnDataLoss::default(),
+        snapshot_on_switch: false,
         snapshot_keys,
     })
 }

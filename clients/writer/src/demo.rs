@@ -56,6 +56,7 @@ fn stream_config(url: &str, dir: &Path, table: &str, name: &str) -> StreamConfig
         fail_on_data_loss: true,
         schema_change_policy: SchemaChangePolicy::default(),
         on_data_loss: OnDataLoss::default(),
+        snapshot_on_switch: false,
         snapshot_keys: None,
     }
 }

@@ -19,6 +19,7 @@
 //! fail_on_data_loss = true         # optional
 //! schema_change_policy = "evolve"  # optional: evolve or fail on a source schema change
 //! on_data_loss = "resnapshot"      # optional: fail (default) or heal purged changes by re-snapshot
+//! snapshot_on_switch = true        # optional: re-snapshot when a newer capture instance is active
 //! bootstrap = "chunked"            # optional: full or chunked, for a new checkpoint
 //! chunk_rows = 100000              # optional: chunk size of a chunked bootstrap
 //! snapshot_keys = ["region"]       # optional: columns chunks are cut on (default: the unique index)
@@ -149,6 +150,9 @@ pub struct TableEntry {
     /// `fail` (default) or `resnapshot` when changes were purged before they were read.
     #[serde(default)]
     pub on_data_loss: OnDataLoss,
+    /// Re-snapshot when a newer capture instance becomes active (default false).
+    #[serde(default)]
+    pub snapshot_on_switch: bool,
     /// Snapshot the table before a new checkpoint's first batch (`full` or `chunked`).
     #[serde(default)]
     pub bootstrap: Option<SnapshotMode>,
@@ -270,6 +274,7 @@ async fn bootstrap(entry: &TableEntry, config: &mut StreamConfig) -> Result<()> 
 async fn backfill_to_end(entry: &TableEntry, config: &StreamConfig) -> Result<()> {
     if entry.bootstrap != Some(SnapshotMode::Chunked)
         && entry.on_data_loss != OnDataLoss::Resnapshot
+        && !entry.snapshot_on_switch
     {
         return Ok(());
     }
@@ -399,6 +404,7 @@ impl SidecarConfig {
             fail_on_data_loss: entry.fail_on_data_loss,
             schema_change_policy: entry.schema_change_policy,
             on_data_loss: entry.on_data_loss,
+            snapshot_on_switch: entry.snapshot_on_switch,
             snapshot_keys: entry.snapshot_keys.clone(),
         }
     }

@@ -76,6 +76,9 @@ pub struct StreamConfig {
     pub schema_change_policy: SchemaChangePolicy,
     /// Stop at purged changes (`fail`) or heal them by a re-snapshot (`resnapshot`).
     pub on_data_loss: OnDataLoss,
+    /// Open a chunked re-snapshot when a newer capture instance becomes active (the seed's
+    /// `snapshot_on_switch`), so the columns only it captures are filled for every row.
+    pub snapshot_on_switch: bool,
     /// The columns a chunked snapshot is cut on (the seed's `snapshotKeys`), unique or not;
     /// `None`: the unique index CDC uses. A table without one needs them.
     pub snapshot_keys: Option<Vec<String>>,
@@ -386,6 +389,20 @@ impl Stream {
                     .map(|snapshot| snapshot.schema())
                     .as_deref(),
             )?;
+        }
+        if self.config.snapshot_on_switch
+            && let Some(switch) = plan
+                .events
+                .iter()
+                .find(|event| event.event == "capture_instance_switched")
+        {
+            // Before the batch's commits: a replay after a crash finds this snapshot open.
+            let snapshot = crate::snapshot::Snapshots::connect(self.config.clone())
+                .await?
+                .open_resnapshot()
+                .await?;
+            tracing::info!(table = %self.config.table, %snapshot, switch = %switch.detail,
+                "a newer capture instance is active: re-snapshot opened (snapshot_on_switch)");
         }
         let appender = self.prepare_bronze(&plan, record.batch_id).await?;
         let read = self.read(&plan, appender.clone()).await?;
