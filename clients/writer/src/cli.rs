@@ -382,6 +382,9 @@ pub struct RunArgs {
     /// only it captures are filled for every row (`backfill` or the sidecar reads it).
     #[arg(long, env = "MSSQL_CDC_WRITER_SNAPSHOT_ON_SWITCH")]
     pub snapshot_on_switch: bool,
+    /// Open a chunked re-snapshot once the newest snapshot is this many days old.
+    #[arg(long, env = "MSSQL_CDC_WRITER_RESNAPSHOT_INTERVAL_DAYS")]
+    pub resnapshot_interval_days: Option<f64>,
     /// With a new checkpoint, snapshot the table first and start the stream at its S: `full`
     /// (read now, one append) or `chunked` (opened now, read by `backfill` next to the stream).
     #[arg(long, env = "MSSQL_CDC_WRITER_BOOTSTRAP")]

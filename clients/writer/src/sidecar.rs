@@ -20,6 +20,7 @@
 //! schema_change_policy = "evolve"  # optional: evolve or fail on a source schema change
 //! on_data_loss = "resnapshot"      # optional: fail (default) or heal purged changes by re-snapshot
 //! snapshot_on_switch = true        # optional: re-snapshot when a newer capture instance is active
+//! resnapshot_interval_days = 30.0  # optional: re-snapshot once the newest snapshot is this old
 //! bootstrap = "chunked"            # optional: full or chunked, for a new checkpoint
 //! chunk_rows = 100000              # optional: chunk size of a chunked bootstrap
 //! snapshot_keys = ["region"]       # optional: columns chunks are cut on (default: the unique index)
@@ -153,6 +154,9 @@ pub struct TableEntry {
     /// Re-snapshot when a newer capture instance becomes active (default false).
     #[serde(default)]
     pub snapshot_on_switch: bool,
+    /// Re-snapshot once the newest snapshot is this many days old (default never).
+    #[serde(default)]
+    pub resnapshot_interval_days: Option<f64>,
     /// Snapshot the table before a new checkpoint's first batch (`full` or `chunked`).
     #[serde(default)]
     pub bootstrap: Option<SnapshotMode>,
@@ -275,6 +279,7 @@ async fn backfill_to_end(entry: &TableEntry, config: &StreamConfig) -> Result<()
     if entry.bootstrap != Some(SnapshotMode::Chunked)
         && entry.on_data_loss != OnDataLoss::Resnapshot
         && !entry.snapshot_on_switch
+        && entry.resnapshot_interval_days.is_none()
     {
         return Ok(());
     }
@@ -405,6 +410,7 @@ impl SidecarConfig {
             schema_change_policy: entry.schema_change_policy,
             on_data_loss: entry.on_data_loss,
             snapshot_on_switch: entry.snapshot_on_switch,
+            resnapshot_interval_days: entry.resnapshot_interval_days,
             snapshot_keys: entry.snapshot_keys.clone(),
         }
     }

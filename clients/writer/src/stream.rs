@@ -79,6 +79,9 @@ pub struct StreamConfig {
     /// Open a chunked re-snapshot when a newer capture instance becomes active (the seed's
     /// `snapshot_on_switch`), so the columns only it captures are filled for every row.
     pub snapshot_on_switch: bool,
+    /// Open a chunked re-snapshot once the newest snapshot is this many days old (the seed's
+    /// `resnapshot_interval_days`); `None`: never on a schedule.
+    pub resnapshot_interval_days: Option<f64>,
     /// The columns a chunked snapshot is cut on (the seed's `snapshotKeys`), unique or not;
     /// `None`: the unique index CDC uses. A table without one needs them.
     pub snapshot_keys: Option<Vec<String>>,
@@ -111,6 +114,8 @@ pub struct Stream {
     checkpoint: Checkpoint,
     verified: bool,
     tail: Tail,
+    /// When the re-snapshot schedule was last looked at (at most once a minute).
+    schedule_checked: Option<Instant>,
 }
 
 /// Environment variable naming a step boundary where the process aborts, for crash tests:
@@ -153,6 +158,14 @@ pub async fn connect_server(server: &str) -> Result<CdcClient> {
 impl Stream {
     /// Connects to the server and opens the checkpoint.
     pub async fn connect(config: StreamConfig) -> Result<Self> {
+        if let Some(days) = config.resnapshot_interval_days
+            && !(days > 0.0 && days.is_finite())
+        {
+            return Err(WriterError::invalid(format!(
+                "{}: resnapshot_interval_days must be a positive number of days, not {days}",
+                config.table
+            )));
+        }
         if config.on_data_loss == OnDataLoss::Resnapshot && !config.fail_on_data_loss {
             return Err(WriterError::invalid(format!(
                 "{}: on_data_loss = resnapshot heals purged changes, fail_on_data_loss = false \
@@ -178,6 +191,7 @@ impl Stream {
             client,
             verified: false,
             tail: Tail::default(),
+            schedule_checked: None,
             config,
         })
     }
@@ -239,6 +253,7 @@ impl Stream {
 
     /// Runs one batch; `None` when nothing new was committed (up to `upper` if given).
     pub async fn run_batch(&mut self, upper: Option<Lsn>) -> Result<Option<BatchOutcome>> {
+        self.scheduled_resnapshot().await?;
         let last = self.checkpoint.last()?;
         if !self.verified {
             self.verify_checkpoint(last.as_ref()).await?;
@@ -644,6 +659,43 @@ impl Stream {
             ),
             ..FactsRow::default()
         }))
+    }
+
+    /// Opens a chunked re-snapshot when `resnapshot_interval_days` says the newest snapshot
+    /// is due (opened that long ago, complete, and with commits since its S). The stream goes
+    /// on untouched; the backfill reads it. Looked at once a minute at most.
+    async fn scheduled_resnapshot(&mut self) -> Result<()> {
+        let Some(days) = self.config.resnapshot_interval_days else {
+            return Ok(());
+        };
+        if self
+            .schedule_checked
+            .is_some_and(|checked| checked.elapsed() < std::time::Duration::from_secs(60))
+        {
+            return Ok(());
+        }
+        self.schedule_checked = Some(Instant::now());
+        let Some(newest) = crate::snapshot::progress(&self.facts, &self.config.app_id).await?
+        else {
+            return Ok(());
+        };
+        let age_days = newest
+            .opened_at
+            .map(|opened| (micros_now() - opened) as f64 / 86_400e6);
+        if !newest.done || age_days.is_none_or(|age| age < days) {
+            return Ok(());
+        }
+        let max_lsn: LsnAnswer = self.client.action("max_lsn", &json!({})).await?;
+        if max_lsn.lsn.is_none_or(|lsn| lsn <= newest.snapshot) {
+            return Ok(()); // nothing committed since: a re-snapshot would read the same rows
+        }
+        let snapshot = crate::snapshot::Snapshots::connect(self.config.clone())
+            .await?
+            .open_resnapshot()
+            .await?;
+        tracing::info!(table = %self.config.table, %snapshot, previous = %newest.snapshot, days,
+            "scheduled re-snapshot opened (resnapshot_interval_days)");
+        Ok(())
     }
 
     /// Moves the batch to start at `resume` (its end too, when `resume` is past it), recorded

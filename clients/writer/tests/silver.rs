@@ -185,6 +185,53 @@ async fn snapshot_on_switch_fills_the_new_column_for_every_row() {
     assert_in_step(&lab, "the re-snapshot filled the new column").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_older_than_resnapshot_interval_days_is_taken_again() {
+    let lab = Lab::new().await;
+    workload(&lab, 45, 80, churn());
+    let mut config = stream_config(&lab);
+    let first = snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
+        .await
+        .expect("open")
+        .expect("opened");
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let whole = BackfillOptions {
+        chunk_rows: 20,
+        max_waves: None,
+        target_wave_seconds: 0.0,
+        min_headroom_hours: None,
+    };
+    read_all(&snapshots, &whole).await;
+    workload(&lab, 46, 30, churn());
+    config.resnapshot_interval_days = Some(10.0);
+    run_now(config.clone()).await;
+    let state = snapshot::state(&config).await.expect("state");
+    assert_eq!(state.status.snapshot, Some(first), "not due yet");
+    // A second-old snapshot is due under an interval of 0.864 s.
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    workload(&lab, 47, 30, churn());
+    config.resnapshot_interval_days = Some(1e-5);
+    run_now(config.clone()).await;
+    let state = snapshot::state(&config).await.expect("state");
+    let second = state.status.snapshot.expect("a snapshot");
+    assert!(second > first, "due: a re-snapshot was opened");
+    assert_eq!(state.status.state, "open");
+    read_all(&snapshots, &whole).await;
+    run_now(config.clone()).await;
+    assert!(apply(&lab).await.rebuilt);
+    assert_in_step(&lab, "after the scheduled re-snapshot").await;
+    for bad in [0.0, -1.0, f64::NAN] {
+        config.resnapshot_interval_days = Some(bad);
+        let error = common::try_run_now(config.clone())
+            .await
+            .expect_err("refused");
+        assert!(
+            error.to_string().contains("resnapshot_interval_days"),
+            "{error}"
+        );
+    }
+}
+
 /// Bronze's verdict as the stream advances it (under the source table's name).
 async fn bronze_verdict(lab: &Lab) -> Option<mssql_cdc_flight::CommitTime> {
     control::finalized_until(

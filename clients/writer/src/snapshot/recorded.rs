@@ -39,6 +39,8 @@ pub struct SnapshotProgress {
     pub done: bool,
     /// Whether it was abandoned (changes after its S were skipped).
     pub abandoned: bool,
+    /// When its `snapshot_open` row was written (microseconds since the epoch, UTC).
+    pub opened_at: Option<i64>,
 }
 
 /// The newest snapshot of `app_id` in the facts table at `facts`, with its progress.
@@ -46,7 +48,8 @@ pub async fn progress(facts: &Url, app_id: &str) -> Result<Option<SnapshotProgre
     let rows = tables::query_text(
         facts,
         &format!(
-            "SELECT event, min_lsn, detail FROM t WHERE app_id = '{}' AND event IN ({})",
+            "SELECT event, min_lsn, detail, CAST(written_at AS BIGINT) FROM t WHERE app_id = '{}' \
+             AND event IN ({})",
             quoted(app_id),
             events::sql_list(&[
                 events::SNAPSHOT_OPEN,
@@ -60,14 +63,15 @@ pub async fn progress(facts: &Url, app_id: &str) -> Result<Option<SnapshotProgre
     )
     .await?;
     let detail = |row: &[Option<String>]| facts::detail_of(row[2].as_deref());
-    let Some((snapshot, mode)) = rows
+    let Some((snapshot, mode, opened_at)) = rows
         .iter()
         .filter(|row| row[0].as_deref() == Some(events::SNAPSHOT_OPEN))
         .filter_map(|row| {
             let lsn: Lsn = row[1].as_deref()?.parse().ok()?;
-            Some((lsn, SnapshotMode::of_detail(&detail(row))))
+            let opened_at = row[3].as_deref().and_then(|micros| micros.parse().ok());
+            Some((lsn, SnapshotMode::of_detail(&detail(row)), opened_at))
         })
-        .max_by_key(|(lsn, _)| *lsn)
+        .max_by_key(|(lsn, _, _)| *lsn)
     else {
         return Ok(None);
     };
@@ -101,6 +105,7 @@ pub async fn progress(facts: &Url, app_id: &str) -> Result<Option<SnapshotProgre
         chunks_total,
         done,
         abandoned,
+        opened_at,
     }))
 }
 
