@@ -345,6 +345,11 @@ pub trait CdcSource: Send + Sync + 'static {
     /// `None` when no commit has that LSN.
     async fn lsn_to_time(&self, lsn: Lsn) -> Result<Option<CommitTime>>;
 
+    /// The LSN of the last commit (a `cdc.lsn_time_mapping` row, idle entries included) whose
+    /// commit time (UTC) is at or before `time` (`sys.fn_cdc_map_time_to_lsn`'s `largest less
+    /// than or equal`, on UTC times); `None` when none is (or none is left after cleanup).
+    async fn commit_at_or_before(&self, time: CommitTime) -> Result<Option<Lsn>>;
+
     /// The LSN of the n-th commit after `lsn` (database-wide `cdc.lsn_time_mapping` rows,
     /// idle entries included), or the last one when fewer follow; `None` when none follows.
     async fn nth_commit_after(&self, lsn: Lsn, n: u64) -> Result<Option<Lsn>>;

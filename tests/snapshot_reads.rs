@@ -413,6 +413,13 @@ impl mssql_cdc_flight::source::CdcSource for KeylessSource {
     ) -> mssql_cdc_flight::Result<Option<mssql_cdc_flight::CommitTime>> {
         self.0.lsn_to_time(lsn).await
     }
+    async fn commit_at_or_before(
+        &self,
+        time: mssql_cdc_flight::CommitTime,
+    ) -> mssql_cdc_flight::Result<Option<Lsn>> {
+        self.0.commit_at_or_before(time).await
+    }
+
     async fn nth_commit_after(&self, lsn: Lsn, n: u64) -> mssql_cdc_flight::Result<Option<Lsn>> {
         self.0.nth_commit_after(lsn, n).await
     }

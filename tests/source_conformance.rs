@@ -53,6 +53,32 @@ async fn conformance(source: Arc<dyn CdcSource>) {
         source.nth_commit_after(max_lsn, 0).await.is_err(),
         "n = 0 is refused"
     );
+    // Time to LSN: the last commit at or before a commit's own time is that commit or a
+    // later one of the same time; nothing is at or before the epoch.
+    let max_time = source
+        .lsn_to_time(max_lsn)
+        .await
+        .expect("time")
+        .expect("a commit");
+    let at = source
+        .commit_at_or_before(max_time)
+        .await
+        .expect("time_to_lsn")
+        .expect("max_lsn's own time finds a commit");
+    assert!(at <= max_lsn, "no commit after max_lsn");
+    assert_eq!(
+        source.lsn_to_time(at).await.expect("time"),
+        Some(max_time),
+        "the newest commit at max_lsn's time"
+    );
+    assert_eq!(
+        source
+            .commit_at_or_before(mssql_cdc_flight::CommitTime(0))
+            .await
+            .expect("time_to_lsn"),
+        None,
+        "nothing at or before 1970"
+    );
 
     let tables = source.tracked_tables().await.expect("tables");
     assert!(!tables.is_empty());

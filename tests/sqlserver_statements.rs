@@ -87,6 +87,11 @@ fn every_statement() -> Vec<(&'static str, String, usize)> {
             ok(sql::commit_time_at_or_before(&ServerClock::Utc)),
             1,
         ),
+        (
+            "commit_at_or_before zone",
+            ok(sql::commit_at_or_before(&zone)),
+            1,
+        ),
         ("nth_commit_after", sql::nth_commit_after().into(), 1),
         (
             "help_change_data_capture",

@@ -440,6 +440,14 @@ pub struct LsnBody {
     pub lsn: Lsn,
 }
 
+/// Body of `time_to_lsn`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeBody {
+    /// A UTC time.
+    pub time: CommitTime,
+}
+
 /// Body of `nth_commit_after`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

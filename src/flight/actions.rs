@@ -57,6 +57,7 @@ actions! {
     IncrementLsn = "increment_lsn": "{\"lsn\"} -> {\"lsn\"}: sys.fn_cdc_increment_lsn",
     DecrementLsn = "decrement_lsn": "{\"lsn\"} -> {\"lsn\"}: sys.fn_cdc_decrement_lsn",
     LsnToTime = "lsn_to_time": "{\"lsn\"} -> {\"commit_ts\"}: commit time (UTC) of the commit at lsn",
+    TimeToLsn = "time_to_lsn": "{\"time\"} -> {\"lsn\"}: the last commit at or before a UTC time (sys.fn_cdc_map_time_to_lsn, largest less than or equal)",
     NthCommitAfter = "nth_commit_after": "{\"lsn\", \"n\"} -> {\"lsn\"}: the n-th commit after lsn (or the last)",
     CaptureInstances = "capture_instances": "{\"table\"} -> [capture instance]: the table's instances, oldest first",
     DdlHistory = "ddl_history": "{\"capture_instance\", \"from\", \"to\"} -> [ddl]: DDL with from < lsn <= to",
@@ -191,6 +192,12 @@ impl CdcFlightService {
                 let body: LsnBody = parse_body(name, body)?;
                 json_bytes(&TimeAnswer {
                     commit_ts: source.lsn_to_time(body.lsn).await?,
+                })
+            }
+            ActionKind::TimeToLsn => {
+                let body: protocol::TimeBody = parse_body(name, body)?;
+                json_bytes(&LsnAnswer {
+                    lsn: source.commit_at_or_before(body.time).await?,
                 })
             }
             ActionKind::NthCommitAfter => {

@@ -57,6 +57,10 @@ impl CdcSource for MeteredSource {
         timed("min_lsn", self.0.min_lsn(capture_instance)).await
     }
 
+    async fn commit_at_or_before(&self, time: CommitTime) -> Result<Option<Lsn>> {
+        timed("commit_at_or_before", self.0.commit_at_or_before(time)).await
+    }
+
     async fn increment_lsn(&self, lsn: Lsn) -> Result<Lsn> {
         timed("increment_lsn", self.0.increment_lsn(lsn)).await
     }

@@ -83,6 +83,18 @@ pub fn commit_time_at_or_before(clock: &ServerClock) -> Result<String> {
     ))
 }
 
+/// The LSN of the last commit whose UTC commit time is at or before `@P1` (text, ISO 8601):
+/// `sys.fn_cdc_map_time_to_lsn('largest less than or equal', ...)` on UTC rather than the
+/// server's local clock.
+/// <https://learn.microsoft.com/sql/relational-databases/system-functions/sys-fn-cdc-map-time-to-lsn-transact-sql>
+pub fn commit_at_or_before(clock: &ServerClock) -> Result<String> {
+    Ok(format!(
+        "SELECT TOP (1) m.start_lsn AS lsn FROM cdc.lsn_time_mapping m WHERE {} <= \
+         CONVERT(datetime2(3), @P1, 126) ORDER BY m.start_lsn DESC",
+        clock.utc_expression("m.tran_end_time", "m")?
+    ))
+}
+
 /// The LSN of the `@P2`-th commit after `@P1` (or the last one when fewer follow), counting
 /// every row of the mapping, idle entries included.
 /// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-lsn-time-mapping-transact-sql>

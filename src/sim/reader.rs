@@ -332,6 +332,21 @@ impl CdcSource for SimDb {
             .map(|entry| entry.end_time.to_millis_precision()))
     }
 
+    async fn commit_at_or_before(&self, time: CommitTime) -> Result<Option<Lsn>> {
+        self.simulate_latency().await;
+        let manifest = self.store.manifest()?;
+        let mapping = self.store.mapping(&manifest)?;
+        // Times rise with LSNs in the simulator, but a clock that went back is searched the
+        // way SQL Server's ORDER BY start_lsn DESC does: the newest entry in time.
+        for index in (0..mapping.len()).rev() {
+            let entry = mapping.get(index)?;
+            if entry.end_time.to_millis_precision() <= time {
+                return Ok(Some(entry.lsn));
+            }
+        }
+        Ok(None)
+    }
+
     async fn nth_commit_after(&self, lsn: Lsn, n: u64) -> Result<Option<Lsn>> {
         if n == 0 {
             return Err(Error::invalid("nth_commit_after needs n >= 1"));

@@ -97,6 +97,10 @@ impl CdcSource for FaultySource {
     async fn lsn_to_time(&self, lsn: Lsn) -> Result<Option<CommitTime>> {
         self.db.lsn_to_time(lsn).await
     }
+    async fn commit_at_or_before(&self, time: mssql_cdc_flight::CommitTime) -> Result<Option<Lsn>> {
+        self.db.commit_at_or_before(time).await
+    }
+
     async fn nth_commit_after(&self, lsn: Lsn, n: u64) -> Result<Option<Lsn>> {
         self.db.nth_commit_after(lsn, n).await
     }

@@ -25,6 +25,9 @@ SELECT TOP (1) CASE WHEN DATEPART(TZOFFSET, m.tran_end_time AT TIME ZONE N'E. So
 -- commit_time_at_or_before utc
 SELECT TOP (1) CAST(m.tran_end_time AS datetime2(3)) AS commit_ts FROM cdc.lsn_time_mapping m WHERE m.start_lsn <= @P1 ORDER BY m.start_lsn DESC;
 
+-- commit_at_or_before zone
+SELECT TOP (1) m.start_lsn AS lsn FROM cdc.lsn_time_mapping m WHERE CASE WHEN DATEPART(TZOFFSET, m.tran_end_time AT TIME ZONE N'E. South America Standard Time') <> DATEPART(TZOFFSET, DATEADD(hour, 3, m.tran_end_time) AT TIME ZONE N'E. South America Standard Time') AND EXISTS (SELECT 1 FROM cdc.lsn_time_mapping r WHERE r.start_lsn <= m.start_lsn AND r.tran_end_time > DATEADD(hour, -3, m.tran_end_time) AND r.tran_end_time <= DATEADD(hour, 3, m.tran_end_time) AND r.tran_end_time < DATEADD(minute, -1, (SELECT TOP (1) q.tran_end_time FROM cdc.lsn_time_mapping q WHERE q.start_lsn < r.start_lsn ORDER BY q.start_lsn DESC))) THEN CAST(DATEADD(minute, -DATEPART(TZOFFSET, DATEADD(hour, 3, m.tran_end_time) AT TIME ZONE N'E. South America Standard Time'), m.tran_end_time) AS datetime2(3)) ELSE CAST((m.tran_end_time AT TIME ZONE N'E. South America Standard Time') AT TIME ZONE 'UTC' AS datetime2(3)) END <= CONVERT(datetime2(3), @P1, 126) ORDER BY m.start_lsn DESC;
+
 -- nth_commit_after
 SELECT MAX(t.start_lsn) AS lsn FROM (SELECT TOP (@P2) m.start_lsn FROM cdc.lsn_time_mapping m WHERE m.start_lsn > @P1 ORDER BY m.start_lsn) t;
 

@@ -248,6 +248,12 @@ impl CdcSource for SqlServerSource {
         self.time_query(&statement, lsn).await
     }
 
+    async fn commit_at_or_before(&self, time: CommitTime) -> Result<Option<Lsn>> {
+        let statement = sql::commit_at_or_before(&self.clock().await?)?;
+        self.lsn_query(&statement, &[Param::Text(time.to_iso_millis())])
+            .await
+    }
+
     async fn nth_commit_after(&self, lsn: Lsn, n: u64) -> Result<Option<Lsn>> {
         if n == 0 {
             return Err(Error::invalid("nth_commit_after needs n >= 1"));
