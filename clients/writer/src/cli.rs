@@ -20,6 +20,9 @@ pub enum Commands {
     /// Open, inspect, pause or resume a table's snapshot (see docs/snapshots.md).
     #[command(subcommand)]
     Snapshot(Box<SnapshotCommand>),
+    /// Adopt an existing copy of a table (a Delta table or Parquet files) as its snapshot at
+    /// the copy's time or LSN, so the stream starts there (see docs/snapshots.md).
+    Seed(Box<SeedArgs>),
     /// Compare silver with the source table, bucket by bucket and row by row (see
     /// docs/reconcile.md); exits 0 only when every bucket matches or is in flight.
     Reconcile(Box<ReconcileArgs>),
@@ -69,6 +72,26 @@ pub enum SnapshotCommand {
         #[command(flatten)]
         table: SnapshotTable,
     },
+}
+
+/// `seed`: the table, its stream's lake and the copy.
+#[derive(Args)]
+pub struct SeedArgs {
+    #[command(flatten)]
+    pub table: TableArgs,
+    /// The copy: a Delta table, a Parquet file or a directory of Parquet files.
+    #[arg(long, env = "MSSQL_CDC_WRITER_COPY")]
+    pub copy: String,
+    /// Where the copy stands: an LSN (0x...) or a time (UTC without an offset), every commit
+    /// up to it included; a time maps to the last commit before it (earlier is safe).
+    #[arg(long, env = "MSSQL_CDC_WRITER_AS_OF")]
+    pub as_of: String,
+    /// Replace the table's complete snapshot with this newer copy.
+    #[arg(long, env = "MSSQL_CDC_WRITER_RESEED")]
+    pub reseed: bool,
+    /// Read captured columns the copy lacks as NULL instead of refusing the copy.
+    #[arg(long, env = "MSSQL_CDC_WRITER_ALLOW_MISSING_COLUMNS")]
+    pub allow_missing_columns: bool,
 }
 
 /// `--admin` and its credentials: a call sent to a sidecar's admin service.

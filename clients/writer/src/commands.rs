@@ -7,13 +7,14 @@ use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::reconcile::ReconcileConfig;
 use mssql_cdc_writer::schema_policy::SchemaChangePolicy;
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
-use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
+use mssql_cdc_writer::snapshot::{self, BackfillOptions, SeedOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
 use mssql_cdc_writer::tail::Waiting;
 use mssql_cdc_writer::{admin, sidecar};
 
 use crate::cli::{
-    AdminArgs, ApplyArgs, BackfillArgs, ReconcileArgs, RunArgs, SnapshotCommand, TableArgs,
+    AdminArgs, ApplyArgs, BackfillArgs, ReconcileArgs, RunArgs, SeedArgs, SnapshotCommand,
+    TableArgs,
 };
 
 /// `run`: one table from flags, or every table of a sidecar file.
@@ -348,6 +349,29 @@ pub async fn print_status(path: PathBuf) -> anyhow::Result<()> {
                 .unwrap_or_else(|| "-".into()),
         );
     }
+    Ok(())
+}
+
+/// `seed`: adopts the copy as the table's snapshot and prints where the stream starts.
+pub async fn seed(args: SeedArgs) -> anyhow::Result<()> {
+    let config = snapshot_config(&args.table, 2, None)?;
+    let snapshots = Snapshots::connect(config).await?;
+    let outcome = snapshots
+        .seed(&SeedOptions {
+            copy: args.copy,
+            as_of: args.as_of.parse()?,
+            reseed: args.reseed,
+            allow_missing_columns: args.allow_missing_columns,
+        })
+        .await?;
+    println!(
+        "{}",
+        serde_json::json!({"snapshot": outcome.offset.lsn, "offset": outcome.offset, "rows": outcome.rows, "reused": outcome.reused})
+    );
+    eprintln!(
+        "seeded: start a new stream of {} with --starting {}",
+        args.table.table, outcome.offset.lsn
+    );
     Ok(())
 }
 

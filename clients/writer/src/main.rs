@@ -32,6 +32,7 @@ fn main() -> anyhow::Result<()> {
             Commands::Snapshot(command) => commands::snapshot_command(*command).await,
             Commands::Apply(args) => commands::apply(*args).await,
             Commands::Reconcile(args) => commands::reconcile(*args).await,
+            Commands::Seed(args) => commands::seed(*args).await,
             #[cfg(feature = "sim")]
             Commands::Demo(args) => match args.scenario.as_str() {
                 "data-loss" => demo::run_data_loss(args.dir, args.commits).await,

@@ -20,7 +20,7 @@
 //!
 //! Where each condition of ADR 0028 is kept: docs/snapshots.md.
 //!
-//! One module per concern: [`full`] and [`open`] start snapshots, [`plan`] cuts the chunks,
+//! One module per concern: [`full`] and [`open`] start snapshots, [`seed`] adopts a copy, [`plan`] cuts the chunks,
 //! [`wave`] runs the backfill whose [`read`] fills bronze, [`operator`] pauses and resumes,
 //! [`recorded`] reads back what the facts table records, [`status`] answers for a table.
 
@@ -30,6 +30,7 @@ mod operator;
 mod plan;
 mod read;
 mod recorded;
+mod seed;
 mod status;
 mod wave;
 
@@ -37,6 +38,7 @@ pub use full::bootstrap;
 pub use open::open;
 pub use operator::{operator_pause, set_paused};
 pub use recorded::{SnapshotProgress, progress};
+pub use seed::{AsOf, SeedOptions, SeedOutcome};
 pub use status::{SnapshotState, state};
 
 use std::sync::Arc;
