@@ -279,6 +279,46 @@ async fn two_writers_opening_a_resnapshot_at_once_take_one_generation() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_resnapshot_is_a_new_generation_and_silver_is_rebuilt_from_it() {
+    let lab = Lab::new().await;
+    lab.workload(63, 80);
+    let mut config = lab.config();
+    let first = snapshot::bootstrap(&mut config, SnapshotMode::Full)
+        .await
+        .expect("bootstrap")
+        .expect("taken");
+    run_now(config.clone()).await;
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    let error = snapshots.resnapshot_full().await.expect_err("nothing new");
+    assert!(error.to_string().contains("no commit since"), "{error}");
+    common::orders_workload(&lab, 64, 60, common::churn());
+    let second = snapshots.resnapshot_full().await.expect("resnapshot");
+    assert!(second.snapshot > first && !second.reused, "{second:?}");
+    let events: Vec<(String, String)> = facts_events(&lab).await;
+    let kinds: Vec<&str> = events.iter().map(|(event, _)| event.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["snapshot_open", "bootstrap", "snapshot_open", "resnapshot"],
+        "generation 1 opens and completes as a re-snapshot"
+    );
+    assert!(events[2].1.contains("\"generation\":1"), "{}", events[2].1);
+    common::orders_workload(&lab, 65, 30, common::churn());
+    run_now(config.clone()).await;
+    assert_eq!(
+        rebuild(&lab, second.snapshot).await,
+        source_rows(&lab).await
+    );
+    let applied = mssql_cdc_writer::silver::apply_changes(&common::orders_apply_config(&lab))
+        .await
+        .expect("apply");
+    assert!(applied.rebuilt, "the resnapshot row rebuilds silver");
+    assert_eq!(
+        common::current_rows(&lab.lake("silver_orders")).await,
+        source_rows(&lab).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_bootstrap_is_read_once_and_the_stream_starts_after_it() {
     let lab = Lab::new().await;
     lab.workload(31, 200);

@@ -1,7 +1,7 @@
 //! A full snapshot (ADR 0016): S recorded first, the whole table read in `partitions` streams
-//! into one bronze append (`<app_id>#snap.<S>`, version 0), then the `bootstrap` facts row; a
-//! rerun finds the row (or the append) and returns S without reading again. Also the bootstrap
-//! of a stream whose checkpoint is new.
+//! into one bronze append (`<app_id>#snap.<S>`, version 0), then the `bootstrap` facts row (a
+//! full re-snapshot's: `resnapshot`); a rerun finds the row (or the append) and returns S
+//! without reading again. Also the bootstrap of a stream whose checkpoint is new.
 
 use std::time::Instant;
 
@@ -55,7 +55,56 @@ impl Snapshots {
             Some(open) => open,
             None => self.stamp().await?,
         };
-        let detail = json!({"mode": SnapshotMode::Full.as_str(), "kind": events::BOOTSTRAP, "generation": 0});
+        self.read_full(snapshot, false, 0).await
+    }
+
+    /// Takes a **full re-snapshot** of a table that has a complete snapshot: generation n+1
+    /// at a new S, read whole now, completed by a `resnapshot` row from which silver is
+    /// rebuilt (every key it lacks leaves silver). The stream goes on untouched. A full
+    /// re-snapshot a crashed run opened keeps its S; without a complete snapshot this is
+    /// the full bootstrap.
+    pub async fn resnapshot_full(&self) -> Result<FullSnapshot> {
+        let recorded = self.recorded().await?;
+        let Some(previous) = recorded.completions.iter().map(|(lsn, _)| *lsn).max() else {
+            return self.bootstrap_full().await;
+        };
+        let recorded = self.release_expired_full(recorded).await?;
+        Self::mode_lock(&recorded, SnapshotMode::Full)?;
+        let snapshot = match Self::open_full_of(&recorded).filter(|open| *open > previous) {
+            Some(open) => open,
+            None => {
+                let snapshot = self.stamp().await?;
+                if snapshot <= previous {
+                    return Err(crate::error::WriterError::invalid(format!(
+                        "{}: no commit since snapshot {previous} (max_lsn is {snapshot}); a \
+                         re-snapshot would read the same rows",
+                        self.config.table
+                    )));
+                }
+                snapshot
+            }
+        };
+        let generation = recorded
+            .opens
+            .iter()
+            .map(|(lsn, _)| *lsn)
+            .filter(|lsn| *lsn != snapshot)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        self.read_full(snapshot, true, generation).await
+    }
+
+    /// Records the open of full snapshot S, reads the whole table into one bronze append
+    /// (or counts what a crashed run appended) and records its completion.
+    async fn read_full(
+        &self,
+        snapshot: Lsn,
+        resnapshot: bool,
+        generation: usize,
+    ) -> Result<FullSnapshot> {
+        let kind = events::completion(resnapshot);
+        let detail =
+            json!({"mode": SnapshotMode::Full.as_str(), "kind": kind, "generation": generation});
         self.append_facts(
             &self.txn("snapopen", snapshot),
             0,
@@ -96,10 +145,11 @@ impl Snapshots {
                 detail: Some(
                     json!({"mode": SnapshotMode::Full.as_str(), "snapshot": snapshot}).to_string(),
                 ),
-                ..snapshot_event(events::BOOTSTRAP, snapshot)
+                ..snapshot_event(kind, snapshot)
             }],
         )
         .await?;
+        tracing::info!(table = %self.config.table, %snapshot, rows, kind, "full snapshot complete");
         Ok(FullSnapshot {
             snapshot,
             rows,

@@ -31,9 +31,7 @@ pub async fn open(
             snapshots.bootstrap_full().await?;
         }
         (SnapshotMode::Full, true) => {
-            return Err(WriterError::invalid(
-                "re-snapshots are chunked in this release: use --mode chunked --resnapshot",
-            ));
+            snapshots.resnapshot_full().await?;
         }
         (SnapshotMode::Chunked, false) => {
             snapshots.open_chunked().await?;
