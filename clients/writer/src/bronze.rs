@@ -142,6 +142,7 @@ pub struct Appender {
     rows: BronzeRows,
     target_file_size: std::num::NonZeroU64,
     stats: WriterStatsConfig,
+    added: Vec<String>,
 }
 
 impl Appender {
@@ -157,7 +158,7 @@ impl Appender {
         let incoming = rows.convert(&RecordBatch::new_empty(Arc::new(incoming.clone())))?;
         let existing = table.snapshot()?.schema();
         conform(&existing, target, vec![incoming.clone()])?;
-        let table =
+        let (table, added) =
             crate::tables::add_missing_columns(table, &fields(&incoming.schema())?, target).await?;
         let snapshot = table.snapshot()?;
         Ok(Appender {
@@ -167,7 +168,13 @@ impl Appender {
             table,
             target: target.to_string(),
             rows,
+            added,
         })
+    }
+
+    /// The columns [`Appender::prepare`] added to bronze (a newer capture instance's).
+    pub fn added_columns(&self) -> &[String] {
+        &self.added
     }
 
     /// A writer of Parquet files for one endpoint's batches.

@@ -23,6 +23,9 @@ pub const DATA_SKIPPED: &str = "data_skipped";
 /// the snapshot's S (facts).
 pub const DATA_LOSS: &str = "data_loss";
 
+/// Columns bronze took from a newer capture instance (facts, `schema_change_policy =
+/// evolve`): the batch's rows carry them, earlier rows read NULL.
+pub const COLUMNS_ADDED: &str = "columns_added";
 /// An open chunked snapshot given up (facts): changes after its S were skipped
 /// (`data_skipped`), so its rebuild would miss them; it is never read or applied again.
 pub const SNAPSHOT_ABANDONED: &str = "snapshot_abandoned";

@@ -420,6 +420,19 @@ impl Stream {
                 "a newer capture instance is active: re-snapshot opened (snapshot_on_switch)");
         }
         let appender = self.prepare_bronze(&plan, record.batch_id).await?;
+        if let Some(added) = appender
+            .as_ref()
+            .map(|appender| appender.added_columns())
+            .filter(|added| !added.is_empty())
+        {
+            events.push(FactsRow {
+                event: Some(events::COLUMNS_ADDED.into()),
+                rows: Some(0),
+                end_lsn: Some(record.end.lsn.to_string()),
+                detail: Some(json!({"columns": added, "policy": "evolve"}).to_string()),
+                ..FactsRow::default()
+            });
+        }
         let read = self.read(&plan, appender.clone()).await?;
         let rows = read.totals.rows();
         if rows > 0 && appender.is_none() {

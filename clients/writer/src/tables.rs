@@ -629,12 +629,12 @@ pub async fn ensure(
 
 /// Adds to `table` the `fields` it lacks, nullable (rows written before read NULL): bronze
 /// and silver take the columns a newer capture instance brings. `name` says which table in
-/// the log line.
+/// the log line. Returns the table and the names of the columns added.
 pub async fn add_missing_columns(
     table: DeltaTable,
     fields: &[StructField],
     name: &str,
-) -> Result<DeltaTable> {
+) -> Result<(DeltaTable, Vec<String>)> {
     let existing = table.snapshot()?.schema();
     let missing: Vec<StructField> = fields
         .iter()
@@ -645,11 +645,11 @@ pub async fn add_missing_columns(
         })
         .collect();
     if missing.is_empty() {
-        return Ok(table);
+        return Ok((table, Vec::new()));
     }
-    tracing::info!(table = name, columns = ?missing.iter().map(|f| f.name().to_string()).collect::<Vec<_>>(),
-        "new captured columns added; earlier rows read NULL");
-    Ok(table.add_columns().with_fields(missing).await?)
+    let names: Vec<String> = missing.iter().map(|f| f.name().to_string()).collect();
+    tracing::info!(table = name, columns = ?names, "new captured columns added; earlier rows read NULL");
+    Ok((table.add_columns().with_fields(missing).await?, names))
 }
 
 /// Whether `table` holds the application transaction `(app_id, version)` (or a later one).

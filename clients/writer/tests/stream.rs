@@ -424,7 +424,11 @@ async fn a_capture_instance_switch_adds_the_new_column_and_its_events() {
     events.sort();
     assert_eq!(
         events,
-        ["capture_instance_switched", "schema_change"],
+        [
+            "capture_instance_switched",
+            "columns_added",
+            "schema_change"
+        ],
         "one event row each, in the batch's facts"
     );
 }

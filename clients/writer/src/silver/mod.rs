@@ -242,7 +242,7 @@ async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {
     .await?;
     // Bronze's new captured columns (a newer capture instance's) join silver; keys no later
     // change touches read NULL there, as they do in bronze.
-    let table = tables::add_missing_columns(table, &silver_fields, &config.target).await?;
+    let (table, _) = tables::add_missing_columns(table, &silver_fields, &config.target).await?;
     let mut new_position = position.clone();
     let rebuilt;
     tracing::debug!(target = %config.target, needs_rebuild, elapsed = ?call_started.elapsed(),
