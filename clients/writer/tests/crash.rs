@@ -167,19 +167,7 @@ async fn killed_at_each_step_boundary_and_restarted_every_change_lands_once() {
 async fn killed_at_random_moments_under_a_running_workload() {
     let lab = Lab::new().await;
     lab.workload(31, 50);
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut writer = lab.db.writer(Clock::Wall, 32).expect("sim writer");
-    writer.set_journal(&lab.journal()).expect("journal");
-    let flag = Arc::clone(&stop);
-    let workload = std::thread::spawn(move || {
-        let spec = WorkloadSpec {
-            commits: None,
-            rate: Some(200.0),
-            publish_interval: Duration::from_millis(50),
-            ..WorkloadSpec::default()
-        };
-        workload::run(&mut writer, &spec, &flag).expect("workload");
-    });
+    let (stop, workload) = running_workload(&lab, 32, WorkloadSpec::default().mix);
     let mut seed = 7u64;
     for _ in 0..50 {
         seed = mix(seed);
@@ -237,20 +225,7 @@ async fn a_batch_killed_after_its_bronze_commit_finishes_from_bronze_after_clean
 async fn killed_at_random_moments_with_a_cleanup_past_the_writer_heals_by_resnapshot() {
     let lab = Lab::new().await;
     lab.workload(36, 50);
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut writer = lab.db.writer(Clock::Wall, 37).expect("sim writer");
-    writer.set_journal(&lab.journal()).expect("journal");
-    let flag = Arc::clone(&stop);
-    let workload = std::thread::spawn(move || {
-        let spec = WorkloadSpec {
-            commits: None,
-            rate: Some(200.0),
-            publish_interval: Duration::from_millis(50),
-            mix: common::churn(),
-            ..WorkloadSpec::default()
-        };
-        workload::run(&mut writer, &spec, &flag).expect("workload");
-    });
+    let (stop, workload) = running_workload(&lab, 37, common::churn());
     let healing = |available_now: bool| {
         let mut command = writer_command(&lab, available_now);
         command.args(["--on-data-loss", "resnapshot"]);
@@ -337,6 +312,30 @@ async fn killed_at_random_moments_with_a_cleanup_past_the_writer_heals_by_resnap
         common::source_rows(&lab).await,
         "silver equals the source"
     );
+}
+
+/// A journaled workload of `mix` at 200 commits per second on a thread, until the flag is
+/// set.
+fn running_workload(
+    lab: &Lab,
+    seed: u64,
+    mix: mssql_cdc_flight::sim::workload::Mix,
+) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writer = lab.db.writer(Clock::Wall, seed).expect("sim writer");
+    writer.set_journal(&lab.journal()).expect("journal");
+    let flag = Arc::clone(&stop);
+    let workload = std::thread::spawn(move || {
+        let spec = WorkloadSpec {
+            commits: None,
+            rate: Some(200.0),
+            publish_interval: Duration::from_millis(50),
+            mix,
+            ..WorkloadSpec::default()
+        };
+        workload::run(&mut writer, &spec, &flag).expect("workload");
+    });
+    (stop, workload)
 }
 
 /// Waits until bronze holds every committed change of dbo.orders.

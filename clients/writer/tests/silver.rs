@@ -149,17 +149,8 @@ async fn snapshot_on_switch_fills_the_new_column_for_every_row() {
     workload(&lab, 43, 80, churn());
     let mut config = stream_config(&lab);
     config.snapshot_on_switch = true;
-    snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
-        .await
-        .expect("open");
-    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
-    let whole = BackfillOptions {
-        chunk_rows: 20,
-        max_waves: None,
-        target_wave_seconds: 0.0,
-        min_headroom_hours: None,
-    };
-    read_all(&snapshots, &whole).await;
+    let (_, snapshots) = chunked_bootstrap(&mut config).await;
+    read_all(&snapshots, &WHOLE).await;
     run_now(config.clone()).await;
     apply(&lab).await;
     let first = snapshot::state(&config)
@@ -177,7 +168,7 @@ async fn snapshot_on_switch_fills_the_new_column_for_every_row() {
         "the switch opened a re-snapshot"
     );
     assert_eq!(state.status.state, "open");
-    read_all(&snapshots, &whole).await;
+    read_all(&snapshots, &WHOLE).await;
     run_now(config.clone()).await;
     assert!(apply(&lab).await.rebuilt);
     // Every row, the ones untouched since the switch included, holds the new column as the
@@ -190,18 +181,8 @@ async fn a_snapshot_older_than_resnapshot_interval_days_is_taken_again() {
     let lab = Lab::new().await;
     workload(&lab, 45, 80, churn());
     let mut config = stream_config(&lab);
-    let first = snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
-        .await
-        .expect("open")
-        .expect("opened");
-    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
-    let whole = BackfillOptions {
-        chunk_rows: 20,
-        max_waves: None,
-        target_wave_seconds: 0.0,
-        min_headroom_hours: None,
-    };
-    read_all(&snapshots, &whole).await;
+    let (first, snapshots) = chunked_bootstrap(&mut config).await;
+    read_all(&snapshots, &WHOLE).await;
     workload(&lab, 46, 30, churn());
     config.resnapshot_interval_days = Some(10.0);
     run_now(config.clone()).await;
@@ -216,7 +197,7 @@ async fn a_snapshot_older_than_resnapshot_interval_days_is_taken_again() {
     let second = state.status.snapshot.expect("a snapshot");
     assert!(second > first, "due: a re-snapshot was opened");
     assert_eq!(state.status.state, "open");
-    read_all(&snapshots, &whole).await;
+    read_all(&snapshots, &WHOLE).await;
     run_now(config.clone()).await;
     assert!(apply(&lab).await.rebuilt);
     assert_in_step(&lab, "after the scheduled re-snapshot").await;
@@ -244,6 +225,31 @@ async fn bronze_verdict(lab: &Lab) -> Option<mssql_cdc_flight::CommitTime> {
 
 fn stream_config(lab: &Lab) -> StreamConfig {
     lab.config()
+}
+
+/// Every wave of a snapshot in one backfill call, chunks of 20 rows.
+const WHOLE: BackfillOptions = BackfillOptions {
+    chunk_rows: 20,
+    max_waves: None,
+    target_wave_seconds: 0.0,
+    min_headroom_hours: None,
+};
+
+/// One wave per backfill call.
+const ONE_WAVE: BackfillOptions = BackfillOptions {
+    max_waves: Some(1),
+    ..WHOLE
+};
+
+/// Opens a chunked bootstrap of `config`'s table (its stream then starts at S): S, and a
+/// connection to read its waves.
+async fn chunked_bootstrap(config: &mut StreamConfig) -> (mssql_cdc_flight::Lsn, Snapshots) {
+    let snapshot = snapshot::bootstrap(config, SnapshotMode::Chunked)
+        .await
+        .expect("open")
+        .expect("opened");
+    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
+    (snapshot, snapshots)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -525,22 +531,8 @@ async fn a_purge_while_a_chunked_snapshot_is_open_is_healed_by_a_newer_generatio
     workload(&lab, 56, 150, churn());
     let mut config = stream_config(&lab);
     config.on_data_loss = mssql_cdc_writer::data_loss::OnDataLoss::Resnapshot;
-    let first = snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
-        .await
-        .expect("open")
-        .expect("opened");
-    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
-    let whole = BackfillOptions {
-        chunk_rows: 20,
-        max_waves: None,
-        target_wave_seconds: 0.0,
-        min_headroom_hours: None,
-    };
-    let one_wave = BackfillOptions {
-        max_waves: Some(1),
-        ..whole
-    };
-    snapshots.backfill(&one_wave).await.expect("a wave");
+    let (first, snapshots) = chunked_bootstrap(&mut config).await;
+    snapshots.backfill(&ONE_WAVE).await.expect("a wave");
     run_now(config.clone()).await;
     apply(&lab).await;
     purged_gap(&lab, 57).await;
@@ -551,7 +543,7 @@ async fn a_purge_while_a_chunked_snapshot_is_open_is_healed_by_a_newer_generatio
         second > first,
         "a newer generation supersedes the broken snapshot"
     );
-    read_all(&snapshots, &whole).await;
+    read_all(&snapshots, &WHOLE).await;
     run_now(config.clone()).await;
     assert!(apply(&lab).await.rebuilt);
     assert_in_step(&lab, "healed by the newer generation").await;
@@ -567,24 +559,8 @@ async fn skipping_purged_changes_abandons_the_open_chunked_snapshot() {
     let lab = Lab::new().await;
     workload(&lab, 58, 150, churn());
     let mut config = stream_config(&lab);
-    let first = snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
-        .await
-        .expect("open")
-        .expect("opened");
-    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
-    let whole = BackfillOptions {
-        chunk_rows: 20,
-        max_waves: None,
-        target_wave_seconds: 0.0,
-        min_headroom_hours: None,
-    };
-    snapshots
-        .backfill(&BackfillOptions {
-            max_waves: Some(1),
-            ..whole
-        })
-        .await
-        .expect("a wave");
+    let (first, snapshots) = chunked_bootstrap(&mut config).await;
+    snapshots.backfill(&ONE_WAVE).await.expect("a wave");
     run_now(config.clone()).await;
     apply(&lab).await;
     purged_gap(&lab, 59).await;
@@ -606,7 +582,7 @@ async fn skipping_purged_changes_abandons_the_open_chunked_snapshot() {
         (state.status.snapshot, state.status.state.as_str()),
         (Some(first), "abandoned")
     );
-    let status = snapshots.backfill(&whole).await.expect("backfill");
+    let status = snapshots.backfill(&WHOLE).await.expect("backfill");
     assert_eq!(
         status.state, "no_snapshot",
         "an abandoned snapshot is never read again"
@@ -615,7 +591,7 @@ async fn skipping_purged_changes_abandons_the_open_chunked_snapshot() {
     // A new snapshot (generation 1) replaces it, and silver is whole again.
     let second = snapshots.open_resnapshot().await.expect("open");
     assert!(second > first);
-    read_all(&snapshots, &whole).await;
+    read_all(&snapshots, &WHOLE).await;
     run_now(skipping).await;
     assert!(apply(&lab).await.rebuilt);
     assert_in_step(&lab, "after the snapshot that replaced the abandoned one").await;
@@ -627,17 +603,8 @@ async fn a_purge_mid_stream_heals_by_resnapshot_and_silver_ends_equal_to_the_sou
     workload(&lab, 51, 150, churn());
     let mut config = stream_config(&lab);
     config.on_data_loss = mssql_cdc_writer::data_loss::OnDataLoss::Resnapshot;
-    snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
-        .await
-        .expect("open");
-    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
-    let whole = BackfillOptions {
-        chunk_rows: 20,
-        max_waves: None,
-        target_wave_seconds: 0.0,
-        min_headroom_hours: None,
-    };
-    read_all(&snapshots, &whole).await;
+    let (_, snapshots) = chunked_bootstrap(&mut config).await;
+    read_all(&snapshots, &WHOLE).await;
     run_now(config.clone()).await;
     apply(&lab).await;
     assert_in_step(&lab, "before the gap").await;
@@ -661,13 +628,9 @@ async fn a_purge_mid_stream_heals_by_resnapshot_and_silver_ends_equal_to_the_sou
     // Changes after S stream on while the waves are read; silver follows both.
     workload(&lab, 54, 40, churn());
     run_now(config.clone()).await;
-    let one_wave = BackfillOptions {
-        max_waves: Some(1),
-        ..whole
-    };
-    snapshots.backfill(&one_wave).await.expect("a wave");
+    snapshots.backfill(&ONE_WAVE).await.expect("a wave");
     apply(&lab).await;
-    read_all(&snapshots, &whole).await;
+    read_all(&snapshots, &WHOLE).await;
     run_now(config.clone()).await;
     assert!(
         apply(&lab).await.rebuilt,
@@ -708,17 +671,8 @@ async fn each_resnapshot_wave_deletes_the_keys_its_chunks_lack() {
     let lab = Lab::new().await;
     workload(&lab, 41, 150, churn());
     let mut config = stream_config(&lab);
-    snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
-        .await
-        .expect("open");
-    let snapshots = Snapshots::connect(config.clone()).await.expect("connect");
-    let whole = BackfillOptions {
-        chunk_rows: 20,
-        max_waves: None,
-        target_wave_seconds: 0.0,
-        min_headroom_hours: None,
-    };
-    read_all(&snapshots, &whole).await;
+    let (_, snapshots) = chunked_bootstrap(&mut config).await;
+    read_all(&snapshots, &WHOLE).await;
     run_now(config.clone()).await;
     apply(&lab).await;
     assert_in_step(&lab, "after the bootstrap").await;
@@ -733,11 +687,7 @@ async fn each_resnapshot_wave_deletes_the_keys_its_chunks_lack() {
     writer.publish().expect("publish");
     drop(writer);
     let resnapshot = snapshots.open_resnapshot().await.expect("re-snapshot");
-    let one_wave = BackfillOptions {
-        max_waves: Some(1),
-        ..whole.clone()
-    };
-    let status = snapshots.backfill(&one_wave).await.expect("wave 1");
+    let status = snapshots.backfill(&ONE_WAVE).await.expect("wave 1");
     assert!(!status.done, "{status:?}");
     let outcome = apply(&lab).await;
     assert!(!outcome.rebuilt);
@@ -786,7 +736,7 @@ async fn each_resnapshot_wave_deletes_the_keys_its_chunks_lack() {
         }
     }
     // The other waves delete the rest; the completion rebuilds to the same rows.
-    read_all(&snapshots, &whole).await;
+    read_all(&snapshots, &WHOLE).await;
     assert!(apply(&lab).await.rebuilt);
     assert_in_step(&lab, "after the re-snapshot completed").await;
 }

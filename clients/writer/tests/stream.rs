@@ -87,6 +87,18 @@ async fn available_now_writes_every_change_once_with_facts_and_verdict() {
     assert_eq!(bronze_rows(&lab).await.expect("bronze"), lab.committed());
 }
 
+/// The checkpoint's last batch marked not committed, as a crash after its commits but before
+/// the checkpoint said so leaves it: the next run replays it.
+fn uncommit_last_batch(
+    config: &StreamConfig,
+) -> (Checkpoint, mssql_cdc_writer::checkpoint::BatchRecord) {
+    let checkpoint = Checkpoint::open(&config.checkpoint).expect("checkpoint");
+    let mut last = checkpoint.last().expect("read").expect("a batch");
+    last.committed = false;
+    checkpoint.record(&last).expect("record");
+    (checkpoint, last)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_batch_is_not_written_twice() {
     let lab = Lab::new().await;
@@ -95,10 +107,7 @@ async fn a_replayed_batch_is_not_written_twice() {
     run_now(config.clone()).await;
     let before = bronze_rows(&lab).await.expect("bronze");
     // A crash after the commits but before the checkpoint said so: the batch is replayed.
-    let checkpoint = Checkpoint::open(&config.checkpoint).expect("checkpoint");
-    let mut last = checkpoint.last().expect("read").expect("a batch");
-    last.committed = false;
-    checkpoint.record(&last).expect("record");
+    let (_, last) = uncommit_last_batch(&config);
     let outcomes = run_now(config).await;
     assert!(outcomes[0].replayed);
     assert_eq!(outcomes[0].batch_id, last.batch_id);
@@ -121,10 +130,7 @@ async fn a_replay_after_cleanup_purged_its_range_finishes_without_the_source() {
     run_now(config.clone()).await;
     let before = bronze_rows(&lab).await.expect("bronze");
     let facts_before = facts_batches(&lab).await;
-    let checkpoint = Checkpoint::open(&config.checkpoint).expect("checkpoint");
-    let mut last = checkpoint.last().expect("read").expect("a batch");
-    last.committed = false;
-    checkpoint.record(&last).expect("record");
+    let (checkpoint, mut last) = uncommit_last_batch(&config);
     // Cleanup up to the batch's last commit: its range can no longer be planned or read.
     lab.db.cleanup(None, last.end.lsn).expect("cleanup");
     for fail_on_data_loss in [true, false] {
@@ -165,9 +171,7 @@ async fn a_replay_whose_range_bronze_holds_otherwise_is_refused_as_a_second_writ
     run_now(config.clone()).await;
     let before = bronze_rows(&lab).await.expect("bronze");
     // A second writer's checkpoint: the same batch id, planned over another range.
-    let checkpoint = Checkpoint::open(&config.checkpoint).expect("checkpoint");
-    let mut last = checkpoint.last().expect("read").expect("a batch");
-    last.committed = false;
+    let (checkpoint, mut last) = uncommit_last_batch(&config);
     last.end = last.start;
     checkpoint.record(&last).expect("record");
     let error = try_run_now(config).await.expect_err("refused");

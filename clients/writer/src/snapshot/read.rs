@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use mssql_cdc_proto::Lsn;
 use mssql_cdc_proto::client::CdcClient;
@@ -128,6 +129,26 @@ impl Snapshots {
         self.commit_files(pending, txn, version).await
     }
 
+    /// Bronze (created when missing) ready for the snapshot rows of S, streamed in `schema`.
+    pub(super) async fn snapshot_appender(
+        &self,
+        schema: &SchemaRef,
+        snapshot: Lsn,
+    ) -> Result<Arc<bronze::Appender>> {
+        let rows_kind = BronzeRows::Snapshot(snapshot.to_string());
+        let empty = RecordBatch::new_empty(Arc::clone(schema));
+        let table = tables::ensure(
+            &self.target,
+            TableKind::Bronze,
+            bronze::fields(&rows_kind.convert(&empty)?.schema())?,
+            "bronze",
+        )
+        .await?;
+        Ok(Arc::new(
+            bronze::Appender::prepare(table, schema, &self.config.target, rows_kind).await?,
+        ))
+    }
+
     /// Reads every endpoint of a snapshot command in parallel into bronze files, not yet
     /// committed; refuses a stream stamped below S (P2).
     pub(super) async fn read_files(
@@ -144,18 +165,7 @@ impl Snapshots {
                 .try_decode_schema()
                 .map_err(|error| WriterError::Internal(format!("snapshot schema: {error}")))?,
         );
-        let rows_kind = BronzeRows::Snapshot(snapshot.to_string());
-        let empty = RecordBatch::new_empty(Arc::clone(&schema));
-        let table = tables::ensure(
-            &self.target,
-            TableKind::Bronze,
-            bronze::fields(&rows_kind.convert(&empty)?.schema())?,
-            "bronze",
-        )
-        .await?;
-        let appender = Arc::new(
-            bronze::Appender::prepare(table, &schema, &self.config.target, rows_kind).await?,
-        );
+        let appender = self.snapshot_appender(&schema, snapshot).await?;
         tracing::debug!(
             version,
             ms = preparing.elapsed().as_millis() as u64,

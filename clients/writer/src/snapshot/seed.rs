@@ -30,11 +30,10 @@ use mssql_cdc_proto::{CommitTime, Lsn, Offset};
 use serde_json::json;
 
 use super::{SnapshotMode, Snapshots, snapshot_event};
-use crate::bronze::{self, BronzeRows};
 use crate::error::{Result, WriterError};
 use crate::events;
 use crate::facts::FactsRow;
-use crate::tables::{self, TableKind};
+use crate::tables;
 
 /// Where the copy stands in the source's history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -277,18 +276,7 @@ impl Snapshots {
     /// Appends the copy's rows to bronze as snapshot rows in one commit; returns how many.
     async fn append_copy(&self, copy: OpenCopy, location: &str, txn: &str) -> Result<u64> {
         let OpenCopy { shape, mut rows } = copy;
-        let rows_kind = BronzeRows::Snapshot(shape.at.lsn.to_string());
-        let empty = RecordBatch::new_empty(Arc::clone(&shape.schema));
-        let table = tables::ensure(
-            &self.target,
-            TableKind::Bronze,
-            bronze::fields(&rows_kind.convert(&empty)?.schema())?,
-            "bronze",
-        )
-        .await?;
-        let appender = Arc::new(
-            bronze::Appender::prepare(table, &shape.schema, &self.config.target, rows_kind).await?,
-        );
+        let appender = self.snapshot_appender(&shape.schema, shape.at.lsn).await?;
         let mut files = appender.file_writer();
         let mut count = 0u64;
         while let Some(batch) = rows.next().await {
