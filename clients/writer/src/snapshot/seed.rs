@@ -26,6 +26,7 @@ use arrow::record_batch::RecordBatch;
 use deltalake::datafusion::prelude::{ParquetReadOptions, SessionContext};
 use futures::StreamExt;
 use mssql_cdc_proto::protocol::{LsnAnswer, SnapshotCommand};
+use mssql_cdc_proto::types::RESERVED_COLUMN_NAMES;
 use mssql_cdc_proto::{CommitTime, Lsn, Offset};
 use serde_json::json;
 
@@ -337,23 +338,12 @@ struct CopyShape {
     allow_missing_columns: bool,
 }
 
-/// The metadata columns a seed fills itself (the rest of the stream's schema is captured).
-const METADATA: [&str; 7] = [
-    "_capture_instance",
-    "_start_lsn",
-    "_seqval",
-    "_operation",
-    "_command_id",
-    "_commit_ts",
-    "_chunk",
-];
-
 impl CopyShape {
     fn captured(&self) -> impl Iterator<Item = &arrow::datatypes::FieldRef> {
         self.schema
             .fields()
             .iter()
-            .filter(|field| !METADATA.contains(&field.name().as_str()))
+            .filter(|field| !RESERVED_COLUMN_NAMES.contains(&field.name().as_str()))
     }
 
     /// Refuses a copy that lacks captured columns (unless allowed), naming them.
