@@ -200,9 +200,12 @@ impl Stream {
         format!("{}#facts", self.config.app_id)
     }
 
-    /// Refuses a checkpoint that is behind what the lake already holds for this app id.
+    /// Refuses a checkpoint that is behind what the lake already holds for this app id, and
+    /// one ahead of it (the lake restored from an older backup, or its facts table lost):
+    /// going on would leave a gap of the batches the lake no longer holds.
     async fn verify_checkpoint(&self, last: Option<&BatchRecord>) -> Result<()> {
         let mut lake_batch = None;
+        let mut facts_batch = None;
         for (url, app_id) in [
             (&self.facts, self.facts_app_id()),
             (&self.target, self.config.app_id.clone()),
@@ -213,7 +216,29 @@ impl Stream {
                     .transaction_version(table.log_store().as_ref(), &app_id)
                     .await?;
                 lake_batch = lake_batch.max(version);
+                if url == &self.facts {
+                    facts_batch = version;
+                }
             }
+        }
+        // Every committed batch wrote its facts row (`<app_id>#facts`, batch id) first.
+        let committed = last
+            .filter(|batch| batch.app_id == self.config.app_id)
+            .map(|batch| batch.batch_id - i64::from(!batch.committed))
+            .filter(|id| *id >= 0);
+        if let Some(committed) = committed
+            && facts_batch.is_none_or(|held| held < committed)
+        {
+            return Err(WriterError::CheckpointMismatch(format!(
+                "the checkpoint {} has committed batch {committed} of app_id '{}' but the facts \
+                 table {} holds {}: the lake was restored behind the checkpoint or lost its \
+                 facts. Restore the lake to the checkpoint, or start a new checkpoint with a \
+                 new app_id (a re-snapshot fills the gap)",
+                self.config.checkpoint.display(),
+                self.config.app_id,
+                self.config.facts,
+                facts_batch.map_or("no batch".to_string(), |held| format!("batch {held}")),
+            )));
         }
         let Some(lake_batch) = lake_batch else {
             return Ok(());

@@ -287,6 +287,42 @@ async fn a_quiet_table_follows_max_lsn_so_cleanup_up_to_its_last_run_never_stran
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lake_restored_behind_the_checkpoint_is_refused() {
+    let lab = Lab::new().await;
+    lab.workload(17, 40);
+    let config = lab.config();
+    run_now(config.clone()).await;
+    let facts = std::path::PathBuf::from(lab.lake("facts"));
+    let backup = lab.dir.path().join("facts_backup");
+    copy_dir(&facts, &backup);
+    lab.workload(18, 40);
+    run_now(config.clone()).await;
+    // The facts table restored from the older backup: its last batches are gone.
+    std::fs::remove_dir_all(&facts).expect("remove");
+    copy_dir(&backup, &facts);
+    let error = try_run_now(config).await.expect_err("refused");
+    assert!(
+        matches!(error, WriterError::CheckpointMismatch(_)),
+        "{error}"
+    );
+    assert!(error.to_string().contains("restored behind"), "{error}");
+}
+
+/// Copies a directory tree (a Delta table) file by file.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("dir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).expect("copy");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_checkpoint_is_refused() {
     let lab = Lab::new().await;
     lab.workload(5, 40);
