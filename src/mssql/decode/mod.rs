@@ -357,7 +357,9 @@ fn variant_name(value: &ColumnData<'_>) -> &'static str {
     }
 }
 
-/// A decimal's unscaled value at `from` scale, at the column's `to` scale.
+/// A decimal's unscaled value at `from` scale, at the column's `to` scale. A value that
+/// would lose digits (the column's scale grew by an `ALTER COLUMN` after the read was
+/// planned) or overflow is `SCHEMA_CHANGED`, never silently truncated.
 fn rescale(value: i128, from: u8, to: u8) -> Result<i128> {
     if from == to {
         return Ok(value);
@@ -366,11 +368,12 @@ fn rescale(value: i128, from: u8, to: u8) -> Result<i128> {
     let scaled = if to > from {
         factor(to - from).and_then(|f| value.checked_mul(f))
     } else {
-        factor(from - to).map(|f| value / f)
+        factor(from - to).and_then(|f| (value % f == 0).then(|| value / f))
     };
     scaled.ok_or_else(|| {
-        Error::Internal(format!(
-            "decimal value {value} at scale {from} does not fit scale {to}"
+        Error::SchemaChanged(format!(
+            "a decimal value {value} at scale {from} does not fit the planned scale {to}: the \
+             column's type changed since the read was planned; plan the range again"
         ))
     })
 }

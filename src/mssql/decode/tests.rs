@@ -109,6 +109,44 @@ fn decimals_keep_38_digits_and_money_its_four_places() {
 }
 
 #[test]
+fn a_decimal_with_more_places_than_planned_is_schema_changed_never_truncated() {
+    // The column was decimal(10,2) when the read was planned; an ALTER COLUMN made it
+    // decimal(12,4), and its change rows now arrive at scale 4.
+    let data_type = "decimal(10,2)"
+        .parse::<SqlType>()
+        .expect("type")
+        .arrow_type()
+        .expect("mapped");
+    let mut decoders = vec![ColumnBuilder::new(&data_type, 2).expect("decoder")];
+    let exact = Row::builder()
+        .column(
+            "c",
+            ColumnType::Null,
+            ColumnData::Numeric(Some(Numeric::new_with_scale(12_500, 4))),
+        )
+        .build();
+    append_row(&mut decoders, exact).expect("1.2500 holds at scale 2");
+    let lossy = Row::builder()
+        .column(
+            "c",
+            ColumnType::Null,
+            ColumnData::Numeric(Some(Numeric::new_with_scale(12_345, 4))),
+        )
+        .build();
+    let error = append_row(&mut decoders, lossy).expect_err("1.2345 does not");
+    assert!(
+        matches!(error, crate::error::Error::SchemaChanged(_)),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("plan the range again"),
+        "{error}"
+    );
+    let array = decoders[0].finish();
+    assert_eq!(downcast::<Decimal128Array>(&array).value(0), 125);
+}
+
+#[test]
 fn dates_cover_year_one_to_9999() {
     let array = decode(
         "date",

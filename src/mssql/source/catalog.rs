@@ -4,7 +4,7 @@
 
 use crate::keys::{KeyColumn, KeyTuple, KeyValue};
 use std::collections::BTreeSet;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tiberius::{ColumnData, Row};
 
@@ -18,6 +18,13 @@ use crate::mssql::pool;
 use crate::mssql::sql;
 use crate::offset::CommitTime;
 use crate::source::{CapturedColumn, CdcSource, TableName};
+
+/// How long the captured columns of a capture instance are trusted before they are read
+/// again: `ALTER COLUMN` on a tracked column changes its type in the change table under the
+/// same instance (no DDL event reaches a running server otherwise), so a stale type lasts at
+/// most this long.
+/// <https://learn.microsoft.com/sql/relational-databases/track-changes/about-change-data-capture-sql-server>
+pub const CAPTURED_COLUMNS_TTL: Duration = Duration::from_secs(60);
 
 pub(super) fn int_at(row: &Row, index: usize) -> Option<i64> {
     match row.get_column_data(index).ok()? {
@@ -377,7 +384,10 @@ impl SqlServerSource {
     }
 
     /// The captured columns of an instance as served: CDC records computed columns as NULL
-    /// in every change row, so they are left out (with a warning), as the seed does.
+    /// in every change row, so they are left out (with a warning), as the seed does. Kept
+    /// for [`CAPTURED_COLUMNS_TTL`]: an `ALTER COLUMN` changes a change table's column type
+    /// without a new capture instance, and a read planned on the old type that meets a
+    /// value it cannot hold fails with `SCHEMA_CHANGED` (see `decode`).
     pub(super) async fn served_columns(
         &self,
         table: &TableName,
@@ -385,7 +395,9 @@ impl SqlServerSource {
         create_date: CommitTime,
     ) -> Result<Vec<CapturedColumn>> {
         let key = (capture_instance.to_string(), create_date);
-        if let Some(columns) = self.captured.lock().await.get(&key) {
+        if let Some((columns, read_at)) = self.captured.lock().await.get(&key)
+            && read_at.elapsed() < CAPTURED_COLUMNS_TTL
+        {
             return Ok(columns.clone());
         }
         let mut columns = self.captured_columns(capture_instance).await?;
@@ -401,7 +413,10 @@ impl SqlServerSource {
             }
             keep
         });
-        self.captured.lock().await.insert(key, columns.clone());
+        self.captured
+            .lock()
+            .await
+            .insert(key, (columns.clone(), Instant::now()));
         Ok(columns)
     }
 }

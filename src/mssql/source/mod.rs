@@ -75,8 +75,9 @@ pub struct SqlServerSource {
     config: SqlServerConfig,
     clock: Mutex<Option<(ServerClock, Instant)>>,
     /// Captured columns per capture instance and creation time (an instance re-created
-    /// under the same name gets a new entry), computed columns left out.
-    captured: Mutex<BTreeMap<(String, CommitTime), Vec<CapturedColumn>>>,
+    /// under the same name gets a new entry), computed columns left out; read again after
+    /// [`catalog::CAPTURED_COLUMNS_TTL`].
+    captured: Mutex<BTreeMap<(String, CommitTime), (Vec<CapturedColumn>, Instant)>>,
     retry_base: Duration,
 }
 
