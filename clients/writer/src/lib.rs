@@ -13,6 +13,7 @@ pub mod data_loss;
 pub mod error;
 pub mod events;
 pub mod facts;
+pub mod features;
 pub mod metrics;
 pub mod reconcile;
 pub mod schema_policy;

@@ -594,6 +594,7 @@ pub async fn ensure(
     name: &str,
 ) -> Result<DeltaTable> {
     if let Some(table) = open(url).await? {
+        crate::features::check(&table, kind, url.as_str())?;
         return migrate(table, kind).await;
     }
     // An unloaded handle: loading a location without a log only logs a kernel error.
@@ -621,6 +622,7 @@ pub async fn ensure(
             let table = open(url)
                 .await?
                 .ok_or_else(|| WriterError::Internal(format!("{url} vanished")))?;
+            crate::features::check(&table, kind, url.as_str())?;
             migrate(table, kind).await
         }
         Err(error) => Err(error.into()),
