@@ -120,7 +120,8 @@ pub struct Stream {
 
 /// Environment variable naming a step boundary where the process aborts, for crash tests:
 /// `after_plan`, `after_bronze`, `after_facts` or `after_control` of a stream batch, or
-/// `after_wave_bronze` of a snapshot wave or `after_snapshot_open` of a full snapshot,
+/// `after_wave_bronze` of a snapshot wave, `after_snapshot_open` of a full snapshot or
+/// `after_seed_open` of a seed,
 /// optionally `:<batch_id or wave>`.
 pub const CRASH_AT_VARIABLE: &str = "MSSQL_CDC_WRITER_CRASH_AT";
 

@@ -252,23 +252,38 @@ async fn a_seed_is_refused_while_a_snapshot_is_open() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_seed_command_prints_where_the_stream_starts() {
-    let lab = Lab::new().await;
-    common::orders_workload(&lab, 87, 60, churn());
-    let (copy, stamp) = user_copy(&lab, None).await;
-    let path = write_parquet(&lab.dir.path().join("copy"), &copy);
+/// Runs the `seed` command for the lab's stream, aborting at `crash_at` when given.
+async fn seed_command(
+    lab: &Lab,
+    path: &str,
+    as_of: Lsn,
+    crash_at: Option<&str>,
+) -> std::process::Output {
     let config = lab.config();
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"));
     command
         .args(["seed", "--server", &lab.url, "--table", "dbo.orders"])
         .args(["--target", &config.target, "--facts", &config.facts])
-        .args(["--app-id", &config.app_id, "--copy", &path])
-        .args(["--as-of", &stamp.to_string()])
+        .args(["--app-id", &config.app_id, "--copy", path])
+        .args(["--as-of", &as_of.to_string()])
         .env("RUST_LOG", "warn");
-    let output = tokio::task::spawn_blocking(move || command.output().expect("run"))
+    if let Some(step) = crash_at {
+        command.env(mssql_cdc_writer::stream::CRASH_AT_VARIABLE, step);
+    }
+    tokio::task::spawn_blocking(move || command.output().expect("run"))
         .await
-        .expect("join");
+        .expect("join")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_command_prints_where_the_stream_starts_and_finishes_a_crashed_seed() {
+    let lab = Lab::new().await;
+    common::orders_workload(&lab, 87, 60, churn());
+    let (copy, stamp) = user_copy(&lab, None).await;
+    let path = write_parquet(&lab.dir.path().join("copy"), &copy);
+    let crashed = seed_command(&lab, &path, stamp, Some("after_seed_open")).await;
+    assert!(!crashed.status.success(), "aborted after the open");
+    let output = seed_command(&lab, &path, stamp, None).await;
     assert!(
         output.status.success(),
         "{}",
@@ -283,5 +298,13 @@ async fn the_seed_command_prints_where_the_stream_starts() {
     assert!(
         String::from_utf8_lossy(&output.stderr).contains(&format!("--starting {stamp}")),
         "says how to start the stream"
+    );
+    let state = mssql_cdc_writer::snapshot::state(&lab.config())
+        .await
+        .expect("state");
+    assert_eq!(
+        (state.status.snapshot, state.status.state.as_str()),
+        (Some(stamp), "done"),
+        "the rerun finished the seed the crash left open"
     );
 }

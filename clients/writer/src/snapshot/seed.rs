@@ -121,7 +121,10 @@ impl Snapshots {
                 reused: true,
             });
         }
-        if let Some(open) = Self::open_chunked_of(&recorded).or(Self::open_full_of(&recorded)) {
+        // A seed at this L that a crash left open (recorded as a full snapshot) is finished
+        // below; any other open snapshot refuses.
+        let open_full = Self::open_full_of(&recorded).filter(|open| *open != lsn);
+        if let Some(open) = Self::open_chunked_of(&recorded).or(open_full) {
             return Err(WriterError::invalid(format!(
                 "{table}: snapshot {open} is open for this app_id; finish it (backfill, or a \
                  rerun of the full bootstrap) before seeding"
@@ -175,6 +178,7 @@ impl Snapshots {
             }],
         )
         .await?;
+        crate::stream::crash_point("after_seed_open", 0);
         let bronze_txn = self.txn("snap", lsn);
         let rows = if self.held_by_bronze(&bronze_txn, 0).await? {
             self.count_snapshot_rows(lsn, None)
