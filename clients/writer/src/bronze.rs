@@ -361,14 +361,12 @@ pub fn conform(
         if !fits(&incoming, existing.data_type()) {
             return Err(WriterError::SchemaChanged(format!(
                 "bronze {target} holds column '{}' as {}, and the source now delivers {}, which \
-                 it cannot hold. delta-rs does not change a column's type: widen the column \
-                 with Spark (ALTER TABLE delta.`{target}` SET TBLPROPERTIES \
-                 ('delta.enableTypeWidening' = 'true'), then ALTER TABLE ... ALTER COLUMN {} \
-                 TYPE {}) or stream into a new bronze target, then restart the stream",
+                 it cannot hold. delta-rs cannot change a column's type, and a table with \
+                 Delta's type widening enabled is one this writer refuses to write: stream into \
+                 a new bronze target (a new app_id and checkpoint, bootstrapped by a snapshot), \
+                 then point silver at it",
                 field.name(),
                 existing.data_type(),
-                incoming,
-                field.name(),
                 incoming,
             )));
         }
@@ -485,6 +483,6 @@ mod tests {
             .expect_err("a string does not fit a long")
             .to_string();
         assert!(error.contains("'name'"), "{error}");
-        assert!(error.contains("delta.enableTypeWidening"), "{error}");
+        assert!(error.contains("a new bronze target"), "{error}");
     }
 }

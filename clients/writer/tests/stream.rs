@@ -534,7 +534,7 @@ async fn a_type_bronze_holds_wider_is_cast_and_one_it_cannot_hold_stops_the_stre
     assert!(matches!(error, WriterError::SchemaChanged(_)), "{error}");
     let message = error.to_string();
     assert!(message.contains("'status'"), "{message}");
-    assert!(message.contains("delta.enableTypeWidening"), "{message}");
+    assert!(message.contains("a new bronze target"), "{message}");
     let written = query(&narrower.target, "SELECT COUNT(*) FROM t").await;
     let count = written[0]
         .column(0)
