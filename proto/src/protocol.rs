@@ -583,6 +583,11 @@ pub struct CaptureInstanceInfo {
     pub index_columns: Vec<String>,
 }
 
+/// [`RangeEvent::event`] of a range that crosses into a newer capture instance.
+pub const CAPTURE_INSTANCE_SWITCHED: &str = "capture_instance_switched";
+/// [`RangeEvent::event`] of a DDL recorded inside a range.
+pub const SCHEMA_CHANGE: &str = "schema_change";
+
 /// An event of a planned range (app_metadata of the `FlightInfo`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RangeEvent {

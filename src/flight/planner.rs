@@ -293,7 +293,7 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
                 detail.push_str(&format!("; columns read as NULL: {}", missing.join(", ")));
             }
             metadata.events.push(RangeEvent {
-                event: "capture_instance_switched".into(),
+                event: crate::protocol::CAPTURE_INSTANCE_SWITCHED.into(),
                 capture_instance: instance.name.clone(),
                 lsn: cursor,
                 commit_ts: source.lsn_to_time(cursor).await?,
@@ -303,7 +303,7 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
         let range = |from| InstanceRange::new(&instance.name, from, end);
         for ddl in source.ddl_history(range(cursor.decrement())).await? {
             metadata.events.push(RangeEvent {
-                event: "schema_change".into(),
+                event: crate::protocol::SCHEMA_CHANGE.into(),
                 capture_instance: ddl.capture_instance,
                 lsn: ddl.ddl_lsn,
                 commit_ts: Some(ddl.ddl_time.to_millis_precision()),

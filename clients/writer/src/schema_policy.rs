@@ -10,7 +10,7 @@
 use std::str::FromStr;
 
 use arrow::datatypes::Schema;
-use mssql_cdc_proto::protocol::RangeEvent;
+use mssql_cdc_proto::protocol::{CAPTURE_INSTANCE_SWITCHED, RangeEvent, SCHEMA_CHANGE};
 
 use crate::error::{Result, WriterError};
 
@@ -58,7 +58,7 @@ impl SchemaChangePolicy {
             return Ok(());
         }
         if let Some(event) = events.iter().find(|event| {
-            event.event == "schema_change" || event.event == "capture_instance_switched"
+            [SCHEMA_CHANGE, CAPTURE_INSTANCE_SWITCHED].contains(&event.event.as_str())
         }) {
             return Err(WriterError::SchemaChanged(format!(
                 "table {table}: {} at {} ({}) and schema_change_policy is fail: {WAY_ON}",
@@ -99,7 +99,7 @@ mod tests {
     #[test]
     fn fail_refuses_a_reported_change_and_a_new_column_evolve_takes_both() {
         let switch = RangeEvent {
-            event: "capture_instance_switched".into(),
+            event: CAPTURE_INSTANCE_SWITCHED.into(),
             capture_instance: "dbo_t_v2".into(),
             lsn: Lsn::ZERO.increment(),
             commit_ts: None,

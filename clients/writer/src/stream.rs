@@ -435,7 +435,7 @@ impl Stream {
             && let Some(switch) = plan
                 .events
                 .iter()
-                .find(|event| event.event == "capture_instance_switched")
+                .find(|event| event.event == mssql_cdc_proto::protocol::CAPTURE_INSTANCE_SWITCHED)
         {
             // Before the batch's commits: a replay after a crash finds this snapshot open.
             let snapshot = crate::snapshot::Snapshots::connect(self.config.clone())

@@ -84,13 +84,7 @@ impl Snapshots {
                 snapshot
             }
         };
-        let generation = recorded
-            .opens
-            .iter()
-            .map(|(lsn, _)| *lsn)
-            .filter(|lsn| *lsn != snapshot)
-            .collect::<std::collections::BTreeSet<_>>()
-            .len();
+        let generation = recorded.generation_of(snapshot);
         self.read_full(snapshot, true, generation).await
     }
 

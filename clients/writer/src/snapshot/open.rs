@@ -110,12 +110,7 @@ impl Snapshots {
                 self.config.table
             )));
         }
-        let generation = recorded
-            .opens
-            .iter()
-            .map(|(lsn, _)| *lsn)
-            .collect::<std::collections::BTreeSet<_>>()
-            .len();
+        let generation = recorded.generation_of(snapshot);
         let kind = events::completion(previous.is_some());
         // The columns to cut on, checked and typed by the server, and MAX read after S.
         let cut: KeyMaxAnswer = self

@@ -24,6 +24,19 @@ pub(super) struct Recorded {
     pub(super) abandoned: Vec<Lsn>,
 }
 
+impl Recorded {
+    /// The generation a snapshot at `snapshot` has: how many other snapshots were opened
+    /// before it (its own open, when a crashed run recorded it, does not count).
+    pub(super) fn generation_of(&self, snapshot: Lsn) -> usize {
+        self.opens
+            .iter()
+            .map(|(lsn, _)| *lsn)
+            .filter(|lsn| *lsn != snapshot)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    }
+}
+
 /// The newest snapshot of an app id as the facts table records it (lake only).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SnapshotProgress {
@@ -37,8 +50,9 @@ pub struct SnapshotProgress {
     pub chunks_total: Option<u64>,
     /// Whether its completion row is in.
     pub done: bool,
-    /// Whether it was abandoned (changes after its S were skipped).
-    pub abandoned: bool,
+    /// Why it was abandoned (changes after its S skipped, or cleanup past the S of a full
+    /// snapshot a crash left open), when it was.
+    pub abandoned: Option<String>,
     /// When its `snapshot_open` row was written (microseconds since the epoch, UTC).
     pub opened_at: Option<i64>,
 }
@@ -94,10 +108,18 @@ pub async fn progress(facts: &Url, app_id: &str) -> Result<Option<SnapshotProgre
             .is_some_and(|event| events::SNAPSHOT_COMPLETIONS.contains(&event))
             && row[1].as_deref() == Some(snapshot.to_string().as_str())
     });
-    let abandoned = rows.iter().any(|row| {
-        row[0].as_deref() == Some(events::SNAPSHOT_ABANDONED)
-            && row[1].as_deref() == Some(snapshot.to_string().as_str())
-    });
+    let abandoned = rows
+        .iter()
+        .find(|row| {
+            row[0].as_deref() == Some(events::SNAPSHOT_ABANDONED)
+                && row[1].as_deref() == Some(snapshot.to_string().as_str())
+        })
+        .map(|row| {
+            detail(row)["reason"]
+                .as_str()
+                .unwrap_or("no reason recorded")
+                .to_string()
+        });
     Ok(Some(SnapshotProgress {
         snapshot,
         mode,

@@ -33,10 +33,8 @@ pub async fn state(config: &StreamConfig) -> Result<SnapshotState> {
     };
     let reason = if progress.done {
         None
-    } else if progress.abandoned {
-        Some(
-            "abandoned: changes after its S were skipped (data_skipped); open a re-snapshot".into(),
-        )
+    } else if let Some(why) = &progress.abandoned {
+        Some(format!("abandoned: {why}; open a new snapshot"))
     } else {
         let plans = tables::table_url(&plans_location(&config.target))?;
         operator_pause(&plans, progress.snapshot).await?
@@ -48,10 +46,10 @@ pub async fn state(config: &StreamConfig) -> Result<SnapshotState> {
             chunks_done: progress.chunks_done,
             chunks_total: progress.chunks_total,
             done: progress.done,
-            paused: reason.is_some() && !progress.abandoned,
+            paused: reason.is_some() && progress.abandoned.is_none(),
             state: if progress.done {
                 "done"
-            } else if progress.abandoned {
+            } else if progress.abandoned.is_some() {
                 "abandoned"
             } else if reason.is_some() {
                 "paused"
