@@ -11,6 +11,16 @@ use mssql_cdc_flight::flight::Limits;
 /// Serve SQL Server change data capture as Arrow Flight streams.
 #[derive(Parser)]
 #[command(version, about)]
+pub struct Cli {
+    /// How to log to standard error: `text` for people, `json` for log pipelines (one JSON
+    /// object per line; docs/operations.md, "Logs").
+    #[arg(long, global = true, default_value = "text", value_parser = mssql_cdc_proto::logging::LOG_FORMATS, env = mssql_cdc_proto::logging::LOG_FORMAT_VARIABLE)]
+    pub log_format: String,
+    #[command(subcommand)]
+    pub command: Commands,
+}
+
+#[derive(Subcommand)]
 pub enum Commands {
     /// Run the Flight server.
     Serve(ServeArgs),
@@ -42,6 +52,10 @@ pub struct HealthArgs {
     /// Seconds to wait for the answer.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_HEALTH_TIMEOUT", default_value_t = 5.0)]
     pub timeout: f64,
+    /// The service whose health to ask: the Flight service by default; `""` for a
+    /// writer sidecar's admin service (SERVING while every table streams).
+    #[arg(long, default_value = "arrow.flight.protocol.FlightService", env = "MSSQL_CDC_FLIGHT_HEALTH_SERVICE")]
+    pub service: String,
 }
 
 #[derive(Args)]

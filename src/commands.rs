@@ -151,7 +151,7 @@ pub async fn health(args: HealthArgs) -> anyhow::Result<()> {
         .with_context(|| format!("connecting to {}", args.server))?;
     let answer = tonic_health::pb::health_client::HealthClient::new(channel)
         .check(tonic_health::pb::HealthCheckRequest {
-            service: "arrow.flight.protocol.FlightService".into(),
+            service: args.service.clone(),
         })
         .await
         .with_context(|| format!("asking {} for its health", args.server))?

@@ -6,15 +6,19 @@ use clap::Parser;
 mod cli;
 mod commands;
 
-use cli::Commands;
+use cli::{Cli, Commands};
 
 // The system allocator on purpose: under many concurrent streams mimalloc (v3) kept four
 // times the live bytes resident (its purge delay and eager arena commit), glibc about two,
 // at the same rows/s (docs/operations.md, "Memory").
 
 fn main() -> anyhow::Result<()> {
-    mssql_cdc_flight::init_process("info");
-    let command = Commands::parse();
+    let Cli {
+        log_format,
+        command,
+    } = Cli::parse();
+    mssql_cdc_flight::install_crypto_provider();
+    mssql_cdc_proto::logging::init_with("info", log_format == "json");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -11,10 +11,13 @@
 //! touches nothing. A service bound to an address other than loopback needs a token (anybody
 //! reaching the port could otherwise open and pause snapshots), and with `admin_tls_cert` and
 //! `admin_tls_key` its connections are TLS, so the token does not cross the network in clear.
+//! The service also answers `grpc.health.v1.Health` (no token): SERVING while every table of
+//! the sidecar streams (`crate::board`'s readiness).
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -127,9 +130,33 @@ impl AdminToken {
     /// Whether an `authorization` header value is `Bearer <this token>`; the comparison takes
     /// the same time wherever the first difference lies.
     fn admits(&self, header: &[u8]) -> bool {
-        let Some(offered) = header.strip_prefix(b"Bearer ") else {
+        header
+            .strip_prefix(b"Bearer ")
+            .is_some_and(|offered| self.equals(offered))
+    }
+
+    /// Whether an HTTP `authorization` header carries the token: `Bearer <token>`, or a
+    /// browser's `Basic` login with any user name and the token as its password (the status
+    /// page).
+    pub fn admits_http(&self, header: &[u8]) -> bool {
+        use base64::Engine as _;
+        if self.admits(header) {
+            return true;
+        }
+        let Some(encoded) = header.strip_prefix(b"Basic ") else {
             return false;
         };
+        let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(encoded) else {
+            return false;
+        };
+        decoded
+            .iter()
+            .position(|&byte| byte == b':')
+            .is_some_and(|colon| self.equals(&decoded[colon + 1..]))
+    }
+
+    /// Compares in the same time wherever the first difference lies.
+    fn equals(&self, offered: &[u8]) -> bool {
         let expected = self.0.as_bytes();
         offered.len() == expected.len()
             && offered
@@ -489,18 +516,43 @@ impl AdminServer {
                 .tls_config(ServerTlsConfig::new().identity(identity))
                 .map_err(|error| WriterError::invalid(format!("admin TLS identity: {error}")))?;
         }
+        let (reporter, health) = tonic_health::server::health_reporter();
+        tokio::spawn(report_readiness(reporter, stop.clone()));
         let token = self.token;
         let service = SnapshotAdminServer::with_interceptor(
             AdminService::new(self.config),
             move |request: tonic::Request<()>| authorize(token.as_ref(), request),
         );
         builder
+            .add_service(health)
             .add_service(service)
             .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), async move {
                 let _ = stop.wait_for(|stopped| *stopped).await;
             })
             .await
             .map_err(|error| WriterError::Internal(format!("admin service: {error}")))
+    }
+}
+
+/// Keeps gRPC health (the overall service, `""`) in step with the sidecar's readiness:
+/// SERVING while every table streams, NOT_SERVING otherwise; checked every second until
+/// `stop`. Health needs no token: orchestrators' probes carry none, and it tells no more than
+/// `/readyz`.
+async fn report_readiness(
+    reporter: tonic_health::server::HealthReporter,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use tonic_health::ServingStatus;
+    while !*stop.borrow() {
+        let status = match crate::board::board().readiness().ready {
+            true => ServingStatus::Serving,
+            false => ServingStatus::NotServing,
+        };
+        reporter.set_service_status("", status).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = stop.changed() => {}
+        }
     }
 }
 
@@ -537,6 +589,25 @@ mod tests {
         assert!(!token.admits(b"bearer abcdefghijklmnop0123"));
         assert!(!token.admits(b"abcdefghijklmnop0123"));
         assert!(!format!("{token:?}").contains("abcdef"));
+    }
+
+    #[test]
+    fn http_callers_may_log_in_with_the_token_as_password() {
+        use base64::Engine as _;
+        let token = AdminToken::new("abcdefghijklmnop0123").expect("token");
+        let basic = |login: &str| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(login)
+            )
+        };
+        assert!(token.admits_http(b"Bearer abcdefghijklmnop0123"));
+        assert!(token.admits_http(basic("operator:abcdefghijklmnop0123").as_bytes()));
+        assert!(token.admits_http(basic(":abcdefghijklmnop0123").as_bytes()));
+        assert!(!token.admits_http(basic("abcdefghijklmnop0123:").as_bytes()));
+        assert!(!token.admits_http(basic("operator:abcdefghijklmnop012").as_bytes()));
+        assert!(!token.admits_http(b"Basic not-base64!"));
+        assert!(!token.admits_http(b""));
     }
 
     #[test]

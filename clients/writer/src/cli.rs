@@ -9,6 +9,16 @@ use clap::{Arg, Args, Parser, Subcommand};
 /// Stream SQL Server CDC from an mssql-cdc-flight server into Delta tables.
 #[derive(Parser)]
 #[command(version, about)]
+pub struct Cli {
+    /// How to log to standard error: `text` for people, `json` for log pipelines (one JSON
+    /// object per line; docs/operations.md, "Logs").
+    #[arg(long, global = true, default_value = "text", value_parser = mssql_cdc_proto::logging::LOG_FORMATS, env = mssql_cdc_proto::logging::LOG_FORMAT_VARIABLE)]
+    pub log_format: String,
+    #[command(subcommand)]
+    pub command: Commands,
+}
+
+#[derive(Subcommand)]
 pub enum Commands {
     /// Stream one table (flags) or every table of a sidecar file (--config) into bronze,
     /// facts and control.
@@ -385,6 +395,10 @@ pub struct RunArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (docs/operations.md); none without.
     #[arg(long, env = "MSSQL_CDC_WRITER_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// With --config: serve the sidecar's live status page at http://ADDR/ and its probes
+    /// /healthz and /readyz (docs/operations.md); overrides the file's `status_listen`.
+    #[arg(long, requires = "config", env = "MSSQL_CDC_WRITER_STATUS_LISTEN")]
+    pub status_listen: Option<String>,
     /// Skip purged changes (with a data_skipped facts row) instead of stopping. Loses changes.
     #[arg(long, env = "MSSQL_CDC_WRITER_SKIP_DATA_LOSS")]
     pub skip_data_loss: bool,

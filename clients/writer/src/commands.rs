@@ -24,7 +24,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         tracing::info!(%address, "serving Prometheus metrics at /metrics");
     }
     if let Some(path) = &args.config {
-        return run_sidecar(path, args.available_now).await;
+        return run_sidecar(path, args.available_now, args.status_listen).await;
     }
     let missing = || {
         anyhow::anyhow!(
@@ -227,35 +227,89 @@ pub async fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
         target_wave_seconds: args.target_wave_seconds,
         min_headroom_hours: args.min_headroom_hours,
     };
+    let mut shown = WaveDisplay::new();
     let status = Snapshots::connect(config)
         .await?
-        .backfill_with_progress(&options, |progress| {
-            // One line per wave on stderr: a progress bar that survives logs and pipes.
-            let width = 30usize;
-            let filled = (progress.chunks_done as usize * width)
-                .checked_div(progress.chunks_total as usize)
-                .unwrap_or(0);
-            eprintln!(
-                "[{}{}] {}/{} chunks  wave {}  {:.0} rows/s  ETA {}",
-                "#".repeat(filled),
-                "-".repeat(width - filled),
-                progress.chunks_done,
-                progress.chunks_total,
-                progress.wave,
-                progress.rows_per_second,
-                progress
-                    .eta_seconds
-                    .map_or("?".to_string(), |seconds| format!("{seconds:.0} s")),
-            );
-        })
+        .backfill_with_progress(&options, |progress| shown.wave(progress))
         .await?;
+    shown.finish();
     println!("{}", serde_json::to_string(&status)?);
     Ok(())
 }
 
+/// How a backfill shows its waves on standard error: a progress bar (indicatif) on a
+/// terminal, one plain line per wave otherwise (logs and pipes keep every line).
+struct WaveDisplay {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl WaveDisplay {
+    fn new() -> Self {
+        use std::io::IsTerminal as _;
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let style = indicatif::ProgressStyle::with_template(
+                "{bar:30.cyan/blue} {pos}/{len} chunks  {msg}  {elapsed}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+            indicatif::ProgressBar::new(0).with_style(style)
+        });
+        WaveDisplay { bar }
+    }
+
+    fn wave(&mut self, progress: &snapshot::WaveProgress) {
+        let eta = progress
+            .eta_seconds
+            .map_or("?".to_string(), |seconds| format!("{seconds:.0} s"));
+        let pace = format!(
+            "wave {}  {:.0} rows/s  ETA {eta}",
+            progress.wave, progress.rows_per_second
+        );
+        match &self.bar {
+            Some(bar) => {
+                bar.set_length(progress.chunks_total);
+                bar.set_position(progress.chunks_done);
+                bar.set_message(pace);
+            }
+            None => eprintln!(
+                "backfill: {}/{} chunks  {pace}",
+                progress.chunks_done, progress.chunks_total
+            ),
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish();
+        }
+    }
+}
+
 /// Every table of a sidecar file, until done (`--available-now`) or Ctrl-C.
-async fn run_sidecar(path: &std::path::Path, available_now: bool) -> anyhow::Result<()> {
-    let config = sidecar::SidecarConfig::load(path)?;
+async fn run_sidecar(
+    path: &std::path::Path,
+    available_now: bool,
+    status_listen: Option<String>,
+) -> anyhow::Result<()> {
+    let mut config = sidecar::SidecarConfig::load(path)?;
+    config.status_listen = status_listen.or(config.status_listen);
+    // An available-now run keeps the default signal handling (Ctrl-C ends it at once); its
+    // status page serves until the run ends.
+    let (_run_lasts, run_ends) = tokio::sync::watch::channel(false);
+    let stopped = if available_now {
+        run_ends
+    } else {
+        stopped_by_signal()
+    };
+    let board = mssql_cdc_writer::board::board();
+    board.enable(config.tables.iter().map(|entry| entry.table.as_str()));
+    let lake = config.clone();
+    tokio::spawn(async move {
+        match sidecar::status(&lake).await {
+            Ok(statuses) => board.seed(&statuses),
+            Err(error) => tracing::warn!(%error, "the status board starts without the lake's positions"),
+        }
+    });
+    serve_status_page(&config, stopped.clone()).await?;
     if available_now {
         let mut failed = Vec::new();
         for (table, result) in sidecar::run_available_now(&config).await {
@@ -280,17 +334,39 @@ async fn run_sidecar(path: &std::path::Path, available_now: bool) -> anyhow::Res
         }
         return Ok(());
     }
-    let stopped = stopped_by_signal();
     if let Some(server) = admin::AdminServer::bind(&config).await? {
         println!("admin service on {}", server.local_addr()?);
         let stopped = stopped.clone();
         tokio::spawn(async move {
             if let Err(error) = server.serve(stopped).await {
-                tracing::error!(%error, "the admin service stopped");
+                tracing::warn!(%error, "the admin service stopped");
             }
         });
     }
     sidecar::run_continuous(&config, stopped).await;
+    Ok(())
+}
+
+/// Serves the sidecar's status page and probes when `status_listen` is set.
+async fn serve_status_page(
+    config: &sidecar::SidecarConfig,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let Some(address) = &config.status_listen else {
+        return Ok(());
+    };
+    let token = config
+        .admin_token_file
+        .as_deref()
+        .map(admin::AdminToken::from_file)
+        .transpose()?;
+    let page = mssql_cdc_writer::status_page::StatusPage::bind(address, token).await?;
+    println!("status page on http://{}/", page.local_addr()?);
+    tokio::spawn(async move {
+        if let Err(error) = page.serve(stopped).await {
+            tracing::warn!(%error, "the status page stopped");
+        }
+    });
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 //! after the data). The writer talks to SQL Server only through the Flight server.
 
 pub mod admin;
+pub mod board;
 pub mod bronze;
 pub mod checkpoint;
 pub mod control;
@@ -20,6 +21,7 @@ pub mod schema_policy;
 pub mod sidecar;
 pub mod silver;
 pub mod snapshot;
+pub mod status_page;
 pub mod stream;
 pub mod tables;
 pub mod tail;

@@ -7,7 +7,7 @@ mod commands;
 #[cfg(feature = "sim")]
 mod demo;
 
-use cli::Commands;
+use cli::{Cli, Commands};
 
 // As in the server: per-batch multi-megabyte Arrow and Parquet buffers are reused by
 // mimalloc instead of going back to mmap/munmap.
@@ -19,13 +19,17 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const DEFAULT_LOG_FILTER: &str = "info,buoyant_kernel=warn,deltalake_core::operations::merge=error,deltalake_core::kernel::transaction=warn";
 
 fn main() -> anyhow::Result<()> {
+    let Cli {
+        log_format,
+        command,
+    } = Cli::parse();
     mssql_cdc_proto::install_crypto_provider();
-    mssql_cdc_proto::logging::init(DEFAULT_LOG_FILTER);
+    mssql_cdc_proto::logging::init_with(DEFAULT_LOG_FILTER, log_format == "json");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        match Commands::parse() {
+        match command {
             Commands::Run(args) => commands::run(*args).await,
             Commands::Status { config } => commands::print_status(config).await,
             Commands::Backfill(args) => commands::backfill(*args).await,

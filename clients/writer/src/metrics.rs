@@ -1,8 +1,37 @@
-//! Prometheus metrics of the writer, recorded through the `metrics` facade: no-ops unless
-//! `run --metrics-listen` installed the exporter (docs/operations.md lists them).
+//! What the writer observes of its tables, recorded twice: as Prometheus metrics through the
+//! `metrics` facade (no-ops unless `run --metrics-listen` installed the exporter;
+//! docs/operations.md lists them) and on the status board (`crate::board`, no-ops unless a
+//! status page is served).
+
+use crate::board::board;
+
+/// A committed batch of a table (idle polls included), as its facts row gives it.
+pub struct BatchFigures {
+    /// The batch id.
+    pub batch_id: i64,
+    /// Rows written to bronze.
+    pub rows: u64,
+    /// Seconds from plan to the bronze commit.
+    pub seconds: f64,
+    /// The batch's end LSN.
+    pub end_lsn: String,
+    /// Seconds from the source's newest commit to now.
+    pub capture_lag: Option<f64>,
+    /// Seconds the batch's end lies behind the source's newest commit.
+    pub behind: Option<f64>,
+}
 
 /// Records a committed batch of `table`.
-pub fn batch(table: &str, rows: u64, seconds: f64, capture_lag: Option<f64>, behind: Option<f64>) {
+pub fn batch(table: &str, figures: BatchFigures) {
+    let BatchFigures {
+        batch_id,
+        rows,
+        seconds,
+        end_lsn,
+        capture_lag,
+        behind,
+    } = figures;
+    board().batch(table, batch_id, rows, seconds, end_lsn, behind);
     let table = table.to_string();
     metrics::counter!("mssql_cdc_writer_batches_total", "table" => table.clone()).increment(1);
     metrics::counter!("mssql_cdc_writer_rows_total", "table" => table.clone()).increment(rows);
@@ -18,6 +47,7 @@ pub fn batch(table: &str, rows: u64, seconds: f64, capture_lag: Option<f64>, beh
 /// Records the progress of `table`'s chunked snapshot: chunks in bronze and facts, and of
 /// the plan (unknown before it exists; both 0 when no snapshot is open).
 pub fn snapshot_chunks(table: &str, done: u64, total: Option<u64>) {
+    board().snapshot(table, done, total);
     let table = table.to_string();
     metrics::gauge!("mssql_cdc_writer_snapshot_chunks_done", "table" => table.clone())
         .set(done as f64);
@@ -34,6 +64,7 @@ pub fn finalized_until(
     layer: &'static str,
     until: Option<mssql_cdc_proto::CommitTime>,
 ) {
+    board().verdict(table, layer, until);
     if let Some(until) = until {
         metrics::gauge!("mssql_cdc_writer_finalized_until_seconds", "table" => table.to_string(), "layer" => layer)
             .set(until.micros() as f64 / 1e6);
@@ -43,6 +74,7 @@ pub fn finalized_until(
 /// Records a reconcile of `table`'s silver: buckets by status, key findings by type, and
 /// the verified LSN's time (a Unix timestamp, when the run verified it).
 pub fn reconcile(table: &str, result: &crate::reconcile::ReconcileResult) {
+    board().reconcile(table, result);
     let table = table.to_string();
     for (status, count) in [
         ("match", result.matched),
@@ -62,8 +94,15 @@ pub fn reconcile(table: &str, result: &crate::reconcile::ReconcileResult) {
     }
 }
 
-/// Records a failed attempt at `table`'s stream (the sidecar retries it).
-pub fn failure(table: &str) {
+/// Records silver's position after an `apply_changes` of `table` (the board only: the
+/// verdict gauge says how far silver is complete).
+pub fn silver_applied(table: &str, applied_lsn: Option<mssql_cdc_proto::Lsn>) {
+    board().silver_applied(table, applied_lsn.map(|lsn| lsn.to_string()));
+}
+
+/// Records a failed attempt at `table`'s stream (the sidecar retries it) and its error.
+pub fn failure(table: &str, error: &crate::error::WriterError) {
+    board().failure(table, &error.to_string());
     metrics::counter!("mssql_cdc_writer_failures_total", "table" => table.to_string()).increment(1);
 }
 

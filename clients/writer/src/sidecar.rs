@@ -32,7 +32,8 @@
 //! ```
 //!
 //! `reconcile_report = "/lake/reconcile"` at the top level names the report table every
-//! scheduled reconcile appends to (docs/reconcile.md).
+//! scheduled reconcile appends to (docs/reconcile.md); `status_listen = "127.0.0.1:8088"`
+//! serves the live status page and the `/healthz` and `/readyz` probes (docs/operations.md).
 //!
 //! One task per table. A table that fails is logged and retried with exponential backoff
 //! (1 s doubling to 60 s) while the others go on; with available-now each table gets
@@ -45,6 +46,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::board::{TableState, board};
 use crate::checkpoint::Checkpoint;
 use crate::control::{self, Granularity};
 use crate::data_loss::OnDataLoss;
@@ -96,6 +98,11 @@ pub struct SidecarConfig {
     /// PEM private key of `admin_tls_cert`.
     #[serde(default)]
     pub admin_tls_key: Option<PathBuf>,
+    /// Address of the status page and the `/healthz` and `/readyz` probes
+    /// (`crate::status_page`), for example `127.0.0.1:8088`; none when unset. An address
+    /// other than loopback needs `admin_token_file`, which the page then asks for.
+    #[serde(default)]
+    pub status_listen: Option<String>,
     /// The report table of scheduled reconciles; none when unset.
     #[serde(default)]
     pub reconcile_report: Option<String>,
@@ -259,7 +266,8 @@ async fn reconcile_loop(
             return;
         }
         if let Err(error) = reconcile_logged(&config).await {
-            tracing::error!(table = %config.table, %error, "reconcile failed; retrying at the next tick");
+            board().failure(&config.table, &format!("reconcile: {error}"));
+            tracing::warn!(table = %config.table, %error, "reconcile failed; retrying at the next tick");
         }
     }
 }
@@ -420,6 +428,16 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_secs(1u64 << attempt.min(6)).min(Duration::from_secs(60))
 }
 
+/// The state of a table whose attempt `attempt` (from 0) just failed: retried after its
+/// backoff.
+fn retrying(attempt: u32) -> TableState {
+    let at = chrono::Utc::now() + backoff(attempt);
+    TableState::Retrying {
+        attempt: attempt + 1,
+        retry_at: at.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+    }
+}
+
 /// Runs every table to the `max_lsn` recorded at its start; returns each table's outcome.
 pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Vec<BatchOutcome>>)> {
     let mut tasks = Vec::new();
@@ -438,6 +456,7 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
                     let result = async {
                         bootstrap(&entry, &mut stream_config).await?;
                         let mut stream = Stream::connect(stream_config.clone()).await?;
+                        board().state(&entry.table, TableState::Running);
                         let outcomes = stream.run_available_now().await?;
                         backfill_to_end(&entry, &stream_config).await?;
                         if let Some(apply) = &apply {
@@ -450,14 +469,22 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
                     }
                     .await;
                     match result {
-                        Ok(outcomes) => return Ok(outcomes),
+                        Ok(outcomes) => {
+                            board().state(&entry.table, TableState::Finished);
+                            return Ok(outcomes);
+                        }
                         Err(error) if attempt + 1 < AVAILABLE_NOW_ATTEMPTS && !is_final(&error) => {
-                            crate::metrics::failure(&stream_config.table);
+                            crate::metrics::failure(&stream_config.table, &error);
+                            board().state(&entry.table, retrying(attempt));
                             tracing::warn!(table = %stream_config.table, %error, attempt, "table failed; retrying");
                             tokio::time::sleep(backoff(attempt)).await;
                             attempt += 1;
                         }
-                        Err(error) => return Err(error),
+                        Err(error) => {
+                            crate::metrics::failure(&stream_config.table, &error);
+                            board().state(&entry.table, TableState::Failed);
+                            return Err(error);
+                        }
                     }
                 }
             }),
@@ -468,8 +495,13 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
         let result = task
             .await
             .unwrap_or_else(|error| Err(WriterError::Internal(format!("task: {error}"))));
-        if let Err(error) = &result {
-            tracing::error!(%table, %error, "table failed");
+        match &result {
+            // Loss and a lake that contradicts the checkpoint are what ERROR is kept for.
+            Err(error @ (WriterError::DataLoss { .. } | WriterError::CheckpointMismatch(_))) => {
+                tracing::error!(%table, %error, "table failed");
+            }
+            Err(error) => tracing::warn!(%table, %error, "table failed"),
+            Ok(_) => {}
         }
         results.push((table, result));
     }
@@ -520,8 +552,9 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
                     if began.elapsed() > backoff(u32::MAX) {
                         attempt = 0;
                     }
-                    crate::metrics::failure(&stream_config.table);
-                    tracing::error!(table = %stream_config.table, %error, attempt, "table failed; retrying");
+                    crate::metrics::failure(&stream_config.table, &error);
+                    board().state(&stream_config.table, retrying(attempt));
+                    tracing::warn!(table = %stream_config.table, %error, attempt, "table failed; retrying");
                     let mut stop = stop.clone();
                     tokio::select! {
                         _ = tokio::time::sleep(backoff(attempt)) => {}
@@ -530,6 +563,7 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
                     attempt += 1;
                 }
             }
+            board().state(&stream_config.table, TableState::Stopped);
         }));
     }
     for task in tasks {
@@ -553,6 +587,7 @@ async fn continuous_attempt(
     let stream = async {
         let streamed = async {
             let mut stream = Stream::connect(config.clone()).await?;
+            board().state(&config.table, TableState::Running);
             stream.run_continuous(waiting, attempt_ended.clone()).await
         }
         .await;
@@ -581,7 +616,8 @@ async fn continuous_attempt(
 async fn apply_loop(apply: ApplyConfig, every: Duration, stop: tokio::sync::watch::Receiver<bool>) {
     while !*stop.borrow() {
         if let Err(error) = apply_changes(&apply).await {
-            tracing::error!(silver = %apply.target, %error, "apply_changes failed; retrying");
+            board().failure(&apply.table, &format!("apply_changes: {error}"));
+            tracing::warn!(silver = %apply.target, %error, "apply_changes failed; retrying");
         }
         let mut stop = stop.clone();
         tokio::select! {

@@ -527,10 +527,14 @@ impl Stream {
         row.duration_ms = Some(clock.elapsed().as_millis() as i64);
         crate::metrics::batch(
             &self.config.table,
-            u64::try_from(rows).unwrap_or(0),
-            clock.elapsed().as_secs_f64(),
-            row.capture_lag_seconds,
-            row.ingestion_lag_seconds,
+            crate::metrics::BatchFigures {
+                batch_id: record.batch_id,
+                rows: u64::try_from(rows).unwrap_or(0),
+                seconds: clock.elapsed().as_secs_f64(),
+                end_lsn: record.end.lsn.to_string(),
+                capture_lag: row.capture_lag_seconds,
+                behind: row.ingestion_lag_seconds,
+            },
         );
         self.append_facts(record.batch_id, row, events).await?;
         crash_point("after_facts", record.batch_id);

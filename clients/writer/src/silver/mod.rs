@@ -108,6 +108,7 @@ pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
         _ => error,
     })?;
     crate::metrics::finalized_until(&config.table, "silver", outcome.finalized_until);
+    crate::metrics::silver_applied(&config.table, outcome.applied_lsn);
     Ok(outcome)
 }
 
