@@ -18,7 +18,7 @@ use serde::Serialize;
 /// Minutes of history kept per table (six hours): what the plots show.
 pub const HISTORY_MINUTES: usize = 360;
 /// Batches kept per table for the page's "last batches".
-pub const RECENT_BATCHES: usize = 20;
+pub const RECENT_BATCHES: usize = 10;
 /// The longest error message kept (the rest is cut with an ellipsis).
 const MAX_ERROR_CHARS: usize = 2_000;
 

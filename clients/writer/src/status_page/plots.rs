@@ -81,6 +81,7 @@ fn draw_into(
         .x_labels(7)
         .y_labels(5)
         .x_label_formatter(&|minute| clock_label(*minute))
+        .y_label_formatter(&|value| axis_number(*value))
         .y_desc(unit)
         .light_line_style(RGBColor(235, 235, 235))
         .draw()?;
@@ -99,6 +100,15 @@ fn draw_into(
     }
     root.present()?;
     Ok(())
+}
+
+/// An axis figure without needless decimals: `4000`, `12`, `0.5`.
+fn axis_number(value: f64) -> String {
+    if value.abs() >= 10.0 || value.fract() == 0.0 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.1}")
+    }
 }
 
 /// `HH:MM` (UTC) of a minute since the Unix epoch.
@@ -146,6 +156,14 @@ mod tests {
         assert!(plots.rows.contains("<svg"));
         assert!(plots.behind.contains("<svg"));
         assert_eq!(plots.behind.matches("<circle").count(), 0);
+    }
+
+    #[test]
+    fn axis_figures_carry_no_needless_decimals() {
+        assert_eq!(axis_number(4000.0), "4000");
+        assert_eq!(axis_number(12.4), "12");
+        assert_eq!(axis_number(0.5), "0.5");
+        assert_eq!(axis_number(0.0), "0");
     }
 
     #[test]
