@@ -50,7 +50,8 @@ ENV MSSQL_CDC_FLIGHT_LISTEN=0.0.0.0:50051 \
     MSSQL_CDC_FLIGHT_SOURCE_FILE=/run/secrets/cdc-source \
     MSSQL_CDC_FLIGHT_TOKENS_FILE=/run/secrets/tokens.json \
     RUST_LOG=info
-EXPOSE 50051
+# 50051: the server; 8088: a writer sidecar's status page and probes (status_listen).
+EXPOSE 50051 8088
 HEALTHCHECK --interval=15s --timeout=6s --start-period=20s --retries=3 \
     CMD ["mssql-cdc-flight", "health", "--server", "http://127.0.0.1:50051"]
 LABEL org.opencontainers.image.title="mssql-cdc-flight" \

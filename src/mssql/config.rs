@@ -18,10 +18,13 @@
 //! Options beyond the connection (URL query or extra ADO keys, names case-insensitive):
 //! `lock_timeout_ms`, `isolation` (`readCommitted`|`snapshot`), `source_time_zone`
 //! (`auto`|`UTC`|a Windows zone), `pool_size`, `command_timeout_s`, `packet_size`,
-//! `application_name`, `readonly` (an availability group's readable secondary).
+//! `application_name`, `readonly` (an availability group's readable secondary; ADO's
+//! `ApplicationIntent=ReadOnly`), `access_token_file` (a Microsoft Entra ID access token,
+//! re-read at every connect, instead of a SQL login).
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tiberius::{AuthMethod, Config, EncryptionLevel};
@@ -53,6 +56,9 @@ pub struct SqlServerConfig {
     pub clock: ClockSetting,
     /// Connections kept open at most.
     pub pool_size: u32,
+    /// A file holding a Microsoft Entra ID access token for the login, read at every connect
+    /// (tokens live about an hour; whatever refreshes the file, the next connection uses it).
+    pub access_token_file: Option<PathBuf>,
 }
 
 impl fmt::Debug for SqlServerConfig {
@@ -65,6 +71,7 @@ impl fmt::Debug for SqlServerConfig {
             .field("isolation", &self.isolation)
             .field("clock", &self.clock)
             .field("pool_size", &self.pool_size)
+            .field("access_token_file", &self.access_token_file)
             .finish_non_exhaustive()
     }
 }
@@ -78,6 +85,7 @@ struct Extras {
     pool_size: Option<u32>,
     command_timeout: Option<Duration>,
     packet_size: Option<u32>,
+    access_token_file: Option<PathBuf>,
 }
 
 impl Extras {
@@ -129,6 +137,12 @@ impl Extras {
                 return Err(Error::invalid("packet_size must be between 512 and 32767"));
             }
             extras.packet_size = Some(size as u32);
+        }
+        if let Some(value) = pairs.remove("accesstokenfile") {
+            if value.trim().is_empty() {
+                return Err(Error::invalid("access_token_file names no file"));
+            }
+            extras.access_token_file = Some(PathBuf::from(value.trim()));
         }
         Ok(extras)
     }
@@ -231,7 +245,15 @@ impl SqlServerConfig {
             ));
         }
         let extras = Extras::take(&mut pairs)?;
+        if extras.access_token_file.is_some() && login.is_some() {
+            return Err(Error::invalid(
+                "access_token_file replaces the user and password: give one login, not both",
+            ));
+        }
         let mut trusts_any = false;
+        let plaintext = pairs
+            .get("encrypt")
+            .is_some_and(|value| matches!(value.to_ascii_lowercase().as_str(), "false" | "no" | "off"));
         if let Some(value) = pairs.remove("encrypt") {
             config.encryption(match value.to_ascii_lowercase().as_str() {
                 "strict" => EncryptionLevel::Strict,
@@ -281,7 +303,7 @@ impl SqlServerConfig {
             )));
         }
         let target = format!("{host}:{port}/{database}");
-        Ok(Self::finish(config, target, trusts_any, extras))
+        Self::finish(config, target, trusts_any, plaintext, extras)
     }
 
     fn from_ado(text: &str) -> Result<Self> {
@@ -305,6 +327,14 @@ impl SqlServerConfig {
             }
         }
         let extras = Extras::take(&mut pairs)?;
+        let login_keys = ["userid", "uid", "user", "username", "password", "pwd"];
+        if extras.access_token_file.is_some()
+            && login_keys.iter().any(|key| pairs.contains_key(*key))
+        {
+            return Err(Error::invalid(
+                "AccessTokenFile replaces User Id and Password: give one login, not both",
+            ));
+        }
         let mut config = Config::from_ado_string(text).map_err(|error| {
             // The error names a key, never a value.
             Error::invalid(format!(
@@ -315,10 +345,25 @@ impl SqlServerConfig {
             config.application_name("mssql-cdc-flight");
         }
         let target = format!("{}/{database}", config.get_addr());
-        Ok(Self::finish(config, target, trusts_any, extras))
+        let plaintext = pairs
+            .get("encrypt")
+            .is_some_and(|value| matches!(value.to_ascii_lowercase().as_str(), "false" | "no"));
+        Self::finish(config, target, trusts_any, plaintext, extras)
     }
 
-    fn finish(mut config: Config, target: String, trusts_any: bool, extras: Extras) -> Self {
+    fn finish(
+        mut config: Config,
+        target: String,
+        trusts_any: bool,
+        plaintext: bool,
+        extras: Extras,
+    ) -> Result<Self> {
+        // An access token is a bearer credential: it goes only over an encrypted connection.
+        if extras.access_token_file.is_some() && plaintext {
+            return Err(Error::invalid(
+                "access_token_file needs an encrypted connection: drop encrypt=false",
+            ));
+        }
         config.packet_size(extras.packet_size.unwrap_or(PACKET_SIZE));
         config.command_timeout(Some(
             extras.command_timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT),
@@ -331,7 +376,8 @@ impl SqlServerConfig {
             isolation: extras.isolation,
             clock: extras.clock.unwrap_or(ClockSetting::Auto),
             pool_size: extras.pool_size.unwrap_or(8),
-        }
+            access_token_file: extras.access_token_file,
+        })
     }
 
     /// `mssql://host:port/database`: what logs and `describe` show.
@@ -395,6 +441,44 @@ mod tests {
             ClockSetting::Fixed(ServerClock::Zone("E. South America Standard Time".into()))
         );
         assert_eq!(config.tiberius.get_addr(), "db:1444");
+    }
+
+    #[test]
+    fn an_entra_id_access_token_file_replaces_the_sql_login() {
+        let url = SqlServerConfig::parse(
+            "mssql://db.database.windows.net/sales?access_token_file=/run/secrets/entra-token&readonly=true",
+        )
+        .expect("parses");
+        assert_eq!(
+            url.access_token_file.as_deref(),
+            Some(std::path::Path::new("/run/secrets/entra-token"))
+        );
+        let ado = SqlServerConfig::parse(
+            "Server=tcp:db.database.windows.net,1433;Database=sales;ApplicationIntent=ReadOnly;\
+             AccessTokenFile=/run/secrets/entra-token",
+        )
+        .expect("parses");
+        assert_eq!(ado.access_token_file, url.access_token_file);
+        assert!(!format!("{ado:?}").contains("Password"));
+        for (text, expected) in [
+            (
+                "mssql://reader:pw@h/db?access_token_file=/t",
+                "replaces the user and password",
+            ),
+            (
+                "Server=h;User Id=sa;Password=pw;AccessTokenFile=/t",
+                "replaces User Id and Password",
+            ),
+            (
+                "mssql://h/db?access_token_file=/t&encrypt=false",
+                "encrypted connection",
+            ),
+            ("Server=h;Encrypt=false;AccessTokenFile=/t", "encrypted connection"),
+            ("mssql://h/db?access_token_file=", "names no file"),
+        ] {
+            let error = SqlServerConfig::parse(text).expect_err(text);
+            assert!(error.to_string().contains(expected), "{text}: {error}");
+        }
     }
 
     #[test]

@@ -11,9 +11,10 @@
 //! 2-4 s and 4-8 s, as ADR 0029 does for planning calls; other errors are returned at once.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use tiberius::{Client, Config};
+use tiberius::{AuthMethod, Client, Config};
 use tokio::net::TcpStream;
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
@@ -36,15 +37,45 @@ pub struct Connection {
 pub struct Manager {
     config: Config,
     trusts_any_certificate: bool,
+    access_token_file: Option<PathBuf>,
 }
 
 impl Manager {
-    /// A manager for `config`.
-    pub fn new(config: Config, trusts_any_certificate: bool) -> Self {
+    /// A manager for `config`; with `access_token_file`, every connect logs in with the
+    /// Microsoft Entra ID access token the file holds at that moment.
+    pub fn new(
+        config: Config,
+        trusts_any_certificate: bool,
+        access_token_file: Option<PathBuf>,
+    ) -> Self {
         Manager {
             config,
             trusts_any_certificate,
+            access_token_file,
         }
+    }
+
+    /// The login of the next connection: the access token file read now (a refreshed token
+    /// is used from the next connect on), or `None` for the configured login.
+    async fn access_token(&self) -> tiberius::Result<Option<AuthMethod>> {
+        let Some(path) = &self.access_token_file else {
+            return Ok(None);
+        };
+        let unreadable = |kind, message: String| tiberius::error::Error::Io { kind, message };
+        let text = tokio::fs::read_to_string(path).await.map_err(|error| {
+            unreadable(
+                error.kind(),
+                format!("reading the access token file {}: {error}", path.display()),
+            )
+        })?;
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(unreadable(
+                std::io::ErrorKind::InvalidData,
+                format!("the access token file {} is empty", path.display()),
+            ));
+        }
+        Ok(Some(AuthMethod::aad_token(token)))
     }
 
     async fn open(config: Config) -> tiberius::Result<TdsClient> {
@@ -59,9 +90,13 @@ impl bb8::ManageConnection for Manager {
     type Error = tiberius::error::Error;
 
     fn connect(&self) -> impl Future<Output = tiberius::Result<Connection>> + Send {
-        let config = self.config.clone();
+        let mut config = self.config.clone();
         let trusts_any = self.trusts_any_certificate;
+        let manager = self.clone();
         async move {
+            if let Some(login) = manager.access_token().await? {
+                config.authentication(login);
+            }
             if trusts_any {
                 tracing::warn!(
                     "trusting any SQL Server certificate (trust_server_certificate): the \
@@ -263,6 +298,31 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
+
+    #[tokio::test]
+    async fn each_connect_reads_the_access_token_file_anew() {
+        let directory = tempfile::tempdir().expect("temp dir");
+        let path = directory.path().join("entra-token");
+        let manager = Manager::new(Config::new(), false, Some(path.clone()));
+        let missing = manager.access_token().await.expect_err("no file yet");
+        assert!(missing.to_string().contains("entra-token"), "{missing}");
+        std::fs::write(&path, "first-token\n").expect("write");
+        assert_eq!(
+            manager.access_token().await.expect("read"),
+            Some(AuthMethod::aad_token("first-token"))
+        );
+        // Refreshed by whatever renews it: the next connect logs in with the new token.
+        std::fs::write(&path, "second-token").expect("write");
+        assert_eq!(
+            manager.access_token().await.expect("read"),
+            Some(AuthMethod::aad_token("second-token"))
+        );
+        std::fs::write(&path, "  \n").expect("write");
+        let empty = manager.access_token().await.expect_err("empty");
+        assert!(empty.to_string().contains("is empty"), "{empty}");
+        let plain = Manager::new(Config::new(), false, None);
+        assert_eq!(plain.access_token().await.expect("none"), None);
+    }
 
     #[test]
     fn backoff_doubles_within_its_window() {

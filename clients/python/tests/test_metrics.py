@@ -122,6 +122,7 @@ def test_the_writer_counts_batches_rows_and_lag(tmp_path):
         )
         assert samples.get(rows_key) == expected, samples
         assert samples['mssql_cdc_writer_batches_total{table="dbo.orders"}'] >= 1
+        assert samples['mssql_cdc_writer_bytes_total{table="dbo.orders"}'] > 0
         assert 'mssql_cdc_writer_capture_lag_seconds{table="dbo.orders"}' in samples
         assert samples[verdict] > 1_000_000_000, "a Unix timestamp"
     finally:

@@ -11,6 +11,8 @@ pub struct BatchFigures {
     pub batch_id: i64,
     /// Rows written to bronze.
     pub rows: u64,
+    /// Arrow bytes read from the server.
+    pub bytes: u64,
     /// Seconds from plan to the bronze commit.
     pub seconds: f64,
     /// The batch's end LSN.
@@ -26,6 +28,7 @@ pub fn batch(table: &str, figures: BatchFigures) {
     let BatchFigures {
         batch_id,
         rows,
+        bytes,
         seconds,
         end_lsn,
         capture_lag,
@@ -35,6 +38,7 @@ pub fn batch(table: &str, figures: BatchFigures) {
     let table = table.to_string();
     metrics::counter!("mssql_cdc_writer_batches_total", "table" => table.clone()).increment(1);
     metrics::counter!("mssql_cdc_writer_rows_total", "table" => table.clone()).increment(rows);
+    metrics::counter!("mssql_cdc_writer_bytes_total", "table" => table.clone()).increment(bytes);
     metrics::histogram!("mssql_cdc_writer_batch_seconds", "table" => table.clone()).record(seconds);
     if let Some(lag) = capture_lag {
         metrics::gauge!("mssql_cdc_writer_capture_lag_seconds", "table" => table.clone()).set(lag);

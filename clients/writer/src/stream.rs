@@ -530,6 +530,7 @@ impl Stream {
             crate::metrics::BatchFigures {
                 batch_id: record.batch_id,
                 rows: u64::try_from(rows).unwrap_or(0),
+                bytes: row.read_mb.map_or(0, |megabytes| (megabytes * 1e6).round() as u64),
                 seconds: clock.elapsed().as_secs_f64(),
                 end_lsn: record.end.lsn.to_string(),
                 capture_lag: row.capture_lag_seconds,

@@ -85,7 +85,11 @@ impl SqlServerSource {
     /// Opens the pool and checks one connection (retrying transient failures), so a wrong
     /// address or login fails at start with SQL Server's message.
     pub async fn connect(config: SqlServerConfig) -> Result<Self> {
-        let manager = Manager::new(config.tiberius.clone(), config.trusts_any_certificate);
+        let manager = Manager::new(
+            config.tiberius.clone(),
+            config.trusts_any_certificate,
+            config.access_token_file.clone(),
+        );
         let pool = Connections::new(manager, config.pool_size);
         let source = SqlServerSource {
             pool,
