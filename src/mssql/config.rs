@@ -368,7 +368,7 @@ impl SqlServerConfig {
         config.command_timeout(Some(
             extras.command_timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT),
         ));
-        SqlServerConfig {
+        Ok(SqlServerConfig {
             tiberius: config,
             target,
             trusts_any_certificate: trusts_any,
