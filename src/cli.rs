@@ -12,10 +12,8 @@ use mssql_cdc_flight::flight::Limits;
 #[derive(Parser)]
 #[command(version, about)]
 pub struct Cli {
-    /// How to log to standard error: `text` for people, `json` for log pipelines (one JSON
-    /// object per line; docs/operations.md, "Logs").
-    #[arg(long, global = true, default_value = "text", value_parser = mssql_cdc_proto::logging::LOG_FORMATS, env = mssql_cdc_proto::logging::LOG_FORMAT_VARIABLE)]
-    pub log_format: String,
+    #[command(flatten)]
+    pub log: mssql_cdc_proto::logging::LogArgs,
     #[command(subcommand)]
     pub command: Commands,
 }

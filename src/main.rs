@@ -13,12 +13,9 @@ use cli::{Cli, Commands};
 // at the same rows/s (docs/operations.md, "Memory").
 
 fn main() -> anyhow::Result<()> {
-    let Cli {
-        log_format,
-        command,
-    } = Cli::parse();
+    let Cli { log, command } = Cli::parse();
     mssql_cdc_flight::install_crypto_provider();
-    mssql_cdc_proto::logging::init_with("info", log_format == "json");
+    log.init("info");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -9,6 +9,22 @@ pub const LOG_FORMAT_VARIABLE: &str = "MSSQL_CDC_LOG_FORMAT";
 /// The log formats: what `--log-format` and [`LOG_FORMAT_VARIABLE`] accept.
 pub const LOG_FORMATS: [&str; 2] = ["text", "json"];
 
+/// The binaries' logging flag, flattened into each command line.
+#[derive(clap::Args, Clone, Debug)]
+pub struct LogArgs {
+    /// How to log to standard error: `text` for people, `json` for log pipelines (one JSON
+    /// object per line; docs/operations.md, "Logs").
+    #[arg(long, global = true, default_value = "text", value_parser = LOG_FORMATS, env = LOG_FORMAT_VARIABLE)]
+    pub log_format: String,
+}
+
+impl LogArgs {
+    /// Installs the process's logger in the format asked for.
+    pub fn init(&self, default_filter: &str) {
+        init_with(default_filter, self.log_format == "json");
+    }
+}
+
 /// Installs the process's logger in the format [`LOG_FORMAT_VARIABLE`] names (benches and
 /// tests; the binaries take `--log-format`, which reads the same variable).
 pub fn init(default_filter: &str) {

@@ -13,7 +13,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
 from conftest import binary, workload_database, writer_binary
 
 CHROMIUM_FLAGS = [
@@ -284,8 +283,9 @@ def test_the_status_page_follows_a_chunked_snapshot_and_the_probes_follow_the_se
         server.kill()
         server.wait()
         wait_for("/readyz 503", lambda: not_ready(page_port), seconds=30)
-        assert wait_for("gRPC health NOT_SERVING",
-                        lambda: admin_health(admin_port) == "NOT_SERVING", 10)
+        assert wait_for(
+            "gRPC health NOT_SERVING", lambda: admin_health(admin_port) == "NOT_SERVING", 10
+        )
         page = render(page_url, tmp_path / "chrome")
         assert page.readiness.startswith("Not ready: dbo.customers (retrying)")
         assert {row["state"] for row in page.rows.values()} == {"retrying"}

@@ -19,12 +19,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const DEFAULT_LOG_FILTER: &str = "info,buoyant_kernel=warn,deltalake_core::operations::merge=error,deltalake_core::kernel::transaction=warn";
 
 fn main() -> anyhow::Result<()> {
-    let Cli {
-        log_format,
-        command,
-    } = Cli::parse();
+    let Cli { log, command } = Cli::parse();
     mssql_cdc_proto::install_crypto_provider();
-    mssql_cdc_proto::logging::init_with(DEFAULT_LOG_FILTER, log_format == "json");
+    log.init(DEFAULT_LOG_FILTER);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
