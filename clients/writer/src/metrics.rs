@@ -1,7 +1,7 @@
 //! What the writer observes of its tables, recorded twice: as Prometheus metrics through the
 //! `metrics` facade (no-ops unless `run --metrics-listen` installed the exporter;
 //! docs/operations.md lists them) and on the status board (`crate::board`, no-ops unless a
-//! status page is served).
+//! sidecar run enabled it).
 
 use crate::board::board;
 
@@ -104,7 +104,8 @@ pub fn silver_applied(table: &str, applied_lsn: Option<mssql_cdc_proto::Lsn>) {
     board().silver_applied(table, applied_lsn.map(|lsn| lsn.to_string()));
 }
 
-/// Records a failed attempt at `table`'s stream (the sidecar retries it) and its error.
+/// Records a failed attempt at `table`'s stream and its error (the sidecar retries it, but
+/// for the last attempt of an available-now run).
 pub fn failure(table: &str, error: &crate::error::WriterError) {
     board().failure(table, &error.to_string());
     metrics::counter!("mssql_cdc_writer_failures_total", "table" => table.to_string()).increment(1);
