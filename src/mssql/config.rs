@@ -251,14 +251,15 @@ impl SqlServerConfig {
             ));
         }
         let mut trusts_any = false;
-        let plaintext = pairs
-            .get("encrypt")
-            .is_some_and(|value| matches!(value.to_ascii_lowercase().as_str(), "false" | "no" | "off"));
+        let mut plaintext = false;
         if let Some(value) = pairs.remove("encrypt") {
             config.encryption(match value.to_ascii_lowercase().as_str() {
                 "strict" => EncryptionLevel::Strict,
                 "true" | "yes" | "required" => EncryptionLevel::Required,
-                "false" | "no" | "off" => EncryptionLevel::Off,
+                "false" | "no" | "off" => {
+                    plaintext = true;
+                    EncryptionLevel::Off
+                }
                 _ => {
                     return Err(Error::invalid(format!(
                         "encrypt must be strict, true or false, not '{value}'"

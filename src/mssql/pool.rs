@@ -11,7 +11,7 @@
 //! 2-4 s and 4-8 s, as ADR 0029 does for planning calls; other errors are returned at once.
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tiberius::{AuthMethod, Client, Config};
@@ -57,8 +57,8 @@ impl Manager {
 
     /// The login of the next connection: the access token file read now (a refreshed token
     /// is used from the next connect on), or `None` for the configured login.
-    async fn access_token(&self) -> tiberius::Result<Option<AuthMethod>> {
-        let Some(path) = &self.access_token_file else {
+    async fn access_token(file: Option<&Path>) -> tiberius::Result<Option<AuthMethod>> {
+        let Some(path) = file else {
             return Ok(None);
         };
         let unreadable = |kind, message: String| tiberius::error::Error::Io { kind, message };
@@ -92,9 +92,9 @@ impl bb8::ManageConnection for Manager {
     fn connect(&self) -> impl Future<Output = tiberius::Result<Connection>> + Send {
         let mut config = self.config.clone();
         let trusts_any = self.trusts_any_certificate;
-        let manager = self.clone();
+        let token_file = self.access_token_file.clone();
         async move {
-            if let Some(login) = manager.access_token().await? {
+            if let Some(login) = Self::access_token(token_file.as_deref()).await? {
                 config.authentication(login);
             }
             if trusts_any {
@@ -303,25 +303,24 @@ mod tests {
     async fn each_connect_reads_the_access_token_file_anew() {
         let directory = tempfile::tempdir().expect("temp dir");
         let path = directory.path().join("entra-token");
-        let manager = Manager::new(Config::new(), false, Some(path.clone()));
-        let missing = manager.access_token().await.expect_err("no file yet");
+        let read = || Manager::access_token(Some(&path));
+        let missing = read().await.expect_err("no file yet");
         assert!(missing.to_string().contains("entra-token"), "{missing}");
         std::fs::write(&path, "first-token\n").expect("write");
         assert_eq!(
-            manager.access_token().await.expect("read"),
+            read().await.expect("read"),
             Some(AuthMethod::aad_token("first-token"))
         );
         // Refreshed by whatever renews it: the next connect logs in with the new token.
         std::fs::write(&path, "second-token").expect("write");
         assert_eq!(
-            manager.access_token().await.expect("read"),
+            read().await.expect("read"),
             Some(AuthMethod::aad_token("second-token"))
         );
         std::fs::write(&path, "  \n").expect("write");
-        let empty = manager.access_token().await.expect_err("empty");
+        let empty = read().await.expect_err("empty");
         assert!(empty.to_string().contains("is empty"), "{empty}");
-        let plain = Manager::new(Config::new(), false, None);
-        assert_eq!(plain.access_token().await.expect("none"), None);
+        assert_eq!(Manager::access_token(None).await.expect("none"), None);
     }
 
     #[test]

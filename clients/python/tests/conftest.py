@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -94,11 +95,27 @@ def database(tmp_path_factory):
     return directory, journal
 
 
-def start_server(directory, *flags: str):
-    """Starts `serve` over a simulated database on a free loopback port; returns the process
-    and its grpc:// URL."""
+def free_port() -> int:
+    """A loopback port free at the time of the call."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(directory, *flags: str, port: int = 0):
+    """Starts `serve` over a simulated database on loopback (a free port unless `port` is
+    given, so a test can restart it where its clients look); returns the process and its
+    grpc:// URL."""
     process = subprocess.Popen(
-        [binary(), "serve", "--source", f"sim:{directory}", "--listen", "127.0.0.1:0", *flags],
+        [
+            binary(),
+            "serve",
+            "--source",
+            f"sim:{directory}",
+            "--listen",
+            f"127.0.0.1:{port}",
+            *flags,
+        ],
         stdout=subprocess.PIPE,
         stderr=sys.stderr,
         text=True,

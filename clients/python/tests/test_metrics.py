@@ -5,20 +5,20 @@ lines."""
 import json
 import os
 import re
-import socket
 import subprocess
 import time
 import urllib.request
 
-from conftest import binary, start_server, stop_server, workload_database, writer_binary
+from conftest import (
+    binary,
+    free_port,
+    start_server,
+    stop_server,
+    workload_database,
+    writer_binary,
+)
 
 import mssql_cdc_flight as cdc
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def scrape(port: int) -> dict[str, float]:

@@ -5,7 +5,6 @@ import base64
 import json
 import shutil
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -13,7 +12,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import binary, workload_database, writer_binary
+from conftest import binary, free_port, start_server, workload_database, writer_binary
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -34,26 +33,6 @@ def chromium() -> str:
         if path:
             return path
     pytest.fail("no chromium on PATH: `apt-get install chromium` (.ci/run does)")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_server(directory: Path, port: int) -> subprocess.Popen:
-    process = subprocess.Popen(
-        [binary(), "serve", "--source", f"sim:{directory}", "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE,
-        stderr=sys.stderr,
-        text=True,
-    )
-    line = process.stdout.readline()
-    assert line.startswith("listening on "), line
-    return process
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict, bytes]:
@@ -198,7 +177,7 @@ def test_the_status_page_follows_a_chunked_snapshot_and_the_probes_follow_the_se
     directory = tmp_path / "db"
     workload_database(directory, "--commits", "150", "--seed", "7", "--clock", "virtual")
     server_port, page_port, admin_port = free_port(), free_port(), free_port()
-    server = start_server(directory, server_port)
+    server, _ = start_server(directory, port=server_port)
     url = f"http://127.0.0.1:{server_port}"
     lake = tmp_path / "lake"
     # An operator opens a chunked snapshot of dbo.orders and pauses it: the page must show
@@ -290,7 +269,7 @@ def test_the_status_page_follows_a_chunked_snapshot_and_the_probes_follow_the_se
         assert page.readiness.startswith("Not ready: dbo.customers (retrying)")
         assert {row["state"] for row in page.rows.values()} == {"retrying"}
         assert page.rows["dbo.customers"]["cells"]["error"] not in ("", "–")
-        server = start_server(directory, server_port)
+        server, _ = start_server(directory, port=server_port)
         wait_for("ready again", lambda: ready(page_port), seconds=60)
         assert wait_for("SERVING again", lambda: admin_health(admin_port) == "SERVING", 10)
         page = render(page_url, tmp_path / "chrome")
@@ -313,7 +292,7 @@ def test_the_page_asks_for_the_admin_token_and_the_probes_do_not(tmp_path):
     directory = tmp_path / "db"
     workload_database(directory, "--commits", "20", "--seed", "3", "--clock", "virtual")
     server_port, page_port = free_port(), free_port()
-    server = start_server(directory, server_port)
+    server, _ = start_server(directory, port=server_port)
     token = "status-page-token-0123456789"
     (tmp_path / "token").write_text(token + "\n")
     lake = tmp_path / "lake"

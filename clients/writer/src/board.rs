@@ -23,10 +23,11 @@ pub const RECENT_BATCHES: usize = 10;
 const MAX_ERROR_CHARS: usize = 2_000;
 
 /// Where a table's supervision stands.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum TableState {
     /// Its first attempt has not connected yet (a bootstrap snapshot runs here).
+    #[default]
     Starting,
     /// Its stream runs.
     Running,
@@ -119,7 +120,7 @@ pub struct ReconcileSeen {
 }
 
 /// Everything the board knows of one table.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct TableBoard {
     /// Source table.
     pub table: String,
@@ -159,21 +160,8 @@ impl TableBoard {
     fn new(table: &str, now: DateTime<Utc>) -> Self {
         TableBoard {
             table: table.to_string(),
-            state: TableState::Starting,
             state_since: iso(now),
-            failures: 0,
-            last_error: None,
-            last_batch_id: None,
-            end_lsn: None,
-            behind_seconds: None,
-            bronze_verdict: None,
-            silver_applied_lsn: None,
-            silver_verdict: None,
-            snapshot_chunks: None,
-            snapshot_done: false,
-            reconcile: None,
-            batches: VecDeque::new(),
-            history: VecDeque::new(),
+            ..TableBoard::default()
         }
     }
 
