@@ -52,7 +52,11 @@ pub struct HealthArgs {
     pub timeout: f64,
     /// The service whose health to ask: the Flight service by default; `""` for a
     /// writer sidecar's admin service (SERVING while every table streams).
-    #[arg(long, default_value = "arrow.flight.protocol.FlightService", env = "MSSQL_CDC_FLIGHT_HEALTH_SERVICE")]
+    #[arg(
+        long,
+        default_value = "arrow.flight.protocol.FlightService",
+        env = "MSSQL_CDC_FLIGHT_HEALTH_SERVICE"
+    )]
     pub service: String,
 }
 

@@ -474,7 +474,10 @@ mod tests {
                 "mssql://h/db?access_token_file=/t&encrypt=false",
                 "encrypted connection",
             ),
-            ("Server=h;Encrypt=false;AccessTokenFile=/t", "encrypted connection"),
+            (
+                "Server=h;Encrypt=false;AccessTokenFile=/t",
+                "encrypted connection",
+            ),
             ("mssql://h/db?access_token_file=", "names no file"),
         ] {
             let error = SqlServerConfig::parse(text).expect_err(text);

@@ -135,7 +135,7 @@ fn stream_config(url: &str, table: &TableName, lake: &Path, commit_rows: u64) ->
         facts: location("facts"),
         control: Some(location("control")),
         app_id: "bench".into(),
-        checkpoint: lake.join("_checkpoint"),
+        checkpoint: lake.join("_checkpoint").display().to_string(),
         starting: "earliest".into(),
         // One commit per transaction of ROWS_PER_TRANSACTION change rows.
         max_commits: Some((commit_rows / ROWS_PER_TRANSACTION as u64).max(1)),

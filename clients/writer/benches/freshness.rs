@@ -121,7 +121,7 @@ async fn measure(
         facts: lake("facts"),
         control: Some(lake("control")),
         app_id: "orders".into(),
-        checkpoint: dir.path().join("checkpoint"),
+        checkpoint: dir.path().join("checkpoint").display().to_string(),
         starting: "earliest".into(),
         max_commits: None,
         partitions: 1,

@@ -42,7 +42,7 @@ fn config(url: &str, lake: &Path) -> StreamConfig {
         facts: location("facts"),
         control: None,
         app_id: "bench".into(),
-        checkpoint: lake.join("_checkpoint"),
+        checkpoint: lake.join("_checkpoint").display().to_string(),
         starting: "earliest".into(),
         max_commits: None,
         partitions: 2,

@@ -180,7 +180,11 @@ impl TableBoard {
             current.behind_seconds = Some(current.behind_seconds.map_or(behind, |b| b.max(behind)));
         }
         let oldest = minute - HISTORY_MINUTES as i64;
-        while self.history.front().is_some_and(|first| first.minute <= oldest) {
+        while self
+            .history
+            .front()
+            .is_some_and(|first| first.minute <= oldest)
+        {
             self.history.pop_front();
         }
         self.last_batch_id = Some(batch.batch_id);
@@ -249,7 +253,10 @@ impl Board {
             return;
         }
         let now = Utc::now();
-        let mut tables = self.tables.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut tables = self
+            .tables
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
         let entry = tables
             .entry(table.to_string())
             .or_insert_with(|| TableBoard::new(table, now));
@@ -257,7 +264,15 @@ impl Board {
     }
 
     /// Records a committed batch (idle polls included: they move the lag).
-    pub fn batch(&self, table: &str, batch_id: i64, rows: u64, seconds: f64, end_lsn: String, behind_seconds: Option<f64>) {
+    pub fn batch(
+        &self,
+        table: &str,
+        batch_id: i64,
+        rows: u64,
+        seconds: f64,
+        end_lsn: String,
+        behind_seconds: Option<f64>,
+    ) {
         self.update(table, |entry, now| {
             entry.record_batch(
                 BatchSeen {
@@ -373,13 +388,19 @@ impl Board {
 
     /// A copy of every table's entry, by table name.
     pub fn tables(&self) -> Vec<TableBoard> {
-        let tables = self.tables.lock().unwrap_or_else(|poison| poison.into_inner());
+        let tables = self
+            .tables
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
         tables.values().cloned().collect()
     }
 
     /// Whether every table streams (false while the board is not enabled: nothing runs).
     pub fn readiness(&self) -> Readiness {
-        let tables = self.tables.lock().unwrap_or_else(|poison| poison.into_inner());
+        let tables = self
+            .tables
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
         let waiting: Vec<(String, &'static str)> = tables
             .values()
             .filter(|entry| !entry.state.is_ready())

@@ -21,16 +21,18 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, Int32Array, new_null_array};
 use arrow::datatypes::{DataType as ArrowType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
-use deltalake::DeltaTable;
 use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
 use deltalake::kernel::engine::arrow_conversion::{TryFromArrow, TryIntoArrow};
-use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::transaction::{
+    CommitBuilder, CommitConflictError, CommitProperties, TransactionError,
+};
 use deltalake::kernel::{
     Action, Add, DataType, MetadataValue, PrimitiveType, StructField, StructType, Transaction,
 };
 use deltalake::operations::write::WriterStatsConfig;
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::table::config::TablePropertiesExt;
+use deltalake::{DeltaTable, DeltaTableError};
 
 use crate::error::{Result, WriterError};
 use crate::tables::TableKind;
@@ -201,7 +203,9 @@ impl Appender {
                 "userMetadata".to_string(),
                 serde_json::Value::String(user_metadata),
             )]);
-        CommitBuilder::from(properties)
+        // The commit reads the snapshot the stream found without batch `version`: delta-rs'
+        // conflict check refuses it when a concurrent commit carried the same app id.
+        let committed = CommitBuilder::from(properties)
             .with_actions(files.into_iter().map(Action::Add).collect())
             .build(
                 Some(self.table.snapshot()?),
@@ -212,8 +216,17 @@ impl Appender {
                     predicate: None,
                 },
             )
-            .await?;
-        Ok(())
+            .await;
+        match committed {
+            Ok(_) => Ok(()),
+            Err(DeltaTableError::Transaction {
+                source: TransactionError::CommitConflict(CommitConflictError::ConcurrentTransaction),
+            }) => Err(WriterError::Fenced(format!(
+                "bronze {}: another writer committed a batch of app_id '{app_id}' while this one                  wrote batch {version}: two writers of one app id are running. This one                  stopped without committing; stop the other",
+                self.table.table_url()
+            ))),
+            Err(error) => Err(error.into()),
+        }
     }
 }
 

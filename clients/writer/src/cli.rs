@@ -349,7 +349,7 @@ pub struct DemoArgs {
 }
 
 #[derive(Args)]
-#[command(mut_args(StreamLake::required_unless("config", &["table", "checkpoint"])))]
+#[command(mut_args(StreamLake::required_unless("config", &["table"])))]
 pub struct RunArgs {
     #[command(flatten)]
     pub server: FlightServer,
@@ -361,9 +361,10 @@ pub struct RunArgs {
     /// Control table location (the completeness verdict).
     #[arg(long, env = "MSSQL_CDC_WRITER_CONTROL")]
     pub control: Option<String>,
-    /// Checkpoint directory.
+    /// Checkpoint location, a directory or an object-store URL (default:
+    /// `_checkpoints/<app id>` beside the facts table, on the lake's store).
     #[arg(long, env = "MSSQL_CDC_WRITER_CHECKPOINT")]
-    pub checkpoint: Option<PathBuf>,
+    pub checkpoint: Option<String>,
     /// A sidecar file listing many tables (see docs/writer.md); replaces the per-table flags.
     #[arg(long, conflicts_with_all = ["table", "target", "facts", "app_id", "checkpoint"], env = "MSSQL_CDC_WRITER_CONFIG")]
     pub config: Option<PathBuf>,

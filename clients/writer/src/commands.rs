@@ -26,19 +26,22 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.config {
         return run_sidecar(path, args.available_now, args.status_listen).await;
     }
-    let missing = || {
-        anyhow::anyhow!(
-            "--table, --target, --facts, --app-id and --checkpoint are required without --config"
-        )
-    };
+    let missing =
+        || anyhow::anyhow!("--table, --target, --facts and --app-id are required without --config");
+    let facts = args.lake.facts.ok_or_else(missing)?;
+    let app_id = args.lake.app_id.ok_or_else(missing)?;
+    let checkpoint = args.checkpoint.unwrap_or_else(|| {
+        let root = mssql_cdc_writer::checkpoint::default_root(&facts);
+        mssql_cdc_writer::checkpoint::location_in(&root, &app_id)
+    });
     let mut config = StreamConfig {
         server: args.server.url,
         table: args.table.ok_or_else(missing)?,
         target: args.lake.target.ok_or_else(missing)?,
-        facts: args.lake.facts.ok_or_else(missing)?,
+        facts,
         control: args.control,
-        app_id: args.lake.app_id.ok_or_else(missing)?,
-        checkpoint: args.checkpoint.ok_or_else(missing)?,
+        app_id,
+        checkpoint,
         starting: args.starting,
         max_commits: args.max_commits,
         partitions: args.partitions,
@@ -306,7 +309,9 @@ async fn run_sidecar(
     tokio::spawn(async move {
         match sidecar::status(&lake).await {
             Ok(statuses) => board.seed(&statuses),
-            Err(error) => tracing::warn!(%error, "the status board starts without the lake's positions"),
+            Err(error) => {
+                tracing::warn!(%error, "the status board starts without the lake's positions")
+            }
         }
     });
     serve_status_page(&config, stopped.clone()).await?;
@@ -467,7 +472,7 @@ fn snapshot_config(
         facts: table.lake.facts.clone().ok_or_else(missing)?,
         control: None,
         app_id: table.lake.app_id.clone().ok_or_else(missing)?,
-        checkpoint: PathBuf::new(),
+        checkpoint: String::new(),
         starting: "earliest".into(),
         max_commits: None,
         partitions,

@@ -48,7 +48,7 @@ fn stream_config(url: &str, dir: &Path, table: &str, name: &str) -> StreamConfig
         facts: lake.join("facts").display().to_string(),
         control: Some(lake.join("control").display().to_string()),
         app_id: format!("demo_{name}"),
-        checkpoint: dir.join("checkpoints").join(name),
+        checkpoint: dir.join("checkpoints").join(name).display().to_string(),
         starting: "earliest".into(),
         max_commits: Some(1000),
         partitions: 2,

@@ -27,6 +27,10 @@ pub enum WriterError {
     /// The checkpoint does not match the facts table (deleted or rewound under the same app_id).
     #[error("{0}")]
     CheckpointMismatch(String),
+    /// Another writer of the same app id claimed the batch this one planned (the checkpoint's
+    /// fence): this writer stops before reading or writing anything.
+    #[error("{0}")]
+    Fenced(String),
     /// The source delivers a column type the target table cannot hold.
     #[error("{0}")]
     SchemaChanged(String),

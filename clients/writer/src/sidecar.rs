@@ -4,7 +4,7 @@
 //! server = "http://127.0.0.1:50051"
 //! facts = "/lake/facts"            # shared by every table
 //! control = "/lake/control"        # shared; one row per table
-//! checkpoints = "/lake/_checkpoints"
+//! checkpoints = "/lake/_checkpoints"   # optional: the default, beside the facts table
 //! granularity = "hour"             # minute, hour, day
 //! poll_seconds = 5.0
 //! live_tail = true                 # wait on the server's wait_for_commits (default true)
@@ -72,8 +72,10 @@ pub struct SidecarConfig {
     pub facts: String,
     /// Control table shared by every table.
     pub control: String,
-    /// Directory holding one checkpoint directory per app id.
-    pub checkpoints: PathBuf,
+    /// Directory (a path or a URL) holding one checkpoint per app id; by default
+    /// `_checkpoints` beside the facts table, on the lake's store.
+    #[serde(default)]
+    pub checkpoints: Option<String>,
     /// Verdict granularity (default hour).
     #[serde(default)]
     pub granularity: Granularity,
@@ -400,6 +402,15 @@ impl SidecarConfig {
         Ok(config)
     }
 
+    /// The checkpoint location of `app_id`.
+    pub fn checkpoint(&self, app_id: &str) -> String {
+        let root = match &self.checkpoints {
+            Some(root) => root.clone(),
+            None => crate::checkpoint::default_root(&self.facts),
+        };
+        crate::checkpoint::location_in(&root, app_id)
+    }
+
     /// The stream configuration of one table.
     pub fn stream(&self, entry: &TableEntry) -> StreamConfig {
         StreamConfig {
@@ -409,7 +420,7 @@ impl SidecarConfig {
             facts: self.facts.clone(),
             control: Some(self.control.clone()),
             app_id: entry.app_id.clone(),
-            checkpoint: self.checkpoints.join(&entry.app_id),
+            checkpoint: self.checkpoint(&entry.app_id),
             starting: entry.starting.clone(),
             max_commits: entry.max_commits,
             partitions: entry.partitions,
@@ -497,7 +508,11 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
             .unwrap_or_else(|error| Err(WriterError::Internal(format!("task: {error}"))));
         match &result {
             // Loss and a lake that contradicts the checkpoint are what ERROR is kept for.
-            Err(error @ (WriterError::DataLoss { .. } | WriterError::CheckpointMismatch(_))) => {
+            Err(
+                error @ (WriterError::DataLoss { .. }
+                | WriterError::CheckpointMismatch(_)
+                | WriterError::Fenced(_)),
+            ) => {
                 tracing::error!(%table, %error, "table failed");
             }
             Err(error) => tracing::warn!(%table, %error, "table failed"),
@@ -509,12 +524,13 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
 }
 
 /// Errors that retrying cannot fix: data loss, a checkpoint that does not match the lake, a
-/// type bronze cannot hold, bad configuration.
+/// second writer of the app id, a type bronze cannot hold, bad configuration.
 fn is_final(error: &WriterError) -> bool {
     matches!(
         error,
         WriterError::DataLoss { .. }
             | WriterError::CheckpointMismatch(_)
+            | WriterError::Fenced(_)
             | WriterError::SchemaChanged(_)
             | WriterError::InvalidArgument(_)
     )
@@ -652,7 +668,10 @@ pub async fn status(config: &SidecarConfig) -> Result<Vec<TableStatus>> {
     let control_url = tables::table_url(&config.control)?;
     let mut statuses = Vec::new();
     for entry in &config.tables {
-        let last = Checkpoint::open(&config.checkpoints.join(&entry.app_id))?.last()?;
+        let last = Checkpoint::open(&config.checkpoint(&entry.app_id))
+            .await?
+            .last()
+            .await?;
         let verdict = control::finalized_until(&control_url, &entry.table).await?;
         let end = last.as_ref().map(|batch| batch.end);
         let lag_seconds = end

@@ -22,7 +22,6 @@
 //! the verdict move. A checkpoint deleted or rewound under the same app_id is refused against
 //! the facts and bronze tables' transaction versions.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -60,8 +59,8 @@ pub struct StreamConfig {
     pub control: Option<String>,
     /// Writer identity: the Delta txn app id of bronze commits (`<app_id>#facts` for facts).
     pub app_id: String,
-    /// Checkpoint directory (one per app id).
-    pub checkpoint: PathBuf,
+    /// Checkpoint location (one per app id): a directory or an object-store URL.
+    pub checkpoint: String,
     /// Where a new checkpoint starts: `earliest`, `latest` or an LSN already processed.
     pub starting: String,
     /// Most commits per batch (the seed's `maxCommitsPerBatch`); `None` reads up to max_lsn.
@@ -188,7 +187,7 @@ impl Stream {
                 .as_deref()
                 .map(tables::table_url)
                 .transpose()?,
-            checkpoint: Checkpoint::open(&config.checkpoint)?,
+            checkpoint: Checkpoint::open(&config.checkpoint).await?,
             client,
             verified: false,
             tail: Tail::default(),
@@ -235,7 +234,7 @@ impl Stream {
                  table {} holds {}: the lake was restored behind the checkpoint or lost its \
                  facts. Restore the lake to the checkpoint, or start a new checkpoint with a \
                  new app_id (a re-snapshot fills the gap)",
-                self.config.checkpoint.display(),
+                self.config.checkpoint,
                 self.config.app_id,
                 self.config.facts,
                 facts_batch.map_or("no batch".to_string(), |held| format!("batch {held}")),
@@ -253,7 +252,7 @@ impl Stream {
                 "the lake holds batch {lake_batch} of app_id '{}' but the checkpoint {} is at {}: it was \
                  deleted or rewound. Restore the checkpoint, or start a new checkpoint with a new app_id",
                 self.config.app_id,
-                self.config.checkpoint.display(),
+                self.config.checkpoint,
                 last.map_or("no batch".to_string(), |batch| format!(
                     "batch {}",
                     batch.batch_id
@@ -280,7 +279,7 @@ impl Stream {
     /// Runs one batch; `None` when nothing new was committed (up to `upper` if given).
     pub async fn run_batch(&mut self, upper: Option<Lsn>) -> Result<Option<BatchOutcome>> {
         self.scheduled_resnapshot().await?;
-        let last = self.checkpoint.last()?;
+        let last = self.checkpoint.last().await?;
         if !self.verified {
             self.verify_checkpoint(last.as_ref()).await?;
             self.verified = true;
@@ -322,11 +321,11 @@ impl Stream {
             committed: false,
         };
         if !replayed {
-            self.checkpoint.record(&record)?;
+            // The fence: a batch id another writer of this app id claimed stops this one here.
+            self.checkpoint.claim_batch(&record).await?;
         }
         let outcome = self.write_batch(&mut record, replayed).await?;
-        record.committed = true;
-        self.checkpoint.record(&record)?;
+        self.checkpoint.commit(record.batch_id).await?;
         Ok(Some(outcome))
     }
 
@@ -530,7 +529,9 @@ impl Stream {
             crate::metrics::BatchFigures {
                 batch_id: record.batch_id,
                 rows: u64::try_from(rows).unwrap_or(0),
-                bytes: row.read_mb.map_or(0, |megabytes| (megabytes * 1e6).round() as u64),
+                bytes: row
+                    .read_mb
+                    .map_or(0, |megabytes| (megabytes * 1e6).round() as u64),
                 seconds: clock.elapsed().as_secs_f64(),
                 end_lsn: record.end.lsn.to_string(),
                 capture_lag: row.capture_lag_seconds,
@@ -578,7 +579,7 @@ impl Stream {
                             .end_lsn
                             .as_deref()
                             .unwrap_or("an unknown end"),
-                        self.config.checkpoint.display(),
+                        self.config.checkpoint,
                     )));
                 }
                 let rows = committed.facts.rows.unwrap_or(0);
@@ -749,8 +750,7 @@ impl Stream {
         if record.end.lsn <= resume.lsn {
             record.end = self.latest(resume, None).await?;
         }
-        self.checkpoint.record(record)?;
-        Ok(())
+        self.checkpoint.amend(record).await
     }
 
     /// Bronze ready for the batch's files; `None` when planning counted no rows (no bronze
@@ -778,9 +778,7 @@ impl Stream {
                 "bronze {} already holds batch {batch_id} of app_id '{}', which this writer's \
                  checkpoint {} had not written: another writer runs with the same app_id. Stop \
                  it; each writer needs its own app_id and checkpoint",
-                self.config.target,
-                self.config.app_id,
-                self.config.checkpoint.display(),
+                self.config.target, self.config.app_id, self.config.checkpoint,
             )));
         }
         let appender = bronze::Appender::prepare(

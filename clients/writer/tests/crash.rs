@@ -30,12 +30,7 @@ fn writer_command(lab: &Lab, available_now: bool) -> Command {
         .args(["run", "--server", &lab.url, "--table", "dbo.orders"])
         .args(["--target", &config.target, "--facts", &config.facts])
         .args(["--control", config.control.as_deref().expect("control")])
-        .args([
-            "--app-id",
-            "orders",
-            "--checkpoint",
-            &config.checkpoint.display().to_string(),
-        ])
+        .args(["--app-id", "orders", "--checkpoint", &config.checkpoint])
         .args([
             "--max-commits",
             "40",
@@ -312,6 +307,53 @@ async fn killed_at_random_moments_with_a_cleanup_past_the_writer_heals_by_resnap
         common::source_rows(&lab).await,
         "silver equals the source"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_of_one_app_id_under_a_workload_lose_and_double_nothing() {
+    let lab = Lab::new().await;
+    lab.workload(41, 50);
+    let (stop, workload) = running_workload(&lab, 42, WorkloadSpec::default().mix);
+    // Two sidecars started together by mistake: one app id, one checkpoint, one lake.
+    let mut writers: Vec<_> = (0..2)
+        .map(|_| {
+            let mut command = writer_command(&lab, false);
+            command.stderr(Stdio::piped());
+            command.spawn().expect("start a writer")
+        })
+        .collect();
+    let mut fenced = None;
+    for _ in 0..400 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if let Some(index) = writers
+            .iter_mut()
+            .position(|child| child.try_wait().expect("wait").is_some())
+        {
+            fenced = Some(writers.remove(index));
+            break;
+        }
+    }
+    let loser = fenced.expect("one of two writers of one app id is stopped");
+    let output = loser.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the loser fails: {stderr}");
+    assert!(
+        stderr.contains("two writers of one app id"),
+        "the loser says why: {stderr}"
+    );
+    // The winner goes on alone while the workload runs.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut winner = writers.pop().expect("the winner");
+    assert!(
+        winner.try_wait().expect("wait").is_none(),
+        "the winner keeps streaming"
+    );
+    winner.kill().expect("SIGKILL");
+    let _ = winner.wait();
+    stop.store(true, Ordering::Relaxed);
+    workload.join().expect("workload thread");
+    check_invariants(&lab).await;
+    restart_and_check_exactly_once(&lab).await;
 }
 
 /// A journaled workload of `mix` at 200 commits per second on a thread, until the flag is

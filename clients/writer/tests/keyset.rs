@@ -34,7 +34,12 @@ fn config(lab: &Lab, table: &str, name: &str) -> StreamConfig {
         table: table.into(),
         target: lab.lake(&format!("bronze_{name}")),
         app_id: name.into(),
-        checkpoint: lab.dir.path().join(format!("checkpoint_{name}")),
+        checkpoint: lab
+            .dir
+            .path()
+            .join(format!("checkpoint_{name}"))
+            .display()
+            .to_string(),
         ..lab.config()
     }
 }

@@ -753,7 +753,12 @@ async fn a_heap_is_refused_unless_a_key_column_is_named() {
         table: "dbo.events".into(),
         target: lab.lake("bronze_events"),
         app_id: "events".into(),
-        checkpoint: lab.dir.path().join("checkpoint_events"),
+        checkpoint: lab
+            .dir
+            .path()
+            .join("checkpoint_events")
+            .display()
+            .to_string(),
         ..lab.config()
     };
     run_now(stream).await;

@@ -468,7 +468,7 @@ async fn crash_after_a_full_open(lab: &Lab) {
                 "--bootstrap",
                 "full",
             ])
-            .args(["--checkpoint", &config.checkpoint.display().to_string()])
+            .args(["--checkpoint", &config.checkpoint])
             .env("RUST_LOG", "warn")
             .env(CRASH_AT_VARIABLE, "after_snapshot_open");
         move || command.output().expect("run")

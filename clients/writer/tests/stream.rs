@@ -88,15 +88,22 @@ async fn available_now_writes_every_change_once_with_facts_and_verdict() {
 }
 
 /// The checkpoint's last batch marked not committed, as a crash after its commits but before
-/// the checkpoint said so leaves it: the next run replays it.
-fn uncommit_last_batch(
+/// the checkpoint said so leaves it: the next run replays it. (The commit mark is the file
+/// `commits/<batch id>.json` of the checkpoint, docs/writer.md.)
+async fn uncommit_last_batch(
     config: &StreamConfig,
 ) -> (Checkpoint, mssql_cdc_writer::checkpoint::BatchRecord) {
-    let checkpoint = Checkpoint::open(&config.checkpoint).expect("checkpoint");
-    let mut last = checkpoint.last().expect("read").expect("a batch");
-    last.committed = false;
-    checkpoint.record(&last).expect("record");
-    (checkpoint, last)
+    let checkpoint = Checkpoint::open(&config.checkpoint)
+        .await
+        .expect("checkpoint");
+    let last = checkpoint.last().await.expect("read").expect("a batch");
+    let mark = std::path::Path::new(&config.checkpoint)
+        .join("commits")
+        .join(format!("{:020}.json", last.batch_id));
+    std::fs::remove_file(mark).expect("remove the commit mark");
+    let uncommitted = checkpoint.last().await.expect("read").expect("a batch");
+    assert!(!uncommitted.committed);
+    (checkpoint, uncommitted)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,7 +114,7 @@ async fn a_replayed_batch_is_not_written_twice() {
     run_now(config.clone()).await;
     let before = bronze_rows(&lab).await.expect("bronze");
     // A crash after the commits but before the checkpoint said so: the batch is replayed.
-    let (_, last) = uncommit_last_batch(&config);
+    let (_, last) = uncommit_last_batch(&config).await;
     let outcomes = run_now(config).await;
     assert!(outcomes[0].replayed);
     assert_eq!(outcomes[0].batch_id, last.batch_id);
@@ -130,7 +137,7 @@ async fn a_replay_after_cleanup_purged_its_range_finishes_without_the_source() {
     run_now(config.clone()).await;
     let before = bronze_rows(&lab).await.expect("bronze");
     let facts_before = facts_batches(&lab).await;
-    let (checkpoint, mut last) = uncommit_last_batch(&config);
+    let (_, last) = uncommit_last_batch(&config).await;
     // Cleanup up to the batch's last commit: its range can no longer be planned or read.
     lab.db.cleanup(None, last.end.lsn).expect("cleanup");
     for fail_on_data_loss in [true, false] {
@@ -152,8 +159,7 @@ async fn a_replay_after_cleanup_purged_its_range_finishes_without_the_source() {
             recorded,
             "the rows the facts recorded"
         );
-        last.committed = false;
-        checkpoint.record(&last).expect("record");
+        drop(uncommit_last_batch(&config).await);
     }
     assert_eq!(bronze_rows(&lab).await.expect("bronze"), before);
     assert_eq!(
@@ -171,9 +177,9 @@ async fn a_replay_whose_range_bronze_holds_otherwise_is_refused_as_a_second_writ
     run_now(config.clone()).await;
     let before = bronze_rows(&lab).await.expect("bronze");
     // A second writer's checkpoint: the same batch id, planned over another range.
-    let (checkpoint, mut last) = uncommit_last_batch(&config);
+    let (checkpoint, mut last) = uncommit_last_batch(&config).await;
     last.end = last.start;
-    checkpoint.record(&last).expect("record");
+    checkpoint.amend(&last).await.expect("amend");
     let error = try_run_now(config).await.expect_err("refused");
     assert!(
         matches!(error, WriterError::CheckpointMismatch(_)),
@@ -244,7 +250,12 @@ async fn a_quiet_table_follows_max_lsn_so_cleanup_up_to_its_last_run_never_stran
         table: "dbo.customers".into(),
         target: lab.lake("bronze_customers"),
         app_id: "customers".into(),
-        checkpoint: lab.dir.path().join("checkpoint_customers"),
+        checkpoint: lab
+            .dir
+            .path()
+            .join("checkpoint_customers")
+            .display()
+            .to_string(),
         ..lab.config()
     };
     run_now(quiet.clone()).await;
@@ -503,7 +514,12 @@ async fn a_type_bronze_holds_wider_is_cast_and_one_it_cannot_hold_stops_the_stre
         deltalake::kernel::DataType::LONG,
     )
     .await;
-    wider.checkpoint = lab.dir.path().join("checkpoint_wider");
+    wider.checkpoint = lab
+        .dir
+        .path()
+        .join("checkpoint_wider")
+        .display()
+        .to_string();
     run_now(wider.clone()).await;
     assert_eq!(bronze_rows(&lab).await.expect("bronze"), lab.committed());
     let table = tables::open(&tables::table_url(&wider.target).expect("url"))
@@ -521,7 +537,12 @@ async fn a_type_bronze_holds_wider_is_cast_and_one_it_cannot_hold_stops_the_stre
     let mut narrower = lab.config();
     narrower.target = lab.lake("bronze_status_as_bigint");
     narrower.app_id = "orders_status".into();
-    narrower.checkpoint = lab.dir.path().join("checkpoint_narrower");
+    narrower.checkpoint = lab
+        .dir
+        .path()
+        .join("checkpoint_narrower")
+        .display()
+        .to_string();
     bronze_with(
         &narrower.target,
         "status",

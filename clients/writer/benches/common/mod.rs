@@ -59,7 +59,7 @@ pub fn orders_lake(base: &Path, url: &str) -> (StreamConfig, ApplyConfig) {
         facts: lake("facts"),
         control: Some(lake("control")),
         app_id: "bench".into(),
-        checkpoint: base.join("checkpoint"),
+        checkpoint: base.join("checkpoint").display().to_string(),
         starting: "earliest".into(),
         max_commits: Some(200),
         partitions: 2,

@@ -20,8 +20,10 @@ use crate::stream::StreamConfig;
 /// that holds a batch is left alone (the stream continues where it was); returns S when a
 /// snapshot was taken or found.
 pub async fn bootstrap(config: &mut StreamConfig, mode: SnapshotMode) -> Result<Option<Lsn>> {
-    if crate::checkpoint::Checkpoint::open(&config.checkpoint)?
-        .last()?
+    if crate::checkpoint::Checkpoint::open(&config.checkpoint)
+        .await?
+        .last()
+        .await?
         .is_some()
     {
         return Ok(None);

@@ -39,7 +39,12 @@ fn or_dash(value: Option<&str>) -> String {
 }
 
 /// The whole page for `tables`, drawn at `now`, reloading every `refresh_seconds`.
-pub fn page(tables: &[TableBoard], readiness: &Readiness, now: DateTime<Utc>, refresh_seconds: u32) -> String {
+pub fn page(
+    tables: &[TableBoard],
+    readiness: &Readiness,
+    now: DateTime<Utc>,
+    refresh_seconds: u32,
+) -> String {
     let mut html = String::with_capacity(16_384 + tables.len() * 24_576);
     let _ = write!(
         html,
@@ -93,7 +98,12 @@ fn summary(html: &mut String, tables: &[TableBoard]) {
         };
         let last_batch = table.batches.back().map_or_else(
             || or_dash(table.last_batch_id.map(|id| id.to_string()).as_deref()),
-            |batch| escape(&format!("{} ({} rows, {})", batch.batch_id, batch.rows, batch.at)),
+            |batch| {
+                escape(&format!(
+                    "{} ({} rows, {})",
+                    batch.batch_id, batch.rows, batch.at
+                ))
+            },
         );
         let _ = write!(
             html,
@@ -112,7 +122,12 @@ fn summary(html: &mut String, tables: &[TableBoard]) {
             reconcile_cell(table),
             table.last_error.as_ref().map_or_else(
                 || "–".to_string(),
-                |error| format!("{}: {} <span class=\"meta\">({} failures)</span>", escape(&error.at), escape(&error.message), table.failures)
+                |error| format!(
+                    "{}: {} <span class=\"meta\">({} failures)</span>",
+                    escape(&error.at),
+                    escape(&error.message),
+                    table.failures
+                )
             ),
         );
     }
@@ -123,9 +138,9 @@ fn snapshot_cell(table: &TableBoard) -> String {
     match table.snapshot_chunks {
         None => "–".into(),
         Some(_) if table.snapshot_done => "complete".into(),
-        Some((done, Some(total))) => format!(
-            "<progress value=\"{done}\" max=\"{total}\"></progress> {done}/{total} chunks"
-        ),
+        Some((done, Some(total))) => {
+            format!("<progress value=\"{done}\" max=\"{total}\"></progress> {done}/{total} chunks")
+        }
         Some((done, None)) => format!("{done} chunks, plan not read yet"),
     }
 }
@@ -183,7 +198,14 @@ mod tests {
         let board = Board::new();
         board.enable(["dbo.orders", "dbo.<script>"]);
         board.state("dbo.orders", TableState::Running);
-        board.batch("dbo.orders", 7, 42, 0.25, "00000027:00000001:0003".into(), Some(1.5));
+        board.batch(
+            "dbo.orders",
+            7,
+            42,
+            0.25,
+            "00000027:00000001:0003".into(),
+            Some(1.5),
+        );
         board.snapshot("dbo.orders", 3, Some(10));
         board.failure("dbo.<script>", "refused: <b>no</b>");
         let now = DateTime::from_timestamp(1_800_000_000, 0).expect("time");

@@ -93,7 +93,10 @@ fn refused(token: &Option<AdminToken>, headers: &HeaderMap) -> Option<Response> 
     if offered.is_some_and(|value| token.admits_http(value.as_bytes())) {
         return None;
     }
-    tracing::warn!(token_sent = offered.is_some(), "status page request refused");
+    tracing::warn!(
+        token_sent = offered.is_some(),
+        "status page request refused"
+    );
     let mut response = (
         StatusCode::UNAUTHORIZED,
         "the admin token is required (Bearer, or log in with the token as password)\n",
@@ -152,8 +155,14 @@ mod tests {
 
     #[tokio::test]
     async fn an_address_off_loopback_needs_the_token() {
-        let refused = StatusPage::bind("0.0.0.0:0", None).await.err().expect("refused");
-        assert!(refused.to_string().contains("admin_token_file"), "{refused}");
+        let refused = StatusPage::bind("0.0.0.0:0", None)
+            .await
+            .err()
+            .expect("refused");
+        assert!(
+            refused.to_string().contains("admin_token_file"),
+            "{refused}"
+        );
         let token = AdminToken::new("0123456789abcdef").expect("token");
         assert!(StatusPage::bind("0.0.0.0:0", Some(token)).await.is_ok());
         assert!(StatusPage::bind("127.0.0.1:0", None).await.is_ok());

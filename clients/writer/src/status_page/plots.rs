@@ -39,12 +39,24 @@ pub fn table_plots(history: &[Minute], now_minute: i64) -> TablePlots {
         .collect();
     TablePlots {
         rows: draw("rows per minute", "rows", &rows, start..now_minute, true),
-        behind: draw("seconds behind the source", "seconds", &behind, start..now_minute, false),
+        behind: draw(
+            "seconds behind the source",
+            "seconds",
+            &behind,
+            start..now_minute,
+            false,
+        ),
     }
 }
 
 /// One plot as an SVG document; a drawing error becomes a one-line SVG saying so.
-fn draw(title: &str, unit: &str, points: &[(i64, f64)], minutes: std::ops::Range<i64>, area: bool) -> String {
+fn draw(
+    title: &str,
+    unit: &str,
+    points: &[(i64, f64)],
+    minutes: std::ops::Range<i64>,
+    area: bool,
+) -> String {
     let mut svg = String::new();
     let drawn = draw_into(&mut svg, title, unit, points, minutes, area);
     match drawn {
@@ -91,7 +103,10 @@ fn draw_into(
             AreaSeries::new(points.iter().copied(), 0.0, color.mix(0.25)).border_style(color),
         )?;
     } else {
-        chart.draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?;
+        chart.draw_series(LineSeries::new(
+            points.iter().copied(),
+            color.stroke_width(2),
+        ))?;
         chart.draw_series(
             points
                 .iter()

@@ -83,7 +83,7 @@ impl Lab {
             facts: self.lake("facts"),
             control: Some(self.lake("control")),
             app_id: "orders".into(),
-            checkpoint: self.dir.path().join("checkpoint"),
+            checkpoint: self.dir.path().join("checkpoint").display().to_string(),
             starting: "earliest".into(),
             max_commits: None,
             partitions: 2,
