@@ -34,6 +34,9 @@ pub enum Commands {
     /// Compare silver with the source table, bucket by bucket and row by row (see
     /// docs/reconcile.md); exits 0 only when every bucket matches or is in flight.
     Reconcile(Box<ReconcileArgs>),
+    /// Compact, checkpoint, clean the logs of and VACUUM every table of a sidecar file, or
+    /// one table (see docs/operations.md, "Maintenance").
+    Maintain(Box<MaintainArgs>),
     /// Print each table of a sidecar file: last batch, end offset, verdict, lag.
     Status {
         /// The sidecar file.
@@ -44,6 +47,33 @@ pub enum Commands {
     /// the Flight server in process, and every table streamed into a local lake.
     #[cfg(feature = "sim")]
     Demo(DemoArgs),
+}
+
+#[derive(Args)]
+pub struct MaintainArgs {
+    /// The sidecar file: every table it names (facts, control, the reconcile report, each
+    /// table's bronze, snapshot plans and silver).
+    #[arg(
+        long,
+        required_unless_present = "location",
+        conflicts_with = "location",
+        env = "MSSQL_CDC_WRITER_CONFIG"
+    )]
+    pub config: Option<PathBuf>,
+    /// One table's location instead of a sidecar file (with --kind).
+    #[arg(long, requires = "kind")]
+    pub location: Option<String>,
+    /// The kind of the table at --location.
+    #[arg(long, value_parser = ["bronze", "facts", "control", "plans", "silver", "reconcile"])]
+    pub kind: Option<String>,
+    /// Hours VACUUM keeps files no version references (default: the sidecar file's
+    /// vacuum_retention_hours, else 168); never less than the table's
+    /// delta.deletedFileRetentionDuration.
+    #[arg(long)]
+    pub vacuum_retention_hours: Option<f64>,
+    /// Compact a table once it holds this many small files.
+    #[arg(long, default_value_t = 16)]
+    pub min_files: usize,
 }
 
 #[derive(Subcommand)]

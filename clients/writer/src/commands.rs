@@ -4,17 +4,19 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use mssql_cdc_writer::control::Granularity;
+use mssql_cdc_writer::maintenance::{self, MaintenanceOptions};
 use mssql_cdc_writer::reconcile::ReconcileConfig;
 use mssql_cdc_writer::schema_policy::SchemaChangePolicy;
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SeedOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
+use mssql_cdc_writer::tables::TableKind;
 use mssql_cdc_writer::tail::Waiting;
 use mssql_cdc_writer::{admin, sidecar};
 
 use crate::cli::{
-    AdminArgs, ApplyArgs, BackfillArgs, ReconcileArgs, RunArgs, SeedArgs, SnapshotCommand,
-    TableArgs,
+    AdminArgs, ApplyArgs, BackfillArgs, MaintainArgs, ReconcileArgs, RunArgs, SeedArgs,
+    SnapshotCommand, TableArgs,
 };
 
 /// `run`: one table from flags, or every table of a sidecar file.
@@ -376,6 +378,73 @@ async fn serve_status_page(
 }
 
 /// `status`: one line per table of a sidecar file.
+/// `maintain`: one pass over every table of a sidecar file (or one table), a line each;
+/// exits 1 when a table failed, after trying every other.
+pub async fn maintain(args: MaintainArgs) -> anyhow::Result<()> {
+    let (lake, mut options) = match (&args.config, &args.location, &args.kind) {
+        (Some(path), _, _) => {
+            let config = sidecar::SidecarConfig::load(path)?;
+            (config.lake_tables(), config.maintenance())
+        }
+        (None, Some(location), Some(kind)) => {
+            let kind = [
+                TableKind::Bronze,
+                TableKind::Facts,
+                TableKind::Control,
+                TableKind::Plans,
+                TableKind::Silver,
+                TableKind::Reconcile,
+            ]
+            .into_iter()
+            .find(|candidate| candidate.name() == kind)
+            .ok_or_else(|| anyhow::anyhow!("unknown table kind '{kind}'"))?;
+            (
+                vec![(location.clone(), kind)],
+                MaintenanceOptions::default(),
+            )
+        }
+        _ => anyhow::bail!("maintain needs --config, or --location with --kind"),
+    };
+    if let Some(hours) = args.vacuum_retention_hours {
+        anyhow::ensure!(
+            hours.is_finite() && hours > 0.0,
+            "--vacuum-retention-hours must be a positive number of hours"
+        );
+        options.vacuum_retention = Duration::from_secs_f64(hours * 3600.0);
+    }
+    options.min_files = args.min_files;
+    println!(
+        "{:<40} {:<9} {:>8} {:>8} {:>9} {:>10} {:>11} {:>9}",
+        "table", "kind", "files", "after", "compacted", "checkpoint", "logs gone", "vacuumed"
+    );
+    let mut failed = 0;
+    for (location, kind) in &lake {
+        match maintenance::maintain(location, *kind, &options).await {
+            Ok(Some(done)) => println!(
+                "{:<40} {:<9} {:>8} {:>8} {:>9} {:>10} {:>11} {:>9}",
+                done.location,
+                done.kind,
+                done.files_before,
+                done.files_after,
+                done.compacted,
+                done.checkpoint_version
+                    .map_or("-".to_string(), |v| v.to_string()),
+                done.log_files_removed,
+                done.vacuumed
+            ),
+            Ok(None) => println!("{location:<40} {:<9} (no table yet)", kind.name()),
+            Err(error) => {
+                failed += 1;
+                eprintln!("{location} ({}): {error}", kind.name());
+            }
+        }
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} tables failed maintenance", lake.len());
+    }
+    Ok(())
+}
+
 pub async fn print_status(path: PathBuf) -> anyhow::Result<()> {
     let config = sidecar::SidecarConfig::load(&path)?;
     println!(

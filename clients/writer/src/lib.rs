@@ -15,6 +15,7 @@ pub mod error;
 pub mod events;
 pub mod facts;
 pub mod features;
+pub mod maintenance;
 pub mod metrics;
 pub mod reconcile;
 pub mod schema_policy;

@@ -29,6 +29,7 @@ fn main() -> anyhow::Result<()> {
         match command {
             Commands::Run(args) => commands::run(*args).await,
             Commands::Status { config } => commands::print_status(config).await,
+            Commands::Maintain(args) => commands::maintain(*args).await,
             Commands::Backfill(args) => commands::backfill(*args).await,
             Commands::Snapshot(command) => commands::snapshot_command(*command).await,
             Commands::Apply(args) => commands::apply(*args).await,

@@ -31,6 +31,8 @@
 //! reconcile_keys = ["order_id"]    # optional: the column compared on (default the unique index)
 //! ```
 //!
+//! `maintenance_minutes = 60.0` (0: none) and `vacuum_retention_hours = 168.0` set the
+//! maintenance of every table of the file ([`crate::maintenance`]).
 //! `reconcile_report = "/lake/reconcile"` at the top level names the report table every
 //! scheduled reconcile appends to (docs/reconcile.md); `status_listen = "127.0.0.1:8088"`
 //! serves the live status page and the `/healthz` and `/readyz` probes (docs/operations.md).
@@ -51,12 +53,13 @@ use crate::checkpoint::Checkpoint;
 use crate::control::{self, Granularity};
 use crate::data_loss::OnDataLoss;
 use crate::error::{Result, WriterError};
+use crate::maintenance::MaintenanceOptions;
 use crate::reconcile::{ReconcileConfig, reconcile};
 use crate::schema_policy::SchemaChangePolicy;
 use crate::silver::{ApplyConfig, apply_changes};
 use crate::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use crate::stream::{BatchOutcome, Stream, StreamConfig};
-use crate::tables;
+use crate::tables::{self, TableKind};
 use crate::tail::Waiting;
 
 /// Attempts per table in an available-now run.
@@ -108,12 +111,28 @@ pub struct SidecarConfig {
     /// The report table of scheduled reconciles; none when unset.
     #[serde(default)]
     pub reconcile_report: Option<String>,
+    /// Minutes between maintenance passes over every table of the file (compaction, log
+    /// checkpoint and cleanup, `VACUUM`; [`crate::maintenance`]) in continuous runs; 0: none
+    /// (default 60).
+    #[serde(default = "default_maintenance_minutes")]
+    pub maintenance_minutes: f64,
+    /// Hours `VACUUM` keeps files no version references (default 168, Delta's week).
+    #[serde(default = "default_vacuum_retention_hours")]
+    pub vacuum_retention_hours: f64,
     /// The tables.
     pub tables: Vec<TableEntry>,
 }
 
 fn default_poll() -> f64 {
     5.0
+}
+
+fn default_maintenance_minutes() -> f64 {
+    60.0
+}
+
+fn default_vacuum_retention_hours() -> f64 {
+    crate::maintenance::DEFAULT_VACUUM_RETENTION.as_secs_f64() / 3600.0
 }
 
 fn default_live_tail() -> bool {
@@ -377,6 +396,16 @@ impl SidecarConfig {
                 "poll_seconds must be a positive number",
             ));
         }
+        if !(config.maintenance_minutes.is_finite() && config.maintenance_minutes >= 0.0) {
+            return Err(WriterError::invalid(
+                "maintenance_minutes must be a number of minutes, 0 for none",
+            ));
+        }
+        if !(config.vacuum_retention_hours.is_finite() && config.vacuum_retention_hours > 0.0) {
+            return Err(WriterError::invalid(
+                "vacuum_retention_hours must be a positive number of hours",
+            ));
+        }
         for entry in &config.tables {
             let refuse = |what: &str| {
                 Err(WriterError::invalid(format!(
@@ -400,6 +429,39 @@ impl SidecarConfig {
             }
         }
         Ok(config)
+    }
+
+    /// Every lake table of the file, with its kind: facts, control, the reconcile report,
+    /// and each table's bronze, snapshot plans and silver.
+    pub fn lake_tables(&self) -> Vec<(String, TableKind)> {
+        let mut lake = vec![
+            (self.facts.clone(), TableKind::Facts),
+            (self.control.clone(), TableKind::Control),
+        ];
+        lake.extend(
+            self.reconcile_report
+                .iter()
+                .map(|report| (report.clone(), TableKind::Reconcile)),
+        );
+        for entry in &self.tables {
+            lake.push((entry.target.clone(), TableKind::Bronze));
+            lake.push((snapshot::plans_location(&entry.target), TableKind::Plans));
+            lake.extend(
+                entry
+                    .silver
+                    .iter()
+                    .map(|silver| (silver.clone(), TableKind::Silver)),
+            );
+        }
+        lake
+    }
+
+    /// What a maintenance pass of this file does.
+    pub fn maintenance(&self) -> MaintenanceOptions {
+        MaintenanceOptions {
+            vacuum_retention: Duration::from_secs_f64(self.vacuum_retention_hours * 3600.0),
+            ..MaintenanceOptions::default()
+        }
     }
 
     /// The checkpoint location of `app_id`.
@@ -544,6 +606,15 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
         live_tail: config.live_tail,
     };
     let mut tasks = Vec::new();
+    if config.maintenance_minutes > 0.0 {
+        let every = Duration::from_secs_f64(config.maintenance_minutes * 60.0);
+        tasks.push(tokio::spawn(maintenance_loop(
+            config.lake_tables(),
+            config.maintenance(),
+            every,
+            stop.clone(),
+        )));
+    }
     for entry in &config.tables {
         if let Some(apply) = apply_config(config, entry) {
             let every = Duration::from_secs_f64(entry.apply_seconds.unwrap_or(config.poll_seconds));
@@ -625,6 +696,37 @@ async fn continuous_attempt(
     };
     let (streamed, backfilled, ()) = tokio::join!(stream, backfill, stopped);
     streamed.and(backfilled)
+}
+
+/// Maintains every table of `lake` every `every` (the first pass one interval after start)
+/// until `stop`; a table that fails is logged and tried again at the next pass.
+async fn maintenance_loop(
+    lake: Vec<(String, TableKind)>,
+    options: MaintenanceOptions,
+    every: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+        for (location, kind) in &lake {
+            match crate::maintenance::maintain(location, *kind, &options).await {
+                Ok(Some(done)) => tracing::info!(table = %location, kind = kind.name(),
+                    files_before = done.files_before, files_after = done.files_after,
+                    compacted = done.compacted, log_files_removed = done.log_files_removed,
+                    vacuumed = done.vacuumed, "maintained"),
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(table = %location, kind = kind.name(), %error, "maintenance failed; next pass tries again");
+                }
+            }
+            if *stop.borrow() {
+                return;
+            }
+        }
+    }
 }
 
 /// Applies bronze to silver every `every` until `stop`; a failing call is logged and retried

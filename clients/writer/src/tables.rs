@@ -66,6 +66,18 @@ fn column(
 }
 
 impl TableKind {
+    /// The kind's name in reports and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            TableKind::Bronze => "bronze",
+            TableKind::Facts => "facts",
+            TableKind::Control => "control",
+            TableKind::Plans => "plans",
+            TableKind::Silver => "silver",
+            TableKind::Reconcile => "reconcile",
+        }
+    }
+
     /// The table comment.
     pub fn comment(self) -> &'static str {
         match self {

@@ -114,6 +114,77 @@ async fn bad_sidecar_files_are_refused_with_the_reason() {
     std::fs::write(&path, text).expect("write");
     let error = SidecarConfig::load(&path).expect_err("unknown key");
     assert!(error.to_string().contains("granularty"), "{error}");
+    let path = write_config(&lab, &[("dbo.orders", "orders")]);
+    let text = std::fs::read_to_string(&path).expect("read");
+    for (setting, name) in [
+        ("maintenance_minutes = -1.0\n", "maintenance_minutes"),
+        ("vacuum_retention_hours = 0.0\n", "vacuum_retention_hours"),
+    ] {
+        std::fs::write(&path, format!("{setting}{text}")).expect("write");
+        let error = SidecarConfig::load(&path).expect_err(setting);
+        assert!(error.to_string().contains(name), "{error}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintain_compacts_every_table_of_a_sidecar_whose_checkpoints_live_beside_the_lake() {
+    let lab = Lab::new().await;
+    let path = write_config(&lab, &[("dbo.orders", "orders")]);
+    // No `checkpoints`: they are kept beside the facts table.
+    let text = std::fs::read_to_string(&path).expect("read");
+    let text: String = text
+        .lines()
+        .filter(|line| !line.starts_with("checkpoints"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    std::fs::write(&path, text.replace("max_commits = 100", "max_commits = 5")).expect("write");
+    let config = SidecarConfig::load(&path).expect("config");
+    lab.workload(81, 60);
+    for (table, result) in sidecar::run_available_now(&config).await {
+        assert!(
+            result.expect(&table).len() >= 10,
+            "{table}: batches of 5 commits"
+        );
+    }
+    let checkpoint = std::path::Path::new(&lab.lake("_checkpoints")).join("orders");
+    assert!(
+        checkpoint.join("commits").is_dir(),
+        "the checkpoint is beside the facts"
+    );
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"))
+        .args(["maintain", "--min-files", "4", "--config"])
+        .arg(&path)
+        .output()
+        .expect("maintain");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for kind in ["facts", "bronze"] {
+        let line = stdout
+            .lines()
+            .find(|line| line.split_whitespace().nth(1) == Some(kind))
+            .unwrap_or_else(|| panic!("a line for {kind}: {stdout}"));
+        let figures: Vec<&str> = line.split_whitespace().collect();
+        let (before, after): (usize, usize) = (
+            figures[2].parse().expect("n"),
+            figures[3].parse().expect("n"),
+        );
+        assert!(before >= 10 && after == 1, "{kind} compacted: {line}");
+    }
+    assert!(
+        stdout.contains("(no table yet)"),
+        "the plans table was never created: {stdout}"
+    );
+    assert_eq!(bronze_rows(&lab).await.expect("bronze"), lab.committed());
+    let status = sidecar::status(&config).await.expect("status");
+    assert!(
+        status[0]
+            .last_batch
+            .is_some_and(|(id, committed)| id >= 9 && committed)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,184 @@
+//! Table maintenance: compaction, log checkpoints, log cleanup and `VACUUM`.
+//!
+//! Every poll of every table appends a facts row, moves a control row and (with rows) adds
+//! bronze files, so without maintenance a table's file count and log grow for ever. One pass
+//! over a table:
+//!
+//! 1. **Compaction** (bronze, facts, control, plans, reconcile report): when the table holds
+//!    at least `min_files` files smaller than half its target file size, delta-rs' OPTIMIZE
+//!    bin-packs them (a commit of `dataChange = false` removes and adds: readers of the
+//!    change log, silver included, read bronze by `_start_lsn`, not by file, so they see no
+//!    change). Silver is not compacted here: its copy-on-write apply folds its small files
+//!    into one on every call already, and an OPTIMIZE racing a silver rewrite is the
+//!    conflict delta-rs does not see (docs/writer.md, "Tables another engine touched").
+//! 2. **A log checkpoint** at the table's version, so readers and the next commit load
+//!    one Parquet file instead of replaying JSON commits.
+//! 3. **`VACUUM`** (full: the files of removed versions and the orphans of batches a crash
+//!    aborted) of files unreferenced for longer than the retention (7 days by default, never
+//!    less than the table's `delta.deletedFileRetentionDuration`), so no reader of a version
+//!    younger than that loses a file.
+//! 4. **Log cleanup**: commit files older than the table's `delta.logRetentionDuration`
+//!    (30 days by default) and behind the checkpoint are removed.
+//!
+//! A pass is safe next to a running writer: appends and OPTIMIZE do not conflict, a commit
+//! that does is retried, and what a conflict leaves undone is done by the next pass.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deltalake::DeltaTable;
+use deltalake::operations::vacuum::{Clock, VacuumMode};
+use deltalake::table::config::TablePropertiesExt;
+use serde::Serialize;
+use url::Url;
+
+use crate::error::{Result, WriterError};
+use crate::tables::{self, TableKind};
+
+/// What a pass does, the same for every table it visits.
+#[derive(Clone, Debug)]
+pub struct MaintenanceOptions {
+    /// Compact once a table holds this many small files (smaller than half its target size).
+    pub min_files: usize,
+    /// Keep unreferenced files this long before `VACUUM` removes them.
+    pub vacuum_retention: Duration,
+    /// The clock maintenance judges age by (the wall clock; a fast one in tests).
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for MaintenanceOptions {
+    fn default() -> Self {
+        MaintenanceOptions {
+            min_files: 16,
+            vacuum_retention: DEFAULT_VACUUM_RETENTION,
+            clock: Arc::new(WallClock),
+        }
+    }
+}
+
+/// Delta's default `delta.deletedFileRetentionDuration`: a week.
+pub const DEFAULT_VACUUM_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The wall clock.
+#[derive(Debug)]
+pub struct WallClock;
+
+impl Clock for WallClock {
+    fn current_timestamp_millis(&self) -> i64 {
+        chrono::Utc::now().timestamp_millis()
+    }
+}
+
+/// What one pass did to one table.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TableMaintenance {
+    /// The table's location.
+    pub location: String,
+    /// Its kind (`bronze`, `facts`, ...).
+    pub kind: String,
+    /// Data files of the table before the pass.
+    pub files_before: usize,
+    /// Data files after it.
+    pub files_after: usize,
+    /// Small files compaction folded together.
+    pub compacted: u64,
+    /// The version the log checkpoint was written at.
+    pub checkpoint_version: Option<u64>,
+    /// Log files removed by cleanup.
+    pub log_files_removed: usize,
+    /// Files `VACUUM` deleted.
+    pub vacuumed: usize,
+}
+
+/// Maintains the table of `kind` at `location`; `None` when there is no table there yet.
+pub async fn maintain(
+    location: &str,
+    kind: TableKind,
+    options: &MaintenanceOptions,
+) -> Result<Option<TableMaintenance>> {
+    let url = tables::table_url(location)?;
+    let Some(table) = tables::open(&url).await? else {
+        return Ok(None);
+    };
+    crate::features::check(&table, kind, location)?;
+    let mut report = TableMaintenance {
+        location: location.to_string(),
+        kind: kind.name().to_string(),
+        files_before: table.snapshot()?.log_data().num_files(),
+        ..TableMaintenance::default()
+    };
+    if kind != TableKind::Silver {
+        report.compacted = compact(&url, options.min_files).await?;
+    }
+    let table = reload(&url).await?;
+    let version = table.version().unwrap_or(0);
+    deltalake::checkpoints::create_checkpoint(&table, None).await?;
+    report.checkpoint_version = Some(version);
+    report.vacuumed = vacuum(reload(&url).await?, options).await?;
+    // Last: the log cleanup removes the files a loaded snapshot was listed from.
+    let table = reload(&url).await?;
+    let log_retention = table.snapshot()?.table_config().log_retention_duration();
+    let cutoff = options.clock.current_timestamp_millis() - log_retention.as_millis() as i64;
+    report.log_files_removed = deltalake::checkpoints::cleanup_expired_logs_for(
+        version,
+        table.log_store().as_ref(),
+        cutoff,
+        None,
+    )
+    .await?;
+    report.files_after = reload(&url).await?.snapshot()?.log_data().num_files();
+    Ok(Some(report))
+}
+
+async fn reload(url: &Url) -> Result<DeltaTable> {
+    tables::open(url)
+        .await?
+        .ok_or_else(|| WriterError::Internal(format!("the table at {url} disappeared")))
+}
+
+/// Bin-packs the table's small files when there are `min_files` of them; the files folded.
+async fn compact(url: &Url, min_files: usize) -> Result<u64> {
+    tables::retry_conflicts(|| async {
+        let table = reload(url).await?;
+        let target = table.snapshot()?.table_config().target_file_size().get();
+        let small = table
+            .snapshot()?
+            .log_data()
+            .iter()
+            .filter(|file| (file.size() as u64) < target / 2)
+            .count();
+        if small < min_files.max(2) {
+            return Ok(0);
+        }
+        let (_, metrics) = table.optimize().await?;
+        Ok(metrics.num_files_removed)
+    })
+    .await
+}
+
+/// Removes files unreferenced for longer than the retention (and the orphans of aborted
+/// writes as old); the number removed.
+async fn vacuum(table: DeltaTable, options: &MaintenanceOptions) -> Result<usize> {
+    let retention = chrono::Duration::from_std(options.vacuum_retention)
+        .map_err(|error| WriterError::invalid(format!("vacuum retention: {error}")))?;
+    let table_minimum = table
+        .snapshot()?
+        .table_config()
+        .deleted_file_retention_duration();
+    if options.vacuum_retention < table_minimum {
+        return Err(WriterError::invalid(format!(
+            "a vacuum retention of {:.1} hours is shorter than the table's \
+             delta.deletedFileRetentionDuration ({:.1} hours): readers of older versions \
+             would lose files",
+            options.vacuum_retention.as_secs_f64() / 3600.0,
+            table_minimum.as_secs_f64() / 3600.0
+        )));
+    }
+    let (_, metrics) = table
+        .vacuum()
+        .with_retention_period(retention)
+        .with_mode(VacuumMode::Full)
+        .with_clock(Arc::clone(&options.clock))
+        .await?;
+    Ok(metrics.files_deleted.len())
+}

@@ -1,0 +1,150 @@
+//! Maintenance keeps a month of polls to a few files, on a fast clock, losing nothing.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use common::{Lab, bronze_rows, facts_batches};
+use deltalake::operations::vacuum::Clock;
+use mssql_cdc_writer::maintenance::{self, MaintenanceOptions};
+use mssql_cdc_writer::stream::Stream;
+use mssql_cdc_writer::tables::TableKind;
+
+/// The wall clock moved `offset` milliseconds ahead: a simulated day passes in an instant.
+#[derive(Debug, Default)]
+struct FastClock {
+    offset: AtomicI64,
+}
+
+impl FastClock {
+    fn advance_days(&self, days: i64) {
+        self.offset.fetch_add(days * 86_400_000, Ordering::Relaxed);
+    }
+}
+
+impl Clock for FastClock {
+    fn current_timestamp_millis(&self) -> i64 {
+        chrono::Utc::now().timestamp_millis() + self.offset.load(Ordering::Relaxed)
+    }
+}
+
+/// Files under a table's directory: (data files, `_delta_log` files).
+fn file_counts(table: &Path) -> (usize, usize) {
+    fn count(dir: &Path, log: bool, counts: &mut (usize, usize)) {
+        for entry in std::fs::read_dir(dir).expect("read dir").flatten() {
+            let path = entry.path();
+            let in_log = log || entry.file_name() == "_delta_log";
+            if path.is_dir() {
+                count(&path, in_log, counts);
+            } else if in_log {
+                counts.1 += 1;
+            } else {
+                counts.0 += 1;
+            }
+        }
+    }
+    let mut counts = (0, 0);
+    count(table, false, &mut counts);
+    counts
+}
+
+/// A month (33 days of a fast clock) of polls of one table, each day's followed by a
+/// maintenance pass: each table keeps fewer small files than `min_files`, the files VACUUM
+/// keeps for its week, and a log of at most 30 days of commits (the default
+/// `delta.logRetentionDuration`); a day without maintenance leaves a file per poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_month_of_polls_stays_a_few_files_per_table_and_loses_nothing() {
+    const DAYS: usize = 33;
+    const POLLS_PER_DAY: usize = 5;
+    let lab = Lab::new().await;
+    let mut config = lab.config();
+    config.max_commits = Some(2);
+    let mut stream = Stream::connect(config.clone()).await.expect("connect");
+    let clock = Arc::new(FastClock::default());
+    let options = MaintenanceOptions {
+        min_files: 4,
+        clock: clock.clone(),
+        ..MaintenanceOptions::default()
+    };
+    let tables = [
+        (lab.lake("bronze_orders"), TableKind::Bronze),
+        (lab.lake("facts"), TableKind::Facts),
+        (lab.lake("control"), TableKind::Control),
+    ];
+    let mut batches = 0;
+    // Per table: the most data and log files seen, the table's version after each day.
+    let mut most = vec![(0, 0); tables.len()];
+    let mut versions = vec![vec![0u64]; tables.len()];
+    let mut logs_removed = vec![0; tables.len()];
+    for day in 0..DAYS {
+        for poll in 0..POLLS_PER_DAY {
+            lab.workload((1000 + day * POLLS_PER_DAY + poll) as u64, 2);
+            batches += usize::from(stream.run_batch(None).await.expect("batch").is_some());
+        }
+        if day == 0 {
+            for (location, _) in &tables[..2] {
+                let (data, log) = file_counts(Path::new(location));
+                assert!(
+                    data >= POLLS_PER_DAY && log >= POLLS_PER_DAY,
+                    "{location}: a file per poll"
+                );
+            }
+        }
+        clock.advance_days(1);
+        for (index, (location, kind)) in tables.iter().enumerate() {
+            let done = maintenance::maintain(location, *kind, &options)
+                .await
+                .expect("maintain")
+                .expect("a table");
+            assert!(done.files_after < options.min_files, "{done:?}");
+            let (data, log) = file_counts(Path::new(location));
+            most[index] = (most[index].0.max(data), most[index].1.max(log));
+            versions[index].push(done.checkpoint_version.expect("a checkpoint"));
+            logs_removed[index] += done.log_files_removed;
+        }
+    }
+    assert_eq!(batches, DAYS * POLLS_PER_DAY, "every poll brought a batch");
+    for (index, (location, kind)) in tables.iter().enumerate() {
+        let (data, log) = most[index];
+        let per_day = versions[index]
+            .windows(2)
+            .map(|pair| pair[1] - pair[0])
+            .max()
+            .expect("days") as usize;
+        println!(
+            "{}: at most {data} data and {log} log files; {} commits in {DAYS} days, at most \
+             {per_day} a day; {} log files removed",
+            kind.name(),
+            versions[index].last().expect("a version"),
+            logs_removed[index]
+        );
+        // The small files of a day, what compaction wrote, and the files VACUUM keeps a week
+        // (day 8 of a week's retention comes before its pass).
+        assert!(
+            data <= 8 * (POLLS_PER_DAY + 1) + options.min_files,
+            "{location}: {data} data files"
+        );
+        assert!(log <= 31 * per_day + 31 + 1, "{location}: {log} log files");
+        // At the end, the commit files of the last 31 days at most (the checkpoint before
+        // the retention's start is the oldest file kept), a checkpoint a day, _last_checkpoint.
+        let (_, log_now) = file_counts(Path::new(location));
+        let recent = (versions[index][DAYS] - versions[index][DAYS - 31]) as usize;
+        assert!(
+            log_now <= recent + 31 + 1,
+            "{location}: {log_now} log files, {recent} recent commits"
+        );
+    }
+    assert!(
+        logs_removed[..2].iter().all(|removed| *removed > 0),
+        "after 30 days the log is cleaned: {logs_removed:?}"
+    );
+    // A month later: nothing lost, nothing doubled, and the stream goes on.
+    assert_eq!(bronze_rows(&lab).await.expect("bronze"), lab.committed());
+    assert_eq!(facts_batches(&lab).await.len(), batches);
+    lab.workload(7, 5);
+    let mut again = Stream::connect(config).await.expect("connect");
+    while again.run_batch(None).await.expect("batch").is_some() {}
+    assert_eq!(bronze_rows(&lab).await.expect("bronze"), lab.committed());
+}
