@@ -17,7 +17,8 @@
 //!
 //! Options beyond the connection (URL query or extra ADO keys, names case-insensitive):
 //! `lock_timeout_ms`, `isolation` (`readCommitted`|`snapshot`), `source_time_zone`
-//! (`auto`|`UTC`|a Windows zone), `pool_size`, `command_timeout_s`, `packet_size`,
+//! (`auto`|`UTC`|a Windows zone), `pool_size`, `checkout_timeout_s` (how long a read waits in
+//! line for a pooled connection, 300 by default), `command_timeout_s`, `packet_size`,
 //! `application_name`, `readonly` (an availability group's readable secondary; ADO's
 //! `ApplicationIntent=ReadOnly`), `access_token_file` (a Microsoft Entra ID access token,
 //! re-read at every connect, instead of a SQL login).
@@ -56,6 +57,8 @@ pub struct SqlServerConfig {
     pub clock: ClockSetting,
     /// Connections kept open at most.
     pub pool_size: u32,
+    /// How long a read waits in line for a connection before `UNAVAILABLE`.
+    pub checkout_timeout: Duration,
     /// A file holding a Microsoft Entra ID access token for the login, read at every connect
     /// (tokens live about an hour; whatever refreshes the file, the next connection uses it).
     pub access_token_file: Option<PathBuf>,
@@ -71,6 +74,7 @@ impl fmt::Debug for SqlServerConfig {
             .field("isolation", &self.isolation)
             .field("clock", &self.clock)
             .field("pool_size", &self.pool_size)
+            .field("checkout_timeout", &self.checkout_timeout)
             .field("access_token_file", &self.access_token_file)
             .finish_non_exhaustive()
     }
@@ -83,6 +87,7 @@ struct Extras {
     isolation: Isolation,
     clock: Option<ClockSetting>,
     pool_size: Option<u32>,
+    checkout_timeout: Option<Duration>,
     command_timeout: Option<Duration>,
     packet_size: Option<u32>,
     access_token_file: Option<PathBuf>,
@@ -123,6 +128,15 @@ impl Extras {
                 return Err(Error::invalid("pool_size must be between 1 and 256"));
             }
             extras.pool_size = Some(size as u32);
+        }
+        if let Some(value) = pairs.remove("checkouttimeouts") {
+            let seconds = number("checkout_timeout_s", value)?;
+            if !(1..=3600).contains(&seconds) {
+                return Err(Error::invalid(
+                    "checkout_timeout_s must be between 1 and 3600 seconds",
+                ));
+            }
+            extras.checkout_timeout = Some(Duration::from_secs(seconds));
         }
         if let Some(value) = pairs
             .remove("commandtimeouts")
@@ -377,6 +391,9 @@ impl SqlServerConfig {
             isolation: extras.isolation,
             clock: extras.clock.unwrap_or(ClockSetting::Auto),
             pool_size: extras.pool_size.unwrap_or(8),
+            checkout_timeout: extras
+                .checkout_timeout
+                .unwrap_or(super::pool::DEFAULT_CHECKOUT_TIMEOUT),
             access_token_file: extras.access_token_file,
         })
     }
@@ -396,7 +413,7 @@ mod tests {
     fn urls_carry_login_database_and_options() {
         let config = SqlServerConfig::parse(
             "mssql://reader:p%40ss%3Bword@db.example.com:14330/sales?lock_timeout_ms=5000\
-             &isolation=snapshot&source_time_zone=UTC&pool_size=4&ca=/etc/ca.pem",
+             &isolation=snapshot&source_time_zone=UTC&pool_size=4&checkout_timeout_s=90&ca=/etc/ca.pem",
         )
         .expect("parses");
         assert_eq!(config.target, "db.example.com:14330/sales");
@@ -406,6 +423,7 @@ mod tests {
         assert_eq!(config.isolation, Isolation::Snapshot);
         assert_eq!(config.clock, ClockSetting::Fixed(ServerClock::Utc));
         assert_eq!(config.pool_size, 4);
+        assert_eq!(config.checkout_timeout, Duration::from_secs(90));
         assert!(!config.trusts_any_certificate);
         assert_eq!(config.tiberius.get_packet_size(), Some(PACKET_SIZE));
         assert_eq!(

@@ -1,10 +1,19 @@
-//! Connections to SQL Server: a small bb8 pool of tiberius 0.13 clients, and retries.
+//! Connections to SQL Server: a small pool of tiberius 0.13 clients, and retries.
 //!
-//! No pool crate supports tiberius 0.13 yet, so the manager is here. A connection is marked
-//! dirty when a result stream starts and clean only when the stream was read to its end or
-//! the query was cancelled (TDS attention); the pool drops a dirty connection instead of
-//! handing it out, because a half-read result would be drained by the next query. Every
-//! streaming read takes its own connection, so the partitions of one plan read in parallel.
+//! A connection is marked dirty when a result stream starts and clean only when the stream
+//! was read to its end or the query was cancelled (TDS attention); the pool drops a dirty
+//! connection instead of handing it out, because a half-read result would be drained by the
+//! next query. Every streaming read holds its own connection for its whole stream, so the
+//! partitions of one plan read in parallel.
+//!
+//! The pool is ours (no pool crate supports tiberius 0.13, and bb8 0.9 connects in the
+//! background, so a caller learned of a refused login only by timing out): a fair (FIFO)
+//! semaphore of `pool_size` permits, one per connection that may exist, and a stack of idle
+//! connections. A caller takes a permit (waiting in line, at most `checkout_timeout_s`, 300 s
+//! by default, then `UNAVAILABLE` saying so; past [`MAX_WAITING`] callers in line at once,
+//! at once), then an idle connection, else opens one in its own task, so a failed login is
+//! its error at once. No more than `pool_size` connections exist or are being opened, so a
+//! burst of reads makes no burst of logins.
 //!
 //! Transient failures (the network, login timeouts, a deadlock victim, Azure SQL's
 //! reconfiguration errors) are retried three times on a new connection with backoff 1-2 s,
@@ -12,13 +21,15 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use tiberius::{AuthMethod, Client, Config};
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
-use super::sql;
 use crate::error::{Error, Result};
 
 /// A tiberius client over tokio's TCP stream.
@@ -85,107 +96,199 @@ impl Manager {
     }
 }
 
-impl bb8::ManageConnection for Manager {
+impl Manager {
+    /// Opens a connection: the access token of the moment, Azure SQL's redirect followed.
+    pub async fn connect(&self) -> tiberius::Result<Connection> {
+        let mut config = self.config.clone();
+        if let Some(login) = Self::access_token(self.access_token_file.as_deref()).await? {
+            config.authentication(login);
+        }
+        if self.trusts_any_certificate {
+            tracing::warn!(
+                "trusting any SQL Server certificate (trust_server_certificate): the \
+                 connection can be intercepted; pin the server's CA with ca= instead"
+            );
+        }
+        let client = match Self::open(config.clone()).await {
+            Err(tiberius::error::Error::Routing { host, port }) => {
+                let mut routed = config;
+                routed.host(&host);
+                routed.port(port);
+                Self::open(routed).await?
+            }
+            other => other?,
+        };
+        Ok(Connection {
+            client,
+            dirty: false,
+        })
+    }
+}
+
+/// What the pool pools: opens connections and tells a broken one.
+pub trait Connector: Send + Sync + 'static {
+    /// The pooled connection.
+    type Connection: Send + 'static;
+    /// Opens a new connection.
+    fn connect(&self) -> impl Future<Output = tiberius::Result<Self::Connection>> + Send;
+    /// Whether a returned connection must be closed instead of reused.
+    fn is_broken(connection: &Self::Connection) -> bool;
+}
+
+impl Connector for Manager {
     type Connection = Connection;
-    type Error = tiberius::error::Error;
 
     fn connect(&self) -> impl Future<Output = tiberius::Result<Connection>> + Send {
-        let mut config = self.config.clone();
-        let trusts_any = self.trusts_any_certificate;
-        let token_file = self.access_token_file.clone();
-        async move {
-            if let Some(login) = Self::access_token(token_file.as_deref()).await? {
-                config.authentication(login);
-            }
-            if trusts_any {
-                tracing::warn!(
-                    "trusting any SQL Server certificate (trust_server_certificate): the \
-                     connection can be intercepted; pin the server's CA with ca= instead"
-                );
-            }
-            let client = match Self::open(config.clone()).await {
-                Err(tiberius::error::Error::Routing { host, port }) => {
-                    let mut routed = config;
-                    routed.host(&host);
-                    routed.port(port);
-                    Self::open(routed).await?
-                }
-                other => other?,
-            };
-            Ok(Connection {
-                client,
-                dirty: false,
-            })
-        }
+        Manager::connect(self)
     }
 
-    async fn is_valid(&self, connection: &mut Connection) -> tiberius::Result<()> {
-        connection
-            .client
-            .simple_query(sql::ping())
-            .await?
-            .into_results()
-            .await?;
-        Ok(())
-    }
-
-    fn has_broken(&self, connection: &mut Connection) -> bool {
+    fn is_broken(connection: &Connection) -> bool {
         connection.dirty
     }
 }
 
+/// Most callers waiting in line for a connection at once; one more is refused at once.
+pub const MAX_WAITING: usize = 1024;
+
+/// Idle connections older than this are closed rather than reused (SQL Server, a load
+/// balancer or a firewall may have dropped them meanwhile).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The default of `checkout_timeout_s`: how long a caller waits in line for a connection.
+pub const DEFAULT_CHECKOUT_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// The pool of one source.
-///
-/// bb8 0.9 connects in the background and a waiting `get` only learns of a failed connect by
-/// timing out, so when no connection is idle a new one is opened here, in the caller's task:
-/// a refused connection or a failed login is reported at once, with SQL Server's message.
-#[derive(Clone)]
-pub struct Connections {
-    pool: bb8::Pool<Manager>,
-    manager: Manager,
-    max_size: u32,
+pub struct Pool<C: Connector> {
+    shared: Arc<Shared<C>>,
 }
 
-/// How long a caller waits for a connection another read holds.
-const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(30);
+impl<C: Connector> Clone for Pool<C> {
+    fn clone(&self) -> Self {
+        Pool {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
 
-impl Connections {
-    /// A pool of at most `max_size` connections.
-    pub fn new(manager: Manager, max_size: u32) -> Self {
-        let pool = bb8::Pool::builder()
-            .max_size(max_size)
-            .min_idle(Some(0))
-            .connection_timeout(CHECKOUT_TIMEOUT)
-            // A connection that failed a query is dirty and never handed out again, so no
-            // ping on every checkout; failed connects are retried by `with_retries`.
-            .retry_connection(false)
-            .test_on_check_out(false)
-            .build_unchecked(manager.clone());
-        Connections {
-            pool,
-            manager,
-            max_size,
+struct Shared<C: Connector> {
+    connector: C,
+    /// One permit per connection that may exist (idle, in use or being opened).
+    permits: Arc<Semaphore>,
+    idle: Mutex<Vec<(Instant, C::Connection)>>,
+    waiting: AtomicUsize,
+    size: u32,
+    checkout_timeout: Duration,
+}
+
+/// The pool of SQL Server connections.
+pub type Connections = Pool<Manager>;
+
+impl<C: Connector> Pool<C> {
+    /// A pool of at most `size` connections whose callers wait at most `checkout_timeout`.
+    pub fn new(connector: C, size: u32, checkout_timeout: Duration) -> Self {
+        Pool {
+            shared: Arc::new(Shared {
+                connector,
+                permits: Arc::new(Semaphore::new(size as usize)),
+                idle: Mutex::new(Vec::new()),
+                waiting: AtomicUsize::new(0),
+                size,
+                checkout_timeout,
+            }),
         }
     }
 
-    /// A connection: an idle one, a new one while the pool has room, else the next one
-    /// returned (waiting at most 30 s).
-    pub async fn get(&self) -> Result<bb8::PooledConnection<'static, Manager>> {
-        let state = self.pool.state();
-        if state.idle_connections == 0 && state.connections < self.max_size {
-            use bb8::ManageConnection as _;
-            let connection = self.manager.connect().await.map_err(source_error)?;
-            // Full meanwhile: the extra connection is closed.
-            let _ = self.pool.add(connection);
-        }
-        self.pool.get_owned().await.map_err(|error| match error {
-            bb8::RunError::User(error) => source_error(error),
-            bb8::RunError::TimedOut => Error::SourceUnavailable(format!(
-                "every one of the {} SQL Server connections stayed busy for {} s",
-                self.max_size,
-                CHECKOUT_TIMEOUT.as_secs()
-            )),
+    /// A connection: first in line for a permit, then an idle connection or a new one.
+    pub async fn get(&self) -> Result<Pooled<C>> {
+        let shared = &self.shared;
+        let permit = match Arc::clone(&shared.permits).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                if shared.waiting.fetch_add(1, Ordering::SeqCst) >= MAX_WAITING {
+                    shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                    return Err(Error::SourceUnavailable(format!(
+                        "{MAX_WAITING} reads already wait for one of the {} SQL Server \
+                         connections; raise pool_size or read fewer partitions at once",
+                        shared.size
+                    )));
+                }
+                let waited = tokio::time::timeout(
+                    shared.checkout_timeout,
+                    Arc::clone(&shared.permits).acquire_owned(),
+                )
+                .await;
+                shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                match waited {
+                    Ok(permit) => {
+                        permit.map_err(|_| Error::Internal("the pool is closed".into()))?
+                    }
+                    Err(_) => {
+                        return Err(Error::SourceUnavailable(format!(
+                            "every one of the {} SQL Server connections stayed busy for {} s \
+                             (checkout_timeout_s); raise pool_size or checkout_timeout_s",
+                            shared.size,
+                            shared.checkout_timeout.as_secs()
+                        )));
+                    }
+                }
+            }
+        };
+        let idle = {
+            let mut idle = shared.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            // Oldest first: the stale ones are at the bottom.
+            idle.retain(|(since, _)| since.elapsed() < IDLE_TIMEOUT);
+            idle.pop()
+        };
+        let connection = match idle {
+            Some((_, connection)) => connection,
+            // The permit is released with the error: the next in line tries its own connect.
+            None => shared.connector.connect().await.map_err(source_error)?,
+        };
+        Ok(Pooled {
+            connection: Some(connection),
+            pool: Arc::clone(shared),
+            _permit: permit,
         })
+    }
+}
+
+/// A connection taken from the pool: returned when dropped, unless broken.
+pub struct Pooled<C: Connector> {
+    connection: Option<C::Connection>,
+    pool: Arc<Shared<C>>,
+    // Dropped after the connection went back, so the next in line finds it idle.
+    _permit: OwnedSemaphorePermit,
+}
+
+impl<C: Connector> std::ops::Deref for Pooled<C> {
+    type Target = C::Connection;
+
+    fn deref(&self) -> &C::Connection {
+        self.connection
+            .as_ref()
+            .expect("a pooled connection until dropped")
+    }
+}
+
+impl<C: Connector> std::ops::DerefMut for Pooled<C> {
+    fn deref_mut(&mut self) -> &mut C::Connection {
+        self.connection
+            .as_mut()
+            .expect("a pooled connection until dropped")
+    }
+}
+
+impl<C: Connector> Drop for Pooled<C> {
+    fn drop(&mut self) {
+        if let Some(connection) = self.connection.take()
+            && !C::is_broken(&connection)
+        {
+            self.pool
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((Instant::now(), connection));
+        }
     }
 }
 
@@ -197,10 +300,20 @@ const TRANSIENT_CODES: [u32; 15] = [
     20, 64, 233, 1205, 1222, 4060, 4221, 10053, 10054, 10060, 10928, 10929, 40197, 40501, 40613,
 ];
 
+/// Whether a tiberius error is its command timeout (`command_timeout_s`): SQL Server did not
+/// answer a statement in time. Never retried: the statement would run as long again.
+/// tiberius reports it as an I/O `TimedOut` that leaves the connection out of sync (a
+/// handshake or TCP timeout is a `TimedOut` too, and is retried).
+pub fn is_command_timeout(error: &tiberius::error::Error) -> bool {
+    matches!(error, tiberius::error::Error::Io { kind: std::io::ErrorKind::TimedOut, message }
+        if message.contains("out of sync") || message.contains("command timeout"))
+}
+
 /// Whether a tiberius error may pass on a new connection.
 pub fn is_transient(error: &tiberius::error::Error) -> bool {
     use tiberius::error::Error as E;
     match error {
+        _ if is_command_timeout(error) => false,
         E::Io { .. } | E::Routing { .. } => true,
         E::Server(token) => {
             TRANSIENT_CODES.contains(&token.code()) || (49918..=49920).contains(&token.code())
@@ -221,7 +334,11 @@ const CLIENT_CAUSED_CODES: &[u32] = &[241, 242, 245, 295, 313, 8114, 8115];
 /// [`Error::SourceUnavailable`]; others keep SQL Server's message (never the connection
 /// string, which tiberius does not include in errors).
 pub fn source_error(error: tiberius::error::Error) -> Error {
-    if is_transient(&error) {
+    if is_command_timeout(&error) {
+        Error::DeadlineExceeded(format!(
+            "SQL Server did not answer within command_timeout_s: {error}"
+        ))
+    } else if is_transient(&error) {
         Error::SourceUnavailable(error.to_string())
     } else {
         match &error {
@@ -298,6 +415,147 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
+
+    /// Connections numbered in the order they were opened; `broken` set by the test.
+    #[derive(Default)]
+    struct Fake {
+        opened: AtomicU32,
+        opening: AtomicU32,
+        most_opening: AtomicU32,
+        refuse: std::sync::atomic::AtomicBool,
+    }
+
+    struct FakeConnection {
+        number: u32,
+        broken: bool,
+    }
+
+    impl Connector for Arc<Fake> {
+        type Connection = FakeConnection;
+
+        fn connect(&self) -> impl Future<Output = tiberius::Result<FakeConnection>> + Send {
+            let fake = Arc::clone(self);
+            async move {
+                let now = fake.opening.fetch_add(1, Ordering::SeqCst) + 1;
+                fake.most_opening.fetch_max(now, Ordering::SeqCst);
+                // A TLS login takes a while: a burst of callers overlaps here.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                fake.opening.fetch_sub(1, Ordering::SeqCst);
+                if fake.refuse.load(Ordering::SeqCst) {
+                    return Err(tiberius::error::Error::Protocol(
+                        "Login failed for user 'cdc'.".into(),
+                    ));
+                }
+                Ok(FakeConnection {
+                    number: fake.opened.fetch_add(1, Ordering::SeqCst),
+                    broken: false,
+                })
+            }
+        }
+
+        fn is_broken(connection: &FakeConnection) -> bool {
+            connection.broken
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_opens_at_most_pool_size_connections_and_waits_in_line() {
+        let fake = Arc::new(Fake::default());
+        let pool = Pool::new(Arc::clone(&fake), 3, Duration::from_secs(30));
+        let served = Arc::new(Mutex::new(Vec::new()));
+        let mut readers = Vec::new();
+        for reader in 0..12 {
+            let (pool, served) = (pool.clone(), Arc::clone(&served));
+            readers.push(tokio::spawn(async move {
+                let connection = pool.get().await.expect("a connection");
+                served.lock().expect("lock").push(reader);
+                // A stream holds its connection while it is read.
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                drop(connection);
+            }));
+            // Callers arrive one after another.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        for reader in readers {
+            reader.await.expect("reader");
+        }
+        assert_eq!(
+            fake.opened.load(Ordering::SeqCst),
+            3,
+            "a connection per permit, reused"
+        );
+        assert!(
+            fake.most_opening.load(Ordering::SeqCst) <= 3,
+            "no login storm"
+        );
+        let served = served.lock().expect("lock").clone();
+        assert_eq!(
+            served[3..],
+            (3..12).collect::<Vec<_>>(),
+            "waiters served first come, first served"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_login_is_the_callers_error_at_once_and_frees_its_place() {
+        let fake = Arc::new(Fake::default());
+        fake.refuse.store(true, Ordering::SeqCst);
+        let pool = Pool::new(Arc::clone(&fake), 1, Duration::from_secs(30));
+        let started = Instant::now();
+        let Err(error) = pool.get().await else {
+            panic!("refused");
+        };
+        assert!(error.to_string().contains("Login failed"), "{error}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "not after the checkout timeout"
+        );
+        fake.refuse.store(false, Ordering::SeqCst);
+        assert!(
+            pool.get().await.is_ok(),
+            "the failed connect gave its permit back"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_broken_connection_is_closed_and_a_busy_pool_answers_unavailable_in_time() {
+        let fake = Arc::new(Fake::default());
+        let pool = Pool::new(Arc::clone(&fake), 1, Duration::from_millis(100));
+        let mut first = pool.get().await.expect("connection");
+        assert_eq!(first.number, 0);
+        let Err(error) = pool.get().await else {
+            panic!("busy");
+        };
+        assert!(matches!(error, Error::SourceUnavailable(_)), "{error}");
+        assert!(error.to_string().contains("checkout_timeout_s"), "{error}");
+        first.broken = true;
+        drop(first);
+        assert_eq!(pool.get().await.expect("connection").number, 1, "a new one");
+        assert_eq!(pool.get().await.expect("connection").number, 1, "reused");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_line_is_bounded() {
+        let fake = Arc::new(Fake::default());
+        let pool = Pool::new(Arc::clone(&fake), 1, Duration::from_secs(30));
+        let held = pool.get().await.expect("connection");
+        let mut waiting = Vec::new();
+        for _ in 0..MAX_WAITING {
+            let pool = pool.clone();
+            waiting.push(tokio::spawn(async move { pool.get().await.map(|_| ()) }));
+        }
+        while pool.shared.waiting.load(Ordering::SeqCst) < MAX_WAITING {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let Err(error) = pool.get().await else {
+            panic!("the line is full");
+        };
+        assert!(error.to_string().contains("already wait"), "{error}");
+        drop(held);
+        for waiter in waiting {
+            waiter.await.expect("waiter").expect("served in the end");
+        }
+    }
 
     #[tokio::test]
     async fn each_connect_reads_the_access_token_file_anew() {
@@ -377,5 +635,28 @@ mod tests {
             "bad".into()
         )));
         assert!(matches!(source_error(io), Error::SourceUnavailable(_)));
+        // tiberius' command timeout (its wording, tiberius 0.13 src/tds/stream/token.rs).
+        let command_timeout = tiberius::error::Error::Io {
+            kind: std::io::ErrorKind::TimedOut,
+            message: "the server did not send the next part of the command result within 30s \
+                      (it may have stalled, or be responding too slowly for the configured \
+                      bound); the connection is now out of sync and must be dropped."
+                .into(),
+        };
+        assert!(
+            !is_transient(&command_timeout),
+            "a command timeout is never retried"
+        );
+        let error = source_error(command_timeout);
+        assert!(matches!(error, Error::DeadlineExceeded(_)), "{error}");
+        assert!(!error.is_transient());
+        assert!(error.to_string().contains("command_timeout_s"), "{error}");
+        let handshake = tiberius::error::Error::Io {
+            kind: std::io::ErrorKind::TimedOut,
+            message: "the connection handshake (prelogin, TLS negotiation and login) did not \
+                      complete within 15s"
+                .into(),
+        };
+        assert!(is_transient(&handshake), "a login that stalled is retried");
     }
 }

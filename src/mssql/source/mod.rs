@@ -69,6 +69,9 @@ impl Param {
     }
 }
 
+/// Captured columns per capture instance and creation time, with when they were read.
+type CapturedCache = BTreeMap<(String, CommitTime), (Vec<CapturedColumn>, Instant)>;
+
 /// The CDC source of a SQL Server database (2016 or newer).
 pub struct SqlServerSource {
     pool: Connections,
@@ -77,7 +80,7 @@ pub struct SqlServerSource {
     /// Captured columns per capture instance and creation time (an instance re-created
     /// under the same name gets a new entry), computed columns left out; read again after
     /// [`catalog::CAPTURED_COLUMNS_TTL`].
-    captured: Mutex<BTreeMap<(String, CommitTime), (Vec<CapturedColumn>, Instant)>>,
+    captured: Mutex<CapturedCache>,
     retry_base: Duration,
 }
 
@@ -90,7 +93,7 @@ impl SqlServerSource {
             config.trusts_any_certificate,
             config.access_token_file.clone(),
         );
-        let pool = Connections::new(manager, config.pool_size);
+        let pool = Connections::new(manager, config.pool_size, config.checkout_timeout);
         let source = SqlServerSource {
             pool,
             config,
