@@ -17,7 +17,8 @@
 //!
 //! Transient failures (the network, login timeouts, a deadlock victim, Azure SQL's
 //! reconfiguration errors) are retried three times on a new connection with backoff 1-2 s,
-//! 2-4 s and 4-8 s, as ADR 0029 does for planning calls; other errors are returned at once.
+//! 2-4 s and 4-8 s (backon), as ADR 0029 does for planning calls; other errors, and a
+//! command timeout, are returned at once.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -368,46 +369,33 @@ pub fn source_error(error: tiberius::error::Error) -> Error {
     }
 }
 
-/// Backoff before retry `attempt` (1-based): a random wait in `[base * 2^(attempt-1),
-/// 2 * base * 2^(attempt-1))`, so 1-2 s, 2-4 s, 4-8 s for a base of one second.
-pub fn backoff(base: Duration, attempt: u32) -> Duration {
-    let low = base * 2u32.pow(attempt.saturating_sub(1));
-    // Jitter from the clock's nanoseconds: enough to spread retries of many replicas.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|elapsed| elapsed.subsec_nanos())
-        .unwrap_or(0);
-    let jitter = f64::from(nanos) / 1e9;
-    low + low.mul_f64(jitter)
-}
-
 /// Runs `call` and retries it up to `retries` times while it fails with a transient error,
-/// waiting [`backoff`] between tries and logging each retry.
-pub async fn with_retries<T, F, Fut>(
-    what: &str,
-    retries: u32,
-    base: Duration,
-    mut call: F,
-) -> Result<T>
+/// logging each retry. The waits double from `base` with jitter (backon's exponential
+/// backoff): 1-2 s, 2-4 s, 4-8 s for a base of one second.
+pub async fn with_retries<T, F, Fut>(what: &str, retries: u32, base: Duration, call: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
+    use backon::{ExponentialBuilder, Retryable};
+    let policy = ExponentialBuilder::default()
+        .with_min_delay(base)
+        .with_factor(2.0)
+        .with_max_delay(base * 2u32.pow(retries))
+        .with_max_times(retries as usize)
+        .with_jitter();
     let mut attempt = 0;
-    loop {
-        match call().await {
-            Err(error) if error.is_transient() && attempt < retries => {
-                attempt += 1;
-                let wait = backoff(base, attempt);
-                tracing::warn!(
-                    "{what} failed ({error}); retry {attempt} of {retries} in {:.1} s",
-                    wait.as_secs_f64()
-                );
-                tokio::time::sleep(wait).await;
-            }
-            outcome => return outcome,
-        }
-    }
+    call.retry(policy)
+        .sleep(tokio::time::sleep)
+        .when(Error::is_transient)
+        .notify(|error, wait| {
+            attempt += 1;
+            tracing::warn!(
+                "{what} failed ({error}); retry {attempt} of {retries} in {:.1} s",
+                wait.as_secs_f64()
+            );
+        })
+        .await
 }
 
 #[cfg(test)]
@@ -579,17 +567,6 @@ mod tests {
         let empty = read().await.expect_err("empty");
         assert!(empty.to_string().contains("is empty"), "{empty}");
         assert_eq!(Manager::access_token(None).await.expect("none"), None);
-    }
-
-    #[test]
-    fn backoff_doubles_within_its_window() {
-        let base = Duration::from_secs(1);
-        for (attempt, (low, high)) in [(1, (1.0, 2.0)), (2, (2.0, 4.0)), (3, (4.0, 8.0))] {
-            for _ in 0..50 {
-                let wait = backoff(base, attempt).as_secs_f64();
-                assert!(wait >= low && wait < high, "attempt {attempt}: {wait}");
-            }
-        }
     }
 
     #[tokio::test]
