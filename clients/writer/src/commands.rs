@@ -377,7 +377,6 @@ async fn serve_status_page(
     Ok(())
 }
 
-/// `status`: one line per table of a sidecar file.
 /// `maintain`: one pass over every table of a sidecar file (or one table), a line each;
 /// exits 1 when a table failed, after trying every other.
 pub async fn maintain(args: MaintainArgs) -> anyhow::Result<()> {
@@ -445,6 +444,7 @@ pub async fn maintain(args: MaintainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `status`: one line per table of a sidecar file.
 pub async fn print_status(path: PathBuf) -> anyhow::Result<()> {
     let config = sidecar::SidecarConfig::load(&path)?;
     println!(
