@@ -18,7 +18,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use deltalake::ObjectStore;
 use deltalake::logstore::object_store::{self, ObjectStoreExt, PutMode, PutOptions};
@@ -60,11 +60,15 @@ struct Claim {
 }
 
 /// A stream's checkpoint.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Checkpoint {
     location: String,
     store: Store,
     writer: String,
+    /// The batch this handle claimed last, and whether it committed: the newest one unless
+    /// another writer claimed after it, which this handle's next claim finds. `last` answers
+    /// from it without listing and reading the store on every batch.
+    written: Mutex<Option<BatchRecord>>,
 }
 
 #[derive(Clone, Debug)]
@@ -113,12 +117,9 @@ impl Checkpoint {
                     None => PathBuf::from(location),
                 };
                 for directory in ["batches", "commits"] {
-                    std::fs::create_dir_all(path.join(directory)).map_err(|source| {
-                        WriterError::Io {
-                            context: format!("creating checkpoint {location}"),
-                            source,
-                        }
-                    })?;
+                    let directory = path.join(directory);
+                    std::fs::create_dir_all(&directory)
+                        .map_err(|source| io_error(&directory, "creating", source))?;
                 }
                 Store::Local(path)
             }
@@ -131,18 +132,17 @@ impl Checkpoint {
             location: location.to_string(),
             store,
             writer: uuid::Uuid::new_v4().to_string(),
+            written: Mutex::new(None),
         };
         checkpoint.take_over_legacy().await?;
         Ok(checkpoint)
     }
 
-    /// The location, as given.
-    pub fn location(&self) -> &str {
-        &self.location
-    }
-
     /// The last batch, if any, and whether it committed.
     pub async fn last(&self) -> Result<Option<BatchRecord>> {
+        if let Some(written) = self.written().clone() {
+            return Ok(Some(written));
+        }
         let Some(batch_id) = self.newest_claim().await? else {
             return Ok(None);
         };
@@ -171,6 +171,7 @@ impl Checkpoint {
             .create(&batch_name(batch.batch_id), &text)
             .await?
         {
+            *self.written() = Some(batch.clone());
             return Ok(());
         }
         let other = self.claim(batch.batch_id).await?;
@@ -194,7 +195,9 @@ impl Checkpoint {
         let text = self.claim_text(batch)?;
         self.store
             .overwrite(&batch_name(batch.batch_id), &text)
-            .await
+            .await?;
+        *self.written() = Some(batch.clone());
+        Ok(())
     }
 
     /// Marks a batch committed, and forgets batches older than the retained ones.
@@ -207,12 +210,23 @@ impl Checkpoint {
         .map_err(|error| WriterError::Internal(error.to_string()))?;
         // A replay of a batch already marked (by this writer or one that crashed) is fine.
         self.store.create(&commit_name(batch_id), &text).await?;
+        if let Some(written) = self
+            .written()
+            .as_mut()
+            .filter(|written| written.batch_id == batch_id)
+        {
+            written.committed = true;
+        }
         let forgotten = batch_id - RETAINED_BATCHES;
         if forgotten >= 0 {
             self.store.delete(&commit_name(forgotten)).await?;
             self.store.delete(&batch_name(forgotten)).await?;
         }
         Ok(())
+    }
+
+    fn written(&self) -> std::sync::MutexGuard<'_, Option<BatchRecord>> {
+        self.written.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn claim_text(&self, batch: &BatchRecord) -> Result<Vec<u8>> {
@@ -544,8 +558,22 @@ mod tests {
                 .await
                 .expect("claim");
             checkpoint.amend(&batch(next, 700)).await.expect("amend");
-            let last = checkpoint.last().await.expect("last").expect("a batch");
-            assert_eq!((last.end, last.committed), (batch(next, 700).end, false));
+            // What this handle wrote, and what another reads from the store, agree.
+            for reader in [&checkpoint, &place.open().await] {
+                let last = reader.last().await.expect("last").expect("a batch");
+                assert_eq!((last.end, last.committed), (batch(next, 700).end, false));
+            }
+            checkpoint.commit(next).await.expect("commit");
+            for reader in [&checkpoint, &place.open().await] {
+                assert!(
+                    reader
+                        .last()
+                        .await
+                        .expect("last")
+                        .expect("a batch")
+                        .committed
+                );
+            }
         }
     }
 
