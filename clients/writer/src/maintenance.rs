@@ -110,13 +110,18 @@ pub async fn maintain(
     if kind != TableKind::Silver {
         report.compacted = compact(&url, options.min_files).await?;
     }
-    let table = reload(&url).await?;
+    // The table compaction committed to, else the one loaded.
+    let table = if report.compacted > 0 {
+        reload(&url).await?
+    } else {
+        table
+    };
     let version = table.version().unwrap_or(0);
     deltalake::checkpoints::create_checkpoint(&table, None).await?;
     report.checkpoint_version = Some(version);
-    report.vacuumed = vacuum(reload(&url).await?, options).await?;
-    // Last: the log cleanup removes the files a loaded snapshot was listed from.
-    let table = reload(&url).await?;
+    let (table, vacuumed) = vacuum(table, options).await?;
+    report.vacuumed = vacuumed;
+    // Last: the log cleanup removes the files a snapshot loaded before it was listed from.
     let log_retention = table.snapshot()?.table_config().log_retention_duration();
     let cutoff = options.clock.current_timestamp_millis() - log_retention.as_millis() as i64;
     report.log_files_removed = deltalake::checkpoints::cleanup_expired_logs_for(
@@ -126,7 +131,7 @@ pub async fn maintain(
         None,
     )
     .await?;
-    report.files_after = reload(&url).await?.snapshot()?.log_data().num_files();
+    report.files_after = table.snapshot()?.log_data().num_files();
     Ok(Some(report))
 }
 
@@ -157,8 +162,8 @@ async fn compact(url: &Url, min_files: usize) -> Result<u64> {
 }
 
 /// Removes files unreferenced for longer than the retention (and the orphans of aborted
-/// writes as old); the number removed.
-async fn vacuum(table: DeltaTable, options: &MaintenanceOptions) -> Result<usize> {
+/// writes as old); the table after its commits and the number removed.
+async fn vacuum(table: DeltaTable, options: &MaintenanceOptions) -> Result<(DeltaTable, usize)> {
     let retention = chrono::Duration::from_std(options.vacuum_retention)
         .map_err(|error| WriterError::invalid(format!("vacuum retention: {error}")))?;
     let table_minimum = table
@@ -174,11 +179,11 @@ async fn vacuum(table: DeltaTable, options: &MaintenanceOptions) -> Result<usize
             table_minimum.as_secs_f64() / 3600.0
         )));
     }
-    let (_, metrics) = table
+    let (table, metrics) = table
         .vacuum()
         .with_retention_period(retention)
         .with_mode(VacuumMode::Full)
         .with_clock(Arc::clone(&options.clock))
         .await?;
-    Ok(metrics.files_deleted.len())
+    Ok((table, metrics.files_deleted.len()))
 }
