@@ -97,9 +97,21 @@ impl Manager {
     }
 }
 
-impl Manager {
+/// What the pool pools: opens connections and tells a broken one.
+pub trait Connector: Send + Sync + 'static {
+    /// The pooled connection.
+    type Connection: Send + 'static;
+    /// Opens a new connection.
+    fn connect(&self) -> impl Future<Output = tiberius::Result<Self::Connection>> + Send;
+    /// Whether a returned connection must be closed instead of reused.
+    fn is_broken(connection: &Self::Connection) -> bool;
+}
+
+impl Connector for Manager {
+    type Connection = Connection;
+
     /// Opens a connection: the access token of the moment, Azure SQL's redirect followed.
-    pub async fn connect(&self) -> tiberius::Result<Connection> {
+    async fn connect(&self) -> tiberius::Result<Connection> {
         let mut config = self.config.clone();
         if let Some(login) = Self::access_token(self.access_token_file.as_deref()).await? {
             config.authentication(login);
@@ -123,24 +135,6 @@ impl Manager {
             client,
             dirty: false,
         })
-    }
-}
-
-/// What the pool pools: opens connections and tells a broken one.
-pub trait Connector: Send + Sync + 'static {
-    /// The pooled connection.
-    type Connection: Send + 'static;
-    /// Opens a new connection.
-    fn connect(&self) -> impl Future<Output = tiberius::Result<Self::Connection>> + Send;
-    /// Whether a returned connection must be closed instead of reused.
-    fn is_broken(connection: &Self::Connection) -> bool;
-}
-
-impl Connector for Manager {
-    type Connection = Connection;
-
-    fn connect(&self) -> impl Future<Output = tiberius::Result<Connection>> + Send {
-        Manager::connect(self)
     }
 
     fn is_broken(connection: &Connection) -> bool {
