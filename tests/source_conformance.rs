@@ -14,10 +14,13 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use arrow::array::{Array, Int32Array, StringArray};
+use arrow::array::{Array, Int32Array, StringArray, TimestampMicrosecondArray};
 use common::SimFixture;
 use futures::StreamExt;
 use mssql_cdc_flight::Lsn;
+use mssql_cdc_flight::offset::CommitTime;
+use mssql_cdc_flight::sim::Clock;
+use mssql_cdc_flight::sim::zone::{OffsetChange, SimZone};
 use mssql_cdc_flight::keys::{KeyColumn, KeySeek, KeyTuple, KeysetRange, KeysetSeek};
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::source::{
@@ -605,6 +608,7 @@ async fn check_changes(
     };
     let mut stream = source.read_changes(read).await.expect("read");
     let mut rows: Vec<(String, i32, String, i32)> = Vec::new();
+    let mut commit_times: Vec<(String, i64)> = Vec::new();
     while let Some(batch) = stream.next().await {
         let batch = batch.expect("batch");
         assert!(batch.num_rows() <= 333, "batch_rows is a bound");
@@ -627,7 +631,15 @@ async fn check_changes(
         };
         let (names, lsns, seqvals, operations, commands) =
             (text(0), text(1), text(2), int(3), int(4));
+        let times = batch
+            .column(5)
+            .as_any()
+            .downcast_ref::<TimestampMicrosecondArray>()
+            .expect("_commit_ts")
+            .clone();
+        assert_eq!(times.null_count(), 0, "every change row has its commit time");
         for row in 0..batch.num_rows() {
+            commit_times.push((lsns.value(row).into(), times.value(row)));
             assert_eq!(names.value(row), instance.name);
             assert!((1..=4).contains(&operations.value(row)));
             rows.push((
@@ -662,6 +674,7 @@ async fn check_changes(
             "3 then 4 sharing a seqval"
         );
     }
+    check_commit_times(source, &commit_times).await;
     let tiles = source
         .split_points(
             InstanceRange::new(&instance.name, min_lsn, max_lsn),
@@ -691,6 +704,32 @@ async fn check_changes(
             "a tile's count is what its range reads"
         );
         previous = tile.last_lsn;
+    }
+}
+
+/// Change rows' commit times (`(_start_lsn, _commit_ts)` in read order) rise with their
+/// LSNs, even across a fall-back hour, and each commit's is what `lsn_to_time` says.
+async fn check_commit_times(source: &dyn CdcSource, commit_times: &[(String, i64)]) {
+    assert!(
+        commit_times.windows(2).all(|pair| pair[0].1 <= pair[1].1),
+        "commit-time order follows LSN order"
+    );
+    let mut commits: Vec<&(String, i64)> = commit_times.iter().collect();
+    commits.dedup_by(|a, b| a.0 == b.0);
+    // Every commit of a small range; a sample of a large one, ends included.
+    let step = (commits.len() / 200).max(1);
+    let sample = commits
+        .iter()
+        .step_by(step)
+        .chain(commits.last())
+        .collect::<Vec<_>>();
+    for (lsn, time) in sample {
+        let lsn: Lsn = lsn.parse().expect("lsn");
+        assert_eq!(
+            source.lsn_to_time(lsn).await.expect("time").map(|time| time.0),
+            Some(*time),
+            "the change rows of commit {lsn} carry lsn_to_time's time"
+        );
     }
 }
 
@@ -748,6 +787,70 @@ async fn the_simulated_database_conforms() {
         .expect("listed");
     assert_eq!(pending.start_lsn, None, "NULL until the capture job ran");
     conformance(Arc::new(sim.db.clone())).await;
+}
+
+/// A server clock in a named zone that falls back an hour: SQL Server records local times,
+/// which repeat an hour, and the source's rule must still serve every commit at its true
+/// instant (commits every 4 minutes, so the drop is seen) in LSN order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_zone_serves_each_commit_at_its_instant_across_a_fall_back_hour() {
+    const MINUTE: i64 = 60_000_000;
+    let sim = SimFixture::with_tables(&mssql_cdc_flight::sim::sample::sample_tables());
+    let start = sim.db.manifest().expect("manifest").last_commit_time;
+    let zone = SimZone {
+        name: "E. South America Standard Time".into(),
+        initial_offset_minutes: -180,
+        changes: vec![OffsetChange {
+            at: CommitTime(start.0 + 120 * MINUTE),
+            offset_minutes: -240,
+        }],
+    };
+    let mut writer = sim
+        .db
+        .writer(Clock::Virtual { step_micros: 4 * MINUTE }, 31)
+        .expect("writer");
+    writer.set_time_zone(Some(zone.clone())).expect("zone");
+    let spec = WorkloadSpec {
+        commits: Some(75),
+        max_rows_per_statement: 4,
+        ..WorkloadSpec::default()
+    };
+    workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
+    let max_lsn = sim.db.max_lsn().await.expect("max").expect("commits");
+    let served = commit_times(&sim.db, max_lsn).await;
+    conformance(Arc::new(sim.db.clone())).await;
+    // The same commits with the zone taken away are served at their stored UTC instants.
+    writer.set_time_zone(None).expect("utc");
+    drop(writer);
+    let instants = commit_times(&sim.db, max_lsn).await;
+    assert_eq!(served.len(), instants.len());
+    let locals: Vec<i64> = instants
+        .iter()
+        .map(|(_, time)| zone.local(*time).0)
+        .collect();
+    assert!(
+        locals.windows(2).any(|pair| pair[1] < pair[0]),
+        "the workload crosses the fall-back: local times go back"
+    );
+    assert_eq!(
+        served, instants,
+        "every commit is served at its instant, the repeated hour included"
+    );
+}
+
+/// `(lsn, lsn_to_time)` of every commit up to `max_lsn`.
+async fn commit_times(source: &dyn CdcSource, max_lsn: Lsn) -> Vec<(Lsn, CommitTime)> {
+    let mut times = Vec::new();
+    let mut position = Lsn::ZERO;
+    while let Some(next) = source.nth_commit_after(position, 1).await.expect("nth") {
+        let time = source.lsn_to_time(next).await.expect("time").expect("a time");
+        times.push((next, time));
+        position = next;
+        if next >= max_lsn {
+            break;
+        }
+    }
+    times
 }
 
 /// The same suite against a real SQL Server, when `MSSQL_CDC_TEST_URL` names one.

@@ -116,7 +116,7 @@ fn every_statement() -> Vec<(&'static str, String, usize)> {
         (
             "change_rows zone without command id",
             ok(sql::change_rows("dbo_orders", &columns[..1], false, &zone)),
-            1,
+            4,
         ),
         (
             "key_extent",

@@ -181,10 +181,18 @@ pub fn column_expression(alias: &str, column: &OutputColumn, present: bool) -> R
     })
 }
 
-/// The change rows of `[@P1, @P2]` of a capture instance, joined to their commit times and
-/// ordered by `(_start_lsn, _command_id, _seqval, _operation)`. `columns` pairs each output
-/// column with whether the instance captures it.
+/// The change rows of `[@P1, @P2]` of a capture instance with their commit times, ordered
+/// by `(_start_lsn, _command_id, _seqval, _operation)`. `columns` pairs each output column
+/// with whether the instance captures it.
+///
+/// A named zone converts each commit's `tran_end_time` once, into a table variable holding
+/// the range's commits that have changes here, and the rows join it: the conversion (two
+/// `AT TIME ZONE` and the fall-back rule's lookup) costs per commit, not per change row. A
+/// fixed clock is one `DATEADD` per row. The join is outer so that a change row without its
+/// `cdc.lsn_time_mapping` row arrives with a NULL commit time, which the reader turns into an
+/// error instead of dropping the row.
 /// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-capture-instance-ct-transact-sql>
+/// <https://learn.microsoft.com/sql/t-sql/data-types/table-transact-sql>
 pub fn change_rows(
     capture_instance: &str,
     columns: &[(OutputColumn, bool)],
@@ -200,10 +208,26 @@ pub fn change_rows(
     if include_command_id {
         select.push("c.[__$command_id] AS [_command_id]".to_string());
     }
-    select.push(format!(
-        "{} AS [_commit_ts]",
-        clock.utc_expression("m.tran_end_time", "m")?
-    ));
+    let (commits, commit_ts, mapping) = match clock {
+        ServerClock::Zone(_) => (
+            format!(
+                "SET NOCOUNT ON; DECLARE @commits TABLE (start_lsn binary(10) PRIMARY KEY, \
+                 commit_ts datetime2(3)); INSERT INTO @commits (start_lsn, commit_ts) \
+                 SELECT m.start_lsn, {} FROM cdc.lsn_time_mapping m \
+                 WHERE m.start_lsn BETWEEN @P1 AND @P2 AND EXISTS (SELECT 1 FROM {change_table} \
+                 d WHERE d.[__$start_lsn] = m.start_lsn); ",
+                clock.utc_expression("m.tran_end_time", "m")?
+            ),
+            "m.commit_ts".to_string(),
+            "@commits",
+        ),
+        ServerClock::Utc | ServerClock::Offset(_) => (
+            String::new(),
+            clock.utc_expression("m.tran_end_time", "m")?,
+            "cdc.lsn_time_mapping",
+        ),
+    };
+    select.push(format!("{commit_ts} AS [_commit_ts]"));
     for (column, present) in columns {
         select.push(column_expression("c", column, *present)?);
     }
@@ -213,7 +237,7 @@ pub fn change_rows(
         "c.[__$start_lsn], c.[__$seqval], c.[__$operation]"
     };
     Ok(format!(
-        "SELECT {} FROM {change_table} c JOIN cdc.lsn_time_mapping m \
+        "{commits}SELECT {} FROM {change_table} c LEFT JOIN {mapping} m \
          ON m.start_lsn = c.[__$start_lsn] WHERE c.[__$start_lsn] BETWEEN @P1 AND @P2 \
          ORDER BY {order}",
         select.join(", ")

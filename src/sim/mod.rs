@@ -29,6 +29,7 @@ pub mod storage;
 pub mod values;
 pub mod workload;
 mod writer;
+pub mod zone;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -133,6 +134,7 @@ impl SimDb {
             mapping_entries: 0,
             mapping_retained_from: 0,
             max_lsn: None,
+            zone: None,
         };
         let db = SimDb {
             store: Arc::new(Store::create(dir, manifest)?),

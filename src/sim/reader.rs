@@ -12,8 +12,8 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, FixedSizeBinaryArray, MutableArrayData, StringArray, make_array,
-    new_null_array,
+    Array, ArrayRef, FixedSizeBinaryArray, MutableArrayData, StringArray,
+    TimestampMicrosecondArray, make_array, new_null_array,
 };
 use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow::compute::{cast, concat_batches};
@@ -22,7 +22,7 @@ use arrow::record_batch::RecordBatch;
 
 use super::SimDb;
 use super::storage::{
-    CaptureInstanceState, Manifest, SEGMENT_CDC_COLUMNS, SEGMENT_START_LSN, SegmentReader, lsn_at,
+    CaptureInstanceState, Manifest, MappingView, SEGMENT_CDC_COLUMNS, SEGMENT_START_LSN, SegmentReader, lsn_at,
     start_lsns,
 };
 use crate::error::{Error, Result};
@@ -37,6 +37,16 @@ use crate::source::{
 use crate::types::{OutputColumn, output_schema};
 
 impl SimDb {
+    /// The commit time served for the visible mapping entry at `index`: its time, or with a
+    /// named zone, its local time converted back by the fall-back rule ([`super::zone`]).
+    fn served_time(manifest: &Manifest, mapping: &MappingView, index: u64) -> Result<CommitTime> {
+        let time = match &manifest.zone {
+            Some(zone) => zone.commit_time(mapping, index)?,
+            None => mapping.get(index)?.end_time,
+        };
+        Ok(time.to_millis_precision())
+    }
+
     async fn simulate_latency(&self) {
         let latency = self.faults().latency;
         if !latency.is_zero() {
@@ -144,6 +154,9 @@ struct OutputShaper {
     include_command_id: bool,
     /// For each output column: its index in the segment, or `None` (reads NULL).
     sources: Vec<Option<usize>>,
+    /// With a named zone: the manifest and mapping the commit times are served from, per
+    /// commit (the segments hold UTC).
+    zoned: Option<(Arc<Manifest>, MappingView)>,
 }
 
 impl OutputShaper {
@@ -167,7 +180,36 @@ impl OutputShaper {
             schema: output_schema(columns, include_command_id),
             include_command_id,
             sources,
+            zoned: None,
         }
+    }
+
+    /// The rows' commit times: as stored, or with a named zone, each commit's served time
+    /// (a commit without a mapping row is an error, as the SQL Server source's is).
+    fn commit_times(&self, rows: &RecordBatch, lsns: &FixedSizeBinaryArray) -> Result<ArrayRef> {
+        let Some((manifest, mapping)) = &self.zoned else {
+            return Ok(Arc::clone(rows.column(4)));
+        };
+        let mut times = Vec::with_capacity(lsns.len());
+        let mut last: Option<(Lsn, i64)> = None;
+        for row in 0..lsns.len() {
+            let lsn = lsn_at(lsns, row);
+            let time = match last {
+                Some((previous, time)) if previous == lsn => time,
+                _ => {
+                    let index = mapping.index_of(lsn)?.ok_or_else(|| {
+                        Error::Internal(format!(
+                            "a change row of commit {lsn} has no row in cdc.lsn_time_mapping, \
+                             so its commit time is unknown"
+                        ))
+                    })?;
+                    SimDb::served_time(manifest, mapping, index)?.0
+                }
+            };
+            last = Some((lsn, time));
+            times.push(time);
+        }
+        Ok(Arc::new(TimestampMicrosecondArray::from(times)))
     }
 
     fn shape(&self, rows: &RecordBatch) -> Result<RecordBatch> {
@@ -187,7 +229,7 @@ impl OutputShaper {
         if self.include_command_id {
             arrays.push(Arc::clone(rows.column(3)));
         }
-        arrays.push(Arc::clone(rows.column(4)));
+        arrays.push(self.commit_times(rows, binary(0)?)?);
         let first_captured = arrays.len();
         for (position, source) in self.sources.iter().enumerate() {
             let field = self.schema.field(first_captured + position);
@@ -327,9 +369,10 @@ impl CdcSource for SimDb {
         self.simulate_latency().await;
         let manifest = self.store.manifest()?;
         let mapping = self.store.mapping(&manifest)?;
-        Ok(mapping
-            .find(lsn)?
-            .map(|entry| entry.end_time.to_millis_precision()))
+        match mapping.index_of(lsn)? {
+            Some(index) => Ok(Some(Self::served_time(&manifest, &mapping, index)?)),
+            None => Ok(None),
+        }
     }
 
     async fn commit_at_or_before(&self, time: CommitTime) -> Result<Option<Lsn>> {
@@ -339,9 +382,8 @@ impl CdcSource for SimDb {
         // Times rise with LSNs in the simulator, but a clock that went back is searched the
         // way SQL Server's ORDER BY start_lsn DESC does: the newest entry in time.
         for index in (0..mapping.len()).rev() {
-            let entry = mapping.get(index)?;
-            if entry.end_time.to_millis_precision() <= time {
-                return Ok(Some(entry.lsn));
+            if Self::served_time(&manifest, &mapping, index)? <= time {
+                return Ok(Some(mapping.get(index)?.lsn));
             }
         }
         Ok(None)
@@ -366,16 +408,23 @@ impl CdcSource for SimDb {
         self.simulate_latency().await;
         let manifest = self.store.manifest()?;
         Self::published_instance(&manifest, range.capture_instance)?;
-        Ok(manifest
-            .ddl_history
-            .iter()
-            .filter(|entry| {
-                entry.capture_instance == range.capture_instance
-                    && entry.ddl_lsn > range.from
-                    && entry.ddl_lsn <= range.to
-            })
-            .cloned()
-            .collect())
+        let mapping = self.store.mapping(&manifest)?;
+        let mut entries = Vec::new();
+        for entry in manifest.ddl_history.iter().filter(|entry| {
+            entry.capture_instance == range.capture_instance
+                && entry.ddl_lsn > range.from
+                && entry.ddl_lsn <= range.to
+        }) {
+            let mut entry = entry.clone();
+            // SQL Server's ddl_time is the local time of the DDL's commit.
+            if manifest.zone.is_some()
+                && let Some(index) = mapping.index_of(entry.ddl_lsn)?
+            {
+                entry.ddl_time = Self::served_time(&manifest, &mapping, index)?;
+            }
+            entries.push(entry);
+        }
+        Ok(entries)
     }
 
     async fn split_points(&self, range: InstanceRange<'_>, tiles: NonZeroU32) -> Result<Vec<Tile>> {
@@ -430,7 +479,10 @@ impl CdcSource for SimDb {
                 read.from, read.to
             )));
         }
-        let shaper = OutputShaper::new(&state, &read.columns, read.include_command_id);
+        let mut shaper = OutputShaper::new(&state, &read.columns, read.include_command_id);
+        if manifest.zone.is_some() {
+            shaper.zoned = Some((Arc::clone(&manifest), self.store.mapping(&manifest)?));
+        }
         let (sender, stream) = read_channel();
         let db = self.clone();
         tokio::task::spawn_blocking(move || {

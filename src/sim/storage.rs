@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::lsn::{LSN_LEN, Lsn};
 use crate::offset::CommitTime;
+use crate::sim::zone::SimZone;
 use crate::source::{CapturedColumn, DdlEntry, TableName};
 use crate::types::SqlType;
 
@@ -173,6 +174,9 @@ pub struct Manifest {
     pub mapping_retained_from: u64,
     /// `sys.fn_cdc_get_max_lsn()`: the last mapping entry's LSN.
     pub max_lsn: Option<Lsn>,
+    /// The server clock's named zone; `None`: the clock is UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<SimZone>,
 }
 
 impl Manifest {
@@ -205,7 +209,8 @@ pub struct MappingEntry {
     pub kind: MappingKind,
     /// `tran_begin_time`.
     pub begin_time: CommitTime,
-    /// `tran_end_time` (UTC in the simulator).
+    /// `tran_end_time`, stored in UTC (with a named zone, [`super::zone`] derives the
+    /// local time SQL Server records).
     pub end_time: CommitTime,
 }
 
@@ -291,15 +296,15 @@ impl MappingView {
         Ok(low)
     }
 
-    /// The record with exactly this LSN.
-    pub fn find(&self, lsn: Lsn) -> Result<Option<MappingEntry>> {
+    /// The index of the record with exactly this LSN.
+    pub fn index_of(&self, lsn: Lsn) -> Result<Option<u64>> {
         let after = self.first_after(lsn)?;
         if after == 0 {
             return Ok(None);
         }
-        let entry = self.get(after - 1)?;
-        Ok((entry.lsn == lsn).then_some(entry))
+        Ok((self.get(after - 1)?.lsn == lsn).then_some(after - 1))
     }
+
 }
 
 /// The internal schema of a change-table segment: the CDC columns, the commit time copied

@@ -356,7 +356,12 @@ impl CdcSource for SqlServerSource {
         let sources = std::iter::once(None)
             .chain((0..schema.fields().len() - 1).map(Some))
             .collect();
-        let shape = BatchShape { schema, sources };
+        let commit_times = schema.index_of(crate::types::COMMIT_TS_COLUMN).ok();
+        let shape = BatchShape {
+            schema,
+            sources,
+            commit_times,
+        };
         let params = vec![Param::lsn(read.from), Param::lsn(read.to)];
         let fills = vec![Fill::Text(read.capture_instance.clone())];
         Ok(self.spawn_read(
@@ -508,7 +513,12 @@ impl CdcSource for SqlServerSource {
         let mut sources: Vec<Option<usize>> = vec![None; constants];
         sources.extend((0..read.columns.len()).map(Some));
         sources.push(None);
-        let shape = BatchShape { schema, sources };
+        // A snapshot row's commit time is the stamp's, a constant.
+        let shape = BatchShape {
+            schema,
+            sources,
+            commit_times: None,
+        };
         let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
         let stamp = read.stamp.to_string();
         let statements = read

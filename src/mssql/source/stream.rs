@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray, new_null_array};
+use arrow::array::{Array, ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray, new_null_array};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use futures::TryStreamExt;
@@ -46,6 +46,10 @@ pub(super) struct BatchShape {
     pub(super) schema: SchemaRef,
     /// For each schema column: `Some(i)` = the i-th result column, `None` = the next fill.
     pub(super) sources: Vec<Option<usize>>,
+    /// The schema column of a change read's commit times, which every row must have: a
+    /// change row whose commit has no `cdc.lsn_time_mapping` row is an error, not a row
+    /// served without its time (or dropped, as an inner join would).
+    pub(super) commit_times: Option<usize>,
 }
 
 impl BatchShape {
@@ -76,8 +80,32 @@ impl BatchShape {
                     .ok_or_else(|| Error::Internal("a batch shape lacks a constant".into())),
             })
             .collect::<Result<_>>()?;
-        Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
+        let batch = RecordBatch::try_new(Arc::clone(&self.schema), columns)?;
+        if let Some(index) = self.commit_times {
+            require_commit_times(&batch, index)?;
+        }
+        Ok(batch)
     }
+}
+
+/// Fails on the first row of `batch` whose commit time (column `index`) is NULL, naming its
+/// commit LSN (`_start_lsn`).
+fn require_commit_times(batch: &RecordBatch, index: usize) -> Result<()> {
+    let times = batch.column(index);
+    if times.null_count() == 0 {
+        return Ok(());
+    }
+    let row = (0..times.len()).find(|row| times.is_null(*row)).unwrap_or(0);
+    let lsn = batch
+        .column_by_name(crate::types::START_LSN_COLUMN)
+        .and_then(|column| column.as_any().downcast_ref::<StringArray>())
+        .filter(|lsns| lsns.is_valid(row))
+        .map_or("?", |lsns| lsns.value(row));
+    Err(Error::Internal(format!(
+        "a change row of commit {lsn} has no row in cdc.lsn_time_mapping, so its commit time \
+         is unknown; the read stops rather than serve it without one (a cleanup racing the \
+         read, or a damaged CDC catalog)"
+    )))
 }
 
 /// Reads one statement's rows into batches; `Ok(false)` when the client went away (the
@@ -198,5 +226,45 @@ impl SqlServerSource {
             sender.finish(outcome).await;
         });
         stream
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{OutputColumn, SqlType, output_schema};
+
+    fn change_batch(times: Vec<Option<i64>>) -> RecordBatch {
+        let schema = output_schema(
+            &[OutputColumn {
+                name: "id".into(),
+                sql_type: SqlType::Int,
+            }],
+            false,
+        );
+        let rows = times.len();
+        let lsns: Vec<String> = (0..rows).map(|row| format!("0x{row:020X}")).collect();
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from(vec!["dbo_t"; rows])),
+            Arc::new(StringArray::from(lsns.clone())),
+            Arc::new(StringArray::from(lsns)),
+            Arc::new(Int32Array::from(vec![2; rows])),
+            Arc::new(TimestampMicrosecondArray::from(times)),
+            Arc::new(Int32Array::from(vec![1; rows])),
+        ];
+        RecordBatch::try_new(schema, columns).expect("batch")
+    }
+
+    #[test]
+    fn a_change_row_without_a_commit_time_stops_the_read_naming_its_commit() {
+        let index = 4;
+        assert!(require_commit_times(&change_batch(vec![Some(1), Some(2)]), index).is_ok());
+        let error = require_commit_times(&change_batch(vec![Some(1), None, Some(3)]), index)
+            .expect_err("a NULL commit time");
+        let message = error.to_string();
+        assert!(
+            message.contains("0x00000000000000000001") && message.contains("lsn_time_mapping"),
+            "{message}"
+        );
     }
 }

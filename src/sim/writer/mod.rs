@@ -359,6 +359,17 @@ impl SimWriter {
         self.next_lsn = lsn.increment();
     }
 
+    /// Sets the server clock's named zone (`None`: UTC), as a server moved to another zone
+    /// would: commit times are recorded in its local time from now on and read back through
+    /// the fall-back rule ([`crate::sim::zone`]). Publishes at once.
+    pub fn set_time_zone(&mut self, zone: Option<crate::sim::zone::SimZone>) -> Result<()> {
+        self.publish()?;
+        self.db.store.publish(move |_, manifest| {
+            manifest.zone = zone;
+            Ok(())
+        })
+    }
+
     /// Writes an idle ("dummy") `lsn_time_mapping` row, as the capture job does when nothing
     /// happened: `max_lsn` moves, no change rows appear. Returns its LSN.
     pub fn idle(&mut self) -> Lsn {
