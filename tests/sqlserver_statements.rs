@@ -72,6 +72,11 @@ fn every_statement() -> Vec<(&'static str, String, usize)> {
     ];
     vec![
         ("max_lsn", sql::max_lsn().into(), 1),
+        (
+            "reset_session_options",
+            sql::reset_session_options().into(),
+            2,
+        ),
         ("min_lsn", sql::min_lsn().into(), 1),
         ("increment_lsn", sql::increment_lsn().into(), 1),
         ("decrement_lsn", sql::decrement_lsn().into(), 1),

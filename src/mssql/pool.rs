@@ -32,6 +32,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
 use crate::error::{Error, Result};
+use crate::mssql::sql;
 
 /// A tiberius client over tokio's TCP stream.
 pub type TdsClient = Client<Compat<TcpStream>>;
@@ -42,6 +43,9 @@ pub struct Connection {
     pub client: TdsClient,
     /// Set while a result stream is being read; a dirty connection is never reused.
     pub dirty: bool,
+    /// Set when a statement on it changed session options (a source read's lock timeout or
+    /// isolation): they are reset before the connection serves another caller.
+    pub session_options: bool,
 }
 
 /// Opens tiberius connections; follows Azure SQL's redirect once.
@@ -105,6 +109,13 @@ pub trait Connector: Send + Sync + 'static {
     fn connect(&self) -> impl Future<Output = tiberius::Result<Self::Connection>> + Send;
     /// Whether a returned connection must be closed instead of reused.
     fn is_broken(connection: &Self::Connection) -> bool;
+    /// Whether an idle connection carries session state the next caller must not inherit.
+    fn needs_reset(connection: &Self::Connection) -> bool;
+    /// Restores an idle connection's session defaults before it is handed out again.
+    fn reset(
+        &self,
+        connection: &mut Self::Connection,
+    ) -> impl Future<Output = tiberius::Result<()>> + Send;
 }
 
 impl Connector for Manager {
@@ -134,11 +145,28 @@ impl Connector for Manager {
         Ok(Connection {
             client,
             dirty: false,
+            session_options: false,
         })
     }
 
     fn is_broken(connection: &Connection) -> bool {
         connection.dirty
+    }
+
+    fn needs_reset(connection: &Connection) -> bool {
+        connection.session_options
+    }
+
+    /// Restores the session defaults as a plain batch (a `SET` there lasts for the session).
+    async fn reset(&self, connection: &mut Connection) -> tiberius::Result<()> {
+        connection
+            .client
+            .simple_query(sql::reset_session_options())
+            .await?
+            .into_results()
+            .await?;
+        connection.session_options = false;
+        Ok(())
     }
 }
 
@@ -235,7 +263,20 @@ impl<C: Connector> Pool<C> {
             idle.pop()
         };
         let connection = match idle {
-            Some((_, connection)) => connection,
+            Some((_, mut connection)) if C::needs_reset(&connection) => {
+                match shared.connector.reset(&mut connection).await {
+                    Ok(()) => Some(connection),
+                    Err(error) => {
+                        // A new session starts with the defaults.
+                        tracing::debug!(%error, "resetting a pooled connection failed; opening another");
+                        None
+                    }
+                }
+            }
+            idle => idle.map(|(_, connection)| connection),
+        };
+        let connection = match connection {
+            Some(connection) => connection,
             // The permit is released with the error: the next in line tries its own connect.
             None => shared.connector.connect().await.map_err(source_error)?,
         };
@@ -405,11 +446,15 @@ mod tests {
         opening: AtomicU32,
         most_opening: AtomicU32,
         refuse: std::sync::atomic::AtomicBool,
+        refuse_reset: std::sync::atomic::AtomicBool,
+        resets: AtomicU32,
     }
 
     struct FakeConnection {
         number: u32,
         broken: bool,
+        /// Session options a read changed, as `SET LOCK_TIMEOUT` would.
+        lock_timeout: Option<u32>,
     }
 
     impl Connector for Arc<Fake> {
@@ -431,12 +476,34 @@ mod tests {
                 Ok(FakeConnection {
                     number: fake.opened.fetch_add(1, Ordering::SeqCst),
                     broken: false,
+                    lock_timeout: None,
                 })
             }
         }
 
         fn is_broken(connection: &FakeConnection) -> bool {
             connection.broken
+        }
+
+        fn needs_reset(connection: &FakeConnection) -> bool {
+            connection.lock_timeout.is_some()
+        }
+
+        fn reset(
+            &self,
+            connection: &mut FakeConnection,
+        ) -> impl Future<Output = tiberius::Result<()>> + Send {
+            let fail = self.refuse_reset.load(Ordering::SeqCst);
+            self.resets.fetch_add(1, Ordering::SeqCst);
+            if !fail {
+                connection.lock_timeout = None;
+            }
+            async move {
+                if fail {
+                    return Err(tiberius::error::Error::Protocol("connection reset".into()));
+                }
+                Ok(())
+            }
         }
     }
 
@@ -629,5 +696,31 @@ mod tests {
                 .into(),
         };
         assert!(is_transient(&handshake), "a login that stalled is retried");
+    }
+
+    #[tokio::test]
+    async fn session_options_a_read_set_are_reset_before_the_connection_serves_again() {
+        let fake = Arc::new(Fake::default());
+        let pool = Pool::new(Arc::clone(&fake), 1, Duration::from_secs(5));
+        let mut snapshot_read = pool.get().await.expect("connection");
+        snapshot_read.lock_timeout = Some(250);
+        let first = snapshot_read.number;
+        drop(snapshot_read);
+        let change_read = pool.get().await.expect("connection");
+        assert_eq!(change_read.number, first, "the same connection, reused");
+        assert_eq!(change_read.lock_timeout, None, "without the lock timeout");
+        assert_eq!(fake.resets.load(Ordering::SeqCst), 1);
+        drop(change_read);
+        // A clean connection is handed out without a round trip.
+        drop(pool.get().await.expect("connection"));
+        assert_eq!(fake.resets.load(Ordering::SeqCst), 1);
+        // A connection whose reset fails is closed and replaced by a new session.
+        let mut snapshot_read = pool.get().await.expect("connection");
+        snapshot_read.lock_timeout = Some(250);
+        drop(snapshot_read);
+        fake.refuse_reset.store(true, Ordering::SeqCst);
+        let change_read = pool.get().await.expect("connection");
+        assert_ne!(change_read.number, first, "a new connection");
+        assert_eq!(change_read.lock_timeout, None);
     }
 }

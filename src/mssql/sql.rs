@@ -244,8 +244,16 @@ pub fn change_rows(
     ))
 }
 
+/// Session defaults restored on a pooled connection after a source read changed them, as a
+/// plain batch: READ COMMITTED and no lock timeout (`-1`, wait forever).
+/// <https://learn.microsoft.com/sql/t-sql/statements/set-transaction-isolation-level-transact-sql>
+pub fn reset_session_options() -> &'static str {
+    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCK_TIMEOUT -1"
+}
+
 /// What precedes every read of a source table: the lock timeout and isolation asked for
-/// (`SET` inside `sp_executesql` lasts for that call only).
+/// (`SET` inside `sp_executesql` lasts for that call only, and the pool resets a connection
+/// that ran one before reusing it: [`reset_session_options`]).
 /// <https://learn.microsoft.com/sql/t-sql/statements/set-lock-timeout-transact-sql>
 pub fn source_read_prefix(lock_timeout_ms: Option<u32>, isolation: Isolation) -> String {
     let mut prefix = String::new();

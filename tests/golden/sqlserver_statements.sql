@@ -4,6 +4,9 @@
 -- max_lsn
 SELECT sys.fn_cdc_get_max_lsn() AS max_lsn;
 
+-- reset_session_options
+SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCK_TIMEOUT -1;
+
 -- min_lsn
 SELECT sys.fn_cdc_get_min_lsn(@P1) AS min_lsn;
 

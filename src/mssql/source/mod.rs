@@ -107,8 +107,22 @@ impl SqlServerSource {
         Ok(source)
     }
 
+    /// What precedes a read of a source table ([`sql::source_read_prefix`]).
+    fn read_prefix(&self) -> String {
+        sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation)
+    }
+
+    /// Whether a statement changes session options: a source read with its prefix. The
+    /// change lasts for the `sp_executesql` call only, and the pool also resets such a
+    /// connection before its next use, so no later read inherits it.
+    fn sets_session_options(&self, statement: &str) -> bool {
+        let prefix = self.read_prefix();
+        !prefix.is_empty() && statement.starts_with(&prefix)
+    }
+
     /// Runs one statement and returns its first result's rows, retrying transient failures.
     async fn rows(&self, statement: &str, params: &[Param]) -> Result<Vec<Row>> {
+        let sets_options = self.sets_session_options(statement);
         pool::with_retries(
             &statement_name(statement),
             RETRIES,
@@ -117,6 +131,7 @@ impl SqlServerSource {
                 let mut connection = self.pool.get().await?;
                 let values: Vec<&dyn ToSql> = params.iter().map(Param::as_sql).collect();
                 connection.dirty = true;
+                connection.session_options |= sets_options;
                 let rows = connection
                     .client
                     .query(statement, &values)
@@ -375,7 +390,7 @@ impl CdcSource for SqlServerSource {
 
     async fn key_extent(&self, table: &TableName) -> Result<KeyExtent> {
         let (key, sql_type) = self.integer_key(table).await?;
-        let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
+        let prefix = self.read_prefix();
         let row = self
             .first_row(&sql::key_extent(table, &key, &prefix)?, &[])
             .await?;
@@ -406,7 +421,7 @@ impl CdcSource for SqlServerSource {
         let width_param = i64::try_from(width)
             .map_err(|_| Error::invalid(format!("key_buckets width {width} passes BIGINT")))?;
         let (key, _) = self.integer_key(table).await?;
-        let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
+        let prefix = self.read_prefix();
         let rows = self
             .rows(
                 &sql::key_buckets(table, &key, &prefix)?,
@@ -430,7 +445,7 @@ impl CdcSource for SqlServerSource {
 
     async fn key_span(&self, table: &TableName, key: &KeyColumn) -> Result<Option<(i64, i64)>> {
         let unit = key.require_grid_unit()?;
-        let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
+        let prefix = self.read_prefix();
         let row = self
             .first_row(&sql::key_span(table, &key.name, unit, &prefix)?, &[])
             .await?;
@@ -442,7 +457,7 @@ impl CdcSource for SqlServerSource {
         let width = i64::try_from(grid.width()).map_err(|_| {
             Error::invalid(format!("key_sums width {} passes BIGINT", grid.width()))
         })?;
-        let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
+        let prefix = self.read_prefix();
         let rows = self
             .rows(
                 &sql::key_sums(table, &key.name, unit, &prefix)?,
@@ -470,7 +485,7 @@ impl CdcSource for SqlServerSource {
     }
 
     async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {
-        let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
+        let prefix = self.read_prefix();
         let row = self
             .first_row(&sql::key_max(table, keys, &prefix)?, &[])
             .await?;
@@ -479,7 +494,7 @@ impl CdcSource for SqlServerSource {
 
     async fn key_bound(&self, table: &TableName, seek: &KeysetSeek) -> Result<Option<KeyTuple>> {
         let (keys, seek) = (seek.columns(), seek.seek());
-        let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
+        let prefix = self.read_prefix();
         let (statement, values) = sql::key_bound(
             table,
             keys,
@@ -519,7 +534,7 @@ impl CdcSource for SqlServerSource {
             sources,
             commit_times: None,
         };
-        let prefix = sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation);
+        let prefix = self.read_prefix();
         let stamp = read.stamp.to_string();
         let statements = read
             .pieces

@@ -200,9 +200,13 @@ impl SqlServerSource {
     ) -> BatchStream {
         let (sender, stream) = read_channel();
         let pool = self.pool.clone();
+        let sets_options = statements
+            .iter()
+            .any(|(statement, _, _)| self.sets_session_options(statement));
         tokio::spawn(async move {
             let outcome = async {
                 let mut connection = pool.get().await?;
+                connection.session_options |= sets_options;
                 for (statement, params, fills) in &statements {
                     let finished = read_statement(
                         &mut connection,
