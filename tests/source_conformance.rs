@@ -14,15 +14,15 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use arrow::array::{Array, Int32Array, StringArray, TimestampMicrosecondArray};
+use arrow::array::{Array, Decimal128Array, Int32Array, StringArray, TimestampMicrosecondArray};
 use common::SimFixture;
 use futures::StreamExt;
 use mssql_cdc_flight::Lsn;
+use mssql_cdc_flight::keys::{KeyColumn, KeySeek, KeyTuple, KeysetRange, KeysetSeek};
 use mssql_cdc_flight::offset::CommitTime;
 use mssql_cdc_flight::sim::Clock;
-use mssql_cdc_flight::sim::zone::{OffsetChange, SimZone};
-use mssql_cdc_flight::keys::{KeyColumn, KeySeek, KeyTuple, KeysetRange, KeysetSeek};
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
+use mssql_cdc_flight::sim::zone::{OffsetChange, SimZone};
 use mssql_cdc_flight::source::{
     BatchBytes, CdcSource, ChangeRead, InstanceRange, KeyGrid, KeyRange, KeySums, SnapshotPiece,
     SnapshotRead, TrackedTable,
@@ -637,7 +637,11 @@ async fn check_changes(
             .downcast_ref::<TimestampMicrosecondArray>()
             .expect("_commit_ts")
             .clone();
-        assert_eq!(times.null_count(), 0, "every change row has its commit time");
+        assert_eq!(
+            times.null_count(),
+            0,
+            "every change row has its commit time"
+        );
         for row in 0..batch.num_rows() {
             commit_times.push((lsns.value(row).into(), times.value(row)));
             assert_eq!(names.value(row), instance.name);
@@ -726,7 +730,11 @@ async fn check_commit_times(source: &dyn CdcSource, commit_times: &[(String, i64
     for (lsn, time) in sample {
         let lsn: Lsn = lsn.parse().expect("lsn");
         assert_eq!(
-            source.lsn_to_time(lsn).await.expect("time").map(|time| time.0),
+            source
+                .lsn_to_time(lsn)
+                .await
+                .expect("time")
+                .map(|time| time.0),
             Some(*time),
             "the change rows of commit {lsn} carry lsn_to_time's time"
         );
@@ -807,7 +815,12 @@ async fn a_named_zone_serves_each_commit_at_its_instant_across_a_fall_back_hour(
     };
     let mut writer = sim
         .db
-        .writer(Clock::Virtual { step_micros: 4 * MINUTE }, 31)
+        .writer(
+            Clock::Virtual {
+                step_micros: 4 * MINUTE,
+            },
+            31,
+        )
         .expect("writer");
     writer.set_time_zone(Some(zone.clone())).expect("zone");
     let spec = WorkloadSpec {
@@ -838,12 +851,135 @@ async fn a_named_zone_serves_each_commit_at_its_instant_across_a_fall_back_hour(
     );
 }
 
+/// `ALTER COLUMN` of a tracked column (`decimal(12,2)` to `decimal(14,4)`): SQL Server gives
+/// the change table the new type under the same capture instance. A read planned on the old
+/// type that meets a value it cannot hold is refused as `SCHEMA_CHANGED`, never rounded; a
+/// read planned on the new type serves every row, those captured before exactly widened;
+/// the DDL history names the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_altered_column_is_read_exactly_or_refused_as_schema_changed() {
+    let sim = SimFixture::with_tables(&mssql_cdc_flight::sim::sample::sample_tables());
+    let customers: mssql_cdc_flight::source::TableName = "dbo.customers".parse().expect("table");
+    let spec = WorkloadSpec {
+        commits: Some(60),
+        tables: vec![customers.clone()],
+        ..WorkloadSpec::default()
+    };
+    let mut writer = sim.writer(41);
+    workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
+    let instance = || async {
+        sim.db
+            .tracked_tables()
+            .await
+            .expect("tables")
+            .into_iter()
+            .find(|tracked| tracked.table == customers)
+            .expect("customers")
+            .capture_instances
+            .remove(0)
+    };
+    let planned = instance().await;
+    let altered_at = writer
+        .alter_column(&customers, "balance", "decimal(14,4)")
+        .expect("alter");
+    workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
+    drop(writer);
+    let min_lsn = sim.db.min_lsn(&planned.name).await.expect("min");
+    let max_lsn = sim.db.max_lsn().await.expect("max").expect("commits");
+    let old_columns = planned.output_columns();
+    let error = balances(&sim.db, &planned.name, &old_columns, min_lsn, max_lsn)
+        .await
+        .expect_err("values of scale 4 read at scale 2");
+    assert!(
+        matches!(error, mssql_cdc_flight::Error::SchemaChanged(_))
+            && error.to_string().contains("balance"),
+        "{error}"
+    );
+    let altered = instance().await;
+    let new_columns = altered.output_columns();
+    let balance_type = |columns: &[mssql_cdc_flight::types::OutputColumn]| {
+        columns
+            .iter()
+            .find(|column| column.name == "balance")
+            .map(|column| column.sql_type.to_string())
+    };
+    assert_eq!(balance_type(&new_columns).as_deref(), Some("decimal(14,4)"));
+    let before = altered_at.decrement();
+    let old = balances(&sim.db, &planned.name, &old_columns, min_lsn, before)
+        .await
+        .expect("rows captured before the change, at the old type");
+    let widened = balances(&sim.db, &planned.name, &new_columns, min_lsn, before)
+        .await
+        .expect("the same rows at the new type");
+    assert!(!old.is_empty());
+    assert_eq!(
+        widened,
+        old.iter()
+            .map(|value| value.map(|v| v * 100))
+            .collect::<Vec<_>>(),
+        "widened exactly"
+    );
+    let all = balances(&sim.db, &planned.name, &new_columns, min_lsn, max_lsn)
+        .await
+        .expect("every row at the new type");
+    assert!(all.len() > old.len());
+    let history = sim
+        .db
+        .ddl_history(InstanceRange::new(&planned.name, min_lsn, max_lsn))
+        .await
+        .expect("history");
+    assert!(
+        history.iter().any(|entry| entry.ddl_lsn == altered_at
+            && entry
+                .ddl_command
+                .contains("ALTER COLUMN [balance] decimal(14,4)")),
+        "{history:?}"
+    );
+}
+
+/// The `balance` values (unscaled) of a change read of `[from, to]` with `columns`.
+async fn balances(
+    source: &dyn CdcSource,
+    capture_instance: &str,
+    columns: &[mssql_cdc_flight::types::OutputColumn],
+    from: Lsn,
+    to: Lsn,
+) -> mssql_cdc_flight::Result<Vec<Option<i128>>> {
+    let read = ChangeRead {
+        capture_instance: capture_instance.into(),
+        from,
+        to,
+        columns: columns.to_vec(),
+        include_command_id: false,
+        batch_rows: 1000,
+        batch_bytes: BatchBytes::fixed(1 << 20),
+    };
+    let mut stream = source.read_changes(read).await?;
+    let mut values = Vec::new();
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        let balance = batch
+            .column_by_name("balance")
+            .expect("balance")
+            .as_any()
+            .downcast_ref::<Decimal128Array>()
+            .expect("decimal")
+            .clone();
+        values.extend(balance.iter());
+    }
+    Ok(values)
+}
+
 /// `(lsn, lsn_to_time)` of every commit up to `max_lsn`.
 async fn commit_times(source: &dyn CdcSource, max_lsn: Lsn) -> Vec<(Lsn, CommitTime)> {
     let mut times = Vec::new();
     let mut position = Lsn::ZERO;
     while let Some(next) = source.nth_commit_after(position, 1).await.expect("nth") {
-        let time = source.lsn_to_time(next).await.expect("time").expect("a time");
+        let time = source
+            .lsn_to_time(next)
+            .await
+            .expect("time")
+            .expect("a time");
         times.push((next, time));
         position = next;
         if next >= max_lsn {

@@ -11,19 +11,20 @@ use crate::keys::{KeyColumn, KeyTuple, KeysetSeek};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
+use arrow::array::AsArray;
 use arrow::array::{
     Array, ArrayRef, FixedSizeBinaryArray, MutableArrayData, StringArray,
     TimestampMicrosecondArray, make_array, new_null_array,
 };
 use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
-use arrow::compute::{cast, concat_batches};
-use arrow::datatypes::SchemaRef;
+use arrow::compute::{CastOptions, cast_with_options, concat_batches};
+use arrow::datatypes::{DataType, Decimal128Type, SchemaRef};
 use arrow::record_batch::RecordBatch;
 
 use super::SimDb;
 use super::storage::{
-    CaptureInstanceState, Manifest, MappingView, SEGMENT_CDC_COLUMNS, SEGMENT_START_LSN, SegmentReader, lsn_at,
-    start_lsns,
+    CaptureInstanceState, Manifest, MappingView, SEGMENT_CDC_COLUMNS, SEGMENT_START_LSN,
+    SegmentReader, lsn_at, start_lsns,
 };
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
@@ -239,9 +240,11 @@ impl OutputShaper {
                     if array.data_type() == field.data_type() {
                         Arc::clone(array)
                     } else {
-                        cast(array, field.data_type()).map_err(|error| {
+                        cast_exactly(array, field.data_type()).map_err(|error| {
                             Error::SchemaChanged(format!(
-                                "column '{}' of capture instance '{}' cannot be read as {}: {error}",
+                                "column '{}' of capture instance '{}' cannot be read as {}: \
+                                 {error}; its type changed since the read was planned, plan \
+                                 the range again",
                                 field.name(),
                                 self.capture_instance,
                                 field.data_type()
@@ -255,6 +258,29 @@ impl OutputShaper {
         }
         Ok(RecordBatch::try_new(Arc::clone(&self.schema), arrays)?)
     }
+}
+
+/// A column written before or after an `ALTER COLUMN`, as the planned type: every value
+/// kept exactly or an error, never rounded (a decimal scale reduction) or turned NULL (an
+/// integer that overflows), as the SQL Server source's decoder refuses them.
+fn cast_exactly(array: &ArrayRef, to: &DataType) -> std::result::Result<ArrayRef, String> {
+    if let (DataType::Decimal128(_, from_scale), DataType::Decimal128(_, to_scale)) =
+        (array.data_type(), to)
+        && to_scale < from_scale
+    {
+        let factor = 10i128.pow(u32::from(from_scale.abs_diff(*to_scale)));
+        let decimals = array.as_primitive::<Decimal128Type>();
+        if let Some(value) = decimals.iter().flatten().find(|value| value % factor != 0) {
+            return Err(format!(
+                "the value {value} at scale {from_scale} would lose digits at scale {to_scale}"
+            ));
+        }
+    }
+    let options = CastOptions {
+        safe: false,
+        ..CastOptions::default()
+    };
+    cast_with_options(array, to, &options).map_err(|error| error.to_string())
 }
 
 /// `rows` cut from a batch of `whole_rows`, copied when they are a small part of it: a slice
@@ -296,6 +322,13 @@ impl Gathered {
         }
         self.rows += slice.num_rows();
         self.slices.push(slice);
+    }
+
+    /// Whether rows are gathered whose schema differs from `rows`'.
+    fn holds_other_schema(&self, rows: &RecordBatch) -> bool {
+        self.slices
+            .first()
+            .is_some_and(|first| first.schema().fields() != rows.schema().fields())
     }
 
     /// The gathered rows as one batch that holds no more memory than its own rows.
@@ -578,6 +611,13 @@ impl SimDb {
                 // Output row width: the captured values plus two 22-byte LSN strings and the
                 // other metadata columns.
                 let row_width = crate::types::batch_slice_size(&rows) / rows.num_rows() + 64;
+                // Segments written before and after an ALTER COLUMN differ in a column's
+                // type: their rows are shaped apart.
+                if gathered.holds_other_schema(&rows)
+                    && !self.send_gathered(&mut gathered, shaper, sender, &mut rows_read)?
+                {
+                    return Ok(());
+                }
                 let mut offset = 0;
                 while offset < rows.num_rows() {
                     let bound = read

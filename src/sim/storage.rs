@@ -304,7 +304,6 @@ impl MappingView {
         }
         Ok((self.get(after - 1)?.lsn == lsn).then_some(after - 1))
     }
-
 }
 
 /// The internal schema of a change-table segment: the CDC columns, the commit time copied
@@ -446,6 +445,11 @@ impl SegmentReader {
             )));
         }
         Ok(SegmentReader { reader, bounds })
+    }
+
+    /// The segment's schema (its captured columns' types when it was written).
+    pub fn schema(&self) -> SchemaRef {
+        self.reader.schema()
     }
 
     /// Indexes of the batches that may hold commits in `[from, to]`.

@@ -69,15 +69,17 @@ impl SimZone {
         offsets.sort_unstable();
         offsets.dedup();
         // The earliest instant is the one with the largest offset.
-        let valid = offsets
-            .iter()
-            .rev()
-            .find(|offset| self.offset_at(local - i64::from(**offset) * MICROS_PER_MINUTE) == **offset);
+        let valid = offsets.iter().rev().find(|offset| {
+            self.offset_at(local - i64::from(**offset) * MICROS_PER_MINUTE) == **offset
+        });
         match valid {
             Some(offset) => *offset,
             // A skipped local time: the offset in effect just before the change it fell in.
             None => {
-                let widest = offsets.last().copied().unwrap_or(self.initial_offset_minutes);
+                let widest = offsets
+                    .last()
+                    .copied()
+                    .unwrap_or(self.initial_offset_minutes);
                 self.offset_at(local - i64::from(widest) * MICROS_PER_MINUTE)
             }
         }
@@ -172,8 +174,14 @@ mod tests {
     #[test]
     fn at_time_zone_takes_the_offset_before_the_change_in_the_repeated_hour() {
         let zone = fall_back();
-        assert_eq!(zone.offset_of_local(MICROS_PER_HOUR + 30 * MICROS_PER_MINUTE), -180);
-        assert_eq!(zone.offset_of_local(2 * MICROS_PER_HOUR + MICROS_PER_MINUTE), -240);
+        assert_eq!(
+            zone.offset_of_local(MICROS_PER_HOUR + 30 * MICROS_PER_MINUTE),
+            -180
+        );
+        assert_eq!(
+            zone.offset_of_local(2 * MICROS_PER_HOUR + MICROS_PER_MINUTE),
+            -240
+        );
         assert_eq!(zone.offset_of_local(0), -180);
     }
 
@@ -188,7 +196,13 @@ mod tests {
             }],
         };
         // 02:00 local jumps to 03:00: 02:30 does not exist and reads at -04:00.
-        assert_eq!(zone.offset_of_local(2 * MICROS_PER_HOUR + 30 * MICROS_PER_MINUTE), -240);
-        assert_eq!(zone.offset_of_local(3 * MICROS_PER_HOUR + 30 * MICROS_PER_MINUTE), -180);
+        assert_eq!(
+            zone.offset_of_local(2 * MICROS_PER_HOUR + 30 * MICROS_PER_MINUTE),
+            -240
+        );
+        assert_eq!(
+            zone.offset_of_local(3 * MICROS_PER_HOUR + 30 * MICROS_PER_MINUTE),
+            -180
+        );
     }
 }

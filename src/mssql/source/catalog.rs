@@ -22,7 +22,7 @@ use crate::source::{CapturedColumn, CdcSource, TableName};
 /// How long the captured columns of a capture instance are trusted before they are read
 /// again: `ALTER COLUMN` on a tracked column changes its type in the change table under the
 /// same instance (no DDL event reaches a running server otherwise), so a stale type lasts at
-/// most this long.
+/// most this long; a read that fails with `SCHEMA_CHANGED` forgets its instance's entry at once.
 /// <https://learn.microsoft.com/sql/relational-databases/track-changes/about-change-data-capture-sql-server>
 pub const CAPTURED_COLUMNS_TTL: Duration = Duration::from_secs(60);
 

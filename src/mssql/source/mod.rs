@@ -16,7 +16,10 @@ mod stream;
 use crate::keys::{KeyColumn, KeyTuple, KeysetSeek};
 use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use futures::StreamExt;
 
 use tiberius::{ColumnData, Row, ToSql};
 use tokio::sync::Mutex;
@@ -80,7 +83,7 @@ pub struct SqlServerSource {
     /// Captured columns per capture instance and creation time (an instance re-created
     /// under the same name gets a new entry), computed columns left out; read again after
     /// [`catalog::CAPTURED_COLUMNS_TTL`].
-    captured: Mutex<CapturedCache>,
+    captured: Arc<Mutex<CapturedCache>>,
     retry_base: Duration,
 }
 
@@ -98,7 +101,7 @@ impl SqlServerSource {
             pool,
             config,
             clock: Mutex::new(None),
-            captured: Mutex::new(BTreeMap::new()),
+            captured: Arc::new(Mutex::new(BTreeMap::new())),
             retry_base: Duration::from_secs(1),
         };
         source.rows(sql::ping(), &[]).await?;
@@ -379,13 +382,29 @@ impl CdcSource for SqlServerSource {
         };
         let params = vec![Param::lsn(read.from), Param::lsn(read.to)];
         let fills = vec![Fill::Text(read.capture_instance.clone())];
-        Ok(self.spawn_read(
+        let stream = self.spawn_read(
             ident::change_table(&read.capture_instance)?,
             vec![(statement, params, fills)],
             shape,
             read.batch_rows,
             read.batch_bytes.clone(),
-        ))
+        );
+        // A column's type changed under the read (ALTER COLUMN): its captured columns are
+        // read again for the next plan instead of trusted until the cache's TTL.
+        let (captured, instance) = (Arc::clone(&self.captured), read.capture_instance);
+        Ok(stream
+            .inspect(move |item| {
+                if let Err(Error::SchemaChanged(_)) = item {
+                    let (captured, instance) = (Arc::clone(&captured), instance.clone());
+                    tokio::spawn(async move {
+                        captured
+                            .lock()
+                            .await
+                            .retain(|(name, _), _| *name != instance);
+                    });
+                }
+            })
+            .boxed())
     }
 
     async fn key_extent(&self, table: &TableName) -> Result<KeyExtent> {

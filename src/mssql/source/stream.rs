@@ -8,7 +8,9 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray, new_null_array};
+use arrow::array::{
+    Array, ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray, new_null_array,
+};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use futures::TryStreamExt;
@@ -95,7 +97,9 @@ fn require_commit_times(batch: &RecordBatch, index: usize) -> Result<()> {
     if times.null_count() == 0 {
         return Ok(());
     }
-    let row = (0..times.len()).find(|row| times.is_null(*row)).unwrap_or(0);
+    let row = (0..times.len())
+        .find(|row| times.is_null(*row))
+        .unwrap_or(0);
     let lsn = batch
         .column_by_name(crate::types::START_LSN_COLUMN)
         .and_then(|column| column.as_any().downcast_ref::<StringArray>())

@@ -661,7 +661,52 @@ impl SimWriter {
             sql_type: parsed,
             nullable,
         };
-        self.record_ddl(table, &command, Some(column))
+        self.record_ddl(table, &command, Some(ColumnChange::Add(column)))
+    }
+
+    /// `ALTER TABLE ... ALTER COLUMN <name> <type>`: SQL Server propagates a tracked column's
+    /// new type to the change table, so the rows captured afterwards carry it, and records
+    /// the DDL in the history of every capture instance of the table.
+    /// <https://learn.microsoft.com/sql/relational-databases/track-changes/about-change-data-capture-sql-server>
+    /// ("Handling changes to source tables").
+    pub fn alter_column(&mut self, table: &TableName, name: &str, sql_type: &str) -> Result<Lsn> {
+        let parsed: SqlType = sql_type
+            .parse()
+            .map_err(|error: crate::types::SqlTypeParseError| Error::invalid(error.to_string()))?;
+        if parsed.arrow_type().is_none() {
+            return Err(Error::invalid(format!(
+                "the simulator does not generate {parsed} values"
+            )));
+        }
+        let manifest = self.db.manifest()?;
+        let definition = manifest.table(table).ok_or_else(|| Error::TableNotFound {
+            table: table.to_string(),
+        })?;
+        let column = definition
+            .column(name)
+            .ok_or_else(|| Error::invalid(format!("{table} has no column '{name}'")))?;
+        if column.from_key.is_some() || definition.key == name {
+            return Err(Error::invalid(format!(
+                "the simulator does not alter '{name}': its values derive from the row key"
+            )));
+        }
+        let null_text = if column.nullable { "NULL" } else { "NOT NULL" };
+        let command = format!(
+            "ALTER TABLE [{}].[{}] ALTER COLUMN [{name}] {parsed} {null_text}",
+            table.schema, table.name
+        );
+        let lsn = self.record_ddl(
+            table,
+            &command,
+            Some(ColumnChange::Alter {
+                name: name.to_string(),
+                sql_type: parsed,
+            }),
+        )?;
+        // Rows captured from now on are written with the new type.
+        let manifest = self.db.manifest()?;
+        self.rebuild_buffers(&manifest)?;
+        Ok(lsn)
     }
 
     /// Records a DDL statement on a table (without changing its columns), as SQL Server does
@@ -674,7 +719,7 @@ impl SimWriter {
         &mut self,
         table: &TableName,
         command: &str,
-        column: Option<ColumnDef>,
+        column: Option<ColumnChange>,
     ) -> Result<Lsn> {
         self.publish()?;
         let lsn = self.next_block().increment();
@@ -697,21 +742,46 @@ impl SimWriter {
                     ddl_command: command.clone(),
                 });
             }
-            if let Some(column) = column {
-                let definition = manifest
-                    .tables
-                    .iter_mut()
-                    .find(|def| def.table == table_name)
-                    .ok_or_else(|| Error::TableNotFound {
-                        table: table_name.to_string(),
-                    })?;
-                definition.columns.push(column);
+            let Some(change) = column else {
+                return Ok(());
+            };
+            let definition = manifest
+                .tables
+                .iter_mut()
+                .find(|def| def.table == table_name)
+                .ok_or_else(|| Error::TableNotFound {
+                    table: table_name.to_string(),
+                })?;
+            match change {
+                ColumnChange::Add(column) => definition.columns.push(column),
+                ColumnChange::Alter { name, sql_type } => {
+                    for column in definition.columns.iter_mut().filter(|c| c.name == name) {
+                        column.sql_type = sql_type.clone();
+                    }
+                    let captured = manifest
+                        .capture_instances
+                        .iter_mut()
+                        .filter(|ci| ci.table == table_name)
+                        .flat_map(|ci| ci.columns.iter_mut())
+                        .filter(|c| c.name == name);
+                    for column in captured {
+                        column.sql_type = sql_type.clone();
+                    }
+                }
             }
             Ok(())
         })?;
         self.publish()?;
         Ok(lsn)
     }
+}
+
+/// A change of a table's columns a DDL commit makes.
+enum ColumnChange {
+    /// `ADD`: a new column, not captured by existing instances.
+    Add(ColumnDef),
+    /// `ALTER COLUMN`: a new type, propagated to the change tables that capture it.
+    Alter { name: String, sql_type: SqlType },
 }
 
 impl Drop for SimWriter {
@@ -739,10 +809,15 @@ fn append_segment(
         let last: SegmentRef = state.segments.pop().expect("checked above");
         let path = store.segment_path(&state.name, &last.file);
         let mut reader = SegmentReader::open(&path, None)?;
-        for index in 0..reader.batches_overlapping(Lsn::ZERO, Lsn::MAX).end {
-            combined.push(reader.read(index)?);
+        if reader.schema().fields() == schema.fields() {
+            for index in 0..reader.batches_overlapping(Lsn::ZERO, Lsn::MAX).end {
+                combined.push(reader.read(index)?);
+            }
+            replaced.push(path);
+        } else {
+            // Written before an ALTER COLUMN: its rows keep their type.
+            state.segments.push(last);
         }
-        replaced.push(path);
     }
     combined.extend(batches.iter().cloned());
     // Rebatch so that small publishes do not leave many tiny IPC batches.
