@@ -626,14 +626,7 @@ impl SimWriter {
         nullable: bool,
     ) -> Result<Lsn> {
         validate_identifier(name)?;
-        let parsed: SqlType = sql_type
-            .parse()
-            .map_err(|error: crate::types::SqlTypeParseError| Error::invalid(error.to_string()))?;
-        if parsed.arrow_type().is_none() {
-            return Err(Error::invalid(format!(
-                "the simulator does not generate {parsed} values"
-            )));
-        }
+        let parsed = simulated_type(sql_type)?;
         let manifest = self.db.manifest()?;
         let definition = manifest.table(table).ok_or_else(|| Error::TableNotFound {
             table: table.to_string(),
@@ -670,14 +663,7 @@ impl SimWriter {
     /// <https://learn.microsoft.com/sql/relational-databases/track-changes/about-change-data-capture-sql-server>
     /// ("Handling changes to source tables").
     pub fn alter_column(&mut self, table: &TableName, name: &str, sql_type: &str) -> Result<Lsn> {
-        let parsed: SqlType = sql_type
-            .parse()
-            .map_err(|error: crate::types::SqlTypeParseError| Error::invalid(error.to_string()))?;
-        if parsed.arrow_type().is_none() {
-            return Err(Error::invalid(format!(
-                "the simulator does not generate {parsed} values"
-            )));
-        }
+        let parsed = simulated_type(sql_type)?;
         let manifest = self.db.manifest()?;
         let definition = manifest.table(table).ok_or_else(|| Error::TableNotFound {
             table: table.to_string(),
@@ -834,6 +820,19 @@ fn append_segment(
     let segment = write_segment(&store.segment_path(&state.name, &file), schema, &rebatched)?;
     state.segments.push(segment);
     Ok(replaced)
+}
+
+/// A column type the simulator can generate values of.
+fn simulated_type(sql_type: &str) -> Result<SqlType> {
+    let parsed: SqlType = sql_type
+        .parse()
+        .map_err(|error: crate::types::SqlTypeParseError| Error::invalid(error.to_string()))?;
+    if parsed.arrow_type().is_none() {
+        return Err(Error::invalid(format!(
+            "the simulator does not generate {parsed} values"
+        )));
+    }
+    Ok(parsed)
 }
 
 /// Refuses identifiers SQL Server would need quoting tricks for.
