@@ -222,7 +222,9 @@ impl Appender {
             Err(DeltaTableError::Transaction {
                 source: TransactionError::CommitConflict(CommitConflictError::ConcurrentTransaction),
             }) => Err(WriterError::Fenced(format!(
-                "bronze {}: another writer committed a batch of app_id '{app_id}' while this one                  wrote batch {version}: two writers of one app id are running. This one                  stopped without committing; stop the other",
+                "bronze {}: another writer committed a batch of app_id '{app_id}' while this one \
+                 wrote batch {version}: two writers of one app id are running. This one \
+                 stopped without committing; stop the other",
                 self.table.table_url()
             ))),
             Err(error) => Err(error.into()),
