@@ -219,7 +219,8 @@ pub fn board() -> &'static Board {
     &BOARD
 }
 
-fn iso(time: DateTime<Utc>) -> String {
+/// A time as the board shows it: ISO 8601 in UTC, to the second.
+pub fn iso(time: DateTime<Utc>) -> String {
     time.format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 

@@ -77,9 +77,18 @@ enum Store {
     Object(Arc<dyn ObjectStore>),
 }
 
+/// The checkpoint of `app_id`: under `root` (a path or a URL), by default under
+/// `_checkpoints` beside the facts table at `facts`, on the lake's own store.
+pub fn location(root: Option<&str>, facts: &str, app_id: &str) -> String {
+    match root {
+        Some(root) => location_in(root, app_id),
+        None => location_in(&default_root(facts), app_id),
+    }
+}
+
 /// The directory of the checkpoints kept next to the tables: `_checkpoints` beside the table
 /// at `table_location` (a path or a URL).
-pub fn default_root(table_location: &str) -> String {
+fn default_root(table_location: &str) -> String {
     match table_location.trim_end_matches('/').rsplit_once('/') {
         Some((parent, _)) => format!("{parent}/_checkpoints"),
         None => "_checkpoints".to_string(),
@@ -87,7 +96,7 @@ pub fn default_root(table_location: &str) -> String {
 }
 
 /// The checkpoint of `app_id` under a checkpoints directory (a path or a URL).
-pub fn location_in(root: &str, app_id: &str) -> String {
+fn location_in(root: &str, app_id: &str) -> String {
     format!("{}/{app_id}", root.trim_end_matches('/'))
 }
 
@@ -588,6 +597,14 @@ mod tests {
         assert_eq!(
             location_in("s3://bucket/lake/_checkpoints/", "orders"),
             "s3://bucket/lake/_checkpoints/orders"
+        );
+        assert_eq!(
+            location(None, "/lake/facts", "orders"),
+            "/lake/_checkpoints/orders"
+        );
+        assert_eq!(
+            location(Some("/state/"), "/lake/facts", "orders"),
+            "/state/orders"
         );
     }
 

@@ -32,10 +32,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         || anyhow::anyhow!("--table, --target, --facts and --app-id are required without --config");
     let facts = args.lake.facts.ok_or_else(missing)?;
     let app_id = args.lake.app_id.ok_or_else(missing)?;
-    let checkpoint = args.checkpoint.unwrap_or_else(|| {
-        let root = mssql_cdc_writer::checkpoint::default_root(&facts);
-        mssql_cdc_writer::checkpoint::location_in(&root, &app_id)
-    });
+    let checkpoint = args
+        .checkpoint
+        .unwrap_or_else(|| mssql_cdc_writer::checkpoint::location(None, &facts, &app_id));
     let mut config = StreamConfig {
         server: args.server.url,
         table: args.table.ok_or_else(missing)?,
@@ -386,17 +385,8 @@ pub async fn maintain(args: MaintainArgs) -> anyhow::Result<()> {
             (config.lake_tables(), config.maintenance())
         }
         (None, Some(location), Some(kind)) => {
-            let kind = [
-                TableKind::Bronze,
-                TableKind::Facts,
-                TableKind::Control,
-                TableKind::Plans,
-                TableKind::Silver,
-                TableKind::Reconcile,
-            ]
-            .into_iter()
-            .find(|candidate| candidate.name() == kind)
-            .ok_or_else(|| anyhow::anyhow!("unknown table kind '{kind}'"))?;
+            let kind = TableKind::named(kind)
+                .ok_or_else(|| anyhow::anyhow!("unknown table kind '{kind}'"))?;
             (
                 vec![(location.clone(), kind)],
                 MaintenanceOptions::default(),

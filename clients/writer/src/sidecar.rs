@@ -466,11 +466,7 @@ impl SidecarConfig {
 
     /// The checkpoint location of `app_id`.
     pub fn checkpoint(&self, app_id: &str) -> String {
-        let root = match &self.checkpoints {
-            Some(root) => root.clone(),
-            None => crate::checkpoint::default_root(&self.facts),
-        };
-        crate::checkpoint::location_in(&root, app_id)
+        crate::checkpoint::location(self.checkpoints.as_deref(), &self.facts, app_id)
     }
 
     /// The stream configuration of one table.
@@ -504,10 +500,9 @@ fn backoff(attempt: u32) -> Duration {
 /// The state of a table whose attempt `attempt` (from 0) just failed: retried after its
 /// backoff.
 fn retrying(attempt: u32) -> TableState {
-    let at = chrono::Utc::now() + backoff(attempt);
     TableState::Retrying {
         attempt: attempt + 1,
-        retry_at: at.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        retry_at: crate::board::iso(chrono::Utc::now() + backoff(attempt)),
     }
 }
 

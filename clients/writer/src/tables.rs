@@ -66,6 +66,21 @@ fn column(
 }
 
 impl TableKind {
+    /// Every kind.
+    pub const ALL: [TableKind; 6] = [
+        TableKind::Bronze,
+        TableKind::Facts,
+        TableKind::Control,
+        TableKind::Plans,
+        TableKind::Silver,
+        TableKind::Reconcile,
+    ];
+
+    /// The kind named `name` ([`TableKind::name`]).
+    pub fn named(name: &str) -> Option<TableKind> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
     /// The kind's name in reports and logs.
     pub fn name(self) -> &'static str {
         match self {
@@ -822,6 +837,14 @@ async fn migrate(table: DeltaTable, kind: TableKind) -> Result<DeltaTable> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_is_found_by_its_name() {
+        for kind in TableKind::ALL {
+            assert_eq!(TableKind::named(kind.name()), Some(kind));
+        }
+        assert_eq!(TableKind::named("gold"), None);
+    }
 
     #[test]
     fn object_store_urls_without_their_feature_name_the_feature() {
