@@ -161,8 +161,7 @@ fn reconcile_cell(table: &TableBoard) -> String {
 /// A table's plots and last batches.
 fn detail(html: &mut String, table: &TableBoard, now_minute: i64) {
     let name = escape(&table.table);
-    let history: Vec<_> = table.history.iter().cloned().collect();
-    let plots = table_plots(&history, now_minute);
+    let plots = table_plots(&table.history, now_minute);
     let _ = write!(
         html,
         "<section class=\"table-detail\" id=\"table-{name}\" data-table=\"{name}\"><h2>{name}</h2><div class=\"plots\">\

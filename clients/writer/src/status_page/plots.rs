@@ -1,6 +1,8 @@
 //! The status page's plots, drawn on the server as SVG with plotters: a table's rows per
 //! minute and how far it lay behind the source, over the board's history.
 
+use std::collections::VecDeque;
+
 use plotters::prelude::*;
 
 use crate::board::Minute;
@@ -20,8 +22,8 @@ pub struct TablePlots {
 }
 
 /// Plots `history` up to the minute `now_minute` (minutes since the Unix epoch).
-pub fn table_plots(history: &[Minute], now_minute: i64) -> TablePlots {
-    let first = history.first().map_or(now_minute, |minute| minute.minute);
+pub fn table_plots(history: &VecDeque<Minute>, now_minute: i64) -> TablePlots {
+    let first = history.front().map_or(now_minute, |minute| minute.minute);
     let start = first.min(now_minute - MIN_SPAN_MINUTES);
     // Every minute from the start: a minute without a batch wrote no rows.
     let mut rows = Vec::new();
@@ -138,7 +140,7 @@ mod tests {
 
     #[test]
     fn plots_are_svg_with_the_history_drawn() {
-        let history = [
+        let history = VecDeque::from([
             Minute {
                 minute: 1_000,
                 rows: 120,
@@ -151,7 +153,7 @@ mod tests {
                 batches: 1,
                 behind_seconds: Some(0.5),
             },
-        ];
+        ]);
         let plots = table_plots(&history, 1_010);
         for svg in [&plots.rows, &plots.behind] {
             assert!(svg.starts_with("<svg"), "{svg}");
@@ -167,7 +169,7 @@ mod tests {
 
     #[test]
     fn an_empty_history_still_draws_its_axes() {
-        let plots = table_plots(&[], 50);
+        let plots = table_plots(&VecDeque::new(), 50);
         assert!(plots.rows.contains("<svg"));
         assert!(plots.behind.contains("<svg"));
         assert_eq!(plots.behind.matches("<circle").count(), 0);
