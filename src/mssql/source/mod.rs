@@ -85,6 +85,9 @@ pub struct SqlServerSource {
     /// [`catalog::CAPTURED_COLUMNS_TTL`].
     captured: Arc<Mutex<CapturedCache>>,
     retry_base: Duration,
+    /// What precedes every read of a source table: the configured lock timeout and
+    /// isolation ([`sql::source_read_prefix`]).
+    read_prefix: String,
 }
 
 impl SqlServerSource {
@@ -97,7 +100,9 @@ impl SqlServerSource {
             config.access_token_file.clone(),
         );
         let pool = Connections::new(manager, config.pool_size, config.checkout_timeout);
+        let read_prefix = sql::source_read_prefix(config.lock_timeout_ms, config.isolation);
         let source = SqlServerSource {
+            read_prefix,
             pool,
             config,
             clock: Mutex::new(None),
@@ -110,17 +115,11 @@ impl SqlServerSource {
         Ok(source)
     }
 
-    /// What precedes a read of a source table ([`sql::source_read_prefix`]).
-    fn read_prefix(&self) -> String {
-        sql::source_read_prefix(self.config.lock_timeout_ms, self.config.isolation)
-    }
-
     /// Whether a statement changes session options: a source read with its prefix. The
     /// change lasts for the `sp_executesql` call only, and the pool also resets such a
     /// connection before its next use, so no later read inherits it.
     fn sets_session_options(&self, statement: &str) -> bool {
-        let prefix = self.read_prefix();
-        !prefix.is_empty() && statement.starts_with(&prefix)
+        !self.read_prefix.is_empty() && statement.starts_with(&self.read_prefix)
     }
 
     /// Runs one statement and returns its first result's rows, retrying transient failures.
@@ -409,9 +408,8 @@ impl CdcSource for SqlServerSource {
 
     async fn key_extent(&self, table: &TableName) -> Result<KeyExtent> {
         let (key, sql_type) = self.integer_key(table).await?;
-        let prefix = self.read_prefix();
         let row = self
-            .first_row(&sql::key_extent(table, &key, &prefix)?, &[])
+            .first_row(&sql::key_extent(table, &key, &self.read_prefix)?, &[])
             .await?;
         let (min, max) = match &row {
             Some(row) => (int_at(row, 0), int_at(row, 1)),
@@ -440,10 +438,9 @@ impl CdcSource for SqlServerSource {
         let width_param = i64::try_from(width)
             .map_err(|_| Error::invalid(format!("key_buckets width {width} passes BIGINT")))?;
         let (key, _) = self.integer_key(table).await?;
-        let prefix = self.read_prefix();
         let rows = self
             .rows(
-                &sql::key_buckets(table, &key, &prefix)?,
+                &sql::key_buckets(table, &key, &self.read_prefix)?,
                 &[
                     Param::Int(grid.lo()),
                     Param::Int(grid.hi()),
@@ -464,9 +461,11 @@ impl CdcSource for SqlServerSource {
 
     async fn key_span(&self, table: &TableName, key: &KeyColumn) -> Result<Option<(i64, i64)>> {
         let unit = key.require_grid_unit()?;
-        let prefix = self.read_prefix();
         let row = self
-            .first_row(&sql::key_span(table, &key.name, unit, &prefix)?, &[])
+            .first_row(
+                &sql::key_span(table, &key.name, unit, &self.read_prefix)?,
+                &[],
+            )
             .await?;
         Ok(row.and_then(|row| int_at(&row, 0).zip(int_at(&row, 1))))
     }
@@ -476,10 +475,9 @@ impl CdcSource for SqlServerSource {
         let width = i64::try_from(grid.width()).map_err(|_| {
             Error::invalid(format!("key_sums width {} passes BIGINT", grid.width()))
         })?;
-        let prefix = self.read_prefix();
         let rows = self
             .rows(
-                &sql::key_sums(table, &key.name, unit, &prefix)?,
+                &sql::key_sums(table, &key.name, unit, &self.read_prefix)?,
                 &[Param::Int(grid.lo()), Param::Int(width)],
             )
             .await?;
@@ -504,23 +502,21 @@ impl CdcSource for SqlServerSource {
     }
 
     async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {
-        let prefix = self.read_prefix();
         let row = self
-            .first_row(&sql::key_max(table, keys, &prefix)?, &[])
+            .first_row(&sql::key_max(table, keys, &self.read_prefix)?, &[])
             .await?;
         Ok(row.map(|row| key_tuple_at(&row, keys)))
     }
 
     async fn key_bound(&self, table: &TableName, seek: &KeysetSeek) -> Result<Option<KeyTuple>> {
         let (keys, seek) = (seek.columns(), seek.seek());
-        let prefix = self.read_prefix();
         let (statement, values) = sql::key_bound(
             table,
             keys,
             seek.from.as_ref().map(|from| (from, seek.from_inclusive)),
             seek.to.as_ref().map(|to| (to, seek.to_inclusive)),
             seek.n,
-            &prefix,
+            &self.read_prefix,
         )?;
         let row = self.first_row(&statement, &key_params(values)).await?;
         Ok(row.map(|row| key_tuple_at(&row, keys)))
@@ -553,7 +549,6 @@ impl CdcSource for SqlServerSource {
             sources,
             commit_times: None,
         };
-        let prefix = self.read_prefix();
         let stamp = read.stamp.to_string();
         let statements = read
             .pieces
@@ -566,7 +561,7 @@ impl CdcSource for SqlServerSource {
                             &read.keys,
                             &columns,
                             range,
-                            &prefix,
+                            &self.read_prefix,
                         )?;
                         (statement, key_params(values))
                     }
@@ -576,7 +571,7 @@ impl CdcSource for SqlServerSource {
                             key.as_deref(),
                             &columns,
                             piece.range,
-                            &prefix,
+                            &self.read_prefix,
                         )?,
                         [piece.range.lo, piece.range.hi]
                             .into_iter()
