@@ -360,9 +360,14 @@ impl SqlServerConfig {
             config.application_name("mssql-cdc-flight");
         }
         let target = format!("{}/{database}", config.get_addr());
-        let plaintext = pairs
-            .get("encrypt")
-            .is_some_and(|value| matches!(value.to_ascii_lowercase().as_str(), "false" | "no"));
+        // Anything but an encrypting value: tiberius also reads `DANGER_PLAINTEXT` (no TLS at
+        // all), which a list of the false values missed.
+        let plaintext = pairs.get("encrypt").is_some_and(|value| {
+            !matches!(
+                value.to_ascii_lowercase().as_str(),
+                "true" | "yes" | "strict"
+            )
+        });
         Self::finish(config, target, trusts_any, plaintext, extras)
     }
 
@@ -494,6 +499,10 @@ mod tests {
             ),
             (
                 "Server=h;Encrypt=false;AccessTokenFile=/t",
+                "encrypted connection",
+            ),
+            (
+                "Server=h;Encrypt=DANGER_PLAINTEXT;AccessTokenFile=/t",
                 "encrypted connection",
             ),
             ("mssql://h/db?access_token_file=", "names no file"),
