@@ -12,6 +12,9 @@
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
+# The writer's object stores (S3 and Azure Blob, tested on emulators by scripts/test); add
+# mssql-cdc-writer/gcs for Google Cloud Storage.
+ARG WRITER_FEATURES=mssql-cdc-writer/s3,mssql-cdc-writer/azure
 # Dependencies first: the manifests, the lock file and the contract's .proto files, built
 # against placeholder sources, so a change of our code does not rebuild the dependencies. The
 # registry and target directories are BuildKit caches as well.
@@ -24,16 +27,18 @@ RUN mkdir -p src proto/src clients/writer/src benches clients/writer/benches tes
     && for stub in src/main.rs clients/writer/src/main.rs benches/throughput.rs \
         benches/catalog.rs tests/sqlserver_statements.rs tests/fuzz_parsers.rs \
         clients/writer/benches/end_to_end.rs clients/writer/benches/snapshot.rs \
-        clients/writer/benches/silver.rs; do echo 'fn main() {}' > "$stub"; done
+        clients/writer/benches/silver.rs clients/writer/benches/freshness.rs \
+        clients/writer/benches/reconcile.rs; do echo 'fn main() {}' > "$stub"; done
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --workspace --bins
+    cargo build --release --locked --workspace --bins --features "$WRITER_FEATURES"
 # Then the project itself.
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     touch src/main.rs src/lib.rs proto/src/lib.rs clients/writer/src/main.rs clients/writer/src/lib.rs \
     && cargo build --release --locked --bin mssql-cdc-flight --bin mssql-cdc-writer \
+        --features "$WRITER_FEATURES" \
     && mkdir -p /out && cp target/release/mssql-cdc-flight target/release/mssql-cdc-writer /out/
 
 FROM debian:bookworm-slim AS runtime

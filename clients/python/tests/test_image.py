@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import tomllib
 import yaml
 from conftest import ROOT, binary, run, start_server, stop_server
 from dockerfile_parse import DockerfileParser
@@ -70,6 +71,25 @@ def test_every_copied_path_exists_and_the_binaries_are_the_workspaces():
     assert copied_out == {"mssql-cdc-flight", "mssql-cdc-writer"}
     assert copied_out <= built, (copied_out, built)
     assert copied_out <= workspace_binaries()
+
+
+def test_the_dependency_layer_stubs_every_declared_target():
+    # Cargo refuses a manifest whose declared [[bench]] or [[test]] file is missing, so the
+    # dependency layer (built before the sources are copied) needs a placeholder for each.
+    layer = next(
+        i["value"]
+        for i in instructions()
+        if i["instruction"] == "RUN" and "for stub in" in i["value"]
+    )
+    stubs = set(layer.split("for stub in", 1)[1].split(";", 1)[0].replace("\\", " ").split())
+    for manifest in (ROOT / "Cargo.toml", ROOT / "clients" / "writer" / "Cargo.toml"):
+        crate = manifest.parent.relative_to(ROOT)
+        declared = tomllib.loads(manifest.read_text())
+        for kind, folder in (("bench", "benches"), ("test", "tests")):
+            for target in declared.get(kind, []):
+                path = Path(target.get("path", f"{folder}/{target['name']}.rs"))
+                stub = (crate / path).as_posix()
+                assert stub in stubs, f"{stub} has no placeholder in the Dockerfile"
 
 
 def test_the_runtime_is_non_root_with_a_healthcheck_the_server_answers(tmp_path):

@@ -755,8 +755,9 @@ impl Stream {
 
     /// Bronze ready for the batch's files; `None` when planning counted no rows (no bronze
     /// commit). A batch bronze already holds was written by another writer with this app id
-    /// (a replay of one this writer wrote finishes before planning): refused, as going on
-    /// would record this writer's range under the other's batch.
+    /// since this one planned it (a replay of one a crash left written finishes before
+    /// planning): fenced, as going on would record this writer's range under the other's
+    /// batch.
     async fn prepare_bronze(
         &self,
         plan: &PlannedBatch,
@@ -774,10 +775,11 @@ impl Stream {
         )
         .await?;
         if tables::holds_transaction(&table, &self.config.app_id, batch_id).await? {
-            return Err(WriterError::CheckpointMismatch(format!(
-                "bronze {} already holds batch {batch_id} of app_id '{}', which this writer's \
-                 checkpoint {} had not written: another writer runs with the same app_id. Stop \
-                 it; each writer needs its own app_id and checkpoint",
+            return Err(WriterError::Fenced(format!(
+                "bronze {} took batch {batch_id} of app_id '{}' from another writer while this \
+                 one planned it (checkpoint {}): two writers of one app id are running. This \
+                 one stopped before writing; stop the other, or give this one its own app_id \
+                 and checkpoint",
                 self.config.target, self.config.app_id, self.config.checkpoint,
             )));
         }

@@ -14,6 +14,7 @@ use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::{DataType, MetadataValue, StructField, Transaction};
 use deltalake::protocol::SaveMode;
 use deltalake::{DeltaTable, DeltaTableError};
+use futures::StreamExt;
 use url::Url;
 
 use crate::error::{Result, WriterError};
@@ -591,15 +592,26 @@ fn store_feature(scheme: &str) -> std::result::Result<(), &'static str> {
 
 /// Opens a table, or `None` when there is none at the location yet.
 pub async fn open(url: &Url) -> Result<Option<DeltaTable>> {
-    // A local location without a log is no table: say so without asking delta-rs, whose
-    // kernel logs a failed log-segment load for every such probe.
-    if let Ok(path) = url.to_file_path()
-        && !path.join("_delta_log").is_dir()
-    {
+    // A location without a log is no table: say so without asking delta-rs, whose kernel
+    // logs a failed log-segment load at ERROR for every such probe.
+    if !has_log(url).await? {
         return Ok(None);
     }
     let table = DeltaTable::try_from_url(url.clone()).await?;
     Ok(table.version().is_some().then_some(table))
+}
+
+/// Whether a Delta log is at `url`: a `_delta_log` directory on a local disk, any object
+/// under `_delta_log/` on an object store (one listing call).
+async fn has_log(url: &Url) -> Result<bool> {
+    if let Ok(path) = url.to_file_path() {
+        return Ok(path.join("_delta_log").is_dir());
+    }
+    let store = deltalake::DeltaTableBuilder::from_url(url.clone())?
+        .build()?
+        .log_store();
+    let mut listing = store.object_store(None).list(Some(store.log_path()));
+    Ok(listing.next().await.transpose()?.is_some())
 }
 
 /// The table's `mssql_cdc.schema_version` (0 when unset).
