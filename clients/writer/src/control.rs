@@ -329,7 +329,8 @@ pub async fn record_verified(url: &Url, table_name: &str, lsn: Lsn) -> Result<()
 }
 
 /// MERGEs the one-row `source` into the control table on `table_name` with the clauses
-/// `clauses` adds, creating the table when missing; conflicting commits are retried.
+/// `clauses` adds, creating the table when missing; a commit the table moved under
+/// (another table's row, a compaction) is retried.
 async fn merge_row(
     url: &Url,
     source: RecordBatch,
@@ -347,7 +348,8 @@ async fn merge_row(
         let merge = table
             .merge(frame, col("target.table_name").eq(col("source.table_name")))
             .with_source_alias("source")
-            .with_target_alias("target");
+            .with_target_alias("target")
+            .with_commit_properties(tables::rewrite_commit());
         clauses(merge)?.await?;
         Ok(())
     })

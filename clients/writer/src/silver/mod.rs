@@ -94,7 +94,10 @@ const CHANGE_ONLY_COLUMNS: [&str; 7] = [
 
 /// Runs `apply_changes` once.
 pub async fn apply_changes(config: &ApplyConfig) -> Result<ApplyOutcome> {
-    let outcome = apply_once(config).await.map_err(|error| match &error {
+    // A commit silver moved under (another engine's OPTIMIZE) is refused; the call reads
+    // again and applies on the new version.
+    let outcome = tables::retry_conflicts(|| apply_once(config)).await;
+    let outcome = outcome.map_err(|error| match &error {
         // DataFusion names its own setting; the writer's is the variable.
         WriterError::Query(query) if query.to_string().contains("Resources exhausted") => {
             WriterError::invalid(format!(

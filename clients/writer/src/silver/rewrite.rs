@@ -32,7 +32,7 @@ use bytes::Bytes;
 use deltalake::DeltaTable;
 use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
 use deltalake::datafusion::execution::SendableRecordBatchStream;
-use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::transaction::CommitBuilder;
 use deltalake::kernel::{Action, Add, LogicalFileView, Remove};
 use deltalake::logstore::ObjectStoreRef;
 use deltalake::logstore::object_store::ObjectStoreExt;
@@ -49,6 +49,7 @@ use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 
 use crate::error::{Result, WriterError};
+use crate::tables;
 
 /// The ranked changes, one row per key, indexed by key.
 struct Changes {
@@ -379,14 +380,16 @@ pub async fn merge(
     Ok(counts)
 }
 
-/// Removes `removes` and adds `adds` in one commit on the version `table` was read at.
+/// Removes `removes` and adds `adds` in one commit on the version `table` was read at, and
+/// only there: a table that moved since (another engine's OPTIMIZE among others) refuses it
+/// ([`tables::rewrite_commit`]), and the caller applies again.
 async fn commit(
     table: &DeltaTable,
     removes: Vec<Remove>,
     adds: Vec<Add>,
     operation: DeltaOperation,
 ) -> Result<()> {
-    CommitBuilder::from(CommitProperties::default())
+    CommitBuilder::from(tables::rewrite_commit())
         .with_actions(
             removes
                 .into_iter()
@@ -640,6 +643,7 @@ mod tests {
     use super::*;
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{Field, Schema};
+    use deltalake::DeltaTableError;
     use deltalake::parquet::arrow::ArrowWriter;
 
     /// `(region, code, value, _start_lsn, _operation)`.
@@ -759,6 +763,78 @@ mod tests {
         assert_eq!(counts.keys_found, 4, "{counts:?}");
         // Sorted as `rows_of` sorts ('|' after letters and digits).
         assert_eq!(rows_of(&url).await, ["x|1|c", "x|2|e", "|1|a2", "||d2"]);
+    }
+
+    /// A silver of three small files (keys 1-3, one append each), its url and key columns.
+    async fn silver_of_three_files(dir: &tempfile::TempDir) -> (url::Url, Vec<String>) {
+        let url = url::Url::from_directory_path(dir.path()).expect("url");
+        let field =
+            |name: &str, data_type| deltalake::kernel::StructField::new(name, data_type, true);
+        let fields = vec![
+            field("region", deltalake::kernel::DataType::STRING),
+            field("code", deltalake::kernel::DataType::LONG),
+            field("value", deltalake::kernel::DataType::STRING),
+            field("_start_lsn", deltalake::kernel::DataType::STRING),
+        ];
+        let mut table = crate::tables::ensure(&url, crate::tables::TableKind::Silver, fields, "t")
+            .await
+            .expect("create");
+        for code in 1..=3 {
+            let row = changes(&[(Some("x"), Some(code), "a", "0x01", 2)]);
+            let row = row.project(&[0, 1, 2, 3]).expect("silver's columns");
+            table = table.write(vec![row]).await.expect("append");
+        }
+        (url, vec!["region".to_string(), "code".to_string()])
+    }
+
+    /// Whether `result` is a refused commit (which `retry_conflicts` runs again).
+    fn refused(result: &Result<impl std::fmt::Debug>) -> bool {
+        matches!(
+            result,
+            Err(WriterError::Delta(DeltaTableError::Transaction { .. }))
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_merge_or_rebuild_read_before_another_engines_optimize_does_not_commit() {
+        // delta-rs's conflict check ignores an OPTIMIZE's removes (dataChange = false): a
+        // rewrite committed after one would leave the compacted file holding the old rows.
+        let dir = tempfile::tempdir().expect("temp");
+        let (url, keys) = silver_of_three_files(&dir).await;
+        let read_before = crate::tables::open(&url)
+            .await
+            .expect("open")
+            .expect("table");
+        let (_, metrics) = crate::tables::open(&url)
+            .await
+            .expect("open")
+            .expect("table")
+            .optimize()
+            .await
+            .expect("another engine's OPTIMIZE");
+        assert_eq!(metrics.num_files_removed, 3);
+        let update = changes(&[(Some("x"), Some(2), "b", "0x02", 4)]);
+        let merged = merge(&read_before, vec![update.clone()], &keys).await;
+        assert!(refused(&merged), "{merged:?}");
+        let schema = update.schema();
+        let rebuild = deltalake::datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::iter([Ok(update.clone())]),
+        );
+        let rebuilt = overwrite(&read_before, Box::pin(rebuild)).await;
+        assert!(refused(&rebuilt), "{rebuilt:?}");
+        assert_eq!(
+            rows_of(&url).await,
+            ["x|1|a", "x|2|a", "x|3|a"],
+            "nothing committed"
+        );
+        // Read again, the merge goes through.
+        let fresh = crate::tables::open(&url)
+            .await
+            .expect("open")
+            .expect("table");
+        merge(&fresh, vec![update], &keys).await.expect("merge");
+        assert_eq!(rows_of(&url).await, ["x|1|a", "x|2|b", "x|3|a"]);
     }
 
     #[test]
