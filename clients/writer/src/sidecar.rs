@@ -493,9 +493,26 @@ impl SidecarConfig {
     }
 }
 
+/// The wait after failed attempt `attempt` (from 0): 1 s doubling to a minute.
 fn backoff(attempt: u32) -> Duration {
-    Duration::from_secs(1u64 << attempt.min(6)).min(Duration::from_secs(60))
+    Duration::from_secs(1u64 << attempt.min(LONGEST_BACKOFF_STEP)).min(Duration::from_secs(60))
 }
+
+/// The backoff step of a continuous table whose attempt `attempt` just failed with `error`:
+/// its own for an error that may pass, the longest (a minute) at once for one retrying cannot
+/// fix (data loss, a checkpoint the lake contradicts, a second writer, a type bronze cannot
+/// hold, bad configuration). Those are still tried again, as an operator's fix or the other
+/// writer's stop ends them, but without hammering the server and the lake meanwhile.
+fn continuous_attempt_after(attempt: u32, error: &WriterError) -> u32 {
+    if is_final(error) {
+        attempt.max(LONGEST_BACKOFF_STEP)
+    } else {
+        attempt
+    }
+}
+
+/// The step from which [`backoff`] waits its longest.
+const LONGEST_BACKOFF_STEP: u32 = 6;
 
 /// The state of a table whose attempt `attempt` (from 0) just failed: retried after its
 /// backoff.
@@ -634,9 +651,15 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
                     if began.elapsed() > backoff(u32::MAX) {
                         attempt = 0;
                     }
+                    attempt = continuous_attempt_after(attempt, &error);
                     crate::metrics::failure(&stream_config.table, &error);
                     board().state(&stream_config.table, retrying(attempt));
-                    tracing::warn!(table = %stream_config.table, %error, attempt, "table failed; retrying");
+                    if is_final(&error) {
+                        tracing::error!(table = %stream_config.table, %error, retry_in_seconds = backoff(attempt).as_secs(),
+                            "table failed with an error retrying cannot fix; tried again every minute until an operator acts");
+                    } else {
+                        tracing::warn!(table = %stream_config.table, %error, attempt, "table failed; retrying");
+                    }
                     let mut stop = stop.clone();
                     tokio::select! {
                         _ = tokio::time::sleep(backoff(attempt)) => {}
@@ -790,4 +813,29 @@ pub async fn status(config: &SidecarConfig) -> Result<Vec<TableStatus>> {
         });
     }
     Ok(statuses)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_continuous_table_waits_a_minute_after_an_error_retrying_cannot_fix() {
+        let fenced = WriterError::Fenced("two writers of one app id are running".into());
+        let dropped = WriterError::Internal("the connection dropped".into());
+        assert_eq!(
+            backoff(continuous_attempt_after(0, &dropped)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            backoff(continuous_attempt_after(3, &dropped)),
+            Duration::from_secs(8)
+        );
+        for attempt in [0, 3, 9] {
+            assert_eq!(
+                backoff(continuous_attempt_after(attempt, &fenced)),
+                Duration::from_secs(60)
+            );
+        }
+    }
 }
