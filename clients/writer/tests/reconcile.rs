@@ -311,6 +311,29 @@ async fn changes_not_applied_yet_are_in_flight_never_mismatch() {
         );
     }
     assert!(result.clean() && result.verified);
+    // The change table was read from where bronze's stream stands (its newest change row),
+    // not from the control table's end, which trails it until the verdict moves.
+    let newest = tables::query_text(
+        &tables::table_url(&lab.lake("bronze_orders")).expect("url"),
+        "SELECT MAX(_start_lsn) FROM t WHERE _operation <> 0",
+    )
+    .await
+    .expect("bronze's newest change");
+    let newest = newest[0][0].clone().expect("bronze holds changes");
+    assert_eq!(result.changes_read.0.to_string(), newest);
+    let control_end = control::row(
+        &tables::table_url(&lab.lake("control")).expect("url"),
+        "dbo.orders",
+    )
+    .await
+    .expect("control")
+    .and_then(|row| row.end)
+    .map(|end| end.lsn);
+    assert!(
+        control_end.is_none_or(|end| end < result.changes_read.0),
+        "the control table's end {control_end:?} trails bronze here"
+    );
+    assert!(result.changes_read.1 > result.changes_read.0);
     // Once applied, everything matches again.
     run_now(lab.config()).await;
     apply_changes(&apply_config(&lab)).await.expect("apply");

@@ -21,12 +21,15 @@ use crate::tables;
 #[derive(Debug)]
 pub(super) struct InFlight {
     keys: BTreeSet<Option<i64>>,
+    /// Where the change table's read started: how far bronze's stream had read.
+    from: Lsn,
     through: Lsn,
 }
 
 impl InFlight {
-    /// Bronze's changes after `after`, then the change table's from bronze's end (or
-    /// `after`) to `fresh`.
+    /// Bronze's changes after `after`, then the change table's from where bronze's stream
+    /// stands (its newest change row, or the control table's end, or `after`, whichever is
+    /// latest) to `fresh`.
     pub(super) async fn read(
         client: &CdcClient,
         config: &ReconcileConfig,
@@ -36,27 +39,56 @@ impl InFlight {
         fresh: Lsn,
     ) -> Result<Self> {
         let mut keys = BTreeSet::new();
+        let mut newest_change: Option<String> = None;
         let bronze_url = tables::table_url(&config.bronze)?;
         if let Some(bronze) = tables::open(&bronze_url).await? {
             // Snapshot rows count too: a chunk stamped after silver's position is not
-            // applied yet.
+            // applied yet. Only change rows say how far the stream read: a chunk's stamp
+            // can be ahead of it.
             let context = SessionContext::new();
             context.register_table("bronze", bronze.table_provider().await?)?;
             let frame = context
                 .sql(&format!(
-                    "SELECT {} FROM bronze WHERE _start_lsn > '{after}'",
+                    "SELECT {}, CASE WHEN _operation <> 0 THEN _start_lsn END FROM bronze \
+                     WHERE _start_lsn > '{after}'",
                     tables::quote_identifier(&key.column.name)
                 ))
                 .await?;
             let mut stream = frame.execute_stream().await?;
             while let Some(batch) = stream.try_next().await? {
                 keys.extend(units_of(batch.column(0), key)?.iter());
+                let lsns =
+                    arrow::compute::cast(batch.column(1), &arrow::datatypes::DataType::Utf8)?;
+                let lsns = lsns
+                    .as_any()
+                    .downcast_ref::<arrow::array::StringArray>()
+                    .ok_or_else(|| WriterError::Internal("bronze's _start_lsn as text".into()))?;
+                // LSNs are fixed-width hex text: their text order is theirs.
+                if let Some(newest) = arrow::compute::max_string(lsns)
+                    && newest_change.as_deref().is_none_or(|seen| newest > seen)
+                {
+                    newest_change = Some(newest.to_string());
+                }
             }
         }
-        // Bronze holds (after, bronze_end]; the change table the rest.
+        let newest_change = newest_change
+            .map(|lsn| {
+                lsn.parse::<Lsn>().map_err(|error| {
+                    WriterError::Internal(format!("bronze holds a bad _start_lsn '{lsn}': {error}"))
+                })
+            })
+            .transpose()?;
+        // Bronze holds every change up to its newest one (a batch commits whole); the change
+        // table the rest.
+        let from = [Some(after), bronze_end, newest_change]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(after);
         let mut in_flight = InFlight {
             keys,
-            through: bronze_end.map_or(after, |end| end.max(after)),
+            from,
+            through: from,
         };
         in_flight.extend_to(client, config, key, fresh).await?;
         Ok(in_flight)
@@ -109,8 +141,14 @@ impl InFlight {
     pub(super) fn of_keys(keys: impl IntoIterator<Item = Option<i64>>) -> Self {
         InFlight {
             keys: keys.into_iter().collect(),
+            from: Lsn::ZERO,
             through: Lsn::ZERO,
         }
+    }
+
+    /// The change table's LSNs read for keys in flight: `(from, through]`.
+    pub(super) fn window(&self) -> (Lsn, Lsn) {
+        (self.from, self.through)
     }
 
     /// Whether `key` changed.

@@ -128,6 +128,10 @@ pub struct ReconcileResult {
     pub source_lsn: Lsn,
     /// The LSN both sides are compared at: `min(source_lsn, silver_lsn)`.
     pub compared_lsn: Lsn,
+    /// The change table's LSNs read for keys in flight, `(from, through]`: from where
+    /// bronze's stream stood (its newest change row) to a `max_lsn` read after the source's
+    /// counts and its row-by-row reads.
+    pub changes_read: (Lsn, Lsn),
     /// Buckets compared.
     pub buckets: u64,
     /// Buckets whose rows and key sums match.
@@ -366,6 +370,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         silver_lsn,
         source_lsn,
         compared_lsn,
+        changes_read: in_flight.window(),
         buckets: bucket_list.len() as u64,
         matched: count(BucketStatus::Match),
         in_flight: count(BucketStatus::InFlight),
