@@ -776,10 +776,10 @@ impl Stream {
         .await?;
         if tables::holds_transaction(&table, &self.config.app_id, batch_id).await? {
             return Err(WriterError::Fenced(format!(
-                "bronze {} took batch {batch_id} of app_id '{}' from another writer while this \
-                 one planned it (checkpoint {}): two writers of one app id are running. This \
-                 one stopped before writing; stop the other, or give this one its own app_id \
-                 and checkpoint",
+                "bronze {} received batch {batch_id} of app_id '{}' from another writer while \
+                 this one planned it (checkpoint {}): two writers of one app id are running. \
+                 This one stopped before writing; stop the other, or give this one its own \
+                 app_id and checkpoint",
                 self.config.target, self.config.app_id, self.config.checkpoint,
             )));
         }

@@ -797,8 +797,10 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_merge_or_rebuild_read_before_another_engines_optimize_does_not_commit() {
-        // delta-rs's conflict check ignores an OPTIMIZE's removes (dataChange = false): a
-        // rewrite committed after one would leave the compacted file holding the old rows.
+        // delta-rs's own conflict check refuses the merge here (the compacted file is an
+        // added file its read of the whole table should have seen) but lets the rebuild's
+        // overwrite through, which would leave the compacted file's old rows beside the
+        // rebuilt ones.
         let dir = tempfile::tempdir().expect("temp");
         let (url, keys) = silver_of_three_files(&dir).await;
         let read_before = crate::tables::open(&url)
