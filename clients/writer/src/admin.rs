@@ -540,7 +540,7 @@ impl AdminServer {
 /// `/readyz`.
 async fn report_readiness(
     reporter: tonic_health::server::HealthReporter,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
     use tonic_health::ServingStatus;
     while !*stop.borrow() {
@@ -549,10 +549,7 @@ async fn report_readiness(
             false => ServingStatus::NotServing,
         };
         reporter.set_service_status("", status).await;
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = stop.changed() => {}
-        }
+        sidecar::sleep_unless_stopped(Duration::from_secs(1), &stop).await;
     }
 }
 

@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Arg, Args, Parser, Subcommand};
+use mssql_cdc_writer::tables::TableKind;
 
 /// Stream SQL Server CDC from an mssql-cdc-flight server into Delta tables.
 #[derive(Parser)]
@@ -64,8 +66,8 @@ pub struct MaintainArgs {
     #[arg(long, requires = "kind")]
     pub location: Option<String>,
     /// The kind of the table at --location.
-    #[arg(long, value_parser = ["bronze", "facts", "control", "plans", "silver", "reconcile"])]
-    pub kind: Option<String>,
+    #[arg(long, value_parser = table_kind_parser())]
+    pub kind: Option<TableKind>,
     /// Hours VACUUM keeps files no version references (default: the sidecar file's
     /// vacuum_retention_hours, else 168); never less than the table's
     /// delta.deletedFileRetentionDuration.
@@ -457,4 +459,10 @@ pub struct RunArgs {
     pub bootstrap: Option<String>,
     #[command(flatten)]
     pub snapshot_keys: SnapshotKeys,
+}
+
+/// `--kind`: one of [`TableKind::ALL`] by its name (listed in `--help`).
+fn table_kind_parser() -> impl TypedValueParser<Value = TableKind> {
+    PossibleValuesParser::new(TableKind::ALL.map(TableKind::name))
+        .map(|name| TableKind::named(&name).expect("a possible value names a kind"))
 }

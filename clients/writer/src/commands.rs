@@ -10,7 +10,6 @@ use mssql_cdc_writer::schema_policy::SchemaChangePolicy;
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SeedOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
-use mssql_cdc_writer::tables::TableKind;
 use mssql_cdc_writer::tail::Waiting;
 use mssql_cdc_writer::{admin, sidecar};
 
@@ -384,14 +383,10 @@ pub async fn maintain(args: MaintainArgs) -> anyhow::Result<()> {
             let config = sidecar::SidecarConfig::load(path)?;
             (config.lake_tables(), config.maintenance())
         }
-        (None, Some(location), Some(kind)) => {
-            let kind = TableKind::named(kind)
-                .ok_or_else(|| anyhow::anyhow!("unknown table kind '{kind}'"))?;
-            (
-                vec![(location.clone(), kind)],
-                MaintenanceOptions::default(),
-            )
-        }
+        (None, Some(location), Some(kind)) => (
+            vec![(location.clone(), *kind)],
+            MaintenanceOptions::default(),
+        ),
         _ => anyhow::bail!("maintain needs --config, or --location with --kind"),
     };
     if let Some(hours) = args.vacuum_retention_hours {

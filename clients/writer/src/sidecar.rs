@@ -276,16 +276,9 @@ async fn reconcile_logged(config: &ReconcileConfig) -> Result<()> {
 async fn reconcile_loop(
     config: ReconcileConfig,
     every: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stop.changed() => {}
-        }
-        if *stop.borrow() {
-            return;
-        }
+    while !sleep_unless_stopped(every, &stop).await {
         if let Err(error) = reconcile_logged(&config).await {
             board().failure(&config.table, &format!("reconcile: {error}"));
             tracing::warn!(table = %config.table, %error, "reconcile failed; retrying at the next tick");
@@ -329,7 +322,7 @@ async fn backfill_continuous(
     entry: &TableEntry,
     config: &StreamConfig,
     poll: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<()> {
     let snapshots = Snapshots::connect(config.clone()).await?;
     let mut last_state = String::new();
@@ -350,10 +343,7 @@ async fn backfill_continuous(
                 tracing::debug!(table = %entry.table, %error, "no snapshot to backfill yet");
             }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(poll) => {}
-            _ = stop.changed() => {}
-        }
+        sleep_unless_stopped(poll, &stop).await;
     }
     Ok(())
 }
@@ -660,11 +650,7 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
                     } else {
                         tracing::warn!(table = %stream_config.table, %error, attempt, "table failed; retrying");
                     }
-                    let mut stop = stop.clone();
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff(attempt)) => {}
-                        _ = stop.changed() => {}
-                    }
+                    sleep_unless_stopped(backoff(attempt), &stop).await;
                     attempt += 1;
                 }
             }
@@ -722,13 +708,9 @@ async fn maintenance_loop(
     lake: Vec<(String, TableKind)>,
     options: MaintenanceOptions,
     every: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stop.wait_for(|stopped| *stopped) => return,
-        }
+    while !sleep_unless_stopped(every, &stop).await {
         for (location, kind) in &lake {
             match crate::maintenance::maintain(location, *kind, &options).await {
                 Ok(Some(done)) => tracing::info!(table = %location, kind = kind.name(),
@@ -755,11 +737,20 @@ async fn apply_loop(apply: ApplyConfig, every: Duration, stop: tokio::sync::watc
             board().failure(&apply.table, &format!("apply_changes: {error}"));
             tracing::warn!(silver = %apply.target, %error, "apply_changes failed; retrying");
         }
-        let mut stop = stop.clone();
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stop.changed() => {}
-        }
+        sleep_unless_stopped(every, &stop).await;
+    }
+}
+
+/// Sleeps `duration`, or less when `stop` turns true; whether it did (a dropped sender
+/// counts as a stop).
+pub(crate) async fn sleep_unless_stopped(
+    duration: Duration,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> bool {
+    let mut watching = stop.clone();
+    tokio::select! {
+        _ = tokio::time::sleep(duration) => *stop.borrow(),
+        _ = watching.wait_for(|stopped| *stopped) => true,
     }
 }
 
