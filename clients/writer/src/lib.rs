@@ -15,6 +15,7 @@ pub mod error;
 pub mod events;
 pub mod facts;
 pub mod features;
+pub mod keyset;
 pub mod maintenance;
 pub mod metrics;
 pub mod reconcile;

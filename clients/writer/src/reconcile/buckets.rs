@@ -8,10 +8,11 @@ use arrow::datatypes::DataType;
 use deltalake::datafusion::prelude::SessionContext;
 use futures::TryStreamExt;
 use mssql_cdc_proto::catalog::{KeyGrid, KeySums};
+use mssql_cdc_proto::keys::Bound;
 use serde::{Deserialize, Serialize};
 
-use super::GridKey;
 use super::in_flight::InFlight;
+use super::key::{GridKey, RowKey};
 use crate::error::{Result, WriterError};
 use crate::tables;
 
@@ -48,34 +49,75 @@ pub struct Side {
     pub key_sum: i128,
 }
 
-/// Keys `[lo, hi)` in grid units (`None`: open; an open `lo` holds the NULL keys).
+/// Keys `[lo, hi)`: grid units of a grid key, or keyset bounds the source sought (`None`:
+/// open; an open `lo` holds the NULL keys).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bucket {
-    /// First key (grid units), inclusive.
-    pub lo: Option<i64>,
+    /// First key, inclusive.
+    pub lo: Option<Bound>,
     /// First key after the bucket, exclusive.
-    pub hi: Option<i64>,
+    pub hi: Option<Bound>,
     /// The source's count.
     pub source: Side,
-    /// Silver's count.
+    /// Silver's count (a keyset bucket: silver's rows whose key equals one of the source's
+    /// rows of the bucket).
     pub silver: Side,
     /// The verdict.
     pub status: BucketStatus,
     /// Whether it was compared row by row.
     pub hashed: bool,
     /// A key near its middle by rows (a slice bound), where a row-by-row read is cut in two
-    /// reads side by side; `None` when the bucket is one slice.
+    /// reads side by side; `None` when the bucket is one slice or keyset.
     #[serde(skip)]
     pub split: Option<i64>,
 }
 
 impl Bucket {
-    /// Whether the key (grid units; `None` is NULL) lies in the bucket.
-    pub fn contains(&self, key: Option<i64>) -> bool {
-        match key {
-            None => self.lo.is_none(),
-            Some(key) => self.lo.is_none_or(|lo| key >= lo) && self.hi.is_none_or(|hi| key < hi),
+    /// A bucket `[lo, hi)` with nothing counted yet.
+    pub(super) fn new(lo: Option<Bound>, hi: Option<Bound>) -> Self {
+        Bucket {
+            lo,
+            hi,
+            source: Side::default(),
+            silver: Side::default(),
+            status: BucketStatus::Match,
+            hashed: false,
+            split: None,
         }
+    }
+
+    /// The grid units of a grid bucket's `lo` (`None`: open).
+    pub(super) fn lo_units(&self) -> Option<i64> {
+        units(&self.lo)
+    }
+
+    /// The grid units of a grid bucket's `hi` (`None`: open).
+    pub(super) fn hi_units(&self) -> Option<i64> {
+        units(&self.hi)
+    }
+
+    /// Whether the key (grid units; `None` is NULL) lies in the grid bucket.
+    pub fn contains(&self, key: Option<i64>) -> bool {
+        let (lo, hi) = (self.lo_units(), self.hi_units());
+        match key {
+            None => lo.is_none(),
+            Some(key) => lo.is_none_or(|lo| key >= lo) && hi.is_none_or(|hi| key < hi),
+        }
+    }
+
+    /// The verdict of the counts alone: MATCH when both sides agree.
+    pub(super) fn judge(&mut self) {
+        self.status = match self.source == self.silver {
+            true => BucketStatus::Match,
+            false => BucketStatus::Mismatch,
+        };
+    }
+}
+
+fn units(bound: &Option<Bound>) -> Option<i64> {
+    match bound {
+        Some(Bound::Int(units)) => Some(*units),
+        _ => None,
     }
 }
 
@@ -165,18 +207,13 @@ pub(super) fn merge(source: &KeySums, silver: &KeySums, bucket_rows: u64) -> Vec
             side.key_sum += slice.key_sum;
         }
     }
-    let open = |source: Side, silver: Side| Bucket {
-        lo: None,
-        hi: None,
-        source,
-        silver,
-        status: BucketStatus::Match,
-        hashed: false,
-        split: None,
-    };
     let null = |rows: u64| Side { rows, key_sum: 0 };
     let mut buckets = Vec::new();
-    let mut current = open(null(source.null_rows), null(silver.null_rows));
+    let mut current = Bucket {
+        source: null(source.null_rows),
+        silver: null(silver.null_rows),
+        ..Bucket::new(None, None)
+    };
     let mut empty = source.null_rows == 0 && silver.null_rows == 0;
     for (lo, (hi, from_source, from_silver)) in slices {
         if current.split.is_none()
@@ -193,11 +230,8 @@ pub(super) fn merge(source: &KeySums, silver: &KeySums, bucket_rows: u64) -> Vec
         if current.source.rows.max(current.silver.rows) >= bucket_rows
             && let Some(hi) = hi
         {
-            current.hi = Some(hi);
-            let next = Bucket {
-                lo: Some(hi),
-                ..open(Side::default(), Side::default())
-            };
+            current.hi = Some(Bound::Int(hi));
+            let next = Bucket::new(Some(Bound::Int(hi)), None);
             buckets.push(std::mem::replace(&mut current, next));
             empty = true;
         }
@@ -208,10 +242,7 @@ pub(super) fn merge(source: &KeySums, silver: &KeySums, bucket_rows: u64) -> Vec
         last.hi = None; // the last bucket is open above
     }
     for bucket in &mut buckets {
-        bucket.status = match bucket.source == bucket.silver {
-            true => BucketStatus::Match,
-            false => BucketStatus::Mismatch,
-        };
+        bucket.judge();
     }
     buckets
 }
@@ -219,7 +250,11 @@ pub(super) fn merge(source: &KeySums, silver: &KeySums, bucket_rows: u64) -> Vec
 /// Turns MISMATCH into IN_FLIGHT where a changed key lies in the bucket.
 pub(super) fn classify(buckets: &mut [Bucket], changed: &InFlight) {
     for bucket in buckets {
-        if bucket.status == BucketStatus::Mismatch && changed.keys().any(|key| bucket.contains(key))
+        if bucket.status == BucketStatus::Mismatch
+            && changed.keys().any(|key| match key {
+                RowKey::Units(units) => bucket.contains(*units),
+                RowKey::Bytes(_) => false,
+            })
         {
             bucket.status = BucketStatus::InFlight;
         }
@@ -244,7 +279,7 @@ mod tests {
         let buckets = merge(&sums(&grid, &source), &sums(&grid, &silver), 30);
         let bounds: Vec<(Option<i64>, Option<i64>)> = buckets
             .iter()
-            .map(|bucket| (bucket.lo, bucket.hi))
+            .map(|bucket| (bucket.lo_units(), bucket.hi_units()))
             .collect();
         assert_eq!(
             bounds,
@@ -271,7 +306,10 @@ mod tests {
         let rows: u64 = buckets.iter().map(|bucket| bucket.silver.rows).sum();
         assert_eq!(rows, silver.len() as u64);
         let mut classified = buckets.clone();
-        classify(&mut classified, &InFlight::of_keys([Some(42)]));
+        classify(
+            &mut classified,
+            &InFlight::of_keys([RowKey::Units(Some(42))]),
+        );
         assert_eq!(classified[1].status, BucketStatus::InFlight);
         assert_eq!(
             classified[3].status,

@@ -11,16 +11,17 @@ use mssql_cdc_proto::Lsn;
 use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::protocol::{ChangesCommand, ServeOptions};
 
-use super::buckets::units_of;
-use super::{GridKey, ReconcileConfig};
+use super::ReconcileConfig;
+use super::key::{CompareKey, RowKey};
+use super::rows::FailureType;
 use crate::error::{Result, WriterError};
 use crate::tables;
 
-/// The keys (grid units; `None` is NULL) with a change after the compared LSN, in bronze
-/// or in the change table up to [`InFlight::through`].
+/// The keys with a change after the compared LSN, in bronze or in the change table up to
+/// [`InFlight::through`].
 #[derive(Debug)]
 pub(super) struct InFlight {
-    keys: BTreeSet<Option<i64>>,
+    keys: BTreeSet<RowKey>,
     /// Where the change table's read started: how far bronze's stream had read.
     from: Lsn,
     through: Lsn,
@@ -33,7 +34,7 @@ impl InFlight {
     pub(super) async fn read(
         client: &CdcClient,
         config: &ReconcileConfig,
-        key: &GridKey,
+        key: &CompareKey,
         after: Lsn,
         bronze_end: Option<Lsn>,
         fresh: Lsn,
@@ -47,18 +48,25 @@ impl InFlight {
             // can be ahead of it.
             let context = SessionContext::new();
             context.register_table("bronze", bronze.table_provider().await?)?;
+            let names = key.names();
             let frame = context
                 .sql(&format!(
                     "SELECT {}, CASE WHEN _operation <> 0 THEN _start_lsn END FROM bronze \
                      WHERE _start_lsn > '{after}'",
-                    tables::quote_identifier(&key.column.name)
+                    names
+                        .iter()
+                        .map(|name| tables::quote_identifier(name))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ))
                 .await?;
             let mut stream = frame.execute_stream().await?;
             while let Some(batch) = stream.try_next().await? {
-                keys.extend(units_of(batch.column(0), key)?.iter());
-                let lsns =
-                    arrow::compute::cast(batch.column(1), &arrow::datatypes::DataType::Utf8)?;
+                keys.extend(key.row_keys(&batch)?);
+                let lsns = arrow::compute::cast(
+                    batch.column(names.len()),
+                    &arrow::datatypes::DataType::Utf8,
+                )?;
                 let lsns = lsns
                     .as_any()
                     .downcast_ref::<arrow::array::StringArray>()
@@ -101,7 +109,7 @@ impl InFlight {
         &mut self,
         client: &CdcClient,
         config: &ReconcileConfig,
-        key: &GridKey,
+        key: &CompareKey,
         lsn: Lsn,
     ) -> Result<()> {
         if lsn <= self.through {
@@ -109,7 +117,7 @@ impl InFlight {
         }
         let command = ChangesCommand {
             serve: ServeOptions {
-                columns: Some(vec![key.column.name.clone()]),
+                columns: Some(key.names()),
                 include_command_id: Some(false),
                 ..ServeOptions::default()
             },
@@ -122,13 +130,7 @@ impl InFlight {
             })?;
             let mut reader = client.open_endpoint(ticket).await?;
             while let Some(batch) = reader.next_batch().await? {
-                let column = batch.column_by_name(&key.column.name).ok_or_else(|| {
-                    WriterError::Internal(format!(
-                        "the change rows lack the key column '{}'",
-                        key.column.name
-                    ))
-                })?;
-                self.keys.extend(units_of(column, key)?.iter());
+                self.keys.extend(key.row_keys(&batch)?);
             }
             reader.completion()?;
         }
@@ -138,7 +140,7 @@ impl InFlight {
 
     /// Keys known to have changed (tests).
     #[cfg(test)]
-    pub(super) fn of_keys(keys: impl IntoIterator<Item = Option<i64>>) -> Self {
+    pub(super) fn of_keys(keys: impl IntoIterator<Item = RowKey>) -> Self {
         InFlight {
             keys: keys.into_iter().collect(),
             from: Lsn::ZERO,
@@ -152,12 +154,20 @@ impl InFlight {
     }
 
     /// Whether `key` changed.
-    pub(super) fn contains(&self, key: Option<i64>) -> bool {
-        self.keys.contains(&key)
+    pub(super) fn contains(&self, key: &RowKey) -> bool {
+        self.keys.contains(key)
+    }
+
+    /// `failure`, or IN_FLIGHT when `key` changed after the compared LSN.
+    pub(super) fn failure(&self, key: &RowKey, failure: FailureType) -> FailureType {
+        match self.contains(key) {
+            true => FailureType::InFlight,
+            false => failure,
+        }
     }
 
     /// The changed keys.
-    pub(super) fn keys(&self) -> impl Iterator<Item = Option<i64>> + '_ {
-        self.keys.iter().copied()
+    pub(super) fn keys(&self) -> impl Iterator<Item = &RowKey> + '_ {
+        self.keys.iter()
     }
 }

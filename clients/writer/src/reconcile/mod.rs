@@ -20,7 +20,10 @@
 
 mod buckets;
 mod chunks;
+mod grid;
 mod in_flight;
+mod key;
+mod keyset;
 mod report;
 mod rows;
 
@@ -28,8 +31,8 @@ use std::collections::BTreeMap;
 
 use deltalake::datafusion::prelude::SessionContext;
 use mssql_cdc_proto::client::CdcClient;
-use mssql_cdc_proto::keys::{GridUnit, KeyColumn};
-use mssql_cdc_proto::protocol::{CaptureInstanceInfo, KeySumsAnswer, KeySumsBody, LsnAnswer};
+use mssql_cdc_proto::keys::Bound;
+use mssql_cdc_proto::protocol::CaptureInstanceInfo;
 use mssql_cdc_proto::{CommitTime, Lsn};
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -39,7 +42,7 @@ use crate::error::{Result, WriterError};
 use crate::tables;
 pub use buckets::{Bucket, BucketStatus};
 pub use chunks::{ChunkCheck, ChunkFinding};
-use in_flight::InFlight;
+use key::CompareKey;
 pub use rows::{FailureType, KeyFinding};
 
 /// Rows a bucket holds about, by default (the seed's `bucket_rows`).
@@ -118,8 +121,11 @@ pub struct ReconcileResult {
     pub table: String,
     /// The silver location.
     pub silver: String,
-    /// The key column compared on.
+    /// The key columns compared on, joined by commas.
     pub key: String,
+    /// Whether the buckets carry key sums: a grid key (one integer or date column) does; a
+    /// keyset key's buckets count rows only (and bound them by the source's key tuples).
+    pub key_sums: bool,
     /// Silver's Delta version read.
     pub silver_version: i64,
     /// Silver's `applied_lsn` read before that version.
@@ -176,32 +182,6 @@ impl ReconcileResult {
     }
 }
 
-/// The key a reconcile compares on: one integer or date column.
-#[derive(Clone, Debug)]
-pub(crate) struct GridKey {
-    pub(crate) column: KeyColumn,
-    pub(crate) unit: GridUnit,
-    /// Whether the column is the table's unique index, alone.
-    pub(crate) unique: bool,
-}
-
-impl GridKey {
-    /// Whether the column is the table's one-integer unique key: its ranges are integer
-    /// chunks, which the source reads by index seeks.
-    pub(crate) fn is_unique_integer(&self) -> bool {
-        self.unique && self.unit == GridUnit::Integer
-    }
-
-    /// A key value in grid units as JSON: an integer, or a date's `YYYY-MM-DD`.
-    pub(crate) fn json(&self, units: Option<i64>) -> serde_json::Value {
-        match (units, self.unit) {
-            (None, _) => serde_json::Value::Null,
-            (Some(value), GridUnit::Integer) => value.into(),
-            (Some(days), GridUnit::Days) => date_text(days).into(),
-        }
-    }
-}
-
 /// Day `days` from 1970-01-01 as `YYYY-MM-DD`.
 pub(crate) fn date_text(days: i64) -> String {
     let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("the epoch is a date");
@@ -211,6 +191,61 @@ pub(crate) fn date_text(days: i64) -> String {
         .unwrap_or_else(|| days.to_string())
 }
 
+/// What the tiers found, on either kind of key.
+struct Compared {
+    /// `max_lsn` read before the source was counted.
+    source_lsn: Lsn,
+    buckets: Vec<Bucket>,
+    findings: Vec<KeyFinding>,
+    /// The change table's LSNs read for keys in flight.
+    changes_read: (Lsn, Lsn),
+}
+
+/// The seeded choice of MATCH buckets compared row by row.
+struct Sample {
+    share: f64,
+    seed: u64,
+    random: rand::rngs::StdRng,
+}
+
+impl Sample {
+    fn new(share: f64, seed: u64) -> Self {
+        Sample {
+            share,
+            seed,
+            random: rand::rngs::StdRng::seed_from_u64(seed),
+        }
+    }
+
+    /// Marks every MISMATCH bucket and each MATCH bucket with probability `share` as hashed.
+    fn choose(&mut self, buckets: &mut [Bucket]) {
+        for bucket in buckets {
+            bucket.hashed = match bucket.status {
+                BucketStatus::Mismatch => true,
+                BucketStatus::Match => self.random.random::<f64>() < self.share,
+                BucketStatus::InFlight => false,
+            };
+        }
+    }
+}
+
+/// Logs a bucket compared row by row (`done` of `of` so far).
+fn log_bucket(
+    config: &ReconcileConfig,
+    (done, of): (usize, usize),
+    bucket: &Bucket,
+    differ: usize,
+) {
+    tracing::info!(
+        table = %config.table,
+        bucket = done + 1,
+        of,
+        rows = bucket.source.rows.max(bucket.silver.rows),
+        differ,
+        "reconcile: bucket compared row by row"
+    );
+}
+
 /// Runs one reconcile.
 pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     config.check()?;
@@ -218,7 +253,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     let run_id = uuid::Uuid::new_v4().to_string();
     let client = crate::stream::connect_server(&config.server).await?;
     let instance = newest_instance(&client, &config.table).await?;
-    let key = grid_key(config, &instance)?;
+    let key_columns = key::key_columns(config, &instance)?;
 
     // 1. Silver's position first, then silver at one version.
     let control_url = tables::table_url(&config.control)?;
@@ -241,97 +276,34 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     let silver_version = silver_table.version().unwrap_or(0) as i64;
     let context = SessionContext::new();
     context.register_table("silver", silver_table.table_provider().await?)?;
-
-    // 2. Tier 1: silver's keys, then the source's sums on a grid covering both.
-    let started = std::time::Instant::now();
-    let silver_keys = buckets::silver_units(&context, &key).await?;
-    tracing::debug!(
-        seconds = started.elapsed().as_secs_f64(),
-        "reconcile: silver's keys read"
-    );
-    let cover = buckets::span(&silver_keys);
-    let answer: KeySumsAnswer = client
-        .action(
-            "key_sums",
-            &KeySumsBody {
-                table: config.table.clone(),
-                key: Some(key.column.name.clone()),
-                cover: cover.map(|(lo, hi)| [lo, hi]),
-                slices: None,
-            },
-        )
-        .await?;
-    let source_lsn = answer.stamp;
-    let grid = answer
-        .grid
-        .map(|grid| grid.grid())
-        .transpose()
-        .map_err(|error| WriterError::Internal(format!("key_sums answered a bad grid: {error}")))?;
-    let silver_sums = buckets::silver_sums(grid.as_ref(), &silver_keys);
-    drop(silver_keys);
-    let mut bucket_list = buckets::merge(&answer.sums, &silver_sums, config.bucket_rows);
-
-    // 3. What is still in flight after the compared LSN.
-    let compared_lsn = source_lsn.min(silver_lsn);
-    let fresh: LsnAnswer = client.action("max_lsn", &serde_json::json!({})).await?;
+    let key = key_columns.in_silver(&context).await?;
+    let hashing = rows::Hashing::new(&key, &instance, &context).await?;
+    // Where bronze's stream stood: the change table is read for keys in flight from there.
     let bronze_end = control::row(&control_url, &config.table)
         .await?
         .and_then(|row| row.end)
         .map(|end| end.lsn);
-    let mut in_flight = InFlight::read(
-        &client,
-        config,
-        &key,
-        compared_lsn,
-        bronze_end,
-        fresh.lsn.unwrap_or(source_lsn),
-    )
-    .await?;
-    buckets::classify(&mut bucket_list, &in_flight);
-    tracing::debug!(
-        seconds = started.elapsed().as_secs_f64(),
-        buckets = bucket_list.len(),
-        "reconcile: tier 1 done (counts, key sums and the keys in flight)"
-    );
 
-    // 4. Tier 2 on every MISMATCH bucket and a sample of the MATCH ones.
+    // 2-4. Tier 1, the keys in flight, tier 2.
     let seed = config.seed.unwrap_or_else(rand::random);
-    let mut sampler = rand::rngs::StdRng::seed_from_u64(seed);
-    let columns = rows::compared_columns(&instance, &context).await?;
-    let mut findings = Vec::new();
-    for bucket in &mut bucket_list {
-        bucket.hashed = match bucket.status {
-            BucketStatus::Mismatch => true,
-            BucketStatus::Match => sampler.random::<f64>() < config.sample,
-            BucketStatus::InFlight => false,
-        };
-    }
-    let to_hash = bucket_list.iter().filter(|bucket| bucket.hashed).count();
-    for (done, bucket) in bucket_list
-        .iter()
-        .filter(|bucket| bucket.hashed)
-        .enumerate()
-    {
-        let found = rows::compare_bucket(
-            &client,
-            config,
-            &context,
-            &key,
-            &columns,
-            bucket,
-            &mut in_flight,
-        )
-        .await?;
-        tracing::info!(
-            table = %config.table,
-            bucket = done + 1,
-            of = to_hash,
-            rows = bucket.source.rows.max(bucket.silver.rows),
-            differ = found.len(),
-            "reconcile: bucket compared row by row"
-        );
-        findings.extend(found);
-    }
+    let mut sample = Sample::new(config.sample, seed);
+    let positions = (silver_lsn, bronze_end);
+    let Compared {
+        source_lsn,
+        buckets: bucket_list,
+        findings,
+        changes_read,
+    } = match &key {
+        CompareKey::Grid(grid) => {
+            let on = (&hashing, grid);
+            grid::compare(&client, config, &context, on, positions, &mut sample).await?
+        }
+        CompareKey::Keyset(keyset) => {
+            let on = (&hashing, keyset);
+            keyset::compare(&client, config, &context, on, positions, &mut sample).await?
+        }
+    };
+    let compared_lsn = source_lsn.min(silver_lsn);
 
     // 5. The chunk checks of bronze's newest chunked snapshot.
     let (checked_snapshot, chunk_findings) = match &config.facts {
@@ -365,12 +337,13 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         run_id,
         table: config.table.clone(),
         silver: config.silver.clone(),
-        key: key.column.name.clone(),
+        key: key.label(),
+        key_sums: matches!(key, CompareKey::Grid(_)),
         silver_version,
         silver_lsn,
         source_lsn,
         compared_lsn,
-        changes_read: in_flight.window(),
+        changes_read,
         buckets: bucket_list.len() as u64,
         matched: count(BucketStatus::Match),
         in_flight: count(BucketStatus::InFlight),
@@ -378,7 +351,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         hashed: bucket_list.iter().filter(|bucket| bucket.hashed).count() as u64,
         failures,
         verified: false,
-        seed,
+        seed: sample.seed,
         bucket_list,
         findings: Vec::new(),
         findings_total: findings.len() as u64,
@@ -423,56 +396,6 @@ async fn newest_instance(client: &CdcClient, table: &str) -> Result<CaptureInsta
         })
 }
 
-/// The one integer or date column a reconcile compares on.
-fn grid_key(config: &ReconcileConfig, instance: &CaptureInstanceInfo) -> Result<GridKey> {
-    let names = match &config.keys {
-        Some(keys) => keys.clone(),
-        None => instance.index_columns.clone(),
-    };
-    if names.is_empty() {
-        return Err(WriterError::invalid(format!(
-            "{} has no unique index CDC could name: pass the key column to compare on (keys)",
-            config.table
-        )));
-    }
-    let [name] = names.as_slice() else {
-        return Err(WriterError::invalid(format!(
-            "reconcile compares on one integer or date column; the key of {} is ({}): name one \
-             such column in keys (composite and text keys are not compared yet, \
-             docs/reconcile.md)",
-            config.table,
-            names.join(", ")
-        )));
-    };
-    let column = instance
-        .columns
-        .iter()
-        .find(|column| &column.name == name)
-        .ok_or_else(|| {
-            WriterError::invalid(format!(
-                "key column '{name}' is not a captured column of {} (capture instance {})",
-                config.table, instance.name
-            ))
-        })?;
-    let column = KeyColumn {
-        name: column.name.clone(),
-        sql_type: column.sql_type.clone(),
-    };
-    let unit = column.grid_unit().ok_or_else(|| {
-        WriterError::invalid(format!(
-            "reconcile compares on one integer or date column; '{}' of {} is {} (text keys \
-             are not compared yet, docs/reconcile.md)",
-            column.name, config.table, column.sql_type
-        ))
-    })?;
-    let unique = instance.index_columns.as_slice() == std::slice::from_ref(&column.name);
-    Ok(GridKey {
-        column,
-        unit,
-        unique,
-    })
-}
-
 /// The result as text: a summary line, one line per bucket that did not match or was
 /// hashed, then the listed key findings.
 pub fn render(result: &ReconcileResult) -> String {
@@ -494,21 +417,27 @@ pub fn render(result: &ReconcileResult) -> String {
         result.silver_version,
         result.source_lsn,
     );
-    let bound = |units: Option<i64>| units.map_or("open".to_string(), |units| units.to_string());
+    let bound = |bound: &Option<Bound>| match bound {
+        None => "open".to_string(),
+        Some(Bound::Int(units)) => units.to_string(),
+        Some(Bound::Keys(tuple)) => serde_json::to_string(tuple).unwrap_or_default(),
+    };
     for bucket in &result.bucket_list {
         if bucket.status == BucketStatus::Match && !bucket.hashed {
             continue;
         }
+        let side = |side: &buckets::Side| match result.key_sums {
+            true => format!("{} rows (key sum {})", side.rows, side.key_sum),
+            false => format!("{} rows", side.rows),
+        };
         let _ = writeln!(
             text,
-            "  bucket [{}, {}) {:<9} source {} rows (key sum {}), silver {} rows (key sum {}){}",
-            bound(bucket.lo),
-            bound(bucket.hi),
+            "  bucket [{}, {}) {:<9} source {}, silver {}{}",
+            bound(&bucket.lo),
+            bound(&bucket.hi),
             bucket.status.name(),
-            bucket.source.rows,
-            bucket.source.key_sum,
-            bucket.silver.rows,
-            bucket.silver.key_sum,
+            side(&bucket.source),
+            side(&bucket.silver),
             if bucket.hashed { ", hashed" } else { "" }
         );
     }

@@ -8,9 +8,11 @@ use arrow::array::{
     TimestampMicrosecondArray,
 };
 use mssql_cdc_proto::CommitTime;
+use mssql_cdc_proto::keys::Bound;
 
+use super::ReconcileResult;
+use super::key::CompareKey;
 use super::rows::KeyFinding;
-use super::{GridKey, ReconcileResult};
 use crate::error::Result;
 use crate::facts;
 use crate::tables::{self, TableKind};
@@ -34,17 +36,25 @@ struct Row {
 
 /// The run's rows: buckets, then key findings (both at the source LSN), then chunk
 /// findings (no source LSN: they read only the lake).
-fn rows(result: &ReconcileResult, key: &GridKey, findings: &[KeyFinding]) -> Vec<Row> {
+fn rows(result: &ReconcileResult, key: &CompareKey, findings: &[KeyFinding]) -> Vec<Row> {
     let source_lsn = Some(result.source_lsn.to_string());
-    let bound = |units: Option<i64>| units.map(|units| key.json(Some(units)).to_string());
+    // A grid bound as its key value (a date as text); a keyset bound as the source's tuple.
+    let bound = |bound: &Option<Bound>| match (bound, key) {
+        (None, _) => None,
+        (Some(Bound::Int(units)), CompareKey::Grid(grid)) => {
+            Some(grid.json(Some(*units)).to_string())
+        }
+        (Some(bound), _) => serde_json::to_string(bound).ok(),
+    };
+    let sum = |sum: i128| result.key_sums.then_some(sum);
     let buckets = result.bucket_list.iter().map(|bucket| Row {
         source_lsn: source_lsn.clone(),
-        bucket_lo: bound(bucket.lo),
-        bucket_hi: bound(bucket.hi),
+        bucket_lo: bound(&bucket.lo),
+        bucket_hi: bound(&bucket.hi),
         source_rows: Some(bucket.source.rows as i64),
-        source_key_sum: Some(bucket.source.key_sum),
+        source_key_sum: sum(bucket.source.key_sum),
         silver_rows: Some(bucket.silver.rows as i64),
-        silver_key_sum: Some(bucket.silver.key_sum),
+        silver_key_sum: sum(bucket.silver.key_sum),
         status: Some(bucket.status.name().to_string()),
         hashed: Some(bucket.hashed),
         ..Row::default()
@@ -82,7 +92,7 @@ fn rows(result: &ReconcileResult, key: &GridKey, findings: &[KeyFinding]) -> Vec
 pub(super) async fn write(
     location: &str,
     result: &ReconcileResult,
-    key: &GridKey,
+    key: &CompareKey,
     findings: &[KeyFinding],
     run_at: CommitTime,
 ) -> Result<()> {

@@ -20,9 +20,10 @@ use mssql_cdc_proto::protocol::{CaptureInstanceInfo, ChunkSpec, ServeOptions, Sn
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::buckets::{Bucket, units_of};
+use super::buckets::Bucket;
 use super::in_flight::InFlight;
-use super::{GridKey, ReconcileConfig, date_text};
+use super::key::{CompareKey, GridKey, RowKey};
+use super::{ReconcileConfig, date_text};
 use crate::error::{Result, WriterError};
 use crate::tables;
 
@@ -77,9 +78,9 @@ pub struct KeyFinding {
 /// digest for the merge join: flat vectors, so a bucket of a million rows costs a few
 /// allocations, not millions.
 #[derive(Default)]
-struct Prints {
+pub(super) struct Prints {
     /// `(key, digest, row)`: the row indexes `columns` and `lsns`.
-    rows: Vec<(Option<i64>, [u8; 32], u32)>,
+    rows: Vec<(RowKey, [u8; 32], u32)>,
     /// A short hash of each compared column, one per encoder a row: names the columns that
     /// differ.
     columns: Vec<u32>,
@@ -99,6 +100,16 @@ impl Prints {
     fn lsn(&self, row: u32) -> Option<Lsn> {
         self.lsns.get(row as usize).copied().flatten()
     }
+
+    /// Each row's key and silver `_start_lsn`, in key order once sorted.
+    pub(super) fn keys(&self) -> impl Iterator<Item = (&RowKey, Option<Lsn>)> + '_ {
+        self.rows.iter().map(|(key, _, row)| (key, self.lsn(*row)))
+    }
+
+    /// Sorts the rows by key and digest, for [`classify`].
+    pub(super) fn sort(&mut self) {
+        self.rows.sort_unstable();
+    }
 }
 
 /// The captured columns of the newest instance that silver holds, in capture order: what
@@ -116,117 +127,194 @@ pub(super) async fn compared_columns(
         .collect())
 }
 
-/// Compares one bucket row by row; returns its key findings. Silver's rows are read and
-/// hashed on a task of their own while the source's arrive over Flight.
-pub(super) async fn compare_bucket(
+/// What tier 2 hashes: the compared columns in silver's types, and the key.
+#[derive(Clone)]
+pub(super) struct Hashing {
+    pub(super) key: CompareKey,
+    pub(super) columns: Vec<String>,
+    /// Silver's schema of `columns` (and `_start_lsn`): both sides are cast to it.
+    pub(super) types: SchemaRef,
+}
+
+impl Hashing {
+    /// The compared columns of silver, with its types.
+    pub(super) async fn new(
+        key: &CompareKey,
+        instance: &CaptureInstanceInfo,
+        context: &SessionContext,
+    ) -> Result<Self> {
+        let columns = compared_columns(instance, context).await?;
+        let silver = context.table("silver").await?;
+        let schema = silver.schema().as_arrow();
+        let fields: Vec<arrow::datatypes::FieldRef> = columns
+            .iter()
+            .map(|name| Ok(Arc::new(schema.field_with_name(name)?.clone())))
+            .collect::<Result<_>>()?;
+        Ok(Hashing {
+            key: key.clone(),
+            columns,
+            types: Arc::new(arrow::datatypes::Schema::new(fields)),
+        })
+    }
+
+    /// `SELECT` of the compared columns and `_start_lsn` from silver.
+    pub(super) fn silver_select(&self) -> String {
+        format!(
+            "SELECT {}, \"_start_lsn\" FROM silver",
+            self.columns
+                .iter()
+                .map(|name| tables::quote_identifier(name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+
+    /// Fingerprints silver's rows in `batch` into `into`.
+    pub(super) fn silver_batch(&self, batch: &RecordBatch, into: &mut Prints) -> Result<()> {
+        fingerprint(batch, self, Some("_start_lsn"), into)
+    }
+
+    /// Reads the source's rows of `command` (a chunked snapshot of the compared columns, its
+    /// chunks read side by side) and fingerprints them on a task of their own, so decoding
+    /// the next batch overlaps hashing this one; with the latest `max_lsn` the reads'
+    /// completion markers carry.
+    pub(super) async fn source_prints(
+        &self,
+        client: &CdcClient,
+        command: &SnapshotCommand,
+    ) -> Result<(Prints, Option<Lsn>)> {
+        let (batches, mut arriving) = tokio::sync::mpsc::channel::<RecordBatch>(4);
+        let hashing = {
+            let hashing = self.clone();
+            tokio::spawn(async move {
+                let mut prints = Prints::default();
+                while let Some(batch) = arriving.recv().await {
+                    fingerprint(&batch, &hashing, None, &mut prints)?;
+                }
+                prints.sort();
+                Ok::<_, WriterError>(prints)
+            })
+        };
+        let plan = client.plan_snapshot(command).await?;
+        let reads = plan.info.endpoint.iter().map(|endpoint| {
+            let batches = batches.clone();
+            async move {
+                let ticket = endpoint.ticket.as_ref().ok_or_else(|| {
+                    WriterError::Internal("a snapshot endpoint without a ticket".into())
+                })?;
+                let mut reader = client.open_endpoint(ticket).await?;
+                while let Some(batch) = reader.next_batch().await? {
+                    if batches.send(batch).await.is_err() {
+                        return Ok(None); // the hashing task failed: its error is returned below
+                    }
+                }
+                Ok::<_, WriterError>(reader.completion()?.max_lsn)
+            }
+        });
+        let after_read = futures::future::try_join_all(reads)
+            .await?
+            .into_iter()
+            .flatten()
+            .max();
+        drop(batches);
+        let prints = hashing.await.map_err(joined)??;
+        Ok((prints, after_read))
+    }
+
+    /// The snapshot command reading `chunks` of the compared columns.
+    pub(super) fn command(
+        &self,
+        table: &str,
+        chunks: Vec<ChunkSpec>,
+        keys: Option<Vec<String>>,
+    ) -> SnapshotCommand {
+        SnapshotCommand {
+            chunks: Some(chunks),
+            keys,
+            serve: ServeOptions {
+                columns: Some(self.columns.clone()),
+                include_command_id: Some(false),
+                ..ServeOptions::default()
+            },
+            ..SnapshotCommand::new(table)
+        }
+    }
+
+    /// The keys of both sides joined and classified, after the keys in flight are read up to
+    /// `after_read` (the rows may show commits after the counts: their keys are in flight).
+    pub(super) async fn differences(
+        &self,
+        client: &CdcClient,
+        config: &ReconcileConfig,
+        (source, silver): (&Prints, &Prints),
+        after_read: Option<Lsn>,
+        in_flight: &mut InFlight,
+    ) -> Result<Vec<KeyFinding>> {
+        if let Some(after_read) = after_read {
+            in_flight
+                .extend_to(client, config, &self.key, after_read)
+                .await?;
+        }
+        Ok(classify(self, source, silver, in_flight))
+    }
+}
+
+fn joined(error: tokio::task::JoinError) -> WriterError {
+    WriterError::Internal(format!("a row digest task failed: {error}"))
+}
+
+/// Compares one bucket of a grid key row by row; returns its key findings. Silver's rows
+/// are read and hashed on a task of their own while the source's arrive over Flight.
+pub(super) async fn compare_grid_bucket(
     client: &CdcClient,
     config: &ReconcileConfig,
     context: &SessionContext,
-    key: &GridKey,
-    columns: &[String],
+    (hashing, grid): (&Hashing, &GridKey),
     bucket: &Bucket,
     in_flight: &mut InFlight,
 ) -> Result<Vec<KeyFinding>> {
     let silver_frame = context
         .sql(&format!(
-            "SELECT {}, \"_start_lsn\" FROM silver WHERE {}",
-            columns
-                .iter()
-                .map(|name| tables::quote_identifier(name))
-                .collect::<Vec<_>>()
-                .join(", "),
-            range_condition(key, bucket)
+            "{} WHERE {}",
+            hashing.silver_select(),
+            range_condition(grid, bucket)
         ))
         .await?;
-    let types: SchemaRef = Arc::new(silver_frame.schema().as_arrow().clone());
     let silver_side = {
-        let (columns, types, key) = (columns.to_vec(), types.clone(), key.clone());
+        let hashing = hashing.clone();
         tokio::spawn(async move {
             let mut prints = Prints::default();
             let mut stream = silver_frame.execute_stream().await?;
             while let Some(batch) = stream.try_next().await? {
-                fingerprint(
-                    &batch,
-                    &columns,
-                    &types,
-                    &key,
-                    Some("_start_lsn"),
-                    &mut prints,
-                )?;
+                hashing.silver_batch(&batch, &mut prints)?;
             }
-            prints.rows.sort_unstable();
+            prints.sort();
             Ok::<_, WriterError>(prints)
         })
     };
     // The bucket in two chunks read side by side when it has a middle, as a snapshot's
     // partitions are.
-    let cuts: Vec<Option<i64>> = std::iter::once(bucket.lo)
+    let cuts: Vec<Option<i64>> = std::iter::once(bucket.lo_units())
         .chain(bucket.split.map(Some))
-        .chain(std::iter::once(bucket.hi))
+        .chain(std::iter::once(bucket.hi_units()))
         .collect();
     let chunks = cuts
         .windows(2)
         .enumerate()
         .map(|(number, pair)| ChunkSpec {
             chunk: number as i32,
-            lo: pair[0].map(|lo| bound(key, lo)),
-            hi: pair[1].map(|hi| bound(key, hi)),
+            lo: pair[0].map(|lo| bound(grid, lo)),
+            hi: pair[1].map(|hi| bound(grid, hi)),
         })
         .collect();
-    let command = SnapshotCommand {
-        chunks: Some(chunks),
-        // The table's own integer key reads as an integer range (an index seek); any other
-        // column as a keyset range on it.
-        keys: (!key.is_unique_integer()).then(|| vec![key.column.name.clone()]),
-        serve: ServeOptions {
-            columns: Some(columns.to_vec()),
-            include_command_id: Some(false),
-            ..ServeOptions::default()
-        },
-        ..SnapshotCommand::new(config.table.clone())
-    };
-    // The source's batches are hashed on a task of their own too, so decoding the next one
-    // overlaps hashing this one.
-    let (batches, mut arriving) = tokio::sync::mpsc::channel::<RecordBatch>(4);
-    let source_side = {
-        let (columns, types, key) = (columns.to_vec(), types.clone(), key.clone());
-        tokio::spawn(async move {
-            let mut prints = Prints::default();
-            while let Some(batch) = arriving.recv().await {
-                fingerprint(&batch, &columns, &types, &key, None, &mut prints)?;
-            }
-            prints.rows.sort_unstable();
-            Ok::<_, WriterError>(prints)
-        })
-    };
+    // The table's own integer key reads as an integer range (an index seek); any other
+    // column as a keyset range on it.
+    let keys = (!grid.is_unique_integer()).then(|| vec![grid.column.name.clone()]);
     let started = std::time::Instant::now();
-    let plan = client.plan_snapshot(&command).await?;
-    let reads = plan.info.endpoint.iter().map(|endpoint| {
-        let batches = batches.clone();
-        async move {
-            let ticket = endpoint.ticket.as_ref().ok_or_else(|| {
-                WriterError::Internal("a snapshot endpoint without a ticket".into())
-            })?;
-            let mut reader = client.open_endpoint(ticket).await?;
-            while let Some(batch) = reader.next_batch().await? {
-                if batches.send(batch).await.is_err() {
-                    return Ok(None); // the hashing task failed: its error is returned below
-                }
-            }
-            Ok::<_, WriterError>(reader.completion()?.max_lsn)
-        }
-    });
-    let after_read = futures::future::try_join_all(reads)
-        .await?
-        .into_iter()
-        .flatten()
-        .max();
-    drop(batches);
+    let (source, after_read) = hashing
+        .source_prints(client, &hashing.command(&config.table, chunks, keys))
+        .await?;
     let read_seconds = started.elapsed().as_secs_f64();
-    let joined = |error: tokio::task::JoinError| {
-        WriterError::Internal(format!("a row digest task failed: {error}"))
-    };
-    let source = source_side.await.map_err(joined)??;
     let silver = silver_side.await.map_err(joined)??;
     tracing::debug!(
         read_seconds,
@@ -235,18 +323,15 @@ pub(super) async fn compare_bucket(
         silver_rows = silver.rows.len(),
         "reconcile: a bucket's rows read and hashed"
     );
-    // The rows may show commits after the counts: their keys are in flight too.
-    if let Some(after_read) = after_read {
-        in_flight.extend_to(client, config, key, after_read).await?;
-    }
-    Ok(classify(key, columns, &source, &silver, in_flight))
+    hashing
+        .differences(client, config, (&source, &silver), after_read, in_flight)
+        .await
 }
 
 /// The keys of both sides joined (both sorted by key, then digest), each difference
 /// classified; the rows of one key compare as a multiset.
 fn classify(
-    key: &GridKey,
-    columns: &[String],
+    hashing: &Hashing,
     source: &Prints,
     silver: &Prints,
     in_flight: &InFlight,
@@ -254,34 +339,34 @@ fn classify(
     let mut findings = Vec::new();
     let (mut at_source, mut at_silver) = (0, 0);
     let run = |prints: &Prints, from: usize| {
-        let key = prints.rows[from].0;
+        let key = &prints.rows[from].0;
         prints.rows[from..]
             .iter()
-            .take_while(|row| row.0 == key)
+            .take_while(|row| &row.0 == key)
             .count()
     };
     loop {
-        let next_source = source.rows.get(at_source).map(|row| row.0);
-        let next_silver = silver.rows.get(at_silver).map(|row| row.0);
+        let next_source = source.rows.get(at_source).map(|row| &row.0);
+        let next_silver = silver.rows.get(at_silver).map(|row| &row.0);
         let order = match (next_source, next_silver) {
             (None, None) => break,
             (Some(_), None) => Ordering::Less,
             (None, Some(_)) => Ordering::Greater,
-            (Some(ours), Some(theirs)) => ours.cmp(&theirs),
+            (Some(ours), Some(theirs)) => ours.cmp(theirs),
         };
-        let (units, failure, silver_row, differ) = match order {
+        let (key, failure, silver_row, differ) = match order {
             Ordering::Less => {
-                let units = source.rows[at_source].0;
+                let key = &source.rows[at_source].0;
                 at_source += run(source, at_source);
-                (units, FailureType::MissingTarget, None, Vec::new())
+                (key, FailureType::MissingTarget, None, Vec::new())
             }
             Ordering::Greater => {
-                let (units, _, row) = silver.rows[at_silver];
+                let (key, _, row) = &silver.rows[at_silver];
                 at_silver += run(silver, at_silver);
-                (units, FailureType::MissingSource, Some(row), Vec::new())
+                (key, FailureType::MissingSource, Some(*row), Vec::new())
             }
             Ordering::Equal => {
-                let units = source.rows[at_source].0;
+                let key = &source.rows[at_source].0;
                 let (source_run, silver_run) = (run(source, at_source), run(silver, at_silver));
                 let ours = &source.rows[at_source..at_source + source_run];
                 let theirs = &silver.rows[at_silver..at_silver + silver_run];
@@ -296,21 +381,19 @@ fn classify(
                     source.column_hashes(ours[0].2),
                     silver.column_hashes(theirs[0].2),
                 );
-                let differ = columns
+                let differ = hashing
+                    .columns
                     .iter()
                     .zip(a.iter().zip(b))
                     .filter(|(_, (x, y))| x != y)
                     .map(|(name, _)| name.clone())
                     .collect();
-                (units, FailureType::RecordDiff, Some(theirs[0].2), differ)
+                (key, FailureType::RecordDiff, Some(theirs[0].2), differ)
             }
         };
         findings.push(KeyFinding {
-            key: serde_json::json!({ key.column.name.clone(): key.json(units) }),
-            failure_type: match in_flight.contains(units) {
-                true => FailureType::InFlight,
-                false => failure,
-            },
+            key: hashing.key.json(key),
+            failure_type: in_flight.failure(key, failure),
             silver_start_lsn: silver_row
                 .and_then(|row| silver.lsn(row))
                 .map(|lsn| lsn.to_string()),
@@ -325,12 +408,11 @@ fn classify(
 /// length-prefixed), and a short hash of each column ([`short_hash`]).
 fn fingerprint(
     batch: &RecordBatch,
-    columns: &[String],
-    types: &SchemaRef,
-    key: &GridKey,
+    hashing: &Hashing,
     lsn_column: Option<&str>,
     into: &mut Prints,
 ) -> Result<()> {
+    let (columns, types) = (&hashing.columns, &hashing.types);
     let column = |name: &str| {
         batch
             .column_by_name(name)
@@ -354,7 +436,7 @@ fn fingerprint(
         converter.append(rows, &[values])?;
     }
     let encoded: Vec<&Rows> = into.encoders.iter().map(|(_, rows)| rows).collect();
-    let keys = units_of(&column(&key.column.name)?, key)?;
+    let keys = hashing.key.row_keys(batch)?;
     if let Some(name) = lsn_column {
         let text = arrow::compute::cast(&column(name)?, &arrow::datatypes::DataType::Utf8)?;
         let text = text
@@ -369,7 +451,7 @@ fn fingerprint(
     into.columns.reserve(batch.num_rows() * columns.len());
     // One buffer per batch: each row's columns, length-prefixed, hashed in one call.
     let mut buffer = Vec::new();
-    for row in 0..batch.num_rows() {
+    for (row, key) in keys.into_iter().enumerate() {
         buffer.clear();
         for rows in &encoded {
             let bytes = rows.row(row);
@@ -380,9 +462,8 @@ fn fingerprint(
         }
         let number = u32::try_from(into.rows.len())
             .map_err(|_| WriterError::invalid("a bucket holds more than 4 billion rows"))?;
-        let units = keys.is_valid(row).then(|| keys.value(row));
         into.rows
-            .push((units, Sha256::digest(&buffer).into(), number));
+            .push((key, Sha256::digest(&buffer).into(), number));
     }
     Ok(())
 }
@@ -404,7 +485,7 @@ fn short_hash(bytes: &[u8]) -> u32 {
     (hash ^ (hash >> 32)) as u32
 }
 
-/// A chunk bound on the key column: the value as the source reads it back.
+/// A chunk bound on a grid key's column: the value as the source reads it back.
 fn bound(key: &GridKey, units: i64) -> Bound {
     if key.is_unique_integer() {
         return Bound::Int(units);
@@ -418,16 +499,17 @@ fn bound(key: &GridKey, units: i64) -> Bound {
 /// Silver's rows of the bucket, as a SQL condition (an open `lo` holds the NULL keys).
 fn range_condition(key: &GridKey, bucket: &Bucket) -> String {
     let column = tables::quote_identifier(&key.column.name);
+    let (lo, hi) = (bucket.lo_units(), bucket.hi_units());
     let literal = |units: i64| match key.unit {
         GridUnit::Integer => units.to_string(),
         GridUnit::Days => format!("CAST('{}' AS DATE)", date_text(units)),
     };
     let mut conditions = Vec::new();
-    if let Some(lo) = bucket.lo {
+    if let Some(lo) = lo {
         conditions.push(format!("{column} >= {}", literal(lo)));
     }
-    if let Some(hi) = bucket.hi {
-        conditions.push(match bucket.lo {
+    if let Some(hi) = hi {
+        conditions.push(match lo {
             Some(_) => format!("{column} < {}", literal(hi)),
             None => format!("({column} < {} OR {column} IS NULL)", literal(hi)),
         });

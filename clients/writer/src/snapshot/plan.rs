@@ -8,13 +8,14 @@ use mssql_cdc_proto::catalog::{KeyBucket, KeyExtent, KeyGrid};
 use mssql_cdc_proto::chunking::{self, BucketCounter};
 use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::keys::{Bound, KeySeek, KeyTuple};
-use mssql_cdc_proto::protocol::{KeyBoundAnswer, KeyBucketsBody};
+use mssql_cdc_proto::protocol::KeyBucketsBody;
 use serde_json::json;
 
 use super::{KeysetOpen, PlannedChunk, PlansRows, Snapshots, keyset_of, plans_location};
 use crate::error::{Result, WriterError};
 use crate::events;
 use crate::facts::FactsRow;
+use crate::keyset::Keyset;
 
 /// Counts key slices through the server's `key_buckets` action.
 pub(super) struct FlightCounter<'a> {
@@ -119,13 +120,14 @@ impl Snapshots {
         Box::pin(self.plan(snapshot, &now, chunk_rows)).await
     }
 
-    /// The key of the `(n + 1)`-th row of a range, sought by the server on the open's keys.
-    pub(super) async fn seek(&self, open: &KeysetOpen, seek: KeySeek) -> Result<Option<KeyTuple>> {
-        let mut body = serde_json::to_value(&seek).unwrap_or_default();
-        body["table"] = json!(self.config.table);
-        body["keys"] = json!(open.names());
-        let answer: KeyBoundAnswer = self.client.action("key_bound", &body).await?;
-        Ok(answer.bound)
+    /// The server's keyset walk on the open's keys.
+    fn keyset<'a>(&'a self, open: &'a KeysetOpen, names: &'a [String]) -> Keyset<'a> {
+        Keyset {
+            client: &self.client,
+            table: &self.config.table,
+            keys: names,
+            unique: open.unique,
+        }
     }
 
     /// The first key after MAX (`last_bound`), past MAX's own copies; `None` when no row
@@ -134,17 +136,16 @@ impl Snapshots {
         let Some(max) = &open.max else {
             return Ok(None);
         };
-        self.seek(
-            open,
-            KeySeek {
+        let names = open.names();
+        self.keyset(open, &names)
+            .seek(KeySeek {
                 from: Some(max.clone()),
                 from_inclusive: false,
                 to: None,
                 to_inclusive: false,
                 n: 0,
-            },
-        )
-        .await
+            })
+            .await
     }
 
     /// Keyset bounds `chunk_rows` rows apart, walked up front below the MAX recorded at the
@@ -164,48 +165,11 @@ impl Snapshots {
                 rows: 0,
             }]);
         };
-        let mut bounds: Vec<KeyTuple> = Vec::new();
-        loop {
-            let lo = bounds.last().cloned();
-            let mut n = chunk_rows;
-            let bound = loop {
-                let seek = KeySeek {
-                    from: lo.clone(),
-                    from_inclusive: true,
-                    to: Some(max.clone()),
-                    to_inclusive: true,
-                    n,
-                };
-                let Some(bound) = self.seek(open, seek).await? else {
-                    break None;
-                };
-                // On columns that repeat, the (n + 1)-th row can hold lo's own value (equal
-                // only under the source's collation, maybe): the chunk would end where it
-                // starts. Seek twice as far until [lo, bound) holds a row (Amendment 6).
-                let holds_a_row = open.unique
-                    || self
-                        .seek(
-                            open,
-                            KeySeek {
-                                from: lo.clone(),
-                                from_inclusive: true,
-                                to: Some(bound.clone()),
-                                to_inclusive: false,
-                                n: 0,
-                            },
-                        )
-                        .await?
-                        .is_some();
-                if holds_a_row {
-                    break Some(bound);
-                }
-                n = n.saturating_mul(2);
-            };
-            match bound {
-                Some(bound) => bounds.push(bound),
-                None => break,
-            }
-        }
+        let names = open.names();
+        let bounds = self
+            .keyset(open, &names)
+            .walk(Some(max), chunk_rows)
+            .await?;
         let last_hi = self.last_bound(open).await?;
         let mut chunks = Vec::with_capacity(bounds.len() + 1);
         let mut lo: Option<KeyTuple> = None;

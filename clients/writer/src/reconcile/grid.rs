@@ -1,0 +1,100 @@
+//! A reconcile on one integer or date column: tier 1 counts and sums the key per slice of a
+//! grid on both sides (`key_sums` on the source), slices merge into buckets; tier 2 reads
+//! each chosen bucket as a key range on both sides.
+
+use deltalake::datafusion::prelude::SessionContext;
+use mssql_cdc_proto::Lsn;
+use mssql_cdc_proto::client::CdcClient;
+use mssql_cdc_proto::protocol::{KeySumsAnswer, KeySumsBody, LsnAnswer};
+
+use super::in_flight::InFlight;
+use super::key::GridKey;
+use super::rows::{self, Hashing};
+use super::{Compared, ReconcileConfig, Sample, buckets};
+use crate::error::{Result, WriterError};
+
+/// Tiers 1 and 2 on a grid key.
+pub(super) async fn compare(
+    client: &CdcClient,
+    config: &ReconcileConfig,
+    context: &SessionContext,
+    (hashing, key): (&Hashing, &GridKey),
+    (silver_lsn, bronze_end): (Lsn, Option<Lsn>),
+    sample: &mut Sample,
+) -> Result<Compared> {
+    // Tier 1: silver's keys, then the source's sums on a grid covering both.
+    let started = std::time::Instant::now();
+    let silver_keys = buckets::silver_units(context, key).await?;
+    tracing::debug!(
+        seconds = started.elapsed().as_secs_f64(),
+        "reconcile: silver's keys read"
+    );
+    let cover = buckets::span(&silver_keys);
+    let answer: KeySumsAnswer = client
+        .action(
+            "key_sums",
+            &KeySumsBody {
+                table: config.table.clone(),
+                key: Some(key.column.name.clone()),
+                cover: cover.map(|(lo, hi)| [lo, hi]),
+                slices: None,
+            },
+        )
+        .await?;
+    let source_lsn = answer.stamp;
+    let grid = answer
+        .grid
+        .map(|grid| grid.grid())
+        .transpose()
+        .map_err(|error| WriterError::Internal(format!("key_sums answered a bad grid: {error}")))?;
+    let silver_sums = buckets::silver_sums(grid.as_ref(), &silver_keys);
+    drop(silver_keys);
+    let mut bucket_list = buckets::merge(&answer.sums, &silver_sums, config.bucket_rows);
+
+    // What is still in flight after the compared LSN.
+    let compared_lsn = source_lsn.min(silver_lsn);
+    let fresh: LsnAnswer = client.action("max_lsn", &serde_json::json!({})).await?;
+    let mut in_flight = InFlight::read(
+        client,
+        config,
+        &hashing.key,
+        compared_lsn,
+        bronze_end,
+        fresh.lsn.unwrap_or(source_lsn),
+    )
+    .await?;
+    buckets::classify(&mut bucket_list, &in_flight);
+    tracing::debug!(
+        seconds = started.elapsed().as_secs_f64(),
+        buckets = bucket_list.len(),
+        "reconcile: tier 1 done (counts, key sums and the keys in flight)"
+    );
+
+    // Tier 2 on every MISMATCH bucket and a sample of the MATCH ones.
+    sample.choose(&mut bucket_list);
+    let mut findings = Vec::new();
+    let to_hash = bucket_list.iter().filter(|bucket| bucket.hashed).count();
+    for (done, bucket) in bucket_list
+        .iter()
+        .filter(|bucket| bucket.hashed)
+        .enumerate()
+    {
+        let found = rows::compare_grid_bucket(
+            client,
+            config,
+            context,
+            (hashing, key),
+            bucket,
+            &mut in_flight,
+        )
+        .await?;
+        super::log_bucket(config, (done, to_hash), bucket, found.len());
+        findings.extend(found);
+    }
+    Ok(Compared {
+        source_lsn,
+        buckets: bucket_list,
+        findings,
+        changes_read: in_flight.window(),
+    })
+}

@@ -1,0 +1,242 @@
+//! The key a reconcile compares on. One integer or date column is summed on a grid
+//! ([`GridKey`], tier 1 by `key_sums`); any other key (text, composite, a key the grid cannot
+//! sum) is cut into buckets by the source's keyset walk ([`KeysetKey`]). Either way each
+//! row's key becomes a [`RowKey`] that the two sides are joined on.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, RecordBatch};
+use arrow::datatypes::DataType;
+use arrow::row::{RowConverter, SortField};
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use deltalake::datafusion::prelude::SessionContext;
+use mssql_cdc_proto::keys::{GridUnit, KeyColumn};
+use mssql_cdc_proto::protocol::CaptureInstanceInfo;
+
+use super::buckets::units_of;
+use super::{ReconcileConfig, date_text};
+use crate::error::{Result, WriterError};
+
+/// One row's key as both sides are joined on it: grid units (`None` is NULL) of a grid
+/// key, or the key columns in Arrow's row format (equal values, equal bytes; NULLs
+/// included) of a keyset key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum RowKey {
+    /// A grid key's value.
+    Units(Option<i64>),
+    /// A keyset key's columns, row-encoded.
+    Bytes(Box<[u8]>),
+}
+
+/// The one integer or date column a grid reconcile sums.
+#[derive(Clone, Debug)]
+pub(crate) struct GridKey {
+    pub(crate) column: KeyColumn,
+    pub(crate) unit: GridUnit,
+    /// Whether the column is the table's unique index, alone.
+    pub(crate) unique: bool,
+}
+
+impl GridKey {
+    /// Whether the column is the table's one-integer unique key: its ranges are integer
+    /// chunks, which the source reads by index seeks.
+    pub(crate) fn is_unique_integer(&self) -> bool {
+        self.unique && self.unit == GridUnit::Integer
+    }
+
+    /// A key value in grid units as JSON: an integer, or a date's `YYYY-MM-DD`.
+    pub(crate) fn json(&self, units: Option<i64>) -> serde_json::Value {
+        match (units, self.unit) {
+            (None, _) => serde_json::Value::Null,
+            (Some(value), GridUnit::Integer) => value.into(),
+            (Some(days), GridUnit::Days) => date_text(days).into(),
+        }
+    }
+}
+
+/// The columns a keyset reconcile compares on: the source orders them (its collation), the
+/// writer only tests them for equality, in silver's types.
+#[derive(Clone, Debug)]
+pub(crate) struct KeysetKey {
+    pub(crate) columns: Vec<KeyColumn>,
+    /// Whether they are the table's unique index.
+    pub(crate) unique: bool,
+    /// Silver's type of each column: both sides' keys are cast to it before encoding.
+    types: Vec<DataType>,
+    converter: Arc<RowConverter>,
+}
+
+impl KeysetKey {
+    /// The key columns' names.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.columns
+            .iter()
+            .map(|column| column.name.clone())
+            .collect()
+    }
+}
+
+/// The key of a reconcile.
+#[derive(Clone, Debug)]
+pub(crate) enum CompareKey {
+    /// One integer or date column: tier 1 sums it on a grid.
+    Grid(GridKey),
+    /// Any other key: the source cuts the buckets.
+    Keyset(KeysetKey),
+}
+
+impl CompareKey {
+    /// The key columns' names, in key order.
+    pub(crate) fn names(&self) -> Vec<String> {
+        match self {
+            CompareKey::Grid(key) => vec![key.column.name.clone()],
+            CompareKey::Keyset(key) => key.names(),
+        }
+    }
+
+    /// The key as the report and the result name it: the columns joined by commas.
+    pub(crate) fn label(&self) -> String {
+        self.names().join(", ")
+    }
+
+    /// Each row's key in `batch`, whose key columns go by their names.
+    pub(crate) fn row_keys(&self, batch: &RecordBatch) -> Result<Vec<RowKey>> {
+        let column = |name: &str| {
+            batch.column_by_name(name).cloned().ok_or_else(|| {
+                WriterError::Internal(format!("the compared rows lack key column '{name}'"))
+            })
+        };
+        match self {
+            CompareKey::Grid(key) => Ok(units_of(&column(&key.column.name)?, key)?
+                .iter()
+                .map(RowKey::Units)
+                .collect()),
+            CompareKey::Keyset(key) => {
+                let arrays = key
+                    .columns
+                    .iter()
+                    .zip(&key.types)
+                    .map(|(name, to)| Ok(arrow::compute::cast(&column(&name.name)?, to)?))
+                    .collect::<Result<Vec<ArrayRef>>>()?;
+                let rows = key.converter.convert_columns(&arrays)?;
+                Ok(rows
+                    .iter()
+                    .map(|row| RowKey::Bytes(row.as_ref().into()))
+                    .collect())
+            }
+        }
+    }
+
+    /// A key as a JSON object of its columns (`{"order_id": 17}`; a NULL column `null`;
+    /// integers as numbers, every other value as text).
+    pub(crate) fn json(&self, key: &RowKey) -> serde_json::Value {
+        match (self, key) {
+            (CompareKey::Grid(grid), RowKey::Units(units)) => {
+                serde_json::json!({ grid.column.name.clone(): grid.json(*units) })
+            }
+            (CompareKey::Keyset(keyset), RowKey::Bytes(bytes)) => keyset_json(keyset, bytes)
+                .unwrap_or_else(
+                    |error| serde_json::json!({ "undecodable_key": error.to_string() }),
+                ),
+            _ => serde_json::Value::Null,
+        }
+    }
+}
+
+/// A row-encoded keyset key decoded to JSON.
+fn keyset_json(key: &KeysetKey, bytes: &[u8]) -> Result<serde_json::Value> {
+    let parser = key.converter.parser();
+    let arrays = key.converter.convert_rows([parser.parse(bytes)])?;
+    let mut object = serde_json::Map::new();
+    for (column, array) in key.columns.iter().zip(&arrays) {
+        let value = if array.is_null(0) {
+            serde_json::Value::Null
+        } else if column.is_integer() {
+            let wide = arrow::compute::cast(array, &DataType::Int64)?;
+            let wide = wide
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .ok_or_else(|| WriterError::Internal("an integer key is not Int64".into()))?;
+            wide.value(0).into()
+        } else {
+            let formatter = ArrayFormatter::try_new(array.as_ref(), &FormatOptions::default())?;
+            formatter.value(0).to_string().into()
+        };
+        object.insert(column.name.clone(), value);
+    }
+    Ok(serde_json::Value::Object(object))
+}
+
+/// The columns a reconcile compares on, resolved against the capture instance.
+pub(super) struct KeyColumns {
+    columns: Vec<KeyColumn>,
+    unique: bool,
+}
+
+/// The columns a reconcile compares on: `keys`, or the unique index CDC uses.
+pub(super) fn key_columns(
+    config: &ReconcileConfig,
+    instance: &CaptureInstanceInfo,
+) -> Result<KeyColumns> {
+    let names = match &config.keys {
+        Some(keys) => keys.clone(),
+        None => instance.index_columns.clone(),
+    };
+    if names.is_empty() {
+        return Err(WriterError::invalid(format!(
+            "{} has no unique index CDC could name: pass the key columns to compare on (keys)",
+            config.table
+        )));
+    }
+    let columns = mssql_cdc_proto::keys::resolve_columns(&config.table, &names, &instance.columns)
+        .map_err(|error| {
+            WriterError::invalid(format!(
+                "reconcile cannot compare {} on ({}): {error}",
+                config.table,
+                names.join(", ")
+            ))
+        })?;
+    Ok(KeyColumns {
+        unique: instance.index_columns == names,
+        columns,
+    })
+}
+
+impl KeyColumns {
+    /// One integer or date column is a grid key; anything else a keyset key in the types
+    /// silver (registered in `context`) holds its columns in.
+    pub(super) async fn in_silver(self, context: &SessionContext) -> Result<CompareKey> {
+        let KeyColumns { columns, unique } = self;
+        if let [column] = columns.as_slice()
+            && let Some(unit) = column.grid_unit()
+        {
+            return Ok(CompareKey::Grid(GridKey {
+                column: column.clone(),
+                unit,
+                unique,
+            }));
+        }
+        let silver = context.table("silver").await?.schema().as_arrow().clone();
+        let types = columns
+            .iter()
+            .map(|column| {
+                silver
+                    .field_with_name(&column.name)
+                    .map(|field| field.data_type().clone())
+                    .map_err(|_| {
+                        WriterError::invalid(format!(
+                            "silver has no key column '{}' to compare on",
+                            column.name
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<DataType>>>()?;
+        let converter = RowConverter::new(types.iter().cloned().map(SortField::new).collect())?;
+        Ok(CompareKey::Keyset(KeysetKey {
+            columns,
+            unique,
+            types,
+            converter: Arc::new(converter),
+        }))
+    }
+}

@@ -1,0 +1,337 @@
+//! A reconcile on a text or composite key (or any key the grid cannot sum). The writer cannot
+//! order such keys as the source's collation does, so the **source** cuts the buckets: bounds
+//! about `bucket_rows` rows apart, sought by `key_bound` as a keyset snapshot is planned.
+//!
+//! Tier 1 reads the source's keys bucket by bucket (a keyset chunk read of the key columns
+//! only) and places each against silver's keys by exact equality of their row-format bytes:
+//! a bucket MATCHes when every source row of it has its own silver row. Silver's keys no
+//! source row equals lie in no bucket (the writer cannot say where the source would sort
+//! them); each is a key finding of its own. Tier 2 hashes whole rows as on a grid key:
+//! the source's rows of a bucket by the same chunk read, silver's rows of the keys placed
+//! in it.
+
+use std::collections::{HashMap, HashSet};
+
+use arrow::array::UInt32Array;
+use deltalake::datafusion::prelude::SessionContext;
+use futures::TryStreamExt;
+use mssql_cdc_proto::Lsn;
+use mssql_cdc_proto::client::CdcClient;
+use mssql_cdc_proto::keys::{Bound, KeyTuple};
+use mssql_cdc_proto::protocol::{ChunkSpec, LsnAnswer, ServeOptions, SnapshotCommand};
+
+use super::buckets::{Bucket, BucketStatus};
+use super::in_flight::InFlight;
+use super::key::{KeysetKey, RowKey};
+use super::rows::{FailureType, Hashing, KeyFinding, Prints};
+use super::{Compared, ReconcileConfig, Sample};
+use crate::error::{Result, WriterError};
+use crate::keyset::Keyset;
+use crate::tables;
+
+/// Rows of silver hashed in one pass for tier 2: the chosen buckets are taken in groups of
+/// about this many rows, one silver scan a group.
+const HASH_GROUP_ROWS: u64 = 4_000_000;
+
+/// A silver key: how many of its rows no source row has claimed yet, and the bucket whose
+/// source rows claimed the others.
+#[derive(Default)]
+struct Placed {
+    unclaimed: u32,
+    bucket: Option<u32>,
+}
+
+/// Tiers 1 and 2 on a keyset key.
+pub(super) async fn compare(
+    client: &CdcClient,
+    config: &ReconcileConfig,
+    context: &SessionContext,
+    (hashing, key): (&Hashing, &KeysetKey),
+    (silver_lsn, bronze_end): (Lsn, Option<Lsn>),
+    sample: &mut Sample,
+) -> Result<Compared> {
+    let started = std::time::Instant::now();
+    let names = key.names();
+    // The source's LSN first, then its buckets.
+    let stamp: LsnAnswer = client.action("max_lsn", &serde_json::json!({})).await?;
+    let source_lsn = stamp.lsn.unwrap_or(Lsn::ZERO);
+    let bounds = Keyset {
+        client,
+        table: &config.table,
+        keys: &names,
+        unique: key.unique,
+    }
+    .walk(None, config.bucket_rows)
+    .await?;
+    let mut buckets = tile(bounds);
+    let mut silver = silver_keys(context, hashing, &names).await?;
+    tracing::debug!(
+        seconds = started.elapsed().as_secs_f64(),
+        buckets = buckets.len(),
+        silver_keys = silver.len(),
+        "reconcile: the source's buckets cut and silver's keys read"
+    );
+
+    // Tier 1: the source's keys, bucket by bucket, each claiming one silver row of its key.
+    let mut differing: Vec<Vec<RowKey>> = vec![Vec::new(); buckets.len()];
+    let mut after_reads = source_lsn;
+    for (index, bucket) in buckets.iter_mut().enumerate() {
+        let command = SnapshotCommand {
+            chunks: Some(vec![range(bucket, 0)]),
+            keys: Some(names.clone()),
+            serve: ServeOptions {
+                columns: Some(names.clone()),
+                include_command_id: Some(false),
+                ..ServeOptions::default()
+            },
+            ..SnapshotCommand::new(config.table.clone())
+        };
+        let plan = client.plan_snapshot(&command).await?;
+        for endpoint in &plan.info.endpoint {
+            let ticket = endpoint.ticket.as_ref().ok_or_else(|| {
+                WriterError::Internal("a snapshot endpoint without a ticket".into())
+            })?;
+            let mut reader = client.open_endpoint(ticket).await?;
+            while let Some(batch) = reader.next_batch().await? {
+                for row_key in hashing.key.row_keys(&batch)? {
+                    bucket.source.rows += 1;
+                    match silver.get_mut(&row_key) {
+                        Some(placed) if placed.unclaimed > 0 => {
+                            placed.unclaimed -= 1;
+                            placed.bucket = Some(index as u32);
+                            bucket.silver.rows += 1;
+                        }
+                        _ => differing[index].push(row_key),
+                    }
+                }
+            }
+            if let Some(lsn) = reader.completion()?.max_lsn {
+                after_reads = after_reads.max(lsn);
+            }
+        }
+    }
+    // Silver's rows beyond the source's count of a key lie in the bucket of its source rows
+    // (which then mismatches); keys no source row claimed lie in no bucket.
+    let mut silver_only = HashSet::new();
+    for (row_key, placed) in &silver {
+        match placed.bucket {
+            Some(index) if placed.unclaimed > 0 => {
+                buckets[index as usize].silver.rows += u64::from(placed.unclaimed);
+                differing[index as usize].push(row_key.clone());
+            }
+            Some(_) => {}
+            None => {
+                silver_only.insert(row_key.clone());
+            }
+        }
+    }
+    for bucket in &mut buckets {
+        bucket.judge();
+    }
+
+    // What is still in flight after the compared LSN: a bucket differs only in flight when
+    // every key it differs by changed.
+    let compared_lsn = source_lsn.min(silver_lsn);
+    let fresh: LsnAnswer = client.action("max_lsn", &serde_json::json!({})).await?;
+    let mut in_flight = InFlight::read(
+        client,
+        config,
+        &hashing.key,
+        compared_lsn,
+        bronze_end,
+        fresh.lsn.unwrap_or(source_lsn).max(after_reads),
+    )
+    .await?;
+    for (bucket, keys) in buckets.iter_mut().zip(&differing) {
+        if bucket.status == BucketStatus::Mismatch
+            && keys.iter().all(|row_key| in_flight.contains(row_key))
+        {
+            bucket.status = BucketStatus::InFlight;
+        }
+    }
+    drop(differing);
+    let mut findings = Vec::new();
+    if !silver_only.is_empty() {
+        let [prints] = silver_prints(context, hashing, |row_key| {
+            silver_only.contains(row_key).then_some(0)
+        })
+        .await?;
+        let mut last: Option<&RowKey> = None;
+        for (row_key, lsn) in prints.keys() {
+            if last != Some(row_key) {
+                findings.push(KeyFinding {
+                    key: hashing.key.json(row_key),
+                    failure_type: in_flight.failure(row_key, FailureType::MissingSource),
+                    silver_start_lsn: lsn.map(|lsn| lsn.to_string()),
+                    columns: Vec::new(),
+                });
+            }
+            last = Some(row_key);
+        }
+    }
+    tracing::debug!(
+        seconds = started.elapsed().as_secs_f64(),
+        buckets = buckets.len(),
+        silver_only = silver_only.len(),
+        "reconcile: tier 1 done (keys placed, keys in flight)"
+    );
+
+    // Tier 2 on every MISMATCH bucket and a sample of the MATCH ones, silver scanned once
+    // for each group of them.
+    sample.choose(&mut buckets);
+    let chosen: Vec<usize> = (0..buckets.len())
+        .filter(|index| buckets[*index].hashed)
+        .collect();
+    let mut done = 0;
+    for group in groups(&buckets, &chosen) {
+        let slots: HashMap<u32, usize> = group
+            .iter()
+            .enumerate()
+            .map(|(slot, index)| (*index as u32, slot))
+            .collect();
+        let mut silver_side = silver_prints_in(context, hashing, group.len(), |row_key| {
+            silver
+                .get(row_key)
+                .and_then(|placed| placed.bucket)
+                .and_then(|bucket| slots.get(&bucket).copied())
+        })
+        .await?;
+        for (slot, index) in group.iter().enumerate() {
+            let bucket = &buckets[*index];
+            let command =
+                hashing.command(&config.table, vec![range(bucket, 0)], Some(names.clone()));
+            let (source, after_read) = hashing.source_prints(client, &command).await?;
+            let silver_rows = std::mem::take(&mut silver_side[slot]);
+            let found = hashing
+                .differences(
+                    client,
+                    config,
+                    (&source, &silver_rows),
+                    after_read,
+                    &mut in_flight,
+                )
+                .await?;
+            super::log_bucket(config, (done, chosen.len()), bucket, found.len());
+            done += 1;
+            findings.extend(found);
+        }
+    }
+    silver.clear();
+    Ok(Compared {
+        source_lsn,
+        buckets,
+        findings,
+        changes_read: in_flight.window(),
+    })
+}
+
+/// The buckets the bounds cut: `[None, b1), [b1, b2), ..., [bn, None)`; one open bucket
+/// without bounds (a table of fewer rows than a bucket, or none).
+fn tile(bounds: Vec<KeyTuple>) -> Vec<Bucket> {
+    let mut buckets = Vec::with_capacity(bounds.len() + 1);
+    let mut lo: Option<Bound> = None;
+    for bound in bounds {
+        let hi = Bound::Keys(bound);
+        buckets.push(Bucket::new(lo.take(), Some(hi.clone())));
+        lo = Some(hi);
+    }
+    buckets.push(Bucket::new(lo, None));
+    buckets
+}
+
+/// The bucket's keys as chunk `number` of a keyset read.
+fn range(bucket: &Bucket, number: i32) -> ChunkSpec {
+    ChunkSpec {
+        chunk: number,
+        lo: bucket.lo.clone(),
+        hi: bucket.hi.clone(),
+    }
+}
+
+/// The chosen buckets (indexes, in key order) in groups of about [`HASH_GROUP_ROWS`] rows.
+fn groups(buckets: &[Bucket], chosen: &[usize]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut rows = 0;
+    for index in chosen {
+        let bucket_rows = buckets[*index].source.rows.max(buckets[*index].silver.rows);
+        match groups.last_mut() {
+            Some(group) if rows + bucket_rows <= HASH_GROUP_ROWS => group.push(*index),
+            _ => {
+                groups.push(vec![*index]);
+                rows = 0;
+            }
+        }
+        rows += bucket_rows;
+    }
+    groups
+}
+
+/// Silver's keys, each with the number of rows holding it.
+async fn silver_keys(
+    context: &SessionContext,
+    hashing: &Hashing,
+    names: &[String],
+) -> Result<HashMap<RowKey, Placed>> {
+    let frame = context
+        .sql(&format!(
+            "SELECT {} FROM silver",
+            names
+                .iter()
+                .map(|name| tables::quote_identifier(name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .await?;
+    let mut stream = frame.execute_stream().await?;
+    let mut keys: HashMap<RowKey, Placed> = HashMap::new();
+    while let Some(batch) = stream.try_next().await? {
+        for row_key in hashing.key.row_keys(&batch)? {
+            keys.entry(row_key).or_default().unclaimed += 1;
+        }
+    }
+    Ok(keys)
+}
+
+/// Silver's rows whose key `slot` places, fingerprinted into one [`Prints`] per slot (of
+/// `slots`), sorted; one scan.
+async fn silver_prints_in(
+    context: &SessionContext,
+    hashing: &Hashing,
+    slots: usize,
+    slot: impl Fn(&RowKey) -> Option<usize>,
+) -> Result<Vec<Prints>> {
+    let mut prints: Vec<Prints> = (0..slots).map(|_| Prints::default()).collect();
+    let mut stream = context
+        .sql(&hashing.silver_select())
+        .await?
+        .execute_stream()
+        .await?;
+    while let Some(batch) = stream.try_next().await? {
+        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); slots];
+        for (row, row_key) in hashing.key.row_keys(&batch)?.iter().enumerate() {
+            if let Some(slot) = slot(row_key) {
+                rows[slot].push(row as u32);
+            }
+        }
+        for (slot, rows) in rows.into_iter().enumerate() {
+            if !rows.is_empty() {
+                let taken = arrow::compute::take_record_batch(&batch, &UInt32Array::from(rows))?;
+                hashing.silver_batch(&taken, &mut prints[slot])?;
+            }
+        }
+    }
+    for side in &mut prints {
+        side.sort();
+    }
+    Ok(prints)
+}
+
+/// [`silver_prints_in`] with one slot.
+async fn silver_prints(
+    context: &SessionContext,
+    hashing: &Hashing,
+    slot: impl Fn(&RowKey) -> Option<usize>,
+) -> Result<[Prints; 1]> {
+    let mut prints = silver_prints_in(context, hashing, 1, slot).await?;
+    Ok([prints.pop().unwrap_or_default()])
+}
