@@ -344,8 +344,9 @@ pub struct ReconcileArgs {
     /// Facts table location: also check the chunks of bronze's newest chunked snapshot.
     #[arg(long, env = "MSSQL_CDC_WRITER_FACTS")]
     pub facts: Option<String>,
-    /// The key column to compare on (default the unique index CDC uses): one integer or
-    /// date column.
+    /// The key columns to compare on (default the unique index CDC uses): one integer or
+    /// date column is summed on a grid; any other key (text, composite, unique or not) is
+    /// cut into buckets by the source.
     #[arg(long, value_delimiter = ',', env = "MSSQL_CDC_WRITER_KEYS")]
     pub keys: Option<Vec<String>>,
     /// Rows a bucket holds about.

@@ -28,7 +28,7 @@
 //! keys = ["order_id"]              # the silver table's key columns
 //! apply_seconds = 60.0             # optional: apply interval (default poll_seconds)
 //! reconcile_minutes = 60.0         # optional: reconcile silver with the source this often
-//! reconcile_keys = ["order_id"]    # optional: the column compared on (default the unique index)
+//! reconcile_keys = ["order_id"]    # optional: the columns compared on (default the unique index)
 //! ```
 //!
 //! `maintenance_minutes = 60.0` (0: none) and `vacuum_retention_hours = 168.0` set the
@@ -207,7 +207,7 @@ pub struct TableEntry {
     /// after its apply); none when unset.
     #[serde(default)]
     pub reconcile_minutes: Option<f64>,
-    /// The column reconcile compares on; default the unique index CDC uses.
+    /// The columns reconcile compares on; default the unique index CDC uses.
     #[serde(default)]
     pub reconcile_keys: Option<Vec<String>>,
 }
