@@ -12,7 +12,9 @@
 //!   (`mssql_cdc_flight_source_call_seconds_count`);
 //! - **tier 2**: the same with `--sample 1` (every bucket of `BENCH_RECONCILE_BUCKET_ROWS`,
 //!   default 1,000,000, compared row by row); its time less tier 1's, per bucket, against a
-//!   Flight read of the table's rows per bucket (target ≤ 1.5).
+//!   Flight read of the table's rows per bucket (target ≤ 1.5);
+//! - **keyset tier 1**: `--sample 0 --keys status,order_id`, a composite text key whose
+//!   buckets the source cuts: its seconds against the Flight read, and its peak RSS.
 //!
 //! `cargo bench -p mssql-cdc-writer --bench reconcile`.
 
@@ -164,6 +166,24 @@ fn main() -> anyhow::Result<()> {
                 .collect::<Vec<_>>()
                 .join(", "),
             per_bucket / flight_per_bucket,
+        );
+        // The same table compared on a composite text key the source cuts into buckets:
+        // tier 1 reads the key columns over Flight and holds silver's keys.
+        let mut keyset_args = args("0");
+        keyset_args.extend(["--keys".to_string(), "status,order_id".to_string()]);
+        let (keyset_seconds, keyset_rss, keyset) = reconcile_in_a_process(&keyset_args).await?;
+        anyhow::ensure!(
+            keyset["match"] == keyset["buckets"] && keyset["key_sums"] == false,
+            "a matching table on a keyset key: {keyset}"
+        );
+        println!(
+            "\n| keyset tier 1 (`--keys status,order_id`) | buckets | s (÷ Flight read) | peak RSS MiB |"
+        );
+        println!("|---|---|---|---|");
+        println!(
+            "| {rows} rows | {} | {keyset_seconds:.2} ({:.3}) | {keyset_rss:.0} |",
+            keyset["buckets"],
+            keyset_seconds / flight_seconds
         );
         server.stop().await?;
         anyhow::Ok(())

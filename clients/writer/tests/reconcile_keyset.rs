@@ -295,7 +295,9 @@ async fn each_fault_on_a_composite_key_is_found_with_its_key_and_nothing_else() 
     let added_finding = result
         .findings
         .iter()
-        .find(|finding| finding.key.to_string() == key_json(&added_key.0, &added_key.1))
+        .find(|finding| {
+            finding.key == serde_json::json!({"region": added_key.0, "code": added_key.1})
+        })
         .expect("added");
     assert!(
         added_finding.silver_start_lsn.is_some(),

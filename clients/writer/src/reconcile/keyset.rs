@@ -73,43 +73,8 @@ pub(super) async fn compare(
     );
 
     // Tier 1: the source's keys, bucket by bucket, each claiming one silver row of its key.
-    let mut differing: Vec<Vec<RowKey>> = vec![Vec::new(); buckets.len()];
-    let mut after_reads = source_lsn;
-    for (index, bucket) in buckets.iter_mut().enumerate() {
-        let command = SnapshotCommand {
-            chunks: Some(vec![range(bucket, 0)]),
-            keys: Some(names.clone()),
-            serve: ServeOptions {
-                columns: Some(names.clone()),
-                include_command_id: Some(false),
-                ..ServeOptions::default()
-            },
-            ..SnapshotCommand::new(config.table.clone())
-        };
-        let plan = client.plan_snapshot(&command).await?;
-        for endpoint in &plan.info.endpoint {
-            let ticket = endpoint.ticket.as_ref().ok_or_else(|| {
-                WriterError::Internal("a snapshot endpoint without a ticket".into())
-            })?;
-            let mut reader = client.open_endpoint(ticket).await?;
-            while let Some(batch) = reader.next_batch().await? {
-                for row_key in hashing.key.row_keys(&batch)? {
-                    bucket.source.rows += 1;
-                    match silver.get_mut(&row_key) {
-                        Some(placed) if placed.unclaimed > 0 => {
-                            placed.unclaimed -= 1;
-                            placed.bucket = Some(index as u32);
-                            bucket.silver.rows += 1;
-                        }
-                        _ => differing[index].push(row_key),
-                    }
-                }
-            }
-            if let Some(lsn) = reader.completion()?.max_lsn {
-                after_reads = after_reads.max(lsn);
-            }
-        }
-    }
+    let (mut differing, after_reads) =
+        claim(client, config, hashing, &names, &mut buckets, &mut silver).await?;
     // Silver's rows beyond the source's count of a key lie in the bucket of its source rows
     // (which then mismatches); keys no source row claimed lie in no bucket.
     let mut silver_only = HashSet::new();
@@ -139,7 +104,10 @@ pub(super) async fn compare(
         &hashing.key,
         compared_lsn,
         bronze_end,
-        fresh.lsn.unwrap_or(source_lsn).max(after_reads),
+        fresh
+            .lsn
+            .unwrap_or(source_lsn)
+            .max(after_reads.unwrap_or(source_lsn)),
     )
     .await?;
     for (bucket, keys) in buckets.iter_mut().zip(&differing) {
@@ -150,25 +118,7 @@ pub(super) async fn compare(
         }
     }
     drop(differing);
-    let mut findings = Vec::new();
-    if !silver_only.is_empty() {
-        let [prints] = silver_prints(context, hashing, |row_key| {
-            silver_only.contains(row_key).then_some(0)
-        })
-        .await?;
-        let mut last: Option<&RowKey> = None;
-        for (row_key, lsn) in prints.keys() {
-            if last != Some(row_key) {
-                findings.push(KeyFinding {
-                    key: hashing.key.json(row_key),
-                    failure_type: in_flight.failure(row_key, FailureType::MissingSource),
-                    silver_start_lsn: lsn.map(|lsn| lsn.to_string()),
-                    columns: Vec::new(),
-                });
-            }
-            last = Some(row_key);
-        }
-    }
+    let mut findings = silver_only_findings(context, hashing, &silver_only, &in_flight).await?;
     tracing::debug!(
         seconds = started.elapsed().as_secs_f64(),
         buckets = buckets.len(),
@@ -189,7 +139,7 @@ pub(super) async fn compare(
             .enumerate()
             .map(|(slot, index)| (*index as u32, slot))
             .collect();
-        let mut silver_side = silver_prints_in(context, hashing, group.len(), |row_key| {
+        let mut silver_side = silver_prints(context, hashing, group.len(), |row_key| {
             silver
                 .get(row_key)
                 .and_then(|placed| placed.bucket)
@@ -216,13 +166,93 @@ pub(super) async fn compare(
             findings.extend(found);
         }
     }
-    silver.clear();
     Ok(Compared {
         source_lsn,
         buckets,
         findings,
         changes_read: in_flight.window(),
     })
+}
+
+/// Reads the source's keys of each bucket (a keyset chunk read of the key columns) and lets
+/// each claim one silver row of exactly its key, counting both sides; returns, per bucket,
+/// the source's keys that claimed none, and the latest `max_lsn` the reads' completion
+/// markers carry.
+async fn claim(
+    client: &CdcClient,
+    config: &ReconcileConfig,
+    hashing: &Hashing,
+    names: &[String],
+    buckets: &mut [Bucket],
+    silver: &mut HashMap<RowKey, Placed>,
+) -> Result<(Vec<Vec<RowKey>>, Option<Lsn>)> {
+    let mut unclaimed: Vec<Vec<RowKey>> = vec![Vec::new(); buckets.len()];
+    let mut after_reads = None;
+    for (index, bucket) in buckets.iter_mut().enumerate() {
+        let command = SnapshotCommand {
+            chunks: Some(vec![range(bucket, 0)]),
+            keys: Some(names.to_vec()),
+            serve: ServeOptions {
+                columns: Some(names.to_vec()),
+                include_command_id: Some(false),
+                ..ServeOptions::default()
+            },
+            ..SnapshotCommand::new(config.table.clone())
+        };
+        let plan = client.plan_snapshot(&command).await?;
+        for endpoint in &plan.info.endpoint {
+            let ticket = endpoint.ticket.as_ref().ok_or_else(|| {
+                WriterError::Internal("a snapshot endpoint without a ticket".into())
+            })?;
+            let mut reader = client.open_endpoint(ticket).await?;
+            while let Some(batch) = reader.next_batch().await? {
+                for row_key in hashing.key.row_keys(&batch)? {
+                    bucket.source.rows += 1;
+                    match silver.get_mut(&row_key) {
+                        Some(placed) if placed.unclaimed > 0 => {
+                            placed.unclaimed -= 1;
+                            placed.bucket = Some(index as u32);
+                            bucket.silver.rows += 1;
+                        }
+                        _ => unclaimed[index].push(row_key),
+                    }
+                }
+            }
+            after_reads = after_reads.max(reader.completion()?.max_lsn);
+        }
+    }
+    Ok((unclaimed, after_reads))
+}
+
+/// A finding for each of silver's keys no source row claimed (MISSING_SOURCE, or IN_FLIGHT),
+/// with silver's `_start_lsn` of its row.
+async fn silver_only_findings(
+    context: &SessionContext,
+    hashing: &Hashing,
+    silver_only: &HashSet<RowKey>,
+    in_flight: &InFlight,
+) -> Result<Vec<KeyFinding>> {
+    if silver_only.is_empty() {
+        return Ok(Vec::new());
+    }
+    let prints = silver_prints(context, hashing, 1, |row_key| {
+        silver_only.contains(row_key).then_some(0)
+    })
+    .await?;
+    let mut findings = Vec::new();
+    let mut last: Option<&RowKey> = None;
+    for (row_key, lsn) in prints[0].keys() {
+        if last != Some(row_key) {
+            findings.push(KeyFinding {
+                key: hashing.key.json(row_key),
+                failure_type: in_flight.failure(row_key, FailureType::MissingSource),
+                silver_start_lsn: lsn.map(|lsn| lsn.to_string()),
+                columns: Vec::new(),
+            });
+        }
+        last = Some(row_key);
+    }
+    Ok(findings)
 }
 
 /// The buckets the bounds cut: `[None, b1), [b1, b2), ..., [bn, None)`; one open bucket
@@ -294,7 +324,7 @@ async fn silver_keys(
 
 /// Silver's rows whose key `slot` places, fingerprinted into one [`Prints`] per slot (of
 /// `slots`), sorted; one scan.
-async fn silver_prints_in(
+async fn silver_prints(
     context: &SessionContext,
     hashing: &Hashing,
     slots: usize,
@@ -324,14 +354,4 @@ async fn silver_prints_in(
         side.sort();
     }
     Ok(prints)
-}
-
-/// [`silver_prints_in`] with one slot.
-async fn silver_prints(
-    context: &SessionContext,
-    hashing: &Hashing,
-    slot: impl Fn(&RowKey) -> Option<usize>,
-) -> Result<[Prints; 1]> {
-    let mut prints = silver_prints_in(context, hashing, 1, slot).await?;
-    Ok([prints.pop().unwrap_or_default()])
 }

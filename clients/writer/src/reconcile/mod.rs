@@ -4,10 +4,12 @@
 //!
 //! One run:
 //! 1. reads silver's `applied_lsn` from the control table, then silver at **one** version;
-//! 2. **tier 1**: the source counts its rows and sums its keys per slice of a fine grid on
-//!    the key (`key_sums`, stamped with the `max_lsn` read before it); the writer does the
-//!    same over silver on the same grid; slices are merged into buckets of about
-//!    `bucket_rows`, each MATCH, IN_FLIGHT or MISMATCH ([`buckets`]);
+//! 2. **tier 1**, on one integer or date key ([`grid`]): the source counts its rows and sums
+//!    its keys per slice of a fine grid on the key (`key_sums`, stamped with the `max_lsn`
+//!    read before it); the writer does the same over silver on the same grid; slices are
+//!    merged into buckets of about `bucket_rows`, each MATCH, IN_FLIGHT or MISMATCH
+//!    ([`buckets`]). On any other key ([`keyset`]) the source cuts the buckets and its keys
+//!    are read and placed against silver's by equality;
 //! 3. IN_FLIGHT: a bucket that differs and holds a key changed after the LSN both sides are
 //!    compared at (`min(source_lsn, silver_lsn)`), in bronze or in the change table read over
 //!    Flight up to a fresh `max_lsn` ([`in_flight`]): a lagging pipeline is not broken;
