@@ -767,6 +767,15 @@ pub fn quote_identifier(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// `names` as a query's column list: each quoted ([`quote_identifier`]), joined by commas.
+pub fn quote_columns(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|name| quote_identifier(name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `value` as a string literal of a [`query_text`] query: single-quoted, a `'` doubled.
 pub fn quote_text(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))

@@ -53,11 +53,7 @@ impl InFlight {
                 .sql(&format!(
                     "SELECT {}, CASE WHEN _operation <> 0 THEN _start_lsn END FROM bronze \
                      WHERE _start_lsn > '{after}'",
-                    names
-                        .iter()
-                        .map(|name| tables::quote_identifier(name))
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    tables::quote_columns(&names)
                 ))
                 .await?;
             let mut stream = frame.execute_stream().await?;

@@ -305,11 +305,7 @@ async fn silver_keys(
     let frame = context
         .sql(&format!(
             "SELECT {} FROM silver",
-            names
-                .iter()
-                .map(|name| tables::quote_identifier(name))
-                .collect::<Vec<_>>()
-                .join(", ")
+            tables::quote_columns(names)
         ))
         .await?;
     let mut stream = frame.execute_stream().await?;

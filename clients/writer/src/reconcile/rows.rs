@@ -161,11 +161,7 @@ impl Hashing {
     pub(super) fn silver_select(&self) -> String {
         format!(
             "SELECT {}, \"_start_lsn\" FROM silver",
-            self.columns
-                .iter()
-                .map(|name| tables::quote_identifier(name))
-                .collect::<Vec<_>>()
-                .join(", ")
+            tables::quote_columns(&self.columns)
         )
     }
 
