@@ -133,7 +133,10 @@ impl FromStr for Lsn {
         if !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(LsnParseError::NotHex(text.to_string()));
         }
-        let padded = format!("{digits:0>20}");
+        // Left-padded with zeros on the stack: parsed once per row of bronze and silver
+        // reads, so no allocation.
+        let mut padded = [b'0'; 2 * LSN_LEN];
+        padded[2 * LSN_LEN - digits.len()..].copy_from_slice(digits.as_bytes());
         let mut bytes = [0u8; LSN_LEN];
         hex::decode_to_slice(padded, &mut bytes)
             .map_err(|_| LsnParseError::NotHex(text.to_string()))?;

@@ -42,8 +42,11 @@ pub fn compare_values(sql_type: &SqlType, a: &KeyValue, b: &KeyValue) -> Orderin
 fn compare_text(sql_type: &SqlType, a: &str, b: &str) -> Ordering {
     match sql_type {
         SqlType::Char(_) | SqlType::VarChar(_) | SqlType::NChar(_) | SqlType::NVarChar(_) => {
-            let fold = |text: &str| text.trim_end_matches(' ').to_lowercase();
-            fold(a).cmp(&fold(b))
+            // Folded char by char, not into new strings: a keyset read compares every row.
+            let (a, b) = (a.trim_end_matches(' '), b.trim_end_matches(' '));
+            a.chars()
+                .flat_map(char::to_lowercase)
+                .cmp(b.chars().flat_map(char::to_lowercase))
         }
         SqlType::UniqueIdentifier => guid_order(a).cmp(&guid_order(b)),
         SqlType::Real

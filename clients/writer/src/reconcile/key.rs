@@ -3,6 +3,8 @@
 //! sum) is cut into buckets by the source's keyset walk ([`KeysetKey`]). Either way each
 //! row's key becomes a [`RowKey`] that the two sides are joined on.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, RecordBatch};
@@ -12,6 +14,7 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use deltalake::datafusion::prelude::SessionContext;
 use mssql_cdc_proto::keys::{GridUnit, KeyColumn};
 use mssql_cdc_proto::protocol::CaptureInstanceInfo;
+use sha2::{Digest, Sha256};
 
 use super::buckets::units_of;
 use super::{ReconcileConfig, date_text};
@@ -27,6 +30,63 @@ pub(crate) enum RowKey {
     /// A keyset key's columns, row-encoded.
     Bytes(Box<[u8]>),
 }
+
+/// A keyset key as tier 1 holds silver's keys: the first 16 bytes of the SHA-256 of its
+/// row-format bytes. Ten million keys then take a few hundred MiB, not the keys' bytes and
+/// an allocation each; two different keys share a digest with odds near 2^-128 × n².
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeyDigest(u64, u64);
+
+impl KeyDigest {
+    fn of(bytes: &[u8]) -> Self {
+        let digest = Sha256::digest(bytes);
+        let word = |at: usize| {
+            u64::from_le_bytes(digest[at..at + 8].try_into().expect("eight bytes of 32"))
+        };
+        KeyDigest(word(0), word(8))
+    }
+}
+
+impl RowKey {
+    /// The key's digest.
+    pub(crate) fn digest(&self) -> KeyDigest {
+        match self {
+            RowKey::Bytes(bytes) => KeyDigest::of(bytes),
+            RowKey::Units(None) => KeyDigest::of(&[]),
+            RowKey::Units(Some(units)) => KeyDigest::of(&units.to_le_bytes()),
+        }
+    }
+}
+
+impl Hash for KeyDigest {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0);
+    }
+}
+
+/// The hasher of a [`DigestMap`]: a digest's first word is already uniform, so it is the
+/// hash (SipHash over it again would only cost time).
+#[derive(Default)]
+pub(crate) struct DigestHasher(u64);
+
+impl Hasher for DigestHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = word;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by key digests.
+pub(crate) type DigestMap<V> = HashMap<KeyDigest, V, BuildHasherDefault<DigestHasher>>;
 
 /// The one integer or date column a grid reconcile sums.
 #[derive(Clone, Debug)]
@@ -67,6 +127,17 @@ pub(crate) struct KeysetKey {
 }
 
 impl KeysetKey {
+    /// The key columns of `batch` (by name) in silver's types, row-encoded.
+    fn encode(&self, batch: &RecordBatch) -> Result<arrow::row::Rows> {
+        let arrays = self
+            .columns
+            .iter()
+            .zip(&self.types)
+            .map(|(column, to)| Ok(arrow::compute::cast(&key_column(batch, &column.name)?, to)?))
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        Ok(self.converter.convert_columns(&arrays)?)
+    }
+
     /// The key columns' names.
     pub(crate) fn names(&self) -> Vec<String> {
         self.columns
@@ -101,29 +172,28 @@ impl CompareKey {
 
     /// Each row's key in `batch`, whose key columns go by their names.
     pub(crate) fn row_keys(&self, batch: &RecordBatch) -> Result<Vec<RowKey>> {
-        let column = |name: &str| {
-            batch.column_by_name(name).cloned().ok_or_else(|| {
-                WriterError::Internal(format!("the compared rows lack key column '{name}'"))
-            })
-        };
         match self {
-            CompareKey::Grid(key) => Ok(units_of(&column(&key.column.name)?, key)?
+            CompareKey::Grid(key) => Ok(units_of(&key_column(batch, &key.column.name)?, key)?
                 .iter()
                 .map(RowKey::Units)
                 .collect()),
-            CompareKey::Keyset(key) => {
-                let arrays = key
-                    .columns
-                    .iter()
-                    .zip(&key.types)
-                    .map(|(name, to)| Ok(arrow::compute::cast(&column(&name.name)?, to)?))
-                    .collect::<Result<Vec<ArrayRef>>>()?;
-                let rows = key.converter.convert_columns(&arrays)?;
-                Ok(rows
-                    .iter()
-                    .map(|row| RowKey::Bytes(row.as_ref().into()))
-                    .collect())
-            }
+            CompareKey::Keyset(key) => Ok(key
+                .encode(batch)?
+                .iter()
+                .map(|row| RowKey::Bytes(row.as_ref().into()))
+                .collect()),
+        }
+    }
+
+    /// Each row's key digest in `batch`: [`CompareKey::row_keys`] without keeping the keys.
+    pub(crate) fn digests(&self, batch: &RecordBatch) -> Result<Vec<KeyDigest>> {
+        match self {
+            CompareKey::Grid(_) => Ok(self.row_keys(batch)?.iter().map(RowKey::digest).collect()),
+            CompareKey::Keyset(key) => Ok(key
+                .encode(batch)?
+                .iter()
+                .map(|row| KeyDigest::of(row.as_ref()))
+                .collect()),
         }
     }
 
@@ -141,6 +211,14 @@ impl CompareKey {
             _ => serde_json::Value::Null,
         }
     }
+}
+
+/// The key column `name` of `batch`.
+fn key_column(batch: &RecordBatch, name: &str) -> Result<ArrayRef> {
+    batch
+        .column_by_name(name)
+        .cloned()
+        .ok_or_else(|| WriterError::Internal(format!("the compared rows lack key column '{name}'")))
 }
 
 /// A row-encoded keyset key decoded to JSON.

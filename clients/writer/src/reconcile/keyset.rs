@@ -3,14 +3,15 @@
 //! about `bucket_rows` rows apart, sought by `key_bound` as a keyset snapshot is planned.
 //!
 //! Tier 1 reads the source's keys bucket by bucket (a keyset chunk read of the key columns
-//! only) and places each against silver's keys by exact equality of their row-format bytes:
-//! a bucket MATCHes when every source row of it has its own silver row. Silver's keys no
+//! only) and places each against silver's keys by exact equality of their row-format bytes
+//! (held as [`KeyDigest`]s): a bucket MATCHes when every source row of it has its own
+//! silver row. Silver's keys no
 //! source row equals lie in no bucket (the writer cannot say where the source would sort
 //! them); each is a key finding of its own. Tier 2 hashes whole rows as on a grid key:
 //! the source's rows of a bucket by the same chunk read, silver's rows of the keys placed
 //! in it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use arrow::array::UInt32Array;
 use deltalake::datafusion::prelude::SessionContext;
@@ -22,7 +23,7 @@ use mssql_cdc_proto::protocol::{ChunkSpec, LsnAnswer, ServeOptions, SnapshotComm
 
 use super::buckets::{Bucket, BucketStatus};
 use super::in_flight::InFlight;
-use super::key::{KeysetKey, RowKey};
+use super::key::{DigestMap, KeyDigest, KeysetKey, RowKey};
 use super::rows::{FailureType, Hashing, KeyFinding, Prints};
 use super::{Compared, ReconcileConfig, Sample};
 use crate::error::{Result, WriterError};
@@ -34,11 +35,28 @@ use crate::tables;
 const HASH_GROUP_ROWS: u64 = 4_000_000;
 
 /// A silver key: how many of its rows no source row has claimed yet, and the bucket whose
-/// source rows claimed the others.
-#[derive(Default)]
+/// source rows claimed the others ([`Placed::NOWHERE`] while none has): eight bytes, as ten
+/// million of them are held.
 struct Placed {
     unclaimed: u32,
-    bucket: Option<u32>,
+    bucket: u32,
+}
+
+impl Default for Placed {
+    fn default() -> Self {
+        Placed {
+            unclaimed: 0,
+            bucket: Placed::NOWHERE,
+        }
+    }
+}
+
+impl Placed {
+    const NOWHERE: u32 = u32::MAX;
+
+    fn bucket(&self) -> Option<u32> {
+        (self.bucket != Placed::NOWHERE).then_some(self.bucket)
+    }
 }
 
 /// Tiers 1 and 2 on a keyset key.
@@ -77,16 +95,16 @@ pub(super) async fn compare(
         claim(client, config, hashing, &names, &mut buckets, &mut silver).await?;
     // Silver's rows beyond the source's count of a key lie in the bucket of its source rows
     // (which then mismatches); keys no source row claimed lie in no bucket.
-    let mut silver_only = HashSet::new();
-    for (row_key, placed) in &silver {
-        match placed.bucket {
+    let mut silver_only = DigestMap::default();
+    for (digest, placed) in &silver {
+        match placed.bucket() {
             Some(index) if placed.unclaimed > 0 => {
                 buckets[index as usize].silver.rows += u64::from(placed.unclaimed);
-                differing[index as usize].push(row_key.clone());
+                differing[index as usize].push(*digest);
             }
             Some(_) => {}
             None => {
-                silver_only.insert(row_key.clone());
+                silver_only.insert(*digest, ());
             }
         }
     }
@@ -110,9 +128,10 @@ pub(super) async fn compare(
             .max(after_reads.unwrap_or(source_lsn)),
     )
     .await?;
+    let changed: DigestMap<()> = in_flight.keys().map(|key| (key.digest(), ())).collect();
     for (bucket, keys) in buckets.iter_mut().zip(&differing) {
         if bucket.status == BucketStatus::Mismatch
-            && keys.iter().all(|row_key| in_flight.contains(row_key))
+            && keys.iter().all(|digest| changed.contains_key(digest))
         {
             bucket.status = BucketStatus::InFlight;
         }
@@ -139,10 +158,14 @@ pub(super) async fn compare(
             .enumerate()
             .map(|(slot, index)| (*index as u32, slot))
             .collect();
-        let mut silver_side = silver_prints(context, hashing, group.len(), |row_key| {
+        let expected: Vec<u64> = group
+            .iter()
+            .map(|index| buckets[*index].silver.rows)
+            .collect();
+        let mut silver_side = silver_prints(context, hashing, &expected, |digest| {
             silver
-                .get(row_key)
-                .and_then(|placed| placed.bucket)
+                .get(digest)
+                .and_then(Placed::bucket)
                 .and_then(|bucket| slots.get(&bucket).copied())
         })
         .await?;
@@ -150,7 +173,9 @@ pub(super) async fn compare(
             let bucket = &buckets[*index];
             let command =
                 hashing.command(&config.table, vec![range(bucket, 0)], Some(names.clone()));
-            let (source, after_read) = hashing.source_prints(client, &command).await?;
+            let (source, after_read) = hashing
+                .source_prints(client, &command, bucket.source.rows)
+                .await?;
             let silver_rows = std::mem::take(&mut silver_side[slot]);
             let found = hashing
                 .differences(
@@ -184,9 +209,9 @@ async fn claim(
     hashing: &Hashing,
     names: &[String],
     buckets: &mut [Bucket],
-    silver: &mut HashMap<RowKey, Placed>,
-) -> Result<(Vec<Vec<RowKey>>, Option<Lsn>)> {
-    let mut unclaimed: Vec<Vec<RowKey>> = vec![Vec::new(); buckets.len()];
+    silver: &mut DigestMap<Placed>,
+) -> Result<(Vec<Vec<KeyDigest>>, Option<Lsn>)> {
+    let mut unclaimed: Vec<Vec<KeyDigest>> = vec![Vec::new(); buckets.len()];
     let mut after_reads = None;
     for (index, bucket) in buckets.iter_mut().enumerate() {
         let command = SnapshotCommand {
@@ -206,15 +231,15 @@ async fn claim(
             })?;
             let mut reader = client.open_endpoint(ticket).await?;
             while let Some(batch) = reader.next_batch().await? {
-                for row_key in hashing.key.row_keys(&batch)? {
+                for digest in hashing.key.digests(&batch)? {
                     bucket.source.rows += 1;
-                    match silver.get_mut(&row_key) {
+                    match silver.get_mut(&digest) {
                         Some(placed) if placed.unclaimed > 0 => {
                             placed.unclaimed -= 1;
-                            placed.bucket = Some(index as u32);
+                            placed.bucket = index as u32;
                             bucket.silver.rows += 1;
                         }
-                        _ => unclaimed[index].push(row_key),
+                        _ => unclaimed[index].push(digest),
                     }
                 }
             }
@@ -229,14 +254,14 @@ async fn claim(
 async fn silver_only_findings(
     context: &SessionContext,
     hashing: &Hashing,
-    silver_only: &HashSet<RowKey>,
+    silver_only: &DigestMap<()>,
     in_flight: &InFlight,
 ) -> Result<Vec<KeyFinding>> {
     if silver_only.is_empty() {
         return Ok(Vec::new());
     }
-    let prints = silver_prints(context, hashing, 1, |row_key| {
-        silver_only.contains(row_key).then_some(0)
+    let prints = silver_prints(context, hashing, &[0], |digest| {
+        silver_only.contains_key(digest).then_some(0)
     })
     .await?;
     let mut findings = Vec::new();
@@ -301,7 +326,7 @@ async fn silver_keys(
     context: &SessionContext,
     hashing: &Hashing,
     names: &[String],
-) -> Result<HashMap<RowKey, Placed>> {
+) -> Result<DigestMap<Placed>> {
     let frame = context
         .sql(&format!(
             "SELECT {} FROM silver",
@@ -309,24 +334,28 @@ async fn silver_keys(
         ))
         .await?;
     let mut stream = frame.execute_stream().await?;
-    let mut keys: HashMap<RowKey, Placed> = HashMap::new();
+    let mut keys = DigestMap::<Placed>::default();
     while let Some(batch) = stream.try_next().await? {
-        for row_key in hashing.key.row_keys(&batch)? {
-            keys.entry(row_key).or_default().unclaimed += 1;
+        for digest in hashing.key.digests(&batch)? {
+            keys.entry(digest).or_default().unclaimed += 1;
         }
     }
     Ok(keys)
 }
 
-/// Silver's rows whose key `slot` places, fingerprinted into one [`Prints`] per slot (of
-/// `slots`), sorted; one scan.
+/// Silver's rows whose key (by its digest) `slot` places, fingerprinted into one
+/// [`Prints`] per slot (of `expected`, each expecting that many rows), sorted; one scan.
 async fn silver_prints(
     context: &SessionContext,
     hashing: &Hashing,
-    slots: usize,
-    slot: impl Fn(&RowKey) -> Option<usize>,
+    expected: &[u64],
+    slot: impl Fn(&KeyDigest) -> Option<usize>,
 ) -> Result<Vec<Prints>> {
-    let mut prints: Vec<Prints> = (0..slots).map(|_| Prints::default()).collect();
+    let slots = expected.len();
+    let mut prints: Vec<Prints> = expected
+        .iter()
+        .map(|rows| Prints::expecting(*rows, hashing, true))
+        .collect();
     let mut stream = context
         .sql(&hashing.silver_select())
         .await?
@@ -334,8 +363,8 @@ async fn silver_prints(
         .await?;
     while let Some(batch) = stream.try_next().await? {
         let mut rows: Vec<Vec<u32>> = vec![Vec::new(); slots];
-        for (row, row_key) in hashing.key.row_keys(&batch)?.iter().enumerate() {
-            if let Some(slot) = slot(row_key) {
+        for (row, digest) in hashing.key.digests(&batch)?.iter().enumerate() {
+            if let Some(slot) = slot(digest) {
                 rows[slot].push(row as u32);
             }
         }

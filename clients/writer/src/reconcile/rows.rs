@@ -91,6 +91,19 @@ pub(super) struct Prints {
 }
 
 impl Prints {
+    /// Empty, with room for the `rows` a side of a bucket was counted to hold (and their
+    /// `_start_lsn` on `silver`'s side): a million rows are written in place, not into
+    /// vectors that double, copy and fault in fresh pages as they grow.
+    pub(super) fn expecting(rows: u64, hashing: &Hashing, silver: bool) -> Self {
+        let rows = usize::try_from(rows.min(u64::from(u32::MAX))).unwrap_or(0);
+        Prints {
+            rows: Vec::with_capacity(rows),
+            columns: Vec::with_capacity(rows.saturating_mul(hashing.columns.len())),
+            lsns: Vec::with_capacity(if silver { rows } else { 0 }),
+            encoders: Vec::new(),
+        }
+    }
+
     fn column_hashes(&self, row: u32) -> &[u32] {
         let width = self.encoders.len();
         let start = row as usize * width;
@@ -171,19 +184,20 @@ impl Hashing {
     }
 
     /// Reads the source's rows of `command` (a chunked snapshot of the compared columns, its
-    /// chunks read side by side) and fingerprints them on a task of their own, so decoding
-    /// the next batch overlaps hashing this one; with the latest `max_lsn` the reads'
-    /// completion markers carry.
+    /// chunks read side by side, `expected_rows` by tier 1's count) and fingerprints them
+    /// on a task of their own, so decoding the next batch overlaps hashing this one; with
+    /// the latest `max_lsn` the reads' completion markers carry.
     pub(super) async fn source_prints(
         &self,
         client: &CdcClient,
         command: &SnapshotCommand,
+        expected_rows: u64,
     ) -> Result<(Prints, Option<Lsn>)> {
         let (batches, mut arriving) = tokio::sync::mpsc::channel::<RecordBatch>(4);
         let hashing = {
             let hashing = self.clone();
             tokio::spawn(async move {
-                let mut prints = Prints::default();
+                let mut prints = Prints::expecting(expected_rows, &hashing, false);
                 while let Some(batch) = arriving.recv().await {
                     fingerprint(&batch, &hashing, None, &mut prints)?;
                 }
@@ -278,8 +292,9 @@ pub(super) async fn compare_grid_bucket(
         .await?;
     let silver_side = {
         let hashing = hashing.clone();
+        let expected_rows = bucket.silver.rows;
         tokio::spawn(async move {
-            let mut prints = Prints::default();
+            let mut prints = Prints::expecting(expected_rows, &hashing, true);
             let mut stream = silver_frame.execute_stream().await?;
             while let Some(batch) = stream.try_next().await? {
                 hashing.silver_batch(&batch, &mut prints)?;
@@ -308,7 +323,11 @@ pub(super) async fn compare_grid_bucket(
     let keys = (!grid.is_unique_integer()).then(|| vec![grid.column.name.clone()]);
     let started = std::time::Instant::now();
     let (source, after_read) = hashing
-        .source_prints(client, &hashing.command(&config.table, chunks, keys))
+        .source_prints(
+            client,
+            &hashing.command(&config.table, chunks, keys),
+            bucket.source.rows,
+        )
         .await?;
     let read_seconds = started.elapsed().as_secs_f64();
     let silver = silver_side.await.map_err(joined)??;
