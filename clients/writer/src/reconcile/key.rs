@@ -318,3 +318,89 @@ impl KeyColumns {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::{Field, Schema};
+    use mssql_cdc_proto::types::{Length, SqlType};
+
+    use super::*;
+
+    fn region_and_id() -> CompareKey {
+        let types = vec![DataType::Utf8, DataType::Int64];
+        let converter = RowConverter::new(types.iter().cloned().map(SortField::new).collect())
+            .expect("a converter");
+        CompareKey::Keyset(KeysetKey {
+            columns: vec![
+                KeyColumn {
+                    name: "region".into(),
+                    sql_type: SqlType::NVarChar(Length::Limited(20)),
+                },
+                KeyColumn {
+                    name: "id".into(),
+                    sql_type: SqlType::BigInt,
+                },
+            ],
+            unique: true,
+            types,
+            converter: Arc::new(converter),
+        })
+    }
+
+    #[test]
+    fn a_keys_digest_is_the_digest_of_its_row_key_and_tells_keys_apart() {
+        let key = region_and_id();
+        // The id arrives as Int32 from one side: cast to silver's Int64 first, equal bytes.
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int32, true),
+                Field::new("region", DataType::Utf8, true),
+            ])),
+            vec![
+                Arc::new(arrow::array::Int32Array::from(vec![
+                    Some(1),
+                    Some(1),
+                    None,
+                    Some(1),
+                ])),
+                Arc::new(StringArray::from(vec![
+                    Some("north"),
+                    Some("North"),
+                    None,
+                    Some("north"),
+                ])),
+            ],
+        )
+        .expect("a batch");
+        let digests = key.digests(&batch).expect("digests");
+        let from_keys: Vec<KeyDigest> = key
+            .row_keys(&batch)
+            .expect("row keys")
+            .iter()
+            .map(RowKey::digest)
+            .collect();
+        assert_eq!(digests, from_keys);
+        assert_eq!(digests[0], digests[3], "equal keys, equal digests");
+        assert_ne!(digests[0], digests[1], "letter case is another value");
+        assert_ne!(digests[0], digests[2]);
+        let wide = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("region", DataType::Utf8, true),
+                Field::new("id", DataType::Int64, true),
+            ])),
+            vec![
+                Arc::new(StringArray::from(vec!["north"])),
+                Arc::new(Int64Array::from(vec![1])),
+            ],
+        )
+        .expect("a batch");
+        assert_eq!(key.digests(&wide).expect("digests")[0], digests[0]);
+        let mut map = DigestMap::<u32>::default();
+        for digest in &digests {
+            *map.entry(*digest).or_default() += 1;
+        }
+        assert_eq!(map.len(), 3);
+        assert_eq!(map[&digests[0]], 2);
+    }
+}

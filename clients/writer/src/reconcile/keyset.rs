@@ -5,9 +5,8 @@
 //! Tier 1 reads the source's keys bucket by bucket (a keyset chunk read of the key columns
 //! only) and places each against silver's keys by exact equality of their row-format bytes
 //! (held as [`KeyDigest`]s): a bucket MATCHes when every source row of it has its own
-//! silver row. Silver's keys no
-//! source row equals lie in no bucket (the writer cannot say where the source would sort
-//! them); each is a key finding of its own. Tier 2 hashes whole rows as on a grid key:
+//! silver row. Silver's keys no source row equals lie in no bucket (the writer cannot say
+//! where the source would sort them); each is a key finding of its own. Tier 2 hashes whole rows as on a grid key:
 //! the source's rows of a bucket by the same chunk read, silver's rows of the keys placed
 //! in it.
 
