@@ -121,10 +121,9 @@ impl InFlight {
         };
         let plan = client.plan_changes(&command).await?;
         for endpoint in &plan.info.endpoint {
-            let ticket = endpoint.ticket.as_ref().ok_or_else(|| {
-                WriterError::Internal("a change endpoint without a ticket".into())
-            })?;
-            let mut reader = client.open_endpoint(ticket).await?;
+            let mut reader = client
+                .open_endpoint(super::ticket(endpoint, "change")?)
+                .await?;
             while let Some(batch) = reader.next_batch().await? {
                 self.keys.extend(key.row_keys(&batch)?);
             }

@@ -25,7 +25,7 @@ use super::in_flight::InFlight;
 use super::key::{DigestMap, KeyDigest, KeysetKey, RowKey};
 use super::rows::{FailureType, Hashing, KeyFinding, Prints};
 use super::{Compared, ReconcileConfig, Sample};
-use crate::error::{Result, WriterError};
+use crate::error::Result;
 use crate::keyset::Keyset;
 use crate::tables;
 
@@ -225,10 +225,9 @@ async fn claim(
         };
         let plan = client.plan_snapshot(&command).await?;
         for endpoint in &plan.info.endpoint {
-            let ticket = endpoint.ticket.as_ref().ok_or_else(|| {
-                WriterError::Internal("a snapshot endpoint without a ticket".into())
-            })?;
-            let mut reader = client.open_endpoint(ticket).await?;
+            let mut reader = client
+                .open_endpoint(super::ticket(endpoint, "snapshot")?)
+                .await?;
             while let Some(batch) = reader.next_batch().await? {
                 for digest in hashing.key.digests(&batch)? {
                     bucket.source.rows += 1;

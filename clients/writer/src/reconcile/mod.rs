@@ -248,6 +248,17 @@ fn log_bucket(
     );
 }
 
+/// The ticket of a `kind` ("snapshot", "change") endpoint a plan listed.
+fn ticket<'a>(
+    endpoint: &'a arrow_flight::FlightEndpoint,
+    kind: &str,
+) -> Result<&'a arrow_flight::Ticket> {
+    endpoint
+        .ticket
+        .as_ref()
+        .ok_or_else(|| WriterError::Internal(format!("a {kind} endpoint without a ticket")))
+}
+
 /// Runs one reconcile.
 pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     config.check()?;

@@ -209,10 +209,9 @@ impl Hashing {
         let reads = plan.info.endpoint.iter().map(|endpoint| {
             let batches = batches.clone();
             async move {
-                let ticket = endpoint.ticket.as_ref().ok_or_else(|| {
-                    WriterError::Internal("a snapshot endpoint without a ticket".into())
-                })?;
-                let mut reader = client.open_endpoint(ticket).await?;
+                let mut reader = client
+                    .open_endpoint(super::ticket(endpoint, "snapshot")?)
+                    .await?;
                 while let Some(batch) = reader.next_batch().await? {
                     if batches.send(batch).await.is_err() {
                         return Ok(None); // the hashing task failed: its error is returned below
