@@ -16,7 +16,6 @@ use mssql_cdc_flight::source::TableName;
 use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
-use mssql_cdc_writer::stream::StreamConfig;
 
 type Rows = BTreeMap<i64, Vec<String>>;
 
@@ -26,21 +25,6 @@ fn options(chunk_rows: u64, max_waves: Option<u32>) -> BackfillOptions {
         max_waves,
         target_wave_seconds: 0.0,
         min_headroom_hours: None,
-    }
-}
-
-fn config(lab: &Lab, table: &str, name: &str) -> StreamConfig {
-    StreamConfig {
-        table: table.into(),
-        target: lab.lake(&format!("bronze_{name}")),
-        app_id: name.into(),
-        checkpoint: lab
-            .dir
-            .path()
-            .join(format!("checkpoint_{name}"))
-            .display()
-            .to_string(),
-        ..lab.config()
     }
 }
 
@@ -110,7 +94,7 @@ fn no_row_twice(rows: &[(i64, i32, Option<String>)]) {
 async fn a_composite_case_insensitive_key_is_chunked_on_keyset_bounds_next_to_the_stream() {
     let lab = Lab::with_tables(&[sample::accounts()]).await;
     lab.workload(61, 300);
-    let mut config = config(&lab, "dbo.accounts", "accounts");
+    let mut config = lab.stream_of("dbo.accounts", "accounts");
     let bronze = config.target.clone();
     let snapshot = snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
         .await
@@ -158,7 +142,7 @@ async fn a_composite_case_insensitive_key_is_chunked_on_keyset_bounds_next_to_th
 async fn a_heap_is_chunked_on_a_repeated_column_with_nulls_each_value_in_one_chunk() {
     let lab = Lab::with_tables(&[sample::events()]).await;
     lab.workload(71, 250);
-    let mut config = config(&lab, "dbo.events", "events");
+    let mut config = lab.stream_of("dbo.events", "events");
     let bronze = config.target.clone();
 
     // Refused before anything is recorded: a heap without snapshot_keys, and a bit column.
@@ -248,7 +232,7 @@ async fn a_heap_is_chunked_on_a_repeated_column_with_nulls_each_value_in_one_chu
 async fn the_last_keyset_chunk_ends_at_the_first_key_after_max_sought_before_its_wave() {
     let lab = Lab::with_tables(&[sample::events()]).await;
     lab.workload(81, 200);
-    let mut config = config(&lab, "dbo.events", "events_by_id");
+    let mut config = lab.stream_of("dbo.events", "events_by_id");
     config.snapshot_keys = Some(vec!["id".into()]);
     let bronze = config.target.clone();
     let snapshot = snapshot::bootstrap(&mut config, SnapshotMode::Chunked)
@@ -304,7 +288,7 @@ fn instant(text: &str) -> chrono::NaiveDateTime {
 async fn each_resnapshot_wave_on_a_datetime2_key_deletes_the_keys_its_chunks_lack() {
     let lab = Lab::with_tables(&[sample::readings()]).await;
     lab.workload(91, 150);
-    let mut config = config(&lab, "dbo.readings", "readings");
+    let mut config = lab.stream_of("dbo.readings", "readings");
     let bronze = config.target.clone();
     let apply = ApplyConfig {
         table: "dbo.readings".into(),

@@ -53,10 +53,7 @@ fn config(lab: &Lab) -> ReconcileConfig {
 }
 
 async fn silver_table(lab: &Lab) -> deltalake::DeltaTable {
-    tables::open(&tables::table_url(&lab.lake("silver_orders")).expect("url"))
-        .await
-        .expect("open")
-        .expect("silver")
+    common::open_table(&lab.lake("silver_orders")).await
 }
 
 /// The silver keys, ascending.
@@ -150,17 +147,14 @@ async fn each_injected_fault_is_found_with_its_key_and_nothing_else() {
     let changed = keys[keys.len() / 2];
     let added = keys[keys.len() - 1] + 1;
     let table = silver_table(&lab).await;
-    let (table, _) = table
-        .delete()
-        .with_predicate(format!("order_id = {deleted}").as_str())
-        .await
-        .expect("delete a row");
-    let (table, _) = table
-        .update()
-        .with_predicate(format!("order_id = {changed}").as_str())
-        .with_update("quantity", "quantity + 1")
-        .await
-        .expect("change a value");
+    let table = common::delete_where(table, &format!("order_id = {deleted}")).await;
+    let table = common::update_where(
+        table,
+        &format!("order_id = {changed}"),
+        "quantity",
+        "quantity + 1",
+    )
+    .await;
     let template = common::query(
         &lab.lake("silver_orders"),
         &format!("SELECT * FROM t WHERE order_id = {changed}"),
@@ -270,12 +264,11 @@ async fn a_dropped_bucket_is_one_mismatch_with_every_key_missing() {
         .into_iter()
         .filter(|key| (lo..hi).contains(key))
         .collect();
-    silver_table(&lab)
-        .await
-        .delete()
-        .with_predicate(format!("order_id >= {lo} AND order_id < {hi}").as_str())
-        .await
-        .expect("drop a bucket");
+    common::delete_where(
+        silver_table(&lab).await,
+        &format!("order_id >= {lo} AND order_id < {hi}"),
+    )
+    .await;
     let result = reconcile(&config(&lab)).await.expect("reconcile");
     assert_eq!(result.mismatch, 1, "{:?}", statuses(&result));
     assert_eq!(result.bucket_list[1].status, BucketStatus::Mismatch);
@@ -403,18 +396,20 @@ async fn a_date_column_with_nulls_and_repeats_is_compared_by_day() {
     let dated_key = common::key_of(&dated[0], 0);
     let day = common::text(&dated[0], 1, 0).expect("day");
     let table = silver_table(&lab).await;
-    let (table, _) = table
-        .update()
-        .with_predicate(format!("order_id = {null_key}").as_str())
-        .with_update("quantity", "quantity + 1")
-        .await
-        .expect("change a NULL-date row");
-    table
-        .update()
-        .with_predicate(format!("order_id = {dated_key}").as_str())
-        .with_update("status", "'tampered'")
-        .await
-        .expect("change a dated row");
+    let table = common::update_where(
+        table,
+        &format!("order_id = {null_key}"),
+        "quantity",
+        "quantity + 1",
+    )
+    .await;
+    common::update_where(
+        table,
+        &format!("order_id = {dated_key}"),
+        "status",
+        "'tampered'",
+    )
+    .await;
     let result = reconcile(&date_config).await.expect("reconcile");
     let mut found = findings(&result);
     found.sort();
@@ -494,15 +489,7 @@ async fn chunked_pipeline(lab: &Lab) {
 }
 
 async fn update_lake(location: &str, predicate: &str, column: &str, value: &str) {
-    tables::open(&tables::table_url(location).expect("url"))
-        .await
-        .expect("open")
-        .expect("table")
-        .update()
-        .with_predicate(predicate)
-        .with_update(column, value)
-        .await
-        .expect("update");
+    common::update_where(common::open_table(location).await, predicate, column, value).await;
 }
 
 fn chunk_findings(result: &ReconcileResult) -> Vec<(ChunkCheck, Option<i32>)> {
@@ -573,15 +560,7 @@ async fn the_chunks_of_a_chunked_snapshot_are_checked_against_facts_plans_and_br
     assert!(!result.clean() && !result.verified);
 
     // A chunk's facts row gone: bronze holds rows no facts row counts.
-    let table = tables::open(&tables::table_url(&facts).expect("url"))
-        .await
-        .expect("open")
-        .expect("facts");
-    table
-        .delete()
-        .with_predicate(chunk(0).as_str())
-        .await
-        .expect("delete a chunk's facts row");
+    common::delete_where(common::open_table(&facts).await, &chunk(0)).await;
     let result = reconcile(&with_facts).await.expect("reconcile");
     assert!(
         chunk_findings(&result).contains(&(ChunkCheck::Rows, Some(0))),
@@ -643,21 +622,16 @@ async fn random_corruptions_are_found_exactly() {
         };
         let mut table = silver_table(&lab).await;
         if !deleted.is_empty() {
-            table = table
-                .delete()
-                .with_predicate(format!("order_id IN ({})", list(&deleted)).as_str())
-                .await
-                .expect("delete")
-                .0;
+            table = common::delete_where(table, &format!("order_id IN ({})", list(&deleted))).await;
         }
         if !changed.is_empty() {
-            table = table
-                .update()
-                .with_predicate(format!("order_id IN ({})", list(&changed)).as_str())
-                .with_update("amount", "amount + 1")
-                .await
-                .expect("update")
-                .0;
+            table = common::update_where(
+                table,
+                &format!("order_id IN ({})", list(&changed)),
+                "amount",
+                "amount + 1",
+            )
+            .await;
         }
         if !added.is_empty() {
             let template = common::query(
@@ -748,12 +722,7 @@ async fn the_command_exits_zero_only_when_silver_matches() {
         "{text}"
     );
     let keys = silver_keys(&lab).await;
-    silver_table(&lab)
-        .await
-        .delete()
-        .with_predicate(format!("order_id = {}", keys[3]).as_str())
-        .await
-        .expect("delete a row");
+    common::delete_where(silver_table(&lab).await, &format!("order_id = {}", keys[3])).await;
     let broken = tokio::task::block_in_place(|| run(&["--output", "json"]));
     assert_eq!(broken.status.code(), Some(1));
     let result: serde_json::Value = serde_json::from_slice(&broken.stdout).expect("json");

@@ -18,23 +18,6 @@ use mssql_cdc_writer::reconcile::{
 };
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, SnapshotMode};
-use mssql_cdc_writer::stream::StreamConfig;
-use mssql_cdc_writer::tables;
-
-fn stream_config(lab: &Lab, table: &str, name: &str) -> StreamConfig {
-    StreamConfig {
-        table: table.into(),
-        target: lab.lake(&format!("bronze_{name}")),
-        app_id: name.into(),
-        checkpoint: lab
-            .dir
-            .path()
-            .join(format!("checkpoint_{name}"))
-            .display()
-            .to_string(),
-        ..lab.config()
-    }
-}
 
 fn apply_config(lab: &Lab, table: &str, name: &str, keys: &[&str]) -> ApplyConfig {
     ApplyConfig {
@@ -49,7 +32,7 @@ fn apply_config(lab: &Lab, table: &str, name: &str, keys: &[&str]) -> ApplyConfi
 /// A silver of `table` in step with the source: a full bootstrap, changes, apply.
 async fn pipeline(lab: &Lab, table: &str, name: &str, keys: &[&str]) {
     lab.workload(81, 300);
-    let mut config = stream_config(lab, table, name);
+    let mut config = lab.stream_of(table, name);
     snapshot::bootstrap(&mut config, SnapshotMode::Full)
         .await
         .expect("bootstrap");
@@ -105,10 +88,7 @@ fn statuses(result: &ReconcileResult) -> Vec<BucketStatus> {
 }
 
 async fn silver_table(lab: &Lab, name: &str) -> deltalake::DeltaTable {
-    tables::open(&tables::table_url(&lab.lake(&format!("silver_{name}"))).expect("url"))
-        .await
-        .expect("open")
-        .expect("silver")
+    common::open_table(&lab.lake(&format!("silver_{name}"))).await
 }
 
 /// Silver's rows `WHERE condition`, whole.
@@ -218,25 +198,23 @@ async fn each_fault_on_a_composite_key_is_found_with_its_key_and_nothing_else() 
     let changed_key = account_key(&lab, changed).await;
     let recased_key = account_key(&lab, recased).await;
     let table = silver_table(&lab, "accounts").await;
-    let (table, _) = table
-        .delete()
-        .with_predicate(format!("id = {deleted}").as_str())
-        .await
-        .expect("delete a row");
-    let (table, _) = table
-        .update()
-        .with_predicate(format!("id = {changed}").as_str())
-        .with_update("balance", "coalesce(balance, 0) + 1")
-        .await
-        .expect("change a value");
+    let table = common::delete_where(table, &format!("id = {deleted}")).await;
+    let table = common::update_where(
+        table,
+        &format!("id = {changed}"),
+        "balance",
+        "coalesce(balance, 0) + 1",
+    )
+    .await;
     // Silver holds the region in other letters: equal under the source's collation, but not
     // the value the source holds, so it is that key missing and another one added.
-    let (table, _) = table
-        .update()
-        .with_predicate(format!("id = {recased}").as_str())
-        .with_update("region", "concat(upper(region), '~')")
-        .await
-        .expect("change a key's letters");
+    let table = common::update_where(
+        table,
+        &format!("id = {recased}"),
+        "region",
+        "concat(upper(region), '~')",
+    )
+    .await;
     let template = silver_rows(&lab, "accounts", &format!("id = {changed}")).await;
     let row = &template[0];
     let mut columns = row.columns().to_vec();
@@ -358,7 +336,7 @@ async fn changes_not_applied_yet_on_a_composite_key_are_in_flight_never_mismatch
     );
     assert!(result.verified, "in flight is not a failure");
     // Streamed and applied: every bucket matches.
-    run_now(stream_config(&lab, "dbo.accounts", "accounts")).await;
+    run_now(lab.stream_of("dbo.accounts", "accounts")).await;
     apply_changes(&apply_config(
         &lab,
         "dbo.accounts",
@@ -389,14 +367,13 @@ async fn a_repeated_text_column_with_nulls_compares_each_value_as_a_multiset() {
     let id = common::integer_at(&rows[0], "id", 3);
     let index = rows[0].schema().index_of("source").expect("source");
     let value = text(&rows[0], index, 3);
-    let (table, _) = silver_table(&lab, "events")
-        .await
-        .update()
-        .with_predicate(format!("id = {id}").as_str())
-        .with_update("payload", "concat(coalesce(payload, ''), '!')")
-        .await
-        .expect("change a value");
-    drop(table);
+    common::update_where(
+        silver_table(&lab, "events").await,
+        &format!("id = {id}"),
+        "payload",
+        "concat(coalesce(payload, ''), '!')",
+    )
+    .await;
     let result = reconcile(&on_source).await.expect("reconcile");
     assert_eq!(
         findings(&result),
@@ -463,7 +440,7 @@ async fn random_corruptions_on_a_composite_key_are_found_exactly() {
         let mut random = rand::rngs::StdRng::seed_from_u64(seed);
         let lab = Lab::with_tables(&[sample::accounts()]).await;
         lab.workload(seed, random.random_range(150..400));
-        let mut stream = stream_config(&lab, "dbo.accounts", "accounts");
+        let mut stream = lab.stream_of("dbo.accounts", "accounts");
         snapshot::bootstrap(&mut stream, SnapshotMode::Full)
             .await
             .expect("bootstrap");
@@ -506,21 +483,16 @@ async fn random_corruptions_on_a_composite_key_are_found_exactly() {
         };
         let mut table = silver_table(&lab, "accounts").await;
         if !deleted.is_empty() {
-            table = table
-                .delete()
-                .with_predicate(format!("id IN ({})", ids(deleted)).as_str())
-                .await
-                .expect("delete")
-                .0;
+            table = common::delete_where(table, &format!("id IN ({})", ids(deleted))).await;
         }
         if !changed.is_empty() {
-            table = table
-                .update()
-                .with_predicate(format!("id IN ({})", ids(changed)).as_str())
-                .with_update("note", "concat(coalesce(note, ''), '!')")
-                .await
-                .expect("update")
-                .0;
+            table = common::update_where(
+                table,
+                &format!("id IN ({})", ids(changed)),
+                "note",
+                "concat(coalesce(note, ''), '!')",
+            )
+            .await;
         }
         if !added.is_empty() {
             let template = silver_rows(&lab, "accounts", &format!("id = {}", rows[20].0)).await;

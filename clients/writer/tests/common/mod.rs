@@ -97,6 +97,23 @@ impl Lab {
         }
     }
 
+    /// The stream of `table` into bronze `bronze_<name>`, app id `name`, its checkpoint
+    /// `checkpoint_<name>`: one of several tables of one lab.
+    pub fn stream_of(&self, table: &str, name: &str) -> StreamConfig {
+        StreamConfig {
+            table: table.into(),
+            target: self.lake(&format!("bronze_{name}")),
+            app_id: name.into(),
+            checkpoint: self
+                .dir
+                .path()
+                .join(format!("checkpoint_{name}"))
+                .display()
+                .to_string(),
+            ..self.config()
+        }
+    }
+
     pub fn workload(&self, seed: u64, commits: u64) {
         let mut writer = self.writer(seed);
         let spec = WorkloadSpec {
@@ -152,6 +169,40 @@ pub async fn query(location: &str, sql: &str) -> Vec<RecordBatch> {
 }
 
 /// Runs a stream of `config` available-now, panicking on any error.
+/// The Delta table at `location`, which must exist.
+pub async fn open_table(location: &str) -> deltalake::DeltaTable {
+    mssql_cdc_writer::tables::open(&mssql_cdc_writer::tables::table_url(location).expect("url"))
+        .await
+        .expect("open")
+        .unwrap_or_else(|| panic!("no table at {location}"))
+}
+
+/// `table` without the rows `predicate` holds for.
+pub async fn delete_where(table: deltalake::DeltaTable, predicate: &str) -> deltalake::DeltaTable {
+    table
+        .delete()
+        .with_predicate(predicate)
+        .await
+        .unwrap_or_else(|error| panic!("delete where {predicate}: {error}"))
+        .0
+}
+
+/// `table` with `column` set to the SQL expression `value` where `predicate` holds.
+pub async fn update_where(
+    table: deltalake::DeltaTable,
+    predicate: &str,
+    column: &str,
+    value: &str,
+) -> deltalake::DeltaTable {
+    table
+        .update()
+        .with_predicate(predicate)
+        .with_update(column, value)
+        .await
+        .unwrap_or_else(|error| panic!("update {column} = {value} where {predicate}: {error}"))
+        .0
+}
+
 pub async fn run_now(config: StreamConfig) -> Vec<mssql_cdc_writer::stream::BatchOutcome> {
     try_run_now(config).await.expect("stream run")
 }
