@@ -8,6 +8,9 @@
 //! so both run with a warm page cache and a warm allocator. Then (c) the same `do_get` from a
 //! second server with authentication on (a tokens file, the bearer token on every call), and
 //! the cost of authentication per call: sequential `max_lsn` actions on both servers.
+//! Then (d) P1 of issue 22: our `do_get` against a stock arrow-flight server serving the same
+//! batches from memory ([`stock_server`]), read by the same client, with 1 and 2 endpoints,
+//! in alternating rounds so both see the same machine load; the ratio is of the medians.
 //!
 //! `cargo bench --bench throughput`; sizes with `BENCH_NARROW_ROWS` (default 10,000,000)
 //! and `BENCH_WIDE_ROWS` (default 1,000,000); `BENCH_DIR` keeps the generated databases.
@@ -17,6 +20,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
+use arrow::record_batch::RecordBatch;
+use arrow_flight::Ticket;
 use futures::StreamExt;
 use mssql_cdc_flight::client::CdcClient;
 use mssql_cdc_flight::protocol::ChangesCommand;
@@ -24,8 +29,14 @@ use mssql_cdc_flight::sim::{Clock, SimDb, sample};
 use mssql_cdc_flight::source::{BatchBytes, CdcSource, ChangeRead, TableName};
 use mssql_cdc_flight::{CommitTime, Lsn};
 
+#[path = "throughput/stock_server.rs"]
+mod stock_server;
+
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Alternating rounds of our server and the stock one.
+const ROUNDS: usize = 3;
 
 const SEED_ROWS: usize = 100_000;
 const ROWS_PER_TRANSACTION: usize = 1_000;
@@ -73,7 +84,12 @@ impl Measure {
     }
 }
 
-async fn scan_in_process(db: &SimDb, table: &TableName) -> anyhow::Result<Measure> {
+/// Reads the whole range of `table` in process, handing each batch to `on_batch`.
+async fn scan_in_process(
+    db: &SimDb,
+    table: &TableName,
+    mut on_batch: impl FnMut(RecordBatch),
+) -> anyhow::Result<Measure> {
     let instance = db.capture_instances(table).await?.remove(0);
     let columns = instance.output_columns();
     let read = ChangeRead {
@@ -92,6 +108,7 @@ async fn scan_in_process(db: &SimDb, table: &TableName) -> anyhow::Result<Measur
         let batch = batch?;
         rows += batch.num_rows() as u64;
         bytes += mssql_cdc_flight::types::batch_slice_size(&batch) as u64;
+        on_batch(batch);
     }
     Ok(Measure {
         rows,
@@ -133,9 +150,22 @@ impl Server {
         if let Some(tokens) = tokens {
             args.extend(["--tokens-file".into(), tokens.display().to_string()]);
         }
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mssql-cdc-flight"))
-            .args(&args)
-            .env("RUST_LOG", "warn")
+        let mut command = Command::new(env!("CARGO_BIN_EXE_mssql-cdc-flight"));
+        command.args(&args).env("RUST_LOG", "warn");
+        Self::spawn(command)
+    }
+
+    /// The stock arrow-flight server holding the whole range of `table` in memory: this
+    /// bench's binary again, as `stock-server DIR TABLE`.
+    fn stock(dir: &Path, table: &TableName) -> anyhow::Result<Self> {
+        let mut command = Command::new(std::env::current_exe()?);
+        command.arg(STOCK_SERVER).arg(dir).arg(table.to_string());
+        Self::spawn(command)
+    }
+
+    /// Starts `command` and waits for its `listening on ADDRESS` line.
+    fn spawn(mut command: Command) -> anyhow::Result<Self> {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()?;
@@ -192,6 +222,8 @@ async fn micros_per_call(url: &str, token: Option<&str>, calls: u32) -> anyhow::
     Ok(started.elapsed().as_secs_f64() * 1e6 / f64::from(calls))
 }
 
+/// Reads `table`'s whole range through our server's plan of `partitions` endpoints, each
+/// endpoint checked against its completion marker; timed from the plan.
 async fn read_through_flight(
     url: &str,
     table: &TableName,
@@ -210,18 +242,46 @@ async fn read_through_flight(
     command.partitions = Some(partitions);
     let started = Instant::now();
     let plan = client.plan_changes(&command).await?;
+    let tickets = plan
+        .info
+        .endpoint
+        .iter()
+        .map(|endpoint| endpoint.ticket.clone().expect("ticket"))
+        .collect();
+    read_tickets(&client, tickets, true, started).await
+}
+
+/// Reads the stock server's batches in `shares` endpoints.
+async fn read_stock(url: &str, shares: u32) -> anyhow::Result<Measure> {
+    let client = connect(url, None).await?;
+    let tickets = (0..shares)
+        .map(|share| Ticket::new(format!("{share}/{shares}")))
+        .collect();
+    read_tickets(&client, tickets, false, Instant::now()).await
+}
+
+/// Reads `tickets` concurrently with the one client both servers are read by; with
+/// `checked`, each ends with its completion marker and its rows.
+async fn read_tickets(
+    client: &CdcClient,
+    tickets: Vec<Ticket>,
+    checked: bool,
+    started: Instant,
+) -> anyhow::Result<Measure> {
     let mut reads = Vec::new();
-    for endpoint in &plan.info.endpoint {
+    for ticket in tickets {
         let client = client.clone();
-        let ticket = endpoint.ticket.clone().expect("ticket");
         reads.push(tokio::spawn(async move {
-            let mut bytes = 0u64;
-            let completion = client
-                .read_endpoint(&ticket, |batch| {
-                    bytes += mssql_cdc_flight::types::batch_slice_size(&batch) as u64
-                })
-                .await?;
-            anyhow::Ok((completion.rows, bytes))
+            let (mut rows, mut bytes) = (0u64, 0u64);
+            let mut reader = client.open_endpoint(&ticket).await?;
+            while let Some(batch) = reader.next_batch().await? {
+                rows += batch.num_rows() as u64;
+                bytes += mssql_cdc_flight::types::batch_slice_size(&batch) as u64;
+            }
+            if checked {
+                reader.completion()?;
+            }
+            anyhow::Ok((rows, bytes))
         }));
     }
     let (mut rows, mut bytes) = (0u64, 0u64);
@@ -237,7 +297,86 @@ async fn read_through_flight(
     })
 }
 
+/// The rows/s of `reads`.
+fn rates(reads: &[Costed]) -> Vec<f64> {
+    reads.iter().map(|read| read.rows_per_second).collect()
+}
+
+/// The median of `values`.
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+/// CPU seconds (user and system) that process `pid` has used so far.
+fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .ok_or_else(|| anyhow::anyhow!("no command in /proc/{pid}/stat"))?
+        .1
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command; the
+    // kernel counts them in USER_HZ ticks, 100 per second on Linux.
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    Ok(ticks / 100.0)
+}
+
+/// One timed read with the CPU each side spent on it, per million rows.
+struct Costed {
+    rows_per_second: f64,
+    server_cpu: f64,
+    client_cpu: f64,
+}
+
+/// Times `read` and charges the CPU that `server` and this process spent meanwhile.
+async fn costed(
+    server: &Server,
+    read: impl Future<Output = anyhow::Result<Measure>>,
+) -> anyhow::Result<Costed> {
+    let (server_before, client_before) = (
+        cpu_seconds(server.child.id())?,
+        cpu_seconds(std::process::id())?,
+    );
+    let measure = read.await?;
+    let per_million = 1e6 / measure.rows as f64;
+    Ok(Costed {
+        rows_per_second: measure.rows_per_second(),
+        server_cpu: (cpu_seconds(server.child.id())? - server_before) * per_million,
+        client_cpu: (cpu_seconds(std::process::id())? - client_before) * per_million,
+    })
+}
+
+/// Our server's and the stock one's reads with 1 and 2 endpoints, in alternating rounds.
+struct Peers {
+    ours: [Vec<Costed>; 2],
+    stock: [Vec<Costed>; 2],
+}
+
+/// The first argument that makes this binary the stock server.
+const STOCK_SERVER: &str = "stock-server";
+
+/// Runs the stock server of `stock-server DIR TABLE`: reads the range in process, then serves.
+fn stock_server_main(dir: &str, table: &str) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let db = SimDb::open(Path::new(dir))?;
+        let mut batches = Vec::new();
+        scan_in_process(&db, &table.parse()?, |batch| batches.push(batch)).await?;
+        stock_server::serve(batches).await
+    })
+}
+
 fn main() -> anyhow::Result<()> {
+    let arguments: Vec<String> = std::env::args().collect();
+    if arguments.get(1).map(String::as_str) == Some(STOCK_SERVER) {
+        return stock_server_main(&arguments[2], &arguments[3]);
+    }
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -260,6 +399,7 @@ fn main() -> anyhow::Result<()> {
     ];
     let tokens = tokens_file(temporary.path())?;
     let mut call_costs = Vec::new();
+    let mut stock_rows = Vec::new();
     println!(
         "| table | rows | generate rows/s | (a) in-process rows/s | (a) MB/s | (b) do_get rows/s | (b) MB/s | (b)/(a) | (b) 2 partitions rows/s | server peak RSS MiB | (c) do_get with auth rows/s | (c)/(b) |"
     );
@@ -280,15 +420,32 @@ fn main() -> anyhow::Result<()> {
         } else {
             "reused".to_string()
         };
-        let (scan, flight, flight_two, rss, authenticated) = runtime.block_on(async {
+        let (scan, served_rows, peers, rss, authenticated) = runtime.block_on(async {
             // Warm the page cache once so both paths read from memory.
-            scan_in_process(&db, &spec.table).await?;
-            let scan = scan_in_process(&db, &spec.table).await?;
+            scan_in_process(&db, &spec.table, drop).await?;
+            let scan = scan_in_process(&db, &spec.table, drop).await?;
             let server = Server::start(&dir, None)?;
-            // Warm the server the same way (its allocator's first pass pays the page faults).
-            read_through_flight(&server.url, &spec.table, 1, None).await?;
-            let flight = read_through_flight(&server.url, &spec.table, 1, None).await?;
-            let flight_two = read_through_flight(&server.url, &spec.table, 2, None).await?;
+            let stock = Server::stock(&dir, &spec.table)?;
+            // Warm both servers the same way (an allocator's first pass pays the page faults).
+            let warm = read_through_flight(&server.url, &spec.table, 1, None).await?;
+            let warm_stock = read_stock(&stock.url, 1).await?;
+            assert_eq!(
+                warm.rows, warm_stock.rows,
+                "both servers serve the same rows"
+            );
+            let mut peers = Peers {
+                ours: [Vec::new(), Vec::new()],
+                stock: [Vec::new(), Vec::new()],
+            };
+            for _ in 0..ROUNDS {
+                for (slot, endpoints) in [1u32, 2].into_iter().enumerate() {
+                    let ours = read_through_flight(&server.url, &spec.table, endpoints, None);
+                    peers.ours[slot].push(costed(&server, ours).await?);
+                    let theirs = read_stock(&stock.url, endpoints);
+                    peers.stock[slot].push(costed(&stock, theirs).await?);
+                }
+            }
+            drop(stock);
             let rss = server.peak_rss_mib()?;
             let secured = Server::start(&dir, Some(&tokens))?;
             read_through_flight(&secured.url, &spec.table, 1, Some(TOKEN)).await?;
@@ -302,22 +459,25 @@ fn main() -> anyhow::Result<()> {
                 with_auth.push(micros_per_call(&secured.url, Some(TOKEN), 2_000).await?);
             }
             call_costs.push((name, open, with_auth));
-            anyhow::Ok((scan, flight, flight_two, rss, authenticated))
+            anyhow::Ok((scan, warm.rows, peers, rss, authenticated))
         })?;
-        assert_eq!(scan.rows, flight.rows, "both paths read the same rows");
+        assert_eq!(scan.rows, served_rows, "both paths read the same rows");
+        let flight = median(&rates(&peers.ours[0]));
+        let flight_two = median(&rates(&peers.ours[1]));
         println!(
             "| {name} | {} | {generated} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} |",
             scan.rows,
             scan.rows_per_second(),
             scan.mb_per_second(),
-            flight.rows_per_second(),
-            flight.mb_per_second(),
-            flight.rows_per_second() / scan.rows_per_second(),
-            flight_two.rows_per_second(),
+            flight,
+            flight * scan.bytes as f64 / scan.rows as f64 / 1e6,
+            flight / scan.rows_per_second(),
+            flight_two,
             rss,
             authenticated.rows_per_second(),
-            authenticated.rows_per_second() / flight.rows_per_second(),
+            authenticated.rows_per_second() / flight,
         );
+        stock_rows.push((name, peers));
     }
     println!();
     println!(
@@ -325,11 +485,6 @@ fn main() -> anyhow::Result<()> {
     );
     println!("|---|---|---|---|");
     for (name, open, with_auth) in call_costs {
-        let median = |values: &[f64]| {
-            let mut sorted = values.to_vec();
-            sorted.sort_by(f64::total_cmp);
-            sorted[sorted.len() / 2]
-        };
         let show = |values: &[f64]| {
             values
                 .iter()
@@ -343,6 +498,36 @@ fn main() -> anyhow::Result<()> {
             show(&with_auth),
             median(&with_auth) - median(&open)
         );
+    }
+    println!();
+    println!(
+        "| table | endpoints | ours rows/s ({ROUNDS} rounds) | stock arrow-flight rows/s | ours ÷ stock (medians) | server CPU-s per 1M rows, ours / stock | client CPU-s per 1M rows, reading ours / stock |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (name, peers) in stock_rows {
+        for (slot, endpoints) in [1, 2].into_iter().enumerate() {
+            let show = |values: &[f64]| {
+                values
+                    .iter()
+                    .map(|value| format!("{value:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let (ours, stock) = (&peers.ours[slot], &peers.stock[slot]);
+            let cpu = |reads: &[Costed], side: fn(&Costed) -> f64| {
+                median(&reads.iter().map(side).collect::<Vec<_>>())
+            };
+            println!(
+                "| {name} | {endpoints} | {} | {} | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} |",
+                show(&rates(ours)),
+                show(&rates(stock)),
+                median(&rates(ours)) / median(&rates(stock)),
+                cpu(ours, |read| read.server_cpu),
+                cpu(stock, |read| read.server_cpu),
+                cpu(ours, |read| read.client_cpu),
+                cpu(stock, |read| read.client_cpu),
+            );
+        }
     }
     Ok(())
 }
