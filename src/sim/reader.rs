@@ -123,11 +123,21 @@ fn row_bounds(lsns: &FixedSizeBinaryArray, from: Lsn, to: Lsn) -> (usize, usize)
 /// An LSN column as `0x` + 20 upper-case hex digits per row.
 fn hex_column(lsns: &FixedSizeBinaryArray) -> Result<ArrayRef> {
     let rows = lsns.len();
-    let mut values = vec![0u8; rows * 22];
-    for (row, out) in values.chunks_exact_mut(22).enumerate() {
+    let mut values = Vec::with_capacity(rows * 22);
+    // The rows of one commit share their start LSN: format it once.
+    let mut last: Option<(Lsn, [u8; 22])> = None;
+    for row in 0..rows {
         let lsn = lsn_at(lsns, row);
-        let out: &mut [u8; 22] = out.try_into().expect("chunks of 22");
-        lsn.write_hex(out);
+        let hex = match last {
+            Some((previous, hex)) if previous == lsn => hex,
+            _ => {
+                let mut hex = [0u8; 22];
+                lsn.write_hex(&mut hex);
+                last = Some((lsn, hex));
+                hex
+            }
+        };
+        values.extend_from_slice(&hex);
     }
     let offsets: Vec<i32> = (0..=rows).map(|row| (row * 22) as i32).collect();
     let array = StringArray::try_new(

@@ -19,15 +19,18 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow::array::{Array, FixedSizeBinaryArray};
+use arrow::buffer::Buffer;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use arrow::ipc::reader::FileReader;
+use arrow::ipc::convert::fb_to_schema;
+use arrow::ipc::reader::{FileDecoder, read_footer_length};
 use arrow::ipc::writer::FileWriter;
+use arrow::ipc::{Block, root_as_footer};
 use arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
 
@@ -408,20 +411,59 @@ pub fn write_segment(
 
 /// An open segment file and the LSN bounds of its batches.
 pub struct SegmentReader {
-    reader: FileReader<std::io::BufReader<File>>,
+    file: File,
+    schema: SchemaRef,
+    decoder: FileDecoder,
+    blocks: Vec<Block>,
     bounds: Vec<(Lsn, Lsn)>,
 }
 
 impl SegmentReader {
     /// Opens a segment, optionally reading only some columns (by index in the segment schema).
+    ///
+    /// It parses the IPC file's footer itself rather than through arrow's `FileReader`, which
+    /// zero-fills a fresh buffer for every batch before reading into it: here a batch is read
+    /// into uninitialised capacity and decoded in place (docs/design-notes.md, "Serving").
     pub fn open(path: &Path, projection: Option<Vec<usize>>) -> Result<Self> {
         let file = File::open(path)
             .map_err(|error| Error::io(format!("opening {}", path.display()), error))?;
-        let reader = FileReader::try_new_buffered(file, projection)?;
-        let bounds_text = reader
+        let corrupt = |what: String| {
+            Error::Internal(format!("segment {} is corrupt: {what}", path.display()))
+        };
+        let size = file
+            .metadata()
+            .map_err(|error| Error::io(format!("reading {}", path.display()), error))?
+            .len();
+        let mut trailer = [0u8; 10];
+        let trailer_at = size
+            .checked_sub(trailer.len() as u64)
+            .ok_or_else(|| corrupt(format!("{size} bytes")))?;
+        file.read_exact_at(&mut trailer, trailer_at)
+            .map_err(|error| Error::io(format!("reading {}", path.display()), error))?;
+        let footer_length = read_footer_length(trailer)?;
+        let footer_at = trailer_at
+            .checked_sub(footer_length as u64)
+            .ok_or_else(|| corrupt(format!("a footer of {footer_length} bytes")))?;
+        let mut footer_bytes = vec![0u8; footer_length];
+        file.read_exact_at(&mut footer_bytes, footer_at)
+            .map_err(|error| Error::io(format!("reading {}", path.display()), error))?;
+        let footer = root_as_footer(&footer_bytes).map_err(|error| corrupt(error.to_string()))?;
+        let schema = footer.schema().ok_or_else(|| corrupt("no schema".into()))?;
+        let schema = Arc::new(fb_to_schema(schema));
+        let mut decoder = FileDecoder::new(Arc::clone(&schema), footer.version());
+        if let Some(projection) = projection {
+            decoder = decoder.with_projection(projection);
+        }
+        let blocks: Vec<Block> = footer
+            .recordBatches()
+            .map(|blocks| blocks.iter().copied().collect())
+            .unwrap_or_default();
+        let bounds_text = footer
             .custom_metadata()
-            .get(BATCH_BOUNDS_KEY)
-            .cloned()
+            .into_iter()
+            .flatten()
+            .find(|pair| pair.key() == Some(BATCH_BOUNDS_KEY))
+            .and_then(|pair| pair.value())
             .unwrap_or_default();
         let mut bounds = Vec::new();
         for pair in bounds_text.split(',').filter(|pair| !pair.is_empty()) {
@@ -429,27 +471,30 @@ impl SegmentReader {
                 .split_once('-')
                 .and_then(|(low, high)| Some((low.parse().ok()?, high.parse().ok()?)));
             let Some(bound) = parsed else {
-                return Err(Error::Internal(format!(
-                    "segment {} has corrupt batch bounds",
-                    path.display()
-                )));
+                return Err(corrupt("its batch bounds".into()));
             };
             bounds.push(bound);
         }
-        if bounds.len() != reader.num_batches() {
+        if bounds.len() != blocks.len() {
             return Err(Error::Internal(format!(
                 "segment {} lists {} batch bounds for {} batches",
                 path.display(),
                 bounds.len(),
-                reader.num_batches()
+                blocks.len()
             )));
         }
-        Ok(SegmentReader { reader, bounds })
+        Ok(SegmentReader {
+            file,
+            schema,
+            decoder,
+            blocks,
+            bounds,
+        })
     }
 
     /// The segment's schema (its captured columns' types when it was written).
     pub fn schema(&self) -> SchemaRef {
-        self.reader.schema()
+        Arc::clone(&self.schema)
     }
 
     /// Indexes of the batches that may hold commits in `[from, to]`.
@@ -461,11 +506,30 @@ impl SegmentReader {
 
     /// Reads batch `index`.
     pub fn read(&mut self, index: usize) -> Result<RecordBatch> {
-        self.reader.set_index(index)?;
-        self.reader
-            .next()
-            .ok_or_else(|| Error::Internal(format!("segment batch {index} is missing")))?
-            .map_err(Error::from)
+        let missing = || Error::Internal(format!("segment batch {index} is missing"));
+        let block = self.blocks.get(index).ok_or_else(missing)?;
+        let length = usize::try_from(block.metaDataLength())
+            .ok()
+            .zip(usize::try_from(block.bodyLength()).ok())
+            .map(|(metadata, body)| metadata + body)
+            .ok_or_else(missing)?;
+        let offset = u64::try_from(block.offset()).map_err(|_| missing())?;
+        // `read_to_end` fills spare capacity without zeroing it first.
+        let mut bytes = Vec::with_capacity(length);
+        let io_error = |error| Error::io(format!("reading segment batch {index}"), error);
+        (&self.file)
+            .seek(SeekFrom::Start(offset))
+            .map_err(io_error)?;
+        (&self.file)
+            .take(length as u64)
+            .read_to_end(&mut bytes)
+            .map_err(io_error)?;
+        if bytes.len() != length {
+            return Err(missing());
+        }
+        self.decoder
+            .read_record_batch(block, &Buffer::from_vec(bytes))?
+            .ok_or_else(missing)
     }
 }
 
