@@ -18,6 +18,7 @@
 mod actions;
 pub mod auth;
 mod ddl;
+mod frames;
 pub mod gate;
 pub mod limits;
 pub mod local;
@@ -162,9 +163,14 @@ pub async fn serve(
         authentication = options.authenticator.is_some(), "serving flight");
     let interceptor = auth::interceptor(options.authenticator.clone());
     let max_request_bytes = options.limits.max_request_bytes;
-    let flight = FlightServiceServer::new(CdcFlightService::new(source, options))
-        .max_decoding_message_size(max_request_bytes)
-        .max_encoding_message_size(usize::MAX);
+    let service = Arc::new(CdcFlightService::new(source, options));
+    let flight = frames::ZeroCopyDoGet::new(
+        FlightServiceServer::from_arc(Arc::clone(&service))
+            .max_decoding_message_size(max_request_bytes)
+            .max_encoding_message_size(usize::MAX),
+        service,
+        max_request_bytes,
+    );
     let served = builder
         .add_service(health_service)
         .add_service(tonic::service::interceptor::InterceptedService::new(
