@@ -252,6 +252,16 @@ async fn every_limit_refuses_with_its_code() {
     tokio::time::timeout(Duration::from_secs(10), reopened)
         .await
         .expect("the slot is freed");
+    // DoGet decodes its own request (src/flight/frames.rs): a ticket over the request limit
+    // is OUT_OF_RANGE, as tonic's check answers every other call, and a forged one is refused.
+    let oversized = arrow_flight::Ticket::new(vec![b'x'; Limits::default().max_request_bytes + 1]);
+    let refused = raw.do_get(oversized).await.expect_err("oversized ticket");
+    assert_eq!(refused.code(), Code::OutOfRange, "{refused}");
+    let forged = raw
+        .do_get(arrow_flight::Ticket::new("not a signed ticket"))
+        .await
+        .expect_err("forged ticket");
+    assert_eq!(forged.code(), Code::InvalidArgument, "{forged}");
     flight.shutdown_and_wait().await;
     drop(sim);
 }
