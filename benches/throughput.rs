@@ -302,6 +302,20 @@ fn rates(reads: &[Costed]) -> Vec<f64> {
     reads.iter().map(|read| read.rows_per_second).collect()
 }
 
+/// The median of one figure of `reads`.
+fn median_of(reads: &[Costed], figure: fn(&Costed) -> f64) -> f64 {
+    median(&reads.iter().map(figure).collect::<Vec<_>>())
+}
+
+/// `values` with `decimals` digits each, separated by commas.
+fn listed(values: &[f64], decimals: usize) -> String {
+    values
+        .iter()
+        .map(|value| format!("{value:.decimals$}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The median of `values`.
 fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
@@ -485,17 +499,10 @@ fn main() -> anyhow::Result<()> {
     );
     println!("|---|---|---|---|");
     for (name, open, with_auth) in call_costs {
-        let show = |values: &[f64]| {
-            values
-                .iter()
-                .map(|value| format!("{value:.1}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         println!(
             "| {name} | {} | {} | {:.1} |",
-            show(&open),
-            show(&with_auth),
+            listed(&open, 1),
+            listed(&with_auth, 1),
             median(&with_auth) - median(&open)
         );
     }
@@ -506,26 +513,16 @@ fn main() -> anyhow::Result<()> {
     println!("|---|---|---|---|---|---|---|");
     for (name, peers) in stock_rows {
         for (slot, endpoints) in [1, 2].into_iter().enumerate() {
-            let show = |values: &[f64]| {
-                values
-                    .iter()
-                    .map(|value| format!("{value:.0}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
             let (ours, stock) = (&peers.ours[slot], &peers.stock[slot]);
-            let cpu = |reads: &[Costed], side: fn(&Costed) -> f64| {
-                median(&reads.iter().map(side).collect::<Vec<_>>())
-            };
             println!(
                 "| {name} | {endpoints} | {} | {} | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} |",
-                show(&rates(ours)),
-                show(&rates(stock)),
+                listed(&rates(ours), 0),
+                listed(&rates(stock), 0),
                 median(&rates(ours)) / median(&rates(stock)),
-                cpu(ours, |read| read.server_cpu),
-                cpu(stock, |read| read.server_cpu),
-                cpu(ours, |read| read.client_cpu),
-                cpu(stock, |read| read.client_cpu),
+                median_of(ours, |read| read.server_cpu),
+                median_of(stock, |read| read.server_cpu),
+                median_of(ours, |read| read.client_cpu),
+                median_of(stock, |read| read.client_cpu),
             );
         }
     }

@@ -159,6 +159,7 @@ pub struct FlightDataBody {
     stream: BoxedStream<FlightData>,
     /// The body of the message whose head went last.
     body: Option<Bytes>,
+    /// Whether the trailers went.
     ended: bool,
 }
 
@@ -206,7 +207,8 @@ impl http_body::Body for FlightDataBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended && self.body.is_none()
+        // A body is never pending once the trailers went.
+        self.ended
     }
 }
 

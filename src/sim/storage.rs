@@ -430,23 +430,21 @@ impl SegmentReader {
         let corrupt = |what: String| {
             Error::Internal(format!("segment {} is corrupt: {what}", path.display()))
         };
-        let size = file
-            .metadata()
-            .map_err(|error| Error::io(format!("reading {}", path.display()), error))?
-            .len();
+        let read_error = |error| Error::io(format!("reading {}", path.display()), error);
+        let size = file.metadata().map_err(read_error)?.len();
         let mut trailer = [0u8; 10];
         let trailer_at = size
             .checked_sub(trailer.len() as u64)
             .ok_or_else(|| corrupt(format!("{size} bytes")))?;
         file.read_exact_at(&mut trailer, trailer_at)
-            .map_err(|error| Error::io(format!("reading {}", path.display()), error))?;
+            .map_err(read_error)?;
         let footer_length = read_footer_length(trailer)?;
         let footer_at = trailer_at
             .checked_sub(footer_length as u64)
             .ok_or_else(|| corrupt(format!("a footer of {footer_length} bytes")))?;
         let mut footer_bytes = vec![0u8; footer_length];
         file.read_exact_at(&mut footer_bytes, footer_at)
-            .map_err(|error| Error::io(format!("reading {}", path.display()), error))?;
+            .map_err(read_error)?;
         let footer = root_as_footer(&footer_bytes).map_err(|error| corrupt(error.to_string()))?;
         let schema = footer.schema().ok_or_else(|| corrupt("no schema".into()))?;
         let schema = Arc::new(fb_to_schema(schema));
