@@ -74,6 +74,7 @@ pub(super) async fn compare(
     sample.choose(&mut bucket_list);
     let mut findings = Vec::new();
     let to_hash = bucket_list.iter().filter(|bucket| bucket.hashed).count();
+    let mut sides = rows::Sides::default();
     for (done, bucket) in bucket_list
         .iter()
         .filter(|bucket| bucket.hashed)
@@ -85,7 +86,7 @@ pub(super) async fn compare(
             context,
             (hashing, key),
             bucket,
-            &mut in_flight,
+            (&mut in_flight, &mut sides),
         )
         .await?;
         super::log_bucket(config, (done, to_hash), bucket, found.len());

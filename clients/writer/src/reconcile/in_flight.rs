@@ -28,6 +28,16 @@ pub(super) struct InFlight {
 }
 
 impl InFlight {
+    /// No key in flight.
+    #[cfg(test)]
+    pub(super) fn none() -> Self {
+        InFlight {
+            keys: BTreeSet::new(),
+            from: Lsn::ZERO,
+            through: Lsn::ZERO,
+        }
+    }
+
     /// Bronze's changes after `after`, then the change table's from where bronze's stream
     /// stands (its newest change row, or the control table's end, or `after`, whichever is
     /// latest) to `fresh`.

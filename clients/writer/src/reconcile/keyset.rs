@@ -173,7 +173,11 @@ pub(super) async fn compare(
             let command =
                 hashing.command(&config.table, vec![range(bucket, 0)], Some(names.clone()));
             let (source, after_read) = hashing
-                .source_prints(client, &command, bucket.source.rows)
+                .source_prints(
+                    client,
+                    &command,
+                    Prints::expecting(bucket.source.rows, hashing),
+                )
                 .await?;
             let silver_rows = std::mem::take(&mut silver_side[slot]);
             let found = hashing
@@ -352,7 +356,7 @@ async fn silver_prints(
     let slots = expected.len();
     let mut prints: Vec<Prints> = expected
         .iter()
-        .map(|rows| Prints::expecting(*rows, hashing, true))
+        .map(|rows| Prints::expecting(*rows, hashing))
         .collect();
     let mut stream = context
         .sql(&hashing.silver_select())

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
 use arrow::datatypes::SchemaRef;
 use arrow::row::{RowConverter, Rows, SortField};
+use deltalake::datafusion::common::hash_utils::{RandomState, create_hashes};
 use deltalake::datafusion::prelude::SessionContext;
 use futures::TryStreamExt;
 use mssql_cdc_proto::Lsn;
@@ -76,42 +77,64 @@ pub struct KeyFinding {
 
 /// The fingerprints of one side's rows of a bucket, one entry per row, sorted by key and
 /// digest for the merge join: flat vectors, so a bucket of a million rows costs a few
-/// allocations, not millions.
+/// allocations, not millions. A bucket's prints are [`Prints::reuse`]d for the next one, so
+/// their memory is written again rather than faulted in afresh.
 #[derive(Default)]
 pub(super) struct Prints {
     /// `(key, digest, row)`: the row indexes `columns` and `lsns`.
     rows: Vec<(RowKey, [u8; 32], u32)>,
-    /// A short hash of each compared column, one per encoder a row: names the columns that
-    /// differ.
+    /// A short hash of each compared column, `width` a row: names the columns that differ.
     columns: Vec<u32>,
-    /// Silver's `_start_lsn` of each row (empty on the source side).
-    lsns: Vec<Option<Lsn>>,
-    /// Each compared column's row-format converter and buffer, reused batch after batch.
-    encoders: Vec<(RowConverter, Rows)>,
+    width: usize,
+    /// Silver's `_start_lsn` column, batch by batch with the number of its first row (empty
+    /// on the source side): parsed only for the rows a finding names.
+    lsns: Vec<(u32, ArrayRef)>,
+    /// The row-format converter of the compared columns and its buffers, reused batch after
+    /// batch.
+    encoder: Option<Encoder>,
+}
+
+/// One row-format converter of all compared columns, its rows and a column's hashes.
+struct Encoder {
+    converter: RowConverter,
+    rows: Rows,
+    hashes: Vec<u64>,
 }
 
 impl Prints {
-    /// Empty, with room for the `rows` a side of a bucket was counted to hold (and their
-    /// `_start_lsn` on `silver`'s side): a million rows are written in place, not into
-    /// vectors that double, copy and fault in fresh pages as they grow.
-    pub(super) fn expecting(rows: u64, hashing: &Hashing, silver: bool) -> Self {
+    /// Empty, with room for the `rows` a side of a bucket was counted to hold: a million
+    /// rows are written in place, not into vectors that double, copy and fault in fresh
+    /// pages as they grow.
+    pub(super) fn expecting(rows: u64, hashing: &Hashing) -> Self {
+        Prints::default().reuse(rows, hashing)
+    }
+
+    /// These prints emptied for a side of `rows` rows, keeping their memory and encoder.
+    pub(super) fn reuse(mut self, rows: u64, hashing: &Hashing) -> Self {
         let rows = usize::try_from(rows.min(u64::from(u32::MAX))).unwrap_or(0);
-        Prints {
-            rows: Vec::with_capacity(rows),
-            columns: Vec::with_capacity(rows.saturating_mul(hashing.columns.len())),
-            lsns: Vec::with_capacity(if silver { rows } else { 0 }),
-            encoders: Vec::new(),
-        }
+        let width = hashing.columns.len();
+        self.rows.clear();
+        self.rows.reserve(rows);
+        self.columns.clear();
+        self.columns.reserve(rows.saturating_mul(width));
+        self.width = width;
+        self.lsns.clear();
+        self
     }
 
     fn column_hashes(&self, row: u32) -> &[u32] {
-        let width = self.encoders.len();
-        let start = row as usize * width;
-        &self.columns[start..start + width]
+        let start = row as usize * self.width;
+        &self.columns[start..start + self.width]
     }
 
+    /// Silver's `_start_lsn` of `row` (None on the source side or when NULL).
     fn lsn(&self, row: u32) -> Option<Lsn> {
-        self.lsns.get(row as usize).copied().flatten()
+        let batch = self.lsns.partition_point(|(first, _)| *first <= row);
+        let (first, lsns) = self.lsns.get(batch.checked_sub(1)?)?;
+        let value = lsns.slice((row - first) as usize, 1);
+        let text = arrow::compute::cast(&value, &arrow::datatypes::DataType::Utf8).ok()?;
+        let text = text.as_any().downcast_ref::<StringArray>()?;
+        text.iter().next().flatten()?.parse().ok()
     }
 
     /// Each row's key and silver `_start_lsn`, in key order once sorted.
@@ -119,10 +142,19 @@ impl Prints {
         self.rows.iter().map(|(key, _, row)| (key, self.lsn(*row)))
     }
 
-    /// Sorts the rows by key and digest, for [`classify`].
+    /// Sorts the rows by key and digest, for [`classify`]. The rows arrive as runs already
+    /// in key order (a chunk's batches, silver's files), which the stable sort merges
+    /// instead of partitioning them afresh as the unstable one does.
     pub(super) fn sort(&mut self) {
-        self.rows.sort_unstable();
+        self.rows.sort();
     }
+}
+
+/// Both sides' prints of the bucket compared last, kept for the next.
+#[derive(Default)]
+pub(super) struct Sides {
+    source: Prints,
+    silver: Prints,
 }
 
 /// The captured columns of the newest instance that silver holds, in capture order: what
@@ -145,7 +177,7 @@ pub(super) async fn compared_columns(
 pub(super) struct Hashing {
     pub(super) key: CompareKey,
     pub(super) columns: Vec<String>,
-    /// Silver's schema of `columns` (and `_start_lsn`): both sides are cast to it.
+    /// Silver's schema of `columns`: both sides are cast to it.
     pub(super) types: SchemaRef,
 }
 
@@ -184,20 +216,19 @@ impl Hashing {
     }
 
     /// Reads the source's rows of `command` (a chunked snapshot of the compared columns, its
-    /// chunks read side by side, `expected_rows` by tier 1's count) and fingerprints them
-    /// on a task of their own, so decoding the next batch overlaps hashing this one; with
-    /// the latest `max_lsn` the reads' completion markers carry.
+    /// chunks read side by side) and fingerprints them into `prints` (readied for tier 1's
+    /// count) on a task of their own, so decoding the next batch overlaps hashing this one;
+    /// with the latest `max_lsn` the reads' completion markers carry.
     pub(super) async fn source_prints(
         &self,
         client: &CdcClient,
         command: &SnapshotCommand,
-        expected_rows: u64,
+        mut prints: Prints,
     ) -> Result<(Prints, Option<Lsn>)> {
         let (batches, mut arriving) = tokio::sync::mpsc::channel::<RecordBatch>(4);
         let hashing = {
             let hashing = self.clone();
             tokio::spawn(async move {
-                let mut prints = Prints::expecting(expected_rows, &hashing, false);
                 while let Some(batch) = arriving.recv().await {
                     fingerprint(&batch, &hashing, None, &mut prints)?;
                 }
@@ -272,15 +303,16 @@ fn joined(error: tokio::task::JoinError) -> WriterError {
     WriterError::Internal(format!("a row digest task failed: {error}"))
 }
 
-/// Compares one bucket of a grid key row by row; returns its key findings. Silver's rows
-/// are read and hashed on a task of their own while the source's arrive over Flight.
+/// Compares one bucket of a grid key row by row, in the memory of `sides`; returns its key
+/// findings. Silver's rows are read and hashed on a task of their own while the source's
+/// arrive over Flight.
 pub(super) async fn compare_grid_bucket(
     client: &CdcClient,
     config: &ReconcileConfig,
     context: &SessionContext,
     (hashing, grid): (&Hashing, &GridKey),
     bucket: &Bucket,
-    in_flight: &mut InFlight,
+    (in_flight, sides): (&mut InFlight, &mut Sides),
 ) -> Result<Vec<KeyFinding>> {
     let silver_frame = context
         .sql(&format!(
@@ -291,9 +323,8 @@ pub(super) async fn compare_grid_bucket(
         .await?;
     let silver_side = {
         let hashing = hashing.clone();
-        let expected_rows = bucket.silver.rows;
+        let mut prints = std::mem::take(&mut sides.silver).reuse(bucket.silver.rows, &hashing);
         tokio::spawn(async move {
-            let mut prints = Prints::expecting(expected_rows, &hashing, true);
             let mut stream = silver_frame.execute_stream().await?;
             while let Some(batch) = stream.try_next().await? {
                 hashing.silver_batch(&batch, &mut prints)?;
@@ -325,7 +356,7 @@ pub(super) async fn compare_grid_bucket(
         .source_prints(
             client,
             &hashing.command(&config.table, chunks, keys),
-            bucket.source.rows,
+            std::mem::take(&mut sides.source).reuse(bucket.source.rows, hashing),
         )
         .await?;
     let read_seconds = started.elapsed().as_secs_f64();
@@ -337,9 +368,11 @@ pub(super) async fn compare_grid_bucket(
         silver_rows = silver.rows.len(),
         "reconcile: a bucket's rows read and hashed"
     );
-    hashing
+    let found = hashing
         .differences(client, config, (&source, &silver), after_read, in_flight)
-        .await
+        .await;
+    *sides = Sides { source, silver };
+    found
 }
 
 /// The keys of both sides joined (both sorted by key, then digest), each difference
@@ -417,86 +450,84 @@ fn classify(
     findings
 }
 
-/// Fingerprints every row of `batch` into `into`: each compared column cast to silver's
-/// type (`types`) and written in Arrow's row format, SHA-256 over the columns' bytes (each
-/// length-prefixed), and a short hash of each column ([`short_hash`]).
+/// Seeds the short column hashes of both sides alike.
+const SHORT_HASH: RandomState = RandomState::with_seed(0x51_7c_c1_b7_27_22_0a_95);
+
+/// Fingerprints every row of `batch` into `into`: the compared columns cast to silver's
+/// types (`types`) and written in Arrow's row format as one row (equal values, equal bytes;
+/// the format decodes, so different rows never share bytes), SHA-256 over those bytes where
+/// they lie; and a short hash of each column (DataFusion's vectorized `create_hashes`).
 fn fingerprint(
     batch: &RecordBatch,
     hashing: &Hashing,
     lsn_column: Option<&str>,
     into: &mut Prints,
 ) -> Result<()> {
-    let (columns, types) = (&hashing.columns, &hashing.types);
     let column = |name: &str| {
         batch
             .column_by_name(name)
             .cloned()
             .ok_or_else(|| WriterError::Internal(format!("the compared rows lack column '{name}'")))
     };
-    // One converter and one row buffer per column, kept across the side's batches: a
-    // bucket's million rows reuse the same memory instead of faulting in fresh pages.
-    if into.encoders.is_empty() {
-        for name in columns {
-            let target = types.field_with_name(name)?.data_type().clone();
-            let converter = RowConverter::new(vec![SortField::new(target)])?;
-            let rows = converter.empty_rows(batch.num_rows(), batch.num_rows() * 16);
-            into.encoders.push((converter, rows));
+    let values: Vec<ArrayRef> = hashing
+        .types
+        .fields()
+        .iter()
+        .map(|field| {
+            Ok(arrow::compute::cast(
+                &column(field.name())?,
+                field.data_type(),
+            )?)
+        })
+        .collect::<Result<_>>()?;
+    let count = batch.num_rows();
+    let encoder = match &mut into.encoder {
+        Some(encoder) => encoder,
+        None => {
+            let fields = hashing.types.fields().iter();
+            let converter = RowConverter::new(
+                fields
+                    .map(|field| SortField::new(field.data_type().clone()))
+                    .collect(),
+            )?;
+            let rows = converter.empty_rows(count, count * 64);
+            into.encoder.insert(Encoder {
+                converter,
+                rows,
+                hashes: Vec::new(),
+            })
         }
-    }
-    for (name, (converter, rows)) in columns.iter().zip(&mut into.encoders) {
-        let target = types.field_with_name(name)?.data_type();
-        let values: ArrayRef = arrow::compute::cast(&column(name)?, target)?;
-        rows.clear();
-        converter.append(rows, &[values])?;
-    }
-    let encoded: Vec<&Rows> = into.encoders.iter().map(|(_, rows)| rows).collect();
-    let keys = hashing.key.row_keys(batch)?;
-    if let Some(name) = lsn_column {
-        let text = arrow::compute::cast(&column(name)?, &arrow::datatypes::DataType::Utf8)?;
-        let text = text
-            .as_any()
-            .downcast_ref::<StringArray>()
-            .ok_or_else(|| WriterError::Internal("_start_lsn is not text".into()))?;
-        into.lsns.extend(
-            text.iter()
-                .map(|lsn| lsn.and_then(|lsn| lsn.parse::<Lsn>().ok())),
-        );
-    }
-    into.columns.reserve(batch.num_rows() * columns.len());
-    // One buffer per batch: each row's columns, length-prefixed, hashed in one call.
-    let mut buffer = Vec::new();
-    for (row, key) in keys.into_iter().enumerate() {
-        buffer.clear();
-        for rows in &encoded {
-            let bytes = rows.row(row);
-            let bytes = bytes.as_ref();
-            buffer.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-            buffer.extend_from_slice(bytes);
-            into.columns.push(short_hash(bytes));
-        }
-        let number = u32::try_from(into.rows.len())
-            .map_err(|_| WriterError::invalid("a bucket holds more than 4 billion rows"))?;
-        into.rows
-            .push((key, Sha256::digest(&buffer).into(), number));
-    }
-    Ok(())
-}
+    };
+    encoder.rows.clear();
+    encoder.converter.append(&mut encoder.rows, &values)?;
 
-/// A 32-bit hash of `bytes`, eight bytes a step (FxHash's mix): a column's short hash, only
-/// ever compared between the two sides of one key to name the columns that differ (the
-/// digest decides whether they do).
-fn short_hash(bytes: &[u8]) -> u32 {
-    const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-    let mut chunks = bytes.chunks_exact(8);
-    let mut hash = (bytes.len() as u64).wrapping_mul(SEED);
-    for chunk in &mut chunks {
-        let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
-        hash = (hash.rotate_left(5) ^ word).wrapping_mul(SEED);
+    // The short hashes, row by row: `width` a row, one column at a time.
+    let width = into.width;
+    let first = into.columns.len();
+    into.columns.resize(first + count * width, 0);
+    let block = &mut into.columns[first..];
+    for (index, values) in values.iter().enumerate() {
+        encoder.hashes.clear();
+        encoder.hashes.resize(count, 0);
+        create_hashes([values], &SHORT_HASH, &mut encoder.hashes)?;
+        for (row, hash) in encoder.hashes.iter().enumerate() {
+            block[row * width + index] = (hash ^ (hash >> 32)) as u32;
+        }
     }
-    let mut tail = [0u8; 8];
-    tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
-    hash = (hash.rotate_left(5) ^ u64::from_le_bytes(tail)).wrapping_mul(SEED);
-    (hash ^ (hash >> 32)) as u32
+
+    let start = u32::try_from(into.rows.len() + count)
+        .map_err(|_| WriterError::invalid("a bucket holds more than 4 billion rows"))?
+        - count as u32;
+    if let Some(name) = lsn_column {
+        into.lsns.push((start, column(name)?));
+    }
+    let keys = hashing.key.row_keys(batch)?;
+    into.rows
+        .extend(keys.into_iter().enumerate().map(|(row, key)| {
+            let digest = Sha256::digest(encoder.rows.row(row).as_ref()).into();
+            (key, digest, start + row as u32)
+        }));
+    Ok(())
 }
 
 /// A chunk bound on a grid key's column: the value as the source reads it back.
@@ -531,5 +562,160 @@ fn range_condition(key: &GridKey, bucket: &Bucket) -> String {
     match conditions.is_empty() {
         true => "TRUE".into(),
         false => conditions.join(" AND "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Float64Array, Int32Array, Int64Array, StringViewArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use mssql_cdc_proto::types::SqlType;
+
+    use super::*;
+    use mssql_cdc_proto::keys::KeyColumn;
+
+    /// Compares `id` (the grid key), `name` and `score` in silver's types: Int64, Utf8View
+    /// and Float64.
+    fn hashing() -> Hashing {
+        Hashing {
+            key: CompareKey::Grid(GridKey {
+                column: KeyColumn {
+                    name: "id".into(),
+                    sql_type: SqlType::BigInt,
+                },
+                unit: GridUnit::Integer,
+                unique: true,
+            }),
+            columns: vec!["id".into(), "name".into(), "score".into()],
+            types: Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int64, false),
+                Field::new("name", DataType::Utf8View, true),
+                Field::new("score", DataType::Float64, true),
+            ])),
+        }
+    }
+
+    /// The source's rows as the server serves them: `id` as Int32, `name` as Utf8.
+    fn source(ids: &[i32], names: &[Option<&str>], scores: &[Option<f64>]) -> RecordBatch {
+        RecordBatch::try_from_iter([
+            ("id", Arc::new(Int32Array::from(ids.to_vec())) as ArrayRef),
+            ("name", Arc::new(StringArray::from(names.to_vec()))),
+            ("score", Arc::new(Float64Array::from(scores.to_vec()))),
+        ])
+        .expect("a batch")
+    }
+
+    /// Silver's rows in its own types, with `_start_lsn`.
+    fn silver(ids: &[i64], names: &[Option<&str>], scores: &[Option<f64>]) -> RecordBatch {
+        let lsn = "0x0000002A000000010003";
+        RecordBatch::try_from_iter([
+            ("id", Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef),
+            ("name", Arc::new(StringViewArray::from(names.to_vec()))),
+            ("score", Arc::new(Float64Array::from(scores.to_vec()))),
+            (
+                "_start_lsn",
+                Arc::new(StringViewArray::from(vec![lsn; ids.len()])),
+            ),
+        ])
+        .expect("a batch")
+    }
+
+    fn prints(batches: &[RecordBatch], lsn: Option<&str>) -> Prints {
+        let hashing = hashing();
+        let mut prints = Prints::expecting(4, &hashing);
+        for batch in batches {
+            fingerprint(batch, &hashing, lsn, &mut prints).expect("fingerprinted");
+        }
+        prints.sort();
+        prints
+    }
+
+    fn findings(
+        source: &Prints,
+        silver: &Prints,
+    ) -> Vec<(serde_json::Value, FailureType, Vec<String>)> {
+        classify(&hashing(), source, silver, &InFlight::none())
+            .into_iter()
+            .map(|finding| (finding.key, finding.failure_type, finding.columns))
+            .collect()
+    }
+
+    #[test]
+    fn equal_values_in_other_types_and_batches_match_and_each_difference_names_its_column() {
+        let names = [Some("ann"), None, Some("")];
+        let scores = [Some(1.5), Some(-0.0), None];
+        let ours = prints(&[source(&[1, 2, 3], &names, &scores)], None);
+        // Silver's rows in two batches, in another order.
+        let theirs = prints(
+            &[
+                silver(&[3], &[Some("")], &[None]),
+                silver(&[1, 2], &[Some("ann"), None], &[Some(1.5), Some(-0.0)]),
+            ],
+            Some("_start_lsn"),
+        );
+        assert!(findings(&ours, &theirs).is_empty());
+        assert_eq!(
+            theirs.keys().map(|(_, lsn)| lsn).collect::<Vec<_>>(),
+            vec![Some("0x0000002A000000010003".parse().expect("an LSN")); 3]
+        );
+
+        // A NULL for an empty string, a value changed, a row added, a row missing.
+        let theirs = prints(
+            &[silver(
+                &[1, 2, 4],
+                &[Some("ann"), Some(""), Some("x")],
+                &[Some(2.5), Some(-0.0), None],
+            )],
+            Some("_start_lsn"),
+        );
+        assert_eq!(
+            findings(&ours, &theirs),
+            vec![
+                (
+                    serde_json::json!({"id": 1}),
+                    FailureType::RecordDiff,
+                    vec!["score".to_string()]
+                ),
+                (
+                    serde_json::json!({"id": 2}),
+                    FailureType::RecordDiff,
+                    vec!["name".to_string()]
+                ),
+                (
+                    serde_json::json!({"id": 3}),
+                    FailureType::MissingTarget,
+                    vec![]
+                ),
+                (
+                    serde_json::json!({"id": 4}),
+                    FailureType::MissingSource,
+                    vec![]
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn reused_prints_forget_the_last_bucket() {
+        let hashing = hashing();
+        let mut reused = prints(
+            &[silver(&[7, 8], &[None, None], &[None, None])],
+            Some("_start_lsn"),
+        );
+        reused = reused.reuse(1, &hashing);
+        fingerprint(
+            &source(&[1], &[Some("a")], &[None]),
+            &hashing,
+            None,
+            &mut reused,
+        )
+        .expect("fingerprinted");
+        reused.sort();
+        let fresh = prints(&[source(&[1], &[Some("a")], &[None])], None);
+        assert!(findings(&fresh, &reused).is_empty());
+        assert_eq!(
+            reused.keys().map(|(_, lsn)| lsn).collect::<Vec<_>>(),
+            vec![None]
+        );
     }
 }
