@@ -8,7 +8,7 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
+use arrow::array::{Array, ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use arrow::row::{RowConverter, Rows, SortField};
 use deltalake::datafusion::common::hash_utils::{RandomState, create_hashes};
@@ -77,14 +77,15 @@ pub struct KeyFinding {
 
 /// The fingerprints of one side's rows of a bucket, one entry per row, sorted by key and
 /// digest for the merge join: flat vectors, so a bucket of a million rows costs a few
-/// allocations, not millions. A bucket's prints are [`Prints::reuse`]d for the next one, so
-/// their memory is written again rather than faulted in afresh.
+/// allocations, not millions. On a grid key, a bucket's prints are [`Prints::reuse`]d for
+/// the next one ([`Sides`]), so their memory is written again rather than faulted in afresh.
 #[derive(Default)]
 pub(super) struct Prints {
     /// `(key, digest, row)`: the row indexes `columns` and `lsns`.
     rows: Vec<(RowKey, [u8; 32], u32)>,
     /// A short hash of each compared column, `width` a row: names the columns that differ.
     columns: Vec<u32>,
+    /// The compared columns' count: the short hashes of a row.
     width: usize,
     /// Silver's `_start_lsn` column, batch by batch with the number of its first row (empty
     /// on the source side): parsed only for the rows a finding names.
@@ -131,10 +132,14 @@ impl Prints {
     fn lsn(&self, row: u32) -> Option<Lsn> {
         let batch = self.lsns.partition_point(|(first, _)| *first <= row);
         let (first, lsns) = self.lsns.get(batch.checked_sub(1)?)?;
-        let value = lsns.slice((row - first) as usize, 1);
-        let text = arrow::compute::cast(&value, &arrow::datatypes::DataType::Utf8).ok()?;
-        let text = text.as_any().downcast_ref::<StringArray>()?;
-        text.iter().next().flatten()?.parse().ok()
+        let at = (row - first) as usize;
+        if lsns.is_null(at) {
+            return None;
+        }
+        arrow::util::display::array_value_to_string(lsns, at)
+            .ok()?
+            .parse()
+            .ok()
     }
 
     /// Each row's key and silver `_start_lsn`, in key order once sorted.
@@ -567,7 +572,7 @@ fn range_condition(key: &GridKey, bucket: &Bucket) -> String {
 
 #[cfg(test)]
 mod tests {
-    use arrow::array::{Float64Array, Int32Array, Int64Array, StringViewArray};
+    use arrow::array::{Float64Array, Int32Array, Int64Array, StringArray, StringViewArray};
     use arrow::datatypes::{DataType, Field, Schema};
     use mssql_cdc_proto::types::SqlType;
 
