@@ -9,7 +9,9 @@ and reads the whole range: each Spark read counts its rows (`count()` forces eve
 to be read and checked, without collecting), the pyarrow client reads into a table. Spark's own
 floor is measured too: the same batches, read back from a local Arrow file by a trivial Python
 data source with as many partitions (no network, no server), so the table shows what the
-data source costs beyond Spark's ingestion of Arrow batches from Python.
+data source costs beyond Spark's ingestion of Arrow batches from Python. A second table splits
+each read's CPU time per row between the server, Spark (its JVM and Python workers) and the
+pyarrow client, from /proc (Linux): on two shared cores, the rates follow from these sums.
 """
 
 import argparse
@@ -52,6 +54,29 @@ def file_source(path: str, arrow_schema, partitions: int):
             return FileReader()
 
     return ArrowFileSource
+
+
+def cpu_seconds(root: int) -> float:
+    """CPU seconds of process `root` and its live descendants (with their reaped children),
+    from /proc: where a phase's time went, the server's beside Spark's JVM and workers."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = sum(int(value) for value in fields[11:15]) / ticks
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        total += times.get(pid, 0.0)
+        stack.extend(child for child, parent in parents.items() if parent == pid)
+    return total
 
 
 def main() -> None:
@@ -97,14 +122,26 @@ def main() -> None:
     register(spark)
     client = cdc.connect(url)
     start = client.initial_offset("dbo.orders")
+    jvm = spark.sparkContext._gateway.proc.pid
+
+    def timed(read):
+        """Runs `read`; its answer, wall seconds, and the CPU seconds of the server, of
+        Spark's JVM with its Python workers, and of this process (the pyarrow client)."""
+        before = (cpu_seconds(server.pid), cpu_seconds(jvm), time.process_time())
+        began = time.perf_counter()
+        answer = read()
+        seconds = time.perf_counter() - began
+        after = (cpu_seconds(server.pid), cpu_seconds(jvm), time.process_time())
+        return answer, seconds, [b - a for a, b in zip(before, after, strict=True)]
+
     results = []
     try:
         for partitions in (1, 2, 4):
             # Warm the page cache and both paths once, then time.
             client.read_changes("dbo.orders", start, partitions=partitions)
-            began = time.perf_counter()
-            table = client.read_changes("dbo.orders", start, partitions=partitions)
-            pyarrow_seconds = time.perf_counter() - began
+            table, pyarrow_seconds, pyarrow_cpu = timed(
+                lambda n=partitions: client.read_changes("dbo.orders", start, partitions=n)
+            )
             frame = (
                 spark.read.format("mssql_cdc_flight")
                 .option("server", url)
@@ -114,9 +151,7 @@ def main() -> None:
                 .load()
             )
             frame.count()
-            began = time.perf_counter()
-            counted = frame.count()
-            spark_seconds = time.perf_counter() - began
+            counted, spark_seconds, spark_cpu = timed(frame.count)
             assert counted == table.num_rows == args.rows, (counted, table.num_rows)
             import pyarrow as pa
 
@@ -128,17 +163,16 @@ def main() -> None:
             spark.dataSource.register(source)
             floor = spark.read.format(source.name()).load()
             floor.count()
-            began = time.perf_counter()
-            assert floor.count() == args.rows
-            floor_seconds = time.perf_counter() - began
+            floor_count, floor_seconds, floor_cpu = timed(floor.count)
+            assert floor_count == args.rows
             results.append(
                 (
                     partitions,
                     frame.rdd.getNumPartitions(),
-                    table.num_rows,
-                    table.num_rows / pyarrow_seconds,
-                    counted / spark_seconds,
-                    args.rows / floor_seconds,
+                    args.rows,
+                    (pyarrow_seconds, pyarrow_cpu),
+                    (spark_seconds, spark_cpu),
+                    (floor_seconds, floor_cpu),
                 )
             )
     finally:
@@ -150,12 +184,21 @@ def main() -> None:
         "| Spark ÷ pyarrow | Spark from an Arrow file rows/s | Spark ÷ that floor |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for partitions, spark_partitions, rows, pyarrow_rate, spark_rate, floor_rate in results:
+    for partitions, spark_partitions, rows, pyarrow, spark_read, floor in results:
+        rates = [rows / seconds for seconds, _ in (pyarrow, spark_read, floor)]
         print(
-            f"| {partitions} | {spark_partitions} | {rows} | {pyarrow_rate:,.0f} | "
-            f"{spark_rate:,.0f} | {spark_rate / pyarrow_rate:.2f} | {floor_rate:,.0f} | "
-            f"{spark_rate / floor_rate:.2f} |"
+            f"| {partitions} | {spark_partitions} | {rows} | {rates[0]:,.0f} | "
+            f"{rates[1]:,.0f} | {rates[1] / rates[0]:.2f} | {rates[2]:,.0f} | "
+            f"{rates[1] / rates[2]:.2f} |"
         )
+    print()
+    print("CPU microseconds per row: server / Spark's JVM and Python workers / pyarrow client")
+    print()
+    print("| partitions | pyarrow client read | Spark read | Spark from an Arrow file |")
+    print("|---|---|---|---|")
+    for partitions, _, rows, *phases in results:
+        cells = [" / ".join(f"{cpu * 1e6 / rows:.2f}" for cpu in used) for _, used in phases]
+        print(f"| {partitions} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":
