@@ -380,6 +380,7 @@ impl Stream {
         }
         let started_at = micros_now();
         let clock = Instant::now();
+        let mut laps = Laps::start();
         let ping = Instant::now();
         let _: LsnAnswer = self.client.action("max_lsn", &json!({})).await?;
         let rtt_ms = ping.elapsed().as_secs_f64() * 1000.0;
@@ -416,6 +417,7 @@ impl Stream {
             }
             Err(error) => return Err(error),
         };
+        laps.lap("plan");
         crash_point("after_plan", record.batch_id);
         if self.config.schema_change_policy == SchemaChangePolicy::Fail {
             let bronze = tables::open(&self.target).await?;
@@ -458,7 +460,9 @@ impl Stream {
                 ..FactsRow::default()
             });
         }
+        laps.lap("prepare");
         let read = self.read(&plan, appender.clone()).await?;
+        laps.lap("read");
         let rows = read.totals.rows();
         if rows > 0 && appender.is_none() {
             return Err(WriterError::Internal(format!(
@@ -509,6 +513,7 @@ impl Stream {
             rows: Some(0),
             ..FactsRow::default()
         }));
+        laps.lap("watermark");
         if let Some(appender) = &appender
             && rows > 0
         {
@@ -522,6 +527,7 @@ impl Stream {
                 )
                 .await?;
         }
+        laps.lap("bronze_commit");
         crash_point("after_bronze", record.batch_id);
         row.duration_ms = Some(clock.elapsed().as_millis() as i64);
         crate::metrics::batch(
@@ -539,8 +545,12 @@ impl Stream {
             },
         );
         self.append_facts(record.batch_id, row, events).await?;
+        laps.lap("facts");
         crash_point("after_facts", record.batch_id);
         let verdict = self.advance_verdict(record).await?;
+        laps.lap("control");
+        tracing::debug!(table = %self.config.table, batch = record.batch_id, rows, steps = %laps,
+            "batch written");
         crash_point("after_control", record.batch_id);
         Ok(BatchOutcome {
             batch_id: record.batch_id,
@@ -888,6 +898,37 @@ impl Stream {
             facts::to_batch(&rows)?,
         )
         .await?;
+        Ok(())
+    }
+}
+
+/// Wall time of a batch's steps, in milliseconds (logged at debug level).
+struct Laps {
+    last: Instant,
+    steps: Vec<(&'static str, u128)>,
+}
+
+impl Laps {
+    fn start() -> Self {
+        Laps {
+            last: Instant::now(),
+            steps: Vec::new(),
+        }
+    }
+
+    fn lap(&mut self, step: &'static str) {
+        let now = Instant::now();
+        self.steps.push((step, (now - self.last).as_millis()));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Laps {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (index, (step, millis)) in self.steps.iter().enumerate() {
+            let separator = if index == 0 { "" } else { " " };
+            write!(formatter, "{separator}{step}={millis}ms")?;
+        }
         Ok(())
     }
 }
