@@ -1,7 +1,8 @@
 //! The one `do_get` stream producer, shared by change ranges and snapshots.
 //!
-//! A spawned task reads the source into a bounded channel, so backpressure from the client
-//! reaches the source; the encoder turns the batches into Flight data; the completion marker,
+//! A spawned task reads the source and encodes its batches into Flight data in a bounded
+//! channel, so backpressure from the client reaches the source and the connection sends one
+//! batch while the next is read and encoded; the completion marker,
 //! a zero-row record batch whose app_metadata is the [`Completion`], follows the last batch,
 //! and only when the read was whole. Stock decoders read it as an ordinary empty batch (arrow-rs'
 //! and pyarrow's are tested). Nothing else ends a stream cleanly: a read that fails ends it with
@@ -20,15 +21,13 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{Schema, SchemaRef};
 use arrow::ipc::CompressionType;
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
 use arrow::record_batch::RecordBatch;
-use arrow_flight::FlightData;
-use arrow_flight::encode::FlightDataEncoderBuilder;
-use arrow_flight::error::FlightError;
+use arrow_flight::{FlightData, SchemaAsIpc};
+use futures::StreamExt;
 use futures::stream::BoxStream;
-use futures::{StreamExt, TryStreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
@@ -41,12 +40,7 @@ use crate::protocol::{COMPLETION_TYPE, Completion, Compression};
 use crate::source::{BatchBytes, BatchStream, CdcSource, ChangeRead, SnapshotRead};
 use crate::types::{batch_slice_size, output_schema, snapshot_schema};
 
-/// The encoder's own split is off: it sizes batches by whole buffers, so a column sliced
-/// from an IPC segment would count the entire segment message and every batch would be cut
-/// into slivers. Sources bound batches by rows and bytes themselves (`batch_bytes`).
-const MAX_FLIGHT_DATA_SIZE: usize = usize::MAX;
-
-/// Batches the producer may queue ahead of the encoder (one of the
+/// Encoded batches the producer may queue ahead of the connection (one of the
 /// [`super::gate::BATCHES_PER_STREAM`]).
 const BATCHES_AHEAD: usize = 1;
 
@@ -205,23 +199,21 @@ pub fn respond(
     compression: u32,
 ) -> Result<BoxedStream<FlightData>> {
     let schema = read.schema();
-    let options = ipc_options(compression)?;
+    let encoder = BatchEncoder::new(ipc_options(compression)?);
+    let first = encoder.schema(&schema);
     let (batch_sender, batch_receiver) = mpsc::channel(BATCHES_AHEAD);
     let (end_sender, end_receiver) = oneshot::channel();
     tokio::spawn(produce(
         source,
         read,
         Arc::clone(&schema),
-        options.clone(),
+        encoder,
         batch_sender,
         end_sender,
     ));
-    let data = FlightDataEncoderBuilder::new()
-        .with_schema(schema)
-        .with_options(options)
-        .with_max_flight_data_size(MAX_FLIGHT_DATA_SIZE)
-        .build(ReceiverStream::new(batch_receiver))
-        .map_err(Status::from);
+    let data = futures::stream::once(async { first })
+        .chain(ReceiverStream::new(batch_receiver))
+        .map(Ok);
     // The end comes after every queued batch: the producer drops its batch sender first.
     let end = futures::stream::once(end_receiver).map(|end| match end {
         Ok(end) => end,
@@ -239,8 +231,8 @@ async fn produce(
     source: Arc<dyn CdcSource>,
     mut read: StreamRead,
     schema: SchemaRef,
-    options: IpcWriteOptions,
-    batches: mpsc::Sender<std::result::Result<RecordBatch, FlightError>>,
+    mut encoder: BatchEncoder,
+    batches: mpsc::Sender<FlightData>,
     end: oneshot::Sender<std::result::Result<FlightData, Status>>,
 ) {
     let started = Instant::now();
@@ -258,15 +250,17 @@ async fn produce(
             let batch = batch?;
             rows += batch.num_rows() as u64;
             bytes += batch_slice_size(&batch) as u64;
-            if batches.send(Ok(batch)).await.is_err() {
-                return Ok(None);
+            for message in encoder.encode(&batch)? {
+                if batches.send(message).await.is_err() {
+                    return Ok(None);
+                }
             }
         }
         drop(stream);
         let completion = read
             .completion(source.as_ref(), rows, bytes, started)
             .await?;
-        let marker = marker_message(&schema, &options, &completion)?;
+        let marker = marker_message(&schema, &encoder.options, &completion)?;
         Ok(Some((completion, marker)))
     }
     .await;
@@ -293,6 +287,52 @@ async fn produce(
             super::metrics::stream_failed(kind, status.code());
             let _ = end.send(Err(status));
         }
+    }
+}
+
+/// Encodes a stream's batches, in its producer task. Unlike arrow-flight's
+/// `FlightDataEncoder`, it encodes each batch into a buffer reserved at the size of the last
+/// one: that encoder grows a fresh buffer from empty for every batch that fits one message,
+/// copying it at each doubling (a profile showed it among the top costs of a read). Batches
+/// are never split: the sources bound them by rows and bytes (`batch_bytes`), and sizing by
+/// whole buffers would count a segment's entire message for a column sliced from it.
+struct BatchEncoder {
+    options: IpcWriteOptions,
+    generator: IpcDataGenerator,
+    dictionaries: DictionaryTracker,
+    context: IpcWriteContext,
+}
+
+impl BatchEncoder {
+    fn new(options: IpcWriteOptions) -> Self {
+        let mut context = IpcWriteContext::default();
+        context.set_reserve_scratch(true);
+        BatchEncoder {
+            options,
+            generator: IpcDataGenerator::default(),
+            dictionaries: DictionaryTracker::new(false),
+            context,
+        }
+    }
+
+    /// The stream's first message.
+    fn schema(&self, schema: &Schema) -> FlightData {
+        SchemaAsIpc::new(schema, &self.options).into()
+    }
+
+    /// A batch's messages: its dictionaries, if any, then the batch.
+    fn encode(&mut self, batch: &RecordBatch) -> Result<Vec<FlightData>> {
+        let (dictionaries, encoded) = self.generator.encode(
+            batch,
+            &mut self.dictionaries,
+            &self.options,
+            &mut self.context,
+        )?;
+        Ok(dictionaries
+            .into_iter()
+            .chain([encoded])
+            .map(FlightData::from)
+            .collect())
     }
 }
 
