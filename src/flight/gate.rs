@@ -24,8 +24,8 @@ const RETRY_AFTER_SECONDS: u64 = 2;
 
 /// Batches one stream may hold at once, counted along its path: in the source reader, the
 /// batch being built, the one queued and the one waiting to be queued (3); in the producer,
-/// the one it holds and the one queued for the encoder (2); the batch being encoded, its IPC
-/// message and the message in the HTTP/2 send buffer (3).
+/// the one it holds and the IPC message it encodes it into (2); the message queued for the
+/// connection (1); the message being framed and the one in the HTTP/2 send buffer (2).
 pub const BATCHES_PER_STREAM: usize = 8;
 
 /// The smallest batch the share lowers a stream to: below it, per-message costs dominate.
