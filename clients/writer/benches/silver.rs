@@ -12,8 +12,10 @@
 //! Reported: seconds of each, their ratio (target ≤ 0.5), the peak RSS of each: the timed
 //! `apply_changes` runs as `mssql-cdc-writer apply` in its own process (its `VmHWM`), the
 //! plain merge in the bench's process (the peak over the RSS before it, reset with
-//! `clear_refs`: the process holds the server and the simulator too), and the latency of `BENCH_SILVER_ROUNDS` (default 5)
-//! steady-state calls of 10,000 changes each.
+//! `clear_refs`: the process holds the server and the simulator too). Then
+//! `BENCH_SILVER_ROUNDS` (default 5) steady-state calls of 10,000 changes each, updates of
+//! uniform keys, then with 80% of updates among the newest 5% of keys: each workload's
+//! median call, and the plain merge of its first call's changes (on a copy of silver).
 //!
 //! `cargo bench -p mssql-cdc-writer --bench silver`.
 
@@ -25,6 +27,7 @@ use std::time::Instant;
 use deltalake::datafusion::prelude::SessionContext;
 use mssql_cdc_flight::sim::{SimWriter, sample};
 use mssql_cdc_flight::source::TableName;
+use mssql_cdc_writer::control;
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::stream::Stream;
 use mssql_cdc_writer::tables;
@@ -106,13 +109,38 @@ async fn apply_in_a_process(config: &ApplyConfig) -> anyhow::Result<(f64, f64)> 
     Ok((seconds, peak))
 }
 
-/// Commits `changes` changes: 70% updates, 20% inserts, 10% deletes of uniform random keys.
-fn change(writer: &mut SimWriter, table: &TableName, changes: u64) -> anyhow::Result<()> {
+/// How a workload picks the keys it updates.
+#[derive(Clone, Copy, PartialEq)]
+enum Keys {
+    /// Uniformly.
+    Uniform,
+    /// 80% of updates among the newest 5% of keys, as an orders table's updates are.
+    Recent,
+}
+
+/// Commits `changes` changes: 70% updates, 20% inserts, 10% deletes of uniform random keys
+/// (updates as `keys` says).
+fn change(
+    writer: &mut SimWriter,
+    table: &TableName,
+    changes: u64,
+    keys: Keys,
+) -> anyhow::Result<()> {
     let mut done = 0u64;
     while done < changes {
         let batch = (changes - done).min(10_000);
         let mut tx = writer.begin();
-        let updates = tx.random_keys(table, (batch * 7 / 10) as usize)?;
+        let count = (batch * 7 / 10) as usize;
+        let updates = match keys {
+            Keys::Uniform => tx.random_keys(table, count)?,
+            Keys::Recent => {
+                let mut recent = tx.random_recent_keys(table, count * 8 / 10, 0.05)?;
+                let seen: std::collections::HashSet<i64> = recent.iter().copied().collect();
+                let others = tx.random_keys(table, count - recent.len())?;
+                recent.extend(others.into_iter().filter(|key| !seen.contains(key)));
+                recent
+            }
+        };
         tx.update(table, &updates)?;
         tx.insert(table, (batch * 2 / 10) as usize)?;
         let deletes = tx.random_keys(table, (batch / 10) as usize)?;
@@ -122,6 +150,13 @@ fn change(writer: &mut SimWriter, table: &TableName, changes: u64) -> anyhow::Re
     }
     writer.publish()?;
     Ok(())
+}
+
+/// Silver's position: the highest change LSN it applied.
+async fn applied_lsn(apply: &ApplyConfig) -> anyhow::Result<String> {
+    let row = control::row(&tables::table_url(&apply.control)?, &apply.target).await?;
+    row.and_then(|row| row.position.applied_lsn)
+        .ok_or_else(|| anyhow::anyhow!("silver has no position"))
 }
 
 fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
@@ -214,7 +249,7 @@ fn main() -> anyhow::Result<()> {
             .unwrap_or_default();
 
         let mut writer = writer;
-        change(&mut writer, &table, changes)?;
+        change(&mut writer, &table, changes, Keys::Uniform)?;
         Stream::connect(stream.clone()).await?.run_available_now().await?;
         copy_dir(&base.join("lake").join("silver"), &base.join("lake").join("plain"))?;
 
@@ -228,23 +263,55 @@ fn main() -> anyhow::Result<()> {
         let plain = started.elapsed().as_secs_f64();
         let rss_plain = peak_rss_mib() - rss_before;
 
-        let mut latencies = Vec::new();
-        for _ in 0..rounds {
-            change(&mut writer, &table, 10_000)?;
-            Stream::connect(stream.clone()).await?.run_available_now().await?;
-            let started = Instant::now();
-            apply_changes(&apply).await?;
-            latencies.push(started.elapsed().as_secs_f64());
+        // Steady-state calls of 10,000 changes, uniform then recent keys; the first of each
+        // also by the plain merge, on a copy of silver as it was before the call.
+        let mut medians = Vec::new();
+        for keys in [Keys::Uniform, Keys::Recent] {
+            let mut latencies = Vec::new();
+            let mut plain = None;
+            for round in 0..rounds {
+                let position = applied_lsn(&apply).await?;
+                change(&mut writer, &table, 10_000, keys)?;
+                Stream::connect(stream.clone()).await?.run_available_now().await?;
+                if round == 0 {
+                    let copy = base.join("lake").join(format!("plain-{}", medians.len()));
+                    copy_dir(&base.join("lake").join("silver"), &copy)?;
+                    let started = Instant::now();
+                    plain_merge(&lake("bronze"), &copy.display().to_string(), &position).await?;
+                    plain = Some(started.elapsed().as_secs_f64());
+                    std::fs::remove_dir_all(&copy)?;
+                }
+                let started = Instant::now();
+                apply_changes(&apply).await?;
+                latencies.push(started.elapsed().as_secs_f64());
+            }
+            latencies.sort_by(f64::total_cmp);
+            let median = latencies.get(latencies.len() / 2).copied().unwrap_or(0.0);
+            medians.push((median, plain.unwrap_or(f64::NAN)));
         }
-        latencies.sort_by(f64::total_cmp);
-        let median = latencies.get(latencies.len() / 2).copied().unwrap_or(0.0);
+        let [(uniform, uniform_plain), (recent, recent_plain)] = medians[..] else {
+            anyhow::bail!("two workloads");
+        };
         println!(
-            "| silver rows | changes | initial load s (peak RSS MiB) | apply_changes s | plain merge s | ratio | peak RSS apply_changes (own process) / plain merge (added to the bench's) MiB | 10k-change call median s |"
+            "| silver rows | changes | initial load s (peak RSS MiB) | apply_changes s | plain merge s | ratio | peak RSS apply_changes (own process) / plain merge (added to the bench's) MiB |"
         );
-        println!("|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|");
         println!(
-            "| {rows} | {changes} | {load_seconds:.1} ({rss_load:.0}) | {ours:.1} | {plain:.1} | {:.2} | {rss_ours:.0} / {rss_plain:.0} | {median:.2} |",
+            "| {rows} | {changes} | {load_seconds:.1} ({rss_load:.0}) | {ours:.1} | {plain:.1} | {:.2} | {rss_ours:.0} / {rss_plain:.0} |",
             ours / plain
+        );
+        println!();
+        println!(
+            "| 10k-change calls | apply_changes median s ({rounds} calls) | plain merge s (first call) | ratio |"
+        );
+        println!("|---|---|---|---|");
+        println!(
+            "| uniform keys | {uniform:.2} | {uniform_plain:.2} | {:.2} |",
+            uniform / uniform_plain
+        );
+        println!(
+            "| 80% of updates to the newest 5% of keys | {recent:.2} | {recent_plain:.2} | {:.2} |",
+            recent / recent_plain
         );
         server.stop().await?;
         anyhow::Ok(())

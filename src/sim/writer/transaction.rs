@@ -161,6 +161,37 @@ impl Transaction<'_> {
         Ok(picked)
     }
 
+    /// Up to `count` distinct random existing keys among the newest `share` (0 to 1) of the
+    /// key range: the rows an orders table's updates favour.
+    pub fn random_recent_keys(
+        &mut self,
+        table: &TableName,
+        count: usize,
+        share: f64,
+    ) -> Result<Vec<i64>> {
+        let next = self.next_key(table);
+        let writer = &mut *self.writer;
+        let rows = writer
+            .tables
+            .get(table)
+            .ok_or_else(|| Error::TableNotFound {
+                table: table.to_string(),
+            })?;
+        let span = ((rows.keys.len() as f64 * share.clamp(0.0, 1.0)) as i64).max(1);
+        let low = (next - span).max(1);
+        let mut picked = Vec::with_capacity(count);
+        let mut seen = std::collections::HashSet::new();
+        let mut attempts = 0;
+        while picked.len() < count && attempts < count * 8 + 16 && low < next {
+            attempts += 1;
+            let key = writer.rng.random_range(low..next);
+            if rows.index.contains_key(&key) && seen.insert(key) {
+                picked.push(key);
+            }
+        }
+        Ok(picked)
+    }
+
     /// The next key an insert into `table` would take.
     pub fn next_key(&self, table: &TableName) -> i64 {
         self.writer.next_keys.get(table).copied().unwrap_or(1)

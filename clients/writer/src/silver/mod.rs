@@ -16,8 +16,10 @@
 //!    to bronze's as read in step 1, held while a snapshot is open and never without a facts
 //!    table.
 //!
-//! The latest image per key is ranked by DataFusion: `ROW_NUMBER() OVER (PARTITION BY keys
-//! ORDER BY _start_lsn DESC, _command_id DESC, _seqval DESC, _operation DESC)`. Operation 1
+//! The latest image per key ranks by `_start_lsn DESC, _command_id DESC, _seqval DESC,
+//! _operation DESC`: a rebuild asks DataFusion for `ROW_NUMBER() OVER (PARTITION BY keys ...)`
+//! (streamed, its sort spills), a merge picks it by one hash pass over the changes it holds
+//! in memory anyway ([`ranking`]). Operation 1
 //! deletes; 3 deletes its own key (the 4 of the same key and commit outranks it); 0, 2 and 4
 //! upsert. A merged image only replaces a silver row when it is at least as new as the row's
 //! `_start_lsn`, so a call left behind by a crash reapplies idempotently. The merge itself is
@@ -25,6 +27,7 @@
 //! as Arrow row-format bytes. What a call reads of the snapshots, and the range deletes of an
 //! open snapshot's new chunks, are in [`snapshot`].
 
+mod ranking;
 mod rewrite;
 mod snapshot;
 
@@ -230,13 +233,6 @@ async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {
         .chain(["_operation".to_string()])
         .collect::<Vec<_>>()
         .join(", ");
-    let rank = |source: &str| {
-        format!(
-            "SELECT {ranked_columns} FROM (SELECT {ranked_columns}, ROW_NUMBER() OVER \
-             (PARTITION BY {key_list} ORDER BY _start_lsn DESC, _command_id DESC NULLS LAST, \
-             _seqval DESC NULLS LAST, _operation DESC) AS _rank FROM ({source})) WHERE _rank = 1"
-        )
-    };
     let table = tables::ensure(
         &silver_url,
         TableKind::Silver,
@@ -270,7 +266,7 @@ async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {
         let latest = context
             .sql(&format!(
                 "SELECT * FROM ({}) WHERE _operation IN (0, 2, 4) ORDER BY {key_list}",
-                rank(&source)
+                ranking::window(&source, &ranked_columns, &config.keys)
             ))
             .await?;
         let frame = project_silver(latest, &silver_fields)?;
@@ -354,10 +350,12 @@ async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {
         };
         // Silver's columns and `_operation`, one row per key.
         let started = std::time::Instant::now();
-        let latest = context.sql(&rank(&source)).await?.collect().await?;
+        let budget = query_memory_mib()? << 20;
+        let (latest, ranking) =
+            ranking::latest(&context, &source, &ranked_columns, &config.keys, budget).await?;
         let ranked = started.elapsed();
         let counts = rewrite::merge(&table, latest, &config.keys).await?;
-        tracing::debug!(target = %config.target, ?counts, ?ranked, merged = ?started.elapsed() - ranked,
+        tracing::debug!(target = %config.target, ?counts, ?ranking, ?ranked, merged = ?started.elapsed() - ranked,
             "silver merged");
         let high = collect_text(
             &context,

@@ -1,0 +1,414 @@
+//! The latest image per key: of each key's change rows, the first by `_start_lsn DESC,
+//! _command_id DESC NULLS LAST, _seqval DESC NULLS LAST, _operation DESC`.
+//!
+//! A rebuild streams every row of a snapshot through DataFusion's `ROW_NUMBER() ... = 1`
+//! ([`window`]): its sort spills past the query memory. A merge's changes usually fit in
+//! memory, and there a window sorts every row for nothing (5.6-5.8 s of a 1,000,000-change
+//! call, docs/silver.md): [`latest`] reads them and keeps the best row per key in one hash
+//! pass, keys and ranks encoded as Arrow row-format bytes (NULL keys equal, as
+//! `PARTITION BY` groups them). A backlog past the query memory goes through the window.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use arrow::compute::SortOptions;
+use arrow::compute::interleave_record_batch;
+use arrow::record_batch::RecordBatch;
+use arrow::row::{RowConverter, Rows, SortField};
+use deltalake::datafusion::prelude::SessionContext;
+use tokio_stream::StreamExt;
+
+use crate::error::{Result, WriterError};
+use crate::tables::quote_identifier as quote;
+
+/// The query of `source`'s `columns` (silver's and `_operation`), its first row per key.
+pub fn window(source: &str, columns: &str, keys: &[String]) -> String {
+    let keys = keys
+        .iter()
+        .map(|key| quote(key))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "SELECT {columns} FROM (SELECT {columns}, ROW_NUMBER() OVER (PARTITION BY {keys} \
+         ORDER BY _start_lsn DESC, _command_id DESC NULLS LAST, _seqval DESC NULLS LAST, \
+         _operation DESC) AS _rank FROM ({source})) WHERE _rank = 1"
+    )
+}
+
+/// How [`latest`] ranked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ranked {
+    /// In memory, by one hash pass.
+    ByHash,
+    /// By DataFusion's window: the changes outgrew the query memory.
+    ByWindow,
+}
+
+/// The first row per key of `source`'s `columns`: ranked by hash when the changes fit in
+/// `budget` bytes, by [`window`] when they do not.
+pub async fn latest(
+    context: &SessionContext,
+    source: &str,
+    columns: &str,
+    keys: &[String],
+    budget: usize,
+) -> Result<(Vec<RecordBatch>, Ranked)> {
+    let mut changes = context
+        .sql(&format!(
+            "SELECT {columns}, {} FROM ({source})",
+            RANK_ONLY_COLUMNS.join(", ")
+        ))
+        .await?
+        .execute_stream()
+        .await?;
+    let mut held = Vec::new();
+    let mut bytes = 0;
+    while let Some(batch) = changes.next().await {
+        let batch = batch?;
+        bytes += batch.get_array_memory_size();
+        held.push(batch);
+        if bytes > budget {
+            drop(held);
+            tracing::info!(
+                budget,
+                "the changes outgrow the query memory: ranked by DataFusion's sort, which spills"
+            );
+            let ranked = context
+                .sql(&window(source, columns, keys))
+                .await?
+                .collect()
+                .await?;
+            return Ok((ranked, Ranked::ByWindow));
+        }
+    }
+    let ranked = latest_per_key(&held, keys)?.into_iter().collect();
+    Ok((ranked, Ranked::ByHash))
+}
+
+/// The columns that rank a key's changes, newest first, with how each sorts.
+const RANK: [(&str, SortOptions); 4] = [
+    (
+        "_start_lsn",
+        SortOptions {
+            descending: true,
+            nulls_first: true,
+        },
+    ),
+    (
+        "_command_id",
+        SortOptions {
+            descending: true,
+            nulls_first: false,
+        },
+    ),
+    (
+        "_seqval",
+        SortOptions {
+            descending: true,
+            nulls_first: false,
+        },
+    ),
+    (
+        "_operation",
+        SortOptions {
+            descending: true,
+            nulls_first: true,
+        },
+    ),
+];
+
+/// The columns [`latest_per_key`] reads beside the ones it returns.
+const RANK_ONLY_COLUMNS: [&str; 2] = ["_command_id", "_seqval"];
+
+/// The newest row of each key among `batches` (which hold `keys` and the [`RANK`] columns),
+/// without the [`RANK_ONLY_COLUMNS`]; rows in the order they came. Of two rows that rank
+/// equal, the first stays (only exact duplicates do).
+fn latest_per_key(batches: &[RecordBatch], keys: &[String]) -> Result<Option<RecordBatch>> {
+    let Some(first) = batches.first() else {
+        return Ok(None);
+    };
+    let schema = first.schema();
+    let column_index = |name: &str| {
+        schema.index_of(name).map_err(|_| {
+            WriterError::Internal(format!("the changes to rank have no column {name}"))
+        })
+    };
+    let key_columns = keys
+        .iter()
+        .map(|key| column_index(key))
+        .collect::<Result<Vec<_>>>()?;
+    let rank_columns = RANK
+        .iter()
+        .map(|(name, _)| column_index(name))
+        .collect::<Result<Vec<_>>>()?;
+    let field = |index: usize| schema.field(index).data_type().clone();
+    let key_converter = RowConverter::new(
+        key_columns
+            .iter()
+            .map(|index| SortField::new(field(*index)))
+            .collect(),
+    )?;
+    let rank_converter = RowConverter::new(
+        rank_columns
+            .iter()
+            .zip(RANK)
+            .map(|(index, (_, options))| SortField::new_with_options(field(*index), options))
+            .collect(),
+    )?;
+    let encode = |converter: &RowConverter, batch: &RecordBatch, columns: &[usize]| {
+        let arrays: Vec<_> = columns
+            .iter()
+            .map(|index| batch.column(*index).clone())
+            .collect();
+        converter.convert_columns(&arrays)
+    };
+    let mut encoded: Vec<(Rows, Rows)> = Vec::with_capacity(batches.len());
+    for batch in batches {
+        encoded.push((
+            encode(&key_converter, batch, &key_columns)?,
+            encode(&rank_converter, batch, &rank_columns)?,
+        ));
+    }
+    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    // Key bytes → (batch, row) of its best row so far: smaller rank bytes rank first.
+    let mut best: HashMap<&[u8], (usize, usize)> = HashMap::with_capacity(rows);
+    for (batch, (keys, ranks)) in encoded.iter().enumerate() {
+        for row in 0..keys.num_rows() {
+            match best.entry(keys.row(row).data()) {
+                Entry::Vacant(entry) => {
+                    entry.insert((batch, row));
+                }
+                Entry::Occupied(mut entry) => {
+                    let (held_batch, held_row) = *entry.get();
+                    if ranks.row(row) < encoded[held_batch].1.row(held_row) {
+                        entry.insert((batch, row));
+                    }
+                }
+            }
+        }
+    }
+    let mut winners: Vec<(usize, usize)> = best.into_values().collect();
+    winners.sort_unstable();
+    let sources: Vec<&RecordBatch> = batches.iter().collect();
+    let latest = interleave_record_batch(&sources, &winners)?;
+    let returned: Vec<usize> = (0..schema.fields().len())
+        .filter(|index| !RANK_ONLY_COLUMNS.contains(&schema.field(*index).name().as_str()))
+        .collect();
+    Ok(Some(latest.project(&returned)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Int32Array, Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use deltalake::datafusion::prelude::SessionContext;
+
+    use super::*;
+
+    /// `(region, id, value, _start_lsn, _command_id, _seqval, _operation)`.
+    type Change<'a> = (
+        Option<&'a str>,
+        Option<i64>,
+        &'a str,
+        &'a str,
+        Option<i32>,
+        Option<&'a str>,
+        i32,
+    );
+
+    fn batch(rows: &[Change<'_>]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("region", DataType::Utf8, true),
+            Field::new("id", DataType::Int64, true),
+            Field::new("value", DataType::Utf8, true),
+            Field::new("_start_lsn", DataType::Utf8, true),
+            Field::new("_command_id", DataType::Int32, true),
+            Field::new("_seqval", DataType::Utf8, true),
+            Field::new("_operation", DataType::Int32, true),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from_iter(rows.iter().map(|row| row.0))),
+                Arc::new(Int64Array::from_iter(rows.iter().map(|row| row.1))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|row| row.2))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|row| row.3))),
+                Arc::new(Int32Array::from_iter(rows.iter().map(|row| row.4))),
+                Arc::new(StringArray::from_iter(rows.iter().map(|row| row.5))),
+                Arc::new(Int32Array::from_iter_values(rows.iter().map(|row| row.6))),
+            ],
+        )
+        .expect("batch")
+    }
+
+    /// `region|id|value|_operation` of each row, sorted.
+    fn lines(batches: &[RecordBatch]) -> Vec<String> {
+        let mut lines = Vec::new();
+        for batch in batches {
+            let text = |name: &str, row: usize| {
+                arrow::util::display::array_value_to_string(
+                    batch.column_by_name(name).expect("column"),
+                    row,
+                )
+                .expect("text")
+            };
+            for row in 0..batch.num_rows() {
+                lines.push(format!(
+                    "{}|{}|{}|{}",
+                    text("region", row),
+                    text("id", row),
+                    text("value", row),
+                    text("_operation", row)
+                ));
+            }
+        }
+        lines.sort();
+        lines
+    }
+
+    fn keys() -> Vec<String> {
+        vec!["region".to_string(), "id".to_string()]
+    }
+
+    #[test]
+    fn each_key_keeps_its_newest_change_by_lsn_command_seqval_then_operation() {
+        let first = batch(&[
+            // By LSN.
+            (Some("eu"), Some(1), "old", "0001", Some(1), Some("01"), 2),
+            (Some("eu"), Some(1), "new", "0002", Some(1), Some("01"), 4),
+            // The same commit: the higher command id, a NULL one last.
+            (Some("eu"), Some(2), "cmd 2", "0003", Some(2), Some("01"), 4),
+            (Some("eu"), Some(2), "no cmd", "0003", None, Some("09"), 4),
+            // The same command: the higher seqval, a NULL one last.
+            (Some("us"), Some(1), "seq 2", "0003", Some(1), Some("02"), 4),
+            (Some("us"), Some(1), "no seq", "0003", Some(1), None, 2),
+        ]);
+        let second = batch(&[
+            (Some("eu"), Some(2), "cmd 1", "0003", Some(1), Some("05"), 4),
+            // The same row of a key update: its 4 outranks its 3.
+            (
+                Some("us"),
+                Some(2),
+                "moved away",
+                "0004",
+                Some(1),
+                Some("01"),
+                3,
+            ),
+            (
+                Some("us"),
+                Some(2),
+                "moved in",
+                "0004",
+                Some(1),
+                Some("01"),
+                4,
+            ),
+            // NULL key parts group together, and apart from a non-NULL one.
+            (
+                None,
+                Some(1),
+                "null region old",
+                "0001",
+                Some(1),
+                Some("01"),
+                2,
+            ),
+            (
+                None,
+                Some(1),
+                "null region new",
+                "0005",
+                Some(1),
+                Some("01"),
+                1,
+            ),
+            (Some("eu"), None, "null id", "0001", Some(1), Some("01"), 2),
+        ]);
+        let latest = latest_per_key(&[first, second], &keys())
+            .expect("ranked")
+            .expect("rows");
+        assert!(latest.column_by_name("_command_id").is_none());
+        assert!(latest.column_by_name("_seqval").is_none());
+        assert_eq!(
+            lines(&[latest]),
+            vec![
+                "eu|1|new|4",
+                "eu|2|cmd 2|4",
+                "eu||null id|2",
+                "us|1|seq 2|4",
+                "us|2|moved in|4",
+                "|1|null region new|1",
+            ]
+        );
+    }
+
+    #[test]
+    fn no_batches_rank_to_nothing() {
+        assert!(latest_per_key(&[], &keys()).expect("ranked").is_none());
+    }
+
+    /// The same rows ranked by DataFusion's window, as the rebuild ranks them: random
+    /// changes of few keys, many broken only by the later columns.
+    #[tokio::test]
+    async fn it_picks_what_the_window_picks() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(22);
+        let regions = [Some("eu"), Some("us"), None];
+        let lsns = ["0001", "0002", "0003"];
+        let seqvals = [Some("01"), Some("02"), None];
+        let values: Vec<String> = (0..2_000).map(|n| format!("v{n}")).collect();
+        let rows: Vec<Change<'_>> = values
+            .iter()
+            .map(|value| {
+                (
+                    regions[rng.random_range(0..3)],
+                    (rng.random_range(0..4) > 0).then(|| rng.random_range(0..20)),
+                    value.as_str(),
+                    lsns[rng.random_range(0..3)],
+                    (rng.random_range(0..4) > 0).then(|| rng.random_range(0..3)),
+                    seqvals[rng.random_range(0..3)],
+                    rng.random_range(1..5),
+                )
+            })
+            .collect();
+        // No two rows of a key rank equal (the window would pick either).
+        let mut seen = std::collections::HashSet::new();
+        let rows: Vec<Change<'_>> = rows
+            .into_iter()
+            .filter(|row| seen.insert((row.0, row.1, row.3, row.4, row.5, row.6)))
+            .collect();
+        // The rows in 7 batches, so a key's rows are compared across batches.
+        let batches: Vec<RecordBatch> = rows.chunks(300).map(batch).collect();
+        let context = SessionContext::new();
+        let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("rows");
+        context.register_batch("changes", all).expect("register");
+        let rank = |budget: usize| {
+            let context = context.clone();
+            async move {
+                latest(
+                    &context,
+                    "SELECT * FROM changes",
+                    "region, id, value, _start_lsn, _operation",
+                    &keys(),
+                    budget,
+                )
+                .await
+                .expect("ranked")
+            }
+        };
+        let (window, by) = rank(0).await;
+        assert_eq!(by, Ranked::ByWindow);
+        let (hashed, by) = rank(usize::MAX).await;
+        assert_eq!(by, Ranked::ByHash);
+        // The hash pass over the batches as they are, too.
+        let ours = latest_per_key(&batches, &keys())
+            .expect("ranked")
+            .expect("rows");
+        assert_eq!(lines(&hashed), lines(&window));
+        assert_eq!(lines(&[ours]), lines(&window));
+        assert!(window.iter().map(RecordBatch::num_rows).sum::<usize>() > 40);
+    }
+}
