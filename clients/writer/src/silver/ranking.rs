@@ -11,8 +11,10 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
-use arrow::compute::SortOptions;
-use arrow::compute::interleave_record_batch;
+use std::sync::Arc;
+
+use arrow::compute::{SortOptions, cast, interleave_record_batch};
+use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
 use arrow::row::{RowConverter, Rows, SortField};
 use deltalake::datafusion::prelude::SessionContext;
@@ -64,7 +66,7 @@ pub async fn latest(
     let mut held = Vec::new();
     let mut bytes = 0;
     while let Some(batch) = changes.next().await {
-        let batch = batch?;
+        let batch = unviewed(batch?)?;
         bytes += batch.get_array_memory_size();
         held.push(batch);
         if bytes > budget {
@@ -116,6 +118,47 @@ const RANK: [(&str, SortOptions); 4] = [
         },
     ),
 ];
+
+/// `batch` with its string and binary views as plain arrays. The Parquet reader's views
+/// point into whole decoded pages, and the rows a ranking keeps would hold every page
+/// alive: the 1,700,000 change rows of a 1,000,000-change call to `dbo.orders` held 950 MB
+/// as views, 496 MB as strings, and the ranked rows 670 MB against 237 MB.
+fn unviewed(batch: RecordBatch) -> Result<RecordBatch> {
+    let plain = |data_type: &DataType| match data_type {
+        DataType::Utf8View => Some(DataType::Utf8),
+        DataType::BinaryView => Some(DataType::Binary),
+        _ => None,
+    };
+    if !batch
+        .schema()
+        .fields()
+        .iter()
+        .any(|field| plain(field.data_type()).is_some())
+    {
+        return Ok(batch);
+    }
+    let fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|field| match plain(field.data_type()) {
+            Some(data_type) => field.as_ref().clone().with_data_type(data_type),
+            None => field.as_ref().clone(),
+        })
+        .collect();
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|column| match plain(column.data_type()) {
+            Some(data_type) => cast(column, &data_type),
+            None => Ok(column.clone()),
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
 
 /// The columns [`latest_per_key`] reads beside the ones it returns.
 const RANK_ONLY_COLUMNS: [&str; 2] = ["_command_id", "_seqval"];
@@ -199,10 +242,7 @@ fn latest_per_key(batches: &[RecordBatch], keys: &[String]) -> Result<Option<Rec
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use arrow::array::{Int32Array, Int64Array, StringArray};
-    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::array::{Array, Int32Array, Int64Array, StringArray};
     use deltalake::datafusion::prelude::SessionContext;
 
     use super::*;
@@ -343,6 +383,43 @@ mod tests {
                 "|1|null region new|1",
             ]
         );
+    }
+
+    #[test]
+    fn views_are_read_as_plain_strings_and_binaries() {
+        use arrow::array::{BinaryViewArray, StringViewArray};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("text", DataType::Utf8View, true),
+            Field::new("bytes", DataType::BinaryView, true),
+            Field::new("id", DataType::Int64, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringViewArray::from(vec![
+                    Some("a long enough string"),
+                    None,
+                ])),
+                Arc::new(BinaryViewArray::from(vec![Some(b"ab".as_slice()), None])),
+                Arc::new(Int64Array::from(vec![1, 2])),
+            ],
+        )
+        .expect("batch");
+        let plain = unviewed(batch).expect("plain");
+        let types: Vec<DataType> = plain
+            .schema()
+            .fields()
+            .iter()
+            .map(|field| field.data_type().clone())
+            .collect();
+        assert_eq!(types, [DataType::Utf8, DataType::Binary, DataType::Int64]);
+        let text = plain
+            .column(0)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .expect("text");
+        assert_eq!(text.value(0), "a long enough string");
+        assert!(text.is_null(1));
     }
 
     #[test]
