@@ -361,6 +361,28 @@ pub trait CdcSource: Send + Sync + 'static {
     /// each ending on a commit boundary, in LSN order. An empty range gives no tiles.
     async fn split_points(&self, range: InstanceRange<'_>, tiles: NonZeroU32) -> Result<Vec<Tile>>;
 
+    /// Those of `instances` holding change rows with `after < __$start_lsn <= to`, in the
+    /// given order: the live tail's check of many quiet tables at once. This default asks
+    /// `split_points` of each instance; sources override it with one query.
+    async fn instances_with_changes(
+        &self,
+        instances: &[String],
+        after: Lsn,
+        to: Lsn,
+    ) -> Result<Vec<String>> {
+        let mut changed = Vec::new();
+        if to <= after {
+            return Ok(changed);
+        }
+        for instance in instances {
+            let range = InstanceRange::new(instance, after.increment(), to);
+            if !self.split_points(range, NonZeroU32::MIN).await?.is_empty() {
+                changed.push(instance.clone());
+            }
+        }
+        Ok(changed)
+    }
+
     /// Streams the change rows of `[read.from, read.to]` in the output schema.
     async fn read_changes(&self, read: ChangeRead) -> Result<BatchStream>;
 

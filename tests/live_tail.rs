@@ -1,7 +1,8 @@
 //! The live tail, `wait_for_commits`: it answers once `max_lsn` moves past the caller's LSN
 //! (a commit during the wait wakes it), answers at once when it already has, times out when
 //! nothing commits, refuses waits past its bound, and costs the source one `max_lsn` per
-//! interval however many calls wait, and none while no call waits.
+//! interval however many calls wait, and none while no call waits. A wait on named tables
+//! answers only for their changes, with the tables that changed.
 
 mod common;
 
@@ -14,7 +15,7 @@ use common::{FlightFixture, SimFixture, code, test_signer, with_workload};
 use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::flight::ServiceOptions;
 use mssql_cdc_flight::protocol::{
-    LsnAnswer, MAX_WAIT_MS, WaitForCommitsAnswer, WaitForCommitsBody,
+    LsnAnswer, MAX_WAIT_MS, MAX_WAIT_TABLES, WaitForCommitsAnswer, WaitForCommitsBody,
 };
 use serde_json::json;
 use tonic::Code;
@@ -36,6 +37,7 @@ async fn wait(flight: &FlightFixture, after: Lsn, timeout_ms: u64) -> WaitForCom
             &WaitForCommitsBody {
                 after,
                 timeout_ms: Some(timeout_ms),
+                tables: None,
             },
         )
         .await
@@ -110,6 +112,7 @@ async fn waiting_calls_share_one_read_per_interval_and_an_idle_server_reads_noth
                         &WaitForCommitsBody {
                             after,
                             timeout_ms: Some(1_000),
+                            tables: None,
                         },
                     )
                     .await
@@ -146,10 +149,131 @@ async fn a_wait_past_the_bound_is_refused() {
             &WaitForCommitsBody {
                 after: Lsn::ZERO,
                 timeout_ms: Some(MAX_WAIT_MS + 1),
+                tables: None,
             },
         )
         .await
         .expect_err("too long");
     assert_eq!(code(error), Code::InvalidArgument);
+    flight.shutdown_and_wait().await;
+}
+
+async fn wait_on(
+    flight: &FlightFixture,
+    after: Lsn,
+    tables: &[&str],
+    timeout_ms: u64,
+) -> Result<WaitForCommitsAnswer, mssql_cdc_flight::client::ClientError> {
+    flight
+        .client
+        .action(
+            "wait_for_commits",
+            &WaitForCommitsBody {
+                after,
+                timeout_ms: Some(timeout_ms),
+                tables: Some(tables.iter().map(|table| table.to_string()).collect()),
+            },
+        )
+        .await
+}
+
+/// Commits one insert into each table at its delay from now, in order, on a thread; joins to
+/// the commit LSNs.
+fn commit_later(
+    sim: &SimFixture,
+    seed: u64,
+    commits: &[(&str, Duration)],
+) -> std::thread::JoinHandle<Vec<Lsn>> {
+    let mut writer = sim.writer(seed);
+    let commits: Vec<(mssql_cdc_flight::source::TableName, Duration)> = commits
+        .iter()
+        .map(|(table, delay)| (table.parse().expect("table"), *delay))
+        .collect();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        let mut lsns = Vec::new();
+        for (table, delay) in commits {
+            std::thread::sleep(delay.saturating_sub(started.elapsed()));
+            let mut tx = writer.begin();
+            tx.insert(&table, 1).expect("insert");
+            lsns.push(tx.commit().expect("commit").expect("a commit LSN"));
+            writer.publish().expect("publish");
+        }
+        lsns
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_on_tables_answers_only_for_their_changes_and_names_them() {
+    let sim = with_workload(6, 10);
+    let (source, flight) = tail_server(&sim).await;
+    let start = max_lsn(&flight).await;
+    let checks = || source.changes_checks.load(Ordering::SeqCst);
+
+    // A commit to orders does not answer a wait on customers: the wait times out, checked
+    // through that commit, in one source check.
+    let before = checks();
+    let orders = commit_later(&sim, 61, &[("dbo.orders", Duration::from_millis(100))]);
+    let answer = wait_on(&flight, start, &["dbo.customers"], 1_000)
+        .await
+        .expect("wait");
+    let orders_lsn = orders.join().expect("orders")[0];
+    assert!(answer.timed_out, "{answer:?}");
+    assert_eq!(answer.changed, Some(Vec::new()));
+    assert_eq!(answer.lsn, Some(orders_lsn), "checked through the orders commit");
+    assert_eq!(checks() - before, 1, "one check for the one move of max_lsn");
+
+    // Nothing commits: checked through the caller's own LSN.
+    let answer = wait_on(&flight, orders_lsn, &["dbo.customers"], 200)
+        .await
+        .expect("wait");
+    assert!(answer.timed_out);
+    assert_eq!(answer.lsn, Some(orders_lsn));
+
+    // Orders, then customers: the wait answers for customers, and names only the tables
+    // listed that changed, in the body's order.
+    let both = commit_later(
+        &sim,
+        62,
+        &[
+            ("dbo.orders", Duration::from_millis(100)),
+            ("dbo.customers", Duration::from_millis(600)),
+        ],
+    );
+    let answer = wait_on(&flight, orders_lsn, &["dbo.customers"], 30_000)
+        .await
+        .expect("wait");
+    let lsns = both.join().expect("commits");
+    let (second_orders, customers_lsn) = (lsns[0], lsns[1]);
+    assert!(!answer.timed_out, "{answer:?}");
+    assert_eq!(answer.changed, Some(vec!["dbo.customers".to_string()]));
+    assert_eq!(answer.lsn, Some(customers_lsn));
+    // Both changed since the first orders commit: both are named, in the body's order.
+    let answer = wait_on(&flight, orders_lsn, &["dbo.orders", "dbo.customers"], 1_000)
+        .await
+        .expect("wait");
+    assert!(second_orders > orders_lsn);
+    assert_eq!(
+        answer.changed,
+        Some(vec!["dbo.orders".to_string(), "dbo.customers".to_string()])
+    );
+    flight.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_on_no_tables_too_many_or_an_unknown_one_is_refused() {
+    let sim = with_workload(7, 5);
+    let (_source, flight) = tail_server(&sim).await;
+    let after = max_lsn(&flight).await;
+    let error = wait_on(&flight, after, &[], 100).await.expect_err("none");
+    assert_eq!(code(error), Code::InvalidArgument);
+    let many: Vec<String> = (0..=MAX_WAIT_TABLES).map(|n| format!("dbo.t{n}")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let error = wait_on(&flight, after, &many, 100).await.expect_err("too many");
+    assert_eq!(code(error), Code::InvalidArgument);
+    let error = wait_on(&flight, after, &["dbo.nowhere"], 100)
+        .await
+        .expect_err("unknown");
+    assert_eq!(code(error), Code::NotFound);
     flight.shutdown_and_wait().await;
 }

@@ -709,6 +709,45 @@ async fn check_changes(
         );
         previous = tile.last_lsn;
     }
+    check_instances_with_changes(source, &instance.name, &commits, max_lsn).await;
+}
+
+/// `instances_with_changes` names an instance exactly when `(after, to]` holds one of its
+/// change rows: `after` itself excluded, `to` included.
+async fn check_instances_with_changes(
+    source: &dyn CdcSource,
+    name: &str,
+    commits: &BTreeSet<&str>,
+    max_lsn: Lsn,
+) {
+    let names = vec![name.to_string()];
+    let names = &names;
+    let changed = |after: Lsn, to: Lsn| async move {
+        source
+            .instances_with_changes(names, after, to)
+            .await
+            .expect("instances_with_changes")
+    };
+    let commits: Vec<Lsn> = commits
+        .iter()
+        .map(|lsn| lsn.parse().expect("lsn"))
+        .collect();
+    for pair in commits.windows(2).take(10) {
+        let (first, second) = (pair[0], pair[1]);
+        assert_eq!(&changed(first, second).await, names, "({first}, {second}]");
+        assert!(
+            changed(first, second.decrement()).await.is_empty(),
+            "({first}, {second}) holds no row of {name}"
+        );
+        assert!(changed(second, first).await.is_empty(), "a reversed range");
+    }
+    if let Some(last) = commits.last() {
+        assert_eq!(&changed(last.decrement(), *last).await, names);
+        assert!(
+            changed(*last, max_lsn).await.is_empty(),
+            "nothing of {name} after its last commit"
+        );
+    }
 }
 
 /// Change rows' commit times (`(_start_lsn, _commit_ts)` in read order) rise with their

@@ -109,6 +109,14 @@ fn every_statement() -> Vec<(&'static str, String, usize)> {
         ("space_used", sql::space_used().into(), 1),
         ("split_points", ok(sql::split_points("dbo_orders")), 1),
         (
+            "instances_with_changes",
+            ok(sql::instances_with_changes(&[
+                "dbo_orders".to_string(),
+                "dbo_customers_v2".to_string(),
+            ])),
+            1,
+        ),
+        (
             "change_rows utc with command id",
             ok(sql::change_rows(
                 "dbo_orders",
@@ -391,4 +399,6 @@ fn hostile_names_stay_one_identifier() {
         Ok(2)
     );
     assert!(sql::split_points("bad\u{0}name").is_err());
+    assert!(sql::instances_with_changes(&["dbo_orders".into(), "bad\u{0}name".into()]).is_err());
+    assert!(sql::instances_with_changes(&[]).is_err());
 }

@@ -516,7 +516,8 @@ pub struct LatestOffsetBody {
 }
 
 /// Body of `wait_for_commits`: the live tail. The call answers as soon as `max_lsn` is past
-/// `after`, or when `timeout_ms` has passed.
+/// `after`, or when `timeout_ms` has passed. With `tables`, it answers only once one of those
+/// tables has change rows past `after`, and names them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WaitForCommitsBody {
@@ -526,21 +527,35 @@ pub struct WaitForCommitsBody {
     /// [`MAX_WAIT_MS`] (and below the server's call deadline).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Tables (`schema.table`, at most [`MAX_WAIT_TABLES`]) to wait on: the call answers
+    /// when one of them has change rows in `(after, lsn]`, so one call serves many quiet
+    /// tables and a commit to another table does not wake it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tables: Option<Vec<String>>,
 }
 
 /// How long `wait_for_commits` waits when the body does not say.
 pub const DEFAULT_WAIT_MS: u64 = 10_000;
 /// The longest wait `wait_for_commits` accepts.
 pub const MAX_WAIT_MS: u64 = 60_000;
+/// The most tables one `wait_for_commits` call waits on.
+pub const MAX_WAIT_TABLES: usize = 10_000;
 
 /// Answer of `wait_for_commits`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WaitForCommitsAnswer {
-    /// `max_lsn` as the server last read it (null: no commit yet, or not read yet).
+    /// `max_lsn` as the server last read it (null: no commit yet, or not read yet). With
+    /// `tables`: the LSN the tables were checked through; none of them but those in
+    /// `changed` has change rows in `(after, lsn]`, so the next call waits after it.
     pub lsn: Option<Lsn>,
-    /// Whether the wait ended at its timeout with `max_lsn` not past `after`.
+    /// Whether the wait ended at its timeout with `max_lsn` not past `after` (with `tables`:
+    /// with none of them changed).
     pub timed_out: bool,
+    /// With `tables`: those with change rows in `(after, lsn]`, in the body's order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed: Option<Vec<String>>,
 }
+
 
 /// Answer of actions that return an LSN.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -65,7 +65,7 @@ actions! {
     CountChanges = "count_changes": "{\"capture_instance\", \"from\", \"to\"} -> {\"rows\"}: change rows in [from, to]",
     InitialOffset = "initial_offset": "{\"table\", \"starting\"} -> offset: where a new stream starts",
     LatestOffset = "latest_offset": "{\"start\", \"max_commits\", \"upper\"} -> offset: the end of the next range",
-    WaitForCommits = "wait_for_commits": "{\"after\", \"timeout_ms\"?} -> {\"lsn\", \"timed_out\"}: the live tail, answers once max_lsn is past after (or at the timeout)",
+    WaitForCommits = "wait_for_commits": "{\"after\", \"timeout_ms\"?, \"tables\"?} -> {\"lsn\", \"timed_out\", \"changed\"?}: the live tail, answers once max_lsn is past after, or with tables once one of them has changes (or at the timeout)",
     SnapshotLsn = "snapshot_lsn": "{\"table\"} -> {\"lsn\"}: the stamp a snapshot read now would get",
     KeyExtent = "key_extent": "{\"table\"} -> {\"column\", \"sql_type\", \"min\", \"max\", \"rows\"}: the key and its extent",
     KeyBuckets = "key_buckets": "{\"table\", \"lo\", \"hi\", \"width\"} -> [{\"lo\", \"hi\", \"rows\"}]: rows per key slice",
@@ -134,6 +134,88 @@ impl CdcFlightService {
             .call_timeout
             .saturating_sub(std::time::Duration::from_secs(1));
         Ok(std::time::Duration::from_millis(asked).min(deadline))
+    }
+
+    /// `wait_for_commits` with `tables`: waits on the shared watcher, and each time
+    /// `max_lsn` moves checks the tables' capture instances for change rows in the new
+    /// range, in one source call; answers once one has some, or at the timeout with the LSN
+    /// the tables were checked through.
+    async fn wait_for_tables(
+        &self,
+        principal: &Principal,
+        after: Lsn,
+        tables: &[String],
+        timeout: std::time::Duration,
+    ) -> Result<protocol::WaitForCommitsAnswer> {
+        if tables.is_empty() || tables.len() > protocol::MAX_WAIT_TABLES {
+            return Err(Error::invalid(format!(
+                "wait_for_commits waits on 1 to {} tables, not {}",
+                protocol::MAX_WAIT_TABLES,
+                tables.len()
+            )));
+        }
+        let mut names = Vec::with_capacity(tables.len());
+        for table in tables {
+            names.push(Self::granted(principal, table)?);
+        }
+        // Every instance of every table, the pending ones too: a commit shows in each
+        // instance that captures it. Resolved once per call, with one catalog read.
+        let tracked = self.source.tracked_tables().await?;
+        let mut instances: Vec<(String, usize)> = Vec::new();
+        for (position, name) in names.iter().enumerate() {
+            let found = tracked
+                .iter()
+                .find(|tracked| &tracked.table == name)
+                .ok_or_else(|| Error::TableNotFound {
+                    table: name.to_string(),
+                })?;
+            instances.extend(
+                found
+                    .capture_instances
+                    .iter()
+                    .map(|instance| (instance.name.clone(), position)),
+            );
+        }
+        let instance_names: Vec<String> = instances.iter().map(|(name, _)| name.clone()).collect();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut checked = after;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let outcome = self.commits.wait_after(checked, left).await;
+            let Some(lsn) = outcome.max_lsn.filter(|lsn| *lsn > checked) else {
+                return Ok(protocol::WaitForCommitsAnswer {
+                    lsn: Some(checked),
+                    timed_out: true,
+                    changed: Some(Vec::new()),
+                });
+            };
+            let found = self
+                .source
+                .instances_with_changes(&instance_names, checked, lsn)
+                .await?;
+            checked = lsn;
+            if !found.is_empty() {
+                let mut positions: Vec<usize> = instances
+                    .iter()
+                    .filter(|(name, _)| found.contains(name))
+                    .map(|(_, position)| *position)
+                    .collect();
+                positions.sort_unstable();
+                positions.dedup();
+                return Ok(protocol::WaitForCommitsAnswer {
+                    lsn: Some(lsn),
+                    timed_out: false,
+                    changed: Some(positions.into_iter().map(|at| tables[at].clone()).collect()),
+                });
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(protocol::WaitForCommitsAnswer {
+                    lsn: Some(lsn),
+                    timed_out: true,
+                    changed: Some(Vec::new()),
+                });
+            }
+        }
     }
 
     /// `table` parsed, and `PERMISSION_DENIED` unless `principal` may read it.
@@ -282,13 +364,19 @@ impl CdcFlightService {
             }
             ActionKind::WaitForCommits => {
                 let body: protocol::WaitForCommitsBody = parse_body(name, body)?;
-                let outcome = self
-                    .commits
-                    .wait_after(body.after, self.wait_timeout(body.timeout_ms)?)
-                    .await;
+                let timeout = self.wait_timeout(body.timeout_ms)?;
+                if let Some(tables) = &body.tables {
+                    return Ok(json_bytes(
+                        &self
+                            .wait_for_tables(principal, body.after, tables, timeout)
+                            .await?,
+                    ));
+                }
+                let outcome = self.commits.wait_after(body.after, timeout).await;
                 json_bytes(&protocol::WaitForCommitsAnswer {
                     lsn: outcome.max_lsn,
                     timed_out: outcome.timed_out,
+                    changed: None,
                 })
             }
             ActionKind::CountChanges => {

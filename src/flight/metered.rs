@@ -85,6 +85,19 @@ impl CdcSource for MeteredSource {
         timed("split_points", self.0.split_points(range, tiles)).await
     }
 
+    async fn instances_with_changes(
+        &self,
+        instances: &[String],
+        after: Lsn,
+        to: Lsn,
+    ) -> Result<Vec<String>> {
+        timed(
+            "instances_with_changes",
+            self.0.instances_with_changes(instances, after, to),
+        )
+        .await
+    }
+
     async fn read_changes(&self, read: ChangeRead) -> Result<BatchStream> {
         timed("read_changes", self.0.read_changes(read)).await
     }

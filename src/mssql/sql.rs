@@ -9,7 +9,7 @@
 
 use super::clock::ServerClock;
 use super::ident;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::keys::{GridUnit, KeyColumn, KeyTuple, KeyValue, KeysetRange};
 use crate::source::{KeyRange, TableName};
 use crate::types::{OutputColumn, SqlType};
@@ -155,6 +155,32 @@ pub fn split_points(capture_instance: &str) -> Result<String> {
          WHERE ct.[__$start_lsn] BETWEEN @P1 AND @P2 GROUP BY ct.[__$start_lsn]) c) g \
          GROUP BY g.tile ORDER BY last_lsn"
     ))
+}
+
+/// The most capture instances one `instances_with_changes` statement checks; more are
+/// checked by several statements.
+pub const INSTANCES_PER_STATEMENT: usize = 100;
+
+/// Which of `capture_instances` hold change rows with `@P1 < __$start_lsn <= @P2`: one row
+/// per such instance, its position in the list. One seek on each change table's clustered
+/// index (`__$start_lsn` leads it), stopped at the first row.
+/// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-capture-instance-ct-transact-sql>
+pub fn instances_with_changes(capture_instances: &[String]) -> Result<String> {
+    let checks = capture_instances
+        .iter()
+        .enumerate()
+        .map(|(position, capture_instance)| {
+            let change_table = ident::change_table(capture_instance)?;
+            Ok(format!(
+                "SELECT {position} AS position WHERE EXISTS (SELECT 1 FROM {change_table} ct \
+                 WHERE ct.[__$start_lsn] > @P1 AND ct.[__$start_lsn] <= @P2)"
+            ))
+        })
+        .collect::<Result<Vec<String>>>()?;
+    if checks.is_empty() {
+        return Err(Error::invalid("no capture instance to check for changes"));
+    }
+    Ok(checks.join(" UNION ALL "))
 }
 
 /// The type a NULL stands in as, for a column the source does not hold.

@@ -512,6 +512,46 @@ impl CdcSource for SimDb {
         .map_err(|error| Error::Internal(format!("split_points task failed: {error}")))?
     }
 
+    /// One call, as SQL Server's one statement: the manifest tells which instances have a
+    /// segment overlapping the range, and only those segments' LSN columns are read.
+    async fn instances_with_changes(
+        &self,
+        instances: &[String],
+        after: Lsn,
+        to: Lsn,
+    ) -> Result<Vec<String>> {
+        self.simulate_latency().await;
+        if to <= after {
+            return Ok(Vec::new());
+        }
+        let db = self.clone();
+        let instances = instances.to_vec();
+        let from = after.increment();
+        tokio::task::spawn_blocking(move || {
+            let manifest = db.store.manifest()?;
+            let mut changed = Vec::new();
+            for name in instances {
+                let state = Self::published_instance(&manifest, &name)?;
+                let from = from.max(state.min_lsn);
+                if !state
+                    .segments
+                    .iter()
+                    .any(|segment| segment.max_lsn >= from && segment.min_lsn <= to)
+                {
+                    continue;
+                }
+                let mut found = false;
+                db.scan_start_lsns(&name, from, to, |_| found = true)?;
+                if found {
+                    changed.push(name);
+                }
+            }
+            Ok(changed)
+        })
+        .await
+        .map_err(|error| Error::Internal(format!("instances_with_changes task failed: {error}")))?
+    }
+
     async fn read_changes(&self, read: ChangeRead) -> Result<BatchStream> {
         self.simulate_latency().await;
         let manifest = self.store.manifest()?;

@@ -42,6 +42,8 @@ pub struct FaultySource {
     pub down: AtomicBool,
     /// How many times `max_lsn` was called.
     pub max_lsn_calls: AtomicU64,
+    /// How many times `instances_with_changes` was called.
+    pub changes_checks: AtomicU64,
     /// Set by a [`ReadFault::NeverAnswers`] read when its reader went away.
     pub reader_left: Arc<AtomicBool>,
     /// A column the catalog reports for a table's capture instances besides its own, as SQL
@@ -56,6 +58,7 @@ impl FaultySource {
             fault: std::sync::Mutex::new(fault),
             down: AtomicBool::new(false),
             max_lsn_calls: AtomicU64::new(0),
+            changes_checks: AtomicU64::new(0),
             reader_left: Arc::new(AtomicBool::new(false)),
             extra_column: std::sync::Mutex::new(None),
         }
@@ -109,6 +112,15 @@ impl CdcSource for FaultySource {
     }
     async fn split_points(&self, range: InstanceRange<'_>, n: NonZeroU32) -> Result<Vec<Tile>> {
         self.db.split_points(range, n).await
+    }
+    async fn instances_with_changes(
+        &self,
+        instances: &[String],
+        after: Lsn,
+        to: Lsn,
+    ) -> Result<Vec<String>> {
+        self.changes_checks.fetch_add(1, Ordering::SeqCst);
+        self.db.instances_with_changes(instances, after, to).await
     }
     async fn read_changes(&self, read: ChangeRead) -> Result<BatchStream> {
         let whole = self.db.read_changes(read).await?;

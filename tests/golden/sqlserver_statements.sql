@@ -52,6 +52,9 @@ EXEC sys.sp_spaceused @objname = @P1;
 -- split_points
 SELECT MAX(g.start_lsn) AS last_lsn, SUM(g.n) AS row_count FROM (SELECT c.start_lsn, c.n, (SUM(c.n) OVER (ORDER BY c.start_lsn ROWS UNBOUNDED PRECEDING) - c.n) * @P3 / SUM(c.n) OVER () AS tile FROM (SELECT ct.[__$start_lsn] AS start_lsn, COUNT_BIG(*) AS n FROM cdc.[dbo_orders_CT] ct WHERE ct.[__$start_lsn] BETWEEN @P1 AND @P2 GROUP BY ct.[__$start_lsn]) c) g GROUP BY g.tile ORDER BY last_lsn;
 
+-- instances_with_changes
+SELECT 0 AS position WHERE EXISTS (SELECT 1 FROM cdc.[dbo_orders_CT] ct WHERE ct.[__$start_lsn] > @P1 AND ct.[__$start_lsn] <= @P2) UNION ALL SELECT 1 AS position WHERE EXISTS (SELECT 1 FROM cdc.[dbo_customers_v2_CT] ct WHERE ct.[__$start_lsn] > @P1 AND ct.[__$start_lsn] <= @P2);
+
 -- change_rows utc with command id
 SELECT CONVERT(varchar(22), c.[__$start_lsn], 1) AS [_start_lsn], CONVERT(varchar(22), c.[__$seqval], 1) AS [_seqval], c.[__$operation] AS [_operation], c.[__$command_id] AS [_command_id], CAST(m.tran_end_time AS datetime2(3)) AS [_commit_ts], c.[order_id], CAST(c.[price] AS decimal(19,4)) AS [price], CAST(c.[fee] AS decimal(10,4)) AS [fee], CAST(NULL AS nvarchar(max)) AS [note], CAST(NULL AS binary(8)) AS [version] FROM cdc.[dbo_orders_CT] c LEFT JOIN cdc.lsn_time_mapping m ON m.start_lsn = c.[__$start_lsn] WHERE c.[__$start_lsn] BETWEEN @P1 AND @P2 ORDER BY c.[__$start_lsn], c.[__$command_id], c.[__$seqval], c.[__$operation];
 

@@ -350,6 +350,41 @@ impl CdcSource for SqlServerSource {
             .collect()
     }
 
+    async fn instances_with_changes(
+        &self,
+        instances: &[String],
+        after: Lsn,
+        to: Lsn,
+    ) -> Result<Vec<String>> {
+        let mut changed = Vec::new();
+        if to <= after {
+            return Ok(changed);
+        }
+        for group in instances.chunks(sql::INSTANCES_PER_STATEMENT) {
+            let statement = sql::instances_with_changes(group)?;
+            let rows = self
+                .rows(&statement, &[Param::lsn(after), Param::lsn(to)])
+                .await?;
+            // UNION ALL promises no order: the positions put the list's back.
+            let mut positions = rows
+                .iter()
+                .map(|row| {
+                    int_at(row, 0)
+                        .and_then(|position| usize::try_from(position).ok())
+                        .filter(|position| *position < group.len())
+                        .ok_or_else(|| {
+                            Error::Internal(
+                                "instances_with_changes: a position outside the list".into(),
+                            )
+                        })
+                })
+                .collect::<Result<Vec<usize>>>()?;
+            positions.sort_unstable();
+            changed.extend(positions.into_iter().map(|position| group[position].clone()));
+        }
+        Ok(changed)
+    }
+
     async fn read_changes(&self, read: ChangeRead) -> Result<BatchStream> {
         let captured: BTreeSet<String> = self
             .captured_columns(&read.capture_instance)
