@@ -220,8 +220,16 @@ async fn a_wait_on_tables_answers_only_for_their_changes_and_names_them() {
     let orders_lsn = orders.join().expect("orders")[0];
     assert!(answer.timed_out, "{answer:?}");
     assert_eq!(answer.changed, Some(Vec::new()));
-    assert_eq!(answer.lsn, Some(orders_lsn), "checked through the orders commit");
-    assert_eq!(checks() - before, 1, "one check for the one move of max_lsn");
+    assert_eq!(
+        answer.lsn,
+        Some(orders_lsn),
+        "checked through the orders commit"
+    );
+    assert_eq!(
+        checks() - before,
+        1,
+        "one check for the one move of max_lsn"
+    );
 
     // Nothing commits: checked through the caller's own LSN.
     let answer = wait_on(&flight, orders_lsn, &["dbo.customers"], 200)
@@ -261,7 +269,7 @@ async fn a_wait_on_tables_answers_only_for_their_changes_and_names_them() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wait_on_no_tables_too_many_or_an_unknown_one_is_refused() {
+async fn a_wait_on_no_tables_or_too_many_is_refused_and_an_untracked_one_never_changes() {
     let sim = with_workload(7, 5);
     let (_source, flight) = tail_server(&sim).await;
     let after = max_lsn(&flight).await;
@@ -269,11 +277,21 @@ async fn a_wait_on_no_tables_too_many_or_an_unknown_one_is_refused() {
     assert_eq!(code(error), Code::InvalidArgument);
     let many: Vec<String> = (0..=MAX_WAIT_TABLES).map(|n| format!("dbo.t{n}")).collect();
     let many: Vec<&str> = many.iter().map(String::as_str).collect();
-    let error = wait_on(&flight, after, &many, 100).await.expect_err("too many");
-    assert_eq!(code(error), Code::InvalidArgument);
-    let error = wait_on(&flight, after, &["dbo.nowhere"], 100)
+    let error = wait_on(&flight, after, &many, 100)
         .await
-        .expect_err("unknown");
-    assert_eq!(code(error), Code::NotFound);
+        .expect_err("too many");
+    assert_eq!(code(error), Code::InvalidArgument);
+    let error = wait_on(&flight, after, &["not a table name"], 100)
+        .await
+        .expect_err("a bad name");
+    assert_eq!(code(error), Code::InvalidArgument);
+    // A table CDC does not track beside one it does: the wait goes on for the other.
+    let orders = commit_later(&sim, 71, &[("dbo.orders", Duration::from_millis(100))]);
+    let answer = wait_on(&flight, after, &["dbo.nowhere", "dbo.orders"], 30_000)
+        .await
+        .expect("wait");
+    let lsns = orders.join().expect("orders");
+    assert_eq!(answer.changed, Some(vec!["dbo.orders".to_string()]));
+    assert_eq!(answer.lsn, Some(lsns[0]));
     flight.shutdown_and_wait().await;
 }

@@ -556,7 +556,6 @@ pub struct WaitForCommitsAnswer {
     pub changed: Option<Vec<String>>,
 }
 
-
 /// Answer of actions that return an LSN.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LsnAnswer {

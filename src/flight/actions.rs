@@ -159,22 +159,20 @@ impl CdcFlightService {
             names.push(Self::granted(principal, table)?);
         }
         // Every instance of every table, the pending ones too: a commit shows in each
-        // instance that captures it. Resolved once per call, with one catalog read.
+        // instance that captures it. Resolved once per call, with one catalog read. A table
+        // CDC does not track (yet) has no changes: it is not an error, so one such table
+        // among many does not stop the wait of the others (its own reads report it).
         let tracked = self.source.tracked_tables().await?;
         let mut instances: Vec<(String, usize)> = Vec::new();
         for (position, name) in names.iter().enumerate() {
-            let found = tracked
-                .iter()
-                .find(|tracked| &tracked.table == name)
-                .ok_or_else(|| Error::TableNotFound {
-                    table: name.to_string(),
-                })?;
-            instances.extend(
-                found
-                    .capture_instances
-                    .iter()
-                    .map(|instance| (instance.name.clone(), position)),
-            );
+            if let Some(found) = tracked.iter().find(|tracked| &tracked.table == name) {
+                instances.extend(
+                    found
+                        .capture_instances
+                        .iter()
+                        .map(|instance| (instance.name.clone(), position)),
+                );
+            }
         }
         let instance_names: Vec<String> = instances.iter().map(|(name, _)| name.clone()).collect();
         let deadline = tokio::time::Instant::now() + timeout;
@@ -189,10 +187,13 @@ impl CdcFlightService {
                     changed: Some(Vec::new()),
                 });
             };
-            let found = self
-                .source
-                .instances_with_changes(&instance_names, checked, lsn)
-                .await?;
+            let found = if instance_names.is_empty() {
+                Vec::new()
+            } else {
+                self.source
+                    .instances_with_changes(&instance_names, checked, lsn)
+                    .await?
+            };
             checked = lsn;
             if !found.is_empty() {
                 let mut positions: Vec<usize> = instances

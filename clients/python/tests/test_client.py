@@ -210,3 +210,31 @@ def test_the_live_tail_wakes_on_a_commit_and_times_out_on_a_quiet_database(tmp_p
             client.wait_for_commits(latest, timeout=61)
     finally:
         stop_server(process)
+
+
+def test_a_wait_on_named_tables_ends_only_for_their_changes(tmp_path):
+    directory = tmp_path / "db"
+    workload_database(directory, "--commits", "5", "--seed", "6", "--clock", "virtual")
+    process, url = start_server(directory)
+    try:
+        client = cdc.connect(url)
+        latest = client.latest_offset(client.initial_offset("dbo.orders"))
+        lsn, changed = client.wait_for_tables(latest, ["dbo.orders", "dbo.customers"], 0.3)
+        assert (lsn, changed) == (latest.lsn, [])
+        # The workload commits to both tables: the wait names what changed, in the
+        # order asked, checked through a later LSN.
+        committer = threading.Timer(
+            0.5, run, ("sim", "run", str(directory), "--commits", "20", "--seed", "7")
+        )
+        committer.start()
+        lsn, changed = client.wait_for_tables(latest, ["dbo.customers", "dbo.orders"], 30)
+        committer.join()
+        assert changed and set(changed) <= {"dbo.customers", "dbo.orders"}
+        assert changed == sorted(changed, key=["dbo.customers", "dbo.orders"].index)
+        assert lsn > latest.lsn
+        with pytest.raises(ValueError):
+            client.wait_for_tables(latest, [], 1)
+        # A table CDC does not track never changes: the wait times out.
+        assert client.wait_for_tables(lsn, ["dbo.nowhere"], 0.3) == (lsn, [])
+    finally:
+        stop_server(process)

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::{DataType, Int64Type, TimeUnit};
 use arrow::record_batch::RecordBatch;
-use common::{env_number, start_server};
+use common::{env_number, source_calls, start_server};
 use deltalake::datafusion::prelude::SessionContext;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use mssql_cdc_flight::CommitTime;
@@ -193,26 +193,6 @@ async fn measure(
         batches,
         idle_calls_per_second,
     })
-}
-
-/// Every source call the server made so far, counted by call (its latency histogram's count).
-fn source_calls(metrics: &PrometheusHandle) -> BTreeMap<String, f64> {
-    let mut calls = BTreeMap::new();
-    for line in metrics.render().lines() {
-        let Some(rest) = line.strip_prefix("mssql_cdc_flight_source_call_seconds_count{") else {
-            continue;
-        };
-        let Some((labels, count)) = rest.split_once("} ") else {
-            continue;
-        };
-        let call = labels
-            .split(',')
-            .find_map(|label| label.strip_prefix("call=\""))
-            .map(|call| call.trim_end_matches('"').to_string())
-            .unwrap_or_default();
-        *calls.entry(call).or_insert(0.0) += count.trim().parse::<f64>().unwrap_or(0.0);
-    }
-    calls
 }
 
 /// Seconds from each commit (after the seed) to its batch's facts row, and the batches.

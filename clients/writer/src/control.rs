@@ -5,6 +5,7 @@
 //! forward (`GREATEST` semantics, as the seed's MERGE), and to the end offset's commit time
 //! truncated to the granularity, so a period is final only once the stream is past its end.
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -70,38 +71,74 @@ pub async fn advance(
     end: &Offset,
     granularity: Granularity,
 ) -> Result<Option<CommitTime>> {
-    let Some(end_commit) = end.commit_ts else {
-        return finalized_until(url, table_name).await;
-    };
-    let candidate = granularity.truncate(end_commit);
-    let source = control_batch(vec![
-        ("table_name", text(Some(table_name))),
-        ("finalized_until", time(Some(candidate.0))),
-        ("end_lsn", text(Some(&end.lsn.to_string()))),
-        ("end_commit_ts", time(Some(end_commit.0))),
-        ("updated_at", time(Some(now()))),
-    ])?;
-    merge_row(url, source, |merge| {
-        merge
-            .when_matched_update(|update| {
-                update
-                    .predicate("target.finalized_until IS NULL OR source.finalized_until > target.finalized_until")
-                    .update("finalized_until", "source.finalized_until")
-                    .update("end_lsn", "source.end_lsn")
-                    .update("end_commit_ts", "source.end_commit_ts")
-                    .update("updated_at", "source.updated_at")
-            })?
-            .when_not_matched_insert(|insert| {
-                insert
-                    .set("table_name", "source.table_name")
-                    .set("finalized_until", "source.finalized_until")
-                    .set("end_lsn", "source.end_lsn")
-                    .set("end_commit_ts", "source.end_commit_ts")
-                    .set("updated_at", "source.updated_at")
-            })
-    })
-    .await?;
-    finalized_until(url, table_name).await
+    let verdicts = advance_each(url, &[(table_name.to_string(), *end)], granularity).await?;
+    Ok(verdicts.get(table_name).copied().flatten())
+}
+
+/// [`advance`] of many tables (each once) in one MERGE; the verdict of each after it.
+pub async fn advance_each(
+    url: &Url,
+    moves: &[(String, Offset)],
+    granularity: Granularity,
+) -> Result<HashMap<String, Option<CommitTime>>> {
+    let moving: Vec<(&str, CommitTime, &Offset)> = moves
+        .iter()
+        .filter_map(|(table, end)| end.commit_ts.map(|commit| (table.as_str(), commit, end)))
+        .collect();
+    if !moving.is_empty() {
+        let updated_at = now();
+        let column =
+            |values: Vec<Option<String>>| -> Arc<dyn Array> { Arc::new(StringArray::from(values)) };
+        let times = |values: Vec<Option<i64>>| -> Arc<dyn Array> {
+            Arc::new(TimestampMicrosecondArray::from(values))
+        };
+        let source = control_batch(vec![
+            (
+                "table_name",
+                column(moving.iter().map(|m| Some(m.0.to_string())).collect()),
+            ),
+            (
+                "finalized_until",
+                times(
+                    moving
+                        .iter()
+                        .map(|m| Some(granularity.truncate(m.1).0))
+                        .collect(),
+                ),
+            ),
+            (
+                "end_lsn",
+                column(moving.iter().map(|m| Some(m.2.lsn.to_string())).collect()),
+            ),
+            (
+                "end_commit_ts",
+                times(moving.iter().map(|m| Some(m.1.0)).collect()),
+            ),
+            ("updated_at", times(vec![Some(updated_at); moving.len()])),
+        ])?;
+        merge_row(url, source, |merge| {
+            merge
+                .when_matched_update(|update| {
+                    update
+                        .predicate("target.finalized_until IS NULL OR source.finalized_until > target.finalized_until")
+                        .update("finalized_until", "source.finalized_until")
+                        .update("end_lsn", "source.end_lsn")
+                        .update("end_commit_ts", "source.end_commit_ts")
+                        .update("updated_at", "source.updated_at")
+                })?
+                .when_not_matched_insert(|insert| {
+                    insert
+                        .set("table_name", "source.table_name")
+                        .set("finalized_until", "source.finalized_until")
+                        .set("end_lsn", "source.end_lsn")
+                        .set("end_commit_ts", "source.end_commit_ts")
+                        .set("updated_at", "source.updated_at")
+                })
+        })
+        .await?;
+    }
+    let names: Vec<&str> = moves.iter().map(|(table, _)| table.as_str()).collect();
+    verdicts(url, &names).await
 }
 
 /// Where `apply_changes` stands for a silver table (control migrations 1 and 2).
@@ -272,8 +309,10 @@ pub async fn record_apply(
 
 /// One control row of the named `values`, every other column NULL (a MERGE sets only the
 /// columns its clauses name).
+/// Control rows of the given columns (all of one length); the others NULL.
 fn control_batch(values: Vec<(&str, Arc<dyn Array>)>) -> Result<RecordBatch> {
     let schema = crate::facts::arrow_schema(TableKind::Control);
+    let rows = values.first().map_or(1, |(_, column)| column.len());
     let mut values = values;
     let columns = schema
         .fields()
@@ -281,7 +320,7 @@ fn control_batch(values: Vec<(&str, Arc<dyn Array>)>) -> Result<RecordBatch> {
         .map(
             |field| match values.iter().position(|(name, _)| name == field.name()) {
                 Some(index) => values.swap_remove(index).1,
-                None => arrow::array::new_null_array(field.data_type(), 1),
+                None => arrow::array::new_null_array(field.data_type(), rows),
             },
         )
         .collect();
@@ -358,32 +397,60 @@ async fn merge_row(
 
 /// The verdict of `table_name` (`None` without a control table or row).
 pub async fn finalized_until(url: &Url, table_name: &str) -> Result<Option<CommitTime>> {
+    Ok(verdicts(url, &[table_name])
+        .await?
+        .get(table_name)
+        .copied()
+        .flatten())
+}
+
+/// The verdict of each of `table_names`, in one read (`None` without a control table or
+/// row).
+async fn verdicts(url: &Url, table_names: &[&str]) -> Result<HashMap<String, Option<CommitTime>>> {
+    let mut verdicts: HashMap<String, Option<CommitTime>> = table_names
+        .iter()
+        .map(|name| (name.to_string(), None))
+        .collect();
     let Some(table) = tables::open(url).await? else {
-        return Ok(None);
+        return Ok(verdicts);
     };
     let context = SessionContext::new();
     let provider = table.table_provider().await?;
     context.register_table("control", provider)?;
+    let names: Vec<deltalake::datafusion::prelude::Expr> = table_names
+        .iter()
+        .map(|name| deltalake::datafusion::prelude::lit(*name))
+        .collect();
     let batches = context
         .table("control")
         .await?
-        .filter(col("table_name").eq(deltalake::datafusion::prelude::lit(table_name)))?
-        .select_columns(&["finalized_until"])?
+        .filter(col("table_name").in_list(names, false))?
+        .select_columns(&["table_name", "finalized_until"])?
         .collect()
         .await?;
-    let mut verdict = None;
     for batch in batches {
+        let names = arrow::compute::cast(batch.column(0), &arrow::datatypes::DataType::Utf8)?;
+        let names = names
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .ok_or_else(|| WriterError::Internal("table_name is not text".into()))?;
         let column = arrow::compute::cast(
-            batch.column(0),
+            batch.column(1),
             &arrow::datatypes::DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, None),
         )?;
         let times = column
             .as_any()
             .downcast_ref::<TimestampMicrosecondArray>()
             .ok_or_else(|| WriterError::Internal("finalized_until is not a timestamp".into()))?;
-        verdict = verdict.max(times.iter().flatten().max().map(CommitTime));
+        for row in 0..batch.num_rows() {
+            if names.is_null(row) || times.is_null(row) {
+                continue;
+            }
+            let verdict = verdicts.entry(names.value(row).to_string()).or_default();
+            *verdict = (*verdict).max(Some(CommitTime(times.value(row))));
+        }
     }
-    Ok(verdict)
+    Ok(verdicts)
 }
 
 /// Whether the period ending at `period_end` is complete for `table_name`.

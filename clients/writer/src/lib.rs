@@ -16,6 +16,7 @@ pub mod events;
 pub mod facts;
 pub mod features;
 pub mod keyset;
+pub mod ledger;
 pub mod maintenance;
 pub mod metrics;
 pub mod reconcile;

@@ -37,22 +37,30 @@
 //! scheduled reconcile appends to (docs/reconcile.md); `status_listen = "127.0.0.1:8088"`
 //! serves the live status page and the `/healthz` and `/readyz` probes (docs/operations.md).
 //!
-//! One task per table. A table that fails is logged and retried with exponential backoff
+//! With `live_tail`, one shared call waits on the server for every table by name
+//! ([`SharedTail`]): only the streams of tables that changed wake, and a quiet table costs
+//! the source nothing between commits. The tables' facts rows and verdict moves go through
+//! one [`Ledger`], which commits those that arrive together in one commit. One task per
+//! table. A table that fails is logged and
+//! retried with exponential backoff
 //! (1 s doubling to 60 s) while the others go on; with available-now each table gets
 //! `AVAILABLE_NOW_ATTEMPTS` attempts and the run reports which ones failed. A table with
 //! `bootstrap` snapshots itself before its first batch; a chunked snapshot is read by a
 //! backfill task next to the table's stream (available-now: after the stream's run).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
+use tokio::sync::Notify;
 
 use crate::board::{TableState, board};
 use crate::checkpoint::Checkpoint;
 use crate::control::{self, Granularity};
 use crate::data_loss::OnDataLoss;
 use crate::error::{Result, WriterError};
+use crate::ledger::Ledger;
 use crate::maintenance::MaintenanceOptions;
 use crate::reconcile::{ReconcileConfig, reconcile};
 use crate::schema_policy::SchemaChangePolicy;
@@ -60,7 +68,7 @@ use crate::silver::{ApplyConfig, apply_changes};
 use crate::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use crate::stream::{BatchOutcome, Stream, StreamConfig};
 use crate::tables::{self, TableKind};
-use crate::tail::Waiting;
+use crate::tail::{SharedTail, Waiting};
 
 /// Attempts per table in an available-now run.
 pub const AVAILABLE_NOW_ATTEMPTS: u32 = 3;
@@ -608,6 +616,19 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
         live_tail: config.live_tail,
     };
     let mut tasks = Vec::new();
+    let shared_tail = if config.live_tail {
+        shared_tail(config, poll, &stop, &mut tasks).await
+    } else {
+        None
+    };
+    // A location that does not parse is reported by each table's stream.
+    let ledger = match (
+        tables::table_url(&config.facts),
+        tables::table_url(&config.control),
+    ) {
+        (Ok(facts), Ok(control)) => Some(Ledger::start(facts, Some(control), config.granularity)),
+        _ => None,
+    };
     if config.maintenance_minutes > 0.0 {
         let every = Duration::from_secs_f64(config.maintenance_minutes * 60.0);
         tasks.push(tokio::spawn(maintenance_loop(
@@ -631,11 +652,19 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
         let mut stream_config = config.stream(entry);
         let stop = stop.clone();
         let entry = entry.clone();
+        let wake = shared_tail
+            .as_ref()
+            .and_then(|shared| shared.wake(&entry.table));
+        let shared = Shared {
+            wake,
+            ledger: ledger.clone(),
+        };
         tasks.push(tokio::spawn(async move {
             let mut attempt = 0;
             while !*stop.borrow() {
                 let began = std::time::Instant::now();
-                if let Err(error) = continuous_attempt(&entry, &mut stream_config, waiting, &stop).await
+                if let Err(error) =
+                    continuous_attempt(&entry, &mut stream_config, waiting, &shared, &stop).await
                 {
                     // A table that ran a while before failing starts its backoff over.
                     if began.elapsed() > backoff(u32::MAX) {
@@ -662,6 +691,49 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
     }
 }
 
+/// The sidecar's shared live tail over every table ([`SharedTail`]), started as one of
+/// `tasks`; `None` when the server cannot wait on named tables (each table then waits on its
+/// own, as `live_tail` says) or cannot be reached now (the tables report that).
+async fn shared_tail(
+    config: &SidecarConfig,
+    retry: Duration,
+    stop: &tokio::sync::watch::Receiver<bool>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Option<Arc<SharedTail>> {
+    let client = match crate::stream::connect_server(&config.server).await {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::warn!(%error, "the shared live tail could not connect: each table waits on its own");
+            return None;
+        }
+    };
+    let shared = Arc::new(SharedTail::new(
+        config.tables.iter().map(|entry| entry.table.clone()),
+        config.granularity,
+    ));
+    if !shared.supported(&client).await {
+        return None;
+    }
+    tracing::info!(
+        tables = config.tables.len(),
+        "one shared live tail waits on every table"
+    );
+    let running = Arc::clone(&shared);
+    let stop = stop.clone();
+    tasks.push(tokio::spawn(async move {
+        running.run(&client, retry, stop).await;
+    }));
+    Some(shared)
+}
+
+/// What a table's stream shares with the sidecar's other tables.
+struct Shared {
+    /// Its wake from the shared live tail, when there is one.
+    wake: Option<Arc<Notify>>,
+    /// The group committer of facts rows and verdicts.
+    ledger: Option<Arc<Ledger>>,
+}
+
 /// One continuous attempt at a table: its stream and, next to it, the waves of its chunked
 /// snapshot. The first of the two to end, with an error or at `stop`, ends the other after
 /// its batch or wave in flight, so a failure of either ends the attempt with that error (to be
@@ -670,6 +742,7 @@ async fn continuous_attempt(
     entry: &TableEntry,
     config: &mut StreamConfig,
     waiting: Waiting,
+    shared: &Shared,
     stop: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<()> {
     bootstrap(entry, config).await?;
@@ -678,6 +751,12 @@ async fn continuous_attempt(
     let stream = async {
         let streamed = async {
             let mut stream = Stream::connect(config.clone()).await?;
+            if let Some(wake) = &shared.wake {
+                stream.wake_on(Arc::clone(wake));
+            }
+            if let Some(ledger) = &shared.ledger {
+                stream.share_ledger(Arc::clone(ledger));
+            }
             board().state(&config.table, TableState::Running);
             stream.run_continuous(waiting, attempt_ended.clone()).await
         }

@@ -19,8 +19,11 @@
 //! second writer with the same app id, and stops the stream.
 //!
 //! A batch with no rows (idle CDC entries) writes no bronze commit but still its facts row and
-//! the verdict move. A checkpoint deleted or rewound under the same app_id is refused against
-//! the facts and bronze tables' transaction versions.
+//! the verdict move. A continuous stream writes such a batch only when it moves the verdict
+//! (its end's commit time is in a later granularity period than the last batch's end) or
+//! carries an event: a quiet table writes one batch per period, not one per poll. A
+//! checkpoint deleted or rewound under the same app_id is refused against the facts and
+//! bronze tables' transaction versions.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -40,6 +43,7 @@ use crate::data_loss::{self, OnDataLoss};
 use crate::error::{Result, WriterError};
 use crate::events;
 use crate::facts::{self, FactsRow, Totals};
+use crate::ledger::Ledger;
 use crate::schema_policy::SchemaChangePolicy;
 use crate::tables::{self, TableKind};
 use crate::tail::{Tail, Waiting};
@@ -115,6 +119,13 @@ pub struct Stream {
     tail: Tail,
     /// When the re-snapshot schedule was last looked at (at most once a minute).
     schedule_checked: Option<Instant>,
+    /// Whether a range with nothing to write is left for later (continuous runs) instead of
+    /// written as an empty batch (available-now runs record reaching their target).
+    skip_quiet: bool,
+    /// The plan of the range a quiet check planned, reused by its batch.
+    planned: Option<(Offset, Offset, PlannedBatch)>,
+    /// The group committer of facts rows and verdicts shared with other tables' streams.
+    ledger: Option<Arc<Ledger>>,
 }
 
 /// Environment variable naming a step boundary where the process aborts, for crash tests:
@@ -156,8 +167,8 @@ pub async fn connect_server(server: &str) -> Result<CdcClient> {
 }
 
 impl Stream {
-    /// Connects to the server and opens the checkpoint.
-    pub async fn connect(config: StreamConfig) -> Result<Self> {
+    /// Refuses a configuration no stream can run.
+    fn check(config: &StreamConfig) -> Result<()> {
         if let Some(days) = config.resnapshot_interval_days
             && !(days > 0.0 && days.is_finite())
         {
@@ -178,7 +189,19 @@ impl Stream {
                 "app_id must be non-empty and without '#'",
             ));
         }
+        Ok(())
+    }
+
+    /// Connects to the server and opens the checkpoint.
+    pub async fn connect(config: StreamConfig) -> Result<Self> {
+        Self::check(&config)?;
         let client = connect_server(&config.server).await?;
+        Self::with_client(config, client).await
+    }
+
+    /// A stream over a connection shared with others (the sidecar's tables share one).
+    pub async fn with_client(config: StreamConfig, client: CdcClient) -> Result<Self> {
+        Self::check(&config)?;
         Ok(Stream {
             target: tables::table_url(&config.target)?,
             facts: tables::table_url(&config.facts)?,
@@ -192,8 +215,23 @@ impl Stream {
             verified: false,
             tail: Tail::default(),
             schedule_checked: None,
+            skip_quiet: false,
+            planned: None,
+            ledger: None,
             config,
         })
+    }
+
+    /// Waits for `wake` (the sidecar's [`crate::tail::SharedTail`]) when nothing is new,
+    /// instead of its own tail or poll.
+    pub fn wake_on(&mut self, wake: Arc<tokio::sync::Notify>) {
+        self.tail = Tail::shared(wake);
+    }
+
+    /// Commits facts rows and verdict moves through `ledger`, together with the other
+    /// streams that share it (the sidecar's tables), instead of one commit each.
+    pub fn share_ledger(&mut self, ledger: Arc<Ledger>) {
+        self.ledger = Some(ledger);
     }
 
     fn facts_app_id(&self) -> String {
@@ -292,6 +330,10 @@ impl Stream {
                     self.tail.caught_up(batch.end.lsn);
                     return Ok(None);
                 }
+                if self.skip_quiet && self.nothing_to_write(batch.end, end).await? {
+                    self.tail.quiet(end.lsn);
+                    return Ok(None);
+                }
                 (batch.batch_id + 1, batch.end, end, false)
             }
             None => {
@@ -343,12 +385,14 @@ impl Stream {
     }
 
     /// Runs batches until `stop` resolves, waiting as `waiting` says when nothing is new (on
-    /// the server's live tail, at most the poll interval; see [`crate::tail`]).
+    /// the server's live tail, at most the poll interval; see [`crate::tail`]). A range with
+    /// no rows and no event is written only once it moves the verdict.
     pub async fn run_continuous(
         &mut self,
         waiting: Waiting,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<u64> {
+        self.skip_quiet = true;
         let mut batches = 0;
         while !*stop.borrow() {
             match self.run_batch(None).await? {
@@ -385,7 +429,11 @@ impl Stream {
         let _: LsnAnswer = self.client.action("max_lsn", &json!({})).await?;
         let rtt_ms = ping.elapsed().as_secs_f64() * 1000.0;
         let mut events: Vec<FactsRow> = Vec::new();
-        let plan = match self.plan(record).await {
+        let planned = match self.planned.take() {
+            Some((start, end, plan)) if start == record.start && end == record.end => Ok(plan),
+            _ => self.plan(record).await,
+        };
+        let plan = match planned {
             Ok(plan) => plan,
             Err(WriterError::DataLoss { message, .. })
                 if self.config.on_data_loss == OnDataLoss::Resnapshot =>
@@ -623,8 +671,9 @@ impl Stream {
     /// Moves the table's verdict to the batch's end (only forward), when there is a control
     /// table.
     async fn advance_verdict(&self, record: &BatchRecord) -> Result<Option<CommitTime>> {
-        let verdict = match &self.control {
-            Some(url) => {
+        let verdict = match (&self.control, &self.ledger) {
+            (Some(_), Some(ledger)) => ledger.advance(&self.config.table, record.end).await?,
+            (Some(url), None) => {
                 control::advance(
                     url,
                     &self.config.table,
@@ -633,10 +682,43 @@ impl Stream {
                 )
                 .await?
             }
-            None => None,
+            (None, _) => None,
         };
         crate::metrics::finalized_until(&self.config.table, "bronze", verdict);
         Ok(verdict)
+    }
+
+    /// Whether `(start, end]` can wait: it would not move the verdict (its end's commit time
+    /// is in the granularity period of `start`'s) and its plan holds no row and no event.
+    /// The plan is kept for the batch when there is something to write.
+    async fn nothing_to_write(&mut self, start: Offset, end: Offset) -> Result<bool> {
+        let granularity = self.config.granularity;
+        let moves_verdict = match (start.commit_ts, end.commit_ts) {
+            (Some(from), Some(to)) => granularity.truncate(to) > granularity.truncate(from),
+            (None, Some(_)) => true,
+            (_, None) => false,
+        };
+        if moves_verdict {
+            return Ok(false);
+        }
+        let record = BatchRecord {
+            app_id: self.config.app_id.clone(),
+            batch_id: 0,
+            start,
+            end,
+            committed: false,
+        };
+        let plan = match self.plan(&record).await {
+            Ok(plan) => plan,
+            // Purged changes are the batch's to handle, as configured.
+            Err(WriterError::DataLoss { .. }) => return Ok(false),
+            Err(error) => return Err(error),
+        };
+        if plan.rows == 0 && plan.events.is_empty() {
+            return Ok(true);
+        }
+        self.planned = Some((start, end, plan));
+        Ok(false)
     }
 
     async fn plan(&self, record: &BatchRecord) -> Result<PlannedBatch> {
@@ -889,15 +971,25 @@ impl Stream {
         for row in &mut rows {
             row.written_at = Some(written_at);
         }
-        tables::append_once(
-            &self.facts,
-            TableKind::Facts,
-            "facts",
-            &self.facts_app_id(),
-            batch_id,
-            facts::to_batch(&rows)?,
-        )
-        .await?;
+        let rows = facts::to_batch(&rows)?;
+        match &self.ledger {
+            Some(ledger) => {
+                ledger
+                    .append_facts(&self.facts_app_id(), batch_id, rows)
+                    .await?
+            }
+            None => {
+                tables::append_once(
+                    &self.facts,
+                    TableKind::Facts,
+                    "facts",
+                    &self.facts_app_id(),
+                    batch_id,
+                    rows,
+                )
+                .await?
+            }
+        };
         Ok(())
     }
 }

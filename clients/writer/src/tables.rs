@@ -713,20 +713,44 @@ pub async fn append_once(
     version: i64,
     batch: RecordBatch,
 ) -> Result<bool> {
+    let written =
+        append_once_each(url, kind, name, vec![(app_id.to_string(), version, batch)]).await?;
+    Ok(written.first().copied().unwrap_or(false))
+}
+
+/// [`append_once`] of many batches, each with its own application transaction (distinct
+/// app ids), in one commit: those the table holds already are left out. Returns, for each,
+/// whether it wrote.
+pub async fn append_once_each(
+    url: &Url,
+    kind: TableKind,
+    name: &str,
+    batches: Vec<(String, i64, RecordBatch)>,
+) -> Result<Vec<bool>> {
     retry_conflicts(|| async {
         let table = ensure(url, kind, kind.fields(), name).await?;
-        if holds_transaction(&table, app_id, version).await? {
-            return Ok(false);
+        let mut written = Vec::with_capacity(batches.len());
+        let mut rows = Vec::new();
+        let mut transactions = Vec::new();
+        for (app_id, version, batch) in &batches {
+            let held = holds_transaction(&table, app_id, *version).await?;
+            written.push(!held);
+            if !held {
+                rows.push(batch.clone());
+                transactions.push(Transaction::new(app_id, *version));
+            }
+        }
+        if transactions.is_empty() {
+            return Ok(written);
         }
         table
-            .write(vec![batch.clone()])
+            .write(rows)
             .with_save_mode(SaveMode::Append)
             .with_commit_properties(
-                CommitProperties::default()
-                    .with_application_transaction(Transaction::new(app_id, version)),
+                CommitProperties::default().with_application_transactions(transactions),
             )
             .await?;
-        Ok(true)
+        Ok(written)
     })
     .await
 }

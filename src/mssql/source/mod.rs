@@ -380,7 +380,11 @@ impl CdcSource for SqlServerSource {
                 })
                 .collect::<Result<Vec<usize>>>()?;
             positions.sort_unstable();
-            changed.extend(positions.into_iter().map(|position| group[position].clone()));
+            changed.extend(
+                positions
+                    .into_iter()
+                    .map(|position| group[position].clone()),
+            );
         }
         Ok(changed)
     }

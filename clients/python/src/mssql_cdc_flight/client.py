@@ -136,6 +136,26 @@ class Client:
         body = {"after": _offset(after).lsn, "timeout_ms": max(1, int(timeout * 1000))}
         return not self.action("wait_for_commits", body)["timed_out"]
 
+    def wait_for_tables(
+        self, after: OffsetLike, tables: list[str], timeout: float = 10.0
+    ) -> tuple[str | None, list[str]]:
+        """Waits until one of ``tables`` (``schema.table``, at most 10,000) has change rows
+        past ``after``, at most ``timeout`` seconds (60 at most). Returns the LSN the tables
+        were checked through and those that changed (none at the timeout); the next wait
+        starts after that LSN, so no change falls between two waits. One call watches many
+        tables, and a commit to a table not listed does not end it."""
+        if not 0 < timeout <= 60:
+            raise ValueError(f"timeout must be more than 0 and at most 60 seconds, not {timeout}")
+        if not tables:
+            raise ValueError("name at least one table to wait on")
+        body = {
+            "after": _offset(after).lsn,
+            "timeout_ms": max(1, int(timeout * 1000)),
+            "tables": list(tables),
+        }
+        answer = self.action("wait_for_commits", body)
+        return answer["lsn"], list(answer.get("changed") or [])
+
     def _plan(self, command: dict) -> Plan:
         descriptor = flight.FlightDescriptor.for_command(json.dumps(command))
         with server_errors():

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)] // each benchmark uses a different part
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -82,4 +83,26 @@ pub fn orders_lake(base: &Path, url: &str) -> (StreamConfig, ApplyConfig) {
         granularity: Granularity::Minute,
     };
     (stream, apply)
+}
+
+/// Every source call the server made so far, counted by call (its latency histogram's count).
+pub fn source_calls(
+    metrics: &metrics_exporter_prometheus::PrometheusHandle,
+) -> BTreeMap<String, f64> {
+    let mut calls = BTreeMap::new();
+    for line in metrics.render().lines() {
+        let Some(rest) = line.strip_prefix("mssql_cdc_flight_source_call_seconds_count{") else {
+            continue;
+        };
+        let Some((labels, count)) = rest.split_once("} ") else {
+            continue;
+        };
+        let call = labels
+            .split(',')
+            .find_map(|label| label.strip_prefix("call=\""))
+            .map(|call| call.trim_end_matches('"').to_string())
+            .unwrap_or_default();
+        *calls.entry(call).or_insert(0.0) += count.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    calls
 }
