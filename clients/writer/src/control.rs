@@ -10,9 +10,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use arrow::array::{Array, RecordBatch, StringArray, TimestampMicrosecondArray};
-use deltalake::DeltaTableError;
 use deltalake::datafusion::prelude::{SessionContext, col};
 use deltalake::operations::merge::MergeBuilder;
+use deltalake::{DeltaTable, DeltaTableError};
 use mssql_cdc_proto::{CommitTime, Lsn, Offset};
 use url::Url;
 
@@ -71,12 +71,15 @@ pub async fn advance(
     end: &Offset,
     granularity: Granularity,
 ) -> Result<Option<CommitTime>> {
-    let verdicts = advance_each(url, &[(table_name.to_string(), *end)], granularity).await?;
+    let moves = [(table_name.to_string(), *end)];
+    let verdicts = advance_each(&mut None, url, &moves, granularity).await?;
     Ok(verdicts.get(table_name).copied().flatten())
 }
 
 /// [`advance`] of many tables (each once) in one MERGE; the verdict of each after it.
+/// `cached` holds the control table between calls ([`tables::refreshed`]).
 pub async fn advance_each(
+    cached: &mut Option<DeltaTable>,
     url: &Url,
     moves: &[(String, Offset)],
     granularity: Granularity,
@@ -116,7 +119,7 @@ pub async fn advance_each(
             ),
             ("updated_at", times(vec![Some(updated_at); moving.len()])),
         ])?;
-        merge_row(url, source, |merge| {
+        merge_rows(cached, url, source, |merge| {
             merge
                 .when_matched_update(|update| {
                     update
@@ -138,7 +141,21 @@ pub async fn advance_each(
         .await?;
     }
     let names: Vec<&str> = moves.iter().map(|(table, _)| table.as_str()).collect();
-    verdicts(url, &names).await
+    // After a MERGE the cached table is its result; else it is brought up to date.
+    let table = match cached.take() {
+        Some(table) if !moving.is_empty() => Some(table),
+        Some(mut table) => {
+            table.update_incremental(None).await?;
+            Some(table)
+        }
+        None => tables::open(url).await?,
+    };
+    let Some(table) = table else {
+        return verdicts_in(None, &names).await;
+    };
+    let verdicts = verdicts_in(Some(&table), &names).await;
+    *cached = Some(table);
+    verdicts
 }
 
 /// Where `apply_changes` stands for a silver table (control migrations 1 and 2).
@@ -375,43 +392,57 @@ async fn merge_row(
     source: RecordBatch,
     clauses: impl Fn(MergeBuilder) -> std::result::Result<MergeBuilder, DeltaTableError>,
 ) -> Result<()> {
-    tables::retry_conflicts(|| async {
-        let table = tables::ensure(
-            url,
-            TableKind::Control,
-            TableKind::Control.fields(),
-            "control",
-        )
-        .await?;
+    merge_rows(&mut None, url, source, clauses).await
+}
+
+/// [`merge_row`] of `source`'s rows (one per table), on the control table `cached` holds
+/// between calls ([`tables::refreshed`]).
+async fn merge_rows(
+    cached: &mut Option<DeltaTable>,
+    url: &Url,
+    source: RecordBatch,
+    clauses: impl Fn(MergeBuilder) -> std::result::Result<MergeBuilder, DeltaTableError>,
+) -> Result<()> {
+    let slot = tokio::sync::Mutex::new(cached.take());
+    let merged = tables::retry_conflicts(|| async {
+        let mut cached = slot.lock().await;
+        let table = tables::refreshed(&mut cached, url, TableKind::Control, "control").await?;
         let frame = SessionContext::new().read_batch(source.clone())?;
         let merge = table
             .merge(frame, col("target.table_name").eq(col("source.table_name")))
             .with_source_alias("source")
             .with_target_alias("target")
             .with_commit_properties(tables::rewrite_commit());
-        clauses(merge)?.await?;
+        let (table, _) = clauses(merge)?.await?;
+        *cached = Some(table);
         Ok(())
     })
-    .await
+    .await;
+    *cached = slot.into_inner();
+    merged
 }
 
 /// The verdict of `table_name` (`None` without a control table or row).
 pub async fn finalized_until(url: &Url, table_name: &str) -> Result<Option<CommitTime>> {
-    Ok(verdicts(url, &[table_name])
+    let table = tables::open(url).await?;
+    Ok(verdicts_in(table.as_ref(), &[table_name])
         .await?
         .get(table_name)
         .copied()
         .flatten())
 }
 
-/// The verdict of each of `table_names`, in one read (`None` without a control table or
-/// row).
-async fn verdicts(url: &Url, table_names: &[&str]) -> Result<HashMap<String, Option<CommitTime>>> {
+/// The verdict of each of `table_names` in the control table `table`, in one read (`None`
+/// without a control table or row).
+async fn verdicts_in(
+    table: Option<&DeltaTable>,
+    table_names: &[&str],
+) -> Result<HashMap<String, Option<CommitTime>>> {
     let mut verdicts: HashMap<String, Option<CommitTime>> = table_names
         .iter()
         .map(|name| (name.to_string(), None))
         .collect();
-    let Some(table) = tables::open(url).await? else {
+    let Some(table) = table else {
         return Ok(verdicts);
     };
     let context = SessionContext::new();

@@ -137,6 +137,8 @@ fn group<T>(
 }
 
 async fn commit_facts(url: Url, mut entries: mpsc::Receiver<FactsEntry>) {
+    // The facts table as the last commit left it: each group reads only the commits since.
+    let mut table = None;
     let mut carried = None;
     loop {
         let first = match carried.take() {
@@ -151,7 +153,7 @@ async fn commit_facts(url: Url, mut entries: mpsc::Receiver<FactsEntry>) {
             .iter()
             .map(|entry| (entry.app_id.clone(), entry.version, entry.rows.clone()))
             .collect();
-        match tables::append_once_each(&url, TableKind::Facts, "facts", batches).await {
+        match tables::append_once_each(&mut table, &url, TableKind::Facts, "facts", batches).await {
             Ok(written) => {
                 for (entry, wrote) in group.into_iter().zip(written) {
                     let _ = entry.written.send(Ok(wrote));
@@ -172,6 +174,8 @@ async fn commit_verdicts(
     granularity: Granularity,
     mut entries: mpsc::Receiver<VerdictEntry>,
 ) {
+    // The control table as the last MERGE left it: each group reads only the commits since.
+    let mut table = None;
     let mut carried = None;
     loop {
         let first = match carried.take() {
@@ -186,7 +190,7 @@ async fn commit_verdicts(
             .iter()
             .map(|entry| (entry.table.clone(), entry.end))
             .collect();
-        match control::advance_each(&url, &moves, granularity).await {
+        match control::advance_each(&mut table, &url, &moves, granularity).await {
             Ok(verdicts) => {
                 let verdicts: HashMap<String, Option<CommitTime>> = verdicts;
                 for entry in group {

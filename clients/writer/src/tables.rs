@@ -713,22 +713,45 @@ pub async fn append_once(
     version: i64,
     batch: RecordBatch,
 ) -> Result<bool> {
-    let written =
-        append_once_each(url, kind, name, vec![(app_id.to_string(), version, batch)]).await?;
+    let batches = vec![(app_id.to_string(), version, batch)];
+    let written = append_once_each(&mut None, url, kind, name, batches).await?;
     Ok(written.first().copied().unwrap_or(false))
+}
+
+/// The table of `kind` at `url`: `cached` (the table as a last commit left it) brought up to
+/// date with the commits since, which reads only those, or loaded (and created when
+/// missing) when there is none.
+pub async fn refreshed(
+    cached: &mut Option<DeltaTable>,
+    url: &Url,
+    kind: TableKind,
+    name: &str,
+) -> Result<DeltaTable> {
+    match cached.take() {
+        Some(mut table) => {
+            table.update_incremental(None).await?;
+            Ok(table)
+        }
+        None => ensure(url, kind, kind.fields(), name).await,
+    }
 }
 
 /// [`append_once`] of many batches, each with its own application transaction (distinct
 /// app ids), in one commit: those the table holds already are left out. Returns, for each,
-/// whether it wrote.
+/// whether it wrote. `cached` holds the table between calls ([`refreshed`]).
 pub async fn append_once_each(
+    cached: &mut Option<DeltaTable>,
     url: &Url,
     kind: TableKind,
     name: &str,
     batches: Vec<(String, i64, RecordBatch)>,
 ) -> Result<Vec<bool>> {
-    retry_conflicts(|| async {
-        let table = ensure(url, kind, kind.fields(), name).await?;
+    // The retried commit borrows the cache through a lock: a retry starts from what the
+    // failed attempt left (nothing after a conflict, so the table is loaded again).
+    let slot = tokio::sync::Mutex::new(cached.take());
+    let outcome = retry_conflicts(|| async {
+        let mut cached = slot.lock().await;
+        let table = refreshed(&mut cached, url, kind, name).await?;
         let mut written = Vec::with_capacity(batches.len());
         let mut rows = Vec::new();
         let mut transactions = Vec::new();
@@ -741,18 +764,22 @@ pub async fn append_once_each(
             }
         }
         if transactions.is_empty() {
+            *cached = Some(table);
             return Ok(written);
         }
-        table
+        let table = table
             .write(rows)
             .with_save_mode(SaveMode::Append)
             .with_commit_properties(
                 CommitProperties::default().with_application_transactions(transactions),
             )
             .await?;
+        *cached = Some(table);
         Ok(written)
     })
-    .await
+    .await;
+    *cached = slot.into_inner();
+    outcome
 }
 
 /// Commit properties of a commit that rewrites files it read: it fails whenever the table
