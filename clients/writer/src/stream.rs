@@ -126,6 +126,8 @@ pub struct Stream {
     planned: Option<(Offset, Offset, PlannedBatch)>,
     /// The group committer of facts rows and verdicts shared with other tables' streams.
     ledger: Option<Arc<Ledger>>,
+    /// Bronze as the last batch loaded it.
+    bronze: Option<deltalake::DeltaTable>,
 }
 
 /// Environment variable naming a step boundary where the process aborts, for crash tests:
@@ -167,8 +169,8 @@ pub async fn connect_server(server: &str) -> Result<CdcClient> {
 }
 
 impl Stream {
-    /// Refuses a configuration no stream can run.
-    fn check(config: &StreamConfig) -> Result<()> {
+    /// Connects to the server and opens the checkpoint.
+    pub async fn connect(config: StreamConfig) -> Result<Self> {
         if let Some(days) = config.resnapshot_interval_days
             && !(days > 0.0 && days.is_finite())
         {
@@ -189,19 +191,7 @@ impl Stream {
                 "app_id must be non-empty and without '#'",
             ));
         }
-        Ok(())
-    }
-
-    /// Connects to the server and opens the checkpoint.
-    pub async fn connect(config: StreamConfig) -> Result<Self> {
-        Self::check(&config)?;
         let client = connect_server(&config.server).await?;
-        Self::with_client(config, client).await
-    }
-
-    /// A stream over a connection shared with others (the sidecar's tables share one).
-    pub async fn with_client(config: StreamConfig, client: CdcClient) -> Result<Self> {
-        Self::check(&config)?;
         Ok(Stream {
             target: tables::table_url(&config.target)?,
             facts: tables::table_url(&config.facts)?,
@@ -218,6 +208,7 @@ impl Stream {
             skip_quiet: false,
             planned: None,
             ledger: None,
+            bronze: None,
             config,
         })
     }
@@ -851,21 +842,33 @@ impl Stream {
     /// planning): fenced, as going on would record this writer's range under the other's
     /// batch.
     async fn prepare_bronze(
-        &self,
+        &mut self,
         plan: &PlannedBatch,
         batch_id: i64,
     ) -> Result<Option<Arc<bronze::Appender>>> {
         if plan.rows == 0 {
             return Ok(None);
         }
-        let empty = RecordBatch::new_empty(plan.schema.clone());
-        let table = tables::ensure(
-            &self.target,
-            TableKind::Bronze,
-            bronze::fields(&bronze::stream_rows(&empty, batch_id)?.schema())?,
-            "bronze",
-        )
-        .await?;
+        // Bronze as the last batch found it, caught up with the commits since: loading it
+        // anew would replay its log since the last checkpoint on every batch.
+        let table = match self.bronze.take() {
+            Some(mut table) => {
+                table.update_incremental(None).await?;
+                crate::features::check(&table, TableKind::Bronze, self.target.as_str())?;
+                table
+            }
+            None => {
+                let empty = RecordBatch::new_empty(plan.schema.clone());
+                tables::ensure(
+                    &self.target,
+                    TableKind::Bronze,
+                    bronze::fields(&bronze::stream_rows(&empty, batch_id)?.schema())?,
+                    "bronze",
+                )
+                .await?
+            }
+        };
+        self.bronze = Some(table.clone());
         if tables::holds_transaction(&table, &self.config.app_id, batch_id).await? {
             return Err(WriterError::Fenced(format!(
                 "bronze {} received batch {batch_id} of app_id '{}' from another writer while \
