@@ -281,7 +281,7 @@ async fn a_wait_on_no_tables_or_too_many_is_refused_and_an_untracked_one_never_c
         .await
         .expect_err("too many");
     assert_eq!(code(error), Code::InvalidArgument);
-    let error = wait_on(&flight, after, &["not a table name"], 100)
+    let error = wait_on(&flight, after, &["[not closed"], 100)
         .await
         .expect_err("a bad name");
     assert_eq!(code(error), Code::InvalidArgument);

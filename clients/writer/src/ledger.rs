@@ -10,7 +10,7 @@
 //! stream's own commit records; and one MERGE moving many tables' verdicts. A lone batch
 //! commits alone, as before. A replay after a crash finds its transaction as it would have.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use arrow::record_batch::RecordBatch;
@@ -192,7 +192,6 @@ async fn commit_verdicts(
             .collect();
         match control::advance_each(&mut table, &url, &moves, granularity).await {
             Ok(verdicts) => {
-                let verdicts: HashMap<String, Option<CommitTime>> = verdicts;
                 for entry in group {
                     let verdict = verdicts.get(&entry.table).copied().flatten();
                     let _ = entry.verdict.send(Ok(verdict));
