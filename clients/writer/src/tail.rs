@@ -277,6 +277,12 @@ impl SharedTail {
                 Ok(next) => position = Some(next),
                 Err(error) => {
                     tracing::warn!(%error, "the shared live tail failed: retrying");
+                    // Every table asks the server itself: one that cannot reach it says so
+                    // (its state, the readiness probe) and retries on its own backoff,
+                    // instead of waiting quietly on a tail that cannot wake it.
+                    for wake in self.wakes.values() {
+                        wake.notify_one();
+                    }
                     crate::sidecar::sleep_unless_stopped(retry, &stop).await;
                 }
             }

@@ -55,6 +55,14 @@ def _offset(value: OffsetLike) -> Offset:
     return value if isinstance(value, Offset) else Offset.from_json(value)
 
 
+def _lsn(value: OffsetLike) -> str:
+    """The LSN of an offset, or ``value`` itself when it is a bare LSN (``0x`` and 20 hex
+    digits), as :meth:`Client.wait_for_tables` answers one."""
+    if isinstance(value, str) and value.strip().lower().startswith("0x"):
+        return value.strip()
+    return _offset(value).lsn
+
+
 class Client:
     """A connection to one server. Use :func:`connect`."""
 
@@ -140,16 +148,17 @@ class Client:
         self, after: OffsetLike, tables: list[str], timeout: float = 10.0
     ) -> tuple[str | None, list[str]]:
         """Waits until one of ``tables`` (``schema.table``, at most 10,000) has change rows
-        past ``after``, at most ``timeout`` seconds (60 at most). Returns the LSN the tables
-        were checked through and those that changed (none at the timeout); the next wait
-        starts after that LSN, so no change falls between two waits. One call watches many
-        tables, and a commit to a table not listed does not end it."""
+        past ``after`` (an offset or a bare LSN), at most ``timeout`` seconds (60 at most).
+        Returns the LSN the tables were checked through and those that changed (none at the
+        timeout); the next wait passes that LSN as ``after``, so no change falls between two
+        waits. One call watches many tables, and a commit to a table not listed does not end
+        it."""
         if not 0 < timeout <= 60:
             raise ValueError(f"timeout must be more than 0 and at most 60 seconds, not {timeout}")
         if not tables:
             raise ValueError("name at least one table to wait on")
         body = {
-            "after": _offset(after).lsn,
+            "after": _lsn(after),
             "timeout_ms": max(1, int(timeout * 1000)),
             "tables": list(tables),
         }
