@@ -23,6 +23,7 @@ pub mod reconcile;
 pub mod schema_policy;
 pub mod sidecar;
 pub mod silver;
+pub mod slots;
 pub mod snapshot;
 pub mod status_page;
 pub mod stream;

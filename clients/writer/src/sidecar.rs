@@ -65,6 +65,7 @@ use crate::maintenance::MaintenanceOptions;
 use crate::reconcile::{ReconcileConfig, reconcile};
 use crate::schema_policy::SchemaChangePolicy;
 use crate::silver::{ApplyConfig, apply_changes};
+use crate::slots::{MAX_TABLE_SLOTS, TableSlots, slot, table_slots};
 use crate::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use crate::stream::{BatchOutcome, Stream, StreamConfig};
 use crate::tables::{self, TableKind};
@@ -127,8 +128,17 @@ pub struct SidecarConfig {
     /// Hours `VACUUM` keeps files no version references (default 168, Delta's week).
     #[serde(default = "default_vacuum_retention_hours")]
     pub vacuum_retention_hours: f64,
+    /// How many tables do lake work at once: a batch, a snapshot wave, an apply, a
+    /// reconcile, an available-now run (default 16, at most [`MAX_TABLE_SLOTS`]). The others
+    /// wait their turn ([`crate::slots`]).
+    #[serde(default = "default_table_slots")]
+    pub table_slots: usize,
     /// The tables.
     pub tables: Vec<TableEntry>,
+}
+
+fn default_table_slots() -> usize {
+    16
 }
 
 fn default_poll() -> f64 {
@@ -284,10 +294,15 @@ async fn reconcile_logged(config: &ReconcileConfig) -> Result<()> {
 async fn reconcile_loop(
     config: ReconcileConfig,
     every: Duration,
+    slots: TableSlots,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     while !sleep_unless_stopped(every, &stop).await {
-        if let Err(error) = reconcile_logged(&config).await {
+        let reconciled = {
+            let _slot = slot(&slots).await;
+            reconcile_logged(&config).await
+        };
+        if let Err(error) = reconciled {
             board().failure(&config.table, &format!("reconcile: {error}"));
             tracing::warn!(table = %config.table, %error, "reconcile failed; retrying at the next tick");
         }
@@ -330,12 +345,17 @@ async fn backfill_continuous(
     entry: &TableEntry,
     config: &StreamConfig,
     poll: Duration,
+    slots: &TableSlots,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<()> {
     let snapshots = Snapshots::connect(config.clone()).await?;
     let mut last_state = String::new();
     while !*stop.borrow() {
-        match snapshots.backfill(&entry.backfill_options()).await {
+        let wave = {
+            let _slot = slot(slots).await;
+            snapshots.backfill(&entry.backfill_options()).await
+        };
+        match wave {
             Ok(status) => {
                 if status.state != last_state {
                     tracing::info!(table = %entry.table, state = %status.state,
@@ -403,6 +423,12 @@ impl SidecarConfig {
             return Err(WriterError::invalid(
                 "vacuum_retention_hours must be a positive number of hours",
             ));
+        }
+        if !(1..=MAX_TABLE_SLOTS).contains(&config.table_slots) {
+            return Err(WriterError::invalid(format!(
+                "table_slots must be 1 to {MAX_TABLE_SLOTS}, not {}",
+                config.table_slots
+            )));
         }
         for entry in &config.tables {
             let refuse = |what: &str| {
@@ -523,6 +549,7 @@ fn retrying(attempt: u32) -> TableState {
 
 /// Runs every table to the `max_lsn` recorded at its start; returns each table's outcome.
 pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Vec<BatchOutcome>>)> {
+    let slots = table_slots(config.table_slots);
     let mut tasks = Vec::new();
     for entry in &config.tables {
         let mut stream_config = config.stream(entry);
@@ -531,12 +558,14 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
             .reconcile_minutes
             .and_then(|_| reconcile_config(config, entry));
         let entry = entry.clone();
+        let slots = Arc::clone(&slots);
         tasks.push((
             entry.table.clone(),
             tokio::spawn(async move {
                 let mut attempt = 0;
                 loop {
                     let result = async {
+                        let _slot = slot(&slots).await;
                         bootstrap(&entry, &mut stream_config).await?;
                         let mut stream = Stream::connect(stream_config.clone()).await?;
                         board().state(&entry.table, TableState::Running);
@@ -616,6 +645,7 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
         live_tail: config.live_tail,
     };
     let mut tasks = Vec::new();
+    let slots = table_slots(config.table_slots);
     let shared_tail = if config.live_tail {
         shared_tail(config, poll, &stop, &mut tasks).await
     } else {
@@ -641,13 +671,23 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
     for entry in &config.tables {
         if let Some(apply) = apply_config(config, entry) {
             let every = Duration::from_secs_f64(entry.apply_seconds.unwrap_or(config.poll_seconds));
-            tasks.push(tokio::spawn(apply_loop(apply, every, stop.clone())));
+            tasks.push(tokio::spawn(apply_loop(
+                apply,
+                every,
+                Arc::clone(&slots),
+                stop.clone(),
+            )));
         }
         if let (Some(check), Some(minutes)) =
             (reconcile_config(config, entry), entry.reconcile_minutes)
         {
             let every = Duration::from_secs_f64(minutes * 60.0);
-            tasks.push(tokio::spawn(reconcile_loop(check, every, stop.clone())));
+            tasks.push(tokio::spawn(reconcile_loop(
+                check,
+                every,
+                Arc::clone(&slots),
+                stop.clone(),
+            )));
         }
         let mut stream_config = config.stream(entry);
         let stop = stop.clone();
@@ -658,6 +698,7 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
         let shared = Shared {
             wake,
             ledger: ledger.clone(),
+            slots: Arc::clone(&slots),
         };
         tasks.push(tokio::spawn(async move {
             let mut attempt = 0;
@@ -732,6 +773,8 @@ struct Shared {
     wake: Option<Arc<Notify>>,
     /// The group committer of facts rows and verdicts.
     ledger: Option<Arc<Ledger>>,
+    /// The tables' turns at lake work.
+    slots: TableSlots,
 }
 
 /// One continuous attempt at a table: its stream and, next to it, the waves of its chunked
@@ -745,12 +788,19 @@ async fn continuous_attempt(
     shared: &Shared,
     stop: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<()> {
-    bootstrap(entry, config).await?;
+    {
+        let _slot = slot(&shared.slots).await;
+        bootstrap(entry, config).await?;
+    }
     let config: &StreamConfig = config;
     let (end_attempt, attempt_ended) = tokio::sync::watch::channel(false);
     let stream = async {
         let streamed = async {
-            let mut stream = Stream::connect(config.clone()).await?;
+            let mut stream = {
+                let _slot = slot(&shared.slots).await;
+                Stream::connect(config.clone()).await?
+            };
+            stream.share_slots(Arc::clone(&shared.slots));
             if let Some(wake) = &shared.wake {
                 stream.wake_on(Arc::clone(wake));
             }
@@ -765,8 +815,14 @@ async fn continuous_attempt(
         streamed
     };
     let backfill = async {
-        let backfilled =
-            backfill_continuous(entry, config, waiting.poll, attempt_ended.clone()).await;
+        let backfilled = backfill_continuous(
+            entry,
+            config,
+            waiting.poll,
+            &shared.slots,
+            attempt_ended.clone(),
+        )
+        .await;
         let _ = end_attempt.send(true);
         backfilled
     };
@@ -810,9 +866,18 @@ async fn maintenance_loop(
 
 /// Applies bronze to silver every `every` until `stop`; a failing call is logged and retried
 /// at the next tick (each call is idempotent).
-async fn apply_loop(apply: ApplyConfig, every: Duration, stop: tokio::sync::watch::Receiver<bool>) {
+async fn apply_loop(
+    apply: ApplyConfig,
+    every: Duration,
+    slots: TableSlots,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
     while !*stop.borrow() {
-        if let Err(error) = apply_changes(&apply).await {
+        let applied = {
+            let _slot = slot(&slots).await;
+            apply_changes(&apply).await
+        };
+        if let Err(error) = applied {
             board().failure(&apply.table, &format!("apply_changes: {error}"));
             tracing::warn!(silver = %apply.target, %error, "apply_changes failed; retrying");
         }

@@ -45,6 +45,7 @@ use crate::events;
 use crate::facts::{self, FactsRow, Totals};
 use crate::ledger::Ledger;
 use crate::schema_policy::SchemaChangePolicy;
+use crate::slots::{TableSlots, slot};
 use crate::tables::{self, TableKind};
 use crate::tail::{Tail, Waiting};
 
@@ -126,6 +127,8 @@ pub struct Stream {
     planned: Option<(Offset, Offset, PlannedBatch)>,
     /// The group committer of facts rows and verdicts shared with other tables' streams.
     ledger: Option<Arc<Ledger>>,
+    /// The sidecar's turns at lake work, a slot taken per continuous batch.
+    slots: Option<TableSlots>,
     /// Bronze as the last batch loaded it.
     bronze: Option<deltalake::DeltaTable>,
 }
@@ -208,6 +211,7 @@ impl Stream {
             skip_quiet: false,
             planned: None,
             ledger: None,
+            slots: None,
             bronze: None,
             config,
         })
@@ -223,6 +227,12 @@ impl Stream {
     /// streams that share it (the sidecar's tables), instead of one commit each.
     pub fn share_ledger(&mut self, ledger: Arc<Ledger>) {
         self.ledger = Some(ledger);
+    }
+
+    /// Takes a slot of `slots` for each continuous batch, so the sidecar's tables take
+    /// turns at lake work ([`crate::slots`]).
+    pub fn share_slots(&mut self, slots: TableSlots) {
+        self.slots = Some(slots);
     }
 
     fn facts_app_id(&self) -> String {
@@ -386,7 +396,13 @@ impl Stream {
         self.skip_quiet = true;
         let mut batches = 0;
         while !*stop.borrow() {
-            match self.run_batch(None).await? {
+            let slot = match &self.slots {
+                Some(slots) => Some(slot(slots).await),
+                None => None,
+            };
+            let batch = self.run_batch(None).await?;
+            drop(slot);
+            match batch {
                 Some(outcome) => {
                     batches += 1;
                     self.tail.batch(outcome.rows);

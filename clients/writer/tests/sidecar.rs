@@ -6,6 +6,7 @@ mod common;
 use common::{Lab, bronze_rows, query, source_rows, utf8};
 use mssql_cdc_flight::sim::Faults;
 use mssql_cdc_writer::sidecar::{self, SidecarConfig};
+use mssql_cdc_writer::tables;
 
 fn write_config(lab: &Lab, tables: &[(&str, &str)]) -> std::path::PathBuf {
     let mut text = format!(
@@ -119,6 +120,8 @@ async fn bad_sidecar_files_are_refused_with_the_reason() {
     for (setting, name) in [
         ("maintenance_minutes = -1.0\n", "maintenance_minutes"),
         ("vacuum_retention_hours = 0.0\n", "vacuum_retention_hours"),
+        ("table_slots = 0\n", "table_slots"),
+        ("table_slots = 129\n", "table_slots"),
     ] {
         std::fs::write(&path, format!("{setting}{text}")).expect("write");
         let error = SidecarConfig::load(&path).expect_err(setting);
@@ -530,6 +533,70 @@ async fn a_continuous_table_whose_stream_fails_is_retried_and_catches_up() {
         .expect("join");
 }
 
+/// Whether bronze of both tables and silver of orders hold what the source does.
+async fn both_tables_caught_up(lab: &Lab) -> bool {
+    let silver = lab.lake("silver_orders");
+    let silver_open = tables::open(&tables::table_url(&silver).expect("url"))
+        .await
+        .expect("open")
+        .is_some();
+    bronze_rows(lab).await.as_deref() == Some(lab.committed().as_slice())
+        && tables::open(&tables::table_url(&lab.lake("bronze_customers")).expect("url"))
+            .await
+            .expect("open")
+            .is_some()
+        && keys_in(lab, "customers", "customer_id").await == lab.committed_of("dbo.customers").len()
+        && silver_open
+        && query(&silver, "SELECT order_id FROM t")
+            .await
+            .iter()
+            .map(|batch| batch.num_rows())
+            .sum::<usize>()
+            == source_rows(lab).await.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_one_table_slot_every_table_of_a_continuous_sidecar_takes_its_turn() {
+    let lab = Lab::new().await;
+    lab.workload(47, 100);
+    let path = write_config(
+        &lab,
+        &[("dbo.orders", "orders"), ("dbo.customers", "customers")],
+    );
+    let mut config = SidecarConfig::load(&path).expect("config");
+    config.poll_seconds = 0.2;
+    // One slot for two streams, a snapshot check each and an apply: a unit that held its
+    // slot while waiting, or took a second one, would stop the others here.
+    config.table_slots = 1;
+    config.tables[0].silver = Some(lab.lake("silver_orders"));
+    config.tables[0].keys = vec!["order_id".into()];
+    config.tables[0].apply_seconds = Some(0.2);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(async move { sidecar::run_continuous(&config, stopped).await });
+    for more in [Some(48), None] {
+        let mut caught_up = false;
+        for _ in 0..600 {
+            if both_tables_caught_up(&lab).await {
+                caught_up = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert!(
+            caught_up,
+            "the tables did not all catch up (more commits: {more:?})"
+        );
+        if let Some(seed) = more {
+            lab.workload(seed, 40);
+        }
+    }
+    stop.send(true).expect("stop");
+    tokio::time::timeout(std::time::Duration::from_secs(30), running)
+        .await
+        .expect("the sidecar stops")
+        .expect("join");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sidecar_reconciles_silver_after_its_run_and_on_an_admin_call() {
     use mssql_cdc_writer::admin::{self, ReconcileRequest};
@@ -541,6 +608,8 @@ async fn the_sidecar_reconciles_silver_after_its_run_and_on_an_admin_call() {
         &[("dbo.orders", "orders"), ("dbo.customers", "customers")],
     );
     let mut config = SidecarConfig::load(&path).expect("config");
+    // Two tables' runs, each with its apply and reconcile, take turns at one slot.
+    config.table_slots = 1;
     config.reconcile_report = Some(lab.lake("reconcile"));
     config.tables[0].silver = Some(lab.lake("silver_orders"));
     config.tables[0].keys = vec!["order_id".into()];
