@@ -37,7 +37,7 @@ mod wave;
 pub use full::bootstrap;
 pub use open::open;
 pub use operator::{operator_pause, set_paused};
-pub use recorded::{SnapshotProgress, progress};
+pub use recorded::{SnapshotProgress, open_chunked_apps, progress};
 pub use seed::{AsOf, SeedOptions, SeedOutcome};
 pub use status::{SnapshotState, state};
 

@@ -24,7 +24,39 @@ pub(super) struct Recorded {
     pub(super) abandoned: Vec<Lsn>,
 }
 
+/// The facts events [`Recorded`] is read from.
+const RECORDED_EVENTS: [&str; 4] = [
+    events::SNAPSHOT_OPEN,
+    events::BOOTSTRAP,
+    events::RESNAPSHOT,
+    events::SNAPSHOT_ABANDONED,
+];
+
 impl Recorded {
+    /// Adds one facts row, `[event, min_lsn, detail, rows]`.
+    fn add(&mut self, row: &[Option<String>]) -> Result<()> {
+        let (Some(event), Some(lsn)) = (&row[0], &row[1]) else {
+            return Ok(());
+        };
+        let lsn: Lsn = lsn
+            .parse()
+            .map_err(|error| WriterError::Internal(format!("facts min_lsn: {error}")))?;
+        if event == events::SNAPSHOT_OPEN {
+            let detail = facts::detail_of(row[2].as_deref());
+            let mode = SnapshotMode::of_detail(&detail);
+            if detail["kind"].as_str() == Some(events::RESNAPSHOT) {
+                self.resnapshots.push(lsn);
+            }
+            self.opens.push((lsn, mode));
+        } else if event == events::SNAPSHOT_ABANDONED {
+            self.abandoned.push(lsn);
+        } else {
+            let rows = row[3].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0);
+            self.completions.push((lsn, rows));
+        }
+        Ok(())
+    }
+
     /// The generation a snapshot at `snapshot` has: how many other snapshots were opened
     /// before it (its own open, when a crashed run recorded it, does not count).
     pub(super) fn generation_of(&self, snapshot: Lsn) -> usize {
@@ -131,43 +163,46 @@ pub async fn progress(facts: &Url, app_id: &str) -> Result<Option<SnapshotProgre
     }))
 }
 
+/// The app ids of `facts` with a chunked snapshot open and not complete, read in one query
+/// for all of them: a sidecar checks this once per poll instead of each table reading the
+/// shared facts table on its own.
+pub async fn open_chunked_apps(facts: &Url) -> Result<std::collections::HashSet<String>> {
+    let rows = tables::query_text(
+        facts,
+        &format!(
+            "SELECT app_id, event, min_lsn, detail, rows FROM t WHERE event IN ({})",
+            events::sql_list(&RECORDED_EVENTS)
+        ),
+    )
+    .await?;
+    let mut by_app: std::collections::HashMap<String, Recorded> = Default::default();
+    for row in &rows {
+        if let Some(app_id) = &row[0] {
+            by_app.entry(app_id.clone()).or_default().add(&row[1..])?;
+        }
+    }
+    Ok(by_app
+        .into_iter()
+        .filter(|(_, recorded)| Snapshots::open_chunked_of(recorded).is_some())
+        .map(|(app_id, _)| app_id)
+        .collect())
+}
+
 impl Snapshots {
+    /// What the facts table records of this app id's snapshots.
     pub(super) async fn recorded(&self) -> Result<Recorded> {
         let rows = tables::query_text(
             &self.facts,
             &format!(
                 "SELECT event, min_lsn, detail, rows FROM t WHERE app_id = '{}' AND event IN ({})",
                 quoted(&self.config.app_id),
-                events::sql_list(&[
-                    events::SNAPSHOT_OPEN,
-                    events::BOOTSTRAP,
-                    events::RESNAPSHOT,
-                    events::SNAPSHOT_ABANDONED,
-                ])
+                events::sql_list(&RECORDED_EVENTS)
             ),
         )
         .await?;
         let mut recorded = Recorded::default();
-        for row in rows {
-            let (Some(event), Some(lsn)) = (&row[0], &row[1]) else {
-                continue;
-            };
-            let lsn: Lsn = lsn
-                .parse()
-                .map_err(|error| WriterError::Internal(format!("facts min_lsn: {error}")))?;
-            if event == events::SNAPSHOT_OPEN {
-                let detail = facts::detail_of(row[2].as_deref());
-                let mode = SnapshotMode::of_detail(&detail);
-                if detail["kind"].as_str() == Some(events::RESNAPSHOT) {
-                    recorded.resnapshots.push(lsn);
-                }
-                recorded.opens.push((lsn, mode));
-            } else if event == events::SNAPSHOT_ABANDONED {
-                recorded.abandoned.push(lsn);
-            } else {
-                let rows = row[3].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0);
-                recorded.completions.push((lsn, rows));
-            }
+        for row in &rows {
+            recorded.add(row)?;
         }
         Ok(recorded)
     }
