@@ -113,14 +113,18 @@ fn stopped() -> WriterError {
     WriterError::Internal("the facts and control ledger stopped".into())
 }
 
-/// Takes the entries queued now after `first`, up to [`MAX_GROUP`], stopping before a second
-/// entry of one key (which goes first into the next group).
-fn group<T>(
-    first: T,
+/// The next group: the entry `carried` over from the last group or the next to arrive, then
+/// the entries queued now, up to [`MAX_GROUP`], stopping before a second entry of one key
+/// (carried into the next group). `None` once every sender is gone.
+async fn next_group<T>(
     carried: &mut Option<T>,
     entries: &mut mpsc::Receiver<T>,
     key: impl Fn(&T) -> &str,
-) -> Vec<T> {
+) -> Option<Vec<T>> {
+    let first = match carried.take() {
+        Some(entry) => entry,
+        None => entries.recv().await?,
+    };
     let mut keys = HashSet::from([key(&first).to_string()]);
     let mut group = vec![first];
     while group.len() < MAX_GROUP {
@@ -133,22 +137,14 @@ fn group<T>(
         }
         group.push(entry);
     }
-    group
+    Some(group)
 }
 
 async fn commit_facts(url: Url, mut entries: mpsc::Receiver<FactsEntry>) {
     // The facts table as the last commit left it: each group reads only the commits since.
     let mut table = None;
     let mut carried = None;
-    loop {
-        let first = match carried.take() {
-            Some(entry) => entry,
-            None => match entries.recv().await {
-                Some(entry) => entry,
-                None => return,
-            },
-        };
-        let group = group(first, &mut carried, &mut entries, |entry| &entry.app_id);
+    while let Some(group) = next_group(&mut carried, &mut entries, |entry| &entry.app_id).await {
         let batches: Vec<(String, i64, RecordBatch)> = group
             .iter()
             .map(|entry| (entry.app_id.clone(), entry.version, entry.rows.clone()))
@@ -177,15 +173,7 @@ async fn commit_verdicts(
     // The control table as the last MERGE left it: each group reads only the commits since.
     let mut table = None;
     let mut carried = None;
-    loop {
-        let first = match carried.take() {
-            Some(entry) => entry,
-            None => match entries.recv().await {
-                Some(entry) => entry,
-                None => return,
-            },
-        };
-        let group = group(first, &mut carried, &mut entries, |entry| &entry.table);
+    while let Some(group) = next_group(&mut carried, &mut entries, |entry| &entry.table).await {
         let moves: Vec<(String, Offset)> = group
             .iter()
             .map(|entry| (entry.table.clone(), entry.end))
