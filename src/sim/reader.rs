@@ -23,11 +23,11 @@ use arrow::record_batch::RecordBatch;
 
 use super::SimDb;
 use super::storage::{
-    CaptureInstanceState, Manifest, MappingView, SEGMENT_CDC_COLUMNS, SEGMENT_START_LSN,
-    SegmentReader, lsn_at, start_lsns,
+    CaptureInstanceState, Manifest, MappingView, SEGMENT_CDC_COLUMNS, SegmentReader, lsn_at,
+    start_lsns,
 };
 use crate::error::{Error, Result};
-use crate::lsn::Lsn;
+use crate::lsn::{LSN_LEN, Lsn};
 use crate::offset::CommitTime;
 use crate::source::{
     BatchStream, CaptureInstance, CdcSource, ChangeRead, DdlEntry, InstanceRange, KeyBucket,
@@ -81,7 +81,7 @@ impl SimDb {
             .filter(|s| s.max_lsn >= from && s.min_lsn <= to)
         {
             let path = self.store.segment_path(name, &segment.file);
-            let mut reader = match SegmentReader::open(&path, Some(vec![SEGMENT_START_LSN])) {
+            let mut reader = match SegmentReader::open(&path, None) {
                 Ok(reader) => reader,
                 Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                     continue;
@@ -89,11 +89,10 @@ impl SimDb {
                 Err(error) => return Err(error),
             };
             for index in reader.batches_overlapping(from, to) {
-                let batch = reader.read(index)?;
-                let lsns = start_lsns(&batch)?;
-                let (low, high) = row_bounds(lsns, from, to);
+                let lsns = reader.read_start_lsns(index)?;
+                let (low, high) = row_bounds(&lsns, from, to);
                 for row in low..high {
-                    visit(lsn_at(lsns, row));
+                    visit(lsn_at(&lsns, row));
                 }
             }
         }
@@ -123,28 +122,26 @@ fn row_bounds(lsns: &FixedSizeBinaryArray, from: Lsn, to: Lsn) -> (usize, usize)
 /// An LSN column as `0x` + 20 upper-case hex digits per row.
 fn hex_column(lsns: &FixedSizeBinaryArray) -> Result<ArrayRef> {
     let rows = lsns.len();
-    let mut values = Vec::with_capacity(rows * 22);
+    let mut values = vec![0u8; rows * 22];
     // The rows of one commit share their start LSN: format it once.
-    let mut last: Option<(Lsn, [u8; 22])> = None;
-    for row in 0..rows {
-        let lsn = lsn_at(lsns, row);
-        let hex = match last {
-            Some((previous, hex)) if previous == lsn => hex,
+    let mut last: Option<(&[u8], [u8; 22])> = None;
+    let stored = lsns.value_data().chunks_exact(LSN_LEN);
+    for (lsn, hex) in stored.zip(values.chunks_exact_mut(22)) {
+        let formatted = match last {
+            Some((previous, formatted)) if previous == lsn => formatted,
             _ => {
-                let mut hex = [0u8; 22];
-                lsn.write_hex(&mut hex);
-                last = Some((lsn, hex));
-                hex
+                let mut formatted = [0u8; 22];
+                Lsn::try_from_slice(lsn)
+                    .map_err(|error| Error::Internal(format!("a stored LSN: {error}")))?
+                    .write_hex(&mut formatted);
+                last = Some((lsn, formatted));
+                formatted
             }
         };
-        values.extend_from_slice(&hex);
+        hex.copy_from_slice(&formatted);
     }
-    let offsets: Vec<i32> = (0..=rows).map(|row| (row * 22) as i32).collect();
-    let array = StringArray::try_new(
-        OffsetBuffer::new(ScalarBuffer::from(offsets)),
-        Buffer::from_vec(values),
-        None,
-    )?;
+    let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(22, rows));
+    let array = StringArray::try_new(offsets, Buffer::from_vec(values), None)?;
     Ok(Arc::new(array))
 }
 
