@@ -9,6 +9,7 @@
 
 use crate::keys::{KeyColumn, KeyTuple, KeysetSeek};
 use std::num::NonZeroU32;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use arrow::array::AsArray;
@@ -64,13 +65,14 @@ impl SimDb {
         })
     }
 
-    /// Calls `visit` with the commit LSN of every retained change row in `[from, to]`, in order.
+    /// Calls `visit` with the commit LSN of every retained change row in `[from, to]`, in order,
+    /// until it breaks.
     fn scan_start_lsns(
         &self,
         name: &str,
         from: Lsn,
         to: Lsn,
-        mut visit: impl FnMut(Lsn),
+        mut visit: impl FnMut(Lsn) -> ControlFlow<()>,
     ) -> Result<()> {
         let manifest = self.store.manifest()?;
         let state = Self::published_instance(&manifest, name)?;
@@ -92,7 +94,9 @@ impl SimDb {
                 let lsns = reader.read_start_lsns(index)?;
                 let (low, high) = row_bounds(&lsns, from, to);
                 for row in low..high {
-                    visit(lsn_at(&lsns, row));
+                    if visit(lsn_at(&lsns, row)).is_break() {
+                        return Ok(());
+                    }
                 }
             }
         }
@@ -474,7 +478,10 @@ impl CdcSource for SimDb {
         let (from, to, n) = (range.from, range.to, tiles.get());
         tokio::task::spawn_blocking(move || {
             let mut total = 0u64;
-            db.scan_start_lsns(&name, from, to, |_| total += 1)?;
+            db.scan_start_lsns(&name, from, to, |_| {
+                total += 1;
+                ControlFlow::Continue(())
+            })?;
             if total == 0 {
                 return Ok(Vec::new());
             }
@@ -496,6 +503,7 @@ impl CdcSource for SimDb {
                 }
                 rows += 1;
                 last = Some(lsn);
+                ControlFlow::Continue(())
             })?;
             if let Some(previous) = last {
                 tiles.push(Tile {
@@ -538,7 +546,11 @@ impl CdcSource for SimDb {
                     continue;
                 }
                 let mut found = false;
-                db.scan_start_lsns(&name, from, to, |_| found = true)?;
+                // EXISTS: the first row answers.
+                db.scan_start_lsns(&name, from, to, |_| {
+                    found = true;
+                    ControlFlow::Break(())
+                })?;
                 if found {
                     changed.push(name);
                 }
