@@ -940,7 +940,7 @@ mod tests {
         let batches = [batch(1, 5), batch(100, 4096), batch(20_000, 1)];
         write_segment(&path, &schema, &batches).expect("segment written");
         let mut reader = SegmentReader::open(&path, None).expect("segment opened");
-        for index in 0..batches.len() {
+        for (index, written) in batches.iter().enumerate() {
             let whole = reader.read(index).expect("batch read");
             let alone = reader.read_start_lsns(index).expect("start LSNs read");
             assert_eq!(
@@ -948,7 +948,7 @@ mod tests {
                 start_lsns(&whole).expect("binary(10)"),
                 "batch {index}"
             );
-            assert_eq!(alone.len(), batches[index].num_rows());
+            assert_eq!(alone.len(), written.num_rows());
         }
         assert!(reader.read_start_lsns(batches.len()).is_err());
     }
