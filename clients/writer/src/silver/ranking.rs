@@ -4,16 +4,17 @@
 //! A rebuild streams every row of a snapshot through DataFusion's `ROW_NUMBER() ... = 1`
 //! ([`window`]): its sort spills past the query memory. A merge's changes usually fit in
 //! memory, and there a window sorts every row for nothing (5.6-5.8 s of a 1,000,000-change
-//! call, docs/silver.md): [`latest`] reads them and keeps the best row per key in one hash
-//! pass, keys and ranks encoded as Arrow row-format bytes (NULL keys equal, as
-//! `PARTITION BY` groups them). A backlog past the query memory goes through the window.
+//! call, docs/silver.md): [`latest`] keeps the best row per key in one hash pass as the
+//! changes stream in ([`LatestPerKey`]), keys and ranks encoded as Arrow row-format bytes
+//! (NULL keys equal, as `PARTITION BY` groups them), holding only the rows that are still
+//! the best of their key. A backlog past the query memory goes through the window.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 
 use std::sync::Arc;
 
-use arrow::compute::{SortOptions, cast, interleave_record_batch};
+use arrow::array::BooleanArray;
+use arrow::compute::{SortOptions, cast, filter_record_batch};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
 use arrow::row::{RowConverter, Rows, SortField};
@@ -63,14 +64,16 @@ pub async fn latest(
         .await?
         .execute_stream()
         .await?;
-    let mut held = Vec::new();
-    let mut bytes = 0;
+    let mut ranker = None;
     while let Some(batch) = changes.next().await {
-        let batch = unviewed(batch?)?;
-        bytes += batch.get_array_memory_size();
-        held.push(batch);
-        if bytes > budget {
-            drop(held);
+        let batch = batch?;
+        let ranker = match &mut ranker {
+            Some(ranker) => ranker,
+            None => ranker.insert(LatestPerKey::new(&batch.schema(), keys)?),
+        };
+        ranker.push(batch)?;
+        if ranker.bytes() > budget {
+            drop(changes);
             tracing::info!(
                 budget,
                 "the changes outgrow the query memory: ranked by DataFusion's sort, which spills"
@@ -83,7 +86,10 @@ pub async fn latest(
             return Ok((ranked, Ranked::ByWindow));
         }
     }
-    let ranked = latest_per_key(&held, keys)?.into_iter().collect();
+    let ranked = match ranker {
+        Some(ranker) => ranker.finish()?,
+        None => Vec::new(),
+    };
     Ok((ranked, Ranked::ByHash))
 }
 
@@ -119,16 +125,20 @@ const RANK: [(&str, SortOptions); 4] = [
     ),
 ];
 
+/// The plain type of a string or binary view.
+fn plain(data_type: &DataType) -> Option<DataType> {
+    match data_type {
+        DataType::Utf8View => Some(DataType::Utf8),
+        DataType::BinaryView => Some(DataType::Binary),
+        _ => None,
+    }
+}
+
 /// `batch` with its string and binary views as plain arrays. The Parquet reader's views
 /// point into whole decoded pages, and the rows a ranking keeps would hold every page
 /// alive: the 1,700,000 change rows of a 1,000,000-change call to `dbo.orders` held 950 MB
 /// as views, 496 MB as strings, and the ranked rows 670 MB against 237 MB.
 fn unviewed(batch: RecordBatch) -> Result<RecordBatch> {
-    let plain = |data_type: &DataType| match data_type {
-        DataType::Utf8View => Some(DataType::Utf8),
-        DataType::BinaryView => Some(DataType::Binary),
-        _ => None,
-    };
     if !batch
         .schema()
         .fields()
@@ -160,84 +170,180 @@ fn unviewed(batch: RecordBatch) -> Result<RecordBatch> {
     )?)
 }
 
-/// The columns [`latest_per_key`] reads beside the ones it returns.
+/// The columns [`LatestPerKey`] reads beside the ones it returns.
 const RANK_ONLY_COLUMNS: [&str; 2] = ["_command_id", "_seqval"];
 
-/// The newest row of each key among `batches` (which hold `keys` and the [`RANK`] columns),
-/// without the [`RANK_ONLY_COLUMNS`]; rows in the order they came. Of two rows that rank
-/// equal, the first stays (only exact duplicates do).
-fn latest_per_key(batches: &[RecordBatch], keys: &[String]) -> Result<Option<RecordBatch>> {
-    let Some(first) = batches.first() else {
-        return Ok(None);
-    };
-    let schema = first.schema();
-    let column_index = |name: &str| {
-        schema.index_of(name).map_err(|_| {
-            WriterError::Internal(format!("the changes to rank have no column {name}"))
+/// Where a key's best row so far is: a row of the batch being pushed (`batch` = the held
+/// batches' count, `row` its row there) or of a held batch.
+#[derive(Clone, Copy)]
+struct Best {
+    batch: u32,
+    row: u32,
+}
+
+/// The newest row of each key among batches pushed one at a time (they hold `keys` and the
+/// [`RANK`] columns). A pushed batch is held with only the rows that are the newest of their
+/// key when it comes (an update's before-image goes at once, beside its after-image), and a
+/// row a later batch outranks is dropped at the end, so the rows held are about the keys, not
+/// the change rows: of a 1,000,000-change call's 1,700,000 change rows, 1,000,000. Of two rows
+/// that rank equal, the first stays (only exact duplicates do).
+struct LatestPerKey {
+    key_columns: Vec<usize>,
+    rank_columns: Vec<usize>,
+    key_converter: RowConverter,
+    rank_converter: RowConverter,
+    /// Key bytes → its best row so far.
+    best: HashMap<Box<[u8]>, Best>,
+    /// The batches held: their rows, their rows' ranks, and which rows are still the best.
+    held: Vec<(RecordBatch, Rows, Vec<bool>)>,
+    bytes: usize,
+}
+
+impl LatestPerKey {
+    fn new(schema: &Schema, keys: &[String]) -> Result<Self> {
+        let column_index = |name: &str| {
+            schema.index_of(name).map_err(|_| {
+                WriterError::Internal(format!("the changes to rank have no column {name}"))
+            })
+        };
+        let key_columns = keys
+            .iter()
+            .map(|key| column_index(key))
+            .collect::<Result<Vec<_>>>()?;
+        let rank_columns = RANK
+            .iter()
+            .map(|(name, _)| column_index(name))
+            .collect::<Result<Vec<_>>>()?;
+        // In the types `push` ranks them in: views read as plain arrays.
+        let field = |index: usize| {
+            let data_type = schema.field(index).data_type();
+            plain(data_type).unwrap_or_else(|| data_type.clone())
+        };
+        let key_converter = RowConverter::new(
+            key_columns
+                .iter()
+                .map(|index| SortField::new(field(*index)))
+                .collect(),
+        )?;
+        let rank_converter = RowConverter::new(
+            rank_columns
+                .iter()
+                .zip(RANK)
+                .map(|(index, (_, options))| SortField::new_with_options(field(*index), options))
+                .collect(),
+        )?;
+        Ok(LatestPerKey {
+            key_columns,
+            rank_columns,
+            key_converter,
+            rank_converter,
+            best: HashMap::new(),
+            held: Vec::new(),
+            bytes: 0,
         })
-    };
-    let key_columns = keys
-        .iter()
-        .map(|key| column_index(key))
-        .collect::<Result<Vec<_>>>()?;
-    let rank_columns = RANK
-        .iter()
-        .map(|(name, _)| column_index(name))
-        .collect::<Result<Vec<_>>>()?;
-    let field = |index: usize| schema.field(index).data_type().clone();
-    let key_converter = RowConverter::new(
-        key_columns
-            .iter()
-            .map(|index| SortField::new(field(*index)))
-            .collect(),
-    )?;
-    let rank_converter = RowConverter::new(
-        rank_columns
-            .iter()
-            .zip(RANK)
-            .map(|(index, (_, options))| SortField::new_with_options(field(*index), options))
-            .collect(),
-    )?;
-    let encode = |converter: &RowConverter, batch: &RecordBatch, columns: &[usize]| {
+    }
+
+    /// Bytes held: the rows kept and their ranks.
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn encode(converter: &RowConverter, batch: &RecordBatch, columns: &[usize]) -> Result<Rows> {
         let arrays: Vec<_> = columns
             .iter()
             .map(|index| batch.column(*index).clone())
             .collect();
-        converter.convert_columns(&arrays)
-    };
-    let mut encoded: Vec<(Rows, Rows)> = Vec::with_capacity(batches.len());
-    for batch in batches {
-        encoded.push((
-            encode(&key_converter, batch, &key_columns)?,
-            encode(&rank_converter, batch, &rank_columns)?,
-        ));
+        Ok(converter.convert_columns(&arrays)?)
     }
-    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-    // Key bytes → (batch, row) of its best row so far: smaller rank bytes rank first.
-    let mut best: HashMap<&[u8], (usize, usize)> = HashMap::with_capacity(rows);
-    for (batch, (keys, ranks)) in encoded.iter().enumerate() {
-        for row in 0..keys.num_rows() {
-            match best.entry(keys.row(row).data()) {
-                Entry::Vacant(entry) => {
-                    entry.insert((batch, row));
+
+    /// Ranks `batch`'s rows against the best so far, then holds those that are now best.
+    fn push(&mut self, batch: RecordBatch) -> Result<()> {
+        let batch = unviewed(batch)?;
+        let keys = Self::encode(&self.key_converter, &batch, &self.key_columns)?;
+        let ranks = Self::encode(&self.rank_converter, &batch, &self.rank_columns)?;
+        let this = u32::try_from(self.held.len())
+            .map_err(|_| WriterError::Internal("too many change batches to rank".into()))?;
+        let mut best_here = vec![false; batch.num_rows()];
+        for (row, key) in keys.iter().enumerate() {
+            let challenger = Best {
+                batch: this,
+                row: row as u32,
+            };
+            let Some(best) = self.best.get_mut(key.data()) else {
+                self.best.insert(Box::from(key.data()), challenger);
+                best_here[row] = true;
+                continue;
+            };
+            let (held, held_rank) = if best.batch == this {
+                (None, ranks.row(best.row as usize))
+            } else {
+                let (_, held_ranks, alive) = &mut self.held[best.batch as usize];
+                (Some(alive), held_ranks.row(best.row as usize))
+            };
+            if ranks.row(row) < held_rank {
+                match held {
+                    Some(alive) => alive[best.row as usize] = false,
+                    None => best_here[best.row as usize] = false,
                 }
-                Entry::Occupied(mut entry) => {
-                    let (held_batch, held_row) = *entry.get();
-                    if ranks.row(row) < encoded[held_batch].1.row(held_row) {
-                        entry.insert((batch, row));
-                    }
-                }
+                *best = challenger;
+                best_here[row] = true;
             }
         }
+        // Hold only the rows that are best now, renumbered.
+        let kept = best_here.iter().filter(|best| **best).count();
+        let mut kept_ranks = self.rank_converter.empty_rows(kept, 0);
+        let mut renumbered = 0u32;
+        for (row, _) in best_here.iter().enumerate().filter(|(_, best)| **best) {
+            kept_ranks.push(ranks.row(row));
+            if let Some(best) = self.best.get_mut(keys.row(row).data()) {
+                best.row = renumbered;
+            }
+            renumbered += 1;
+        }
+        let rows = if kept == batch.num_rows() {
+            batch
+        } else {
+            filter_record_batch(&batch, &BooleanArray::from(best_here))?
+        };
+        self.bytes += rows.get_array_memory_size() + kept_ranks.size();
+        self.held.push((rows, kept_ranks, vec![true; kept]));
+        Ok(())
     }
-    let mut winners: Vec<(usize, usize)> = best.into_values().collect();
-    winners.sort_unstable();
-    let sources: Vec<&RecordBatch> = batches.iter().collect();
-    let latest = interleave_record_batch(&sources, &winners)?;
-    let returned: Vec<usize> = (0..schema.fields().len())
-        .filter(|index| !RANK_ONLY_COLUMNS.contains(&schema.field(*index).name().as_str()))
-        .collect();
-    Ok(Some(latest.project(&returned)?))
+
+    /// The best row of every key, without the [`RANK_ONLY_COLUMNS`], in the order they came.
+    fn finish(self) -> Result<Vec<RecordBatch>> {
+        let mut latest = Vec::with_capacity(self.held.len());
+        for (rows, ranks, alive) in self.held {
+            drop(ranks);
+            let rows = if alive.iter().all(|alive| *alive) {
+                rows
+            } else {
+                filter_record_batch(&rows, &BooleanArray::from(alive))?
+            };
+            if rows.num_rows() == 0 {
+                continue;
+            }
+            let schema = rows.schema();
+            let returned: Vec<usize> = (0..schema.fields().len())
+                .filter(|index| !RANK_ONLY_COLUMNS.contains(&schema.field(*index).name().as_str()))
+                .collect();
+            latest.push(rows.project(&returned)?);
+        }
+        Ok(latest)
+    }
+}
+
+/// The newest row of each key among `batches`: [`LatestPerKey`] over them.
+#[cfg(test)]
+fn latest_per_key(batches: &[RecordBatch], keys: &[String]) -> Result<Vec<RecordBatch>> {
+    let Some(first) = batches.first() else {
+        return Ok(Vec::new());
+    };
+    let mut ranker = LatestPerKey::new(&first.schema(), keys)?;
+    for batch in batches {
+        ranker.push(batch.clone())?;
+    }
+    ranker.finish()
 }
 
 #[cfg(test)]
@@ -367,13 +473,11 @@ mod tests {
             ),
             (Some("eu"), None, "null id", "0001", Some(1), Some("01"), 2),
         ]);
-        let latest = latest_per_key(&[first, second], &keys())
-            .expect("ranked")
-            .expect("rows");
-        assert!(latest.column_by_name("_command_id").is_none());
-        assert!(latest.column_by_name("_seqval").is_none());
+        let latest = latest_per_key(&[first, second], &keys()).expect("ranked");
+        assert!(latest[0].column_by_name("_command_id").is_none());
+        assert!(latest[0].column_by_name("_seqval").is_none());
         assert_eq!(
-            lines(&[latest]),
+            lines(&latest),
             vec![
                 "eu|1|new|4",
                 "eu|2|cmd 2|4",
@@ -424,7 +528,48 @@ mod tests {
 
     #[test]
     fn no_batches_rank_to_nothing() {
-        assert!(latest_per_key(&[], &keys()).expect("ranked").is_none());
+        assert!(latest_per_key(&[], &keys()).expect("ranked").is_empty());
+    }
+
+    #[test]
+    fn a_batch_is_held_without_the_rows_it_outranks_itself() {
+        let update = batch(&[
+            (
+                Some("eu"),
+                Some(1),
+                "before",
+                "0002",
+                Some(1),
+                Some("01"),
+                3,
+            ),
+            (Some("eu"), Some(1), "after", "0002", Some(1), Some("01"), 4),
+            (Some("eu"), Some(2), "old", "0001", Some(1), Some("01"), 2),
+            (Some("eu"), Some(2), "new", "0003", Some(1), Some("01"), 2),
+        ]);
+        let mut ranker = LatestPerKey::new(&update.schema(), &keys()).expect("ranker");
+        ranker.push(update).expect("pushed");
+        let held: Vec<&RecordBatch> = ranker.held.iter().map(|(rows, _, _)| rows).collect();
+        assert_eq!(
+            lines(&held.into_iter().cloned().collect::<Vec<_>>()),
+            ["eu|1|after|4", "eu|2|new|2"]
+        );
+        // A later batch outranks a held row: it is gone from what the ranking returns.
+        ranker
+            .push(batch(&[(
+                Some("eu"),
+                Some(1),
+                "later",
+                "0004",
+                Some(1),
+                Some("01"),
+                1,
+            )]))
+            .expect("pushed");
+        assert_eq!(
+            lines(&ranker.finish().expect("ranked")),
+            ["eu|1|later|1", "eu|2|new|2"]
+        );
     }
 
     /// The same rows ranked by DataFusion's window, as the rebuild ranks them: random
@@ -481,11 +626,9 @@ mod tests {
         let (hashed, by) = rank(usize::MAX).await;
         assert_eq!(by, Ranked::ByHash);
         // The hash pass over the batches as they are, too.
-        let ours = latest_per_key(&batches, &keys())
-            .expect("ranked")
-            .expect("rows");
+        let ours = latest_per_key(&batches, &keys()).expect("ranked");
         assert_eq!(lines(&hashed), lines(&window));
-        assert_eq!(lines(&[ours]), lines(&window));
+        assert_eq!(lines(&ours), lines(&window));
         assert!(window.iter().map(RecordBatch::num_rows).sum::<usize>() > 40);
     }
 }

@@ -23,8 +23,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, BooleanArray, StringArray, UInt32Array, new_null_array};
-use arrow::compute::{cast, filter_record_batch, take_record_batch};
+use arrow::array::{Array, ArrayRef, BooleanArray, StringArray, new_null_array};
+use arrow::compute::{cast, filter_record_batch, interleave_record_batch};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use arrow::row::{RowConverter, SortField};
@@ -51,16 +51,19 @@ use tokio_stream::StreamExt;
 use crate::error::{Result, WriterError};
 use crate::tables;
 
-/// The ranked changes, one row per key, indexed by key.
+/// The ranked changes, one row per key, indexed by key. A change is named by its number
+/// across the ranking's batches, which are kept as they came (not copied into one).
 struct Changes {
     /// Silver's columns plus `_operation`, in silver's types.
-    rows: RecordBatch,
-    /// Silver's columns (the part of `rows` that is written).
+    batches: Vec<RecordBatch>,
+    /// The number of each batch's first change.
+    starts: Vec<u32>,
+    /// Silver's columns (the part of `batches` that is written).
     silver: SchemaRef,
     keys: Vec<String>,
     key_types: Vec<DataType>,
     converter: RowConverter,
-    /// Row-format key bytes → row of `rows`.
+    /// Row-format key bytes → change.
     index: HashMap<Box<[u8]>, u32>,
     lsn: StringArray,
     /// Operations 0, 2 and 4 (the row's image is written); 1 and 3 only delete.
@@ -68,13 +71,16 @@ struct Changes {
 }
 
 impl Changes {
-    fn new(rows: RecordBatch, silver: SchemaRef, keys: &[String]) -> Result<Self> {
+    fn new(batches: Vec<RecordBatch>, silver: SchemaRef, keys: &[String]) -> Result<Self> {
+        let Some(first) = batches.first() else {
+            return Err(WriterError::Internal("no changes to merge".into()));
+        };
         // In silver's key types, as the files' keys are looked up: equal keys, equal bytes.
         let key_types = keys
             .iter()
             .map(|key| match silver.field_with_name(key) {
                 Ok(field) => Ok(field.data_type().clone()),
-                Err(_) => Ok(column(&rows, key)?.data_type().clone()),
+                Err(_) => Ok(column(first, key)?.data_type().clone()),
             })
             .collect::<Result<Vec<_>>>()?;
         let converter = RowConverter::new(
@@ -83,22 +89,40 @@ impl Changes {
                 .map(|data_type| SortField::new(data_type.clone()))
                 .collect(),
         )?;
-        let encoded = converter.convert_columns(&key_columns(&rows, keys, &key_types)?)?;
-        let index = (0..rows.num_rows())
-            .map(|row| (Box::from(encoded.row(row).as_ref()), row as u32))
-            .collect();
-        let lsn = string_column(&rows, "_start_lsn")?;
-        let operation = cast(column(&rows, "_operation")?, &DataType::Int32)?;
-        let operation = operation
+        let too_many = || WriterError::Internal("more than 2^32 changes in one merge".into());
+        let mut index = HashMap::new();
+        let mut starts = Vec::with_capacity(batches.len());
+        let mut lsns = Vec::with_capacity(batches.len());
+        let mut upsert = Vec::new();
+        let mut change = 0u32;
+        for batch in &batches {
+            starts.push(change);
+            let encoded = converter.convert_columns(&key_columns(batch, keys, &key_types)?)?;
+            for row in encoded.iter() {
+                index.insert(Box::from(row.as_ref()), change);
+                change = change.checked_add(1).ok_or_else(too_many)?;
+            }
+            lsns.push(string_column(batch, "_start_lsn")?);
+            let operation = cast(column(batch, "_operation")?, &DataType::Int32)?;
+            let operation = operation
+                .as_any()
+                .downcast_ref::<arrow::array::Int32Array>()
+                .ok_or_else(|| WriterError::Internal("_operation is not an integer".into()))?;
+            upsert.extend(
+                operation
+                    .iter()
+                    .map(|operation| matches!(operation, Some(0 | 2 | 4))),
+            );
+        }
+        let lsns: Vec<&dyn Array> = lsns.iter().map(|lsn| lsn as &dyn Array).collect();
+        let lsn = arrow::compute::concat(&lsns)?
             .as_any()
-            .downcast_ref::<arrow::array::Int32Array>()
-            .ok_or_else(|| WriterError::Internal("_operation is not an integer".into()))?;
-        let upsert = operation
-            .iter()
-            .map(|operation| matches!(operation, Some(0 | 2 | 4)))
-            .collect();
+            .downcast_ref::<StringArray>()
+            .cloned()
+            .ok_or_else(|| WriterError::Internal("_start_lsn is not text".into()))?;
         Ok(Changes {
-            rows,
+            batches,
+            starts,
             silver,
             keys: keys.to_vec(),
             key_types,
@@ -109,7 +133,12 @@ impl Changes {
         })
     }
 
-    /// The changes of `batch`'s keys: per row of `batch`, the change row holding its key.
+    /// How many changes there are.
+    fn len(&self) -> usize {
+        self.upsert.len()
+    }
+
+    /// The changes of `batch`'s keys: per row of `batch`, the change holding its key.
     fn lookup(&self, batch: &RecordBatch) -> Result<Vec<Option<u32>>> {
         let encoded =
             self.converter
@@ -129,22 +158,33 @@ impl Changes {
         if !data_type.is_integer() {
             return Ok(None);
         }
-        let values = cast(column(&self.rows, key)?, &DataType::Int64)?;
-        let values = values
-            .as_any()
-            .downcast_ref::<arrow::array::Int64Array>()
-            .ok_or_else(|| WriterError::Internal(format!("{key} is not an integer")))?;
-        if values.null_count() > 0 {
-            return Ok(None);
+        let mut sorted = Vec::with_capacity(self.len());
+        for batch in &self.batches {
+            let values = cast(column(batch, key)?, &DataType::Int64)?;
+            let values = values
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .ok_or_else(|| WriterError::Internal(format!("{key} is not an integer")))?;
+            if values.null_count() > 0 {
+                return Ok(None);
+            }
+            sorted.extend_from_slice(values.values());
         }
-        let mut sorted = values.values().to_vec();
         sorted.sort_unstable();
         Ok(Some((key.clone(), sorted)))
     }
 
-    /// Silver's columns of the change rows `which`.
+    /// Silver's columns of the changes `which`.
     fn images(&self, which: Vec<u32>) -> Result<RecordBatch> {
-        let taken = take_record_batch(&self.rows, &UInt32Array::from(which))?;
+        let places: Vec<(usize, usize)> = which
+            .into_iter()
+            .map(|change| {
+                let batch = self.starts.partition_point(|start| *start <= change) - 1;
+                (batch, (change - self.starts[batch]) as usize)
+            })
+            .collect();
+        let batches: Vec<&RecordBatch> = self.batches.iter().collect();
+        let taken = interleave_record_batch(&batches, &places)?;
         conform(&taken, &self.silver)
     }
 }
@@ -237,16 +277,15 @@ pub async fn merge(
     keys: &[String],
 ) -> Result<MergeCounts> {
     let state = table.snapshot()?;
-    let Some(first) = latest.first() else {
-        return Ok(MergeCounts::default());
-    };
-    let rows = arrow::compute::concat_batches(&first.schema(), &latest)?;
-    drop(latest);
-    if rows.num_rows() == 0 {
+    let latest: Vec<RecordBatch> = latest
+        .into_iter()
+        .filter(|batch| batch.num_rows() > 0)
+        .collect();
+    if latest.is_empty() {
         return Ok(MergeCounts::default());
     }
     let settings = FileSettings::of(table)?;
-    let changes = Arc::new(Changes::new(rows, settings.schema.clone(), keys)?);
+    let changes = Arc::new(Changes::new(latest, settings.schema.clone(), keys)?);
     let (small, mut files): (Vec<LogicalFileView>, Vec<LogicalFileView>) =
         state.log_data().iter().partition(|file| {
             (file.size() as u64) < settings.target_file_size.get() / SMALL_FILE_FRACTION
@@ -266,7 +305,7 @@ pub async fn merge(
     let integer_keys = changes.integer_keys()?;
     let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut counts = MergeCounts::default();
-    let mut held = vec![false; changes.rows.num_rows()];
+    let mut held = vec![false; changes.len()];
     let mut removes = Vec::new();
     let mut adds = Vec::new();
     let mut running = JoinSet::new();
