@@ -292,13 +292,12 @@ impl LatestPerKey {
         // Hold only the rows that are best now, renumbered.
         let kept = best_here.iter().filter(|best| **best).count();
         let mut kept_ranks = self.rank_converter.empty_rows(kept, 0);
-        let mut renumbered = 0u32;
-        for (row, _) in best_here.iter().enumerate().filter(|(_, best)| **best) {
+        let kept_rows = (0..batch.num_rows()).filter(|row| best_here[*row]);
+        for (renumbered, row) in kept_rows.enumerate() {
             kept_ranks.push(ranks.row(row));
             if let Some(best) = self.best.get_mut(keys.row(row).data()) {
-                best.row = renumbered;
+                best.row = renumbered as u32;
             }
-            renumbered += 1;
         }
         let rows = if kept == batch.num_rows() {
             batch
