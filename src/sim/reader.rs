@@ -83,7 +83,7 @@ impl SimDb {
             .filter(|s| s.max_lsn >= from && s.min_lsn <= to)
         {
             let path = self.store.segment_path(name, &segment.file);
-            let mut reader = match SegmentReader::open(&path, None) {
+            let mut reader = match SegmentReader::open(&path) {
                 Ok(reader) => reader,
                 Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                     continue;
@@ -644,7 +644,7 @@ impl SimDb {
             .filter(|segment| segment.max_lsn >= read.from && segment.min_lsn <= read.to);
         for segment in segments {
             let path = self.store.segment_path(&state.name, &segment.file);
-            let mut reader = match SegmentReader::open(&path, None) {
+            let mut reader = match SegmentReader::open(&path) {
                 Ok(reader) => reader,
                 // Removed by a cleanup since the read began: its rows are purged, which the
                 // min_lsn filter below and the guard after the read account for.

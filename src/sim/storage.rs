@@ -419,12 +419,12 @@ pub struct SegmentReader {
 }
 
 impl SegmentReader {
-    /// Opens a segment, optionally reading only some columns (by index in the segment schema).
+    /// Opens a segment.
     ///
     /// It parses the IPC file's footer itself rather than through arrow's `FileReader`, which
     /// zero-fills a fresh buffer for every batch before reading into it: here a batch is read
     /// into uninitialised capacity and decoded in place (docs/design-notes.md, "Serving").
-    pub fn open(path: &Path, projection: Option<Vec<usize>>) -> Result<Self> {
+    pub fn open(path: &Path) -> Result<Self> {
         let file = File::open(path)
             .map_err(|error| Error::io(format!("opening {}", path.display()), error))?;
         let corrupt = |what: String| {
@@ -448,10 +448,7 @@ impl SegmentReader {
         let footer = root_as_footer(&footer_bytes).map_err(|error| corrupt(error.to_string()))?;
         let schema = footer.schema().ok_or_else(|| corrupt("no schema".into()))?;
         let schema = Arc::new(fb_to_schema(schema));
-        let mut decoder = FileDecoder::new(Arc::clone(&schema), footer.version());
-        if let Some(projection) = projection {
-            decoder = decoder.with_projection(projection);
-        }
+        let decoder = FileDecoder::new(Arc::clone(&schema), footer.version());
         let blocks: Vec<Block> = footer
             .recordBatches()
             .map(|blocks| blocks.iter().copied().collect())
@@ -939,7 +936,7 @@ mod tests {
         // Row counts whose LSN bytes are not a multiple of the IPC format's 8-byte padding.
         let batches = [batch(1, 5), batch(100, 4096), batch(20_000, 1)];
         write_segment(&path, &schema, &batches).expect("segment written");
-        let mut reader = SegmentReader::open(&path, None).expect("segment opened");
+        let mut reader = SegmentReader::open(&path).expect("segment opened");
         for (index, written) in batches.iter().enumerate() {
             let whole = reader.read(index).expect("batch read");
             let alone = reader.read_start_lsns(index).expect("start LSNs read");

@@ -794,7 +794,7 @@ fn append_segment(
     if merge {
         let last: SegmentRef = state.segments.pop().expect("checked above");
         let path = store.segment_path(&state.name, &last.file);
-        let mut reader = SegmentReader::open(&path, None)?;
+        let mut reader = SegmentReader::open(&path)?;
         if reader.schema().fields() == schema.fields() {
             for index in 0..reader.batches_overlapping(Lsn::ZERO, Lsn::MAX).end {
                 combined.push(reader.read(index)?);
