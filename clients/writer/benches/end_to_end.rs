@@ -7,7 +7,7 @@
 //! - **read**: every change range read through Flight into memory (no write), the writer's
 //!   read path alone;
 //! - **parquet**: the same batches, with bronze's columns added, written to Parquet files
-//!   with arrow-rs' `ArrowWriter` (Snappy and default properties, as delta-rs writes them,
+//!   with arrow-rs' `ArrowWriter` (bronze's file properties, `tables::file_properties`,
 //!   files rolled at delta-rs' 100 MiB target), timed from batches in memory;
 //! - **writer**: `Stream::run_available_now` from an empty lake: plan, read, bronze append,
 //!   facts row, verdict, checkpoint, batch after batch, `BENCH_COMMIT_ROWS` rows per bronze
@@ -34,8 +34,6 @@ use mssql_cdc_writer::bronze;
 use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::Compression;
-use parquet::file::properties::WriterProperties;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -96,9 +94,7 @@ async fn read_all(url: &str, table: &TableName) -> anyhow::Result<Vec<RecordBatc
 /// Writes `batches` to Parquet files under `dir` as delta-rs would size them; returns files.
 fn write_parquet(dir: &Path, batches: &[RecordBatch]) -> anyhow::Result<usize> {
     std::fs::create_dir_all(dir)?;
-    let properties = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .build();
+    let properties = mssql_cdc_writer::tables::file_properties().build();
     let schema = batches[0].schema();
     let mut files = 0;
     let mut writer: Option<ArrowWriter<std::fs::File>> = None;

@@ -322,7 +322,7 @@ impl FileWriter {
             let config = WriterConfig::new(
                 rows.schema(),
                 Vec::new(),
-                None,
+                Some(crate::tables::file_properties().build()),
                 Some(appender.target_file_size),
                 None,
                 appender.stats.num_indexed_cols,

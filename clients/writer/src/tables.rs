@@ -12,6 +12,8 @@ use std::collections::HashMap;
 use arrow::record_batch::RecordBatch;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::{DataType, MetadataValue, StructField, Transaction};
+use deltalake::parquet::basic::Compression;
+use deltalake::parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
 use deltalake::protocol::SaveMode;
 use deltalake::{DeltaTable, DeltaTableError};
 use futures::StreamExt;
@@ -780,6 +782,34 @@ pub async fn append_once_each(
     .await;
     *cached = slot.into_inner();
     outcome
+}
+
+/// The most rows a row group of a data file holds. A writer holds the row group it is
+/// encoding in memory, and a reader fetches a whole row group's column chunks before it
+/// decodes them: parquet-rs' default of 1 Mi rows made that about 100 MiB a writer for
+/// silver's rows (docs/silver.md). 128 Ki rows is near DuckDB's row groups (122,880 rows);
+/// a 100 MiB file then has about ten, and their statistics prune finer.
+pub const ROW_GROUP_ROWS: usize = 128 * 1024;
+
+/// The most bytes (encoded, as the writer estimates them) a row group holds: the bound for
+/// wide rows, where [`ROW_GROUP_ROWS`] rows would be hundreds of MiB.
+pub const ROW_GROUP_BYTES: usize = 64 << 20;
+
+/// The most bytes a column chunk's dictionary holds before its writer falls back to plain
+/// pages. parquet-rs' 1 MiB held all 128 Ki values of a unique key or timestamp: dictionary
+/// pages plus indices, which made silver's files 14% larger than plain pages did (128 KiB:
+/// under 2%, docs/silver.md). Columns of few values (a status) keep their dictionary.
+pub const DICTIONARY_BYTES: usize = 128 << 10;
+
+/// The Parquet settings of the data files the writer writes into bronze and silver: Snappy
+/// (delta-rs' default), row groups bounded by [`ROW_GROUP_ROWS`] and [`ROW_GROUP_BYTES`],
+/// dictionaries by [`DICTIONARY_BYTES`].
+pub fn file_properties() -> WriterPropertiesBuilder {
+    WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+        .set_dictionary_page_size_limit(DICTIONARY_BYTES)
 }
 
 /// Commit properties of a commit that rewrites files it read: it fails whenever the table

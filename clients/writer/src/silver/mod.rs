@@ -30,6 +30,7 @@
 mod ranking;
 mod rewrite;
 mod snapshot;
+mod stored_file;
 
 pub use rewrite::MergeCounts;
 

@@ -18,7 +18,8 @@
 //!    calls keeps a few files, not one per call;
 //! 5. one commit removes the rewritten files and adds the written ones.
 //!
-//! Files are rewritten concurrently, one per core, each streamed batch by batch.
+//! Files are rewritten concurrently, one per core, each read a row group at a time
+//! ([`super::stored_file`]) and written batch by batch.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,26 +29,27 @@ use arrow::compute::{cast, filter_record_batch, interleave_record_batch};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use arrow::row::{RowConverter, SortField};
-use bytes::Bytes;
 use deltalake::DeltaTable;
 use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
 use deltalake::datafusion::execution::SendableRecordBatchStream;
 use deltalake::kernel::transaction::CommitBuilder;
 use deltalake::kernel::{Action, Add, LogicalFileView, Remove};
 use deltalake::logstore::ObjectStoreRef;
-use deltalake::logstore::object_store::ObjectStoreExt;
 use deltalake::operations::write::WriterStatsConfig;
 use deltalake::parquet::arrow::ProjectionMask;
-use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use deltalake::parquet::basic::{Compression, Encoding, PageType};
+use deltalake::parquet::arrow::arrow_reader::ArrowReaderMetadata;
+use deltalake::parquet::arrow::async_reader::{
+    ParquetRecordBatchStream, ParquetRecordBatchStreamBuilder,
+};
+use deltalake::parquet::basic::{Encoding, PageType};
 use deltalake::parquet::file::metadata::ParquetMetaData;
-use deltalake::parquet::file::properties::WriterProperties;
 use deltalake::parquet::schema::types::ColumnPath;
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::table::config::TablePropertiesExt;
 use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 
+use super::stored_file::StoredFile;
 use crate::error::{Result, WriterError};
 use crate::tables;
 
@@ -213,22 +215,18 @@ impl FileSettings {
         self.writer_without_dictionary(&[])
     }
 
-    /// A silver file's bytes, in one GET.
-    async fn read(&self, file: &LogicalFileView) -> Result<Bytes> {
-        Ok(self
-            .store
-            .get(&file.object_store_path())
-            .await?
-            .bytes()
-            .await?)
+    /// A silver file, read in ranges.
+    fn reader(&self, file: &LogicalFileView) -> StoredFile {
+        StoredFile::new(self.store.clone(), file)
     }
 
     /// A writer that does not try a dictionary for `plain` columns.
     fn writer_without_dictionary(&self, plain: &[ColumnPath]) -> DeltaWriter {
-        let properties = plain.iter().fold(
-            WriterProperties::builder().set_compression(Compression::SNAPPY),
-            |properties, column| properties.set_column_dictionary_enabled(column.clone(), false),
-        );
+        let properties = plain
+            .iter()
+            .fold(tables::file_properties(), |properties, column| {
+                properties.set_column_dictionary_enabled(column.clone(), false)
+            });
         DeltaWriter::new(
             self.store.clone(),
             WriterConfig::new(
@@ -467,20 +465,20 @@ async fn rewrite_file(
     changes: Arc<Changes>,
     settings: FileSettings,
 ) -> Result<FileOutcome> {
-    // One GET per file (silver's files are at most the target file size); both passes
-    // decode from those bytes.
-    let bytes = settings.read(&file).await?;
     // The key columns first: most files of a large table hold no changed key.
-    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())?;
+    let mut reader = settings.reader(&file);
+    let metadata = ArrowReaderMetadata::load_async(&mut reader, Default::default()).await?;
+    let builder =
+        ParquetRecordBatchStreamBuilder::new_with_metadata(reader.clone(), metadata.clone());
     let roots = changes
         .keys
         .iter()
         .map(|key| builder.schema().index_of(key))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    let mut keys = builder.with_projection(mask).build()?;
     let mut touched = false;
-    let metadata = Arc::clone(builder.metadata());
-    for batch in builder.with_projection(mask).build()? {
+    while let Some(batch) = keys.next().await {
         if changes.lookup(&batch?)?.iter().any(Option::is_some) {
             touched = true;
             break;
@@ -489,9 +487,10 @@ async fn rewrite_file(
     if !touched {
         return Ok(FileOutcome::default());
     }
-    let mut writer = settings.writer_without_dictionary(&plain_columns(&metadata));
+    let mut writer = settings.writer_without_dictionary(&plain_columns(metadata.metadata()));
     let mut held = Vec::new();
-    apply_to_file(bytes, &changes, &settings.schema, &mut writer, &mut held).await?;
+    let rows = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata).build()?;
+    apply_to_file(rows, &changes, &settings.schema, &mut writer, &mut held).await?;
     let written = writer.close().await?;
     Ok(FileOutcome {
         rewritten: Some(file),
@@ -542,8 +541,10 @@ async fn compact(
     let mut writer = settings.writer();
     let mut held = Vec::new();
     for file in &files {
-        let bytes = settings.read(file).await?;
-        apply_to_file(bytes, &changes, &settings.schema, &mut writer, &mut held).await?;
+        let rows = ParquetRecordBatchStreamBuilder::new(settings.reader(file))
+            .await?
+            .build()?;
+        apply_to_file(rows, &changes, &settings.schema, &mut writer, &mut held).await?;
     }
     Ok(Compaction {
         writer,
@@ -552,17 +553,18 @@ async fn compact(
     })
 }
 
-/// Writes the rows of a silver file (its Parquet `bytes`) no change outranks into `writer`,
-/// then the new images of the keys it held; the change rows whose key it held go to `held`.
+/// Writes the rows of a silver file (`rows`, streamed from it) no change outranks into
+/// `writer`, then the new images of the keys it held; the change rows whose key it held go
+/// to `held`.
 async fn apply_to_file(
-    bytes: Bytes,
+    mut rows: ParquetRecordBatchStream<StoredFile>,
     changes: &Changes,
     schema: &SchemaRef,
     writer: &mut DeltaWriter,
     held: &mut Vec<u32>,
 ) -> Result<()> {
     let mut images = Vec::new();
-    for batch in ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()? {
+    while let Some(batch) = rows.next().await {
         let batch = conform(&batch?, schema)?;
         let lsn = string_column(&batch, "_start_lsn")?;
         let mut keep = Vec::with_capacity(batch.num_rows());
@@ -682,8 +684,10 @@ mod tests {
     use super::*;
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{Field, Schema};
+    use bytes::Bytes;
     use deltalake::DeltaTableError;
     use deltalake::parquet::arrow::ArrowWriter;
+    use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
     /// `(region, code, value, _start_lsn, _operation)`.
     type ChangeRow<'a> = (Option<&'a str>, Option<i64>, &'a str, &'a str, i32);
@@ -802,6 +806,119 @@ mod tests {
         assert_eq!(counts.keys_found, 4, "{counts:?}");
         // Sorted as `rows_of` sorts ('|' after letters and digits).
         assert_eq!(rows_of(&url).await, ["x|1|c", "x|2|e", "|1|a2", "||d2"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_file_of_several_row_groups_is_read_in_ranges_and_rewritten_whole() {
+        let dir = tempfile::tempdir().expect("temp");
+        let url = url::Url::from_directory_path(dir.path()).expect("url");
+        let field =
+            |name: &str, data_type| deltalake::kernel::StructField::new(name, data_type, true);
+        let fields = vec![
+            field("region", deltalake::kernel::DataType::STRING),
+            field("code", deltalake::kernel::DataType::LONG),
+            field("value", deltalake::kernel::DataType::STRING),
+            field("_start_lsn", deltalake::kernel::DataType::STRING),
+        ];
+        let table = crate::tables::ensure(&url, crate::tables::TableKind::Silver, fields, "t")
+            .await
+            .expect("create");
+        // Three row groups and a bit: one file (far under the target file size).
+        let rows = 3 * tables::ROW_GROUP_ROWS as i64 + 10;
+        let silver = changes(&[])
+            .project(&[0, 1, 2, 3])
+            .expect("columns")
+            .schema();
+        let batches: Vec<_> = (0..rows)
+            .step_by(8192)
+            .map(|start| {
+                let codes = start..(start + 8192).min(rows);
+                RecordBatch::try_new(
+                    silver.clone(),
+                    vec![
+                        Arc::new(StringArray::from_iter_values(codes.clone().map(|_| "x"))),
+                        Arc::new(Int64Array::from_iter_values(codes.clone())),
+                        Arc::new(StringArray::from_iter_values(codes.clone().map(|_| "a"))),
+                        Arc::new(StringArray::from_iter_values(codes.map(|_| "0x01"))),
+                    ],
+                )
+                .map_err(Into::into)
+            })
+            .collect();
+        let stream = deltalake::datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+            silver.clone(),
+            futures::stream::iter(batches),
+        );
+        overwrite(&table, Box::pin(stream)).await.expect("rebuild");
+        let table = crate::tables::open(&url)
+            .await
+            .expect("open")
+            .expect("table");
+        let state = table.snapshot().expect("snapshot");
+        let files: Vec<_> = state.log_data().iter().collect();
+        assert_eq!(files.len(), 1);
+        let mut reader = StoredFile::new(table.log_store().object_store(None), &files[0]);
+        let metadata = ArrowReaderMetadata::load_async(&mut reader, Default::default())
+            .await
+            .expect("footer");
+        assert_eq!(metadata.metadata().num_row_groups(), 4);
+
+        // Keys in the first and the third row group, and a new one.
+        let counts = merge(
+            &table,
+            vec![changes(&[
+                (Some("x"), Some(5), "b", "0x02", 4),
+                (
+                    Some("x"),
+                    Some(2 * tables::ROW_GROUP_ROWS as i64 + 7),
+                    "",
+                    "0x02",
+                    1,
+                ),
+                (Some("x"), Some(rows), "c", "0x02", 2),
+            ])],
+            &["region".to_string(), "code".to_string()],
+        )
+        .await
+        .expect("merge");
+        assert_eq!(
+            (counts.files_rewritten, counts.keys_found),
+            (1, 2),
+            "{counts:?}"
+        );
+        let table = crate::tables::open(&url)
+            .await
+            .expect("open")
+            .expect("table");
+        let context = deltalake::datafusion::prelude::SessionContext::new();
+        context
+            .register_table("t", table.table_provider().await.expect("provider"))
+            .expect("register");
+        let summary = context
+            .sql(
+                "SELECT COUNT(*), COUNT(DISTINCT code), SUM(CASE WHEN value = 'a' THEN 1 ELSE 0 END), \
+                 MAX(CASE WHEN code = 5 THEN value END), MAX(CASE WHEN code = 5 THEN _start_lsn END) \
+                 FROM t",
+            )
+            .await
+            .expect("query")
+            .collect()
+            .await
+            .expect("rows");
+        let text = |column: usize| {
+            arrow::util::display::array_value_to_string(summary[0].column(column), 0).expect("text")
+        };
+        // One key deleted, one inserted; the rest once each, all but the two changed as they were.
+        assert_eq!(
+            (0..5).map(text).collect::<Vec<_>>(),
+            [
+                rows.to_string(),
+                rows.to_string(),
+                (rows - 2).to_string(),
+                "b".to_string(),
+                "0x02".to_string()
+            ]
+        );
     }
 
     /// A silver of three small files (keys 1-3, one append each), its url and key columns.
