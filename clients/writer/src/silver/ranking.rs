@@ -193,7 +193,7 @@ struct LatestPerKey {
     key_converter: RowConverter,
     rank_converter: RowConverter,
     /// Key bytes → its best row so far.
-    best: HashMap<Box<[u8]>, Best>,
+    best: HashMap<Box<[u8]>, Best, ahash::RandomState>,
     /// The batches held: their rows, their rows' ranks, and which rows are still the best.
     held: Vec<(RecordBatch, Rows, Vec<bool>)>,
     bytes: usize,
@@ -237,7 +237,7 @@ impl LatestPerKey {
             rank_columns,
             key_converter,
             rank_converter,
-            best: HashMap::new(),
+            best: HashMap::default(),
             held: Vec::new(),
             bytes: 0,
         })

@@ -66,7 +66,7 @@ struct Changes {
     key_types: Vec<DataType>,
     converter: RowConverter,
     /// Row-format key bytes → change.
-    index: HashMap<Box<[u8]>, u32>,
+    index: HashMap<Box<[u8]>, u32, ahash::RandomState>,
     lsn: StringArray,
     /// Operations 0, 2 and 4 (the row's image is written); 1 and 3 only delete.
     upsert: Vec<bool>,
@@ -92,7 +92,7 @@ impl Changes {
                 .collect(),
         )?;
         let too_many = || WriterError::Internal("more than 2^32 changes in one merge".into());
-        let mut index = HashMap::new();
+        let mut index = HashMap::default();
         let mut starts = Vec::with_capacity(batches.len());
         let mut lsns = Vec::with_capacity(batches.len());
         let mut upsert = Vec::new();
