@@ -31,7 +31,7 @@ mod rows;
 
 use std::collections::BTreeMap;
 
-use deltalake::datafusion::prelude::SessionContext;
+use deltalake::datafusion::prelude::{SessionConfig, SessionContext};
 use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::keys::Bound;
 use mssql_cdc_proto::protocol::CaptureInstanceInfo;
@@ -287,8 +287,17 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         WriterError::invalid(format!("there is no silver table at {}", config.silver))
     })?;
     let silver_version = silver_table.version().unwrap_or(0) as i64;
-    let context = SessionContext::new();
-    context.register_table("silver", silver_table.table_provider().await?)?;
+    // Silver's strings read as Utf8, the type the server sends: tier 2 then row-encodes and
+    // hashes both sides' strings as they arrive, instead of casting the source's to views.
+    let context = SessionContext::new_with_config(SessionConfig::new().set_bool(
+        "datafusion.execution.parquet.schema_force_view_types",
+        false,
+    ));
+    let provider = silver_table
+        .table_provider()
+        .with_session(std::sync::Arc::new(context.state()))
+        .await?;
+    context.register_table("silver", provider)?;
     let key = key_columns.in_silver(&context).await?;
     let hashing = rows::Hashing::new(&key, &instance, &context).await?;
     // Where bronze's stream stood: the change table is read for keys in flight from there.

@@ -479,10 +479,11 @@ fn fingerprint(
         .fields()
         .iter()
         .map(|field| {
-            Ok(arrow::compute::cast(
-                &column(field.name())?,
-                field.data_type(),
-            )?)
+            let values = column(field.name())?;
+            match values.data_type() == field.data_type() {
+                true => Ok(values),
+                false => Ok(arrow::compute::cast(&values, field.data_type())?),
+            }
         })
         .collect::<Result<_>>()?;
     let count = batch.num_rows();
