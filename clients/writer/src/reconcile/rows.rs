@@ -479,11 +479,10 @@ fn fingerprint(
         .fields()
         .iter()
         .map(|field| {
-            let values = column(field.name())?;
-            match values.data_type() == field.data_type() {
-                true => Ok(values),
-                false => Ok(arrow::compute::cast(&values, field.data_type())?),
-            }
+            Ok(arrow::compute::cast(
+                &column(field.name())?,
+                field.data_type(),
+            )?)
         })
         .collect::<Result<_>>()?;
     let count = batch.num_rows();
