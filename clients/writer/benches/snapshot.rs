@@ -116,23 +116,6 @@ impl Round {
     }
 }
 
-/// Writes every dirty page back before a timed run, so no run pays for the writeback of the
-/// files an earlier run left in the page cache (the kernel flushes them after 30 s, which
-/// otherwise lands inside whichever run comes next).
-fn settle() -> anyhow::Result<()> {
-    let status = std::process::Command::new("sync").status()?;
-    anyhow::ensure!(status.success(), "sync failed: {status}");
-    Ok(())
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let middle = values.len() / 2;
-    match values.len() % 2 {
-        0 if middle > 0 => (values[middle - 1] + values[middle]) / 2.0,
-        _ => values[middle],
-    }
-}
 
 /// Waves the chunked snapshot of `lake` took (its facts' highest wave).
 async fn snapshots_waves(lake: &Path) -> anyhow::Result<u64> {
@@ -184,13 +167,13 @@ fn main() -> anyhow::Result<()> {
         chunked(&url, &lake("warm_chunked".into()), chunk_rows, 0.0).await?;
         let mut rounds = Vec::new();
         for round in 0..repeats {
-            settle()?;
+            common::settle()?;
             let (full_seconds, full_rows) = full(&url, &lake(format!("full{round}"))).await?;
             anyhow::ensure!(full_rows == rows, "the full snapshot read {full_rows} rows");
-            settle()?;
+            common::settle()?;
             let (chunked_seconds, open, waves) =
                 chunked(&url, &lake(format!("chunked{round}")), chunk_rows, 30.0).await?;
-            settle()?;
+            common::settle()?;
             let (round_seconds, _, round_waves) =
                 chunked(&url, &lake(format!("rounds{round}")), chunk_rows, 0.0).await?;
             rounds.push(Round {
@@ -210,7 +193,7 @@ fn main() -> anyhow::Result<()> {
         for (index, round) in rounds.iter().enumerate() {
             println!("{}", round.row(&(index + 1).to_string(), rows));
         }
-        let middle = |field: fn(&Round) -> f64| median(rounds.iter().map(field).collect());
+        let middle = |field: fn(&Round) -> f64| common::median(rounds.iter().map(field).collect());
         let medians = Round {
             full: middle(|r| r.full),
             chunked: middle(|r| r.chunked),

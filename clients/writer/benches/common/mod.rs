@@ -22,6 +22,25 @@ pub fn env_number(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// Writes every dirty page back before a timed run, so no run pays for the writeback of the
+/// files an earlier run left in the page cache (the kernel flushes them after 30 s, which
+/// otherwise lands inside whichever run comes next).
+pub fn settle() -> anyhow::Result<()> {
+    let status = std::process::Command::new("sync").status()?;
+    anyhow::ensure!(status.success(), "sync failed: {status}");
+    Ok(())
+}
+
+/// The median of `values` (the mean of the middle two when their count is even).
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    match values.len() % 2 {
+        0 if middle > 0 => (values[middle - 1] + values[middle]) / 2.0,
+        _ => values[middle],
+    }
+}
+
 /// The Flight server serving `db` on 127.0.0.1 in this process.
 pub async fn start_server(db: &SimDb) -> anyhow::Result<LocalServer> {
     Ok(LocalServer::start(Arc::new(db.clone()), TicketSigner::random()?).await?)
