@@ -116,7 +116,6 @@ impl Round {
     }
 }
 
-
 /// Waves the chunked snapshot of `lake` took (its facts' highest wave).
 async fn snapshots_waves(lake: &Path) -> anyhow::Result<u64> {
     let facts = mssql_cdc_writer::tables::table_url(&lake.join("facts").display().to_string())?;
