@@ -21,6 +21,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod reconcile;
 pub mod schema_policy;
+pub mod shared_table;
 pub mod sidecar;
 pub mod silver;
 pub mod slots;

@@ -65,6 +65,7 @@ use crate::ledger::Ledger;
 use crate::maintenance::MaintenanceOptions;
 use crate::reconcile::{ReconcileConfig, reconcile};
 use crate::schema_policy::SchemaChangePolicy;
+use crate::shared_table::SharedTable;
 use crate::silver::{ApplyConfig, apply_changes};
 use crate::slots::{MAX_TABLE_SLOTS, TableSlots, slot, table_slots};
 use crate::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
@@ -341,8 +342,11 @@ async fn backfill_to_end(entry: &TableEntry, config: &StreamConfig) -> Result<()
 /// Next to a continuous stream: reads the waves of any open chunked snapshot of the table
 /// (the entry's bootstrap, or one an operator opened with `snapshot open`) until `stop`.
 /// While it is paused or none is open, it waits for [`watch_snapshots`] to find one open
-/// (`poll` without the watcher). Failures end the task only for a table whose entry asks
-/// for a chunked bootstrap; otherwise they are logged and retried after `poll`.
+/// (`poll` without the watcher). With the watcher, only a table whose entry asks for a chunked
+/// bootstrap reads its snapshots at once; the others wait for the watcher's first query, so a
+/// thousand starting tables do not each query the shared facts table. Failures end the task
+/// only for a table whose entry asks for a chunked bootstrap; otherwise they are logged and
+/// retried after `poll`.
 async fn backfill_continuous(
     entry: &TableEntry,
     config: &StreamConfig,
@@ -352,6 +356,15 @@ async fn backfill_continuous(
 ) -> Result<()> {
     let snapshots = Snapshots::connect(config.clone()).await?;
     let mut last_state = String::new();
+    if let Some(wake) = &shared.snapshot_wake
+        && entry.bootstrap != Some(SnapshotMode::Chunked)
+    {
+        let mut stopping = stop.clone();
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = stopping.wait_for(|stopped| *stopped) => {}
+        }
+    }
     while !*stop.borrow() {
         let wave = {
             let _slot = slot(&shared.slots).await;
@@ -803,8 +816,8 @@ struct Shared {
     snapshot_wake: Option<Arc<Notify>>,
 }
 
-/// Wakes the snapshot reader of every table with a chunked snapshot open, once per `poll`,
-/// from one query of the facts table (or every reader, when that fails, so each checks and
+/// Wakes the snapshot reader of every table with a chunked snapshot open, at start and once
+/// per `poll`, from one query of the facts table (or every reader, when that fails, so each checks and
 /// reports for itself). A table without one then costs nothing between polls: with 1,000
 /// tables, each reading the shared facts table every poll kept both cores busy.
 async fn watch_snapshots(
@@ -813,7 +826,8 @@ async fn watch_snapshots(
     poll: Duration,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    while !sleep_unless_stopped(poll, &stop).await {
+    let facts = SharedTable::of(&facts);
+    loop {
         match snapshot::open_chunked_apps(&facts).await {
             Ok(open) => {
                 for app_id in open {
@@ -828,6 +842,9 @@ async fn watch_snapshots(
                     wake.notify_one();
                 }
             }
+        }
+        if sleep_unless_stopped(poll, &stop).await {
+            return;
         }
     }
 }

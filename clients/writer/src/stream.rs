@@ -45,6 +45,7 @@ use crate::events;
 use crate::facts::{self, FactsRow, Totals};
 use crate::ledger::Ledger;
 use crate::schema_policy::SchemaChangePolicy;
+use crate::shared_table::SharedTable;
 use crate::slots::{TableSlots, slot};
 use crate::tables::{self, TableKind};
 use crate::tail::{Tail, Waiting};
@@ -113,7 +114,8 @@ pub struct Stream {
     config: StreamConfig,
     client: CdcClient,
     target: Url,
-    facts: Url,
+    /// The facts table, shared with the other readers of this process.
+    facts: Arc<SharedTable>,
     control: Option<Url>,
     checkpoint: Checkpoint,
     verified: bool,
@@ -197,7 +199,7 @@ impl Stream {
         let client = connect_server(&config.server).await?;
         Ok(Stream {
             target: tables::table_url(&config.target)?,
-            facts: tables::table_url(&config.facts)?,
+            facts: SharedTable::of(&tables::table_url(&config.facts)?),
             control: config
                 .control
                 .as_deref()
@@ -243,23 +245,15 @@ impl Stream {
     /// one ahead of it (the lake restored from an older backup, or its facts table lost):
     /// going on would leave a gap of the batches the lake no longer holds.
     async fn verify_checkpoint(&self, last: Option<&BatchRecord>) -> Result<()> {
-        let mut lake_batch = None;
-        let mut facts_batch = None;
-        for (url, app_id) in [
-            (&self.facts, self.facts_app_id()),
-            (&self.target, self.config.app_id.clone()),
-        ] {
-            if let Some(table) = tables::open(url).await? {
-                let version = table
-                    .snapshot()?
-                    .transaction_version(table.log_store().as_ref(), &app_id)
-                    .await?;
-                lake_batch = lake_batch.max(version);
-                if url == &self.facts {
-                    facts_batch = version;
-                }
-            }
-        }
+        let facts_batch = match self.facts.latest().await? {
+            Some(facts) => tables::transaction(&facts, &self.facts_app_id()).await?,
+            None => None,
+        };
+        let bronze_batch = match tables::open(&self.target).await? {
+            Some(bronze) => tables::transaction(&bronze, &self.config.app_id).await?,
+            None => None,
+        };
+        let lake_batch = facts_batch.max(bronze_batch);
         // Every committed batch wrote its facts row (`<app_id>#facts`, batch id) first.
         let committed = last
             .filter(|batch| batch.app_id == self.config.app_id)
@@ -652,7 +646,7 @@ impl Stream {
                     .await?;
                 rows
             }
-            None => match tables::open(&self.facts).await? {
+            None => match self.facts.latest().await? {
                 Some(facts)
                     if tables::holds_transaction(&facts, &self.facts_app_id(), batch_id)
                         .await? =>
@@ -819,7 +813,7 @@ impl Stream {
             return Ok(());
         }
         self.schedule_checked = Some(Instant::now());
-        let Some(newest) = crate::snapshot::progress(&self.facts, &self.config.app_id).await?
+        let Some(newest) = crate::snapshot::progress(self.facts.url(), &self.config.app_id).await?
         else {
             return Ok(());
         };
@@ -999,7 +993,7 @@ impl Stream {
             }
             None => {
                 tables::append_once(
-                    &self.facts,
+                    self.facts.url(),
                     TableKind::Facts,
                     "facts",
                     &self.facts_app_id(),

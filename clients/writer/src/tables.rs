@@ -695,12 +695,17 @@ pub async fn add_missing_columns(
     Ok((table.add_columns().with_fields(missing).await?, names))
 }
 
-/// Whether `table` holds the application transaction `(app_id, version)` (or a later one).
-pub async fn holds_transaction(table: &DeltaTable, app_id: &str, version: i64) -> Result<bool> {
-    let held = table
+/// The version of the newest application transaction of `app_id` in `table`, if any.
+pub async fn transaction(table: &DeltaTable, app_id: &str) -> Result<Option<i64>> {
+    Ok(table
         .snapshot()?
         .transaction_version(table.log_store().as_ref(), app_id)
-        .await?;
+        .await?)
+}
+
+/// Whether `table` holds the application transaction `(app_id, version)` (or a later one).
+pub async fn holds_transaction(table: &DeltaTable, app_id: &str, version: i64) -> Result<bool> {
+    let held = transaction(table, app_id).await?;
     Ok(held.is_some_and(|held| held >= version))
 }
 

@@ -55,6 +55,7 @@ use url::Url;
 use crate::error::{Result, WriterError};
 use crate::events;
 use crate::facts::{self, FactsRow};
+use crate::shared_table::SharedTable;
 use crate::stream::StreamConfig;
 use crate::tables::{self, TableKind};
 use recorded::Recorded;
@@ -260,7 +261,8 @@ pub struct Snapshots {
     config: StreamConfig,
     client: CdcClient,
     target: Url,
-    facts: Url,
+    /// The facts table, shared with the other readers of this process.
+    facts: Arc<SharedTable>,
     plans: Url,
 }
 
@@ -308,7 +310,7 @@ impl Snapshots {
         let client = crate::stream::connect_server(&config.server).await?;
         Ok(Snapshots {
             target: tables::table_url(&config.target)?,
-            facts: tables::table_url(&config.facts)?,
+            facts: SharedTable::of(&tables::table_url(&config.facts)?),
             plans: tables::table_url(&plans_location(&config.target))?,
             config,
             client,
@@ -343,7 +345,7 @@ impl Snapshots {
             })
             .collect();
         tables::append_once(
-            &self.facts,
+            self.facts.url(),
             TableKind::Facts,
             "facts",
             txn,

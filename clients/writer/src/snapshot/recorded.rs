@@ -9,7 +9,7 @@ use super::{SnapshotMode, Snapshots, quoted};
 use crate::error::{Result, WriterError};
 use crate::events;
 use crate::facts;
-use crate::tables;
+use crate::shared_table::SharedTable;
 
 /// The snapshot facts of one app id, as read back from the lake.
 #[derive(Clone, Debug, Default)]
@@ -91,9 +91,8 @@ pub struct SnapshotProgress {
 
 /// The newest snapshot of `app_id` in the facts table at `facts`, with its progress.
 pub async fn progress(facts: &Url, app_id: &str) -> Result<Option<SnapshotProgress>> {
-    let rows = tables::query_text(
-        facts,
-        &format!(
+    let rows = SharedTable::of(facts)
+        .query_text(&format!(
             "SELECT event, min_lsn, detail, CAST(written_at AS BIGINT) FROM t WHERE app_id = '{}' \
              AND event IN ({})",
             quoted(app_id),
@@ -105,9 +104,8 @@ pub async fn progress(facts: &Url, app_id: &str) -> Result<Option<SnapshotProgre
                 events::RESNAPSHOT,
                 events::SNAPSHOT_ABANDONED,
             ])
-        ),
-    )
-    .await?;
+        ))
+        .await?;
     let detail = |row: &[Option<String>]| facts::detail_of(row[2].as_deref());
     let Some((snapshot, mode, opened_at)) = rows
         .iter()
@@ -166,15 +164,13 @@ pub async fn progress(facts: &Url, app_id: &str) -> Result<Option<SnapshotProgre
 /// The app ids of `facts` with a chunked snapshot open and not complete, read in one query
 /// for all of them: a sidecar checks this once per poll instead of each table reading the
 /// shared facts table on its own.
-pub async fn open_chunked_apps(facts: &Url) -> Result<std::collections::HashSet<String>> {
-    let rows = tables::query_text(
-        facts,
-        &format!(
+pub async fn open_chunked_apps(facts: &SharedTable) -> Result<std::collections::HashSet<String>> {
+    let rows = facts
+        .query_text(&format!(
             "SELECT app_id, event, min_lsn, detail, rows FROM t WHERE event IN ({})",
             events::sql_list(&RECORDED_EVENTS)
-        ),
-    )
-    .await?;
+        ))
+        .await?;
     let mut by_app: std::collections::HashMap<String, Recorded> = Default::default();
     for row in &rows {
         if let Some(app_id) = &row[0] {
@@ -191,15 +187,14 @@ pub async fn open_chunked_apps(facts: &Url) -> Result<std::collections::HashSet<
 impl Snapshots {
     /// What the facts table records of this app id's snapshots.
     pub(super) async fn recorded(&self) -> Result<Recorded> {
-        let rows = tables::query_text(
-            &self.facts,
-            &format!(
+        let rows = self
+            .facts
+            .query_text(&format!(
                 "SELECT event, min_lsn, detail, rows FROM t WHERE app_id = '{}' AND event IN ({})",
                 quoted(&self.config.app_id),
                 events::sql_list(&RECORDED_EVENTS)
-            ),
-        )
-        .await?;
+            ))
+            .await?;
         let mut recorded = Recorded::default();
         for row in &rows {
             recorded.add(row)?;
@@ -223,15 +218,14 @@ impl Snapshots {
 
     /// `(chunk, wave, rows)` of every chunk whose facts row is in.
     pub(super) async fn chunks_done(&self, snapshot: Lsn) -> Result<Vec<(i32, i64, u64)>> {
-        let rows = tables::query_text(
-            &self.facts,
-            &format!(
+        let rows = self
+            .facts
+            .query_text(&format!(
                 "SELECT detail, rows FROM t WHERE app_id = '{}' AND event = '{}' AND min_lsn >= '{snapshot}'",
                 quoted(&self.config.app_id),
                 events::SNAPSHOT_CHUNK
-            ),
-        )
-        .await?;
+            ))
+            .await?;
         let mut done = Vec::new();
         for row in rows {
             let detail = facts::detail_of(row[0].as_deref());

@@ -38,15 +38,14 @@ pub(super) struct WaveInFlight {
 impl Snapshots {
     /// Why to pause while the stream's retention headroom is short or unknown, or `None`.
     pub(super) async fn headroom_guard(&self, min_hours: f64) -> Result<Option<(String, String)>> {
-        let rows = tables::query_text(
-            &self.facts,
-            &format!(
+        let rows = self
+            .facts
+            .query_text(&format!(
                 "SELECT retention_headroom_hours, written_at FROM t WHERE app_id = '{}' AND event IS NULL \
                  ORDER BY written_at DESC LIMIT 1",
                 quoted(&self.config.app_id)
-            ),
-        )
-        .await?;
+            ))
+            .await?;
         let headroom = rows
             .first()
             .and_then(|row| row[0].as_deref())
