@@ -359,11 +359,7 @@ async fn backfill_continuous(
     if let Some(wake) = &shared.snapshot_wake
         && entry.bootstrap != Some(SnapshotMode::Chunked)
     {
-        let mut stopping = stop.clone();
-        tokio::select! {
-            _ = wake.notified() => {}
-            _ = stopping.wait_for(|stopped| *stopped) => {}
-        }
+        woken_or_stopped(wake, &stop).await;
     }
     while !*stop.borrow() {
         let wave = {
@@ -381,11 +377,7 @@ async fn backfill_continuous(
                     continue; // the next wave at once
                 }
                 if let Some(wake) = &shared.snapshot_wake {
-                    let mut stopping = stop.clone();
-                    tokio::select! {
-                        _ = wake.notified() => {}
-                        _ = stopping.wait_for(|stopped| *stopped) => {}
-                    }
+                    woken_or_stopped(wake, &stop).await;
                     continue;
                 }
             }
@@ -397,6 +389,15 @@ async fn backfill_continuous(
         sleep_unless_stopped(poll, &stop).await;
     }
     Ok(())
+}
+
+/// Waits for `wake` (from [`watch_snapshots`]) or `stop`, whichever comes first.
+async fn woken_or_stopped(wake: &Notify, stop: &tokio::sync::watch::Receiver<bool>) {
+    let mut stopping = stop.clone();
+    tokio::select! {
+        _ = wake.notified() => {}
+        _ = stopping.wait_for(|stopped| *stopped) => {}
+    }
 }
 
 impl SidecarConfig {
@@ -817,8 +818,8 @@ struct Shared {
 }
 
 /// Wakes the snapshot reader of every table with a chunked snapshot open, at start and once
-/// per `poll`, from one query of the facts table (or every reader, when that fails, so each checks and
-/// reports for itself). A table without one then costs nothing between polls: with 1,000
+/// per `poll`, from one query of the facts table (or every reader, when that fails, so each
+/// checks and reports for itself). A table without one then costs nothing between polls: with 1,000
 /// tables, each reading the shared facts table every poll kept both cores busy.
 async fn watch_snapshots(
     facts: url::Url,
@@ -1004,7 +1005,11 @@ pub async fn status(config: &SidecarConfig) -> Result<Vec<TableStatus>> {
             end,
             verdict,
             lag_seconds,
-            snapshot: snapshot::progress(&tables::table_url(&config.facts)?, &entry.app_id).await?,
+            snapshot: snapshot::progress(
+                &SharedTable::of(&tables::table_url(&config.facts)?),
+                &entry.app_id,
+            )
+            .await?,
             verified: match &entry.silver {
                 Some(silver) => control::row(&control_url, silver)
                     .await?

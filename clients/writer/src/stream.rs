@@ -813,7 +813,7 @@ impl Stream {
             return Ok(());
         }
         self.schedule_checked = Some(Instant::now());
-        let Some(newest) = crate::snapshot::progress(self.facts.url(), &self.config.app_id).await?
+        let Some(newest) = crate::snapshot::progress(&self.facts, &self.config.app_id).await?
         else {
             return Ok(());
         };

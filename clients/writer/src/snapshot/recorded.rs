@@ -3,7 +3,6 @@
 //! snapshot's progress. The facts table is the record a rerun trusts.
 
 use mssql_cdc_proto::Lsn;
-use url::Url;
 
 use super::{SnapshotMode, Snapshots, quoted};
 use crate::error::{Result, WriterError};
@@ -89,9 +88,9 @@ pub struct SnapshotProgress {
     pub opened_at: Option<i64>,
 }
 
-/// The newest snapshot of `app_id` in the facts table at `facts`, with its progress.
-pub async fn progress(facts: &Url, app_id: &str) -> Result<Option<SnapshotProgress>> {
-    let rows = SharedTable::of(facts)
+/// The newest snapshot of `app_id` in the facts table `facts`, with its progress.
+pub async fn progress(facts: &SharedTable, app_id: &str) -> Result<Option<SnapshotProgress>> {
+    let rows = facts
         .query_text(&format!(
             "SELECT event, min_lsn, detail, CAST(written_at AS BIGINT) FROM t WHERE app_id = '{}' \
              AND event IN ({})",

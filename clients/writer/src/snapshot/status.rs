@@ -7,6 +7,7 @@ use super::operator::operator_pause;
 use super::recorded::progress;
 use super::{BackfillStatus, plans_location};
 use crate::error::Result;
+use crate::shared_table::SharedTable;
 use crate::stream::StreamConfig;
 use crate::tables;
 
@@ -25,7 +26,7 @@ pub struct SnapshotState {
 /// The [`SnapshotState`] of the table of `config` (its facts, target and app id).
 pub async fn state(config: &StreamConfig) -> Result<SnapshotState> {
     let facts = tables::table_url(&config.facts)?;
-    let Some(progress) = progress(&facts, &config.app_id).await? else {
+    let Some(progress) = progress(&SharedTable::of(&facts), &config.app_id).await? else {
         return Ok(SnapshotState {
             mode: None,
             status: BackfillStatus::no_snapshot(),
