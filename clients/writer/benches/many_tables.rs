@@ -9,7 +9,9 @@
 //! `BENCH_MANY_RATE` commits/s (default 100) for `BENCH_MANY_SECONDS` (default 60); once
 //! bronze holds every commit the sidecar idles for `BENCH_IDLE_SECONDS` (default 20). The
 //! figures: the source calls per second the server made while busy and while idle (by call),
-//! the sidecar's CPU seconds and peak RSS, the commits to the shared facts and control tables,
+//! the sidecar's CPU seconds (and per busy-table batch: a busy table in either mode reads
+//! again as soon as a batch ends, so the CPU goes to as many batches as it can) and peak RSS,
+//! the commits to the shared facts and control tables,
 //! and how long the busy tables took to catch up after the last commit. Verdicts are hourly;
 //! `BENCH_GRANULARITY=minute` makes the window cross a verdict period, where every table
 //! writes the batch that moves its verdict.
@@ -39,6 +41,8 @@ struct Report {
     cpu_seconds: f64,
     peak_rss_mib: f64,
     facts_commits: i64,
+    /// Bronze commits of the busy tables in the busy window: the batches the CPU went to.
+    busy_batches: i64,
     control_commits: i64,
     catch_up_seconds: f64,
     commits: u64,
@@ -74,13 +78,15 @@ fn main() -> anyhow::Result<()> {
         let report = runtime.block_on(measure(live_tail, &sizes, &metrics))?;
         println!(
             "{name:>11}: first batch of every table in {:.1} s; {} commits in {:.1} s, caught up \
-             {:.2} s after the last; sidecar CPU {:.1} s in the busy window, peak RSS {:.0} MiB; \
-             facts commits {}, control commits {}",
+             {:.2} s after the last; sidecar CPU {:.1} s in the busy window for {} busy-table \
+             batches ({:.0} ms a batch), peak RSS {:.0} MiB; facts commits {}, control commits {}",
             report.warm_up_seconds,
             report.commits,
             report.commit_seconds,
             report.catch_up_seconds,
             report.cpu_seconds,
+            report.busy_batches,
+            report.cpu_seconds * 1000.0 / report.busy_batches.max(1) as f64,
             report.peak_rss_mib,
             report.facts_commits,
             report.control_commits,
@@ -189,6 +195,7 @@ async fn measure(
     let facts = tables::table_url(&lake(dir.path(), "facts"))?;
     let control = tables::table_url(&lake(dir.path(), "control"))?;
     let (facts_before, control_before) = (version(&facts).await?, version(&control).await?);
+    let bronze_before = busy_bronze_versions(dir.path(), busy).await?;
     let calls_before = source_calls(metrics);
     let cpu_before = sidecar.cpu_seconds()?;
     let window = Instant::now();
@@ -234,6 +241,7 @@ async fn measure(
     let cpu_seconds = sidecar.cpu_seconds()? - cpu_before;
     let calls_busy = source_calls(metrics);
     let (facts_after, control_after) = (version(&facts).await?, version(&control).await?);
+    let busy_batches = busy_bronze_versions(dir.path(), busy).await? - bronze_before;
 
     tokio::time::sleep(Duration::from_secs(idle)).await;
     let calls_idle = source_calls(metrics);
@@ -247,6 +255,7 @@ async fn measure(
         cpu_seconds,
         peak_rss_mib,
         facts_commits: facts_after - facts_before,
+        busy_batches,
         control_commits: control_after - control_before,
         catch_up_seconds,
         commits: total,
@@ -314,6 +323,15 @@ async fn busy_tables_caught_up(base: &Path, expected: &[u64]) -> anyhow::Result<
         }
     }
     Ok(true)
+}
+
+/// The sum of the busy tables' bronze versions.
+async fn busy_bronze_versions(base: &Path, busy: usize) -> anyhow::Result<i64> {
+    let mut sum = 0;
+    for n in 0..busy {
+        sum += version(&tables::table_url(&lake(base, &format!("bronze_t{n:04}")))?).await?;
+    }
+    Ok(sum)
 }
 
 /// A Delta table's version (-1 when it does not exist).

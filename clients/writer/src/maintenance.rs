@@ -23,6 +23,7 @@
 //! A pass is safe next to a running writer: appends and OPTIMIZE do not conflict, a commit
 //! that does is retried, and what a conflict leaves undone is done by the next pass.
 
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -159,6 +160,41 @@ async fn compact(url: &Url, min_files: usize) -> Result<u64> {
         Ok(metrics.num_files_removed)
     })
     .await
+}
+
+/// How many small files an appended-to ledger table (facts, plans, reconcile report) holds
+/// before the writer that appended compacts it ([`auto_compact`]).
+pub const AUTO_COMPACT_FILES: usize = 32;
+
+/// The file size [`auto_compact`] bin-packs to. Small, so a pass rewrites at most this much
+/// next to the small files: files past it stay until a maintenance pass packs them to the
+/// table's own target size.
+pub const AUTO_COMPACT_TARGET: u64 = 8 << 20;
+
+/// Auto compaction: bin-packs `table`'s small files (under half of [`AUTO_COMPACT_TARGET`])
+/// once there are [`AUTO_COMPACT_FILES`] of them; the table after it and the files folded.
+///
+/// delta-rs (1.1) keeps the list of every live file of a loaded table and rebuilds it on
+/// every update, its own commits included, so a commit costs time in proportion to the
+/// table's files: a one-row facts append took 723 ms at 2,000 files (`benches/
+/// facts_appends.rs`; docs/writer.md, "Small files compacted as they are appended"). A
+/// table of one small file per commit would slow every writer of it between maintenance
+/// passes; compacting every [`AUTO_COMPACT_FILES`] small files keeps the list short. The
+/// compaction commits with `dataChange = false`, which concurrent appends do not conflict
+/// with.
+pub async fn auto_compact(table: DeltaTable) -> Result<(DeltaTable, u64)> {
+    let small = table
+        .snapshot()?
+        .log_data()
+        .iter()
+        .filter(|file| (file.size() as u64) < AUTO_COMPACT_TARGET / 2)
+        .count();
+    if small < AUTO_COMPACT_FILES {
+        return Ok((table, 0));
+    }
+    let target = NonZeroU64::new(AUTO_COMPACT_TARGET).expect("a nonzero target");
+    let (table, metrics) = table.optimize().with_target_size(target).await?;
+    Ok((table, metrics.num_files_removed))
 }
 
 /// Removes files unreferenced for longer than the retention (and the orphans of aborted

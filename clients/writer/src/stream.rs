@@ -133,6 +133,11 @@ pub struct Stream {
     slots: Option<TableSlots>,
     /// Bronze as the last batch loaded it.
     bronze: Option<deltalake::DeltaTable>,
+    /// The table's verdict as control last answered it. Verdicts only move forward and only
+    /// this stream moves its table's, so a batch ending in a period at or before it would
+    /// move nothing: it skips the MERGE (one per batch otherwise, the sidecar's busiest
+    /// control work while verdicts are hourly).
+    verdict: Option<CommitTime>,
 }
 
 /// Environment variable naming a step boundary where the process aborts, for crash tests:
@@ -215,6 +220,7 @@ impl Stream {
             ledger: None,
             slots: None,
             bronze: None,
+            verdict: None,
             config,
         })
     }
@@ -616,7 +622,7 @@ impl Stream {
     /// source is not read again: after a cleanup it could not be, and skipping the purged
     /// range would record a new range under a batch id bronze already holds. `None` when
     /// neither holds the batch (it is planned and read as any other).
-    async fn finish_written(&self, record: &BatchRecord) -> Result<Option<BatchOutcome>> {
+    async fn finish_written(&mut self, record: &BatchRecord) -> Result<Option<BatchOutcome>> {
         let batch_id = record.batch_id;
         let committed = match tables::open(&self.target).await? {
             Some(bronze) => bronze::committed_batch(&bronze, &self.config.app_id, batch_id).await?,
@@ -671,7 +677,16 @@ impl Stream {
 
     /// Moves the table's verdict to the batch's end (only forward), when there is a control
     /// table.
-    async fn advance_verdict(&self, record: &BatchRecord) -> Result<Option<CommitTime>> {
+    async fn advance_verdict(&mut self, record: &BatchRecord) -> Result<Option<CommitTime>> {
+        let granularity = self.config.granularity;
+        if let Some(known) = self.verdict
+            && record
+                .end
+                .commit_ts
+                .is_none_or(|commit| granularity.truncate(commit) <= known)
+        {
+            return Ok(Some(known));
+        }
         let verdict = match (&self.control, &self.ledger) {
             (Some(_), Some(ledger)) => ledger.advance(&self.config.table, record.end).await?,
             (Some(url), None) => {
@@ -686,6 +701,7 @@ impl Stream {
             (None, _) => None,
         };
         crate::metrics::finalized_until(&self.config.table, "bronze", verdict);
+        self.verdict = verdict;
         Ok(verdict)
     }
 

@@ -786,7 +786,30 @@ pub async fn append_once_each(
     })
     .await;
     *cached = slot.into_inner();
+    if outcome.is_ok()
+        && let Some(table) = cached.take()
+    {
+        *cached = compacted(table, name).await;
+    }
     outcome
+}
+
+/// `table` after [`crate::maintenance::auto_compact`]; `None` (load it again) when that
+/// failed, which leaves the rows appended as they were: a concurrent compaction of the same
+/// files (a maintenance pass) wins, and the next append tries again.
+async fn compacted(table: DeltaTable, name: &str) -> Option<DeltaTable> {
+    match crate::maintenance::auto_compact(table).await {
+        Ok((table, folded)) => {
+            if folded > 0 {
+                tracing::debug!(table = name, folded, "small files compacted");
+            }
+            Some(table)
+        }
+        Err(error) => {
+            tracing::info!(table = name, %error, "auto compaction failed; the next append tries again");
+            None
+        }
+    }
 }
 
 /// The most rows a row group of a data file holds. A writer holds the row group it is

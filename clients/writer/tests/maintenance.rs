@@ -148,3 +148,112 @@ async fn a_month_of_polls_stays_a_few_files_per_table_and_loses_nothing() {
     while again.run_batch(None).await.expect("batch").is_some() {}
     assert_eq!(bronze_rows(&lab).await.expect("bronze"), lab.committed());
 }
+
+/// One small facts batch of `app_id`.
+fn facts_row(app_id: &str) -> arrow::record_batch::RecordBatch {
+    mssql_cdc_writer::facts::to_batch(&[mssql_cdc_writer::facts::FactsRow {
+        app_id: Some(app_id.to_string()),
+        batch_id: Some(0),
+        rows: Some(1),
+        ..Default::default()
+    }])
+    .expect("a facts batch")
+}
+
+/// An appender of one small commit at a time keeps the table's live files under
+/// `AUTO_COMPACT_FILES` by compacting after its own commits, while maintenance passes
+/// compact the same table next to it: every row and every application transaction stays,
+/// once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_compact_themselves_next_to_maintenance_and_lose_nothing() {
+    use mssql_cdc_writer::maintenance::AUTO_COMPACT_FILES;
+    use mssql_cdc_writer::tables;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let location = dir.path().join("facts").display().to_string();
+    let url = tables::table_url(&location).expect("url");
+    let maintaining = {
+        let location = location.clone();
+        tokio::spawn(async move {
+            let options = MaintenanceOptions {
+                min_files: 2,
+                ..MaintenanceOptions::default()
+            };
+            let mut passes = 0;
+            for _ in 0..20 {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                if maintenance::maintain(&location, TableKind::Facts, &options)
+                    .await
+                    .expect("maintain")
+                    .is_some()
+                {
+                    passes += 1;
+                }
+            }
+            passes
+        })
+    };
+    // Appends next to the maintenance passes, then alone: the files live after each of
+    // the appends alone (no pass compacted them).
+    let mut cached = None;
+    let mut most_files = 0;
+    let (mut appends, mut alone) = (0, 0);
+    while alone < 2 * AUTO_COMPACT_FILES {
+        let n = appends;
+        appends += 1;
+        let passes_over = maintaining.is_finished();
+        let app_id = format!("t{n:03}#facts");
+        let written = tables::append_once_each(
+            &mut cached,
+            &url,
+            TableKind::Facts,
+            "facts",
+            vec![(app_id, 0, facts_row(&format!("t{n:03}")))],
+        )
+        .await
+        .expect("append");
+        assert_eq!(written, [true]);
+        if passes_over {
+            alone += 1;
+            let table = cached.as_ref().expect("the appender's table");
+            let files = table.snapshot().expect("snapshot").log_data().num_files();
+            most_files = most_files.max(files);
+        }
+    }
+    let passes = maintaining.await.expect("maintenance task");
+    assert!(passes > 0, "maintenance ran next to the appends");
+    // Compacted files plus fewer than AUTO_COMPACT_FILES small ones.
+    assert!(
+        most_files <= AUTO_COMPACT_FILES + 2,
+        "{most_files} live files while appending alone"
+    );
+    let table = tables::open(&url).await.expect("open").expect("a table");
+    let rows = tables::query_table_text(&table, "SELECT app_id, COUNT(*) FROM t GROUP BY app_id")
+        .await
+        .expect("query");
+    assert_eq!(rows.len(), appends, "every batch's row");
+    assert!(
+        rows.iter().all(|row| row[1].as_deref() == Some("1")),
+        "each once"
+    );
+    for n in 0..appends {
+        let app_id = format!("t{n:03}#facts");
+        assert!(
+            tables::holds_transaction(&table, &app_id, 0)
+                .await
+                .expect("transaction"),
+            "{app_id}"
+        );
+    }
+    // A batch appended again is left out, compaction or not.
+    let written = tables::append_once_each(
+        &mut None,
+        &url,
+        TableKind::Facts,
+        "facts",
+        vec![("t000#facts".to_string(), 0, facts_row("t000"))],
+    )
+    .await
+    .expect("append again");
+    assert_eq!(written, [false]);
+}

@@ -242,6 +242,61 @@ async fn idle_batches_move_the_verdict_without_rows() {
     );
 }
 
+/// One running stream's batches: the verdict each returns is control's, whether the batch
+/// moved it or ended in a period the stream's last verdict covers (and skipped the MERGE);
+/// idle entries six minutes later still move it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_stream_returns_controls_verdict_and_moves_it_when_its_period_passes() {
+    let lab = Lab::new().await;
+    lab.workload(3, 50);
+    let mut config = lab.config();
+    config.max_commits = Some(2);
+    let mut stream = mssql_cdc_writer::stream::Stream::connect(config)
+        .await
+        .expect("connect");
+    let control_url = tables::table_url(&lab.lake("control")).expect("url");
+    let verdict = || async {
+        control::finalized_until(&control_url, "dbo.orders")
+            .await
+            .expect("verdict")
+    };
+    let mut batches = 0;
+    let mut last = None;
+    while let Some(outcome) = stream.run_batch(None).await.expect("batch") {
+        assert_eq!(
+            outcome.verdict,
+            verdict().await,
+            "batch {}",
+            outcome.batch_id
+        );
+        assert!(outcome.verdict >= last, "the verdict never goes back");
+        last = outcome.verdict;
+        batches += 1;
+    }
+    assert!(batches > 2, "{batches} batches");
+    let mut writer = lab
+        .db
+        .writer(
+            Clock::Virtual {
+                step_micros: 120_000_000,
+            },
+            4,
+        )
+        .expect("writer");
+    for _ in 0..3 {
+        writer.idle();
+    }
+    writer.publish().expect("publish");
+    drop(writer);
+    let moved = stream
+        .run_batch(None)
+        .await
+        .expect("batch")
+        .expect("the idle entries' batch");
+    assert!(moved.verdict > last, "{last:?} -> {:?}", moved.verdict);
+    assert_eq!(moved.verdict, verdict().await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_table_follows_max_lsn_so_cleanup_up_to_its_last_run_never_strands_it() {
     let lab = Lab::new().await;
