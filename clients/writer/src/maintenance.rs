@@ -147,19 +147,23 @@ async fn compact(url: &Url, min_files: usize) -> Result<u64> {
     tables::retry_conflicts(|| async {
         let table = reload(url).await?;
         let target = table.snapshot()?.table_config().target_file_size().get();
-        let small = table
-            .snapshot()?
-            .log_data()
-            .iter()
-            .filter(|file| (file.size() as u64) < target / 2)
-            .count();
-        if small < min_files.max(2) {
+        if small_files(&table, target)? < min_files.max(2) {
             return Ok(0);
         }
         let (_, metrics) = table.optimize().await?;
         Ok(metrics.num_files_removed)
     })
     .await
+}
+
+/// The table's files smaller than half of `target`: those compaction folds.
+fn small_files(table: &DeltaTable, target: u64) -> Result<usize> {
+    Ok(table
+        .snapshot()?
+        .log_data()
+        .iter()
+        .filter(|file| (file.size() as u64) < target / 2)
+        .count())
 }
 
 /// How many small files an appended-to ledger table (facts, plans, reconcile report) holds
@@ -183,13 +187,7 @@ pub const AUTO_COMPACT_TARGET: u64 = 8 << 20;
 /// compaction commits with `dataChange = false`, which concurrent appends do not conflict
 /// with.
 pub async fn auto_compact(table: DeltaTable) -> Result<(DeltaTable, u64)> {
-    let small = table
-        .snapshot()?
-        .log_data()
-        .iter()
-        .filter(|file| (file.size() as u64) < AUTO_COMPACT_TARGET / 2)
-        .count();
-    if small < AUTO_COMPACT_FILES {
+    if small_files(&table, AUTO_COMPACT_TARGET)? < AUTO_COMPACT_FILES {
         return Ok((table, 0));
     }
     let target = NonZeroU64::new(AUTO_COMPACT_TARGET).expect("a nonzero target");

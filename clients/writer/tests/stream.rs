@@ -193,17 +193,8 @@ async fn a_replay_whose_range_bronze_holds_otherwise_is_refused_as_a_second_writ
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_batches_move_the_verdict_without_rows() {
-    let lab = Lab::new().await;
-    lab.workload(3, 50);
-    let config = lab.config();
-    run_now(config.clone()).await;
-    let control_url = tables::table_url(&lab.lake("control")).expect("url");
-    let first = control::finalized_until(&control_url, "dbo.orders")
-        .await
-        .expect("verdict")
-        .expect("some");
+/// The capture job's idle entries: three, two minutes apart, and no changes.
+fn idle_six_minutes(lab: &Lab) {
     let mut writer = lab
         .db
         .writer(
@@ -217,7 +208,20 @@ async fn idle_batches_move_the_verdict_without_rows() {
         writer.idle();
     }
     writer.publish().expect("publish");
-    drop(writer);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_batches_move_the_verdict_without_rows() {
+    let lab = Lab::new().await;
+    lab.workload(3, 50);
+    let config = lab.config();
+    run_now(config.clone()).await;
+    let control_url = tables::table_url(&lab.lake("control")).expect("url");
+    let first = control::finalized_until(&control_url, "dbo.orders")
+        .await
+        .expect("verdict")
+        .expect("some");
+    idle_six_minutes(&lab);
     let outcomes = run_now(config).await;
     assert_eq!(outcomes.len(), 1);
     assert_eq!(outcomes[0].rows, 0);
@@ -274,20 +278,7 @@ async fn a_running_stream_returns_controls_verdict_and_moves_it_when_its_period_
         batches += 1;
     }
     assert!(batches > 2, "{batches} batches");
-    let mut writer = lab
-        .db
-        .writer(
-            Clock::Virtual {
-                step_micros: 120_000_000,
-            },
-            4,
-        )
-        .expect("writer");
-    for _ in 0..3 {
-        writer.idle();
-    }
-    writer.publish().expect("publish");
-    drop(writer);
+    idle_six_minutes(&lab);
     let moved = stream
         .run_batch(None)
         .await
