@@ -180,7 +180,7 @@ pub const AUTO_COMPACT_TARGET: u64 = 8 << 20;
 ///
 /// delta-rs (1.1) keeps the list of every live file of a loaded table and rebuilds it on
 /// every update, its own commits included, so a commit costs time in proportion to the
-/// table's files: a one-row facts append took 723 ms at 2,000 files (`benches/
+/// table's files: a one-row facts append took 682 ms at 2,000 files (`benches/
 /// facts_appends.rs`; docs/writer.md, "Small files compacted as they are appended"). A
 /// table of one small file per commit would slow every writer of it between maintenance
 /// passes; compacting every [`AUTO_COMPACT_FILES`] small files keeps the list short. The

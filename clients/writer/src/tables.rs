@@ -745,7 +745,9 @@ pub async fn refreshed(
 
 /// [`append_once`] of many batches, each with its own application transaction (distinct
 /// app ids), in one commit: those the table holds already are left out. Returns, for each,
-/// whether it wrote. `cached` holds the table between calls ([`refreshed`]).
+/// whether it wrote. `cached` holds the table between calls ([`refreshed`]). After the
+/// append the table's small files are compacted once there are enough of them
+/// ([`crate::maintenance::auto_compact`]).
 pub async fn append_once_each(
     cached: &mut Option<DeltaTable>,
     url: &Url,
