@@ -11,8 +11,8 @@
 //! figures: the source calls per second the server made while busy and while idle (by call),
 //! the sidecar's CPU seconds (and per busy-table batch: a busy table in either mode reads
 //! again as soon as a batch ends, so the CPU goes to as many batches as it can) and peak RSS,
-//! the commits to the shared facts and control tables,
-//! and how long the busy tables took to catch up after the last commit. Verdicts are hourly;
+//! the commits to the shared facts and control tables, and how long the busy tables took to
+//! catch up after the last commit. Verdicts are hourly;
 //! `BENCH_GRANULARITY=minute` makes the window cross a verdict period, where every table
 //! writes the batch that moves its verdict.
 //!

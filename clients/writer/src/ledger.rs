@@ -1,9 +1,10 @@
 //! Group commits to the facts and control tables the sidecar's tables share.
 //!
 //! Each stream of a sidecar writes one facts commit per batch and one verdict MERGE per batch
-//! that can move its verdict, to the same two Delta tables. Done one by one, a thousand tables whose verdicts move at the same
-//! hour contend for the same log: a MERGE fails on any concurrent commit
-//! ([`tables::rewrite_commit`]) and each retry loses again to the others. The ledger takes
+//! that can move its verdict, to the same two Delta tables. Done one by one, a thousand
+//! tables whose verdicts move at the same hour contend for the same log: a MERGE fails on
+//! any concurrent commit ([`tables::rewrite_commit`]) and each retry loses again to the
+//! others. The ledger takes
 //! every stream's facts rows and verdict move instead. Its task commits whatever has queued
 //! while the previous commit ran in one commit: the facts rows of many batches with one
 //! application transaction per batch, `(<app_id>#facts, batch_id)` each, exactly what a

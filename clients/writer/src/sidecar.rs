@@ -819,8 +819,8 @@ struct Shared {
 
 /// Wakes the snapshot reader of every table with a chunked snapshot open, at start and once
 /// per `poll`, from one query of the facts table (or every reader, when that fails, so each
-/// checks and reports for itself). A table without one then costs nothing between polls: with 1,000
-/// tables, each reading the shared facts table every poll kept both cores busy.
+/// checks and reports for itself). A table without one then costs nothing between polls:
+/// with 1,000 tables, each reading the shared facts table every poll kept both cores busy.
 async fn watch_snapshots(
     facts: url::Url,
     wakes: HashMap<String, Arc<Notify>>,
@@ -988,6 +988,8 @@ pub struct TableStatus {
 /// The status of every table: last batch, end offset, verdict, lag.
 pub async fn status(config: &SidecarConfig) -> Result<Vec<TableStatus>> {
     let control_url = tables::table_url(&config.control)?;
+    // One load of the facts table for every entry's snapshot progress.
+    let facts = SharedTable::of(&tables::table_url(&config.facts)?);
     let mut statuses = Vec::new();
     for entry in &config.tables {
         let last = Checkpoint::open(&config.checkpoint(&entry.app_id))
@@ -1005,11 +1007,7 @@ pub async fn status(config: &SidecarConfig) -> Result<Vec<TableStatus>> {
             end,
             verdict,
             lag_seconds,
-            snapshot: snapshot::progress(
-                &SharedTable::of(&tables::table_url(&config.facts)?),
-                &entry.app_id,
-            )
-            .await?,
+            snapshot: snapshot::progress(&facts, &entry.app_id).await?,
             verified: match &entry.silver {
                 Some(silver) => control::row(&control_url, silver)
                     .await?

@@ -808,7 +808,11 @@ async fn compacted(table: DeltaTable, name: &str) -> Option<DeltaTable> {
             Some(table)
         }
         Err(error) => {
-            tracing::info!(table = name, %error, "auto compaction failed; the next append tries again");
+            tracing::info!(
+                table = name,
+                %error,
+                "auto compaction failed; the next append tries again"
+            );
             None
         }
     }
