@@ -29,7 +29,8 @@ RUN mkdir -p src proto/src clients/writer/src benches clients/writer/benches tes
         clients/writer/benches/end_to_end.rs clients/writer/benches/snapshot.rs \
         clients/writer/benches/silver.rs clients/writer/benches/freshness.rs \
         clients/writer/benches/reconcile.rs clients/writer/benches/many_tables.rs \
-        clients/writer/benches/facts_appends.rs; do echo 'fn main() {}' > "$stub"; done
+        clients/writer/benches/facts_appends.rs clients/writer/benches/busy_bronze.rs; \
+        do echo 'fn main() {}' > "$stub"; done
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --workspace --bins --features "$WRITER_FEATURES"

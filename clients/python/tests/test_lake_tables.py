@@ -1,5 +1,6 @@
 """Our bronze, facts and control tables read by an independent Delta reader (the Python
-`deltalake` package), after the writer's demo streamed a simulated database into a lake."""
+`deltalake` package), after the writer's demo streamed a simulated database into a lake, or
+a stream of many small batches compacted its tables as it went."""
 
 import json
 import re
@@ -7,7 +8,7 @@ import subprocess
 
 import pyarrow.compute as pc
 import pytest
-from conftest import writer_binary
+from conftest import change_rows, journal_rows, writer_binary
 from deltalake import DeltaTable
 
 FACTS_COLUMNS = [
@@ -184,3 +185,28 @@ def test_the_data_loss_demo_heals_by_resnapshot_and_its_tables_say_how(tmp_path)
     runs = report.filter(pc.is_valid(report["status"]))
     assert set(runs["status"].to_pylist()) == {"MATCH"}, "both reconciles match"
     assert len(set(runs["run_id"].to_pylist())) == 2
+
+
+def test_bronze_and_facts_compacted_as_the_stream_went_read_whole(server, database, tmp_path):
+    """A stream of many small batches: its bronze and facts tables compacted their small
+    files as they grew (OPTIMIZE commits in their logs, few live files), and an independent
+    reader finds every journaled change once and one facts row per batch."""
+    _, journal = database
+    lake = tmp_path / "lake"
+    subprocess.run(
+        [writer_binary(), "run", "--server", server, "--table", "dbo.orders"]
+        + ["--target", str(lake / "bronze_orders"), "--facts", str(lake / "facts")]
+        + ["--control", str(lake / "control"), "--checkpoint", str(tmp_path / "checkpoint")]
+        + ["--app-id", "orders", "--max-commits", "8", "--available-now"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    bronze = DeltaTable(str(lake / "bronze_orders"))
+    assert change_rows(bronze.to_pyarrow_table()) == journal_rows(journal, "dbo.orders")
+    facts = DeltaTable(str(lake / "facts"))
+    batches = facts.to_pyarrow_table()["batch_id"].to_pylist()
+    assert sorted(batches) == list(range(len(batches))), "one facts row per batch"
+    for table in [bronze, facts]:
+        assert "OPTIMIZE" in [entry["operation"] for entry in table.history()]
+        assert len(table.file_uris()) < len(batches) // 2, (len(table.file_uris()), len(batches))

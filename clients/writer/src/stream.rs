@@ -866,7 +866,8 @@ impl Stream {
     /// commit). A batch bronze already holds was written by another writer with this app id
     /// since this one planned it (a replay of one a crash left written finishes before
     /// planning): fenced, as going on would record this writer's range under the other's
-    /// batch.
+    /// batch. Bronze's small files are compacted first once there are enough of them
+    /// ([`crate::maintenance::auto_compact`]), as a busy table adds one with every batch.
     async fn prepare_bronze(
         &mut self,
         plan: &PlannedBatch,
@@ -893,6 +894,16 @@ impl Stream {
                 )
                 .await?
             }
+        };
+        // Compacted before the check below: the appender's commit checks its application
+        // transaction only against the commits after the snapshot it starts from, so that
+        // snapshot must be the one the check saw (a compaction's commit after the check could
+        // carry another writer's commit of this batch into it unseen).
+        let table = match tables::compacted(table, self.target.as_str()).await {
+            Some(table) => table,
+            None => tables::open(&self.target).await?.ok_or_else(|| {
+                WriterError::Internal(format!("bronze {} disappeared", self.config.target))
+            })?,
         };
         self.bronze = Some(table.clone());
         if tables::holds_transaction(&table, &self.config.app_id, batch_id).await? {

@@ -797,9 +797,10 @@ pub async fn append_once_each(
 }
 
 /// `table` after [`crate::maintenance::auto_compact`]; `None` (load it again) when that
-/// failed, which leaves the rows appended as they were: a concurrent compaction of the same
-/// files (a maintenance pass) wins, and the next append tries again.
-async fn compacted(table: DeltaTable, name: &str) -> Option<DeltaTable> {
+/// failed, which leaves the table's rows as they were: a concurrent compaction of the same
+/// files (a maintenance pass, another writer) wins, and the next append or batch tries
+/// again.
+pub async fn compacted(table: DeltaTable, name: &str) -> Option<DeltaTable> {
     match crate::maintenance::auto_compact(table).await {
         Ok((table, folded)) => {
             if folded > 0 {
@@ -811,7 +812,7 @@ async fn compacted(table: DeltaTable, name: &str) -> Option<DeltaTable> {
             tracing::info!(
                 table = name,
                 %error,
-                "auto compaction failed; the next append tries again"
+                "auto compaction failed; the next append or batch tries again"
             );
             None
         }

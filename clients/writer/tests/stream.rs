@@ -129,6 +129,99 @@ async fn a_replayed_batch_is_not_written_twice() {
     );
 }
 
+/// A busy table adds a small bronze file with every batch; its stream compacts them as it
+/// goes, next to maintenance passes compacting the same table. Bronze keeps every change
+/// once, silver applied from it equals the source, and a batch replayed after a compaction
+/// finds its commit behind the compaction's and writes nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_stream_compacts_bronze_as_it_goes_and_loses_nothing() {
+    use mssql_cdc_writer::maintenance::{self, AUTO_COMPACT_FILES, MaintenanceOptions};
+    use mssql_cdc_writer::tables::TableKind;
+
+    let lab = Lab::new().await;
+    common::orders_workload(&lab, 7, 240, common::churn());
+    let mut config = lab.config();
+    config.max_commits = Some(3);
+    let bronze = lab.lake("bronze_orders");
+    let options = MaintenanceOptions {
+        min_files: 2,
+        ..MaintenanceOptions::default()
+    };
+    let maintaining = {
+        let (bronze, options) = (bronze.clone(), options.clone());
+        tokio::spawn(async move {
+            let mut passes = 0;
+            for _ in 0..10 {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                if maintenance::maintain(&bronze, TableKind::Bronze, &options)
+                    .await
+                    .expect("maintain")
+                    .is_some()
+                {
+                    passes += 1;
+                }
+            }
+            passes
+        })
+    };
+    // The batches next to the passes, then alone: bronze's live files after each alone.
+    let mut stream = mssql_cdc_writer::stream::Stream::connect(config.clone())
+        .await
+        .expect("connect");
+    let (mut batches, mut alone, mut most_files) = (0, 0, 0);
+    loop {
+        let passes_over = maintaining.is_finished();
+        if stream.run_batch(None).await.expect("batch").is_none() {
+            break;
+        }
+        batches += 1;
+        if passes_over {
+            alone += 1;
+            let table = common::open_table(&bronze).await;
+            let files = table.snapshot().expect("snapshot").log_data().num_files();
+            most_files = most_files.max(files);
+        }
+    }
+    drop(stream);
+    assert!(maintaining.await.expect("maintenance task") > 0);
+    assert!(
+        alone > AUTO_COMPACT_FILES + 8,
+        "{alone} of {batches} batches ran alone"
+    );
+    assert!(
+        most_files <= AUTO_COMPACT_FILES + 2,
+        "{most_files} live bronze files while the stream ran alone"
+    );
+    assert_eq!(
+        bronze_rows(&lab).await.expect("bronze"),
+        lab.committed(),
+        "every committed change exactly once"
+    );
+    assert_eq!(facts_batches(&lab).await.len(), batches);
+    mssql_cdc_writer::silver::apply_changes(&common::orders_apply_config(&lab))
+        .await
+        .expect("apply");
+    assert_eq!(
+        common::current_rows(&lab.lake("silver_orders")).await,
+        common::source_rows(&lab).await,
+        "silver applied from the compacted bronze equals the source"
+    );
+    // A compaction after the last batch's commit, then that batch replayed: its commit is
+    // found behind the compaction's, and nothing is written twice.
+    let before = bronze_rows(&lab).await.expect("bronze");
+    let done = maintenance::maintain(&bronze, TableKind::Bronze, &options)
+        .await
+        .expect("maintain")
+        .expect("bronze");
+    assert!(done.compacted > 0, "{done:?}");
+    let (_, last) = uncommit_last_batch(&config).await;
+    let outcomes = run_now(config).await;
+    assert!(outcomes[0].replayed);
+    assert_eq!(outcomes[0].batch_id, last.batch_id);
+    assert_eq!(bronze_rows(&lab).await.expect("bronze"), before);
+    assert_eq!(facts_batches(&lab).await.len(), batches);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_after_cleanup_purged_its_range_finishes_without_the_source() {
     let lab = Lab::new().await;
