@@ -118,7 +118,10 @@ pub async fn serve(batches: Vec<RecordBatch>) -> anyhow::Result<()> {
     };
     tonic::transport::Server::builder()
         .add_service(FlightServiceServer::new(service))
-        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+        // TCP_NODELAY as tonic sets it on a listener it binds itself (`Server::serve`).
+        .serve_with_incoming(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+        )
         .await?;
     Ok(())
 }

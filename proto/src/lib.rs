@@ -15,6 +15,7 @@
 //! - [`error`] and [`status`]: the protocol's errors and their one mapping to gRPC codes.
 //! - [`client`]: the Rust Flight client, which never hands out a stream that lacks its marker.
 //! - [`logging`]: how the binaries log (text, or JSON lines with `MSSQL_CDC_LOG_FORMAT=json`).
+//! - [`serving`]: how the binaries' gRPC servers accept connections (no Nagle delay).
 //! - [`signals`]: how the binaries are asked to stop (Ctrl-C or SIGTERM).
 
 pub mod admin;
@@ -27,6 +28,7 @@ pub mod logging;
 pub mod lsn;
 pub mod offset;
 pub mod protocol;
+pub mod serving;
 pub mod signals;
 pub mod status;
 pub mod ticket;

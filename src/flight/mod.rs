@@ -47,7 +47,6 @@ use arrow_flight::{
 use futures::StreamExt;
 use serde::Serialize;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::{Error, Result};
@@ -139,13 +138,12 @@ pub async fn serve(
         options.health_interval,
     ));
     let limits = &options.limits;
+    let keepalive = limits.keepalive_interval;
     let mut builder = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(REQUEST_STREAM_WINDOW))
         .initial_connection_window_size(Some(REQUEST_CONNECTION_WINDOW))
         .http2_keepalive_interval(Some(limits.keepalive_interval))
-        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
-        .tcp_keepalive(Some(limits.keepalive_interval))
-        .tcp_nodelay(true);
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout));
     if let Some(identity) = tls {
         crate::install_crypto_provider();
         let mut config = tonic::transport::ServerTlsConfig::new().identity(
@@ -177,7 +175,12 @@ pub async fn serve(
             flight,
             interceptor,
         ))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        // TCP_NODELAY and keepalive on each connection (tonic's builder settings for them do
+        // not apply to an incoming stream).
+        .serve_with_incoming_shutdown(
+            mssql_cdc_proto::serving::accepted(listener, keepalive),
+            shutdown,
+        )
         .await
         .map_err(|error| Error::Internal(format!("the server failed: {error}")));
     probe.abort();

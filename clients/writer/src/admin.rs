@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
 use tonic::{Code, Status};
@@ -87,6 +86,10 @@ pub enum Request {
 
 /// Shortest bearer token accepted.
 pub const MIN_TOKEN_CHARS: usize = 16;
+
+/// Idle time before TCP keepalive probes an admin connection, so a peer that vanished
+/// without closing it does not hold it open for ever.
+const ADMIN_TCP_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The admin service's bearer token. `Debug` never shows it.
 #[derive(Clone)]
@@ -526,9 +529,12 @@ impl AdminServer {
         builder
             .add_service(health)
             .add_service(service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), async move {
-                let _ = stop.wait_for(|stopped| *stopped).await;
-            })
+            .serve_with_incoming_shutdown(
+                mssql_cdc_proto::serving::accepted(self.listener, ADMIN_TCP_KEEPALIVE),
+                async move {
+                    let _ = stop.wait_for(|stopped| *stopped).await;
+                },
+            )
             .await
             .map_err(|error| WriterError::Internal(format!("admin service: {error}")))
     }

@@ -70,6 +70,25 @@ impl SharedTable {
         Ok(table)
     }
 
+    /// [`tables::append_once_each`] from the last load brought up to date, leaving the table
+    /// as the append committed it for the next reader: a stream without the sidecar's ledger
+    /// (an available-now run) otherwise loaded the facts table anew for every batch, replaying
+    /// up to a checkpoint interval of commits each time.
+    pub async fn append_once_each(
+        &self,
+        kind: tables::TableKind,
+        name: &str,
+        batches: Vec<(String, i64, arrow::record_batch::RecordBatch)>,
+    ) -> Result<Vec<bool>> {
+        let mut cached = self.table.lock().await;
+        let appended = tables::append_once_each(&mut cached, &self.url, kind, name, batches).await;
+        if appended.is_err() {
+            // Whatever the failure left loaded, the next reader loads the table anew.
+            *cached = None;
+        }
+        appended
+    }
+
     /// [`tables::query_text`] over [`SharedTable::latest`].
     pub async fn query_text(&self, sql: &str) -> Result<Vec<Vec<Option<String>>>> {
         match self.latest().await? {

@@ -1012,24 +1012,20 @@ impl Stream {
             row.written_at = Some(written_at);
         }
         let rows = facts::to_batch(&rows)?;
+        // Either way a facts row the table holds already (a replay's) is left out.
         match &self.ledger {
             Some(ledger) => {
                 ledger
                     .append_facts(&self.facts_app_id(), batch_id, rows)
-                    .await?
+                    .await?;
             }
             None => {
-                tables::append_once(
-                    self.facts.url(),
-                    TableKind::Facts,
-                    "facts",
-                    &self.facts_app_id(),
-                    batch_id,
-                    rows,
-                )
-                .await?
+                let batch = vec![(self.facts_app_id(), batch_id, rows)];
+                self.facts
+                    .append_once_each(TableKind::Facts, "facts", batch)
+                    .await?;
             }
-        };
+        }
         Ok(())
     }
 }
