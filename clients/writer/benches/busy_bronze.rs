@@ -24,7 +24,7 @@ const WINDOW: usize = 250;
 
 fn main() -> anyhow::Result<()> {
     // `RUST_LOG=mssql_cdc_writer::stream=debug` logs each batch's laps.
-    mssql_cdc_flight::init_process("warn");
+    mssql_cdc_flight::init_process("warn,deltalake_core::operations::merge=error");
     let batches = (env_number("BENCH_BATCHES", 1_500) as usize).max(WINDOW);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
