@@ -138,7 +138,6 @@ pub async fn serve(
         options.health_interval,
     ));
     let limits = &options.limits;
-    let keepalive = limits.keepalive_interval;
     let mut builder = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(REQUEST_STREAM_WINDOW))
         .initial_connection_window_size(Some(REQUEST_CONNECTION_WINDOW))
@@ -161,6 +160,7 @@ pub async fn serve(
         authentication = options.authenticator.is_some(), "serving flight");
     let interceptor = auth::interceptor(options.authenticator.clone());
     let max_request_bytes = options.limits.max_request_bytes;
+    let keepalive = options.limits.keepalive_interval;
     let service = Arc::new(CdcFlightService::new(source, options));
     let flight = frames::ZeroCopyDoGet::new(
         FlightServiceServer::from_arc(Arc::clone(&service))

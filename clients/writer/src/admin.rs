@@ -89,7 +89,7 @@ pub const MIN_TOKEN_CHARS: usize = 16;
 
 /// Idle time before TCP keepalive probes an admin connection, so a peer that vanished
 /// without closing it does not hold it open for ever.
-const ADMIN_TCP_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(60);
+const ADMIN_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 
 /// The admin service's bearer token. `Debug` never shows it.
 #[derive(Clone)]

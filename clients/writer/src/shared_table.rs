@@ -80,13 +80,9 @@ impl SharedTable {
         name: &str,
         batches: Vec<(String, i64, arrow::record_batch::RecordBatch)>,
     ) -> Result<Vec<bool>> {
+        // A failed append leaves nothing cached, so the next reader loads the table anew.
         let mut cached = self.table.lock().await;
-        let appended = tables::append_once_each(&mut cached, &self.url, kind, name, batches).await;
-        if appended.is_err() {
-            // Whatever the failure left loaded, the next reader loads the table anew.
-            *cached = None;
-        }
-        appended
+        tables::append_once_each(&mut cached, &self.url, kind, name, batches).await
     }
 
     /// [`tables::query_text`] over [`SharedTable::latest`].
