@@ -3,23 +3,24 @@
 //! tonic's codec encodes every response message into its own buffer before hyper sends it, so
 //! each Arrow body, already encoded once into IPC, is copied once more in user space: about a
 //! fifth of the server's CPU while streaming (the profile in docs/design-notes.md, "Serving").
-//! Here a `FlightData` becomes two HTTP/2 data chunks instead: a small head (the gRPC message
-//! prefix, the protobuf fields other than `data_body`, and `data_body`'s key and length), then
-//! the body `Bytes` themselves, which h2 hands to the socket by a vectored write. The bytes on
-//! the wire are those of tonic's encoding, field for field, so every gRPC client reads them as
-//! before; errors end the stream in trailers, as tonic's do.
+//! Here a message becomes HTTP/2 data chunks instead: a small head (the gRPC message prefix,
+//! the protobuf fields other than `data_body`, and `data_body`'s key and length), then the
+//! body's pieces themselves, the batch's own buffers where [`super::encode`] left them so,
+//! which h2 hands to the socket by vectored writes. The bytes on the wire are those of tonic's
+//! encoding, field for field, so every gRPC client reads them as before; errors end the
+//! stream in trailers, as tonic's do.
 //!
 //! [`ZeroCopyDoGet`] wraps the generated server and answers only the `DoGet` path; it sits
 //! inside the authentication interceptor, so the caller's principal is already in the
-//! request's extensions, and it calls the same [`FlightService::do_get`].
+//! request's extensions, and it opens the stream as [`FlightService::do_get`] does
+//! ([`CdcFlightService::open_get`]).
 
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use arrow_flight::flight_service_server::FlightService;
-use arrow_flight::{FlightData, Ticket};
+use arrow_flight::Ticket;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::StreamExt;
 use futures::future::BoxFuture;
@@ -33,6 +34,7 @@ use tonic::codegen::http;
 use tonic::server::NamedService;
 
 use super::CdcFlightService;
+use super::encode::Message as StreamMessage;
 use super::stream::BoxedStream;
 
 /// The gRPC path this wrapper answers.
@@ -100,7 +102,7 @@ where
     }
 }
 
-/// Decodes the ticket, calls `do_get` and answers with its stream as [`FlightDataBody`].
+/// Decodes the ticket, opens its stream and answers with it as [`FlightDataBody`].
 async fn do_get(
     service: &CdcFlightService,
     request: http::Request<Body>,
@@ -122,7 +124,7 @@ async fn do_get(
     let (metadata, extensions, ()) =
         tonic::Request::from_http(http::Request::from_parts(parts, ())).into_parts();
     let response = service
-        .do_get(tonic::Request::from_parts(metadata, extensions, ticket))
+        .open_get(tonic::Request::from_parts(metadata, extensions, ticket))
         .await?;
     let (metadata, stream, _) = response.into_parts();
     let mut answer = http::Response::new(Body::new(FlightDataBody::new(stream)));
@@ -154,21 +156,22 @@ fn unary_message(bytes: &[u8]) -> Result<&[u8], Status> {
     Ok(message)
 }
 
-/// A `DoGet` response body: each message's head, then its body, then the status trailers.
+/// A `DoGet` response body: each message's head, then its body's pieces, then the status
+/// trailers.
 pub struct FlightDataBody {
-    stream: BoxedStream<FlightData>,
-    /// The body of the message whose head went last.
-    body: Option<Bytes>,
+    stream: BoxedStream<StreamMessage>,
+    /// The body pieces still to go of the message whose head went last.
+    body: std::vec::IntoIter<Bytes>,
     /// Whether the trailers went.
     ended: bool,
 }
 
 impl FlightDataBody {
     /// The body of `stream`.
-    pub fn new(stream: BoxedStream<FlightData>) -> Self {
+    pub fn new(stream: BoxedStream<StreamMessage>) -> Self {
         FlightDataBody {
             stream,
-            body: None,
+            body: Vec::new().into_iter(),
             ended: false,
         }
     }
@@ -183,16 +186,16 @@ impl http_body::Body for FlightDataBody {
         context: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         let this = self.get_mut();
-        if let Some(body) = this.body.take() {
-            return Poll::Ready(Some(Ok(Frame::data(body))));
+        if let Some(piece) = this.body.next() {
+            return Poll::Ready(Some(Ok(Frame::data(piece))));
         }
         if this.ended {
             return Poll::Ready(None);
         }
         let status = match ready!(this.stream.poll_next_unpin(context)) {
-            Some(Ok(data)) => match message_frames(data) {
-                Ok((head, body)) => {
-                    this.body = (!body.is_empty()).then_some(body);
+            Some(Ok(message)) => match message_head(&message) {
+                Ok(head) => {
+                    this.body = message.body.into_iter();
                     return Poll::Ready(Some(Ok(Frame::data(head))));
                 }
                 Err(status) => status,
@@ -212,60 +215,83 @@ impl http_body::Body for FlightDataBody {
     }
 }
 
-/// One gRPC message of `data` as its head and its `data_body`, whose concatenation is the
-/// message as prost encodes it behind the gRPC prefix.
-pub fn message_frames(mut data: FlightData) -> Result<(Bytes, Bytes), Status> {
-    let body = std::mem::take(&mut data.data_body);
-    let body_field = if body.is_empty() {
+/// The head of `message`: what goes before its body's pieces, so that head and pieces
+/// together are the gRPC message as prost encodes it behind the gRPC prefix.
+pub fn message_head(message: &StreamMessage) -> Result<Bytes, Status> {
+    let data = &message.data;
+    if !data.data_body.is_empty() {
+        return Err(Status::internal(
+            "a message's body travels in its pieces, not in data_body (a server bug)",
+        ));
+    }
+    let body = message.body_len();
+    let body_field = if body == 0 {
         0
     } else {
-        key_len(DATA_BODY_FIELD) + encoded_len_varint(body.len() as u64)
+        key_len(DATA_BODY_FIELD) + encoded_len_varint(body as u64)
     };
-    let message_length = data.encoded_len() + body_field + body.len();
+    let head_length = data.encoded_len() + body_field;
+    let message_length = head_length + body;
     let length = u32::try_from(message_length).map_err(|_| {
         Status::internal(format!(
             "a message of {message_length} bytes exceeds gRPC's 4 GiB"
         ))
     })?;
-    let mut head = BytesMut::with_capacity(PREFIX_BYTES + message_length - body.len());
+    let mut head = BytesMut::with_capacity(PREFIX_BYTES + head_length);
     head.put_u8(0);
     head.put_u32(length);
     data.encode(&mut head)
         .map_err(|error| Status::internal(format!("encoding a message's head: {error}")))?;
-    if !body.is_empty() {
+    if body > 0 {
         encode_key(DATA_BODY_FIELD, WireType::LengthDelimited, &mut head);
-        encode_varint(body.len() as u64, &mut head);
+        encode_varint(body as u64, &mut head);
     }
-    Ok((head.freeze(), body))
+    Ok(head.freeze())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sample(body: &'static [u8], metadata: &'static [u8]) -> FlightData {
-        FlightData {
-            flight_descriptor: None,
-            data_header: Bytes::from_static(b"an IPC message header"),
-            app_metadata: Bytes::from_static(metadata),
-            data_body: Bytes::from_static(body),
+    use arrow_flight::FlightData;
+
+    /// A message whose body is `pieces`.
+    fn sample(pieces: &[&'static [u8]], metadata: &'static [u8]) -> StreamMessage {
+        StreamMessage {
+            data: FlightData {
+                flight_descriptor: None,
+                data_header: Bytes::from_static(b"an IPC message header"),
+                app_metadata: Bytes::from_static(metadata),
+                data_body: Bytes::new(),
+            },
+            body: pieces
+                .iter()
+                .map(|piece| Bytes::from_static(piece))
+                .collect(),
         }
     }
 
-    /// The head and the body together are tonic's own frame of the message: the 5-byte
+    /// The head and the pieces together are tonic's own frame of the message: the 5-byte
     /// prefix, then prost's encoding, which decodes back to the same `FlightData`.
     #[test]
-    fn head_and_body_are_the_message_as_tonic_frames_it() {
+    fn head_and_pieces_are_the_message_as_tonic_frames_it() {
         let large = vec![7u8; 300_000].leak();
-        for data in [
-            sample(b"", b""),
-            sample(b"a body", b""),
-            sample(b"", b"{\"type\":\"completion\"}"),
-            sample(large, b"metadata"),
+        for message in [
+            sample(&[], b""),
+            sample(&[b"a body"], b""),
+            sample(&[], b"{\"type\":\"completion\"}"),
+            sample(&[large], b"metadata"),
+            sample(
+                &[b"a head piece", large, b"", b"padding", large],
+                b"metadata",
+            ),
         ] {
-            let (head, body) = message_frames(data.clone()).expect("frames");
+            let head = message_head(&message).expect("head");
             let mut wire = head.to_vec();
-            wire.extend_from_slice(&body);
+            for piece in &message.body {
+                wire.extend_from_slice(piece);
+            }
+            let data = message.clone().into_flight_data();
             let expected = data.encode_to_vec();
             assert_eq!(wire[0], 0, "uncompressed");
             assert_eq!(&wire[1..5], &(expected.len() as u32).to_be_bytes());
@@ -275,8 +301,17 @@ mod tests {
                 data,
                 "the message decodes back"
             );
-            assert_eq!(body, data.data_body, "the body travels as it is");
         }
+    }
+
+    #[test]
+    fn a_body_in_data_body_is_refused_rather_than_sent_twice() {
+        let mut message = sample(&[b"a piece"], b"");
+        message.data.data_body = Bytes::from_static(b"a body");
+        assert_eq!(
+            message_head(&message).expect_err("refused").code(),
+            tonic::Code::Internal
+        );
     }
 
     #[test]

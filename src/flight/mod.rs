@@ -18,6 +18,7 @@
 mod actions;
 pub mod auth;
 mod ddl;
+pub mod encode;
 mod frames;
 pub mod gate;
 pub mod limits;
@@ -247,6 +248,52 @@ impl CdcFlightService {
             ),
             limits,
         }
+    }
+
+    /// `DoGet`: the stream `ticket` names, each message with its body in the pieces
+    /// [`encode`] made. The service's own `DoGet` body ([`frames`]) sends them as they are;
+    /// the generated server's path joins them.
+    pub async fn open_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> std::result::Result<Response<BoxedStream<encode::Message>>, Status> {
+        metrics::observe("DoGet", async {
+            let principal = principal_of(&request)?;
+            let body = self.signer.verify(&request.get_ref().ticket)?;
+            let (mut read, compression, table) = match body.kind {
+                Some(TicketKind::ChangeRange(ticket)) => (
+                    StreamRead::changes(&ticket)?,
+                    ticket.compression,
+                    ticket.table,
+                ),
+                Some(TicketKind::Snapshot(ticket)) => (
+                    StreamRead::Snapshot(snapshot::ticket_read(&ticket)?),
+                    ticket.compression,
+                    ticket.table,
+                ),
+                None => {
+                    return Err(Status::invalid_argument(
+                        "ticket is malformed: it names nothing to read",
+                    ));
+                }
+            };
+            // Checked again at redemption: a ticket may travel to another principal.
+            principal.check(&table.parse()?)?;
+            let per_principal = (!principal.is_anonymous()).then_some(principal.name.as_str());
+            let slot = self.streams.enter(per_principal)?;
+            read.share(self.streams.batch_share());
+            let stream = stream::respond(Arc::clone(&self.source), read, compression)?;
+            // The slot is held until the response is dropped: read to its end, or abandoned.
+            Ok(Response::new(
+                stream
+                    .map(move |item| {
+                        let _held = &slot;
+                        item
+                    })
+                    .boxed(),
+            ))
+        })
+        .await
     }
 
     /// Runs a planning call within the server's deadline.
@@ -493,43 +540,12 @@ impl FlightService for CdcFlightService {
         &self,
         request: Request<Ticket>,
     ) -> std::result::Result<Response<Self::DoGetStream>, Status> {
-        metrics::observe("DoGet", async {
-            let principal = principal_of(&request)?;
-            let body = self.signer.verify(&request.get_ref().ticket)?;
-            let (mut read, compression, table) = match body.kind {
-                Some(TicketKind::ChangeRange(ticket)) => (
-                    StreamRead::changes(&ticket)?,
-                    ticket.compression,
-                    ticket.table,
-                ),
-                Some(TicketKind::Snapshot(ticket)) => (
-                    StreamRead::Snapshot(snapshot::ticket_read(&ticket)?),
-                    ticket.compression,
-                    ticket.table,
-                ),
-                None => {
-                    return Err(Status::invalid_argument(
-                        "ticket is malformed: it names nothing to read",
-                    ));
-                }
-            };
-            // Checked again at redemption: a ticket may travel to another principal.
-            principal.check(&table.parse()?)?;
-            let per_principal = (!principal.is_anonymous()).then_some(principal.name.as_str());
-            let slot = self.streams.enter(per_principal)?;
-            read.share(self.streams.batch_share());
-            let stream = stream::respond(Arc::clone(&self.source), read, compression)?;
-            // The slot is held until the response is dropped: read to its end, or abandoned.
-            Ok(Response::new(
-                stream
-                    .map(move |item| {
-                        let _held = &slot;
-                        item
-                    })
-                    .boxed(),
-            ))
-        })
-        .await
+        let response = self.open_get(request).await?;
+        Ok(response.map(|stream| {
+            stream
+                .map(|message| message.map(encode::Message::into_flight_data))
+                .boxed()
+        }))
     }
 
     async fn do_put(

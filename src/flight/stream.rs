@@ -21,22 +21,18 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
-use arrow::datatypes::{Schema, SchemaRef};
-use arrow::ipc::CompressionType;
-use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
-use arrow::record_batch::RecordBatch;
-use arrow_flight::{FlightData, SchemaAsIpc};
+use arrow::datatypes::SchemaRef;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use super::json_bytes;
+use super::encode::{BatchEncoder, Message, ipc_options};
 use super::ticket::{ChangeRangeTicket, TicketColumn, batch_bound};
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
-use crate::protocol::{COMPLETION_TYPE, Completion, Compression};
+use crate::protocol::{COMPLETION_TYPE, Completion};
 use crate::source::{BatchBytes, BatchStream, CdcSource, ChangeRead, SnapshotRead};
 use crate::types::{batch_slice_size, output_schema, snapshot_schema};
 
@@ -197,9 +193,9 @@ pub fn respond(
     source: Arc<dyn CdcSource>,
     read: StreamRead,
     compression: u32,
-) -> Result<BoxedStream<FlightData>> {
+) -> Result<BoxedStream<Message>> {
     let schema = read.schema();
-    let encoder = BatchEncoder::new(ipc_options(compression)?);
+    let encoder = BatchEncoder::new(&schema, ipc_options(compression)?)?;
     let first = encoder.schema(&schema);
     let (batch_sender, batch_receiver) = mpsc::channel(BATCHES_AHEAD);
     let (end_sender, end_receiver) = oneshot::channel();
@@ -232,8 +228,8 @@ async fn produce(
     mut read: StreamRead,
     schema: SchemaRef,
     mut encoder: BatchEncoder,
-    batches: mpsc::Sender<FlightData>,
-    end: oneshot::Sender<std::result::Result<FlightData, Status>>,
+    batches: mpsc::Sender<Message>,
+    end: oneshot::Sender<std::result::Result<Message, Status>>,
 ) {
     let started = Instant::now();
     let outcome = async {
@@ -260,7 +256,7 @@ async fn produce(
         let completion = read
             .completion(source.as_ref(), rows, bytes, started)
             .await?;
-        let marker = marker_message(&schema, &encoder.options, &completion)?;
+        let marker = encoder.marker(&schema, &completion)?;
         Ok(Some((completion, marker)))
     }
     .await;
@@ -288,77 +284,4 @@ async fn produce(
             let _ = end.send(Err(status));
         }
     }
-}
-
-/// Encodes a stream's batches, in its producer task. Unlike arrow-flight's
-/// `FlightDataEncoder`, it encodes each batch into a buffer reserved at the size of the last
-/// one: that encoder grows a fresh buffer from empty for every batch that fits one message,
-/// copying it at each doubling (a profile showed it among the top costs of a read). Batches
-/// are never split: the sources bound them by rows and bytes (`batch_bytes`), and sizing by
-/// whole buffers would count a segment's entire message for a column sliced from it.
-struct BatchEncoder {
-    options: IpcWriteOptions,
-    generator: IpcDataGenerator,
-    dictionaries: DictionaryTracker,
-    context: IpcWriteContext,
-}
-
-impl BatchEncoder {
-    fn new(options: IpcWriteOptions) -> Self {
-        let mut context = IpcWriteContext::default();
-        context.set_reserve_scratch(true);
-        BatchEncoder {
-            options,
-            generator: IpcDataGenerator::default(),
-            dictionaries: DictionaryTracker::new(false),
-            context,
-        }
-    }
-
-    /// The stream's first message.
-    fn schema(&self, schema: &Schema) -> FlightData {
-        SchemaAsIpc::new(schema, &self.options).into()
-    }
-
-    /// A batch's messages: its dictionaries, if any, then the batch.
-    fn encode(&mut self, batch: &RecordBatch) -> Result<Vec<FlightData>> {
-        let (dictionaries, encoded) = self.generator.encode(
-            batch,
-            &mut self.dictionaries,
-            &self.options,
-            &mut self.context,
-        )?;
-        Ok(dictionaries
-            .into_iter()
-            .chain([encoded])
-            .map(FlightData::from)
-            .collect())
-    }
-}
-
-/// The completion marker: a zero-row record batch of the stream's schema whose app_metadata
-/// is `completion`, so stock Flight decoders accept it as an ordinary batch.
-fn marker_message(
-    schema: &SchemaRef,
-    options: &IpcWriteOptions,
-    completion: &Completion,
-) -> Result<FlightData> {
-    let empty = RecordBatch::new_empty(Arc::clone(schema));
-    let (_, encoded) = IpcDataGenerator::default().encode(
-        &empty,
-        &mut DictionaryTracker::new(false),
-        options,
-        &mut IpcWriteContext::default(),
-    )?;
-    Ok(FlightData::from(encoded).with_app_metadata(json_bytes(completion)))
-}
-
-/// IPC options for a ticket's compression code.
-fn ipc_options(code: u32) -> Result<IpcWriteOptions> {
-    let kind = match Compression::of_ticket_code(code)? {
-        Compression::None => None,
-        Compression::Lz4 => Some(CompressionType::LZ4_FRAME),
-        Compression::Zstd => Some(CompressionType::ZSTD),
-    };
-    Ok(IpcWriteOptions::default().try_with_compression(kind)?)
 }

@@ -126,23 +126,23 @@ fn row_bounds(lsns: &FixedSizeBinaryArray, from: Lsn, to: Lsn) -> (usize, usize)
 /// An LSN column as `0x` + 20 upper-case hex digits per row.
 fn hex_column(lsns: &FixedSizeBinaryArray) -> Result<ArrayRef> {
     let rows = lsns.len();
-    let mut values = vec![0u8; rows * 22];
+    // Filled by whole fixed-size rows (no zeroing first, no call per row's copy): this ran at
+    // a tenth of the server's CPU while streaming.
+    let mut values = Vec::with_capacity(rows * 22);
     // The rows of one commit share their start LSN: format it once.
-    let mut last: Option<(&[u8], [u8; 22])> = None;
-    let stored = lsns.value_data().chunks_exact(LSN_LEN);
-    for (lsn, hex) in stored.zip(values.chunks_exact_mut(22)) {
+    let mut last: Option<([u8; LSN_LEN], [u8; 22])> = None;
+    let (stored, _) = lsns.value_data().as_chunks::<LSN_LEN>();
+    for lsn in stored.iter().take(rows) {
         let formatted = match last {
-            Some((previous, formatted)) if previous == lsn => formatted,
+            Some((previous, formatted)) if previous == *lsn => formatted,
             _ => {
                 let mut formatted = [0u8; 22];
-                Lsn::try_from_slice(lsn)
-                    .map_err(|error| Error::Internal(format!("a stored LSN: {error}")))?
-                    .write_hex(&mut formatted);
-                last = Some((lsn, formatted));
+                Lsn::from_bytes(*lsn).write_hex(&mut formatted);
+                last = Some((*lsn, formatted));
                 formatted
             }
         };
-        hex.copy_from_slice(&formatted);
+        values.extend_from_slice(&formatted);
     }
     let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(22, rows));
     let array = StringArray::try_new(offsets, Buffer::from_vec(values), None)?;
@@ -725,5 +725,36 @@ impl SimDb {
             self.cleanup(cleanup.capture_instance.as_deref(), cleanup.low_water_mark)?;
         }
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_lsn_column_is_served_as_hex_row_by_row_also_when_sliced() {
+        let lsns: Vec<Lsn> = [1u64, 1, 2, 0xAB_CDEF, 0xAB_CDEF]
+            .into_iter()
+            .map(|value| {
+                let mut bytes = [0u8; LSN_LEN];
+                bytes[2..].copy_from_slice(&value.to_be_bytes());
+                Lsn::from_bytes(bytes)
+            })
+            .collect();
+        let column =
+            FixedSizeBinaryArray::try_from_iter(lsns.iter().map(Lsn::as_bytes)).expect("column");
+        for (offset, length) in [(0, 5), (1, 3), (4, 1), (2, 0)] {
+            let hex = hex_column(&column.slice(offset, length)).expect("hex");
+            let expected: Vec<String> = lsns[offset..offset + length]
+                .iter()
+                .map(Lsn::to_hex)
+                .collect();
+            assert_eq!(
+                hex.as_string::<i32>().iter().flatten().collect::<Vec<_>>(),
+                expected
+            );
+        }
+        assert_eq!(lsns[3].to_hex(), "0x00000000000000ABCDEF");
     }
 }
