@@ -153,24 +153,14 @@ fn split_messages(pieces: Vec<Buffer>) -> Result<Vec<Message>> {
             .checked_sub(metadata.len())
             .ok_or_else(|| malformed("metadata longer than its prefix says"))?;
         while padding > 0 {
-            let piece = pieces
-                .next()
-                .ok_or_else(|| malformed("the metadata's padding is missing"))?;
-            padding = padding
-                .checked_sub(piece.len())
-                .ok_or_else(|| malformed("the metadata's padding runs into the body"))?;
+            next_within(&mut pieces, &mut padding, "the metadata's padding")?;
         }
         let mut remaining =
             usize::try_from(body_length).map_err(|_| malformed("a negative body length"))?;
         let mut body = Vec::new();
         let mut shared = BytesMut::new();
         while remaining > 0 {
-            let piece = pieces
-                .next()
-                .ok_or_else(|| malformed("a body shorter than its metadata says"))?;
-            remaining = remaining
-                .checked_sub(piece.len())
-                .ok_or_else(|| malformed("a body longer than its metadata says"))?;
+            let piece = next_within(&mut pieces, &mut remaining, "the body")?;
             if piece.len() < SHARED_PIECE_BYTES {
                 shared.extend_from_slice(piece.as_slice());
             } else {
@@ -192,6 +182,25 @@ fn split_messages(pieces: Vec<Buffer>) -> Result<Vec<Message>> {
         });
     }
     Ok(messages)
+}
+
+/// The next piece of a part of a message that has `remaining` bytes still to come.
+fn next_within(
+    pieces: &mut impl Iterator<Item = Buffer>,
+    remaining: &mut usize,
+    part: &str,
+) -> Result<Buffer> {
+    let piece = pieces.next().ok_or_else(|| {
+        Error::Internal(format!(
+            "arrow's IPC stream encoder: {part} ends {remaining} bytes short"
+        ))
+    })?;
+    *remaining = remaining.checked_sub(piece.len()).ok_or_else(|| {
+        Error::Internal(format!(
+            "arrow's IPC stream encoder: {part} runs past its length"
+        ))
+    })?;
+    Ok(piece)
 }
 
 /// IPC options for a ticket's compression code.
