@@ -340,7 +340,7 @@ mod tests {
         messages.push(encoder.marker(&schema, &completion).expect("marker"));
         for message in &messages {
             assert!(message.data.data_body.is_empty());
-            super::super::frames::message_head(message).expect("a head");
+            crate::flight::frames::message_head(message).expect("a head");
         }
         assert!(messages[1].body_len() > 0);
     }
