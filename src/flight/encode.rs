@@ -9,7 +9,7 @@
 //! socket as they are; the bytes on the wire do not change.
 
 use arrow::buffer::Buffer;
-use arrow::datatypes::Schema;
+use arrow::datatypes::SchemaRef;
 use arrow::ipc::writer::{
     DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions, StreamEncoder,
 };
@@ -78,38 +78,37 @@ impl AsRef<[u8]> for Piece {
 /// Encodes a stream's batches, in its producer task. Batches are never split: the sources
 /// bound them by rows and bytes (`batch_bytes`).
 pub struct BatchEncoder {
+    schema: SchemaRef,
     options: IpcWriteOptions,
     encoder: StreamEncoder,
 }
 
 impl BatchEncoder {
     /// An encoder of batches of `schema` with `options`.
-    pub fn new(schema: &Schema, options: IpcWriteOptions) -> Result<Self> {
+    pub fn new(schema: SchemaRef, options: IpcWriteOptions) -> Result<Self> {
         Ok(BatchEncoder {
-            encoder: StreamEncoder::try_new_with_options(schema, options.clone())?,
+            encoder: StreamEncoder::try_new_with_options(&schema, options.clone())?,
+            schema,
             options,
         })
     }
 
     /// The stream's first message.
-    pub fn schema(&self, schema: &Schema) -> Message {
-        Message::whole(SchemaAsIpc::new(schema, &self.options).into())
+    pub fn schema(&self) -> Message {
+        Message::whole(SchemaAsIpc::new(&self.schema, &self.options).into())
     }
 
     /// A batch's messages: its dictionaries, if any, then the batch. The schema message
     /// arrow's stream encoder writes before the first batch is left out: [`Self::schema`]
     /// went first.
     pub fn encode(&mut self, batch: &RecordBatch) -> Result<Vec<Message>> {
-        let pieces = self.encoder.encode(batch)?;
-        let mut messages = split_messages(pieces)?;
-        messages.retain(|message| !is_schema(&message.data.data_header));
-        Ok(messages)
+        batch_messages(self.encoder.encode(batch)?)
     }
 
-    /// The completion marker: a zero-row record batch of `schema` whose app_metadata is
-    /// `completion`, so stock Flight decoders accept it as an ordinary batch.
-    pub fn marker(&self, schema: &Schema, completion: &Completion) -> Result<Message> {
-        let empty = RecordBatch::new_empty(std::sync::Arc::new(schema.clone()));
+    /// The completion marker: a zero-row record batch of the stream's schema whose
+    /// app_metadata is `completion`, so stock Flight decoders accept it as an ordinary batch.
+    pub fn marker(&self, completion: &Completion) -> Result<Message> {
+        let empty = RecordBatch::new_empty(std::sync::Arc::clone(&self.schema));
         let (_, encoded) = IpcDataGenerator::default().encode(
             &empty,
             &mut DictionaryTracker::new(false),
@@ -122,14 +121,11 @@ impl BatchEncoder {
     }
 }
 
-fn is_schema(header: &[u8]) -> bool {
-    root_as_message(header).is_ok_and(|message| message.header_type() == MessageHeader::Schema)
-}
-
-/// Cuts the pieces of an IPC stream into messages: each is the continuation marker and the
-/// metadata's padded length (8 bytes), the flatbuffer metadata (one piece) and its padding,
-/// then as many bytes of body as the metadata's `bodyLength` says.
-fn split_messages(pieces: Vec<Buffer>) -> Result<Vec<Message>> {
+/// Cuts the pieces of an IPC stream into its dictionary and record batch messages, leaving
+/// out a schema message: each is the continuation marker and the metadata's padded length
+/// (8 bytes), the flatbuffer metadata (one piece) and its padding, then as many bytes of
+/// body as the metadata's `bodyLength` says.
+fn batch_messages(pieces: Vec<Buffer>) -> Result<Vec<Message>> {
     let malformed = |what: &str| Error::Internal(format!("arrow's IPC stream encoder: {what}"));
     let mut messages = Vec::new();
     // The encoder lists an empty array's buffers as empty pieces.
@@ -146,9 +142,10 @@ fn split_messages(pieces: Vec<Buffer>) -> Result<Vec<Message>> {
         let metadata = pieces
             .next()
             .ok_or_else(|| malformed("a message without metadata"))?;
-        let body_length = root_as_message(metadata.as_slice())
-            .map_err(|error| malformed(&format!("unreadable metadata: {error}")))?
-            .bodyLength();
+        let header = root_as_message(metadata.as_slice())
+            .map_err(|error| malformed(&format!("unreadable metadata: {error}")))?;
+        let is_schema = header.header_type() == MessageHeader::Schema;
+        let body_length = header.bodyLength();
         let mut padding = padded_length
             .checked_sub(metadata.len())
             .ok_or_else(|| malformed("metadata longer than its prefix says"))?;
@@ -172,6 +169,9 @@ fn split_messages(pieces: Vec<Buffer>) -> Result<Vec<Message>> {
         }
         if !shared.is_empty() {
             body.push(shared.freeze());
+        }
+        if is_schema {
+            continue;
         }
         messages.push(Message {
             data: FlightData {
@@ -220,7 +220,7 @@ mod tests {
     use arrow::array::{
         ArrayRef, DictionaryArray, Int32Array, Int64Array, StringArray, new_null_array,
     };
-    use arrow::datatypes::{DataType, Field, Int32Type};
+    use arrow::datatypes::{DataType, Field, Int32Type, Schema};
     use arrow_flight::utils::flight_data_to_arrow_batch;
 
     use super::*;
@@ -260,6 +260,16 @@ mod tests {
             .collect()
     }
 
+    /// `rows` encoded by `encoder`, each message joined into one `FlightData`.
+    fn joined(encoder: &mut BatchEncoder, rows: &RecordBatch) -> Vec<FlightData> {
+        encoder
+            .encode(rows)
+            .expect("encode")
+            .into_iter()
+            .map(Message::into_flight_data)
+            .collect()
+    }
+
     /// Slices (a read's batch is often one), sizes on both sides of the shared-piece bound
     /// and every compression: the header and the joined pieces are arrow's bytes.
     #[test]
@@ -273,15 +283,10 @@ mod tests {
         ] {
             for code in [0, 1, 2] {
                 let options = ipc_options(code).expect("options");
-                let mut encoder = BatchEncoder::new(&rows.schema(), options.clone()).expect("new");
+                let mut encoder = BatchEncoder::new(rows.schema(), options.clone()).expect("new");
                 // Twice: the first call also writes the stream's schema, left out.
                 for _ in 0..2 {
-                    let ours: Vec<FlightData> = encoder
-                        .encode(&rows)
-                        .expect("encode")
-                        .into_iter()
-                        .map(Message::into_flight_data)
-                        .collect();
+                    let ours = joined(&mut encoder, &rows);
                     assert_eq!(ours, arrow_messages(&rows, &options), "code {code}");
                     let decoded =
                         flight_data_to_arrow_batch(&ours[0], rows.schema(), &Default::default())
@@ -296,7 +301,7 @@ mod tests {
     fn large_buffers_travel_by_reference_and_small_ones_together() {
         let rows = batch(50_000);
         let mut encoder =
-            BatchEncoder::new(&rows.schema(), ipc_options(0).expect("options")).expect("new");
+            BatchEncoder::new(rows.schema(), ipc_options(0).expect("options")).expect("new");
         let messages = encoder.encode(&rows).expect("encode");
         assert_eq!(messages.len(), 1);
         let ids = rows.column(0).to_data().buffers()[0].as_ptr();
@@ -319,9 +324,8 @@ mod tests {
     #[test]
     fn every_message_of_a_stream_keeps_its_body_in_pieces() {
         let rows = batch(10);
-        let schema = rows.schema();
         let mut encoder =
-            BatchEncoder::new(&schema, ipc_options(0).expect("options")).expect("new");
+            BatchEncoder::new(rows.schema(), ipc_options(0).expect("options")).expect("new");
         let completion = Completion {
             kind: crate::protocol::COMPLETION_TYPE.into(),
             capture_instance: "dbo_t".into(),
@@ -335,9 +339,9 @@ mod tests {
             max_commit_ts: None,
             snapshot_lsn: None,
         };
-        let mut messages = vec![encoder.schema(&schema)];
+        let mut messages = vec![encoder.schema()];
         messages.extend(encoder.encode(&rows).expect("encode"));
-        messages.push(encoder.marker(&schema, &completion).expect("marker"));
+        messages.push(encoder.marker(&completion).expect("marker"));
         for message in &messages {
             assert!(message.data.data_body.is_empty());
             crate::flight::frames::message_head(message).expect("a head");
@@ -358,13 +362,8 @@ mod tests {
         )]);
         let rows = RecordBatch::try_new(Arc::new(schema), vec![dictionary]).expect("batch");
         let options = ipc_options(0).expect("options");
-        let mut encoder = BatchEncoder::new(&rows.schema(), options.clone()).expect("new");
-        let ours: Vec<FlightData> = encoder
-            .encode(&rows)
-            .expect("encode")
-            .into_iter()
-            .map(Message::into_flight_data)
-            .collect();
+        let mut encoder = BatchEncoder::new(rows.schema(), options.clone()).expect("new");
+        let ours = joined(&mut encoder, &rows);
         assert_eq!(ours.len(), 2, "a dictionary, then the batch");
         assert_eq!(ours, arrow_messages(&rows, &options));
     }

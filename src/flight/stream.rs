@@ -194,19 +194,11 @@ pub fn respond(
     read: StreamRead,
     compression: u32,
 ) -> Result<BoxedStream<Message>> {
-    let schema = read.schema();
-    let encoder = BatchEncoder::new(&schema, ipc_options(compression)?)?;
-    let first = encoder.schema(&schema);
+    let encoder = BatchEncoder::new(read.schema(), ipc_options(compression)?)?;
+    let first = encoder.schema();
     let (batch_sender, batch_receiver) = mpsc::channel(BATCHES_AHEAD);
     let (end_sender, end_receiver) = oneshot::channel();
-    tokio::spawn(produce(
-        source,
-        read,
-        Arc::clone(&schema),
-        encoder,
-        batch_sender,
-        end_sender,
-    ));
+    tokio::spawn(produce(source, read, encoder, batch_sender, end_sender));
     let data = futures::stream::once(async { first })
         .chain(ReceiverStream::new(batch_receiver))
         .map(Ok);
@@ -226,7 +218,6 @@ pub fn respond(
 async fn produce(
     source: Arc<dyn CdcSource>,
     mut read: StreamRead,
-    schema: SchemaRef,
     mut encoder: BatchEncoder,
     batches: mpsc::Sender<Message>,
     end: oneshot::Sender<std::result::Result<Message, Status>>,
@@ -256,7 +247,7 @@ async fn produce(
         let completion = read
             .completion(source.as_ref(), rows, bytes, started)
             .await?;
-        let marker = encoder.marker(&schema, &completion)?;
+        let marker = encoder.marker(&completion)?;
         Ok(Some((completion, marker)))
     }
     .await;
