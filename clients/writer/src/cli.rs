@@ -306,6 +306,12 @@ pub struct ApplyArgs {
     /// Verdict granularity: minute, hour or day.
     #[arg(long, default_value = "hour", env = "MSSQL_CDC_WRITER_GRANULARITY")]
     pub granularity: String,
+    /// Turn on deletion vectors for silver (`delta.enableDeletionVectors`): a merge marks the
+    /// rows it replaces beside their file instead of writing the file again. Readers need
+    /// deletion vector support (Spark, Databricks, delta-rs 1.1 and later); a silver that has
+    /// them keeps them without this flag.
+    #[arg(long, env = "MSSQL_CDC_WRITER_DELETION_VECTORS")]
+    pub deletion_vectors: bool,
 }
 
 #[derive(Args)]

@@ -110,6 +110,7 @@ pub async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
         control: args.control,
         facts: args.facts,
         granularity: args.granularity.parse()?,
+        deletion_vectors: args.deletion_vectors,
     };
     let outcome = apply_changes(&config).await?;
     println!(

@@ -74,6 +74,7 @@ async fn apply_silver(config: &StreamConfig, name: &str, key: &[&str]) -> anyhow
         control: lake.join("control").display().to_string(),
         facts: Some(config.facts.clone()),
         granularity: Granularity::Minute,
+        deletion_vectors: false,
     };
     let outcome = apply_changes(&silver).await?;
     println!(

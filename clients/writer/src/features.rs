@@ -6,7 +6,8 @@
 //! must be written, and ignoring them corrupts the table for every reader:
 //!
 //! - **deletion vectors**: a file's deleted rows live beside it, so reading the file whole
-//!   resurrects them;
+//!   resurrects them; silver's merge honours them (and writes them), the other tables refuse
+//!   them;
 //! - **column mapping**: Parquet columns carry physical names, so writing logical names makes
 //!   every other reader see NULLs;
 //! - **partition columns**: their values live in the paths, not in the files;
@@ -74,15 +75,18 @@ fn refusals(protocol: &Value, metadata: &Value, kind: TableKind) -> Vec<String> 
         .filter_map(|feature| feature.as_str().map(str::to_string))
         .collect::<std::collections::BTreeSet<String>>();
     for feature in features {
-        let allowed =
-            ALLOWED.contains(&feature.as_str()) || (feature == "changeDataFeed" && !merged);
+        let allowed = ALLOWED.contains(&feature.as_str())
+            || (feature == "changeDataFeed" && !merged)
+            || (feature == "deletionVectors" && kind == TableKind::Silver);
         if !allowed {
             refused.push(format!("table feature {feature}"));
         }
     }
     let configuration = &metadata["configuration"];
     let setting = |key: &str| configuration[key].as_str().map(str::to_ascii_lowercase);
-    if setting("delta.enableDeletionVectors").as_deref() == Some("true") {
+    if setting("delta.enableDeletionVectors").as_deref() == Some("true")
+        && kind != TableKind::Silver
+    {
         refused.push("delta.enableDeletionVectors = true".into());
     }
     if let Some(mode) = setting("delta.columnMapping.mode").filter(|mode| mode != "none") {
@@ -147,6 +151,17 @@ mod tests {
                 "delta.columnMapping.mode = name",
                 "partition columns region"
             ]
+        );
+        let silver_vectors = json!({"minReaderVersion": 3, "minWriterVersion": 7,
+            "readerFeatures": ["deletionVectors"], "writerFeatures": ["deletionVectors"]});
+        let vectors_on = json!({"partitionColumns": [], "configuration": {"delta.enableDeletionVectors": "true"}});
+        assert!(
+            refusals(&silver_vectors, &vectors_on, TableKind::Silver).is_empty(),
+            "silver's merge honours and writes deletion vectors"
+        );
+        assert_eq!(
+            refusals(&silver_vectors, &vectors_on, TableKind::Control).len(),
+            2
         );
         let newer = json!({"minReaderVersion": 4, "minWriterVersion": 8});
         assert_eq!(refusals(&newer, &plain, TableKind::Facts).len(), 1);

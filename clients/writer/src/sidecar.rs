@@ -26,6 +26,7 @@
 //! snapshot_keys = ["region"]       # optional: columns chunks are cut on (default: the unique index)
 //! silver = "/lake/silver_orders"   # optional: keep a current-state table (apply_changes)
 //! keys = ["order_id"]              # the silver table's key columns
+//! silver_deletion_vectors = true   # optional: merge-on-read silver (deletion vectors)
 //! apply_seconds = 60.0             # optional: apply interval (default poll_seconds)
 //! reconcile_minutes = 60.0         # optional: reconcile silver with the source this often
 //! reconcile_keys = ["order_id"]    # optional: the columns compared on (default the unique index)
@@ -220,6 +221,10 @@ pub struct TableEntry {
     /// The silver table's key columns.
     #[serde(default)]
     pub keys: Vec<String>,
+    /// Whether silver marks replaced rows in deletion vectors instead of writing files again
+    /// (docs/silver.md); turned on for the silver table, never off.
+    #[serde(default)]
+    pub silver_deletion_vectors: bool,
     /// Seconds between `apply_changes` calls (continuous; default `poll_seconds`).
     #[serde(default)]
     pub apply_seconds: Option<f64>,
@@ -255,6 +260,7 @@ fn apply_config(config: &SidecarConfig, entry: &TableEntry) -> Option<ApplyConfi
         control: config.control.clone(),
         facts: Some(config.facts.clone()),
         granularity: config.granularity,
+        deletion_vectors: entry.silver_deletion_vectors,
     })
 }
 

@@ -299,6 +299,7 @@ async fn each_resnapshot_wave_on_a_datetime2_key_deletes_the_keys_its_chunks_lac
         control: lab.lake("control"),
         facts: Some(lab.lake("facts")),
         granularity: Granularity::Minute,
+        deletion_vectors: false,
     };
     let silver = || async {
         let mut rows = Rows::new();

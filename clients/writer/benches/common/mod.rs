@@ -100,6 +100,7 @@ pub fn orders_lake(base: &Path, url: &str) -> (StreamConfig, ApplyConfig) {
         control: lake("control"),
         facts: Some(lake("facts")),
         granularity: Granularity::Minute,
+        deletion_vectors: false,
     };
     (stream, apply)
 }

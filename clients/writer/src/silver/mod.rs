@@ -27,6 +27,7 @@
 //! as Arrow row-format bytes. What a call reads of the snapshots, and the range deletes of an
 //! open snapshot's new chunks, are in [`snapshot`].
 
+mod deletion_vectors;
 mod ranking;
 mod rewrite;
 mod snapshot;
@@ -70,6 +71,10 @@ pub struct ApplyConfig {
     pub facts: Option<String>,
     /// Truncation of silver's verdict.
     pub granularity: Granularity,
+    /// Turn on deletion vectors for silver (`delta.enableDeletionVectors`): merges mark the
+    /// rows they replace beside their file instead of writing it again. False leaves the
+    /// table as it is: a silver that has them keeps them.
+    pub deletion_vectors: bool,
 }
 
 /// What a call did.
@@ -241,6 +246,11 @@ async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {
         "silver",
     )
     .await?;
+    let table = if config.deletion_vectors {
+        deletion_vectors::turn_on(table, &config.target).await?
+    } else {
+        table
+    };
     // Bronze's new captured columns (a newer capture instance's) join silver; keys no later
     // change touches read NULL there, as they do in bronze.
     let (table, _) = tables::add_missing_columns(table, &silver_fields, &config.target).await?;

@@ -20,6 +20,12 @@
 //!
 //! Files are rewritten concurrently, one per core, each read a row group at a time
 //! ([`super::stored_file`]) and written batch by batch.
+//!
+//! With deletion vectors (`delta.enableDeletionVectors = true` on silver), step 3 marks the
+//! replaced and deleted rows of a file in its vector instead ([`super::deletion_vectors`]):
+//! the file is added again with its new vector, and the new images of its keys go to the new
+//! file with the inserts. A file with more than a quarter of its rows deleted is written
+//! again whole, without them. Rows an earlier vector deleted are skipped by every read here.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -49,9 +55,11 @@ use deltalake::table::config::TablePropertiesExt;
 use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 
+use super::deletion_vectors::{self, Vectors};
 use super::stored_file::StoredFile;
 use crate::error::{Result, WriterError};
 use crate::tables;
+use roaring::RoaringTreemap;
 
 /// The ranked changes, one row per key, indexed by key. A change is named by its number
 /// across the ranking's batches, which are kept as they came (not copied into one).
@@ -151,6 +159,15 @@ impl Changes {
             .collect())
     }
 
+    /// Whether `change` replaces the silver row `row` of `lsn` (its `_start_lsn`s): only a
+    /// change at least as new does (a call reapplied after a crash, or a chunk row older
+    /// than the change silver holds, leaves the row).
+    fn replaces(&self, change: u32, lsn: &StringArray, row: usize) -> bool {
+        !lsn.is_valid(row)
+            || (self.lsn.is_valid(change as usize)
+                && self.lsn.value(change as usize) >= lsn.value(row))
+    }
+
     /// The changed keys, sorted, when the key is one integer column and no change's key is
     /// NULL: a file whose statistics' key range holds none of them is not read.
     fn integer_keys(&self) -> Result<Option<(String, Vec<i64>)>> {
@@ -198,6 +215,9 @@ struct FileSettings {
     schema: SchemaRef,
     target_file_size: std::num::NonZeroU64,
     stats: WriterStatsConfig,
+    vectors: Vectors,
+    /// Whether the merge marks rows in deletion vectors instead of writing files again.
+    deletion_vectors: bool,
 }
 
 impl FileSettings {
@@ -208,6 +228,8 @@ impl FileSettings {
             schema: state.snapshot().arrow_schema(),
             target_file_size: state.table_config().target_file_size(),
             stats: WriterStatsConfig::from_config(state.snapshot().table_configuration()),
+            vectors: Vectors::of(table),
+            deletion_vectors: deletion_vectors::enabled(table)?,
         })
     }
 
@@ -247,12 +269,21 @@ impl FileSettings {
 /// not gather thousands of files.
 const SMALL_FILE_FRACTION: u64 = 8;
 
-/// What rewriting one file did.
+/// A file with more than this fraction of its rows deleted (by its vector and this merge) is
+/// written again without them instead of given a larger vector: each read of a file decodes
+/// its deleted rows too.
+const DELETED_FRACTION_REWRITTEN: u64 = 4;
+
+/// What merging into one file did.
 #[derive(Default)]
 struct FileOutcome {
-    /// The file, when it held a changed key and was written again.
+    /// The file, when it held a changed key and was written again or given a new vector.
     rewritten: Option<LogicalFileView>,
     written: Vec<Add>,
+    /// The file's new deletion vector, when it is added again with it instead of written.
+    vector: Option<RoaringTreemap>,
+    /// Changes whose images go to the new file (the keys whose rows the vector deletes).
+    images: Vec<u32>,
     /// Change rows whose key the file held (applied there, or outranked by its row).
     held: Vec<u32>,
 }
@@ -262,6 +293,8 @@ struct FileOutcome {
 pub struct MergeCounts {
     /// Silver files read whole and written again.
     pub files_rewritten: usize,
+    /// Silver files given a new deletion vector (their replaced rows marked, not rewritten).
+    pub files_marked: usize,
     /// Silver files left as they were.
     pub files_kept: usize,
     /// Change rows whose key silver held.
@@ -306,6 +339,8 @@ pub async fn merge(
     let mut held = vec![false; changes.len()];
     let mut removes = Vec::new();
     let mut adds = Vec::new();
+    let mut marked = Vec::new();
+    let mut images = Vec::new();
     let mut running = JoinSet::new();
     let mut pending = files.into_iter();
     let mut failure = None;
@@ -340,12 +375,17 @@ pub async fn merge(
             held[*row as usize] = true;
         }
         counts.keys_found += outcome.held.len();
-        match &outcome.rewritten {
-            Some(file) => {
+        images.extend(outcome.images);
+        match (outcome.rewritten, outcome.vector) {
+            (Some(file), Some(vector)) => {
+                counts.files_marked += 1;
+                marked.push((file, vector));
+            }
+            (Some(file), None) => {
                 counts.files_rewritten += 1;
                 removes.push(file.remove_action(true));
             }
-            None => counts.files_kept += 1,
+            (None, _) => counts.files_kept += 1,
         }
         adds.extend(outcome.written);
     }
@@ -380,10 +420,11 @@ pub async fn merge(
         // Written files are not committed; vacuum removes them.
         return Err(error);
     }
-    let new_keys: Vec<u32> = (0..held.len())
+    let mut new_keys: Vec<u32> = (0..held.len())
         .filter(|row| !held[*row] && changes.upsert[*row])
         .map(|row| row as u32)
         .collect();
+    new_keys.extend(images);
     if !new_keys.is_empty() {
         writer
             .get_or_insert_with(|| settings.writer())
@@ -392,6 +433,23 @@ pub async fn merge(
     }
     if let Some(writer) = writer {
         adds.extend(writer.close().await?);
+    }
+    if !marked.is_empty() {
+        let (files, vectors): (Vec<_>, Vec<_>) = marked.into_iter().unzip();
+        let descriptors = deletion_vectors::write(&settings.store, vectors).await?;
+        for (file, descriptor) in files.iter().zip(descriptors) {
+            removes.push(file.remove_action(true));
+            adds.push(Add {
+                path: file.path().to_string(),
+                partition_values: file.partition_values_map(),
+                size: file.size(),
+                modification_time: file.modification_time(),
+                data_change: true,
+                stats: deletion_vectors::wide_bounds(file.stats()),
+                deletion_vector: Some(descriptor),
+                ..Default::default()
+            });
+        }
     }
     if removes.is_empty() && adds.is_empty() {
         return Ok(counts);
@@ -458,45 +516,114 @@ fn may_hold(file: &LogicalFileView, key: &str, sorted: &[i64]) -> bool {
     sorted.get(first).is_some_and(|value| *value <= max)
 }
 
-/// Rewrites `file` when it holds a changed key: its rows no change outranks, then the new
-/// images of the keys it held.
+/// Merges the changes into `file` when it holds a changed key: writes it again with its rows
+/// no change outranks, then the new images of the keys it held, or (with deletion vectors)
+/// marks the rows the changes replace.
 async fn rewrite_file(
     file: LogicalFileView,
     changes: Arc<Changes>,
     settings: FileSettings,
 ) -> Result<FileOutcome> {
+    let deleted = settings.vectors.deleted(&file).await?;
     // The key columns first: most files of a large table hold no changed key.
     let mut reader = settings.reader(&file);
     let metadata = ArrowReaderMetadata::load_async(&mut reader, Default::default()).await?;
     let builder =
         ParquetRecordBatchStreamBuilder::new_with_metadata(reader.clone(), metadata.clone());
-    let roots = changes
-        .keys
+    let mut columns = changes.keys.clone();
+    if settings.deletion_vectors {
+        columns.push("_start_lsn".into());
+    }
+    let roots = columns
         .iter()
-        .map(|key| builder.schema().index_of(key))
+        .map(|column| builder.schema().index_of(column))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
     let mut keys = builder.with_projection(mask).build()?;
-    let mut touched = false;
+    let mut marks = Marks::default();
+    let mut position = 0u64;
     while let Some(batch) = keys.next().await {
-        if changes.lookup(&batch?)?.iter().any(Option::is_some) {
-            touched = true;
-            break;
+        let batch = batch?;
+        let found = changes.lookup(&batch)?;
+        let live = |row: usize| !deleted.contains(position + row as u64);
+        if !settings.deletion_vectors {
+            if found
+                .iter()
+                .enumerate()
+                .any(|(row, change)| change.is_some() && live(row))
+            {
+                marks.touched = true;
+                break;
+            }
+        } else {
+            let lsn = string_column(&batch, "_start_lsn")?;
+            for (row, change) in found.into_iter().enumerate() {
+                let Some(change) = change.filter(|_| live(row)) else {
+                    continue;
+                };
+                marks.touched = true;
+                marks.held.push(change);
+                if changes.replaces(change, &lsn, row) {
+                    marks.replaced.insert(position + row as u64);
+                    if changes.upsert[change as usize] {
+                        marks.images.push(change);
+                    }
+                }
+            }
         }
+        position += batch.num_rows() as u64;
     }
-    if !touched {
-        return Ok(FileOutcome::default());
+    if !marks.touched || (settings.deletion_vectors && marks.replaced.is_empty()) {
+        // Without a row to replace the file stays; with vectors, the keys it held are done.
+        return Ok(FileOutcome {
+            held: marks.held,
+            ..FileOutcome::default()
+        });
+    }
+    if settings.deletion_vectors {
+        let vector = &deleted | &marks.replaced;
+        let rows = metadata.metadata().file_metadata().num_rows().max(0) as u64;
+        if vector.len() * DELETED_FRACTION_REWRITTEN <= rows {
+            return Ok(FileOutcome {
+                rewritten: Some(file),
+                vector: Some(vector),
+                images: marks.images,
+                held: marks.held,
+                ..FileOutcome::default()
+            });
+        }
     }
     let mut writer = settings.writer_without_dictionary(&plain_columns(metadata.metadata()));
     let mut held = Vec::new();
     let rows = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata).build()?;
-    apply_to_file(rows, &changes, &settings.schema, &mut writer, &mut held).await?;
+    apply_to_file(
+        rows,
+        &deleted,
+        &changes,
+        &settings.schema,
+        &mut writer,
+        &mut held,
+    )
+    .await?;
     let written = writer.close().await?;
     Ok(FileOutcome {
         rewritten: Some(file),
         written,
         held,
+        ..FileOutcome::default()
     })
+}
+
+/// What the key scan of one file found.
+#[derive(Default)]
+struct Marks {
+    /// Whether a live row holds a changed key.
+    touched: bool,
+    /// With deletion vectors: the rows a change replaces or deletes, the changes whose images
+    /// replace them and every change whose key a live row holds.
+    replaced: RoaringTreemap,
+    images: Vec<u32>,
+    held: Vec<u32>,
 }
 
 /// The columns whose data pages the file holds without a dictionary: the writer gave it up
@@ -541,10 +668,19 @@ async fn compact(
     let mut writer = settings.writer();
     let mut held = Vec::new();
     for file in &files {
+        let deleted = settings.vectors.deleted(file).await?;
         let rows = ParquetRecordBatchStreamBuilder::new(settings.reader(file))
             .await?
             .build()?;
-        apply_to_file(rows, &changes, &settings.schema, &mut writer, &mut held).await?;
+        apply_to_file(
+            rows,
+            &deleted,
+            &changes,
+            &settings.schema,
+            &mut writer,
+            &mut held,
+        )
+        .await?;
     }
     Ok(Compaction {
         writer,
@@ -553,37 +689,40 @@ async fn compact(
     })
 }
 
-/// Writes the rows of a silver file (`rows`, streamed from it) no change outranks into
-/// `writer`, then the new images of the keys it held; the change rows whose key it held go
-/// to `held`.
+/// Writes the rows of a silver file (`rows`, streamed from it) neither its vector (`deleted`)
+/// nor a change removes into `writer`, then the new images of the keys it held; the change
+/// rows whose key it held go to `held`.
 async fn apply_to_file(
     mut rows: ParquetRecordBatchStream<StoredFile>,
+    deleted: &RoaringTreemap,
     changes: &Changes,
     schema: &SchemaRef,
     writer: &mut DeltaWriter,
     held: &mut Vec<u32>,
 ) -> Result<()> {
     let mut images = Vec::new();
+    let mut position = 0u64;
     while let Some(batch) = rows.next().await {
         let batch = conform(&batch?, schema)?;
         let lsn = string_column(&batch, "_start_lsn")?;
         let mut keep = Vec::with_capacity(batch.num_rows());
         for (row, change) in changes.lookup(&batch)?.into_iter().enumerate() {
+            if !deleted.is_empty() && deleted.contains(position + row as u64) {
+                keep.push(false);
+                continue;
+            }
             let Some(change) = change else {
                 keep.push(true);
                 continue;
             };
             held.push(change);
-            // A change replaces the row only when at least as new (a call reapplied after
-            // a crash, or a chunk row older than the change silver holds, leaves it).
-            let newer = !lsn.is_valid(row)
-                || (changes.lsn.is_valid(change as usize)
-                    && changes.lsn.value(change as usize) >= lsn.value(row));
+            let newer = changes.replaces(change, &lsn, row);
             if newer && changes.upsert[change as usize] {
                 images.push(change);
             }
             keep.push(!newer);
         }
+        position += batch.num_rows() as u64;
         let kept = filter_record_batch(&batch, &BooleanArray::from(keep))?;
         if kept.num_rows() > 0 {
             writer.write(&kept).await?;
@@ -892,6 +1031,182 @@ mod tests {
             "0x02".to_string(),
         ];
         assert_eq!(summary, [expected.map(Some).to_vec()]);
+    }
+
+    /// The `code`s of the rows `table`'s deletion vectors delete, read by delta-rs' kernel.
+    async fn deleted_codes(table: &DeltaTable) -> Vec<i64> {
+        use deltalake::logstore::object_store::ObjectStoreExt;
+        let vectors = Vectors::of(table);
+        let store = table.log_store().object_store(None);
+        let mut codes = Vec::new();
+        for file in table.snapshot().expect("snapshot").log_data().iter() {
+            let deleted = vectors.deleted(&file).await.expect("vector");
+            if deleted.is_empty() {
+                continue;
+            }
+            let bytes = store
+                .get(&file.object_store_path())
+                .await
+                .expect("get")
+                .bytes()
+                .await
+                .expect("bytes");
+            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+                .expect("parquet")
+                .build()
+                .expect("reader");
+            let mut position = 0u64;
+            for batch in reader {
+                let batch = batch.expect("batch");
+                let code = batch
+                    .column_by_name("code")
+                    .expect("code")
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .expect("int64")
+                    .clone();
+                for row in 0..batch.num_rows() {
+                    if deleted.contains(position + row as u64) {
+                        codes.push(code.value(row));
+                    }
+                }
+                position += batch.num_rows() as u64;
+            }
+        }
+        codes.sort_unstable();
+        codes
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_deletion_vectors_a_merge_marks_the_rows_it_replaces_and_readers_skip_them() {
+        let dir = tempfile::tempdir().expect("temp");
+        let (url, table) = empty_silver(&dir).await;
+        // Files of 500 rows (a batch each, over the 4 KiB target), none of them small.
+        let table = table
+            .set_tbl_properties()
+            .with_properties(
+                [
+                    (deletion_vectors::PROPERTY.to_string(), "true".to_string()),
+                    ("delta.targetFileSize".to_string(), "4096".to_string()),
+                ]
+                .into(),
+            )
+            .await
+            .expect("properties");
+        assert!(deletion_vectors::enabled(&table).expect("protocol"));
+        let silver = changes(&[])
+            .project(&[0, 1, 2, 3])
+            .expect("columns")
+            .schema();
+        let batches: Vec<_> = (0..4)
+            .map(|file| {
+                let codes = file * 500..(file + 1) * 500;
+                RecordBatch::try_new(
+                    silver.clone(),
+                    vec![
+                        Arc::new(StringArray::from_iter_values(codes.clone().map(|_| "x"))),
+                        Arc::new(Int64Array::from_iter_values(codes.clone())),
+                        Arc::new(StringArray::from_iter_values(
+                            codes.clone().map(|code| format!("{code:0>40}")),
+                        )),
+                        Arc::new(StringArray::from_iter_values(codes.map(|_| "0x01"))),
+                    ],
+                )
+                .map_err(Into::into)
+            })
+            .collect();
+        let stream = deltalake::datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+            silver.clone(),
+            futures::stream::iter(batches),
+        );
+        overwrite(&table, Box::pin(stream)).await.expect("rebuild");
+        let open = || async { crate::tables::open(&url).await.expect("open").expect("t") };
+        let files = open()
+            .await
+            .snapshot()
+            .expect("snapshot")
+            .log_data()
+            .iter()
+            .count();
+        assert_eq!(files, 4);
+        let keys = ["region".to_string(), "code".to_string()];
+        let value = |code: i64| format!("x|{code}|{code:0>40}");
+
+        let counts = merge(
+            &open().await,
+            vec![changes(&[
+                (Some("x"), Some(10), "b", "0x02", 4),
+                (Some("x"), Some(600), "", "0x02", 1),
+                // Older than silver's row: left as it is.
+                (Some("x"), Some(700), "stale", "0x00", 4),
+                (Some("x"), Some(5000), "new", "0x02", 2),
+            ])],
+            &keys,
+        )
+        .await
+        .expect("first merge");
+        assert_eq!(
+            (
+                counts.files_marked,
+                counts.files_rewritten,
+                counts.keys_found
+            ),
+            (2, 0, 3),
+            "{counts:?}"
+        );
+        let table = open().await;
+        assert_eq!(deleted_codes(&table).await, [10, 600]);
+        let mut expected: Vec<String> = (0..2000)
+            .filter(|code| ![10, 600].contains(code))
+            .map(value)
+            .chain(["x|10|b".to_string(), "x|5000|new".to_string()])
+            .collect();
+        expected.sort();
+        assert_eq!(
+            rows_of(&url).await,
+            expected,
+            "delta-rs' scan skips marked rows"
+        );
+
+        // Key 10's live row is now in the new file: its marked row is not found again, and
+        // the vector of the first file grows by key 11.
+        let counts = merge(
+            &table,
+            vec![changes(&[
+                (Some("x"), Some(10), "c", "0x03", 4),
+                (Some("x"), Some(11), "d", "0x03", 4),
+            ])],
+            &keys,
+        )
+        .await
+        .expect("second merge");
+        assert_eq!(counts.keys_found, 2, "{counts:?}");
+        let table = open().await;
+        assert_eq!(deleted_codes(&table).await, [10, 11, 600]);
+        let rows = rows_of(&url).await;
+        assert_eq!(rows.len(), 2000);
+        for row in ["x|10|c", "x|11|d", "x|5000|new"] {
+            assert_eq!(rows.iter().filter(|r| *r == row).count(), 1, "{row}");
+        }
+        assert!(!rows.contains(&"x|10|b".to_string()));
+
+        // Past a quarter of its rows deleted, the third file is written again without them.
+        let deletes: Vec<ChangeRow> = (1000..1200)
+            .map(|code| (Some("x"), Some(code), "", "0x04", 1))
+            .collect();
+        let counts = merge(&table, vec![changes(&deletes)], &keys)
+            .await
+            .expect("third merge");
+        assert_eq!(
+            (counts.files_marked, counts.files_rewritten),
+            (0, 1),
+            "{counts:?}"
+        );
+        let table = open().await;
+        assert_eq!(deleted_codes(&table).await, [10, 11, 600]);
+        let rows = rows_of(&url).await;
+        assert_eq!(rows.len(), 1800);
+        assert!(rows.contains(&value(1200)) && !rows.contains(&value(1199)));
     }
 
     /// An empty silver of `(region, code, value, _start_lsn)` in `dir`, and its url.

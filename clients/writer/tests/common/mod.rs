@@ -376,6 +376,7 @@ pub fn orders_apply_config(lab: &Lab) -> mssql_cdc_writer::silver::ApplyConfig {
         control: lab.lake("control"),
         facts: Some(lab.lake("facts")),
         granularity: Granularity::Minute,
+        deletion_vectors: false,
     }
 }
 
