@@ -6,10 +6,20 @@ import json
 import re
 import subprocess
 
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
-from conftest import change_rows, journal_rows, writer_binary
-from deltalake import DeltaTable
+from conftest import (
+    change_rows,
+    journal_rows,
+    run,
+    start_server,
+    stop_server,
+    workload_database,
+    writer_binary,
+)
+from deltalake import DeltaTable, QueryBuilder
 
 FACTS_COLUMNS = [
     "app_id",
@@ -210,3 +220,71 @@ def test_bronze_and_facts_compacted_as_the_stream_went_read_whole(server, databa
     for table in [bronze, facts]:
         assert "OPTIMIZE" in [entry["operation"] for entry in table.history()]
         assert len(table.file_uris()) < len(batches) // 2, (len(table.file_uris()), len(batches))
+
+
+def test_silver_with_deletion_vectors_reads_as_the_copy_on_write_silver(tmp_path):
+    """Two silvers of one bronze, one merged with deletion vectors (replaced rows marked
+    beside their files) and one by copy-on-write: an independent reader finds the same rows
+    in both, and the first one's log holds vectors."""
+    database = tmp_path / "db"
+    workload = ["--table", "dbo.orders", "--clock", "virtual", "--max-rows-per-statement", "4"]
+    workload_database(database, "--commits", "1000", "--seed", "5", *workload)
+    process, server = start_server(database)
+    lake = tmp_path / "lake"
+    silvers = {"vectors": lake / "silver_vectors", "copy": lake / "silver_copy"}
+
+    def stream_and_apply():
+        subprocess.run(
+            [writer_binary(), "run", "--server", server, "--table", "dbo.orders"]
+            + ["--target", str(lake / "bronze"), "--facts", str(lake / "facts")]
+            + ["--control", str(lake / "control"), "--checkpoint", str(tmp_path / "checkpoint")]
+            + ["--app-id", "orders", "--available-now"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        for name, silver in silvers.items():
+            subprocess.run(
+                [writer_binary(), "apply", "--table", "dbo.orders", "--keys", "order_id"]
+                + ["--bronze", str(lake / "bronze"), "--target", str(silver)]
+                + ["--control", str(lake / "control"), "--facts", str(lake / "facts")]
+                + (["--deletion-vectors"] if name == "vectors" else []),
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+
+    try:
+        stream_and_apply()
+        # Files of a few KiB are then not small: the merge marks them instead of folding them.
+        for silver in silvers.values():
+            DeltaTable(str(silver)).alter.set_table_properties({"delta.targetFileSize": "1024"})
+        # Few changes: each file keeps most of its rows, so the merge marks them.
+        run("sim", "run", str(database), "--commits", "30", "--seed", "6", *workload)
+        stream_and_apply()
+    finally:
+        stop_server(process)
+
+    vectors = DeltaTable(str(silvers["vectors"]))
+    assert "deletionVectors" in vectors.protocol().reader_features
+    marked = 0
+    for entry in (silvers["vectors"] / "_delta_log").glob("*.json"):
+        for line in entry.read_text().splitlines():
+            add = json.loads(line).get("add")
+            marked += bool(add and add.get("deletionVector"))
+    assert marked > 0, "the merge marked rows in deletion vectors"
+
+    # The package's pyarrow reading path refuses deletion vectors; its DataFusion one applies them.
+    def read(table):
+        query = QueryBuilder().register("silver", table)
+        return pa.table(query.execute("SELECT * FROM silver ORDER BY order_id").read_all())
+
+    rows = read(vectors)
+    copy = read(DeltaTable(str(silvers["copy"])))
+    assert rows.num_rows > 0
+    assert len(set(rows["order_id"].to_pylist())) == rows.num_rows, "one row per key"
+    assert rows.to_pylist() == copy.to_pylist()
+    physical = sum(
+        pq.read_metadata(uri.removeprefix("file://")).num_rows for uri in vectors.file_uris()
+    )
+    assert physical > rows.num_rows, "replaced rows are still in their files, marked"

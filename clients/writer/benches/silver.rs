@@ -17,6 +17,10 @@
 //! uniform keys, then with 80% of updates among the newest 5% of keys: each workload's
 //! median call, and the plain merge of its first call's changes (on a copy of silver).
 //!
+//! `BENCH_SILVER_DELETION_VECTORS=1` (default 0) creates silver with deletion vectors, so
+//! `apply_changes` marks replaced rows instead of writing files again (the plain merge,
+//! delta-rs' MERGE, writes files again on either table).
+//!
 //! `cargo bench -p mssql-cdc-writer --bench silver`.
 
 mod common;
@@ -84,6 +88,9 @@ async fn apply_in_a_process(config: &ApplyConfig) -> anyhow::Result<(f64, f64)> 
     ]);
     if let Some(facts) = &config.facts {
         command.args(["--facts", facts]);
+    }
+    if config.deletion_vectors {
+        command.arg("--deletion-vectors");
     }
     let started = Instant::now();
     let mut child = command.stdout(std::process::Stdio::null()).spawn()?;
@@ -225,6 +232,7 @@ fn main() -> anyhow::Result<()> {
     let rows = common::env_number("BENCH_SILVER_ROWS", 10_000_000);
     let changes = common::env_number("BENCH_SILVER_CHANGES", rows / 10);
     let rounds = common::env_number("BENCH_SILVER_ROUNDS", 5);
+    let deletion_vectors = common::env_number("BENCH_SILVER_DELETION_VECTORS", 0) == 1;
     let temporary = tempfile::tempdir()?;
     let base = temporary.path();
     let (db, writer) = common::orders_database(base, rows)?;
@@ -237,6 +245,10 @@ fn main() -> anyhow::Result<()> {
         let url = server.url.clone();
         let lake = |name: &str| base.join("lake").join(name).display().to_string();
         let (stream, apply) = common::orders_lake(base, &url);
+        let apply = ApplyConfig {
+            deletion_vectors,
+            ..apply
+        };
         Stream::connect(stream.clone()).await?.run_available_now().await?;
         reset_peak_rss();
         let started = Instant::now();
@@ -292,6 +304,10 @@ fn main() -> anyhow::Result<()> {
         let [(uniform, uniform_plain), (recent, recent_plain)] = medians[..] else {
             anyhow::bail!("two workloads");
         };
+        println!(
+            "silver with deletion vectors: {}",
+            if deletion_vectors { "yes" } else { "no" }
+        );
         println!(
             "| silver rows | changes | initial load s (peak RSS MiB) | apply_changes s | plain merge s | ratio | peak RSS apply_changes (own process) / plain merge (added to the bench's) MiB |"
         );

@@ -17,6 +17,9 @@
 //!   v2 checkpoints, clustering** and any feature this release does not know: delta-rs 1.1
 //!   writes none of them correctly, or would add one it cannot write.
 //!
+//! `variantType` passes while no column is a variant (the Python `deltalake` package adds it
+//! whenever it sets a table property).
+//!
 //! Anything outside the allow-list stops the write with the feature named and the way out;
 //! nothing is written. Protocol versions up to reader 3 and writer 7 are understood.
 
@@ -57,6 +60,27 @@ pub fn check(table: &DeltaTable, kind: TableKind, location: &str) -> Result<()> 
     )))
 }
 
+/// Whether the table's schema (`metadata`'s `schemaString`) holds a column of Spark's
+/// `variant` type, which the writer cannot write. The `variantType` feature alone does not
+/// change how other columns are stored (the Python `deltalake` package adds it to a table's
+/// protocol whenever it sets a property).
+fn has_variant_column(metadata: &Value) -> bool {
+    fn holds(node: &Value) -> bool {
+        match node {
+            Value::String(name) => name == "variant",
+            Value::Array(items) => items.iter().any(holds),
+            Value::Object(fields) => fields
+                .iter()
+                .any(|(key, value)| key != "metadata" && key != "name" && holds(value)),
+            _ => false,
+        }
+    }
+    metadata["schemaString"]
+        .as_str()
+        .and_then(|schema| serde_json::from_str::<Value>(schema).ok())
+        .is_none_or(|schema| holds(&schema))
+}
+
 /// Why `protocol` and `metadata` (the Delta actions as JSON) cannot be written as `kind`.
 fn refusals(protocol: &Value, metadata: &Value, kind: TableKind) -> Vec<String> {
     let mut refused = Vec::new();
@@ -77,6 +101,7 @@ fn refusals(protocol: &Value, metadata: &Value, kind: TableKind) -> Vec<String> 
     for feature in features {
         let allowed = ALLOWED.contains(&feature.as_str())
             || (feature == "changeDataFeed" && !merged)
+            || (feature.starts_with("variantType") && !has_variant_column(metadata))
             || (feature == "deletionVectors" && kind == TableKind::Silver);
         if !allowed {
             refused.push(format!("table feature {feature}"));
@@ -162,6 +187,21 @@ mod tests {
         assert_eq!(
             refusals(&silver_vectors, &vectors_on, TableKind::Control).len(),
             2
+        );
+        let variant = json!({"minReaderVersion": 3, "minWriterVersion": 7,
+            "readerFeatures": ["variantType"], "writerFeatures": ["variantType"]});
+        let schema = |data_type: &str| {
+            json!({"partitionColumns": [], "configuration": {}, "schemaString": json!({
+                "type": "struct", "fields": [{"name": "variant", "type": data_type,
+                "nullable": true, "metadata": {"comment": "variant"}}]}).to_string()})
+        };
+        assert!(
+            refusals(&variant, &schema("string"), TableKind::Silver).is_empty(),
+            "the feature without a variant column"
+        );
+        assert_eq!(
+            refusals(&variant, &schema("variant"), TableKind::Silver),
+            ["table feature variantType"]
         );
         let newer = json!({"minReaderVersion": 4, "minWriterVersion": 8});
         assert_eq!(refusals(&newer, &plain, TableKind::Facts).len(), 1);
