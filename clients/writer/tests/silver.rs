@@ -434,6 +434,78 @@ async fn random_workloads_with_snapshots_mid_way_end_in_step() {
     }
 }
 
+/// How many add actions in silver's log carry a deletion vector.
+fn adds_with_vectors(lab: &Lab) -> usize {
+    let log = std::path::Path::new(&lab.lake("silver_orders")).join("_delta_log");
+    let mut marked = 0;
+    for entry in std::fs::read_dir(log).expect("log") {
+        let path = entry.expect("entry").path();
+        if path
+            .extension()
+            .is_some_and(|extension| extension == "json")
+        {
+            let text = std::fs::read_to_string(&path).expect("commit");
+            for line in text.lines() {
+                let action: serde_json::Value = serde_json::from_str(line).expect("action");
+                marked += usize::from(action["add"]["deletionVector"].is_object());
+            }
+        }
+    }
+    marked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_workloads_merged_with_deletion_vectors_end_in_step() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(
+        std::env::var("SILVER_PROPERTY_SEED")
+            .ok()
+            .and_then(|seed| seed.parse().ok())
+            .unwrap_or(20_261_205),
+    );
+    for case in 0..2u64 {
+        let lab = Lab::new().await;
+        // The table grows (few deletes), so later rounds change a fraction of its rows.
+        let mix = Mix {
+            insert: rng.random_range(0.4..0.6),
+            update: rng.random_range(0.1..0.4),
+            delete: rng.random_range(0.0..0.1),
+            key_update: rng.random_range(0.0..0.1),
+            idle: 0.05,
+        };
+        workload(&lab, 3_000 + case, rng.random_range(300..500), mix);
+        let mut config = stream_config(&lab);
+        if case == 1 {
+            snapshot::bootstrap(&mut config, SnapshotMode::Full)
+                .await
+                .expect("bootstrap");
+        }
+        let vectors = ApplyConfig {
+            deletion_vectors: true,
+            ..apply_config(&lab, true)
+        };
+        run_now(config.clone()).await;
+        apply_changes(&vectors).await.expect("first apply");
+        // Files of a few KiB are not small then: merges mark them instead of folding them.
+        set_target_file_size(&lab, 1024).await;
+        for round in 0..4u64 {
+            workload(
+                &lab,
+                4_000 + case * 10 + round,
+                rng.random_range(5..30),
+                mix,
+            );
+            run_now(config.clone()).await;
+            apply_changes(&vectors).await.expect("apply");
+            assert_in_step(&lab, &format!("case {case} round {round} ({mix:?})")).await;
+        }
+        assert!(
+            adds_with_vectors(&lab) > 0,
+            "case {case}: no row was marked"
+        );
+    }
+}
+
 /// Reads every remaining wave of the open snapshot.
 async fn read_all(snapshots: &Snapshots, options: &BackfillOptions) {
     let status = snapshots.backfill(options).await.expect("backfill");
