@@ -52,6 +52,7 @@ use deltalake::parquet::file::metadata::ParquetMetaData;
 use deltalake::parquet::schema::types::ColumnPath;
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::table::config::TablePropertiesExt;
+use roaring::RoaringTreemap;
 use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 
@@ -59,7 +60,6 @@ use super::deletion_vectors::{self, Vectors};
 use super::stored_file::StoredFile;
 use crate::error::{Result, WriterError};
 use crate::tables;
-use roaring::RoaringTreemap;
 
 /// The ranked changes, one row per key, indexed by key. A change is named by its number
 /// across the ranking's batches, which are kept as they came (not copied into one).
