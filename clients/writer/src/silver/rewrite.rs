@@ -953,31 +953,11 @@ mod tests {
         let (url, table) = empty_silver(&dir).await;
         // Three row groups and a bit: one file (far under the target file size).
         let rows = 3 * tables::ROW_GROUP_ROWS as i64 + 10;
-        let silver = changes(&[])
-            .project(&[0, 1, 2, 3])
-            .expect("columns")
-            .schema();
-        let batches: Vec<_> = (0..rows)
+        let batches = (0..rows)
             .step_by(8192)
-            .map(|start| {
-                let codes = start..(start + 8192).min(rows);
-                RecordBatch::try_new(
-                    silver.clone(),
-                    vec![
-                        Arc::new(StringArray::from_iter_values(codes.clone().map(|_| "x"))),
-                        Arc::new(Int64Array::from_iter_values(codes.clone())),
-                        Arc::new(StringArray::from_iter_values(codes.clone().map(|_| "a"))),
-                        Arc::new(StringArray::from_iter_values(codes.map(|_| "0x01"))),
-                    ],
-                )
-                .map_err(Into::into)
-            })
+            .map(|start| silver_rows(start..(start + 8192).min(rows), |_| "a".into()))
             .collect();
-        let stream = deltalake::datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
-            silver.clone(),
-            futures::stream::iter(batches),
-        );
-        overwrite(&table, Box::pin(stream)).await.expect("rebuild");
+        rebuild(&table, batches).await;
         let table = crate::tables::open(&url)
             .await
             .expect("open")
@@ -1094,32 +1074,10 @@ mod tests {
             .await
             .expect("properties");
         assert!(deletion_vectors::enabled(&table).expect("protocol"));
-        let silver = changes(&[])
-            .project(&[0, 1, 2, 3])
-            .expect("columns")
-            .schema();
-        let batches: Vec<_> = (0..4)
-            .map(|file| {
-                let codes = file * 500..(file + 1) * 500;
-                RecordBatch::try_new(
-                    silver.clone(),
-                    vec![
-                        Arc::new(StringArray::from_iter_values(codes.clone().map(|_| "x"))),
-                        Arc::new(Int64Array::from_iter_values(codes.clone())),
-                        Arc::new(StringArray::from_iter_values(
-                            codes.clone().map(|code| format!("{code:0>40}")),
-                        )),
-                        Arc::new(StringArray::from_iter_values(codes.map(|_| "0x01"))),
-                    ],
-                )
-                .map_err(Into::into)
-            })
+        let batches = (0..4)
+            .map(|file| silver_rows(file * 500..(file + 1) * 500, |code| format!("{code:0>40}")))
             .collect();
-        let stream = deltalake::datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
-            silver.clone(),
-            futures::stream::iter(batches),
-        );
-        overwrite(&table, Box::pin(stream)).await.expect("rebuild");
+        rebuild(&table, batches).await;
         let open = || async { crate::tables::open(&url).await.expect("open").expect("t") };
         let files = open()
             .await
@@ -1207,6 +1165,35 @@ mod tests {
         let rows = rows_of(&url).await;
         assert_eq!(rows.len(), 1800);
         assert!(rows.contains(&value(1200)) && !rows.contains(&value(1199)));
+    }
+
+    /// Silver's columns of the keys `("x", code)` for `codes`, each with `value(code)`, at
+    /// `_start_lsn` 0x01.
+    fn silver_rows(codes: std::ops::Range<i64>, value: impl Fn(i64) -> String) -> RecordBatch {
+        let silver = changes(&[])
+            .project(&[0, 1, 2, 3])
+            .expect("columns")
+            .schema();
+        RecordBatch::try_new(
+            silver,
+            vec![
+                Arc::new(StringArray::from_iter_values(codes.clone().map(|_| "x"))),
+                Arc::new(Int64Array::from_iter_values(codes.clone())),
+                Arc::new(StringArray::from_iter_values(codes.clone().map(value))),
+                Arc::new(StringArray::from_iter_values(codes.map(|_| "0x01"))),
+            ],
+        )
+        .expect("silver rows")
+    }
+
+    /// Rebuilds `table` from `batches`, streamed as a rebuild's ranked rows are.
+    async fn rebuild(table: &DeltaTable, batches: Vec<RecordBatch>) {
+        let schema = batches.first().expect("a batch").schema();
+        let stream = deltalake::datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::iter(batches.into_iter().map(Ok)),
+        );
+        overwrite(table, Box::pin(stream)).await.expect("rebuild");
     }
 
     /// An empty silver of `(region, code, value, _start_lsn)` in `dir`, and its url.
