@@ -627,7 +627,9 @@ pub fn schema_version(table: &DeltaTable) -> Result<u32> {
 
 /// Opens the table of `kind` at `url`, creating it with `fields` (its full schema) when
 /// missing, or migrating it when it is older. A create that loses a race to another writer
-/// takes the winner's table.
+/// takes the winner's table: it commits version 0 without retries, as delta-rs retries a
+/// create that finds version 0 taken by committing its protocol and metadata again as
+/// version 1, a metadata change that fails the winner's next commit.
 pub async fn ensure(
     url: &Url,
     kind: TableKind,
@@ -651,22 +653,23 @@ pub async fn ensure(
         )])
         .with_raise_if_key_not_exists(false)
         .with_save_mode(SaveMode::ErrorIfExists)
+        .with_commit_properties(CommitProperties::default().with_max_retries(0))
         .await;
     match created {
         Ok(table) => {
             tracing::info!(%url, ?kind, "table created");
             Ok(table)
         }
-        // Another writer created it first (delta-rs reports it as `Generic` or `GenericError`
-        // depending on the path): use theirs.
-        Err(error) if error.to_string().contains("already exists") => {
-            let table = open(url)
-                .await?
-                .ok_or_else(|| WriterError::Internal(format!("{url} vanished")))?;
-            crate::features::check(&table, kind, url.as_str())?;
-            migrate(table, kind).await
-        }
-        Err(error) => Err(error.into()),
+        // However delta-rs words it ("already exists" before the commit, no commit attempts
+        // left at it), a table there now is another writer's: use theirs.
+        Err(error) => match open(url).await? {
+            Some(table) => {
+                tracing::debug!(%url, %error, "another writer created the table first");
+                crate::features::check(&table, kind, url.as_str())?;
+                migrate(table, kind).await
+            }
+            None => Err(error.into()),
+        },
     }
 }
 
@@ -983,6 +986,31 @@ async fn migrate(table: DeltaTable, kind: TableKind) -> Result<DeltaTable> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_writers_creating_one_table_at_once_leave_its_one_create_commit() {
+        for round in 0..100 {
+            let dir = tempfile::tempdir().expect("temp");
+            let url = Url::from_directory_path(dir.path()).expect("url");
+            let start = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+            let creates = (0..2).map(|_| {
+                let (url, start) = (url.clone(), start.clone());
+                tokio::spawn(async move {
+                    start.wait().await;
+                    ensure(&url, TableKind::Facts, TableKind::Facts.fields(), "facts").await
+                })
+            });
+            for created in futures::future::join_all(creates).await {
+                created.expect("join").expect("both writers get the table");
+            }
+            let table = open(&url).await.expect("open").expect("a table");
+            assert_eq!(
+                table.version(),
+                Some(0),
+                "round {round}: a metadata commit after the create fails the winner's next commit"
+            );
+        }
+    }
 
     #[test]
     fn every_kind_is_found_by_its_name() {
