@@ -7,16 +7,17 @@
 use std::time::Duration;
 
 use arrow::record_batch::RecordBatch;
-use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
-use arrow_flight::{Action, Criteria, FlightDescriptor, FlightInfo, Ticket};
+use arrow_flight::{Action, Criteria, FlightData, FlightDescriptor, FlightInfo, Ticket};
 use futures::{StreamExt, TryStreamExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::Request;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
+
+mod decode;
 
 use crate::protocol::{
     COMPLETION_TYPE, ChangesCommand, Command, Completion, PlanMetadata, SnapshotCommand,
@@ -356,7 +357,8 @@ impl CdcClient {
             .await?
             .into_inner();
         Ok(EndpointReader {
-            decoder: FlightDataDecoder::new(response.map_err(FlightError::from)),
+            messages: response,
+            decoder: decode::BatchDecoder::default(),
             marker: None,
             rows: 0,
         })
@@ -392,7 +394,8 @@ impl CdcClient {
 /// One endpoint's stream being read: batches, then the completion marker (a zero-row batch
 /// whose app_metadata is the [`Completion`]).
 pub struct EndpointReader {
-    decoder: FlightDataDecoder,
+    messages: tonic::Streaming<FlightData>,
+    decoder: decode::BatchDecoder,
     marker: Option<bytes::Bytes>,
     rows: u64,
 }
@@ -400,9 +403,9 @@ pub struct EndpointReader {
 impl EndpointReader {
     /// The next batch, or `None` at the end of the stream.
     pub async fn next_batch(&mut self) -> ClientResult<Option<RecordBatch>> {
-        while let Some(message) = self.decoder.next().await {
+        while let Some(message) = self.messages.next().await {
             let message = message?;
-            let DecodedPayload::RecordBatch(batch) = message.payload else {
+            let Some(batch) = self.decoder.decode(&message)? else {
                 continue;
             };
             if self.marker.is_some() {
@@ -410,7 +413,7 @@ impl EndpointReader {
                     "data after the completion marker".into(),
                 ));
             }
-            if !message.inner.app_metadata.is_empty() {
+            if !message.app_metadata.is_empty() {
                 if batch.num_rows() != 0 {
                     return Err(ClientError::Protocol(format!(
                         "a batch of {} rows carries app_metadata; only the zero-row \
@@ -418,7 +421,7 @@ impl EndpointReader {
                         batch.num_rows()
                     )));
                 }
-                self.marker = Some(message.inner.app_metadata);
+                self.marker = Some(message.app_metadata);
                 continue;
             }
             self.rows += batch.num_rows() as u64;
