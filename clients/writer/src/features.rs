@@ -38,13 +38,25 @@ const ALLOWED: [&str; 5] = [
     "vacuumProtocolCheck",
 ];
 
+/// Whether `table`'s protocol lists writer feature `name` (delta-rs keeps the kernel's
+/// feature accessors internal, so the protocol is read as its JSON action).
+pub fn has_writer_feature(table: &DeltaTable, name: &str) -> Result<bool> {
+    let protocol = protocol_json(table)?;
+    Ok(protocol["writerFeatures"]
+        .as_array()
+        .is_some_and(|features| features.iter().any(|feature| feature == name)))
+}
+
+fn protocol_json(table: &DeltaTable) -> Result<Value> {
+    serde_json::to_value(table.snapshot()?.protocol())
+        .map_err(|error| WriterError::Internal(format!("protocol: {error}")))
+}
+
 /// Refuses a write to `table` (of `kind`, at `location`) whose protocol or properties hold a
 /// feature the writer cannot keep correct (see the module).
 pub fn check(table: &DeltaTable, kind: TableKind, location: &str) -> Result<()> {
-    let snapshot = table.snapshot()?;
-    let protocol = serde_json::to_value(snapshot.protocol())
-        .map_err(|error| WriterError::Internal(format!("protocol: {error}")))?;
-    let metadata = serde_json::to_value(snapshot.metadata())
+    let protocol = protocol_json(table)?;
+    let metadata = serde_json::to_value(table.snapshot()?.metadata())
         .map_err(|error| WriterError::Internal(format!("metadata: {error}")))?;
     let refused = refusals(&protocol, &metadata, kind);
     if refused.is_empty() {

@@ -31,18 +31,13 @@ use crate::error::{Result, WriterError};
 /// is true and its protocol has the `deletionVectors` writer feature (which setting the
 /// property adds, in delta-rs as in Spark).
 pub(super) fn enabled(table: &DeltaTable) -> Result<bool> {
-    let snapshot = table.snapshot()?;
-    let property = snapshot
+    let property = table
+        .snapshot()?
         .metadata()
         .configuration()
         .get(PROPERTY)
         .is_some_and(|value| value.eq_ignore_ascii_case("true"));
-    let protocol = serde_json::to_value(snapshot.protocol())
-        .map_err(|error| WriterError::Internal(format!("protocol: {error}")))?;
-    let feature = protocol["writerFeatures"]
-        .as_array()
-        .is_some_and(|features| features.iter().any(|f| f == "deletionVectors"));
-    Ok(property && feature)
+    Ok(property && crate::features::has_writer_feature(table, "deletionVectors")?)
 }
 
 /// `table` (silver at `location`) with deletion vectors turned on: the property set, which
