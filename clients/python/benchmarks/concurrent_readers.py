@@ -14,7 +14,6 @@ after every batch, as a busy Spark executor or a slow network would. Every strea
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import threading
@@ -22,8 +21,7 @@ import time
 from pathlib import Path
 
 import pyarrow.flight as flight
-
-ROOT = Path(__file__).resolve().parents[3]
+from bench_server import DEFAULT_BINARY, orders_database, serve
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -53,25 +51,15 @@ def read_slowly(url: str, ticket: bytes, pause: float, results: list, index: int
 
 
 def measure(binary: str, db: Path, readers: int, pause: float, serve_flags: list[str], batch_bytes):
-    server = subprocess.Popen(
-        [
-            binary,
-            "serve",
-            "--source",
-            f"sim:{db}",
-            "--listen",
-            "127.0.0.1:0",
-            "--max-streams",
-            str(readers),
-            "--max-streams-per-principal",
-            str(readers),
-            *serve_flags,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    server, url = serve(
+        binary,
+        db,
+        "--max-streams",
+        str(readers),
+        "--max-streams-per-principal",
+        str(readers),
+        *serve_flags,
     )
-    url = "grpc://" + server.stdout.readline().split()[-1]
     try:
         client = flight.FlightClient(url)
         start = json.loads(
@@ -122,15 +110,10 @@ def main() -> None:
     parser.add_argument("--readers", default="1,8,32,128")
     parser.add_argument("--pause-ms", type=float, default=2.0)
     parser.add_argument("--batch-bytes", type=int, default=None, help="default: the server's")
-    parser.add_argument("--binary", default=str(ROOT / "target" / "release" / "mssql-cdc-flight"))
+    parser.add_argument("--binary", default=DEFAULT_BINARY)
     args = parser.parse_args(flags)
     workdir = tempfile.TemporaryDirectory(prefix="concurrent-readers-")
-    db = Path(workdir.name) / "db"
-    subprocess.run(
-        [args.binary, "sim", "init", str(db), "--customers", "0", "--orders", str(args.rows)],
-        check=True,
-        capture_output=True,
-    )
+    db = orders_database(args.binary, Path(workdir.name), args.rows)
     print(f"serve flags: {' '.join(serve_flags) or '(defaults)'}; pause {args.pause_ms} ms/batch")
     print("| readers | rows read | aggregate rows/s | server peak RSS MiB |")
     print("|---|---|---|---|")

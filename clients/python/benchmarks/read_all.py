@@ -12,14 +12,12 @@ median and every read's rows/s are printed (issue 22's P1: at least 4M narrow ro
 import argparse
 import json
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import pyarrow.flight as flight
-
-ROOT = Path(__file__).resolve().parents[3]
+from bench_server import DEFAULT_BINARY, orders_database, serve
 
 
 def read_once(client: flight.FlightClient, start: str, partitions: int) -> float:
@@ -37,23 +35,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=3_000_000)
     parser.add_argument("--reads", type=int, default=7)
-    parser.add_argument("--binary", default=str(ROOT / "target" / "release" / "mssql-cdc-flight"))
+    parser.add_argument("--binary", default=DEFAULT_BINARY)
     args = parser.parse_args()
     workdir = tempfile.TemporaryDirectory(prefix="read-all-")
-    db = Path(workdir.name) / "db"
-    subprocess.run(
-        [args.binary, "sim", "init", str(db), "--customers", "0", "--orders", str(args.rows)],
-        check=True,
-        capture_output=True,
-    )
-    server = subprocess.Popen(
-        [args.binary, "serve", "--source", f"sim:{db}", "--listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    db = orders_database(args.binary, Path(workdir.name), args.rows)
+    server, url = serve(args.binary, db)
     try:
-        client = flight.FlightClient("grpc://" + server.stdout.readline().split()[-1])
+        client = flight.FlightClient(url)
         action = flight.Action("initial_offset", b'{"table": "dbo.orders"}')
         start = json.loads(list(client.do_action(action))[0].body.to_pybytes())["lsn"]
         print("| endpoints | rows/s, median | each read, M rows/s |")

@@ -16,13 +16,12 @@ pyarrow client, from /proc (Linux): on two shared cores, the rates follow from t
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+from bench_server import DEFAULT_BINARY, orders_database, serve
 
 
 def file_source(path: str, arrow_schema, partitions: int):
@@ -82,7 +81,7 @@ def cpu_seconds(root: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=5_000_000)
-    parser.add_argument("--binary", default=str(ROOT / "target" / "release" / "mssql-cdc-flight"))
+    parser.add_argument("--binary", default=DEFAULT_BINARY)
     args = parser.parse_args()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -91,27 +90,7 @@ def main() -> None:
     from mssql_cdc_flight.spark import register
 
     work = Path(tempfile.mkdtemp())
-    subprocess.run(
-        [
-            args.binary,
-            "sim",
-            "init",
-            str(work / "db"),
-            "--customers",
-            "0",
-            "--orders",
-            str(args.rows),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    server = subprocess.Popen(
-        [args.binary, "serve", "--source", f"sim:{work / 'db'}", "--listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    url = "grpc://" + server.stdout.readline().split()[-1]
+    server, url = serve(args.binary, orders_database(args.binary, work, args.rows))
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
