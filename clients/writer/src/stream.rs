@@ -113,6 +113,11 @@ pub struct BatchOutcome {
 pub struct Stream {
     config: StreamConfig,
     client: CdcClient,
+    /// Connections a batch's endpoints after the first are read over, opened when a batch
+    /// first has that many and kept: HTTP/2 frames all streams of one connection in one task
+    /// at each end, so endpoints sharing a connection share one core for their framing
+    /// (docs/writer.md, "Performance").
+    readers: Vec<CdcClient>,
     target: Url,
     /// The facts table, shared with the other readers of this process.
     facts: Arc<SharedTable>,
@@ -212,6 +217,7 @@ impl Stream {
                 .transpose()?,
             checkpoint: Checkpoint::open(&config.checkpoint).await?,
             client,
+            readers: Vec::new(),
             verified: false,
             tail: Tail::default(),
             schedule_checked: None,
@@ -925,16 +931,26 @@ impl Stream {
         Ok(Some(Arc::new(appender)))
     }
 
-    /// Reads every endpoint in parallel, each streaming its batches into its own bronze
-    /// files (when `bronze` is given) and its totals.
+    /// Reads every endpoint in parallel, each over a connection of its own (up to
+    /// `partitions` connections) and streaming its batches into its own bronze files (when
+    /// `bronze` is given) and its totals.
     async fn read(
-        &self,
+        &mut self,
         plan: &PlannedBatch,
         bronze: Option<Arc<bronze::Appender>>,
     ) -> Result<EndpointReads> {
+        let connections = plan
+            .tickets
+            .len()
+            .min(self.config.partitions.max(1) as usize);
+        while 1 + self.readers.len() < connections {
+            self.readers
+                .push(connect_server(&self.config.server).await?);
+        }
+        let clients: Vec<&CdcClient> = std::iter::once(&self.client).chain(&self.readers).collect();
         let mut reads = Vec::new();
-        for ticket in &plan.tickets {
-            let client = self.client.clone();
+        for (index, ticket) in plan.tickets.iter().enumerate() {
+            let client = clients[index % clients.len()].clone();
             let ticket = ticket.clone();
             let mut files = bronze.as_ref().map(bronze::Appender::file_writer);
             reads.push(tokio::spawn(async move {
