@@ -116,7 +116,7 @@ pub struct Stream {
     /// Connections a batch's endpoints after the first are read over, opened when a batch
     /// first has that many and kept: HTTP/2 frames all streams of one connection in one task
     /// at each end, so endpoints sharing a connection share one core for their framing
-    /// (docs/writer.md, "Performance").
+    /// (docs/writer.md, "Benchmark").
     readers: Vec<CdcClient>,
     target: Url,
     /// The facts table, shared with the other readers of this process.
