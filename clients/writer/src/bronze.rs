@@ -9,7 +9,7 @@
 //! the stream with an error naming the column: delta-rs cannot change a column's type, so the
 //! owner widens bronze (or starts a new one) before the stream goes on.
 //!
-//! The append streams: each endpoint's batches are encoded into Parquet files as they arrive
+//! The append streams: each reader's batches are encoded into Parquet files as they arrive
 //! ([`FileWriter`], delta-rs' `DeltaWriter`), so reading and encoding overlap and a batch is
 //! never held in memory whole; [`commit`] then adds every file in one Delta commit carrying
 //! the application transaction. Files of a batch that never commits (a crash, an incomplete
@@ -179,7 +179,7 @@ impl Appender {
         &self.added
     }
 
-    /// A writer of Parquet files for one endpoint's batches.
+    /// A writer of Parquet files for one reader's batches (of one endpoint or several).
     pub fn file_writer(self: &Arc<Self>) -> FileWriter {
         FileWriter {
             appender: Arc::clone(self),
@@ -293,7 +293,7 @@ pub async fn committed_batch(
     )))
 }
 
-/// Encodes one endpoint's stream batches into bronze Parquet files as they arrive.
+/// Encodes one reader's stream batches into bronze Parquet files as they arrive.
 pub struct FileWriter {
     appender: Arc<Appender>,
     writer: Option<DeltaWriter>,

@@ -167,7 +167,7 @@ mod tests {
 }
 
 /// The facts of a batch's rows, gathered as they stream by: count, LSN and commit-time
-/// extents, operation counts. Endpoints read in parallel each keep one and [`Totals::merge`].
+/// extents, operation counts. Readers in parallel each keep one and [`Totals::merge`].
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Totals {
     rows: i64,

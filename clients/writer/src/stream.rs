@@ -107,6 +107,9 @@ pub struct BatchOutcome {
     pub verdict: Option<CommitTime>,
     /// Whether the batch was a replay of one a crash left uncommitted.
     pub replayed: bool,
+    /// Whether the batch's plan was made while the batch before it streamed (a backlog
+    /// whose next range had not grown by the time this batch started).
+    pub planned_ahead: bool,
 }
 
 /// A running stream of one table.
@@ -130,8 +133,9 @@ pub struct Stream {
     /// Whether a range with nothing to write is left for later (continuous runs) instead of
     /// written as an empty batch (available-now runs record reaching their target).
     skip_quiet: bool,
-    /// The plan of the range a quiet check planned, reused by its batch.
-    planned: Option<(Offset, Offset, PlannedBatch)>,
+    /// A plan made before its batch started, reused by the batch of its range: by a quiet
+    /// check, or ahead while the batch before streamed.
+    planned: Option<Planned>,
     /// The group committer of facts rows and verdicts shared with other tables' streams.
     ledger: Option<Arc<Ledger>>,
     /// The sidecar's turns at lake work, a slot taken per continuous batch.
@@ -144,6 +148,13 @@ pub struct Stream {
     /// control work while verdicts are hourly).
     verdict: Option<CommitTime>,
 }
+
+/// Endpoints a batch is planned in per reader (`partitions` > 1; the server keeps 50,000
+/// rows or more in each): two readers given a half each ended 60-120 ms apart in a 700 ms
+/// read of 1M rows here (whatever the machine gave one more than the other), a core idle
+/// meanwhile; readers taking the next of eight eighths as they finish end closer together
+/// (docs/writer.md, "Benchmark").
+const ENDPOINTS_PER_READER: u32 = 4;
 
 /// Environment variable naming a step boundary where the process aborts, for crash tests:
 /// `after_plan`, `after_bronze`, `after_facts` or `after_control` of a stream batch, or
@@ -373,7 +384,7 @@ impl Stream {
             // The fence: a batch id another writer of this app id claimed stops this one here.
             self.checkpoint.claim_batch(&record).await?;
         }
-        let outcome = self.write_batch(&mut record, replayed).await?;
+        let outcome = self.write_batch(&mut record, replayed, upper).await?;
         self.checkpoint.commit(record.batch_id).await?;
         Ok(Some(outcome))
     }
@@ -431,6 +442,7 @@ impl Stream {
         &mut self,
         record: &mut BatchRecord,
         replayed: bool,
+        upper: Option<Lsn>,
     ) -> Result<BatchOutcome> {
         if replayed && let Some(outcome) = self.finish_written(record).await? {
             return Ok(outcome);
@@ -439,11 +451,15 @@ impl Stream {
         let clock = Instant::now();
         let mut laps = Laps::start();
         let ping = Instant::now();
-        let _: LsnAnswer = self.client.action("max_lsn", &json!({})).await?;
+        let source_max: LsnAnswer = self.client.action("max_lsn", &json!({})).await?;
         let rtt_ms = ping.elapsed().as_secs_f64() * 1000.0;
         let mut events: Vec<FactsRow> = Vec::new();
+        let mut planned_ahead = false;
         let planned = match self.planned.take() {
-            Some((start, end, plan)) if start == record.start && end == record.end => Ok(plan),
+            Some(planned) if planned.start == record.start && planned.end == record.end => {
+                planned_ahead = planned.ahead;
+                Ok(planned.plan)
+            }
             _ => self.plan(record).await,
         };
         let plan = match planned {
@@ -522,7 +538,22 @@ impl Stream {
             });
         }
         laps.lap("prepare");
-        let read = self.read(&plan, appender.clone()).await?;
+        // With more committed past this batch, the next batch is planned while this one
+        // streams: on SQL Server a plan is a scan of the range's LSNs, time the read hides.
+        let backlog = source_max.lsn.filter(|max| {
+            *max > record.end.lsn && upper.is_none_or(|upper| record.end.lsn < upper)
+        });
+        self.open_readers(&plan).await?;
+        let (read, next) = tokio::join!(self.read(&plan, appender.clone()), async {
+            match backlog {
+                Some(source_max) => self.plan_after(record.end, upper, source_max).await,
+                None => None,
+            }
+        });
+        let read = read?;
+        if let Some(next) = next {
+            self.planned = Some(next);
+        }
         laps.lap("read");
         let rows = read.totals.rows();
         if rows > 0 && appender.is_none() {
@@ -620,6 +651,7 @@ impl Stream {
             end: record.end,
             verdict,
             replayed,
+            planned_ahead,
         })
     }
 
@@ -678,6 +710,7 @@ impl Stream {
             end: record.end,
             verdict,
             replayed: true,
+            planned_ahead: false,
         }))
     }
 
@@ -740,7 +773,12 @@ impl Stream {
         if plan.rows == 0 && plan.events.is_empty() {
             return Ok(true);
         }
-        self.planned = Some((start, end, plan));
+        self.planned = Some(Planned {
+            start,
+            end,
+            plan,
+            ahead: false,
+        });
         Ok(false)
     }
 
@@ -750,7 +788,12 @@ impl Stream {
             record.start.lsn,
             Some(record.end.lsn),
         );
-        command.partitions = Some(self.config.partitions);
+        command.partitions = Some(match self.config.partitions {
+            0 | 1 => 1,
+            readers => readers
+                .saturating_mul(ENDPOINTS_PER_READER)
+                .min(mssql_cdc_proto::protocol::MAX_PARTITIONS),
+        });
         match self.client.plan_changes(&command).await {
             Ok(plan) => Ok(PlannedBatch {
                 schema: Arc::new(
@@ -931,14 +974,45 @@ impl Stream {
         Ok(Some(Arc::new(appender)))
     }
 
-    /// Reads every endpoint in parallel, each over a connection of its own (up to
-    /// `partitions` connections) and streaming its batches into its own bronze files (when
-    /// `bronze` is given) and its totals.
-    async fn read(
-        &mut self,
-        plan: &PlannedBatch,
-        bronze: Option<Arc<bronze::Appender>>,
-    ) -> Result<EndpointReads> {
+    /// The next batch's range after `start` and its plan, planned ahead; `None` when there
+    /// is nothing after `start`, when the range reaches `source_max` without an `upper` (it
+    /// will have grown by the time its batch starts) or when asking failed (the batch then
+    /// asks again, and meets the error where it handles it). The batch reuses the plan when
+    /// its range ends where this one does.
+    async fn plan_after(
+        &self,
+        start: Offset,
+        upper: Option<Lsn>,
+        source_max: Lsn,
+    ) -> Option<Planned> {
+        let planned = async {
+            let end = self.latest(start, upper).await?;
+            if end.lsn <= start.lsn || (upper.is_none() && end.lsn >= source_max) {
+                return Ok(None);
+            }
+            let record = BatchRecord {
+                app_id: self.config.app_id.clone(),
+                batch_id: 0,
+                start,
+                end,
+                committed: false,
+            };
+            Ok::<_, WriterError>(Some(Planned {
+                start,
+                end,
+                plan: self.plan(&record).await?,
+                ahead: true,
+            }))
+        };
+        planned.await.unwrap_or_else(|error| {
+            tracing::debug!(table = %self.config.table, %error, "planning ahead failed");
+            None
+        })
+    }
+
+    /// Opens the connections `plan`'s endpoints are read over that are not open yet: one
+    /// per reader, a reader per endpoint up to `partitions`.
+    async fn open_readers(&mut self, plan: &PlannedBatch) -> Result<()> {
         let connections = plan
             .tickets
             .len()
@@ -947,29 +1021,51 @@ impl Stream {
             self.readers
                 .push(connect_server(&self.config.server).await?);
         }
+        Ok(())
+    }
+
+    /// Reads the endpoints with up to `partitions` readers in parallel, each over a
+    /// connection of its own (the ones [`Stream::open_readers`] opened) taking the next
+    /// endpoint no reader took yet, streaming its batches into the reader's own bronze files
+    /// (when `bronze` is given) and its totals.
+    async fn read(
+        &self,
+        plan: &PlannedBatch,
+        bronze: Option<Arc<bronze::Appender>>,
+    ) -> Result<EndpointReads> {
         let clients: Vec<&CdcClient> = std::iter::once(&self.client).chain(&self.readers).collect();
+        let tickets = Arc::new(plan.tickets.clone());
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut reads = Vec::new();
-        for (index, ticket) in plan.tickets.iter().enumerate() {
-            let client = clients[index % clients.len()].clone();
-            let ticket = ticket.clone();
+        for client in clients.iter().take(tickets.len()) {
+            let client = (*client).clone();
+            let (tickets, next) = (Arc::clone(&tickets), Arc::clone(&next));
             let mut files = bronze.as_ref().map(bronze::Appender::file_writer);
             reads.push(tokio::spawn(async move {
                 let mut totals = Totals::default();
-                let mut reader = client.open_endpoint(&ticket).await?;
+                let mut completions = Vec::new();
                 let streamed: Result<()> = async {
-                    while let Some(batch) = reader.next_batch().await? {
-                        totals.add(&batch)?;
-                        if let Some(files) = files.as_mut() {
-                            files.write(&batch).await?;
+                    // The next endpoint no reader took yet: a reader the machine serves
+                    // faster reads more of them, and all end about together.
+                    loop {
+                        let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(ticket) = tickets.get(index) else {
+                            return Ok(());
+                        };
+                        let mut reader = client.open_endpoint(ticket).await?;
+                        while let Some(batch) = reader.next_batch().await? {
+                            totals.add(&batch)?;
+                            if let Some(files) = files.as_mut() {
+                                files.write(&batch).await?;
+                            }
                         }
+                        completions.push((index, reader.completion()?));
                     }
-                    Ok(())
                 }
                 .await;
-                let completion = streamed.and_then(|()| Ok(reader.completion()?));
-                match (completion, files) {
-                    (Ok(completion), Some(files)) => Ok((totals, completion, files.close().await?)),
-                    (Ok(completion), None) => Ok((totals, completion, Vec::new())),
+                match (streamed, files) {
+                    (Ok(()), Some(files)) => Ok((totals, completions, files.close().await?)),
+                    (Ok(()), None) => Ok((totals, completions, Vec::new())),
                     (Err(error), files) => {
                         if let Some(files) = files {
                             files.abort().await;
@@ -984,14 +1080,20 @@ impl Stream {
             completions: Vec::new(),
             files: Vec::new(),
         };
+        let mut completions = Vec::new();
         for read in reads {
-            let (totals, completion, files) = read
+            let (totals, read_completions, files) = read
                 .await
                 .map_err(|error| WriterError::Internal(format!("read task: {error}")))??;
             outcome.totals.merge(totals);
-            outcome.completions.push(completion);
+            completions.extend(read_completions);
             outcome.files.extend(files);
         }
+        completions.sort_by_key(|(index, _)| *index);
+        outcome.completions = completions
+            .into_iter()
+            .map(|(_, completion)| completion)
+            .collect();
         Ok(outcome)
     }
 
@@ -1083,6 +1185,15 @@ struct PlannedBatch {
     schema: SchemaRef,
     rows: u64,
     tickets: Vec<arrow_flight::Ticket>,
+}
+
+/// A plan of `(start, end]` made before its batch started.
+struct Planned {
+    start: Offset,
+    end: Offset,
+    plan: PlannedBatch,
+    /// Made while the batch before streamed (not by a quiet check just before its batch).
+    ahead: bool,
 }
 
 /// What reading a batch's endpoints gathered.

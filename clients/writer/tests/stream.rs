@@ -35,6 +35,15 @@ async fn available_now_writes_every_change_once_with_facts_and_verdict() {
         lab.committed(),
         "every committed change exactly once"
     );
+    // Each batch after the first was planned while the one before streamed, and its plan
+    // was used as it was (its range had not grown: the run stops at the max_lsn it found).
+    let ahead: Vec<bool> = outcomes
+        .iter()
+        .map(|outcome| outcome.planned_ahead)
+        .collect();
+    let mut expected = vec![true; outcomes.len()];
+    expected[0] = false;
+    assert_eq!(ahead, expected);
     let facts = facts_batches(&lab).await;
     let ids: Vec<i64> = facts.iter().map(|row| row.0).collect();
     assert_eq!(
@@ -718,4 +727,59 @@ async fn a_type_bronze_holds_wider_is_cast_and_one_it_cannot_hold_stops_the_stre
         .expect("count")
         .value(0);
     assert_eq!(facts_rows, 0, "no facts row for the refused batch");
+}
+
+/// A batch the server plans in more endpoints than the stream has readers: each reader
+/// takes the next endpoint no reader took as it finishes one, into the files it keeps for
+/// the batch, so every row lands once in one file per reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_more_endpoints_than_readers_lands_every_row_once_in_a_file_per_reader() {
+    let lab = Lab::new().await;
+    let orders: mssql_cdc_flight::source::TableName = "dbo.orders".parse().expect("name");
+    let mut writer = lab.writer(7);
+    for _ in 0..240 {
+        let mut transaction = writer.begin();
+        transaction.insert(&orders, 1_000).expect("insert");
+        transaction.commit().expect("commit");
+    }
+    writer.publish().expect("publish");
+    let config = lab.config();
+    assert_eq!(config.partitions, 2);
+    let outcomes = run_now(config).await;
+    assert_eq!(outcomes.len(), 1, "one batch: no max_commits");
+    let batch = &outcomes[0];
+    assert_eq!(batch.rows, 240_000);
+
+    // The range as the stream planned it (2 readers, 4 endpoints each at most): the server
+    // cuts it into tiles of at least 50,000 rows, more endpoints than readers.
+    let client = mssql_cdc_flight::client::CdcClient::connect(&lab.url)
+        .await
+        .expect("client");
+    let mut command = mssql_cdc_proto::protocol::ChangesCommand::new(
+        "dbo.orders".to_string(),
+        batch.start.lsn,
+        Some(batch.end.lsn),
+    );
+    command.partitions = Some(8);
+    let plan = client.plan_changes(&command).await.expect("plan");
+    assert!(
+        plan.info.endpoint.len() >= 3,
+        "{} endpoints",
+        plan.info.endpoint.len()
+    );
+
+    assert_eq!(
+        bronze_rows(&lab).await.expect("bronze"),
+        lab.committed(),
+        "every committed change exactly once"
+    );
+    let bronze = tables::open(&tables::table_url(&lab.lake("bronze_orders")).expect("url"))
+        .await
+        .expect("open")
+        .expect("bronze");
+    assert_eq!(
+        bronze.snapshot().expect("snapshot").log_data().num_files(),
+        2,
+        "one file per reader"
+    );
 }
