@@ -460,7 +460,7 @@ impl Stream {
                 planned_ahead = planned.ahead;
                 Ok(planned.plan)
             }
-            _ => self.plan(record).await,
+            _ => self.plan(record.start, record.end).await,
         };
         let plan = match planned {
             Ok(plan) => plan,
@@ -472,7 +472,7 @@ impl Stream {
                         .await?;
                 self.resume_at(record, resume).await?;
                 events.push(event);
-                self.plan(record).await?
+                self.plan(record.start, record.end).await?
             }
             Err(WriterError::DataLoss { message, .. }) if !self.config.fail_on_data_loss => {
                 let skipped_from = record.start;
@@ -490,7 +490,7 @@ impl Stream {
                     ..FactsRow::default()
                 });
                 events.extend(self.abandon_broken_snapshot(resume.lsn).await?);
-                self.plan(record).await?
+                self.plan(record.start, record.end).await?
             }
             Err(error) => return Err(error),
         };
@@ -757,14 +757,7 @@ impl Stream {
         if moves_verdict {
             return Ok(false);
         }
-        let record = BatchRecord {
-            app_id: self.config.app_id.clone(),
-            batch_id: 0,
-            start,
-            end,
-            committed: false,
-        };
-        let plan = match self.plan(&record).await {
+        let plan = match self.plan(start, end).await {
             Ok(plan) => plan,
             // Purged changes are the batch's to handle, as configured.
             Err(WriterError::DataLoss { .. }) => return Ok(false),
@@ -782,12 +775,9 @@ impl Stream {
         Ok(false)
     }
 
-    async fn plan(&self, record: &BatchRecord) -> Result<PlannedBatch> {
-        let mut command = ChangesCommand::new(
-            self.config.table.clone(),
-            record.start.lsn,
-            Some(record.end.lsn),
-        );
+    /// The plan of `(start, end]`.
+    async fn plan(&self, start: Offset, end: Offset) -> Result<PlannedBatch> {
+        let mut command = ChangesCommand::new(self.config.table.clone(), start.lsn, Some(end.lsn));
         command.partitions = Some(match self.config.partitions {
             0 | 1 => 1,
             readers => readers
@@ -814,7 +804,7 @@ impl Stream {
             Err(error) if error.code() == Some(tonic::Code::DataLoss) => {
                 Err(WriterError::DataLoss {
                     table: self.config.table.clone(),
-                    from: record.start.lsn,
+                    from: start.lsn,
                     message: error.to_string(),
                 })
             }
@@ -990,17 +980,10 @@ impl Stream {
             if end.lsn <= start.lsn || (upper.is_none() && end.lsn >= source_max) {
                 return Ok(None);
             }
-            let record = BatchRecord {
-                app_id: self.config.app_id.clone(),
-                batch_id: 0,
-                start,
-                end,
-                committed: false,
-            };
             Ok::<_, WriterError>(Some(Planned {
                 start,
                 end,
-                plan: self.plan(&record).await?,
+                plan: self.plan(start, end).await?,
                 ahead: true,
             }))
         };
