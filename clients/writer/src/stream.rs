@@ -152,8 +152,8 @@ pub struct Stream {
 /// Endpoints a batch is planned in per reader (`partitions` > 1; the server keeps 50,000
 /// rows or more in each): two readers given a half each ended 60-120 ms apart in a 700 ms
 /// read of 1M rows here (whatever the machine gave one more than the other), a core idle
-/// meanwhile; readers taking the next of eight eighths as they finish end closer together
-/// (docs/writer.md, "Benchmark").
+/// meanwhile; readers taking the next of 4 endpoints each as they finish one end closer
+/// together (docs/writer.md, "Benchmark").
 const ENDPOINTS_PER_READER: u32 = 4;
 
 /// Environment variable naming a step boundary where the process aborts, for crash tests:
@@ -1058,26 +1058,24 @@ impl Stream {
                 }
             }));
         }
-        let mut outcome = EndpointReads {
-            totals: Totals::default(),
-            completions: Vec::new(),
-            files: Vec::new(),
-        };
-        let mut completions = Vec::new();
+        let (mut totals, mut completions, mut files) = (Totals::default(), Vec::new(), Vec::new());
         for read in reads {
-            let (totals, read_completions, files) = read
+            let (read_totals, read_completions, read_files) = read
                 .await
                 .map_err(|error| WriterError::Internal(format!("read task: {error}")))??;
-            outcome.totals.merge(totals);
+            totals.merge(read_totals);
             completions.extend(read_completions);
-            outcome.files.extend(files);
+            files.extend(read_files);
         }
         completions.sort_by_key(|(index, _)| *index);
-        outcome.completions = completions
-            .into_iter()
-            .map(|(_, completion)| completion)
-            .collect();
-        Ok(outcome)
+        Ok(EndpointReads {
+            totals,
+            completions: completions
+                .into_iter()
+                .map(|(_, completion)| completion)
+                .collect(),
+            files,
+        })
     }
 
     /// A bronze commit's userMetadata: the seed's facts JSON, then the whole facts row and
