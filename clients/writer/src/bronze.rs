@@ -205,6 +205,7 @@ impl Appender {
             )]);
         // The commit reads the snapshot the stream found without batch `version`: delta-rs'
         // conflict check refuses it when a concurrent commit carried the same app id.
+        let _turn = crate::owner::turn(self.table.table_url()).await;
         let committed = CommitBuilder::from(properties)
             .with_actions(files.into_iter().map(Action::Add).collect())
             .build(

@@ -27,12 +27,13 @@ use mssql_cdc_proto::Offset;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, WriterError};
+use crate::facts::FactsRow;
 
 /// How many of the newest batches a checkpoint keeps.
 pub const RETAINED_BATCHES: i64 = 100;
 
 /// The last batch of a stream.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BatchRecord {
     /// The writer identity the batch belongs to.
     pub app_id: String,
@@ -44,6 +45,10 @@ pub struct BatchRecord {
     pub end: Offset,
     /// Whether every commit of the batch (bronze, facts, control) is done.
     pub committed: bool,
+    /// The event rows of a batch amended past purged changes (`data_skipped`, `data_loss`,
+    /// `snapshot_abandoned`), recorded with the amendment: a replay plans the amended range,
+    /// which no longer meets the purge, and writes these.
+    pub events: Vec<FactsRow>,
 }
 
 /// What `batches/<id>.json` holds: the planned batch and who claimed it.
@@ -57,6 +62,9 @@ struct Claim {
     writer: String,
     /// When it was claimed (RFC 3339).
     claimed_at: String,
+    /// [`BatchRecord::events`]; absent in claims of batches never amended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    events: Vec<FactsRow>,
 }
 
 /// A stream's checkpoint.
@@ -168,6 +176,7 @@ impl Checkpoint {
             start: claim.start,
             end: claim.end,
             committed,
+            events: claim.events,
         }))
     }
 
@@ -198,9 +207,31 @@ impl Checkpoint {
         )))
     }
 
-    /// Moves the range of a claimed batch not yet committed (a skip past purged changes),
-    /// recorded before anything of it is read.
-    pub async fn amend(&self, batch: &BatchRecord) -> Result<()> {
+    /// Moves the range of a claimed batch not yet committed from `claimed` to `batch`'s (a
+    /// skip past purged changes), recorded before anything of it is read. Refused (fenced)
+    /// when the claim no longer holds `claimed`'s range: another writer of this app id
+    /// amended it since this one read it.
+    pub async fn amend(&self, claimed: &BatchRecord, batch: &BatchRecord) -> Result<()> {
+        let stored = self.claim(batch.batch_id).await?;
+        if stored
+            .as_ref()
+            .is_none_or(|stored| stored.start != claimed.start || stored.end != claimed.end)
+        {
+            return Err(WriterError::Fenced(format!(
+                "checkpoint {}: batch {} of app_id '{}' was amended by another writer{} while \
+                 this one replanned it from {}..{}: two writers of one app id are running. \
+                 This one stopped before reading or writing anything; stop the other",
+                self.location,
+                batch.batch_id,
+                batch.app_id,
+                stored.map_or(String::new(), |other| format!(
+                    " ({}, range {}..{})",
+                    other.writer, other.start.lsn, other.end.lsn
+                )),
+                claimed.start.lsn,
+                claimed.end.lsn,
+            )));
+        }
         let text = self.claim_text(batch)?;
         self.store
             .overwrite(&batch_name(batch.batch_id), &text)
@@ -246,6 +277,7 @@ impl Checkpoint {
             end: batch.end,
             writer: self.writer.clone(),
             claimed_at: chrono::Utc::now().to_rfc3339(),
+            events: batch.events.clone(),
         })
         .map_err(|error| WriterError::Internal(error.to_string()))
     }
@@ -454,6 +486,7 @@ mod tests {
             start: Offset::new(Lsn::from_u128(u128::from(end) - 1).expect("lsn"), None),
             end: Offset::new(Lsn::from_u128(u128::from(end)).expect("lsn"), None),
             committed: false,
+            events: Vec::new(),
         }
     }
 
@@ -566,7 +599,16 @@ mod tests {
                 .claim_batch(&batch(next, 500))
                 .await
                 .expect("claim");
-            checkpoint.amend(&batch(next, 700)).await.expect("amend");
+            let stale = batch(next, 600);
+            let refused = checkpoint.amend(&stale, &batch(next, 700)).await;
+            assert!(
+                matches!(refused, Err(WriterError::Fenced(_))),
+                "an amendment of a range the claim does not hold: {refused:?}"
+            );
+            checkpoint
+                .amend(&batch(next, 500), &batch(next, 700))
+                .await
+                .expect("amend");
             // What this handle wrote, and what another reads from the store, agree.
             for reader in [&checkpoint, &place.open().await] {
                 let last = reader.last().await.expect("last").expect("a batch");

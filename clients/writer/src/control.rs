@@ -406,6 +406,7 @@ async fn merge_rows(
     let slot = tokio::sync::Mutex::new(cached.take());
     let merged = tables::retry_conflicts(|| async {
         let mut cached = slot.lock().await;
+        let _turn = crate::owner::turn(url).await;
         let table = tables::refreshed(&mut cached, url, TableKind::Control, "control").await?;
         let frame = SessionContext::new().read_batch(source.clone())?;
         let merge = table

@@ -5,12 +5,12 @@
 //! over a table:
 //!
 //! 1. **Compaction** (bronze, facts, control, plans, reconcile report): when the table holds
-//!    at least `min_files` files smaller than half its target file size, delta-rs' OPTIMIZE
-//!    bin-packs them (a commit of `dataChange = false` removes and adds: readers of the
-//!    change log, silver included, read bronze by `_start_lsn`, not by file, so they see no
-//!    change). Silver is not compacted here: its copy-on-write apply folds its small files
-//!    into one on every call already, and an OPTIMIZE racing a silver rewrite is the
-//!    conflict delta-rs does not see (docs/writer.md, "Tables another engine touched").
+//!    at least `min_files` files smaller than half its target file size, they are bin-packed
+//!    ([`crate::compaction`]: a commit of `dataChange = false` removes and adds, which no
+//!    other compaction of the same files can also land; readers of the change log, silver
+//!    included, read bronze by `_start_lsn`, not by file, so they see no change). Silver is
+//!    not compacted here: its copy-on-write apply folds its small files into one on every
+//!    call already.
 //! 2. **A log checkpoint** at the table's version, so readers and the next commit load
 //!    one Parquet file instead of replaying JSON commits.
 //! 3. **`VACUUM`** (full: the files of removed versions and the orphans of batches a crash
@@ -20,8 +20,11 @@
 //! 4. **Log cleanup**: commit files older than the table's `delta.logRetentionDuration`
 //!    (30 days by default) and behind the checkpoint are removed.
 //!
-//! A pass is safe next to a running writer: appends and OPTIMIZE do not conflict, a commit
-//! that does is retried, and what a conflict leaves undone is done by the next pass.
+//! A pass is safe next to a running writer and next to another pass: appends and a
+//! compaction do not conflict, two compactions of one table never both land, a commit that
+//! conflicts is retried on the table as it is then, and what a conflict leaves undone is
+//! done by the next pass. In a process the pass takes each table's turn ([`crate::owner`])
+//! around its log checkpoint and `VACUUM`.
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
@@ -33,6 +36,7 @@ use deltalake::table::config::TablePropertiesExt;
 use serde::Serialize;
 use url::Url;
 
+use crate::compaction::{self, Bins};
 use crate::error::{Result, WriterError};
 use crate::tables::{self, TableKind};
 
@@ -117,11 +121,15 @@ pub async fn maintain(
     } else {
         table
     };
+    // The log checkpoint and VACUUM's commits in the table's turn: this process's writers
+    // of it wait, and those of other processes meet VACUUM's commits as appends.
+    let turn = crate::owner::turn(&url).await;
     let version = table.version().unwrap_or(0);
     deltalake::checkpoints::create_checkpoint(&table, None).await?;
     report.checkpoint_version = Some(version);
     let (table, vacuumed) = vacuum(table, options).await?;
     report.vacuumed = vacuumed;
+    drop(turn);
     // Last: the log cleanup removes the files a snapshot loaded before it was listed from.
     let log_retention = table.snapshot()?.table_config().log_retention_duration();
     let cutoff = options.clock.current_timestamp_millis() - log_retention.as_millis() as i64;
@@ -146,24 +154,15 @@ async fn reload(url: &Url) -> Result<DeltaTable> {
 async fn compact(url: &Url, min_files: usize) -> Result<u64> {
     tables::retry_conflicts(|| async {
         let table = reload(url).await?;
-        let target = table.snapshot()?.table_config().target_file_size().get();
-        if small_files(&table, target)? < min_files.max(2) {
-            return Ok(0);
-        }
-        let (_, metrics) = table.optimize().await?;
-        Ok(metrics.num_files_removed)
+        let target = table.snapshot()?.table_config().target_file_size();
+        let bins = Bins {
+            small_below: target.get() / 2,
+            target,
+            min_files,
+        };
+        compaction::compact(&table, bins).await
     })
     .await
-}
-
-/// The table's files smaller than half of `target`: those compaction folds.
-fn small_files(table: &DeltaTable, target: u64) -> Result<usize> {
-    Ok(table
-        .snapshot()?
-        .log_data()
-        .iter()
-        .filter(|file| (file.size() as u64) < target / 2)
-        .count())
 }
 
 /// How many small files an appended-to ledger table (facts, plans, reconcile report) holds
@@ -184,15 +183,23 @@ pub const AUTO_COMPACT_TARGET: u64 = 8 << 20;
 /// facts_appends.rs`; docs/writer.md, "Small files compacted as they are appended"). A
 /// table of one small file per commit would slow every writer of it between maintenance
 /// passes; compacting every [`AUTO_COMPACT_FILES`] small files keeps the list short. The
-/// compaction commits with `dataChange = false`, which concurrent appends do not conflict
-/// with.
+/// compaction ([`crate::compaction`]) commits with `dataChange = false`, which concurrent
+/// appends do not conflict with.
 pub async fn auto_compact(table: DeltaTable) -> Result<(DeltaTable, u64)> {
-    if small_files(&table, AUTO_COMPACT_TARGET)? < AUTO_COMPACT_FILES {
+    let bins = Bins {
+        small_below: AUTO_COMPACT_TARGET / 2,
+        target: NonZeroU64::new(AUTO_COMPACT_TARGET).expect("a nonzero target"),
+        min_files: AUTO_COMPACT_FILES,
+    };
+    if compaction::small_files(&table, bins)? < AUTO_COMPACT_FILES {
         return Ok((table, 0));
     }
-    let target = NonZeroU64::new(AUTO_COMPACT_TARGET).expect("a nonzero target");
-    let (table, metrics) = table.optimize().with_target_size(target).await?;
-    Ok((table, metrics.num_files_removed))
+    let folded = compaction::compact(&table, bins).await?;
+    let mut table = table;
+    if folded > 0 {
+        table.update_incremental(None).await?;
+    }
+    Ok((table, folded))
 }
 
 /// Removes files unreferenced for longer than the retention (and the orphans of aborted

@@ -111,6 +111,13 @@ pub fn failure(table: &str, error: &crate::error::WriterError) {
     metrics::counter!("mssql_cdc_writer_failures_total", "table" => table.to_string()).increment(1);
 }
 
+/// Records a failed wave of `table`'s snapshot (the sidecar tries it again after its poll,
+/// the stream going on).
+pub fn backfill_failed(table: &str) {
+    metrics::counter!("mssql_cdc_writer_backfill_failures_total", "table" => table.to_string())
+        .increment(1);
+}
+
 /// Serves the metrics at `http://address/metrics`.
 pub fn serve(address: std::net::SocketAddr) -> crate::error::Result<()> {
     metrics_exporter_prometheus::PrometheusBuilder::new()

@@ -350,9 +350,9 @@ async fn backfill_to_end(entry: &TableEntry, config: &StreamConfig) -> Result<()
 /// While it is paused or none is open, it waits for [`watch_snapshots`] to find one open
 /// (`poll` without the watcher). With the watcher, only a table whose entry asks for a chunked
 /// bootstrap reads its snapshots at once; the others wait for the watcher's first query, so a
-/// thousand starting tables do not each query the shared facts table. Failures end the task
-/// only for a table whose entry asks for a chunked bootstrap; otherwise they are logged and
-/// retried after `poll`.
+/// thousand starting tables do not each query the shared facts table. A failed wave is
+/// logged (WARN), counted (`mssql_cdc_writer_backfill_failures_total`) and tried again after
+/// `poll`, the stream going on beside it; only a second writer (fenced) ends the task.
 async fn backfill_continuous(
     entry: &TableEntry,
     config: &StreamConfig,
@@ -387,9 +387,14 @@ async fn backfill_continuous(
                     continue;
                 }
             }
-            Err(error) if entry.bootstrap == Some(SnapshotMode::Chunked) => return Err(error),
+            // A second writer stops the table; any other failure of a wave is the wave's: the
+            // stream beside it goes on (a failing wave ended the attempt, throttling the
+            // stream to a batch per backoff), and the wave is tried again after `poll`.
+            Err(error @ WriterError::Fenced(_)) => return Err(error),
             Err(error) => {
-                tracing::debug!(table = %entry.table, %error, "no snapshot to backfill yet");
+                tracing::warn!(table = %entry.table, %error,
+                    "a wave of the table's snapshot failed; it is tried again after the poll interval");
+                crate::metrics::backfill_failed(&entry.table);
             }
         }
         sleep_unless_stopped(poll, &stop).await;

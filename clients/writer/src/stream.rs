@@ -138,6 +138,9 @@ pub struct Stream {
     planned: Option<Planned>,
     /// The group committer of facts rows and verdicts shared with other tables' streams.
     ledger: Option<Arc<Ledger>>,
+    /// The last batch's end and the end of the quiet ranges passed over after it
+    /// ([`Stream::next_range`]).
+    quiet_past: Option<(Offset, Offset)>,
     /// The sidecar's turns at lake work, a slot taken per continuous batch.
     slots: Option<TableSlots>,
     /// Bronze as the last batch loaded it.
@@ -155,6 +158,10 @@ pub struct Stream {
 /// meanwhile; readers taking the next of 4 endpoints each as they finish one end closer
 /// together (docs/writer.md, "Benchmark").
 const ENDPOINTS_PER_READER: u32 = 4;
+
+/// The most quiet ranges one call of [`Stream::next_range`] passes over before it lets the
+/// table wait (and the sidecar's other tables take its slot).
+const QUIET_RANGES_PER_CALL: usize = 1000;
 
 /// Environment variable naming a step boundary where the process aborts, for crash tests:
 /// `after_plan`, `after_bronze`, `after_facts` or `after_control` of a stream batch, or
@@ -234,6 +241,7 @@ impl Stream {
             schedule_checked: None,
             skip_quiet: false,
             planned: None,
+            quiet_past: None,
             ledger: None,
             slots: None,
             bronze: None,
@@ -340,20 +348,14 @@ impl Stream {
             self.verify_checkpoint(last.as_ref()).await?;
             self.verified = true;
         }
-        let (batch_id, start, end, replayed) = match last {
-            Some(batch) if !batch.committed => (batch.batch_id, batch.start, batch.end, true),
-            Some(batch) => {
-                let end = self.latest(batch.end, upper).await?;
-                if end.lsn <= batch.end.lsn {
-                    self.tail.caught_up(batch.end.lsn);
-                    return Ok(None);
-                }
-                if self.skip_quiet && self.nothing_to_write(batch.end, end).await? {
-                    self.tail.quiet(end.lsn);
-                    return Ok(None);
-                }
-                (batch.batch_id + 1, batch.end, end, false)
+        let (batch_id, start, end, replayed, events) = match last {
+            Some(batch) if !batch.committed => {
+                (batch.batch_id, batch.start, batch.end, true, batch.events)
             }
+            Some(batch) => match self.next_range(batch.end, upper).await? {
+                Some(end) => (batch.batch_id + 1, batch.end, end, false, Vec::new()),
+                None => return Ok(None),
+            },
             None => {
                 let start: Offset = self
                     .client
@@ -370,7 +372,7 @@ impl Stream {
                     self.tail.caught_up(start.lsn);
                     return Ok(None);
                 }
-                (0, start, end, false)
+                (0, start, end, false, Vec::new())
             }
         };
         let mut record = BatchRecord {
@@ -379,6 +381,7 @@ impl Stream {
             start,
             end,
             committed: false,
+            events,
         };
         if !replayed {
             // The fence: a batch id another writer of this app id claimed stops this one here.
@@ -387,6 +390,38 @@ impl Stream {
         let outcome = self.write_batch(&mut record, replayed, upper).await?;
         self.checkpoint.commit(record.batch_id).await?;
         Ok(Some(outcome))
+    }
+
+    /// The end of the batch after the last one (which ended at `last_end`), or `None` when
+    /// there is nothing to write yet. With `max_commits` a range ends after that many commits
+    /// of the whole database, so a quiet table's range can end with nothing of it while more
+    /// is committed past it: such a range is passed over (remembered past this call), and
+    /// the next one asked from its end, so the batch written at last spans every quiet range
+    /// before it. Asking the same capped range again on every poll left a quiet table beside
+    /// a busy one behind for good, until cleanup passed it.
+    async fn next_range(&mut self, last_end: Offset, upper: Option<Lsn>) -> Result<Option<Offset>> {
+        let mut from = match self.quiet_past {
+            Some((after, reached)) if after == last_end => reached,
+            _ => last_end,
+        };
+        for _ in 0..QUIET_RANGES_PER_CALL {
+            let end = self.latest(from, upper).await?;
+            if end.lsn <= from.lsn {
+                if from == last_end {
+                    self.tail.caught_up(from.lsn);
+                } else {
+                    self.tail.quiet(from.lsn);
+                }
+                return Ok(None);
+            }
+            if !self.skip_quiet || !self.nothing_to_write(last_end, from, end).await? {
+                return Ok(Some(end));
+            }
+            self.quiet_past = Some((last_end, end));
+            from = end;
+        }
+        self.tail.quiet(from.lsn);
+        Ok(None)
     }
 
     /// Reads to the `max_lsn` recorded at the start, batch after batch, then returns.
@@ -453,7 +488,8 @@ impl Stream {
         let ping = Instant::now();
         let source_max: LsnAnswer = self.client.action("max_lsn", &json!({})).await?;
         let rtt_ms = ping.elapsed().as_secs_f64() * 1000.0;
-        let mut events: Vec<FactsRow> = Vec::new();
+        // The events of a batch amended past purged changes, recorded with the amendment.
+        let mut events: Vec<FactsRow> = record.events.clone();
         let mut planned_ahead = false;
         let planned = match self.planned.take() {
             Some(planned) if planned.start == record.start && planned.end == record.end => {
@@ -470,13 +506,13 @@ impl Stream {
                 let (resume, event) =
                     data_loss::resnapshot(&self.config, &self.client, record.start, &message)
                         .await?;
-                self.resume_at(record, resume).await?;
                 events.push(event);
+                self.resume_at(record, resume, &events).await?;
                 self.plan(record.start, record.end).await?
             }
             Err(WriterError::DataLoss { message, .. }) if !self.config.fail_on_data_loss => {
                 let skipped_from = record.start;
-                let resume = self.skip_to_min_lsn(record).await?;
+                let resume = self.min_lsn().await?;
                 tracing::warn!(table = %self.config.table, from = %skipped_from.lsn, to = %resume.lsn,
                     "changes purged before they were read were skipped (fail_on_data_loss = false)");
                 events.push(FactsRow {
@@ -490,6 +526,7 @@ impl Stream {
                     ..FactsRow::default()
                 });
                 events.extend(self.abandon_broken_snapshot(resume.lsn).await?);
+                self.resume_at(record, resume, &events).await?;
                 self.plan(record.start, record.end).await?
             }
             Err(error) => return Err(error),
@@ -744,12 +781,19 @@ impl Stream {
         Ok(verdict)
     }
 
-    /// Whether `(start, end]` can wait: it would not move the verdict (its end's commit time
-    /// is in the granularity period of `start`'s) and its plan holds no row and no event.
-    /// The plan is kept for the batch when there is something to write.
-    async fn nothing_to_write(&mut self, start: Offset, end: Offset) -> Result<bool> {
+    /// Whether `(start, end]` can wait: a batch ending at `end` after the last one (ending at
+    /// `last_end`; `(last_end, start]` holds nothing to write) would not move the verdict (its
+    /// end's commit time is in the granularity period of `last_end`'s) and the plan of
+    /// `(start, end]` holds no row and no event. The plan is kept for the batch when there is
+    /// something to write.
+    async fn nothing_to_write(
+        &mut self,
+        last_end: Offset,
+        start: Offset,
+        end: Offset,
+    ) -> Result<bool> {
         let granularity = self.config.granularity;
-        let moves_verdict = match (start.commit_ts, end.commit_ts) {
+        let moves_verdict = match (last_end.commit_ts, end.commit_ts) {
             (Some(from), Some(to)) => granularity.truncate(to) > granularity.truncate(from),
             (None, Some(_)) => true,
             (_, None) => false,
@@ -812,9 +856,10 @@ impl Stream {
         }
     }
 
-    /// Moves the batch's start to just before the oldest capture instance's min_lsn.
-    async fn skip_to_min_lsn(&mut self, record: &mut BatchRecord) -> Result<Offset> {
-        let resume: Offset = self
+    /// The offset just before the oldest capture instance's min_lsn, where a batch whose
+    /// changes were purged resumes.
+    async fn min_lsn(&self) -> Result<Offset> {
+        Ok(self
             .client
             .action(
                 "initial_offset",
@@ -823,9 +868,7 @@ impl Stream {
                     starting: Some("earliest".into()),
                 },
             )
-            .await?;
-        self.resume_at(record, resume).await?;
-        Ok(resume)
+            .await?)
     }
 
     /// The `snapshot_abandoned` row of an open chunked snapshot whose S is before `resume`,
@@ -892,13 +935,22 @@ impl Stream {
     }
 
     /// Moves the batch to start at `resume` (its end too, when `resume` is past it), recorded
-    /// in the checkpoint before anything is read.
-    async fn resume_at(&mut self, record: &mut BatchRecord, resume: Offset) -> Result<()> {
+    /// in the checkpoint with the batch's `events` so far before anything is read: a replay
+    /// of the amended batch plans its range without the purge, and writes the events
+    /// recorded here instead of losing them.
+    async fn resume_at(
+        &mut self,
+        record: &mut BatchRecord,
+        resume: Offset,
+        events: &[FactsRow],
+    ) -> Result<()> {
+        let claimed = record.clone();
         record.start = resume;
         if record.end.lsn <= resume.lsn {
             record.end = self.latest(resume, None).await?;
         }
-        self.checkpoint.amend(record).await
+        record.events = events.to_vec();
+        self.checkpoint.amend(&claimed, record).await
     }
 
     /// Bronze ready for the batch's files; `None` when planning counted no rows (no bronze

@@ -763,6 +763,7 @@ pub async fn append_once_each(
     let slot = tokio::sync::Mutex::new(cached.take());
     let outcome = retry_conflicts(|| async {
         let mut cached = slot.lock().await;
+        let _turn = crate::owner::turn(url).await;
         let table = refreshed(&mut cached, url, kind, name).await?;
         let mut written = Vec::with_capacity(batches.len());
         let mut rows = Vec::new();

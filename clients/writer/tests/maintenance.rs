@@ -257,3 +257,59 @@ async fn appends_compact_themselves_next_to_maintenance_and_lose_nothing() {
     .expect("append again");
     assert_eq!(written, [false]);
 }
+
+/// Two `maintain` processes started together on a facts table of 40 one-row files, in
+/// rounds: each round leaves every row once. Before compactions carried their own
+/// application transaction, both processes' OPTIMIZEs landed on the same files and every
+/// row was there twice (the issue saw it in 15 rounds of 15).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_maintain_processes_at_once_double_no_row() {
+    use deltalake::protocol::SaveMode;
+    use mssql_cdc_writer::tables;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    for round in 0..6 {
+        let location = dir.path().join(format!("facts_{round}"));
+        let location = location.display().to_string();
+        let url = tables::table_url(&location).expect("url");
+        let mut table = tables::ensure(&url, TableKind::Facts, TableKind::Facts.fields(), "facts")
+            .await
+            .expect("facts");
+        // Plain appends: the writer's own appends would compact at 32 small files.
+        for n in 0..40 {
+            table = table
+                .write(vec![facts_row(&format!("t{n:02}"))])
+                .with_save_mode(SaveMode::Append)
+                .await
+                .expect("append");
+        }
+        let maintain = || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"))
+                .args(["maintain", "--location", &location, "--kind", "facts"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("maintain")
+        };
+        let (first, second) = (maintain(), maintain());
+        for child in [first, second] {
+            let output = child.wait_with_output().expect("wait");
+            assert!(
+                output.status.success(),
+                "maintain failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let rows = tables::query_text(&url, "SELECT count(*), count(DISTINCT app_id) FROM t")
+            .await
+            .expect("count");
+        assert_eq!(
+            rows,
+            [[Some("40".to_string()), Some("40".to_string())]],
+            "round {round}: every row once"
+        );
+        let table = tables::open(&url).await.expect("open").expect("table");
+        let files = table.snapshot().expect("snapshot").log_data().num_files();
+        assert!(files < 40, "round {round}: compacted ({files} files)");
+    }
+}

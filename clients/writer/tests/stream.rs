@@ -280,8 +280,9 @@ async fn a_replay_whose_range_bronze_holds_otherwise_is_refused_as_a_second_writ
     let before = bronze_rows(&lab).await.expect("bronze");
     // A second writer's checkpoint: the same batch id, planned over another range.
     let (checkpoint, mut last) = uncommit_last_batch(&config).await;
+    let claimed = last.clone();
     last.end = last.start;
-    checkpoint.amend(&last).await.expect("amend");
+    checkpoint.amend(&claimed, &last).await.expect("amend");
     let error = try_run_now(config).await.expect_err("refused");
     assert!(
         matches!(error, WriterError::CheckpointMismatch(_)),
@@ -537,6 +538,54 @@ async fn purged_changes_stop_the_stream_or_are_skipped_with_an_event() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_skipped_past_a_purge_and_then_broken_keeps_its_data_skipped_row_on_replay() {
+    // Before the fix the replay planned the amended range, which no longer met the purge,
+    // and wrote the batch without its data_skipped row.
+    let lab = Lab::new().await;
+    lab.workload(7, 60);
+    let config = lab.config();
+    run_now(config.clone()).await;
+    lab.workload(8, 100);
+    let cut = lab.db.max_lsn().await.expect("max").expect("lsn");
+    let mut writer = lab.writer(9);
+    writer.idle();
+    writer.publish().expect("publish");
+    drop(writer);
+    lab.db.cleanup(None, cut).expect("cleanup past the stream");
+    lab.workload(10, 30);
+    let mut skipping = config;
+    skipping.fail_on_data_loss = false;
+    // The batch is amended past the purge, then its read breaks as a dropped connection.
+    lab.db.set_faults(mssql_cdc_flight::sim::Faults {
+        drop_connection_after_rows: Some(3),
+        ..mssql_cdc_flight::sim::Faults::default()
+    });
+    let broken = try_run_now(skipping.clone()).await;
+    assert!(broken.is_err(), "the read broke: {broken:?}");
+    let amended = Checkpoint::open(&skipping.checkpoint)
+        .await
+        .expect("checkpoint")
+        .last()
+        .await
+        .expect("last")
+        .expect("a batch");
+    assert!(!amended.committed, "the broken batch is left to replay");
+    assert_eq!(amended.events.len(), 1, "{amended:?}");
+    run_now(skipping).await;
+    let skipped: Vec<_> = facts_batches(&lab)
+        .await
+        .into_iter()
+        .filter(|row| row.2.as_deref() == Some("data_skipped"))
+        .collect();
+    assert_eq!(
+        skipped.len(),
+        1,
+        "one data_skipped row, written by the replay"
+    );
+    assert_eq!(skipped[0].0, amended.batch_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_change_policy_fail_stops_at_a_switch_with_nothing_written() {
     let lab = Lab::new().await;
     lab.workload(13, 60);
@@ -781,5 +830,66 @@ async fn a_batch_of_more_endpoints_than_readers_lands_every_row_once_in_a_file_p
         bronze.snapshot().expect("snapshot").log_data().num_files(),
         2,
         "one file per reader"
+    );
+}
+
+/// Commits `commits` transactions of the workload to `table` alone.
+fn workload_on(lab: &Lab, seed: u64, table: &str, commits: u64) {
+    let mut writer = lab.writer(seed);
+    let spec = WorkloadSpec {
+        commits: Some(commits),
+        tables: vec![table.parse().expect("table name")],
+        ..WorkloadSpec::default()
+    };
+    workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
+}
+
+/// How many change rows bronze `bronze_<name>` holds.
+async fn bronze_count(lab: &Lab, name: &str) -> usize {
+    let location = lab.lake(&format!("bronze_{name}"));
+    let url = tables::table_url(&location).expect("url");
+    if tables::open(&url).await.expect("open").is_none() {
+        return 0;
+    }
+    let rows = tables::query_text(&url, "SELECT count(*) FROM t")
+        .await
+        .expect("count");
+    rows[0][0]
+        .as_deref()
+        .expect("count")
+        .parse()
+        .expect("number")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_table_streamed_with_max_commits_beside_a_busy_one_keeps_up() {
+    // Before the fix a capped range holding nothing of dbo.customers was asked for again on
+    // every poll: the 5 later commits never reached bronze.
+    let lab = Lab::new().await;
+    workload_on(&lab, 1, "dbo.customers", 3);
+    workload_on(&lab, 2, "dbo.orders", 400);
+    workload_on(&lab, 3, "dbo.customers", 5);
+    let mut config = lab.stream_of("dbo.customers", "customers");
+    config.max_commits = Some(50);
+    let mut stream = mssql_cdc_writer::stream::Stream::connect(config)
+        .await
+        .expect("connect");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let waiting = mssql_cdc_writer::tail::Waiting {
+        poll: std::time::Duration::from_millis(100),
+        live_tail: false,
+    };
+    let running = tokio::spawn(async move { stream.run_continuous(waiting, stopped).await });
+    let expected = lab.committed_of("dbo.customers").len();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while bronze_count(&lab, "customers").await < expected && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    stop.send(true).expect("stop");
+    running.await.expect("task").expect("stream");
+    assert_eq!(
+        bronze_count(&lab, "customers").await,
+        expected,
+        "every change of the quiet table, its later commits past 400 of the busy one included"
     );
 }

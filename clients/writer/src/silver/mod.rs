@@ -31,7 +31,6 @@ mod deletion_vectors;
 mod ranking;
 mod rewrite;
 mod snapshot;
-mod stored_file;
 
 pub use rewrite::MergeCounts;
 

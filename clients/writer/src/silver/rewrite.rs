@@ -19,7 +19,7 @@
 //! 5. one commit removes the rewritten files and adds the written ones.
 //!
 //! Files are rewritten concurrently, one per core, each read a row group at a time
-//! ([`super::stored_file`]) and written batch by batch.
+//! ([`crate::stored_file`]) and written batch by batch.
 //!
 //! With deletion vectors (`delta.enableDeletionVectors = true` on silver), step 3 marks the
 //! replaced and deleted rows of a file in its vector instead ([`super::deletion_vectors`]):
@@ -57,8 +57,8 @@ use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 
 use super::deletion_vectors::{self, Vectors};
-use super::stored_file::StoredFile;
 use crate::error::{Result, WriterError};
+use crate::stored_file::StoredFile;
 use crate::tables;
 
 /// The ranked changes, one row per key, indexed by key. A change is named by its number
@@ -484,6 +484,7 @@ async fn commit(
     adds: Vec<Add>,
     operation: DeltaOperation,
 ) -> Result<()> {
+    let _turn = crate::owner::turn(table.table_url()).await;
     CommitBuilder::from(tables::rewrite_commit())
         .with_actions(
             removes

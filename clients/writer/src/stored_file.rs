@@ -1,7 +1,7 @@
-//! A silver file read from its store in byte ranges, as Parquet's async reader asks for
-//! them: the footer, then one row group's column chunks at a time. A rewrite so holds the
-//! row group it decodes, not the whole file (silver's files are up to the target file size,
-//! 100 MiB by default, and two are rewritten at a time).
+//! A table's data file read from its store in byte ranges, as Parquet's async reader asks
+//! for them: the footer, then one row group's column chunks at a time. A silver rewrite or a
+//! compaction so holds the row group it decodes, not the whole file (silver's files are up
+//! to the target file size, 100 MiB by default, and two are rewritten at a time).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use deltalake::parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader}
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-/// The footer's bytes fetched at once: the metadata of silver's files fits, so it is one
+/// The footer's bytes fetched at once: the metadata of the writer's files fits, so it is one
 /// request, not the footer's length and then the metadata.
 const FOOTER_HINT: usize = 64 << 10;
 
@@ -31,6 +31,7 @@ pub struct StoredFile {
 }
 
 impl StoredFile {
+    /// The data file `file` of the table whose store (rooted at the table) is `store`.
     pub fn new(store: ObjectStoreRef, file: &LogicalFileView) -> Self {
         StoredFile {
             store,
