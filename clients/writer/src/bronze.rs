@@ -190,6 +190,12 @@ impl Appender {
 
     /// Adds `files` to bronze in one commit with the application transaction
     /// `(app_id, version)` and `user_metadata` (the seed's JSON for the commit).
+    ///
+    /// The commit reads the snapshot the appender was prepared on: delta-rs' conflict check
+    /// refuses it when a commit since carried the same app id. That commit is another
+    /// writer's only when it carried `version` or a later one (fenced); an earlier version is
+    /// this writer's own (a snapshot's previous wave, committed while this one was read), and
+    /// the commit is made again on the table as it is now.
     pub async fn commit(
         &self,
         files: Vec<Add>,
@@ -197,41 +203,64 @@ impl Appender {
         version: i64,
         user_metadata: String,
     ) -> Result<()> {
-        let properties = CommitProperties::default()
-            .with_application_transaction(Transaction::new(app_id, version))
-            .with_metadata([(
-                "userMetadata".to_string(),
-                serde_json::Value::String(user_metadata),
-            )]);
-        // The commit reads the snapshot the stream found without batch `version`: delta-rs'
-        // conflict check refuses it when a concurrent commit carried the same app id.
-        let _turn = crate::owner::turn(self.table.table_url()).await;
-        let committed = CommitBuilder::from(properties)
-            .with_actions(files.into_iter().map(Action::Add).collect())
-            .build(
-                Some(self.table.snapshot()?),
-                self.table.log_store(),
-                DeltaOperation::Write {
-                    mode: SaveMode::Append,
-                    partition_by: None,
-                    predicate: None,
-                },
-            )
-            .await;
-        match committed {
-            Ok(_) => Ok(()),
-            Err(DeltaTableError::Transaction {
-                source: TransactionError::CommitConflict(CommitConflictError::ConcurrentTransaction),
-            }) => Err(WriterError::Fenced(format!(
-                "bronze {}: another writer committed a batch of app_id '{app_id}' while this one \
-                 wrote batch {version}: two writers of one app id are running. This one \
-                 stopped without committing; stop the other",
-                self.table.table_url()
-            ))),
-            Err(error) => Err(error.into()),
+        let actions: Vec<Action> = files.into_iter().map(Action::Add).collect();
+        let mut latest: Option<DeltaTable> = None;
+        for _ in 0..OWN_COMMITS_MET {
+            let base = latest.as_ref().unwrap_or(&self.table);
+            let properties = CommitProperties::default()
+                .with_application_transaction(Transaction::new(app_id, version))
+                .with_metadata([(
+                    "userMetadata".to_string(),
+                    serde_json::Value::String(user_metadata.clone()),
+                )]);
+            let _turn = crate::owner::turn(self.table.table_url()).await;
+            let committed = CommitBuilder::from(properties)
+                .with_actions(actions.clone())
+                .build(
+                    Some(base.snapshot()?),
+                    base.log_store(),
+                    DeltaOperation::Write {
+                        mode: SaveMode::Append,
+                        partition_by: None,
+                        predicate: None,
+                    },
+                )
+                .await;
+            match committed {
+                Ok(_) => return Ok(()),
+                Err(DeltaTableError::Transaction {
+                    source:
+                        TransactionError::CommitConflict(CommitConflictError::ConcurrentTransaction),
+                }) => {
+                    let table = crate::tables::open(self.table.table_url())
+                        .await?
+                        .ok_or_else(|| {
+                            WriterError::Internal(format!("bronze {} disappeared", self.target))
+                        })?;
+                    if crate::tables::holds_transaction(&table, app_id, version).await? {
+                        return Err(self.fenced(app_id, version));
+                    }
+                    latest = Some(table);
+                }
+                Err(error) => return Err(error.into()),
+            }
         }
+        Err(self.fenced(app_id, version))
+    }
+
+    fn fenced(&self, app_id: &str, version: i64) -> WriterError {
+        WriterError::Fenced(format!(
+            "bronze {}: another writer committed a batch of app_id '{app_id}' while this one \
+             wrote batch {version}: two writers of one app id are running. This one \
+             stopped without committing; stop the other",
+            self.table.table_url()
+        ))
     }
 }
+
+/// How many of its own earlier commits (of the same app id, older versions) a bronze commit
+/// meets before it gives up: a snapshot has one wave in flight beside the one committing.
+const OWN_COMMITS_MET: usize = 4;
 
 /// The userMetadata key of a stream commit holding the batch's whole facts row.
 pub const FACTS_KEY: &str = "facts";
@@ -445,6 +474,60 @@ pub fn fits(incoming: &DataType, existing: &DataType) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_meeting_its_own_earlier_wave_lands_and_one_meeting_its_version_is_fenced() {
+        let dir = tempfile::tempdir().expect("temp");
+        let location = dir.path().join("bronze").display().to_string();
+        let url = crate::tables::table_url(&location).expect("url");
+        let schema = Schema::new(vec![
+            Field::new("_start_lsn", ArrowType::Utf8, true),
+            Field::new("id", ArrowType::Int64, true),
+            Field::new("_chunk", ArrowType::Int32, true),
+        ]);
+        let empty = RecordBatch::new_empty(Arc::new(schema.clone()));
+        let rows = BronzeRows::Snapshot("1".into());
+        let fields = fields(&rows.convert(&empty).expect("rows").schema()).expect("fields");
+        let table = crate::tables::ensure(&url, TableKind::Bronze, fields, "bronze")
+            .await
+            .expect("bronze");
+        let appender = || async {
+            Appender::prepare(
+                table.clone(),
+                &schema,
+                &location,
+                BronzeRows::Snapshot("1".into()),
+            )
+            .await
+            .expect("appender")
+        };
+        // Wave 1 read (its appender prepared) before wave 0 committed: before the fix its
+        // commit was refused as a second writer's.
+        let (wave_0, wave_1, stale) = (appender().await, appender().await, appender().await);
+        wave_0
+            .commit(Vec::new(), "snap", 0, "{}".into())
+            .await
+            .expect("wave 0");
+        wave_1
+            .commit(Vec::new(), "snap", 1, "{}".into())
+            .await
+            .expect("wave 1 lands after its own wave 0");
+        let fenced = stale.commit(Vec::new(), "snap", 1, "{}".into()).await;
+        assert!(
+            matches!(fenced, Err(WriterError::Fenced(_))),
+            "a second commit of version 1 is another writer's: {fenced:?}"
+        );
+        let latest = crate::tables::open(&url)
+            .await
+            .expect("open")
+            .expect("table");
+        assert_eq!(
+            crate::tables::transaction(&latest, "snap")
+                .await
+                .expect("txn"),
+            Some(1)
+        );
+    }
 
     fn decimal(precision: u8, scale: u8) -> DataType {
         DataType::decimal(precision, scale).expect("decimal")

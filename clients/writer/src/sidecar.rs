@@ -438,6 +438,25 @@ impl SidecarConfig {
                 pair[0]
             )));
         }
+        // The control table keeps one verdict row per source table (the seed's contract): two
+        // entries of one table would move one verdict for two bronze tables, each claiming
+        // the other's progress.
+        let mut sources: Vec<&str> = config
+            .tables
+            .iter()
+            .map(|entry| entry.table.as_str())
+            .collect();
+        sources.sort_unstable();
+        if let Some(pair) = sources.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(WriterError::invalid(format!(
+                "{}: table '{}' is streamed by two entries, which would share its one verdict \
+                 row in the control table {}; stream it once (or the second pipeline into \
+                 a lake with its own control table)",
+                path.display(),
+                pair[0],
+                config.control
+            )));
+        }
         if config.admin_tls_cert.is_some() != config.admin_tls_key.is_some() {
             return Err(WriterError::invalid(format!(
                 "{}: admin_tls_cert and admin_tls_key go together",
@@ -1052,5 +1071,27 @@ mod tests {
                 Duration::from_secs(60)
             );
         }
+    }
+
+    #[test]
+    fn two_entries_of_one_source_table_are_refused_as_sharing_its_verdict() {
+        let dir = tempfile::tempdir().expect("temp");
+        let path = dir.path().join("sidecar.toml");
+        let file = |second_table: &str| {
+            format!(
+                "server = \"http://127.0.0.1:1\"\nfacts = \"/lake/facts\"\n\
+                 control = \"/lake/control\"\n\n\
+                 [[tables]]\ntable = \"dbo.orders\"\ntarget = \"/lake/bronze_a\"\napp_id = \"a\"\n\n\
+                 [[tables]]\ntable = \"{second_table}\"\ntarget = \"/lake/bronze_b\"\napp_id = \"b\"\n"
+            )
+        };
+        std::fs::write(&path, file("dbo.customers")).expect("write");
+        SidecarConfig::load(&path).expect("two tables load");
+        std::fs::write(&path, file("dbo.orders")).expect("write");
+        let refused = SidecarConfig::load(&path).expect_err("one table twice");
+        assert!(
+            refused.to_string().contains("share its one verdict"),
+            "{refused}"
+        );
     }
 }

@@ -134,12 +134,38 @@ pub(super) async fn write(
 
 /// `stats` (an add action's statistics, JSON) marked as wide: once rows are deleted beside
 /// the file, its minimums, maximums and null counts may cover rows no longer there, which the
-/// protocol says with `tightBounds = false` (`numRecords` stays the file's physical rows).
-pub(super) fn wide_bounds(stats: Option<String>) -> Option<String> {
-    let stats = stats?;
-    let Ok(serde_json::Value::Object(mut fields)) = serde_json::from_str(&stats) else {
-        return Some(stats);
+/// protocol says with `tightBounds = false`. `numRecords` stays the file's physical rows,
+/// `rows`, set where the stats lack it (another engine's file written without statistics):
+/// the protocol requires it of a file with a deletion vector.
+pub(super) fn wide_bounds(stats: Option<String>, rows: u64) -> String {
+    let mut fields = match stats.as_deref().map(serde_json::from_str) {
+        Some(Ok(serde_json::Value::Object(fields))) => fields,
+        _ => serde_json::Map::new(),
     };
     fields.insert("tightBounds".into(), serde_json::Value::Bool(false));
-    Some(serde_json::Value::Object(fields).to_string())
+    fields
+        .entry("numRecords")
+        .or_insert_with(|| serde_json::Value::from(rows));
+    serde_json::Value::Object(fields).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wide_bounds;
+
+    #[test]
+    fn a_marked_file_says_its_rows_and_wide_bounds_with_or_without_stats() {
+        // Another engine's file written without statistics: the re-added file still says
+        // numRecords, which readers of a file with a deletion vector need.
+        let bare: serde_json::Value = serde_json::from_str(&wide_bounds(None, 40)).expect("json");
+        assert_eq!(bare["numRecords"], 40);
+        assert_eq!(bare["tightBounds"], false);
+        let ours =
+            r#"{"numRecords":7,"minValues":{"k":1},"maxValues":{"k":9},"nullCount":{"k":0}}"#;
+        let wide: serde_json::Value =
+            serde_json::from_str(&wide_bounds(Some(ours.into()), 40)).expect("json");
+        assert_eq!(wide["numRecords"], 7, "the stats' own count stays");
+        assert_eq!(wide["minValues"]["k"], 1);
+        assert_eq!(wide["tightBounds"], false);
+    }
 }

@@ -280,8 +280,10 @@ struct FileOutcome {
     /// The file, when it held a changed key and was written again or given a new vector.
     rewritten: Option<LogicalFileView>,
     written: Vec<Add>,
-    /// The file's new deletion vector, when it is added again with it instead of written.
-    vector: Option<RoaringTreemap>,
+    /// The file's new deletion vector, when it is added again with it instead of written,
+    /// and the file's rows (its footer's count: the stats of the file added again must say
+    /// `numRecords`, which another engine's file may lack).
+    vector: Option<(RoaringTreemap, u64)>,
     /// Changes whose images go to the new file (the keys whose rows the vector deletes).
     images: Vec<u32>,
     /// Change rows whose key the file held (applied there, or outranked by its row).
@@ -435,9 +437,10 @@ pub async fn merge(
         adds.extend(writer.close().await?);
     }
     if !marked.is_empty() {
-        let (files, vectors): (Vec<_>, Vec<_>) = marked.into_iter().unzip();
+        let (files, vectors): (Vec<_>, Vec<(RoaringTreemap, u64)>) = marked.into_iter().unzip();
+        let (vectors, rows): (Vec<_>, Vec<_>) = vectors.into_iter().unzip();
         let descriptors = deletion_vectors::write(&settings.store, vectors).await?;
-        for (file, descriptor) in files.iter().zip(descriptors) {
+        for ((file, descriptor), rows) in files.iter().zip(descriptors).zip(rows) {
             removes.push(file.remove_action(true));
             adds.push(Add {
                 path: file.path().to_string(),
@@ -445,7 +448,7 @@ pub async fn merge(
                 size: file.size(),
                 modification_time: file.modification_time(),
                 data_change: true,
-                stats: deletion_vectors::wide_bounds(file.stats()),
+                stats: Some(deletion_vectors::wide_bounds(file.stats(), rows)),
                 deletion_vector: Some(descriptor),
                 ..Default::default()
             });
@@ -587,7 +590,7 @@ async fn rewrite_file(
         if vector.len() * DELETED_FRACTION_REWRITTEN <= rows {
             return Ok(FileOutcome {
                 rewritten: Some(file),
-                vector: Some(vector),
+                vector: Some((vector, rows)),
                 images: marks.images,
                 held: marks.held,
                 ..FileOutcome::default()

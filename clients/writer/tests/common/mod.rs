@@ -459,14 +459,19 @@ pub async fn source_rows_of(lab: &Lab, table: &str, key: &str) -> Rows {
     rows
 }
 
-/// The rows of a current-state table (silver) by key, each key once.
+/// The rows of a current-state table (silver) of dbo.orders by key, each key once.
 pub async fn current_rows(location: &str) -> Rows {
+    current_rows_by(location, "order_id").await
+}
+
+/// The rows of a current-state table (silver) by its integer `key`, each key once.
+pub async fn current_rows_by(location: &str, key: &str) -> Rows {
     let batches = query(location, "SELECT * FROM t").await;
     let mut rows = Rows::new();
     for batch in &batches {
         for row in 0..batch.num_rows() {
             assert!(
-                rows.insert(key_of(batch, row), captured(batch, row))
+                rows.insert(integer_at(batch, key, row), captured(batch, row))
                     .is_none(),
                 "a key twice in {location}"
             );
