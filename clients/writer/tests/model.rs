@@ -426,19 +426,20 @@ impl World {
         silver::apply_changes(&self.apply_config(table, deletion_vectors))
             .await
             .map_err(|error| format!("apply {}: {error}", table.source()))?;
+        let silver_url =
+            tables::table_url(&self.lab.lake(&format!("silver_{}", table.name()))).expect("url");
+        let made = tables::open(&silver_url).await.expect("open").is_some();
         let exact = {
             let mut known = self.known();
-            known.applied.insert(table);
+            if made {
+                known.applied.insert(table);
+            }
             !known.lossy.contains(&table) && !known.corrupted.contains(&table)
         };
         if !exact || !self.stream_current(table).await {
             return Ok(());
         }
-        let silver = current_rows_by(
-            &self.lab.lake(&format!("silver_{}", table.name())),
-            table.key(),
-        )
-        .await;
+        let silver = self.silver_rows(table).await;
         let source = source_rows_of(&self.lab, table.source(), table.key()).await;
         if silver != source {
             return Err(format!(
@@ -448,6 +449,16 @@ impl World {
             ));
         }
         Ok(())
+    }
+
+    /// Silver's rows of `table` (none before its first apply made it).
+    async fn silver_rows(&self, table: Table) -> Rows {
+        let location = self.lab.lake(&format!("silver_{}", table.name()));
+        let url = tables::table_url(&location).expect("url");
+        match tables::open(&url).await.expect("open") {
+            Some(_) => current_rows_by(&location, table.key()).await,
+            None => Rows::new(),
+        }
     }
 
     /// Whether bronze holds every change of `table` the journal has.
@@ -464,7 +475,7 @@ impl World {
         if corrupt {
             // Another engine deletes a row of silver: from now on silver differs from the
             // source, and no reconcile of it may verify.
-            let rows = current_rows_by(&location, table.key()).await;
+            let rows = self.silver_rows(table).await;
             if let Some(key) = rows.keys().next() {
                 let silver = common::open_table(&location).await;
                 common::delete_where(silver, &format!("{} = {key}", table.key())).await;
@@ -488,7 +499,12 @@ impl World {
             Ok(result) => result,
             // The keys in flight are read from the change table where the stream stands: a
             // purge past it leaves nothing to read them from, and reconcile says so.
-            Err(WriterError::DataLoss { .. }) if self.behind_purge(table).await => return Ok(()),
+            Err(WriterError::Flight(error))
+                if error.code() == Some(tonic::Code::DataLoss)
+                    && self.behind_purge(table).await =>
+            {
+                return Ok(());
+            }
             Err(error) => return Err(format!("reconcile {}: {error}", table.source())),
         };
         if !result.verified {
@@ -511,7 +527,7 @@ impl World {
         if changed_since {
             return Ok(());
         }
-        let silver = current_rows_by(&location, table.key()).await;
+        let silver = self.silver_rows(table).await;
         let source = source_rows_of(&self.lab, table.source(), table.key()).await;
         if silver != source {
             return Err(format!(
@@ -942,13 +958,41 @@ fn schedule(seed: u64, steps: usize) -> Vec<Op> {
     (0..steps).map(|_| random_op(&mut rng, false)).collect()
 }
 
-/// Runs `schedule` on a new world; the step that failed and why, or the coverage.
+/// Runs `schedule` on a new world; the step that failed and why, or the coverage. A panic
+/// (a helper's `expect`) is a failure of the step it happened in.
 async fn run_schedule(
     schedule: &[Op],
     python_check: bool,
 ) -> Result<BTreeMap<String, u64>, (usize, Failure)> {
+    let step = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ran = tokio::spawn(run_steps(schedule.to_vec(), python_check, step.clone())).await;
+    match ran {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            let message = match error.try_into_panic() {
+                Ok(panic) => panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
+                    .unwrap_or_else(|| "a panic".into()),
+                Err(error) => error.to_string(),
+            };
+            Err((
+                step.load(std::sync::atomic::Ordering::SeqCst),
+                format!("panicked: {message}"),
+            ))
+        }
+    }
+}
+
+async fn run_steps(
+    schedule: Vec<Op>,
+    python_check: bool,
+    current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> Result<BTreeMap<String, u64>, (usize, Failure)> {
     let world = World::new().await;
     for (step, op) in schedule.iter().enumerate() {
+        current.store(step, std::sync::atomic::Ordering::SeqCst);
         world.run(op).await.map_err(|failure| (step, failure))?;
         world.check().await.map_err(|failure| (step, failure))?;
     }
@@ -962,29 +1006,34 @@ async fn run_schedule(
     Ok(covered)
 }
 
-/// The shortest schedule found that still fails: steps dropped one at a time (and the
-/// schedule cut after the failing step) while the failure stays.
-async fn shrink(mut schedule: Vec<Op>, failed_at: usize) -> (Vec<Op>, Failure) {
+/// The shortest schedule found that still fails the same way: steps dropped one at a time
+/// (and the schedule cut after the failing step) while a failure of the kind of `first`
+/// stays.
+async fn shrink(mut schedule: Vec<Op>, failed_at: usize, first: &str) -> (Vec<Op>, Failure) {
     schedule.truncate(failed_at + 1);
-    let mut failure = String::new();
+    let mut failure = first.to_string();
     let mut index = schedule.len();
     while index > 0 {
         index -= 1;
         let mut shorter = schedule.clone();
         shorter.remove(index);
-        if let Err((at, found)) = run_schedule(&shorter, false).await {
+        if let Err((at, found)) = run_schedule(&shorter, false).await
+            && same_kind(&found, first)
+        {
             shorter.truncate(at + 1);
             schedule = shorter;
             failure = found;
             index = index.min(schedule.len());
         }
     }
-    if failure.is_empty()
-        && let Err((_, found)) = run_schedule(&schedule, false).await
-    {
-        failure = found;
-    }
     (schedule, failure)
+}
+
+/// Whether two failures are of one kind: the same text before the first ": " (the check or
+/// operation that failed), so shrinking keeps the failure it started from.
+fn same_kind(found: &str, first: &str) -> bool {
+    let head = |text: &str| text.split(": ").next().unwrap_or(text).to_string();
+    head(found) == head(first)
 }
 
 /// The Python with the `deltalake` package: `MSSQL_CDC_PYTHON`, else the repository's `.venv`
@@ -1071,7 +1120,7 @@ fn main() {
             Err((at, failure)) => {
                 failed += 1;
                 println!("model seed {seed}: step {at} failed: {failure}");
-                let (shortest, failure) = runtime.block_on(shrink(ops, at));
+                let (shortest, failure) = runtime.block_on(shrink(ops, at, &failure));
                 let json = serde_json::to_string(&shortest).expect("json");
                 println!(
                     "  shortest failing schedule ({} steps): {failure}\n  replay: cargo test -p \

@@ -184,6 +184,31 @@ impl ReconcileResult {
     }
 }
 
+/// The end of the newest stream batch into `config.bronze` the facts table records (its row
+/// is written after bronze's commit, so bronze holds every change up to it); `None` without
+/// a facts table or row.
+async fn last_batch_end(config: &ReconcileConfig) -> Result<Option<Lsn>> {
+    let Some(facts) = &config.facts else {
+        return Ok(None);
+    };
+    let rows = tables::query_text(
+        &tables::table_url(facts)?,
+        &format!(
+            "SELECT max(end_lsn) FROM t WHERE event IS NULL AND target = {}",
+            tables::quote_text(&config.bronze)
+        ),
+    )
+    .await?;
+    rows.first()
+        .and_then(|row| row.first().cloned().flatten())
+        .map(|lsn| {
+            lsn.parse::<Lsn>().map_err(|error| {
+                WriterError::Internal(format!("facts hold a bad end_lsn '{lsn}': {error}"))
+            })
+        })
+        .transpose()
+}
+
 /// Day `days` from 1970-01-01 as `YYYY-MM-DD`.
 pub(crate) fn date_text(days: i64) -> String {
     let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("the epoch is a date");
@@ -301,10 +326,14 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     let key = key_columns.in_silver(&context).await?;
     let hashing = rows::Hashing::new(&key, &instance, &context).await?;
     // Where bronze's stream stood: the change table is read for keys in flight from there.
-    let bronze_end = control::row(&control_url, &config.table)
+    // The control row's end moves only with the verdict (a batch in the same period skips
+    // its MERGE), so the facts' newest batch of this bronze says it better: a quiet table's
+    // control end can lag past the change table's cleanup while its stream is caught up.
+    let control_end = control::row(&control_url, &config.table)
         .await?
         .and_then(|row| row.end)
         .map(|end| end.lsn);
+    let bronze_end = control_end.max(last_batch_end(config).await?);
 
     // 2-4. Tier 1, the keys in flight, tier 2.
     let seed = config.seed.unwrap_or_else(rand::random);
