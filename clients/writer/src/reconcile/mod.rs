@@ -244,13 +244,17 @@ impl Sample {
         }
     }
 
-    /// Marks every MISMATCH bucket and each MATCH bucket with probability `share` as hashed.
+    /// Marks every MISMATCH and IN_FLIGHT bucket and each MATCH bucket with probability
+    /// `share` as hashed. An IN_FLIGHT bucket of a grid key holds a changed key, which says
+    /// nothing of its other rows: compared row by row, each key that differs is IN_FLIGHT
+    /// only when it changed (a row silver lost beside a key in flight is a MISMATCH finding,
+    /// and no LSN is verified). A keyset key's IN_FLIGHT bucket differs only by changed keys
+    /// already; comparing it again finds the same.
     fn choose(&mut self, buckets: &mut [Bucket]) {
         for bucket in buckets {
             bucket.hashed = match bucket.status {
-                BucketStatus::Mismatch => true,
+                BucketStatus::Mismatch | BucketStatus::InFlight => true,
                 BucketStatus::Match => self.random.random::<f64>() < self.share,
-                BucketStatus::InFlight => false,
             };
         }
     }
