@@ -16,7 +16,8 @@
 //! 3. **`VACUUM`** (full: the files of removed versions and the orphans of batches a crash
 //!    aborted) of files unreferenced for longer than the retention (7 days by default, never
 //!    less than the table's `delta.deletedFileRetentionDuration`), so no reader of a version
-//!    younger than that loses a file.
+//!    younger than that loses a file: deletion vector files a remove within the retention
+//!    carried are kept too, which delta-rs would delete by their age alone.
 //! 4. **Log cleanup**: commit files older than the table's `delta.logRetentionDuration`
 //!    (30 days by default) and behind the checkpoint are removed.
 //!
@@ -26,11 +27,16 @@
 //! done by the next pass. In a process the pass takes each table's turn ([`crate::owner`])
 //! around its log checkpoint and `VACUUM`.
 
+use std::collections::HashSet;
 use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Duration;
 
+use delta_kernel::actions::deletion_vector::DeletionVectorDescriptor as KernelDescriptor;
 use deltalake::DeltaTable;
+use deltalake::kernel::Remove;
+use deltalake::logstore::object_store::path::Path;
+use deltalake::logstore::object_store::{self, ObjectStoreExt};
 use deltalake::operations::vacuum::{Clock, VacuumMode};
 use deltalake::table::config::TablePropertiesExt;
 use serde::Serialize;
@@ -220,11 +226,90 @@ async fn vacuum(table: DeltaTable, options: &MaintenanceOptions) -> Result<(Delt
             table_minimum.as_secs_f64() / 3600.0
         )));
     }
-    let (table, metrics) = table
-        .vacuum()
-        .with_retention_period(retention)
-        .with_mode(VacuumMode::Full)
-        .with_clock(Arc::clone(&options.clock))
-        .await?;
+    let vacuum = |table: DeltaTable| {
+        table
+            .vacuum()
+            .with_retention_period(retention)
+            .with_mode(VacuumMode::Full)
+            .with_clock(Arc::clone(&options.clock))
+    };
+    // delta-rs judges a deletion vector file no version references now by its age alone: a
+    // vector written long ago and replaced yesterday went, while the versions before
+    // yesterday (time travel, a reader pinned to one) still read it. Those are kept here.
+    let (_, planned) = vacuum(table.clone()).with_dry_run(true).await?;
+    let vectors: Vec<&String> = planned
+        .files_deleted
+        .iter()
+        .filter(|path| path.ends_with(".bin"))
+        .collect();
+    if !vectors.is_empty() {
+        let cutoff = options.clock.current_timestamp_millis() - retention.num_milliseconds();
+        let still_read = vectors_removed_since(&table, cutoff).await?;
+        if vectors.iter().any(|path| still_read.contains(*path)) {
+            let store = table.log_store().object_store(None);
+            let mut deleted = 0;
+            for path in planned
+                .files_deleted
+                .iter()
+                .filter(|path| !still_read.contains(*path))
+            {
+                match store.delete(&Path::from(path.as_str())).await {
+                    Ok(()) => deleted += 1,
+                    Err(object_store::Error::NotFound { .. }) => {}
+                    Err(error) => return Err(WriterError::Internal(format!("VACUUM: {error}"))),
+                }
+            }
+            return Ok((table, deleted));
+        }
+    }
+    let (table, metrics) = vacuum(table).await?;
     Ok((table, metrics.files_deleted.len()))
+}
+
+/// The deletion vector files (paths from the table's root) that remove actions committed
+/// at or after `since` (milliseconds) carried: versions younger than that read them. The
+/// commits are read newest first, back to the first one older than `since`.
+async fn vectors_removed_since(table: &DeltaTable, since: i64) -> Result<HashSet<String>> {
+    let root = table.table_url().as_str().trim_end_matches('/').to_string() + "/";
+    let store = table.log_store();
+    let mut kept = HashSet::new();
+    let mut version = table.version().unwrap_or(0);
+    loop {
+        let Some(bytes) = store.read_commit_entry(version).await? else {
+            break;
+        };
+        let mut older = false;
+        for line in bytes.split(|byte| *byte == b'\n') {
+            let Ok(action) = serde_json::from_slice::<serde_json::Value>(line) else {
+                continue;
+            };
+            if let Some(timestamp) = action["commitInfo"]["timestamp"].as_i64() {
+                older = timestamp < since;
+            }
+            if action["remove"]["deletionVector"].is_null() {
+                continue;
+            }
+            let remove: Remove = serde_json::from_value(action["remove"].clone())
+                .map_err(|error| WriterError::Internal(format!("a remove action: {error}")))?;
+            let Some(descriptor) = remove.deletion_vector else {
+                continue;
+            };
+            let kernel = |error: delta_kernel::Error| {
+                WriterError::Internal(format!("a deletion vector descriptor: {error}"))
+            };
+            let descriptor = KernelDescriptor::try_from(descriptor).map_err(kernel)?;
+            if let Some(url) = descriptor
+                .absolute_path(table.table_url())
+                .map_err(kernel)?
+                && let Some(relative) = url.as_str().strip_prefix(&root)
+            {
+                kept.insert(relative.to_string());
+            }
+        }
+        if older || version == 0 {
+            break;
+        }
+        version -= 1;
+    }
+    Ok(kept)
 }

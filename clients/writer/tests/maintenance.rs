@@ -313,3 +313,95 @@ async fn two_maintain_processes_at_once_double_no_row() {
         assert!(files < 40, "round {round}: compacted ({files} files)");
     }
 }
+
+/// The deletion vector files in silver's directory.
+fn vector_files(silver: &str) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(silver)
+        .expect("silver")
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.extension().is_some_and(|extension| extension == "bin"))
+        .collect()
+}
+
+/// A deletion vector written long ago and replaced by a merge within the retention is still
+/// read by the versions before that merge: VACUUM keeps it. delta-rs judges such a file by
+/// its age alone, and deleted it (the read of the older version then failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vacuum_keeps_a_replaced_deletion_vector_the_retention_still_reads() {
+    use mssql_cdc_writer::silver::apply_changes;
+    use mssql_cdc_writer::tables;
+
+    let lab = Lab::new().await;
+    lab.workload(1, 800);
+    let config = lab.config();
+    let mut apply = common::orders_apply_config(&lab);
+    apply.deletion_vectors = true;
+    common::run_now(config.clone()).await;
+    apply_changes(&apply).await.expect("apply");
+    // Files of a few KiB are not small then: merges mark them instead of folding them.
+    let url = tables::table_url(&apply.target).expect("url");
+    tables::open(&url)
+        .await
+        .expect("open")
+        .expect("silver")
+        .set_tbl_properties()
+        .with_properties(std::collections::HashMap::from([(
+            "delta.targetFileSize".to_string(),
+            "1024".to_string(),
+        )]))
+        .await
+        .expect("target file size");
+    // Two merges of a few updates each: the first gives silver's file a vector, the second
+    // replaces it with a larger one.
+    let update = mssql_cdc_flight::sim::workload::Mix {
+        insert: 0.0,
+        update: 1.0,
+        delete: 0.0,
+        key_update: 0.0,
+        idle: 0.0,
+    };
+    common::orders_workload(&lab, 2, 5, update);
+    common::run_now(config.clone()).await;
+    apply_changes(&apply).await.expect("apply");
+    let marked = tables::open(&url).await.expect("open").expect("silver");
+    let marked_version = marked.version().expect("version");
+    let rows_then = tables::query_table_text(&marked, "SELECT count(*) FROM t")
+        .await
+        .expect("count");
+    assert_eq!(
+        vector_files(&apply.target).len(),
+        1,
+        "the first merge's vector"
+    );
+    common::orders_workload(&lab, 3, 5, update);
+    common::run_now(config).await;
+    apply_changes(&apply).await.expect("apply");
+    let vectors = vector_files(&apply.target);
+    assert_eq!(vectors.len(), 2, "the second merge replaced the vector");
+    // Both vectors written more than the retention ago; the first replaced just now.
+    let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(8 * 24 * 3600);
+    for path in &vectors {
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .expect("vector file")
+            .set_modified(long_ago)
+            .expect("mtime");
+    }
+    maintenance::maintain(
+        &apply.target,
+        TableKind::Silver,
+        &MaintenanceOptions::default(),
+    )
+    .await
+    .expect("maintain");
+    assert_eq!(vector_files(&apply.target).len(), 2, "both vectors kept");
+    let mut then = tables::open(&url).await.expect("open").expect("silver");
+    then.load_version(marked_version)
+        .await
+        .expect("the version before the second merge");
+    let rows = tables::query_table_text(&then, "SELECT count(*) FROM t")
+        .await
+        .expect("the older version reads its vector");
+    assert_eq!(rows, rows_then);
+}
