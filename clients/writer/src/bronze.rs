@@ -192,10 +192,10 @@ impl Appender {
     /// `(app_id, version)` and `user_metadata` (the seed's JSON for the commit).
     ///
     /// The commit reads the snapshot the appender was prepared on: delta-rs' conflict check
-    /// refuses it when a commit since carried the same app id. That commit is another
-    /// writer's only when it carried `version` or a later one (fenced); an earlier version is
-    /// this writer's own (a snapshot's previous wave, committed while this one was read), and
-    /// the commit is made again on the table as it is now.
+    /// refuses it when a commit since carried the same app id, another writer's (fenced).
+    /// For a snapshot's rows, a commit of an earlier wave is this writer's own (the previous
+    /// wave, committed while this one was read): the commit is made again on the table as it
+    /// is now, unless bronze holds `version` already (fenced).
     pub async fn commit(
         &self,
         files: Vec<Add>,
@@ -237,7 +237,13 @@ impl Appender {
                         .ok_or_else(|| {
                             WriterError::Internal(format!("bronze {} disappeared", self.target))
                         })?;
-                    if crate::tables::holds_transaction(&table, app_id, version).await? {
+                    // A stream's batch ids are fenced by the checkpoint's claims, and a batch
+                    // without rows commits nothing to bronze: an earlier batch id landing
+                    // since is another writer's (its own checkpoint), never this one's.
+                    let own_earlier_wave = matches!(self.rows, BronzeRows::Snapshot(_));
+                    if !own_earlier_wave
+                        || crate::tables::holds_transaction(&table, app_id, version).await?
+                    {
                         return Err(self.fenced(app_id, version));
                     }
                     latest = Some(table);
@@ -476,7 +482,7 @@ mod tests {
     use super::*;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_commit_meeting_its_own_earlier_wave_lands_and_one_meeting_its_version_is_fenced() {
+    async fn a_wave_meeting_its_own_earlier_wave_lands_and_a_second_writer_is_fenced() {
         let dir = tempfile::tempdir().expect("temp");
         let location = dir.path().join("bronze").display().to_string();
         let url = crate::tables::table_url(&location).expect("url");
@@ -526,6 +532,28 @@ mod tests {
                 .await
                 .expect("txn"),
             Some(1)
+        );
+        // A stream's batches are fenced by its checkpoint: an earlier batch of its app id
+        // landing since the read is another writer's, with a checkpoint of its own.
+        let stream_schema = Schema::new(schema.fields()[..2].to_vec());
+        let stream_appender = |batch: i64| {
+            let (table, schema) = (latest.clone(), stream_schema.clone());
+            let location = location.clone();
+            async move {
+                Appender::prepare(table, &schema, &location, BronzeRows::Stream(batch))
+                    .await
+                    .expect("appender")
+            }
+        };
+        let (batch_0, batch_1) = (stream_appender(0).await, stream_appender(1).await);
+        batch_0
+            .commit(Vec::new(), "orders", 0, "{}".into())
+            .await
+            .expect("batch 0");
+        let fenced = batch_1.commit(Vec::new(), "orders", 1, "{}".into()).await;
+        assert!(
+            matches!(fenced, Err(WriterError::Fenced(_))),
+            "another writer's batch 0 landed since batch 1 was read: {fenced:?}"
         );
     }
 

@@ -15,12 +15,16 @@
 //! 3. commits the removes and adds (`dataChange = false`: readers of the change log see no
 //!    change) with an application transaction of [`COMPACTION_APP_ID`].
 //!
-//! delta-rs' conflict check refuses a commit when a commit since its read carries an app id
-//! the commit carries too: so of two compactions read at one version the second one refuses,
-//! whichever files it picked, while the appends it meets (each with its own app id) let it
-//! through. A concurrent removal with `dataChange = true` of one of its files (a rewrite, a
-//! MERGE) is refused by the same check (`ConcurrentDeleteDelete`). A refused compaction
-//! deletes the files it wrote; the next one starts from the table as it is then.
+//! The commit goes in only on the version the compaction read (no delta-rs retry: its
+//! conflict check ignores a concurrent removal with `dataChange = false`, so it let two
+//! compactions of the same files both land, ours or another engine's OPTIMIZE). When the
+//! table moved, the compaction reads the commits since: one that removed any of its files
+//! (whatever its `dataChange`), or another compaction of ours (its transaction), refuses it;
+//! appends let it commit again on the newer version. A refused compaction deletes the files
+//! it wrote that the table does not reference; the next one starts from the table as it is
+//! then. Another engine's OPTIMIZE committing *after* ours is that engine's conflict check to
+//! make (Spark's refuses a concurrent delete of one file whatever its `dataChange`; delta-rs'
+//! OPTIMIZE, an older release of this writer's among them, does not).
 
 use std::collections::HashSet;
 use std::num::NonZeroU64;
@@ -29,18 +33,20 @@ use std::sync::{Arc, LazyLock, Mutex};
 use arrow::array::{ArrayRef, new_null_array};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use deltalake::DeltaTable;
 use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
-use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::transaction::{
+    CommitBuilder, CommitConflictError, CommitProperties, TransactionError,
+};
 use deltalake::kernel::{Action, Transaction};
 use deltalake::logstore::object_store::ObjectStoreExt;
 use deltalake::logstore::object_store::path::Path;
 use deltalake::operations::write::WriterStatsConfig;
 use deltalake::parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use deltalake::protocol::DeltaOperation;
+use deltalake::{DeltaTable, DeltaTableError};
 use futures::TryStreamExt;
 
-use crate::error::Result;
+use crate::error::{Result, WriterError};
 use crate::stored_file::StoredFile;
 
 /// The app id of the application transaction every compaction commit carries (its version:
@@ -144,37 +150,129 @@ pub async fn compact(table: &DeltaTable, bins: Bins) -> Result<u64> {
     for add in &mut adds {
         add.data_change = false;
     }
-    let read_version = i64::try_from(table.version().unwrap_or(0)).unwrap_or(i64::MAX - 1);
-    let actions: Vec<Action> = files
-        .iter()
-        .map(|file| Action::Remove(file.remove_action(false)))
+    let read_version = table.version().unwrap_or(0);
+    let removes: Vec<_> = files.iter().map(|file| file.remove_action(false)).collect();
+    let removed: HashSet<String> = removes.iter().map(|remove| remove.path.clone()).collect();
+    let actions: Vec<Action> = removes
+        .into_iter()
+        .map(Action::Remove)
         .chain(adds.iter().cloned().map(Action::Add))
         .collect();
-    let properties = CommitProperties::default()
-        .with_application_transaction(Transaction::new(COMPACTION_APP_ID, read_version + 1));
-    let turn = crate::owner::turn(table.table_url()).await;
-    let committed = CommitBuilder::from(properties)
-        .with_actions(actions)
-        .build(
-            Some(snapshot),
-            table.log_store(),
-            DeltaOperation::Optimize {
-                predicate: None,
-                target_size: bins.target.get() as i64,
-            },
-        )
-        .await;
-    drop(turn);
+    let transaction = i64::try_from(read_version + 1).unwrap_or(i64::MAX);
+    let operation = DeltaOperation::Optimize {
+        predicate: None,
+        target_size: bins.target.get() as i64,
+    };
+    let committed = commit_checked(table, actions, transaction, &removed, operation).await;
     if let Err(error) = committed {
-        for add in &adds {
-            let path = Path::from(add.path.as_str());
-            if let Err(error) = store.delete(&path).await {
-                tracing::debug!(%error, path = %add.path, "a refused compaction's file stays for VACUUM");
-            }
-        }
-        return Err(error.into());
+        delete_unreferenced(table, &adds).await;
+        return Err(error);
     }
     Ok(files.len() as u64)
+}
+
+/// How many times a compaction checks the commits that landed since its read and commits
+/// again on the newer version before it gives up (a busy bronze gains a commit per batch).
+const COMMIT_ATTEMPTS: usize = 30;
+
+/// Commits `actions` (a compaction's removes and adds, and its transaction) on the version
+/// `table` was read at, and only there (no delta-rs retry, whose conflict check ignores a
+/// concurrent removal with `dataChange = false`, another engine's OPTIMIZE among them). When
+/// the table moved, the commits since are read: one that removed a file of `removed`, or
+/// another compaction of ours, refuses this one; otherwise it commits on the newer version.
+async fn commit_checked(
+    table: &DeltaTable,
+    actions: Vec<Action>,
+    transaction: i64,
+    removed: &HashSet<String>,
+    operation: DeltaOperation,
+) -> Result<()> {
+    let mut base = table.clone();
+    for _ in 0..COMMIT_ATTEMPTS {
+        let properties = CommitProperties::default()
+            .with_max_retries(0)
+            .with_application_transaction(Transaction::new(COMPACTION_APP_ID, transaction));
+        let turn = crate::owner::turn(table.table_url()).await;
+        let committed = CommitBuilder::from(properties)
+            .with_actions(actions.clone())
+            .build(Some(base.snapshot()?), base.log_store(), operation.clone())
+            .await;
+        drop(turn);
+        let error = match committed {
+            Ok(_) => return Ok(()),
+            Err(error) => error,
+        };
+        let from = base.version().unwrap_or(0);
+        base.update_incremental(None).await?;
+        let to = base.version().unwrap_or(0);
+        if to <= from {
+            return Err(error.into());
+        }
+        if let Some(conflict) = conflict_since(&base, from + 1, to, removed).await? {
+            return Err(WriterError::Delta(DeltaTableError::Transaction {
+                source: TransactionError::CommitConflict(conflict),
+            }));
+        }
+    }
+    Err(WriterError::Delta(DeltaTableError::Transaction {
+        source: TransactionError::MaxCommitAttempts(COMMIT_ATTEMPTS as i32),
+    }))
+}
+
+/// What of commits `from..=to` refuses a compaction of the files `removed`: one of them
+/// removed (by any commit, whatever its `dataChange`), or another compaction of ours.
+async fn conflict_since(
+    table: &DeltaTable,
+    from: u64,
+    to: u64,
+    removed: &HashSet<String>,
+) -> Result<Option<CommitConflictError>> {
+    let store = table.log_store();
+    for version in from..=to {
+        let Some(bytes) = store.read_commit_entry(version).await? else {
+            continue;
+        };
+        for line in bytes.split(|byte| *byte == b'\n') {
+            let Ok(action) = serde_json::from_slice::<serde_json::Value>(line) else {
+                continue;
+            };
+            if action["remove"]["path"]
+                .as_str()
+                .is_some_and(|path| removed.contains(path))
+            {
+                return Ok(Some(CommitConflictError::ConcurrentDeleteDelete));
+            }
+            if action["txn"]["appId"].as_str() == Some(COMPACTION_APP_ID) {
+                return Ok(Some(CommitConflictError::ConcurrentTransaction));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Deletes the files a compaction wrote that the table (loaded again) does not reference: a
+/// commit refused before it landed left them orphans. After an error raised once the commit
+/// was in (a failed post-commit checkpoint, a lost response to a conditional put) the table
+/// references them, and they stay; when the table cannot be loaded, every file stays for
+/// VACUUM.
+async fn delete_unreferenced(table: &DeltaTable, adds: &[deltalake::kernel::Add]) {
+    let Ok(Some(latest)) = crate::tables::open(table.table_url()).await else {
+        return;
+    };
+    let Ok(snapshot) = latest.snapshot() else {
+        return;
+    };
+    let referenced: HashSet<String> = snapshot
+        .log_data()
+        .iter()
+        .map(|file| file.path().to_string())
+        .collect();
+    let store = table.log_store().object_store(None);
+    for add in adds.iter().filter(|add| !referenced.contains(&add.path)) {
+        if let Err(error) = store.delete(&Path::from(add.path.as_str())).await {
+            tracing::debug!(%error, path = %add.path, "a refused compaction's file stays for VACUUM");
+        }
+    }
 }
 
 /// `batch` with the columns of `schema`, in its order and types: a column the file predates
@@ -186,7 +284,15 @@ fn conformed(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
         .iter()
         .map(|field| match batch.column_by_name(field.name()) {
             Some(column) if column.data_type() == field.data_type() => Ok(Arc::clone(column)),
-            Some(column) => Ok(arrow::compute::cast(column, field.data_type())?),
+            // Unsafe casts: a value that does not convert is an error, never a NULL.
+            Some(column) => Ok(arrow::compute::cast_with_options(
+                column,
+                field.data_type(),
+                &arrow::compute::CastOptions {
+                    safe: false,
+                    ..Default::default()
+                },
+            )?),
             None => Ok(new_null_array(field.data_type(), batch.num_rows())),
         })
         .collect::<Result<Vec<ArrayRef>>>()?;
@@ -270,6 +376,26 @@ mod tests {
             parquet, 21,
             "20 small files (removed, kept for readers) and one compacted"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn another_engines_optimize_since_the_read_refuses_the_compaction() {
+        // delta-rs' own conflict check lets the compaction land after the OPTIMIZE (their
+        // removes are dataChange = false), which doubled every row.
+        let dir = tempfile::tempdir().expect("temp");
+        let url = facts_of_small_files(&dir, 12).await;
+        let read = tables::open(&url).await.expect("open").expect("table");
+        let (_, metrics) = tables::open(&url)
+            .await
+            .expect("open")
+            .expect("table")
+            .optimize()
+            .await
+            .expect("another engine's OPTIMIZE");
+        assert_eq!(metrics.num_files_removed, 12);
+        let refused = compact(&read, BINS).await;
+        assert!(refused.is_err(), "{refused:?}");
+        assert_eq!(batch_ids(&url).await, (0..12).collect::<Vec<_>>());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
