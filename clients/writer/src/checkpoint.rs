@@ -8,6 +8,9 @@
 //! - `batches/<batch id>.json`, the planned batch, **created only if absent**: two writers of
 //!   one app id cannot both plan a batch, so the one that loses the claim stops before it
 //!   reads or writes anything (the fence);
+//! - `batches/<batch id>.<n>.json`, amendment *n* of the claim (its range moved past purged
+//!   changes, with the events that recorded), also created only if absent: of two writers
+//!   amending one claim only one can, and the newest amendment holds the batch's range;
 //! - `commits/<batch id>.json`, written once every commit of the batch is done.
 //!
 //! On a local disk every file is written to a temporary name, fsynced, linked into place
@@ -48,7 +51,12 @@ pub struct BatchRecord {
     /// The event rows of a batch amended past purged changes (`data_skipped`, `data_loss`,
     /// `snapshot_abandoned`), recorded with the amendment: a replay plans the amended range,
     /// which no longer meets the purge, and writes these.
+    #[serde(default)]
     pub events: Vec<FactsRow>,
+    /// How many times the claim was amended: the next amendment creates number
+    /// `amendment + 1`, and of two writers amending one claim only one can.
+    #[serde(default)]
+    pub amendment: u32,
 }
 
 /// What `batches/<id>.json` holds: the planned batch and who claimed it.
@@ -113,6 +121,12 @@ fn batch_name(batch_id: i64) -> String {
     format!("batches/{batch_id:020}.json")
 }
 
+/// Amendment `number` of a claim, created only if absent like the claim: the newest one
+/// holds the batch's range.
+fn amendment_name(batch_id: i64, number: u32) -> String {
+    format!("batches/{batch_id:020}.{number}.json")
+}
+
 fn commit_name(batch_id: i64) -> String {
     format!("commits/{batch_id:020}.json")
 }
@@ -163,7 +177,7 @@ impl Checkpoint {
         let Some(batch_id) = self.newest_claim().await? else {
             return Ok(None);
         };
-        let claim = self.claim(batch_id).await?.ok_or_else(|| {
+        let (claim, amendment) = self.claim(batch_id).await?.ok_or_else(|| {
             WriterError::Internal(format!(
                 "checkpoint {}: batch {batch_id} was listed but cannot be read",
                 self.location
@@ -177,6 +191,7 @@ impl Checkpoint {
             end: claim.end,
             committed,
             events: claim.events,
+            amendment,
         }))
     }
 
@@ -200,43 +215,36 @@ impl Checkpoint {
             self.location,
             batch.batch_id,
             batch.app_id,
-            other.map_or(String::new(), |other| format!(
+            other.map_or(String::new(), |(other, _)| format!(
                 " ({} at {}, range {}..{})",
                 other.writer, other.claimed_at, other.start.lsn, other.end.lsn
             )),
         )))
     }
 
-    /// Moves the range of a claimed batch not yet committed from `claimed` to `batch`'s (a
-    /// skip past purged changes), recorded before anything of it is read. Refused (fenced)
-    /// when the claim no longer holds `claimed`'s range: another writer of this app id
-    /// amended it since this one read it.
+    /// Moves the range of a claimed batch not yet committed from `claimed` (as this writer
+    /// read or wrote it) to `batch`'s (a skip past purged changes), recorded before anything
+    /// of it is read: amendment `claimed.amendment + 1`, created only if absent. Refused
+    /// (fenced) when it exists: another writer of this app id amended the claim since this
+    /// one read it (two writers replaying one batch each met the purge), and only one range
+    /// may stand for the batch.
     pub async fn amend(&self, claimed: &BatchRecord, batch: &BatchRecord) -> Result<()> {
-        let stored = self.claim(batch.batch_id).await?;
-        if stored
-            .as_ref()
-            .is_none_or(|stored| stored.start != claimed.start || stored.end != claimed.end)
+        let mut amended = batch.clone();
+        amended.amendment = claimed.amendment + 1;
+        let name = amendment_name(batch.batch_id, amended.amendment);
+        if !self
+            .store
+            .create(&name, &self.claim_text(&amended)?)
+            .await?
         {
             return Err(WriterError::Fenced(format!(
-                "checkpoint {}: batch {} of app_id '{}' was amended by another writer{} while \
+                "checkpoint {}: batch {} of app_id '{}' was amended by another writer while \
                  this one replanned it from {}..{}: two writers of one app id are running. \
                  This one stopped before reading or writing anything; stop the other",
-                self.location,
-                batch.batch_id,
-                batch.app_id,
-                stored.map_or(String::new(), |other| format!(
-                    " ({}, range {}..{})",
-                    other.writer, other.start.lsn, other.end.lsn
-                )),
-                claimed.start.lsn,
-                claimed.end.lsn,
+                self.location, batch.batch_id, batch.app_id, claimed.start.lsn, claimed.end.lsn,
             )));
         }
-        let text = self.claim_text(batch)?;
-        self.store
-            .overwrite(&batch_name(batch.batch_id), &text)
-            .await?;
-        *self.written() = Some(batch.clone());
+        *self.written() = Some(amended);
         Ok(())
     }
 
@@ -260,6 +268,18 @@ impl Checkpoint {
         let forgotten = batch_id - RETAINED_BATCHES;
         if forgotten >= 0 {
             self.store.delete(&commit_name(forgotten)).await?;
+            let mut number = 1;
+            while self
+                .store
+                .get(&amendment_name(forgotten, number))
+                .await?
+                .is_some()
+            {
+                self.store
+                    .delete(&amendment_name(forgotten, number))
+                    .await?;
+                number += 1;
+            }
             self.store.delete(&batch_name(forgotten)).await?;
         }
         Ok(())
@@ -282,15 +302,31 @@ impl Checkpoint {
         .map_err(|error| WriterError::Internal(error.to_string()))
     }
 
-    async fn claim(&self, batch_id: i64) -> Result<Option<Claim>> {
-        let Some(bytes) = self.store.get(&batch_name(batch_id)).await? else {
+    /// The claim of `batch_id` as its newest amendment left it, and that amendment's number
+    /// (0: never amended).
+    async fn claim(&self, batch_id: i64) -> Result<Option<(Claim, u32)>> {
+        let Some(mut claim) = self.read_claim(&batch_name(batch_id)).await? else {
+            return Ok(None);
+        };
+        let mut amendment = 0;
+        while let Some(amended) = self
+            .read_claim(&amendment_name(batch_id, amendment + 1))
+            .await?
+        {
+            claim = amended;
+            amendment += 1;
+        }
+        Ok(Some((claim, amendment)))
+    }
+
+    async fn read_claim(&self, name: &str) -> Result<Option<Claim>> {
+        let Some(bytes) = self.store.get(name).await? else {
             return Ok(None);
         };
         serde_json::from_slice(&bytes).map(Some).map_err(|error| {
             WriterError::Internal(format!(
-                "checkpoint {}: {} is corrupt: {error}",
-                self.location,
-                batch_name(batch_id)
+                "checkpoint {}: {name} is corrupt: {error}",
+                self.location
             ))
         })
     }
@@ -389,22 +425,6 @@ impl Store {
         }
     }
 
-    async fn overwrite(&self, name: &str, bytes: &[u8]) -> Result<()> {
-        match self {
-            Store::Local(root) => {
-                let path = root.join(name);
-                let temporary = write_synced_temporary(&path, bytes)?;
-                std::fs::rename(&temporary, &path)
-                    .map_err(|source| io_error(&path, "writing", source))?;
-                sync_directory(&path)
-            }
-            Store::Object(store) => {
-                store.put(&name.into(), bytes.to_vec().into()).await?;
-                Ok(())
-            }
-        }
-    }
-
     async fn delete(&self, name: &str) -> Result<()> {
         match self {
             Store::Local(root) => match std::fs::remove_file(root.join(name)) {
@@ -487,6 +507,7 @@ mod tests {
             end: Offset::new(Lsn::from_u128(u128::from(end)).expect("lsn"), None),
             committed: false,
             events: Vec::new(),
+            amendment: 0,
         }
     }
 
@@ -599,16 +620,17 @@ mod tests {
                 .claim_batch(&batch(next, 500))
                 .await
                 .expect("claim");
-            let stale = batch(next, 600);
-            let refused = checkpoint.amend(&stale, &batch(next, 700)).await;
-            assert!(
-                matches!(refused, Err(WriterError::Fenced(_))),
-                "an amendment of a range the claim does not hold: {refused:?}"
-            );
             checkpoint
                 .amend(&batch(next, 500), &batch(next, 700))
                 .await
                 .expect("amend");
+            // A second writer that read the claim before that amendment cannot amend it too.
+            let other = place.open().await;
+            let refused = other.amend(&batch(next, 500), &batch(next, 600)).await;
+            assert!(
+                matches!(refused, Err(WriterError::Fenced(_))),
+                "a second amendment of the claim as it was: {refused:?}"
+            );
             // What this handle wrote, and what another reads from the store, agree.
             for reader in [&checkpoint, &place.open().await] {
                 let last = reader.last().await.expect("last").expect("a batch");

@@ -348,12 +348,13 @@ impl Stream {
             self.verify_checkpoint(last.as_ref()).await?;
             self.verified = true;
         }
-        let (batch_id, start, end, replayed, events) = match last {
+        let (batch_id, start, end, replayed, (events, amendment)) = match last {
             Some(batch) if !batch.committed => {
-                (batch.batch_id, batch.start, batch.end, true, batch.events)
+                let amended = (batch.events, batch.amendment);
+                (batch.batch_id, batch.start, batch.end, true, amended)
             }
             Some(batch) => match self.next_range(batch.end, upper).await? {
-                Some(end) => (batch.batch_id + 1, batch.end, end, false, Vec::new()),
+                Some(end) => (batch.batch_id + 1, batch.end, end, false, (Vec::new(), 0)),
                 None => return Ok(None),
             },
             None => {
@@ -372,7 +373,7 @@ impl Stream {
                     self.tail.caught_up(start.lsn);
                     return Ok(None);
                 }
-                (0, start, end, false, Vec::new())
+                (0, start, end, false, (Vec::new(), 0))
             }
         };
         let mut record = BatchRecord {
@@ -382,6 +383,7 @@ impl Stream {
             end,
             committed: false,
             events,
+            amendment,
         };
         if !replayed {
             // The fence: a batch id another writer of this app id claimed stops this one here.
@@ -950,7 +952,9 @@ impl Stream {
             record.end = self.latest(resume, None).await?;
         }
         record.events = events.to_vec();
-        self.checkpoint.amend(&claimed, record).await
+        self.checkpoint.amend(&claimed, record).await?;
+        record.amendment = claimed.amendment + 1;
+        Ok(())
     }
 
     /// Bronze ready for the batch's files; `None` when planning counted no rows (no bronze
