@@ -352,7 +352,8 @@ async fn backfill_to_end(entry: &TableEntry, config: &StreamConfig) -> Result<()
 /// bootstrap reads its snapshots at once; the others wait for the watcher's first query, so a
 /// thousand starting tables do not each query the shared facts table. A failed wave is
 /// logged (WARN), counted (`mssql_cdc_writer_backfill_failures_total`) and tried again after
-/// `poll`, the stream going on beside it; only a second writer (fenced) ends the task.
+/// `poll`, the stream going on beside it; only an error retrying cannot fix ([`is_final`])
+/// ends the task.
 async fn backfill_continuous(
     entry: &TableEntry,
     config: &StreamConfig,
@@ -387,10 +388,12 @@ async fn backfill_continuous(
                     continue;
                 }
             }
-            // A second writer stops the table; any other failure of a wave is the wave's: the
-            // stream beside it goes on (a failing wave ended the attempt, throttling the
-            // stream to a batch per backoff), and the wave is tried again after `poll`.
-            Err(error @ WriterError::Fenced(_)) => return Err(error),
+            // What retrying cannot fix (a second writer, a checkpoint that contradicts the
+            // lake, bad configuration) ends the attempt, to be retried with the long backoff;
+            // any other failure of a wave is the wave's: the stream beside it goes on (a
+            // failing wave ended the attempt, throttling the stream to a batch per backoff),
+            // and the wave is tried again after `poll`.
+            Err(error) if is_final(&error) => return Err(error),
             Err(error) => {
                 tracing::warn!(table = %entry.table, %error,
                     "a wave of the table's snapshot failed; it is tried again after the poll interval");
