@@ -3,16 +3,16 @@
 //! Many actors of one process commit to the same table: a stream's bronze appends and its
 //! auto-compaction, the ledger's and backfills' facts appends, silver's merges, reconcile's
 //! report, a maintenance pass. Each takes its table's turn ([`turn`]) around the commit it
-//! makes (and around the read it commits on, where that read decides what the commit
-//! removes), so within a process commits to one table happen one at a time, in the order
-//! they asked, and none of them meets another's conflict.
+//! makes, so within a process commits to one table happen one at a time, in the order they
+//! asked. What a commit read before it (the files a compaction packs, the rows a merge
+//! replaces) is checked at the commit itself, as across processes.
 //!
 //! Across processes the turn does not reach: there the commits themselves are checked.
 //! Appends carry their application transaction (a second writer of one app id conflicts),
 //! rewrites commit only on the version they read ([`crate::tables::rewrite_commit`]), and
-//! compactions carry a transaction of their own so that two of them never both land
-//! ([`crate::compaction`]). docs/design-notes.md, "Who commits to which table", lists the
-//! owners.
+//! a compaction commits only where no commit since its read removed one of its files or
+//! compacted ([`crate::compaction`]). docs/design-notes.md, "Who commits to which table",
+//! lists the owners.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
