@@ -64,10 +64,13 @@ struct Compacting(String);
 impl Compacting {
     fn start(table: &DeltaTable) -> Option<Compacting> {
         let key = table.table_url().as_str().trim_end_matches('/').to_string();
-        let mut compacting = COMPACTING
+        let started = COMPACTING
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        compacting.insert(key.clone()).then_some(Compacting(key))
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(key.clone());
+        // Built only when this call marked the table: a mark dropped here would lock the set
+        // it is held under, and unmark the compaction running.
+        started.then(|| Compacting(key))
     }
 }
 
