@@ -22,14 +22,15 @@ COPY Cargo.toml Cargo.lock ./
 COPY proto/Cargo.toml proto/build.rs proto/
 COPY proto/mssql_cdc_flight.proto proto/mssql_cdc_admin.proto proto/
 COPY clients/writer/Cargo.toml clients/writer/
-RUN mkdir -p src proto/src clients/writer/src benches clients/writer/benches tests \
+RUN mkdir -p src proto/src clients/writer/src benches clients/writer/benches tests clients/writer/tests \
     && touch src/lib.rs proto/src/lib.rs clients/writer/src/lib.rs \
     && for stub in src/main.rs clients/writer/src/main.rs benches/throughput.rs \
         benches/catalog.rs tests/sqlserver_statements.rs tests/fuzz_parsers.rs \
         clients/writer/benches/end_to_end.rs clients/writer/benches/snapshot.rs \
         clients/writer/benches/silver.rs clients/writer/benches/freshness.rs \
         clients/writer/benches/reconcile.rs clients/writer/benches/many_tables.rs \
-        clients/writer/benches/facts_appends.rs clients/writer/benches/busy_bronze.rs; \
+        clients/writer/benches/facts_appends.rs clients/writer/benches/busy_bronze.rs \
+        clients/writer/tests/model.rs; \
         do echo 'fn main() {}' > "$stub"; done
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
