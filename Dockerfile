@@ -22,7 +22,7 @@ COPY Cargo.toml Cargo.lock ./
 COPY proto/Cargo.toml proto/build.rs proto/
 COPY proto/mssql_cdc_flight.proto proto/mssql_cdc_admin.proto proto/
 COPY clients/writer/Cargo.toml clients/writer/
-RUN mkdir -p src proto/src clients/writer/src benches clients/writer/benches tests clients/writer/tests \
+RUN mkdir -p src proto/src clients/writer/src benches clients/writer/benches tests clients/writer/tests/model \
     && touch src/lib.rs proto/src/lib.rs clients/writer/src/lib.rs \
     && for stub in src/main.rs clients/writer/src/main.rs benches/throughput.rs \
         benches/catalog.rs tests/sqlserver_statements.rs tests/fuzz_parsers.rs \
@@ -30,7 +30,7 @@ RUN mkdir -p src proto/src clients/writer/src benches clients/writer/benches tes
         clients/writer/benches/silver.rs clients/writer/benches/freshness.rs \
         clients/writer/benches/reconcile.rs clients/writer/benches/many_tables.rs \
         clients/writer/benches/facts_appends.rs clients/writer/benches/busy_bronze.rs \
-        clients/writer/tests/model.rs; \
+        clients/writer/tests/model/main.rs; \
         do echo 'fn main() {}' > "$stub"; done
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \

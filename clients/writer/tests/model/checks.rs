@@ -1,0 +1,269 @@
+//! The invariants every step keeps, checked against the simulator's journal.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::process::Command;
+
+use mssql_cdc_flight::Lsn;
+use mssql_cdc_writer::checkpoint::Checkpoint;
+use mssql_cdc_writer::control;
+use mssql_cdc_writer::tables;
+
+use crate::common::{self, Lab, Rows, utf8};
+use crate::ops::Table;
+use crate::python;
+use crate::world::{Failure, World};
+
+impl World {
+    /// The invariants every step keeps.
+    pub(crate) async fn check(&self) -> Result<(), Failure> {
+        for table in Table::ALL {
+            self.check_bronze(table).await?;
+            self.check_verdict(table).await?;
+        }
+        self.check_facts().await
+    }
+
+    pub(crate) async fn check_bronze(&self, table: Table) -> Result<(), Failure> {
+        let held = bronze_rows(&self.lab, table).await;
+        let journal: BTreeSet<_> = self.journal(table).into_iter().collect();
+        let mut seen = BTreeSet::new();
+        for row in &held {
+            if !seen.insert(row) {
+                return Err(format!("bronze of {} holds {row:?} twice", table.source()));
+            }
+            if !journal.contains(row) {
+                return Err(format!(
+                    "bronze of {} holds {row:?}, which was never committed",
+                    table.source()
+                ));
+            }
+        }
+        let Some(through) = self.committed_through(table).await else {
+            return Ok(());
+        };
+        if let Some(missing) = journal.iter().find(|row| {
+            row.0.parse::<Lsn>().is_ok_and(|lsn| lsn <= through)
+                && !seen.contains(row)
+                && !self.purged(table, row)
+        }) {
+            return Err(format!(
+                "bronze of {} lacks {missing:?}, through its checkpoint's last committed batch \
+                 (end {through})",
+                table.source()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a purge passed the end of the stream's last committed batch.
+    pub(crate) async fn behind_purge(&self, table: Table) -> bool {
+        let cut = self.known().purged_through;
+        match (cut, self.committed_through(table).await) {
+            (Some(cut), Some(through)) => through < cut,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+
+    /// The end of the checkpoint's last committed batch.
+    pub(crate) async fn committed_through(&self, table: Table) -> Option<Lsn> {
+        let checkpoint = Checkpoint::open(&self.config(table).checkpoint)
+            .await
+            .expect("checkpoint");
+        let last = checkpoint.last().await.expect("last")?;
+        if last.committed {
+            Some(last.end.lsn)
+        } else {
+            Some(last.start.lsn)
+        }
+    }
+
+    pub(crate) async fn check_verdict(&self, table: Table) -> Result<(), Failure> {
+        let url = tables::table_url(&self.lab.lake("control")).expect("url");
+        let Some(verdict) = control::finalized_until(&url, table.source())
+            .await
+            .map_err(|error| format!("control: {error}"))?
+        else {
+            return Ok(());
+        };
+        let checkpoint = Checkpoint::open(&self.config(table).checkpoint)
+            .await
+            .expect("checkpoint");
+        let Some(last) = checkpoint.last().await.expect("last") else {
+            return Err(format!("a verdict for {} before any batch", table.source()));
+        };
+        let end = if last.committed { last.end } else { last.start };
+        // The verdict says every change up to it is in bronze: it cannot pass the commit
+        // time of the end of what is committed.
+        if end.commit_ts.is_some_and(|ts| verdict > ts) {
+            return Err(format!(
+                "the verdict of {} ({verdict:?}) is past its last committed batch's end ({:?})",
+                table.source(),
+                end.commit_ts
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn check_facts(&self) -> Result<(), Failure> {
+        let url = tables::table_url(&self.lab.lake("facts")).expect("url");
+        let rows = tables::query_text(
+            &url,
+            "SELECT app_id, batch_id, count(*) FROM t WHERE event IS NULL AND batch_id IS NOT NULL \
+             GROUP BY app_id, batch_id ORDER BY app_id, batch_id",
+        )
+        .await
+        .map_err(|error| format!("facts: {error}"))?;
+        let mut ids: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+        for row in rows {
+            let app = row[0].clone().unwrap_or_default();
+            let id: i64 = row[1].as_deref().unwrap_or("-1").parse().unwrap_or(-1);
+            if row[2].as_deref() != Some("1") {
+                return Err(format!(
+                    "facts hold batch {id} of {app} {} times",
+                    row[2].as_deref().unwrap_or("?")
+                ));
+            }
+            ids.entry(app).or_default().push(id);
+        }
+        for (app, ids) in &ids {
+            if ids.iter().copied().ne(0..ids.len() as i64) {
+                return Err(format!("facts batch ids of {app} are not 0..: {ids:?}"));
+            }
+        }
+        for table in Table::ALL {
+            let checkpoint = Checkpoint::open(&self.config(table).checkpoint)
+                .await
+                .expect("checkpoint");
+            if let Some(last) = checkpoint.last().await.expect("last")
+                && last.committed
+            {
+                let held = ids.get(table.name()).map_or(0, Vec::len) as i64;
+                if held <= last.batch_id {
+                    return Err(format!(
+                        "the checkpoint of {} committed batch {} but facts hold {held} batches",
+                        table.name(),
+                        last.batch_id
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every table of the lake read by the Python `deltalake` package: the same row count
+    /// as delta-rs reads.
+    pub(crate) async fn check_python_reads(&self) -> Result<(), Failure> {
+        let python = python();
+        let lake = self.lab.dir.path().join("lake");
+        let mut expected = BTreeMap::new();
+        for entry in std::fs::read_dir(&lake).map_err(|error| format!("lake: {error}"))? {
+            let path = entry.map_err(|error| error.to_string())?.path();
+            let location = path.display().to_string();
+            let url = tables::table_url(&location).expect("url");
+            if tables::open(&url).await.ok().flatten().is_none() {
+                continue;
+            }
+            let count = tables::query_text(&url, "SELECT count(*) FROM t")
+                .await
+                .map_err(|error| format!("{location}: {error}"))?;
+            expected.insert(location, count[0][0].clone().unwrap_or_default());
+        }
+        // The package's pyarrow path refuses deletion vectors; its DataFusion path reads
+        // every table.
+        let script = "import sys\n\
+            from deltalake import DeltaTable, QueryBuilder\n\
+            for path in sys.argv[1:]:\n\
+            \x20   query = QueryBuilder().register('t', DeltaTable(path))\n\
+            \x20   count = query.execute('SELECT count(*) AS n FROM t').read_all()\n\
+            \x20   print(path, count.column(0)[0].as_py())\n";
+        let output = Command::new(&python)
+            .arg("-c")
+            .arg(script)
+            .args(expected.keys())
+            .output()
+            .map_err(|error| format!("{}: {error}", python.display()))?;
+        if !output.status.success() {
+            return Err(format!(
+                "the Python deltalake package could not read the lake: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        let text = String::from_utf8_lossy(&output.stdout);
+        for line in text.lines() {
+            let (path, count) = line.rsplit_once(' ').unwrap_or((line, ""));
+            if expected.get(path).map(String::as_str) != Some(count) {
+                return Err(format!(
+                    "the Python deltalake package reads {count} rows in {path}, delta-rs {:?}",
+                    expected.get(path)
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A journal or bronze row: `(start_lsn, seqval, operation, key)`.
+pub(crate) type Change = (String, String, i32, i64);
+
+/// Bronze's change rows of `table` (none when there is no bronze yet).
+pub(crate) async fn bronze_rows(lab: &Lab, table: Table) -> Vec<Change> {
+    let location = lab.lake(&format!("bronze_{}", table.name()));
+    let url = tables::table_url(&location).expect("url");
+    if tables::open(&url).await.expect("open").is_none() {
+        return Vec::new();
+    }
+    let batches = common::query(
+        &location,
+        &format!(
+            "SELECT _start_lsn, _seqval, _operation, CAST({} AS BIGINT) FROM t WHERE _operation <> 0",
+            table.key()
+        ),
+    )
+    .await;
+    let mut rows = Vec::new();
+    for batch in batches {
+        let (lsns, seqvals) = (utf8(batch.column(0)), utf8(batch.column(1)));
+        let operations =
+            arrow::compute::cast(batch.column(2), &arrow::datatypes::DataType::Int32).expect("int");
+        let operations = operations
+            .as_any()
+            .downcast_ref::<arrow::array::Int32Array>()
+            .expect("int");
+        let keys = batch
+            .column(3)
+            .as_any()
+            .downcast_ref::<arrow::array::Int64Array>()
+            .expect("bigint");
+        for row in 0..batch.num_rows() {
+            rows.push((
+                lsns.value(row).to_string(),
+                seqvals.value(row).to_string(),
+                operations.value(row),
+                keys.value(row),
+            ));
+        }
+    }
+    rows.sort();
+    rows
+}
+
+/// The first keys where two row sets differ.
+pub(crate) fn difference(left: &Rows, right: &Rows) -> String {
+    let mut text = String::new();
+    let keys: BTreeSet<_> = left.keys().chain(right.keys()).collect();
+    for key in keys
+        .into_iter()
+        .filter(|key| left.get(key) != right.get(key))
+        .take(3)
+    {
+        let _ = write!(
+            text,
+            "key {key}: silver {:?}, source {:?}; ",
+            left.get(key),
+            right.get(key)
+        );
+    }
+    text
+}

@@ -1,0 +1,236 @@
+//! The operations of a schedule, drawn at random from a seed.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+/// The two tables of the model: dbo.orders takes most commits, dbo.customers few.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub(crate) enum Table {
+    Busy,
+    Quiet,
+}
+
+impl Table {
+    pub(crate) const ALL: [Table; 2] = [Table::Busy, Table::Quiet];
+
+    pub(crate) fn source(self) -> &'static str {
+        match self {
+            Table::Busy => "dbo.orders",
+            Table::Quiet => "dbo.customers",
+        }
+    }
+
+    /// The app id, and the name in bronze_<name>, silver_<name>, checkpoint_<name>.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Table::Busy => "orders",
+            Table::Quiet => "customers",
+        }
+    }
+
+    pub(crate) fn key(self) -> &'static str {
+        match self {
+            Table::Busy => "order_id",
+            Table::Quiet => "customer_id",
+        }
+    }
+}
+
+/// The tables a maintenance pass visits.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub(crate) enum Maintained {
+    Bronze(Table),
+    Silver(Table),
+    Facts,
+    Control,
+}
+
+/// Where a crash is injected (the stream's crash points).
+pub(crate) const CRASH_POINTS: [&str; 4] =
+    ["after_plan", "after_bronze", "after_facts", "after_control"];
+
+/// One operation of a schedule.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) enum Op {
+    /// Workload commits to one table (`seed` makes them).
+    Commit {
+        table: Table,
+        commits: u64,
+        seed: u64,
+    },
+    /// A stream of one table: available-now, or continuous until it holds every change
+    /// committed before it started (on the server's live tail or polling).
+    Stream {
+        table: Table,
+        continuous: bool,
+        live_tail: bool,
+        max_commits: Option<u64>,
+    },
+    /// A maintenance pass over one table of the lake, in this process, and with `beside` a
+    /// second pass at once in another process (`mssql-cdc-writer maintain`).
+    Maintain { target: Maintained, beside: bool },
+    /// Cleanup purges every change up to the source's `max_lsn`; each table's next stream
+    /// meets it as `on_data_loss` says: `skip` passes it with a `data_skipped` row, `fail`
+    /// stops until an operator sets skip.
+    Purge { skip: [bool; 2] },
+    /// Silver of `table` applied (after an available-now stream).
+    Apply {
+        table: Table,
+        deletion_vectors: bool,
+    },
+    /// Silver of `table` reconciled with the source, silver first corrupted by another
+    /// engine (a row deleted) when `corrupt`.
+    Reconcile { table: Table, corrupt: bool },
+    /// Two available-now streams of one app id at once: one may be fenced, nothing doubles.
+    SecondWriter { table: Table },
+    /// The writer binary streaming `table` available-now, aborted at a crash point.
+    Crash { table: Table, point: usize },
+    /// Two operations at once.
+    Together(Box<Op>, Box<Op>),
+}
+
+/// The operation's kind, for the coverage count.
+pub(crate) fn kind(op: &Op) -> String {
+    match op {
+        Op::Commit { table, .. } => format!("commit {}", table.name()),
+        Op::Stream {
+            continuous,
+            max_commits,
+            live_tail,
+            ..
+        } => format!(
+            "stream {}{}{}",
+            if *continuous {
+                "continuous"
+            } else {
+                "available-now"
+            },
+            if *continuous && *live_tail {
+                " live-tail"
+            } else {
+                ""
+            },
+            if max_commits.is_some() {
+                " max_commits"
+            } else {
+                ""
+            }
+        ),
+        Op::Maintain { target, beside } => format!(
+            "maintain {}{}",
+            match target {
+                Maintained::Bronze(_) => "bronze",
+                Maintained::Silver(_) => "silver",
+                Maintained::Facts => "facts",
+                Maintained::Control => "control",
+            },
+            if *beside {
+                " beside another process"
+            } else {
+                ""
+            }
+        ),
+        Op::Purge { .. } => "purge".into(),
+        Op::Apply {
+            deletion_vectors, ..
+        } => format!(
+            "apply {}",
+            if *deletion_vectors {
+                "deletion vectors"
+            } else {
+                "copy-on-write"
+            }
+        ),
+        Op::Reconcile { corrupt, .. } => format!(
+            "reconcile{}",
+            if *corrupt { " after corruption" } else { "" }
+        ),
+        Op::SecondWriter { .. } => "second writer".into(),
+        Op::Crash { point, .. } => format!("crash {}", CRASH_POINTS[*point]),
+        Op::Together(..) => "together".into(),
+    }
+}
+
+/// A random operation; `alone` ones (purges, reconciles, crashes) are never paired.
+pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
+    let table = if rng.random_bool(0.5) {
+        Table::Busy
+    } else {
+        Table::Quiet
+    };
+    let roll = rng.random_range(0..100);
+    match roll {
+        0..25 => {
+            let commits = match table {
+                Table::Busy => rng.random_range(20..200),
+                Table::Quiet => rng.random_range(1..6),
+            };
+            Op::Commit {
+                table,
+                commits,
+                seed: rng.random(),
+            }
+        }
+        25..50 => Op::Stream {
+            table,
+            continuous: rng.random_bool(0.4),
+            live_tail: rng.random_bool(0.5),
+            max_commits: rng.random_bool(0.5).then(|| rng.random_range(5..60)),
+        },
+        50..62 => Op::Maintain {
+            target: match rng.random_range(0..10) {
+                0..5 => Maintained::Bronze(table),
+                5..7 => Maintained::Silver(table),
+                7..9 => Maintained::Facts,
+                _ => Maintained::Control,
+            },
+            beside: rng.random_bool(0.5),
+        },
+        62..72 => Op::Apply {
+            table,
+            deletion_vectors: rng.random_bool(0.5),
+        },
+        72..80 if !pairable => Op::Reconcile {
+            table,
+            corrupt: rng.random_bool(0.4),
+        },
+        80..84 if !pairable => Op::Purge {
+            skip: [rng.random_bool(0.6), rng.random_bool(0.6)],
+        },
+        84..90 if !pairable => Op::SecondWriter { table },
+        90..95 if !pairable => Op::Crash {
+            table,
+            point: rng.random_range(0..CRASH_POINTS.len()),
+        },
+        95..100 if !pairable => {
+            // Two streams of one table at once are a second writer (its own operation).
+            let first = random_op(rng, true);
+            let mut second = random_op(rng, true);
+            while streamed(&first).is_some() && streamed(&first) == streamed(&second) {
+                second = random_op(rng, true);
+            }
+            Op::Together(Box::new(first), Box::new(second))
+        }
+        _ => Op::Stream {
+            table,
+            continuous: false,
+            live_tail: false,
+            max_commits: None,
+        },
+    }
+}
+
+/// The table `op` streams (an apply streams first), if any.
+pub(crate) fn streamed(op: &Op) -> Option<Table> {
+    match op {
+        Op::Stream { table, .. } | Op::Apply { table, .. } => Some(*table),
+        _ => None,
+    }
+}
+
+/// The schedule of `seed`: `steps` operations.
+pub(crate) fn schedule(seed: u64, steps: usize) -> Vec<Op> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..steps).map(|_| random_op(&mut rng, false)).collect()
+}
