@@ -37,7 +37,7 @@ use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
 use deltalake::kernel::transaction::{
     CommitBuilder, CommitConflictError, CommitProperties, TransactionError,
 };
-use deltalake::kernel::{Action, Transaction};
+use deltalake::kernel::{Action, LogicalFileView, Transaction};
 use deltalake::logstore::object_store::ObjectStoreExt;
 use deltalake::logstore::object_store::path::Path;
 use deltalake::operations::write::WriterStatsConfig;
@@ -63,7 +63,7 @@ struct Compacting(String);
 
 impl Compacting {
     fn start(table: &DeltaTable) -> Option<Compacting> {
-        let key = table.table_url().as_str().trim_end_matches('/').to_string();
+        let key = crate::owner::key(table.table_url());
         let started = COMPACTING
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -101,10 +101,15 @@ pub fn small_files(table: &DeltaTable, bins: Bins) -> Result<usize> {
         .snapshot()?
         .log_data()
         .iter()
-        .filter(|file| {
-            (file.size() as u64) < bins.small_below && file.deletion_vector_descriptor().is_none()
-        })
+        .filter(|file| bins.folds(file))
         .count())
+}
+
+impl Bins {
+    /// Whether a compaction with these bins folds `file`: small, without a deletion vector.
+    fn folds(&self, file: &LogicalFileView) -> bool {
+        (file.size() as u64) < self.small_below && file.deletion_vector_descriptor().is_none()
+    }
 }
 
 /// Compacts `table` as `bins` says; the files folded: 0 when there were too few, when this
@@ -120,9 +125,7 @@ pub async fn compact(table: &DeltaTable, bins: Bins) -> Result<u64> {
     let files: Vec<_> = snapshot
         .log_data()
         .iter()
-        .filter(|file| {
-            (file.size() as u64) < bins.small_below && file.deletion_vector_descriptor().is_none()
-        })
+        .filter(|file| bins.folds(file))
         .collect();
     if files.len() < bins.min_files.max(2) {
         return Ok(0);
@@ -323,18 +326,23 @@ mod tests {
     async fn facts_of_small_files(dir: &tempfile::TempDir, files: i64) -> url::Url {
         let location = dir.path().join("facts");
         let url = tables::table_url(location.to_str().expect("utf-8")).expect("url");
-        for batch_id in 0..files {
+        append_batches(&url, 0..files).await;
+        url
+    }
+
+    /// Appends one one-row facts file per batch id of `ids`.
+    async fn append_batches(url: &url::Url, ids: std::ops::Range<i64>) {
+        for batch_id in ids {
             let row = crate::facts::FactsRow {
                 app_id: Some("orders".into()),
                 batch_id: Some(batch_id),
                 ..crate::facts::FactsRow::default()
             };
             let batch = crate::facts::to_batch(&[row]).expect("batch");
-            tables::append_once(&url, TableKind::Facts, "facts", "orders", batch_id, batch)
+            tables::append_once(url, TableKind::Facts, "facts", "orders", batch_id, batch)
                 .await
                 .expect("append");
         }
-        url
     }
 
     async fn batch_ids(url: &url::Url) -> Vec<i64> {
@@ -410,17 +418,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp");
         let url = facts_of_small_files(&dir, 10).await;
         let read = tables::open(&url).await.expect("open").expect("table");
-        for batch_id in 10..13 {
-            let row = crate::facts::FactsRow {
-                app_id: Some("orders".into()),
-                batch_id: Some(batch_id),
-                ..crate::facts::FactsRow::default()
-            };
-            let batch = crate::facts::to_batch(&[row]).expect("batch");
-            tables::append_once(&url, TableKind::Facts, "facts", "orders", batch_id, batch)
-                .await
-                .expect("append");
-        }
+        append_batches(&url, 10..13).await;
         assert_eq!(compact(&read, BINS).await.expect("lands after appends"), 10);
         assert_eq!(batch_ids(&url).await, (0..13).collect::<Vec<_>>());
     }

@@ -37,7 +37,7 @@ use deltalake::DeltaTable;
 use deltalake::kernel::Remove;
 use deltalake::logstore::object_store::path::Path;
 use deltalake::logstore::object_store::{self, ObjectStoreExt};
-use deltalake::operations::vacuum::{Clock, VacuumMode};
+use deltalake::operations::vacuum::{Clock, VacuumBuilder, VacuumMode};
 use deltalake::table::config::TablePropertiesExt;
 use serde::Serialize;
 use url::Url;
@@ -236,34 +236,54 @@ async fn vacuum(table: DeltaTable, options: &MaintenanceOptions) -> Result<(Delt
     // delta-rs judges a deletion vector file no version references now by its age alone: a
     // vector written long ago and replaced yesterday went, while the versions before
     // yesterday (time travel, a reader pinned to one) still read it. Those are kept here.
-    let (_, planned) = vacuum(table.clone()).with_dry_run(true).await?;
-    let vectors: Vec<&String> = planned
-        .files_deleted
-        .iter()
-        .filter(|path| path.ends_with(".bin"))
-        .collect();
-    if !vectors.is_empty() {
+    // Only a table with the deletionVectors feature holds such files, so only its pass
+    // lists the table twice (a dry run first).
+    if crate::features::has_writer_feature(&table, "deletionVectors")? {
         let cutoff = options.clock.current_timestamp_millis() - retention.num_milliseconds();
-        let still_read = vectors_removed_since(&table, cutoff).await?;
-        if vectors.iter().any(|path| still_read.contains(*path)) {
-            let store = table.log_store().object_store(None);
-            let mut deleted = 0;
-            for path in planned
-                .files_deleted
-                .iter()
-                .filter(|path| !still_read.contains(*path))
-            {
-                match store.delete(&Path::from(path.as_str())).await {
-                    Ok(()) => deleted += 1,
-                    Err(object_store::Error::NotFound { .. }) => {}
-                    Err(error) => return Err(WriterError::Internal(format!("VACUUM: {error}"))),
-                }
-            }
+        if let Some(deleted) = vacuum_keeping_vectors(&table, vacuum(table.clone()), cutoff).await?
+        {
             return Ok((table, deleted));
         }
     }
     let (table, metrics) = vacuum(table).await?;
     Ok((table, metrics.files_deleted.len()))
+}
+
+/// The VACUUM `planned` would do to `table`, but keeping the deletion vector files a remove
+/// committed at or after `cutoff` (milliseconds) carried: `None` when it deletes none of
+/// them (the ordinary VACUUM is right), else the files deleted.
+async fn vacuum_keeping_vectors(
+    table: &DeltaTable,
+    planned: VacuumBuilder,
+    cutoff: i64,
+) -> Result<Option<usize>> {
+    let (_, planned) = planned.with_dry_run(true).await?;
+    let vectors: Vec<&String> = planned
+        .files_deleted
+        .iter()
+        .filter(|path| path.ends_with(".bin"))
+        .collect();
+    if vectors.is_empty() {
+        return Ok(None);
+    }
+    let still_read = vectors_removed_since(table, cutoff).await?;
+    if !vectors.iter().any(|path| still_read.contains(*path)) {
+        return Ok(None);
+    }
+    let store = table.log_store().object_store(None);
+    let mut deleted = 0;
+    for path in planned
+        .files_deleted
+        .iter()
+        .filter(|path| !still_read.contains(*path))
+    {
+        match store.delete(&Path::from(path.as_str())).await {
+            Ok(()) => deleted += 1,
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(error) => return Err(WriterError::Internal(format!("VACUUM: {error}"))),
+        }
+    }
+    Ok(Some(deleted))
 }
 
 /// The deletion vector files (paths from the table's root) that remove actions committed

@@ -30,7 +30,7 @@ static TURNS: LazyLock<Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>> =
 
 /// The key of a table's location: its URL without a trailing slash, so `file:///lake/t` and
 /// `file:///lake/t/` are one table.
-fn key(url: &Url) -> String {
+pub(crate) fn key(url: &Url) -> String {
     url.as_str().trim_end_matches('/').to_string()
 }
 

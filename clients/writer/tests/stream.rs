@@ -513,12 +513,9 @@ async fn purged_changes_stop_the_stream_or_are_skipped_with_an_event() {
     // earliest starts at min_lsn, so the first batch is whole; purge again past its end.
     run_now(config.clone()).await;
     lab.workload(8, 100);
-    let cut = lab.db.max_lsn().await.expect("max").expect("lsn");
-    let mut writer = lab.writer(9);
-    writer.idle();
-    writer.publish().expect("publish");
-    drop(writer);
-    lab.db.cleanup(None, cut).expect("cleanup past the stream");
+    lab.purge_to_max_lsn(9)
+        .await
+        .expect("a purge past the stream");
     let error = try_run_now(config.clone()).await.expect_err("loss");
     assert!(matches!(error, WriterError::DataLoss { .. }), "{error}");
     assert!(
@@ -546,12 +543,9 @@ async fn a_batch_skipped_past_a_purge_and_then_broken_keeps_its_data_skipped_row
     let config = lab.config();
     run_now(config.clone()).await;
     lab.workload(8, 100);
-    let cut = lab.db.max_lsn().await.expect("max").expect("lsn");
-    let mut writer = lab.writer(9);
-    writer.idle();
-    writer.publish().expect("publish");
-    drop(writer);
-    lab.db.cleanup(None, cut).expect("cleanup past the stream");
+    lab.purge_to_max_lsn(9)
+        .await
+        .expect("a purge past the stream");
     lab.workload(10, 30);
     let mut skipping = config;
     skipping.fail_on_data_loss = false;

@@ -123,6 +123,20 @@ impl Lab {
         workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
     }
 
+    /// Purges every change up to the source's `max_lsn`, after an idle entry (by a writer
+    /// of `seed`) past it, so the source's `max_lsn` stays beyond the cut; the cut, `None`
+    /// when nothing was committed yet.
+    pub async fn purge_to_max_lsn(&self, seed: u64) -> Option<mssql_cdc_flight::Lsn> {
+        use mssql_cdc_flight::source::CdcSource;
+        let cut = self.db.max_lsn().await.expect("max_lsn")?;
+        let mut writer = self.writer(seed);
+        writer.idle();
+        writer.publish().expect("publish");
+        drop(writer);
+        self.db.cleanup(None, cut).expect("cleanup");
+        Some(cut)
+    }
+
     /// `(start_lsn, seqval, operation, key)` of every journal row of dbo.orders.
     pub fn committed(&self) -> Vec<(String, String, i32, i64)> {
         self.committed_of("dbo.orders")
@@ -228,13 +242,19 @@ pub fn utf8(array: &arrow::array::ArrayRef) -> StringArray {
 }
 
 pub async fn bronze_rows(lab: &Lab) -> Option<Vec<(String, String, i32, i64)>> {
-    let url = tables::table_url(&lab.lake("bronze_orders")).expect("url");
-    tables::open(&url).await.expect("open")?;
-    let batches = query(
+    change_rows(
         &lab.lake("bronze_orders"),
         "SELECT _start_lsn, _seqval, _operation, order_id FROM t",
     )
-    .await;
+    .await
+}
+
+/// `(start_lsn, seqval, operation, key)` of the rows `sql` selects (those four columns, the
+/// key a BIGINT) from the table at `location`, sorted; `None` when there is no table there.
+pub async fn change_rows(location: &str, sql: &str) -> Option<Vec<(String, String, i32, i64)>> {
+    let url = tables::table_url(location).expect("url");
+    tables::open(&url).await.expect("open")?;
+    let batches = query(location, sql).await;
     let mut rows = Vec::new();
     for batch in batches {
         let (lsns, seqvals) = (utf8(batch.column(0)), utf8(batch.column(1)));

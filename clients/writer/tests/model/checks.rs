@@ -9,7 +9,7 @@ use mssql_cdc_writer::checkpoint::Checkpoint;
 use mssql_cdc_writer::control;
 use mssql_cdc_writer::tables;
 
-use crate::common::{self, Lab, Rows, utf8};
+use crate::common::{self, Lab, Rows};
 use crate::ops::Table;
 use crate::python;
 use crate::world::{Failure, World};
@@ -210,43 +210,13 @@ pub(crate) type Change = (String, String, i32, i64);
 /// Bronze's change rows of `table` (none when there is no bronze yet).
 pub(crate) async fn bronze_rows(lab: &Lab, table: Table) -> Vec<Change> {
     let location = lab.lake(&format!("bronze_{}", table.name()));
-    let url = tables::table_url(&location).expect("url");
-    if tables::open(&url).await.expect("open").is_none() {
-        return Vec::new();
-    }
-    let batches = common::query(
-        &location,
-        &format!(
-            "SELECT _start_lsn, _seqval, _operation, CAST({} AS BIGINT) FROM t WHERE _operation <> 0",
-            table.key()
-        ),
-    )
-    .await;
-    let mut rows = Vec::new();
-    for batch in batches {
-        let (lsns, seqvals) = (utf8(batch.column(0)), utf8(batch.column(1)));
-        let operations =
-            arrow::compute::cast(batch.column(2), &arrow::datatypes::DataType::Int32).expect("int");
-        let operations = operations
-            .as_any()
-            .downcast_ref::<arrow::array::Int32Array>()
-            .expect("int");
-        let keys = batch
-            .column(3)
-            .as_any()
-            .downcast_ref::<arrow::array::Int64Array>()
-            .expect("bigint");
-        for row in 0..batch.num_rows() {
-            rows.push((
-                lsns.value(row).to_string(),
-                seqvals.value(row).to_string(),
-                operations.value(row),
-                keys.value(row),
-            ));
-        }
-    }
-    rows.sort();
-    rows
+    let sql = format!(
+        "SELECT _start_lsn, _seqval, _operation, CAST({} AS BIGINT) FROM t WHERE _operation <> 0",
+        table.key()
+    );
+    common::change_rows(&location, &sql)
+        .await
+        .unwrap_or_default()
 }
 
 /// The first keys where two row sets differ.

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
-use mssql_cdc_flight::source::CdcSource;
 use mssql_cdc_writer::WriterError;
 use mssql_cdc_writer::maintenance::{self, MaintenanceOptions};
 use mssql_cdc_writer::stream::{CRASH_AT_VARIABLE, Stream, StreamConfig};
@@ -292,15 +291,9 @@ impl World {
     }
 
     pub(crate) async fn purge(&self, skip: [bool; 2]) -> Result<(), Failure> {
-        let Some(cut) = self.lab.db.max_lsn().await.expect("max_lsn") else {
+        let Some(cut) = self.lab.purge_to_max_lsn(0).await else {
             return Ok(());
         };
-        // An idle entry past the cut, so the purge leaves the source a max_lsn beyond it.
-        let mut writer = self.lab.writer(0);
-        writer.idle();
-        writer.publish().expect("publish");
-        drop(writer);
-        self.lab.db.cleanup(None, cut).expect("cleanup");
         self.known().purged_through = Some(cut);
         for (table, skip) in Table::ALL.into_iter().zip(skip) {
             if skip {
@@ -341,13 +334,11 @@ impl World {
         if !exact || !self.stream_current(table).await {
             return Ok(());
         }
-        let silver = self.silver_rows(table).await;
-        let source = source_rows_of(&self.lab, table.source(), table.key()).await;
-        if silver != source {
+        if let Some(difference) = self.silver_differs(table).await {
             return Err(format!(
-                "silver of {} differs from the source after an apply over a current bronze: {}",
-                table.source(),
-                difference(&silver, &source)
+                "silver of {} differs from the source after an apply over a current bronze: \
+                 {difference}",
+                table.source()
             ));
         }
         Ok(())
@@ -361,6 +352,13 @@ impl World {
             Some(_) => current_rows_by(&location, table.key()).await,
             None => Rows::new(),
         }
+    }
+
+    /// Where silver of `table` differs from the source now (its first keys), if it does.
+    pub(crate) async fn silver_differs(&self, table: Table) -> Option<String> {
+        let silver = self.silver_rows(table).await;
+        let source = source_rows_of(&self.lab, table.source(), table.key()).await;
+        (silver != source).then(|| difference(&silver, &source))
     }
 
     /// Whether bronze holds every change of `table` the journal has.
@@ -446,14 +444,11 @@ impl World {
         if !changed_since.is_empty() {
             return Ok(());
         }
-        let silver = self.silver_rows(table).await;
-        let source = source_rows_of(&self.lab, table.source(), table.key()).await;
-        if silver != source {
+        if let Some(difference) = self.silver_differs(table).await {
             return Err(format!(
-                "reconcile verified {} at {} while silver differs from the source: {}",
+                "reconcile verified {} at {} while silver differs from the source: {difference}",
                 table.source(),
-                result.compared_lsn,
-                difference(&silver, &source)
+                result.compared_lsn
             ));
         }
         Ok(())
