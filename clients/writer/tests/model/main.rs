@@ -50,7 +50,7 @@ const REGRESSIONS: &[(&str, &str)] = &[
         {"Apply":{"table":"Quiet","deletion_vectors":false}},
         {"Commit":{"table":"Busy","commits":100,"seed":2}},
         {"Stream":{"table":"Quiet","continuous":false,"live_tail":false,"max_commits":null}},
-        {"Purge":{"skip":[true,true]}},
+        {"Purge":{"on_loss":["Skip","Skip"]}},
         {"Reconcile":{"table":"Quiet","corrupt":false}}]"#,
     ),
     (

@@ -46,6 +46,17 @@ pub(crate) enum Maintained {
     Control,
 }
 
+/// How a table's stream meets changes a cleanup purged before it read them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum OnLoss {
+    /// Stop with `DataLoss` (`on_data_loss = fail`); the operator then sets skip.
+    Fail,
+    /// Skip to `min_lsn` with a `data_skipped` row (`fail_on_data_loss = false`).
+    Skip,
+    /// Open a chunked re-snapshot and resume at its S (`on_data_loss = resnapshot`).
+    Resnapshot,
+}
+
 /// Where a crash is injected (the stream's crash points).
 pub(crate) const CRASH_POINTS: [&str; 4] =
     ["after_plan", "after_bronze", "after_facts", "after_control"];
@@ -71,9 +82,15 @@ pub(crate) enum Op {
     /// second pass at once in another process (`mssql-cdc-writer maintain`).
     Maintain { target: Maintained, beside: bool },
     /// Cleanup purges every change up to the source's `max_lsn`; each table's next stream
-    /// meets it as `on_data_loss` says: `skip` passes it with a `data_skipped` row, `fail`
-    /// stops until an operator sets skip.
-    Purge { skip: [bool; 2] },
+    /// meets it as `on_loss` says (busy table first).
+    Purge { on_loss: [OnLoss; 2] },
+    /// An operator's re-snapshot of `table` (`snapshot open --resnapshot`): a full one read
+    /// at once, or a chunked one opened for backfills to read.
+    Snapshot { table: Table, chunked: bool },
+    /// Up to `waves` waves of the open chunked snapshot of `table` (small chunks).
+    Backfill { table: Table, waves: u32 },
+    /// An operator pauses (or resumes) the open chunked snapshot of `table`.
+    Pause { table: Table, paused: bool },
     /// Silver of `table` applied (after an available-now stream).
     Apply {
         table: Table,
@@ -131,7 +148,13 @@ pub(crate) fn kind(op: &Op) -> String {
                 ""
             }
         ),
-        Op::Purge { .. } => "purge".into(),
+        Op::Purge { on_loss } => format!("purge ({:?}, {:?})", on_loss[0], on_loss[1]),
+        Op::Snapshot { chunked, .. } => format!(
+            "snapshot open {}",
+            if *chunked { "chunked" } else { "full" }
+        ),
+        Op::Backfill { .. } => "backfill".into(),
+        Op::Pause { paused, .. } => (if *paused { "pause" } else { "resume" }).into(),
         Op::Apply {
             deletion_vectors, ..
         } => format!(
@@ -159,9 +182,9 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
     } else {
         Table::Quiet
     };
-    let roll = rng.random_range(0..100);
+    let roll = rng.random_range(0..112);
     match roll {
-        0..25 => {
+        0..22 => {
             let commits = match table {
                 Table::Busy => rng.random_range(20..200),
                 Table::Quiet => rng.random_range(1..6),
@@ -172,13 +195,13 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
                 seed: rng.random(),
             }
         }
-        25..50 => Op::Stream {
+        22..44 => Op::Stream {
             table,
             continuous: rng.random_bool(0.4),
             live_tail: rng.random_bool(0.5),
             max_commits: rng.random_bool(0.5).then(|| rng.random_range(5..60)),
         },
-        50..62 => Op::Maintain {
+        44..55 => Op::Maintain {
             target: match rng.random_range(0..10) {
                 0..5 => Maintained::Bronze(table),
                 5..7 => Maintained::Silver(table),
@@ -187,23 +210,42 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
             },
             beside: rng.random_bool(0.5),
         },
-        62..72 => Op::Apply {
+        55..64 => Op::Apply {
             table,
             deletion_vectors: rng.random_bool(0.5),
         },
-        72..80 if !pairable => Op::Reconcile {
+        64..68 => Op::Snapshot {
+            table,
+            chunked: rng.random_bool(0.7),
+        },
+        68..76 => Op::Backfill {
+            table,
+            waves: rng.random_range(1..5),
+        },
+        76..78 => Op::Pause {
+            table,
+            paused: rng.random_bool(0.5),
+        },
+        78..86 if !pairable => Op::Reconcile {
             table,
             corrupt: rng.random_bool(0.4),
         },
-        80..84 if !pairable => Op::Purge {
-            skip: [rng.random_bool(0.6), rng.random_bool(0.6)],
-        },
-        84..90 if !pairable => Op::SecondWriter { table },
-        90..95 if !pairable => Op::Crash {
+        86..90 if !pairable => {
+            let mut draw = || match rng.random_range(0..10) {
+                0..3 => OnLoss::Fail,
+                3..6 => OnLoss::Skip,
+                _ => OnLoss::Resnapshot,
+            };
+            Op::Purge {
+                on_loss: [draw(), draw()],
+            }
+        }
+        90..95 if !pairable => Op::SecondWriter { table },
+        95..100 if !pairable => Op::Crash {
             table,
             point: rng.random_range(0..CRASH_POINTS.len()),
         },
-        95..100 if !pairable => {
+        100..106 if !pairable => {
             // Two streams of one table at once are a second writer (its own operation).
             let first = random_op(rng, true);
             let mut second = random_op(rng, true);

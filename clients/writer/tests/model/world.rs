@@ -11,7 +11,9 @@ use futures::future::BoxFuture;
 use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_writer::WriterError;
+use mssql_cdc_writer::data_loss::OnDataLoss;
 use mssql_cdc_writer::maintenance::{self, MaintenanceOptions};
+use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{CRASH_AT_VARIABLE, Stream, StreamConfig};
 use mssql_cdc_writer::tables::{self, TableKind};
 use mssql_cdc_writer::{control, reconcile, silver};
@@ -19,17 +21,27 @@ use mssql_cdc_writer::{control, reconcile, silver};
 use crate::WRITER;
 use crate::checks::{Change, bronze_rows, difference};
 use crate::common::{self, Lab, Rows, current_rows_by, source_rows_of};
-use crate::ops::{CRASH_POINTS, Maintained, Op, Table, kind};
+use crate::ops::{CRASH_POINTS, Maintained, OnLoss, Op, Table, kind};
 
 /// What the model knows beyond the journal.
 #[derive(Default)]
 pub(crate) struct Knowledge {
     /// The highest LSN a cleanup purged through.
     pub(crate) purged_through: Option<Lsn>,
-    /// Tables whose stream skipped purged changes (their silver cannot equal the source).
+    /// Tables behind a purge (bronze may lack the changes it took, or a re-snapshot
+    /// replaced them).
     pub(crate) lossy: BTreeSet<Table>,
-    /// Tables whose stream meets a purge by failing (until set to skip).
-    pub(crate) failing_on_loss: BTreeSet<Table>,
+    /// Tables whose silver lacks what a purge took, since the cut (until a rebuild from a
+    /// snapshot after the cut).
+    pub(crate) lost_at: BTreeMap<Table, Lsn>,
+    /// How each table's stream meets a purge (skip when not set).
+    pub(crate) on_loss: BTreeMap<Table, OnLoss>,
+    /// The newest complete snapshot of each table (its S).
+    pub(crate) completed: BTreeMap<Table, Lsn>,
+    /// The snapshot each silver was last rebuilt from.
+    pub(crate) rebuilt_from: BTreeMap<Table, Lsn>,
+    /// The chunked snapshot an operator paused, per table.
+    pub(crate) paused: BTreeMap<Table, Lsn>,
     /// Tables silver was applied to.
     pub(crate) applied: BTreeSet<Table>,
     /// Tables whose silver another engine corrupted, and the key of the row it deleted.
@@ -63,8 +75,20 @@ impl World {
 
     pub(crate) fn config(&self, table: Table) -> StreamConfig {
         let mut config = self.lab.stream_of(table.source(), table.name());
-        config.fail_on_data_loss = self.known().failing_on_loss.contains(&table);
+        let on_loss = self.on_loss(table);
+        config.fail_on_data_loss = on_loss != OnLoss::Skip;
+        if on_loss == OnLoss::Resnapshot {
+            config.on_data_loss = OnDataLoss::Resnapshot;
+        }
         config
+    }
+
+    pub(crate) fn on_loss(&self, table: Table) -> OnLoss {
+        self.known()
+            .on_loss
+            .get(&table)
+            .copied()
+            .unwrap_or(OnLoss::Skip)
     }
 
     pub(crate) fn apply_config(&self, table: Table, deletion_vectors: bool) -> silver::ApplyConfig {
@@ -121,7 +145,10 @@ impl World {
                     }
                 }
                 Op::Maintain { target, beside } => self.maintain(*target, *beside).await,
-                Op::Purge { skip } => self.purge(*skip).await,
+                Op::Purge { on_loss } => self.purge(*on_loss).await,
+                Op::Snapshot { table, chunked } => self.open_snapshot(*table, *chunked).await,
+                Op::Backfill { table, waves } => self.backfill(*table, *waves).await,
+                Op::Pause { table, paused } => self.pause(*table, *paused).await,
                 Op::Apply {
                     table,
                     deletion_vectors,
@@ -169,7 +196,9 @@ impl World {
     /// A stream of `table` stopped by purged changes: expected under `fail`, after which the
     /// operator sets skip; a failure under skip.
     pub(crate) fn stopped_by_purge(&self, table: Table) -> Result<(), Failure> {
-        if self.known().failing_on_loss.remove(&table) {
+        let mut known = self.known();
+        if known.on_loss.get(&table) == Some(&OnLoss::Fail) {
+            known.on_loss.insert(table, OnLoss::Skip);
             Ok(())
         } else {
             Err(format!(
@@ -203,9 +232,10 @@ impl World {
         let mut kept_up = false;
         while Instant::now() < deadline && !running.is_finished() {
             let held: BTreeSet<_> = bronze_rows(&self.lab, table).await.into_iter().collect();
+            let excused = self.excused_through(table).await;
             if expected
                 .iter()
-                .all(|row| held.contains(row) || self.purged(table, row))
+                .all(|row| held.contains(row) || excused_row(excused, row))
             {
                 kept_up = true;
                 break;
@@ -236,14 +266,31 @@ impl World {
         Ok(())
     }
 
-    /// Whether `row` of `table` may be missing: purged before its stream read it, with the
-    /// stream told to skip.
-    pub(crate) fn purged(&self, table: Table, row: &Change) -> bool {
-        let known = self.known();
-        known.lossy.contains(&table)
-            && known
-                .purged_through
-                .is_some_and(|cut| row.0.parse::<Lsn>().is_ok_and(|lsn| lsn <= cut))
+    /// Through which LSN bronze of `table` may lack change rows: those a purge took before
+    /// the stream read them (skipped), or, when the stream healed the purge by a re-snapshot,
+    /// every change up to that snapshot's S (its rows stand for them); `None` for a table
+    /// no purge passed.
+    pub(crate) async fn excused_through(&self, table: Table) -> Option<Lsn> {
+        let cut = {
+            let known = self.known();
+            if !known.lossy.contains(&table) {
+                return None;
+            }
+            known.purged_through
+        };
+        let url = tables::table_url(&self.lab.lake("facts")).expect("url");
+        let healed = tables::query_text(
+            &url,
+            &format!(
+                "SELECT MAX(max_lsn) FROM t WHERE app_id = '{}' AND event = 'data_loss'",
+                table.name()
+            ),
+        )
+        .await
+        .ok()
+        .and_then(|rows| rows.first().and_then(|row| row[0].clone()))
+        .and_then(|text| text.parse::<Lsn>().ok());
+        cut.max(healed)
     }
 
     pub(crate) async fn maintain(&self, target: Maintained, beside: bool) -> Result<(), Failure> {
@@ -290,32 +337,139 @@ impl World {
             .map_err(|error| format!("maintain {location}: {error}"))
     }
 
-    pub(crate) async fn purge(&self, skip: [bool; 2]) -> Result<(), Failure> {
+    pub(crate) async fn purge(&self, on_loss: [OnLoss; 2]) -> Result<(), Failure> {
         let Some(cut) = self.lab.purge_to_max_lsn(0).await else {
             return Ok(());
         };
         self.known().purged_through = Some(cut);
-        for (table, skip) in Table::ALL.into_iter().zip(skip) {
-            if skip {
-                self.known().failing_on_loss.remove(&table);
-            } else {
-                self.known().failing_on_loss.insert(table);
-            }
+        for (table, on_loss) in Table::ALL.into_iter().zip(on_loss) {
+            self.known().on_loss.insert(table, on_loss);
             // A table whose stream had read everything through the cut loses nothing; one
-            // behind it may, once its stream skips.
+            // behind it may, once its stream skips or re-snapshots.
             let held: BTreeSet<_> = bronze_rows(&self.lab, table).await.into_iter().collect();
             let behind = self
                 .journal(table)
                 .iter()
                 .any(|row| !held.contains(row) && row.0.parse::<Lsn>().is_ok_and(|l| l <= cut));
             if behind {
-                self.known().lossy.insert(table);
+                let mut known = self.known();
+                known.lossy.insert(table);
+                known.lost_at.insert(table, cut);
             }
         }
         Ok(())
     }
 
+    /// An operator's re-snapshot: refused while one of the other mode is open, or when
+    /// nothing was committed since the last one.
+    pub(crate) async fn open_snapshot(&self, table: Table, chunked: bool) -> Result<(), Failure> {
+        let mode = if chunked {
+            SnapshotMode::Chunked
+        } else {
+            SnapshotMode::Full
+        };
+        match snapshot::open(&self.config(table), mode, true).await {
+            Ok(state) => {
+                if state.status.done
+                    && let Some(done) = state.status.snapshot
+                {
+                    self.completed(table, done);
+                }
+                Ok(())
+            }
+            Err(WriterError::InvalidArgument(message))
+                if message.contains("one snapshot mode per run")
+                    || message.contains("no commit since snapshot") =>
+            {
+                Ok(())
+            }
+            Err(error) => Err(format!("snapshot open of {}: {error}", table.source())),
+        }
+    }
+
+    fn completed(&self, table: Table, snapshot: Lsn) {
+        let mut known = self.known();
+        let newest = known.completed.entry(table).or_insert(snapshot);
+        *newest = (*newest).max(snapshot);
+    }
+
+    /// Waves of the open chunked snapshot: none while an operator's pause holds it.
+    pub(crate) async fn backfill(&self, table: Table, waves: u32) -> Result<(), Failure> {
+        let config = self.config(table);
+        let options = BackfillOptions {
+            chunk_rows: match table {
+                Table::Busy => 400,
+                Table::Quiet => 8,
+            },
+            max_waves: Some(waves),
+            target_wave_seconds: 0.0,
+            min_headroom_hours: None,
+        };
+        let before = snapshot::state(&config)
+            .await
+            .map_err(|error| format!("snapshot state of {}: {error}", table.source()))?;
+        let snapshots = Snapshots::connect(config)
+            .await
+            .map_err(|error| format!("backfill of {}: {error}", table.source()))?;
+        let status = match snapshots.backfill(&options).await {
+            Ok(status) => status,
+            // A second backfill of the same snapshot at once (the other op of a step).
+            Err(WriterError::Fenced(_)) => return Ok(()),
+            Err(error) => return Err(format!("backfill of {}: {error}", table.source())),
+        };
+        let paused = self.known().paused.get(&table).copied();
+        if let Some(snapshot) = status.snapshot
+            && paused == Some(snapshot)
+            && (!status.paused || status.chunks_done > before.status.chunks_done)
+        {
+            return Err(format!(
+                "backfill of {}: snapshot {snapshot} is paused by an operator, yet the backfill \
+                 read waves ({} chunks done, {} before)",
+                table.source(),
+                status.chunks_done,
+                before.status.chunks_done
+            ));
+        }
+        if status.done
+            && let Some(done) = status.snapshot
+        {
+            self.completed(table, done);
+        }
+        Ok(())
+    }
+
+    /// An operator pauses or resumes: refused when no chunked snapshot is open.
+    pub(crate) async fn pause(&self, table: Table, paused: bool) -> Result<(), Failure> {
+        match snapshot::set_paused(&self.config(table), paused, Some("model")).await {
+            Ok(state) => {
+                let mut known = self.known();
+                match (paused, state.status.snapshot) {
+                    (true, Some(snapshot)) => {
+                        known.paused.insert(table, snapshot);
+                    }
+                    _ => {
+                        known.paused.remove(&table);
+                    }
+                }
+                Ok(())
+            }
+            Err(WriterError::InvalidArgument(message))
+                if message.contains("no open chunked snapshot") =>
+            {
+                Ok(())
+            }
+            Err(error) => Err(format!(
+                "{} of {}: {error}",
+                if paused { "pause" } else { "resume" },
+                table.source()
+            )),
+        }
+    }
+
     pub(crate) async fn apply(&self, table: Table, deletion_vectors: bool) -> Result<(), Failure> {
+        // A snapshot completed before this apply began is one it rebuilds from (one completing
+        // beside it may be too, or not).
+        let completed = self.known().completed.get(&table).copied();
         let outcome = common::try_run_now(self.config(table)).await.map(|_| ());
         self.stream_outcome(table, outcome, false)?;
         silver::apply_changes(&self.apply_config(table, deletion_vectors))
@@ -329,7 +483,21 @@ impl World {
             if made {
                 known.applied.insert(table);
             }
-            !known.lossy.contains(&table) && !known.corrupted.contains_key(&table)
+            // A rebuild from a newer snapshot writes silver whole: another engine's deletion
+            // is gone, and so is a purge's hole when the snapshot is past the cut.
+            if let Some(snapshot) = completed
+                && known
+                    .rebuilt_from
+                    .get(&table)
+                    .is_none_or(|rebuilt| snapshot > *rebuilt)
+            {
+                known.rebuilt_from.insert(table, snapshot);
+                known.corrupted.remove(&table);
+                if known.lost_at.get(&table).is_some_and(|cut| snapshot > *cut) {
+                    known.lost_at.remove(&table);
+                }
+            }
+            !known.lost_at.contains_key(&table) && !known.corrupted.contains_key(&table)
         };
         if !exact || !self.stream_current(table).await {
             return Ok(());
@@ -361,10 +529,14 @@ impl World {
         (silver != source).then(|| difference(&silver, &source))
     }
 
-    /// Whether bronze holds every change of `table` the journal has.
+    /// Whether bronze holds every change of `table` the journal has (but those a purge
+    /// excuses).
     pub(crate) async fn stream_current(&self, table: Table) -> bool {
         let held: BTreeSet<_> = bronze_rows(&self.lab, table).await.into_iter().collect();
-        self.journal(table).iter().all(|row| held.contains(row))
+        let excused = self.excused_through(table).await;
+        self.journal(table)
+            .iter()
+            .all(|row| held.contains(row) || excused_row(excused, row))
     }
 
     pub(crate) async fn reconcile(&self, table: Table, corrupt: bool) -> Result<(), Failure> {
@@ -468,6 +640,10 @@ impl World {
                 &config.checkpoint,
             ])
             .args(["--max-commits", "40", "--available-now"])
+            .args(match config.on_data_loss {
+                OnDataLoss::Resnapshot => ["--on-data-loss", "resnapshot"],
+                OnDataLoss::Fail => ["--on-data-loss", "fail"],
+            })
             .env(CRASH_AT_VARIABLE, point)
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
@@ -496,4 +672,9 @@ impl World {
     pub(crate) fn journal(&self, table: Table) -> Vec<Change> {
         self.lab.committed_of(table.source())
     }
+}
+
+/// Whether `row` is at or before `excused` (see [`World::excused_through`]).
+pub(crate) fn excused_row(excused: Option<Lsn>, row: &Change) -> bool {
+    excused.is_some_and(|cut| row.0.parse::<Lsn>().is_ok_and(|lsn| lsn <= cut))
 }
