@@ -536,3 +536,64 @@ async fn a_table_without_an_integer_key_is_read_whole_in_one_stream_and_not_chun
     assert!(error.to_string().contains("one integer key"), "{error}");
     keyless.shutdown_and_wait().await;
 }
+
+/// `ALTER TABLE ... ADD <column> NULL` gives every existing row NULL there (Microsoft's
+/// ALTER TABLE docs, "Adding NULL columns"); rows inserted or updated afterwards have values.
+/// A snapshot of the table (through a capture instance that captures the column) reads so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_column_added_later_reads_null_in_the_rows_no_write_touched_since() {
+    let (sim, flight) = loaded(9, 120).await;
+    let orders: mssql_cdc_flight::source::TableName = TABLE.parse().expect("table");
+    let mut writer = sim.writer(10);
+    writer
+        .add_column(&orders, "discount", "decimal(9,2)", true)
+        .expect("ddl");
+    let columns: Vec<String> = sim
+        .db
+        .manifest()
+        .expect("manifest")
+        .table(&orders)
+        .expect("table")
+        .columns
+        .iter()
+        .map(|column| column.name.clone())
+        .collect();
+    writer
+        .enable_capture_instance(&orders, "dbo_orders_v2", &columns)
+        .expect("switch");
+    let before: Vec<i64> = {
+        let mut keys = writer.begin().random_keys(&orders, 4).expect("keys");
+        keys.sort();
+        keys
+    };
+    let (updated, untouched) = before.split_at(2);
+    let mut tx = writer.begin();
+    tx.update(&orders, updated).expect("update");
+    let inserted = tx.insert(&orders, 2).expect("insert");
+    tx.commit().expect("commit");
+    writer.publish().expect("publish");
+    drop(writer);
+    let snapshot = read_snapshot(&flight.client, &SnapshotCommand::new(TABLE)).await;
+    let discount = |key: i64| {
+        let (_, values, ..) = snapshot
+            .rows
+            .iter()
+            .find(|row| row.0 == key)
+            .expect("key in the snapshot");
+        values.last().cloned().expect("the added column is last")
+    };
+    for key in untouched {
+        assert_eq!(
+            discount(*key),
+            "",
+            "row {key}, untouched since the ADD, reads NULL"
+        );
+    }
+    for key in updated.iter().chain(&inserted) {
+        assert_ne!(
+            discount(*key),
+            "",
+            "row {key}, written since the ADD, has a value"
+        );
+    }
+}

@@ -316,6 +316,7 @@ fn table_def(spec: &TableSpec) -> Result<TableDef> {
             }),
             sql_type,
             nullable: *nullable,
+            added_in: None,
         });
     }
     for name in spec.index.iter().flatten().chain(&spec.key_derived) {

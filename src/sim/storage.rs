@@ -67,6 +67,27 @@ pub struct ColumnDef {
     /// snapshot can be cut on, all stable under updates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_key: Option<KeyDerived>,
+    /// Set on a nullable column `ALTER TABLE ... ADD` added without a default: the table's
+    /// generation it began (see [`content_generation`]). A row last written before it reads
+    /// NULL there, as SQL Server gives every existing row NULL
+    /// (<https://learn.microsoft.com/sql/t-sql/statements/alter-table-transact-sql>, "Adding
+    /// NULL columns"); a row inserted or updated since has a value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub added_in: Option<u16>,
+}
+
+/// The bits of a row's content number below its generation.
+const CONTENT_VALUE_BITS: u32 = 48;
+
+/// The table generation a row's content number was written in (its top 16 bits): how many
+/// columns had been added to the table then.
+pub fn content_generation(content: u64) -> u16 {
+    (content >> CONTENT_VALUE_BITS) as u16
+}
+
+/// A content number written in `generation`, its other bits from `random`.
+pub fn content_in(generation: u16, random: u64) -> u64 {
+    (u64::from(generation) << CONTENT_VALUE_BITS) | (random & ((1 << CONTENT_VALUE_BITS) - 1))
 }
 
 /// How a column derived from the row key repeats.
@@ -103,6 +124,15 @@ impl TableDef {
     /// The column with this name.
     pub fn column(&self, name: &str) -> Option<&ColumnDef> {
         self.columns.iter().find(|column| column.name == name)
+    }
+
+    /// The table's generation: how many columns were added to it after its creation.
+    pub fn generation(&self) -> u16 {
+        self.columns
+            .iter()
+            .filter_map(|column| column.added_in)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The columns of the unique index CDC uses (`index_column_list`); empty for a heap.

@@ -9,7 +9,7 @@
 
 use arrow::datatypes::DataType;
 
-use super::storage::{ColumnDef, KeyDerived};
+use super::storage::{ColumnDef, KeyDerived, content_generation};
 pub use crate::column_builder::ColumnBuilder;
 use crate::types::{Length, SqlType};
 
@@ -44,6 +44,12 @@ impl ColumnBuilder {
 
     /// Appends the value column `column` has in a row with this key and content.
     pub fn append_generated(&mut self, column: &ColumnDef, is_key: bool, key: i64, content: u64) {
+        if column
+            .added_in
+            .is_some_and(|added| content_generation(content) < added)
+        {
+            return self.append_null();
+        }
         match column.from_key {
             Some(derived) => self.append_key_derived(column, derived, key),
             None => self.append_content(column, is_key, key, content),
@@ -264,6 +270,7 @@ mod tests {
     fn column(sql_type: &str, nullable: bool) -> ColumnDef {
         ColumnDef {
             from_key: None,
+            added_in: None,
             name: "c".into(),
             column_id: 3,
             sql_type: sql_type.parse().expect("type"),

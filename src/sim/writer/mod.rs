@@ -75,6 +75,9 @@ struct TableRows {
     contents: Vec<u64>,
     index: HashMap<i64, usize>,
     dirty: bool,
+    /// The table's generation ([`super::storage::content_generation`]): new content numbers
+    /// carry it.
+    generation: u16,
 }
 
 impl TableRows {
@@ -256,10 +259,9 @@ impl SimWriter {
         let mut next_keys = BTreeMap::new();
         for table in &manifest.tables {
             let rows = db.store.read_state(table).map_err(release)?;
-            tables.insert(
-                table.table.clone(),
-                TableRows::from_map(Arc::unwrap_or_clone(rows)),
-            );
+            let mut rows = TableRows::from_map(Arc::unwrap_or_clone(rows));
+            rows.generation = table.generation();
+            tables.insert(table.table.clone(), rows);
             next_keys.insert(table.table.clone(), table.next_key);
         }
         let mut writer = SimWriter {
@@ -641,8 +643,10 @@ impl SimWriter {
             "ALTER TABLE [{}].[{}] ADD [{name}] {parsed} {null_text}",
             table.schema, table.name
         );
+        let generation = definition.generation() + 1;
         let column = ColumnDef {
             from_key: None,
+            added_in: nullable.then_some(generation),
             name: name.to_string(),
             column_id: definition
                 .columns
@@ -654,7 +658,11 @@ impl SimWriter {
             sql_type: parsed,
             nullable,
         };
-        self.record_ddl(table, &command, Some(ColumnChange::Add(column)))
+        let lsn = self.record_ddl(table, &command, Some(ColumnChange::Add(column)))?;
+        if nullable && let Some(rows) = self.tables.get_mut(table) {
+            rows.generation = generation;
+        }
+        Ok(lsn)
     }
 
     /// `ALTER TABLE ... ALTER COLUMN <name> <type>`: SQL Server propagates a tracked column's

@@ -9,6 +9,7 @@ use crate::lsn::Lsn;
 use crate::source::TableName;
 
 use super::{Change, KeyUpdateStyle, SimWriter, TableRows};
+use crate::sim::storage::content_in;
 
 /// A transaction in progress: each method is one statement (one `__$command_id`).
 pub struct Transaction<'w> {
@@ -58,8 +59,10 @@ impl Transaction<'_> {
                     table: table.to_string(),
                 })?;
             self.writer.next_keys.insert(table.clone(), key + 1);
-            let content = self.writer.rng.random::<u64>();
-            self.rows(table)?.insert(key, content);
+            let random = self.writer.rng.random::<u64>();
+            let rows = self.rows(table)?;
+            let content = content_in(rows.generation, random);
+            rows.insert(key, content);
             let seq = self.next_operation();
             self.push(table, 2, seq, key, content);
             keys.push(key);
@@ -75,8 +78,10 @@ impl Transaction<'_> {
             let Some(old) = self.rows(table)?.get(key) else {
                 continue;
             };
-            let new = self.writer.rng.random::<u64>();
-            self.rows(table)?.set(key, new);
+            let random = self.writer.rng.random::<u64>();
+            let rows = self.rows(table)?;
+            let new = content_in(rows.generation, random);
+            rows.set(key, new);
             let seq = self.next_operation();
             self.push(table, 3, seq, key, old);
             self.push(table, 4, seq, key, new);

@@ -3,14 +3,13 @@
 //! each chosen bucket as a key range on both sides.
 
 use deltalake::datafusion::prelude::SessionContext;
-use mssql_cdc_proto::Lsn;
 use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::protocol::{KeySumsAnswer, KeySumsBody, LsnAnswer};
 
 use super::in_flight::InFlight;
 use super::key::GridKey;
 use super::rows::{self, Hashing};
-use super::{Compared, ReconcileConfig, Sample, buckets};
+use super::{Compared, Positions, ReconcileConfig, Sample, buckets};
 use crate::error::{Result, WriterError};
 
 /// Tiers 1 and 2 on a grid key.
@@ -19,7 +18,7 @@ pub(super) async fn compare(
     config: &ReconcileConfig,
     context: &SessionContext,
     (hashing, key): (&Hashing, &GridKey),
-    (silver_lsn, bronze_end): (Lsn, Option<Lsn>),
+    positions: &Positions,
     sample: &mut Sample,
 ) -> Result<Compared> {
     // Tier 1: silver's keys, then the source's sums on a grid covering both.
@@ -52,14 +51,14 @@ pub(super) async fn compare(
     let mut bucket_list = buckets::merge(&answer.sums, &silver_sums, config.bucket_rows);
 
     // What is still in flight after the compared LSN.
-    let compared_lsn = source_lsn.min(silver_lsn);
+    let compared_lsn = source_lsn.min(positions.silver);
     let fresh: LsnAnswer = client.action("max_lsn", &serde_json::json!({})).await?;
     let mut in_flight = InFlight::read(
         client,
         config,
         &hashing.key,
-        compared_lsn,
-        bronze_end,
+        (compared_lsn, positions.rebuilt_from),
+        positions.bronze_end,
         fresh.lsn.unwrap_or(source_lsn),
     )
     .await?;

@@ -40,12 +40,14 @@ impl InFlight {
 
     /// Bronze's changes after `after`, then the change table's from where bronze's stream
     /// stands (its newest change row, or the control table's end, or `after`, whichever is
-    /// latest) to `fresh`.
+    /// latest) to `fresh`; with the keys of snapshot rows stamped after `after` that silver
+    /// has not applied (those of a snapshot newer than `rebuilt_from`, the one silver was
+    /// last rebuilt from).
     pub(super) async fn read(
         client: &CdcClient,
         config: &ReconcileConfig,
         key: &CompareKey,
-        after: Lsn,
+        (after, rebuilt_from): (Lsn, Option<Lsn>),
         bronze_end: Option<Lsn>,
         fresh: Lsn,
     ) -> Result<Self> {
@@ -53,16 +55,26 @@ impl InFlight {
         let mut newest_change: Option<String> = None;
         let bronze_url = tables::table_url(&config.bronze)?;
         if let Some(bronze) = tables::open(&bronze_url).await? {
-            // Snapshot rows count too: a chunk stamped after silver's position is not
-            // applied yet. Only change rows say how far the stream read: a chunk's stamp
-            // can be ahead of it.
+            // Snapshot rows count too: a chunk stamped after silver's position may not be
+            // applied yet. Not those of the snapshot silver was rebuilt from (or an older
+            // one): the rebuild holds each, and a key that changed between S and its chunk's
+            // stamp has a change row after S here. Counting them kept every key of a quiet
+            // table bootstrapped beside a busy one in flight for ever, and hid any
+            // difference. Only change rows say how far the stream read: a chunk's stamp can
+            // be ahead of it.
             let context = SessionContext::new();
             context.register_table("bronze", bronze.table_provider().await?)?;
             let names = key.names();
+            let applied_snapshots = match rebuilt_from {
+                Some(rebuilt) => format!(
+                    " AND NOT (_operation = 0 AND COALESCE(_snapshot, _start_lsn) <= '{rebuilt}')"
+                ),
+                None => String::new(),
+            };
             let frame = context
                 .sql(&format!(
                     "SELECT {}, CASE WHEN _operation <> 0 THEN _start_lsn END FROM bronze \
-                     WHERE _start_lsn > '{after}'",
+                     WHERE _start_lsn > '{after}'{applied_snapshots}",
                     tables::quote_columns(&names)
                 ))
                 .await?;

@@ -24,7 +24,7 @@ use super::buckets::{Bucket, BucketStatus};
 use super::in_flight::InFlight;
 use super::key::{DigestMap, KeyDigest, KeysetKey, RowKey};
 use super::rows::{FailureType, Hashing, KeyFinding, Prints};
-use super::{Compared, ReconcileConfig, Sample};
+use super::{Compared, Positions, ReconcileConfig, Sample};
 use crate::error::Result;
 use crate::keyset::Keyset;
 use crate::tables;
@@ -64,7 +64,7 @@ pub(super) async fn compare(
     config: &ReconcileConfig,
     context: &SessionContext,
     (hashing, key): (&Hashing, &KeysetKey),
-    (silver_lsn, bronze_end): (Lsn, Option<Lsn>),
+    positions: &Positions,
     sample: &mut Sample,
 ) -> Result<Compared> {
     let started = std::time::Instant::now();
@@ -113,14 +113,14 @@ pub(super) async fn compare(
 
     // What is still in flight after the compared LSN: a bucket differs only in flight when
     // every key it differs by changed.
-    let compared_lsn = source_lsn.min(silver_lsn);
+    let compared_lsn = source_lsn.min(positions.silver);
     let fresh: LsnAnswer = client.action("max_lsn", &serde_json::json!({})).await?;
     let mut in_flight = InFlight::read(
         client,
         config,
         &hashing.key,
-        compared_lsn,
-        bronze_end,
+        (compared_lsn, positions.rebuilt_from),
+        positions.bronze_end,
         fresh
             .lsn
             .unwrap_or(source_lsn)

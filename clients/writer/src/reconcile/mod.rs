@@ -228,6 +228,16 @@ struct Compared {
     changes_read: (Lsn, Lsn),
 }
 
+/// Where silver and bronze stand, read before the comparison.
+pub(super) struct Positions {
+    /// Silver's `applied_lsn`.
+    silver: Lsn,
+    /// The snapshot silver was last rebuilt from (its rows are applied).
+    rebuilt_from: Option<Lsn>,
+    /// How far bronze's stream read: the change table holds what is in flight after it.
+    bronze_end: Option<Lsn>,
+}
+
 /// The seeded choice of MATCH buckets compared row by row.
 struct Sample {
     share: f64,
@@ -342,7 +352,17 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     // 2-4. Tier 1, the keys in flight, tier 2.
     let seed = config.seed.unwrap_or_else(rand::random);
     let mut sample = Sample::new(config.sample, seed);
-    let positions = (silver_lsn, bronze_end);
+    let rebuilt_from = control_row
+        .as_ref()
+        .and_then(|row| row.position.snapshot_lsn.as_deref())
+        .map(str::parse::<Lsn>)
+        .transpose()
+        .map_err(|error| WriterError::Internal(format!("silver snapshot_lsn: {error}")))?;
+    let positions = Positions {
+        silver: silver_lsn,
+        rebuilt_from,
+        bronze_end,
+    };
     let Compared {
         source_lsn,
         buckets: bucket_list,
@@ -351,11 +371,11 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     } = match &key {
         CompareKey::Grid(grid) => {
             let on = (&hashing, grid);
-            grid::compare(&client, config, &context, on, positions, &mut sample).await?
+            grid::compare(&client, config, &context, on, &positions, &mut sample).await?
         }
         CompareKey::Keyset(keyset) => {
             let on = (&hashing, keyset);
-            keyset::compare(&client, config, &context, on, positions, &mut sample).await?
+            keyset::compare(&client, config, &context, on, &positions, &mut sample).await?
         }
     };
     let compared_lsn = source_lsn.min(silver_lsn);

@@ -1,15 +1,20 @@
 //! The lake under every schedule: a seeded random schedule of what a deployment does (workload
-//! commits to a busy and a quiet table, streams in every mode, purges, maintenance in this
-//! process and in another, silver applies, reconciles after a corruption, a second writer of
-//! one app id, crashes at every crash point), some steps two operations at once, over the
-//! simulated database and real Delta tables. After every step it checks what the simulator's
+//! commits to a busy and a quiet table, streams in every mode, purges met by fail, skip or a
+//! healing re-snapshot, full and chunked re-snapshots with their backfill waves, an
+//! operator's pause and resume, added columns with a capture-instance switch and widened
+//! columns, maintenance in this process and in another, silver applies, reconciles after a
+//! corruption, a second writer of one app id, crashes at every crash point), some steps two
+//! operations at once, over the simulated database and real Delta tables. After every step it checks what the simulator's
 //! journal says must hold (docs/design-notes.md, "The model test"):
 //!
 //! - bronze holds each change row of the journal at most once, every one through the
-//!   checkpoint's last committed batch (but those a purge took before they were read);
+//!   checkpoint's last committed batch (but those a purge took before they were read, or a
+//!   healing re-snapshot stands for); no snapshot row twice in a chunk;
+//! - a backfill of a snapshot an operator paused reads no wave;
 //! - facts hold one row per batch of each app id, ids contiguous from 0;
 //! - no verdict is ahead of the checkpoint's last committed batch;
-//! - silver, applied over a current bronze of a table that lost nothing, equals the source;
+//! - silver, applied over a current bronze of a table that lost nothing (or was rebuilt from
+//!   a snapshot taken after its loss), equals the source;
 //! - reconcile records a verified LSN only for a silver equal to the source;
 //! - at the end, every table reads in the Python `deltalake` package as it does here.
 //!
@@ -64,8 +69,36 @@ const REGRESSIONS: &[(&str, &str)] = &[
         {"Commit":{"table":"Quiet","commits":3,"seed":4137154366908614171}},
         {"Reconcile":{"table":"Quiet","corrupt":true}}]"#,
     ),
+    (
+        "a quiet table re-snapshotted (chunked) while a busy one committed: its chunks' stamps \
+         were after silver's position, so every key stayed in flight after the rebuild and a \
+         row another engine deleted from silver was verified",
+        r#"[{"Commit":{"table":"Quiet","commits":5,"seed":2}},
+        {"Apply":{"table":"Quiet","deletion_vectors":false}},
+        {"Snapshot":{"table":"Quiet","chunked":true}},
+        {"Together":[{"Backfill":{"table":"Quiet","waves":30}},
+            {"Commit":{"table":"Busy","commits":100,"seed":7}}]},
+        {"Apply":{"table":"Quiet","deletion_vectors":false}},
+        {"Reconcile":{"table":"Quiet","corrupt":true}}]"#,
+    ),
+    (
+        "a caught-up stream whose position a purge passed (others committed after its last \
+         batch) heals by a re-snapshot and resumes at its S: the model counted it as losing \
+         nothing (seed 215)",
+        r#"[{"Commit":{"table":"Busy","commits":195,"seed":15251972920729059618}},
+        {"Together":[{"Commit":{"table":"Busy","commits":125,"seed":8572627218112100071}},{"Maintain":{"target":{"Bronze":"Busy"},"beside":true}}]},
+        {"Stream":{"table":"Busy","continuous":false,"live_tail":false,"max_commits":null}},
+        {"Purge":{"on_loss":["Fail","Skip"]}},
+        {"Commit":{"table":"Busy","commits":176,"seed":14918622067911104634}},
+        {"Reconcile":{"table":"Busy","corrupt":false}},
+        {"Commit":{"table":"Quiet","commits":3,"seed":6775308584637349669}},
+        {"Commit":{"table":"Quiet","commits":3,"seed":18428248110072954662}},
+        {"Purge":{"on_loss":["Skip","Resnapshot"]}},
+        {"Purge":{"on_loss":["Resnapshot","Resnapshot"]}},
+        {"Commit":{"table":"Busy","commits":144,"seed":7876802233058381191}},
+        {"Stream":{"table":"Busy","continuous":false,"live_tail":true,"max_commits":null}}]"#,
+    ),
 ];
-
 /// Runs `schedule` on a new world; the step that failed and why, or the coverage. A panic
 /// (a helper's `expect`) is a failure of the step it happened in.
 async fn run_schedule(

@@ -57,6 +57,16 @@ pub(crate) enum OnLoss {
     Resnapshot,
 }
 
+/// A DBA's change to a source table's schema.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum SchemaChange {
+    /// `ALTER TABLE ADD extra decimal(9,2) NULL`, then a second capture instance capturing
+    /// every column (the switch); a table that has two instances already is left alone.
+    AddColumnAndSwitch,
+    /// `ALTER COLUMN` of a text column to a wider type (propagated to the change table).
+    WidenText,
+}
+
 /// Where a crash is injected (the stream's crash points).
 pub(crate) const CRASH_POINTS: [&str; 4] =
     ["after_plan", "after_bronze", "after_facts", "after_control"];
@@ -89,6 +99,8 @@ pub(crate) enum Op {
     Snapshot { table: Table, chunked: bool },
     /// Up to `waves` waves of the open chunked snapshot of `table` (small chunks).
     Backfill { table: Table, waves: u32 },
+    /// A DBA changes the schema of `table`.
+    Schema { table: Table, change: SchemaChange },
     /// An operator pauses (or resumes) the open chunked snapshot of `table`.
     Pause { table: Table, paused: bool },
     /// Silver of `table` applied (after an available-now stream).
@@ -154,6 +166,7 @@ pub(crate) fn kind(op: &Op) -> String {
             if *chunked { "chunked" } else { "full" }
         ),
         Op::Backfill { .. } => "backfill".into(),
+        Op::Schema { change, .. } => format!("schema {change:?}"),
         Op::Pause { paused, .. } => (if *paused { "pause" } else { "resume" }).into(),
         Op::Apply {
             deletion_vectors, ..
@@ -182,7 +195,7 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
     } else {
         Table::Quiet
     };
-    let roll = rng.random_range(0..112);
+    let roll = rng.random_range(0..114);
     match roll {
         0..22 => {
             let commits = match table {
@@ -225,6 +238,14 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
         76..78 => Op::Pause {
             table,
             paused: rng.random_bool(0.5),
+        },
+        112..114 => Op::Schema {
+            table,
+            change: if rng.random_bool(0.5) {
+                SchemaChange::AddColumnAndSwitch
+            } else {
+                SchemaChange::WidenText
+            },
         },
         78..86 if !pairable => Op::Reconcile {
             table,

@@ -21,7 +21,8 @@ use mssql_cdc_writer::{control, reconcile, silver};
 use crate::WRITER;
 use crate::checks::{Change, bronze_rows, difference};
 use crate::common::{self, Lab, Rows, current_rows_by, source_rows_of};
-use crate::ops::{CRASH_POINTS, Maintained, OnLoss, Op, Table, kind};
+use crate::ops::{CRASH_POINTS, Maintained, OnLoss, Op, SchemaChange, Table, kind};
+use mssql_cdc_flight::source::TableName;
 
 /// What the model knows beyond the journal.
 #[derive(Default)]
@@ -115,6 +116,55 @@ impl World {
         workload::run(&mut writer, &spec, &AtomicBool::new(false)).expect("workload");
     }
 
+    /// A DBA's DDL (and capture-instance switch) on `table`.
+    pub(crate) fn change_schema(&self, table: Table, change: SchemaChange) -> Result<(), Failure> {
+        let name: TableName = table.source().parse().expect("table name");
+        let mut writer = self.lab.writer(0);
+        let failed = |error: mssql_cdc_flight::Error| format!("DDL on {}: {error}", table.source());
+        match change {
+            SchemaChange::AddColumnAndSwitch => {
+                let manifest = self.lab.db.manifest().map_err(failed)?;
+                let instances = manifest
+                    .capture_instances
+                    .iter()
+                    .filter(|instance| instance.table == name)
+                    .count();
+                if instances >= 2 {
+                    return Ok(()); // SQL Server allows two; the simulator disables none
+                }
+                writer
+                    .add_column(&name, "extra", "decimal(9,2)", true)
+                    .map_err(failed)?;
+                let columns: Vec<String> = self
+                    .lab
+                    .db
+                    .manifest()
+                    .map_err(failed)?
+                    .table(&name)
+                    .expect("table")
+                    .columns
+                    .iter()
+                    .map(|column| column.name.clone())
+                    .collect();
+                writer
+                    .enable_capture_instance(
+                        &name,
+                        &format!("{}_{}_v2", name.schema, name.name),
+                        &columns,
+                    )
+                    .map_err(failed)?;
+            }
+            SchemaChange::WidenText => {
+                let (column, wider) = match table {
+                    Table::Busy => ("status", "varchar(40)"),
+                    Table::Quiet => ("email", "nvarchar(400)"),
+                };
+                writer.alter_column(&name, column, wider).map_err(failed)?;
+            }
+        }
+        writer.publish().map_err(failed)
+    }
+
     /// Runs `op`; a check that fails inside it is its failure.
     pub(crate) fn run<'a>(&'a self, op: &'a Op) -> BoxFuture<'a, Result<(), Failure>> {
         Box::pin(async move {
@@ -149,6 +199,10 @@ impl World {
                 Op::Snapshot { table, chunked } => self.open_snapshot(*table, *chunked).await,
                 Op::Backfill { table, waves } => self.backfill(*table, *waves).await,
                 Op::Pause { table, paused } => self.pause(*table, *paused).await,
+                Op::Schema { table, change } => {
+                    let (world, table, change) = (self, *table, *change);
+                    tokio::task::block_in_place(|| world.change_schema(table, change))
+                }
                 Op::Apply {
                     table,
                     deletion_vectors,
@@ -344,16 +398,22 @@ impl World {
         self.known().purged_through = Some(cut);
         for (table, on_loss) in Table::ALL.into_iter().zip(on_loss) {
             self.known().on_loss.insert(table, on_loss);
-            // A table whose stream had read everything through the cut loses nothing; one
-            // behind it may, once its stream skips or re-snapshots.
+            // A stream whose position is before the cut meets the purge (the server cannot
+            // tell whether the purged range held changes of its table): skip passes it, a
+            // re-snapshot replaces the changes up to its S by its rows. Silver then lacks
+            // what the purge took from bronze, or, healing, what the snapshot has yet to
+            // bring.
             let held: BTreeSet<_> = bronze_rows(&self.lab, table).await.into_iter().collect();
-            let behind = self
+            let missing = self
                 .journal(table)
                 .iter()
                 .any(|row| !held.contains(row) && row.0.parse::<Lsn>().is_ok_and(|l| l <= cut));
-            if behind {
-                let mut known = self.known();
+            let behind = self.behind_purge(table).await;
+            let mut known = self.known();
+            if missing || behind {
                 known.lossy.insert(table);
+            }
+            if missing || (behind && on_loss == OnLoss::Resnapshot) {
                 known.lost_at.insert(table, cut);
             }
         }
