@@ -4,8 +4,9 @@
 //! operator's pause and resume, added columns with a capture-instance switch and widened
 //! columns, maintenance in this process and in another, silver applies, reconciles after a
 //! corruption, a second writer of one app id, crashes at every crash point), some steps two
-//! operations at once, over the simulated database and real Delta tables. After every step it checks what the simulator's
-//! journal says must hold (docs/design-notes.md, "The model test"):
+//! operations at once, over the simulated database and real Delta tables. After every step
+//! it checks what the simulator's journal says must hold (docs/design-notes.md, "The model
+//! test"):
 //!
 //! - bronze holds each change row of the journal at most once, every one through the
 //!   checkpoint's last committed batch (but those a purge took before they were read, or a
