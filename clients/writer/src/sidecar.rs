@@ -30,6 +30,7 @@
 //! apply_seconds = 60.0             # optional: apply interval (default poll_seconds)
 //! reconcile_minutes = 60.0         # optional: reconcile silver with the source this often
 //! reconcile_keys = ["order_id"]    # optional: the columns compared on (default the unique index)
+//! reconcile_sample = 1.0           # optional: share of matching buckets compared row by row
 //! ```
 //!
 //! `maintenance_minutes = 60.0` (0: none) and `vacuum_retention_hours = 168.0` set the
@@ -235,6 +236,10 @@ pub struct TableEntry {
     /// The columns reconcile compares on; default the unique index CDC uses.
     #[serde(default)]
     pub reconcile_keys: Option<Vec<String>>,
+    /// The share of matching buckets reconcile compares row by row, in `[0, 1]` (the
+    /// command's `--sample`; default [`crate::reconcile::DEFAULT_SAMPLE`]).
+    #[serde(default)]
+    pub reconcile_sample: Option<f64>,
 }
 
 impl TableEntry {
@@ -268,17 +273,19 @@ fn apply_config(config: &SidecarConfig, entry: &TableEntry) -> Option<ApplyConfi
 /// asked for through the admin service).
 pub fn reconcile_config(config: &SidecarConfig, entry: &TableEntry) -> Option<ReconcileConfig> {
     let silver = entry.silver.as_ref()?;
+    let defaults = ReconcileConfig::new(
+        &config.server,
+        &entry.table,
+        silver,
+        &entry.target,
+        &config.control,
+    );
     Some(ReconcileConfig {
         keys: entry.reconcile_keys.clone(),
+        sample: entry.reconcile_sample.unwrap_or(defaults.sample),
         report: config.reconcile_report.clone(),
         facts: Some(config.facts.clone()),
-        ..ReconcileConfig::new(
-            &config.server,
-            &entry.table,
-            silver,
-            &entry.target,
-            &config.control,
-        )
+        ..defaults
     })
 }
 
@@ -501,6 +508,12 @@ impl SidecarConfig {
             }
             if entry.reconcile_minutes.is_some() && entry.silver.is_none() {
                 return refuse("has reconcile_minutes but no silver table to reconcile");
+            }
+            if entry
+                .reconcile_sample
+                .is_some_and(|sample| !(0.0..=1.0).contains(&sample))
+            {
+                return refuse("has a reconcile_sample outside [0, 1]");
             }
             if !positive(entry.reconcile_minutes) {
                 return refuse("has a reconcile_minutes that is not a positive number");
@@ -1094,6 +1107,34 @@ mod tests {
         let refused = SidecarConfig::load(&path).expect_err("one table twice");
         assert!(
             refused.to_string().contains("share its one verdict"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn a_table_sets_the_share_its_scheduled_reconcile_compares_row_by_row() {
+        let dir = tempfile::tempdir().expect("temp");
+        let path = dir.path().join("sidecar.toml");
+        let file = |sample: &str| {
+            format!(
+                "server = \"http://127.0.0.1:1\"\nfacts = \"/lake/facts\"\n\
+                 control = \"/lake/control\"\n\n\
+                 [[tables]]\ntable = \"dbo.orders\"\ntarget = \"/lake/bronze\"\napp_id = \"a\"\n\
+                 silver = \"/lake/silver\"\nkeys = [\"order_id\"]\n{sample}"
+            )
+        };
+        std::fs::write(&path, file("reconcile_sample = 1.0\n")).expect("write");
+        let config = SidecarConfig::load(&path).expect("loads");
+        let reconcile = reconcile_config(&config, &config.tables[0]).expect("a silver table");
+        assert_eq!(reconcile.sample, 1.0);
+        std::fs::write(&path, file("")).expect("write");
+        let config = SidecarConfig::load(&path).expect("loads");
+        let reconcile = reconcile_config(&config, &config.tables[0]).expect("a silver table");
+        assert_eq!(reconcile.sample, crate::reconcile::DEFAULT_SAMPLE);
+        std::fs::write(&path, file("reconcile_sample = 1.5\n")).expect("write");
+        let refused = SidecarConfig::load(&path).expect_err("past 1");
+        assert!(
+            refused.to_string().contains("reconcile_sample"),
             "{refused}"
         );
     }
