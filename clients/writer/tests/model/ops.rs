@@ -115,6 +115,14 @@ pub(crate) enum Op {
     SecondWriter { table: Table },
     /// The writer binary streaming `table` available-now, aborted at a crash point.
     Crash { table: Table, point: usize },
+    /// The sidecar (`run --config`, continuous) over both tables for `tenths` tenths of a
+    /// second: their streams, backfills, silver applies (`deletion_vectors` or not) and
+    /// maintenance; then stopped by SIGTERM, or killed (SIGKILL) when `kill`.
+    Sidecar {
+        tenths: u64,
+        kill: bool,
+        deletion_vectors: bool,
+    },
     /// Two operations at once.
     Together(Box<Op>, Box<Op>),
 }
@@ -184,6 +192,7 @@ pub(crate) fn kind(op: &Op) -> String {
         ),
         Op::SecondWriter { .. } => "second writer".into(),
         Op::Crash { point, .. } => format!("crash {}", CRASH_POINTS[*point]),
+        Op::Sidecar { kill, .. } => format!("sidecar {}", if *kill { "killed" } else { "stopped" }),
         Op::Together(..) => "together".into(),
     }
 }
@@ -195,7 +204,7 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
     } else {
         Table::Quiet
     };
-    let roll = rng.random_range(0..114);
+    let roll = rng.random_range(0..120);
     match roll {
         0..22 => {
             let commits = match table {
@@ -247,6 +256,11 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
                 SchemaChange::WidenText
             },
         },
+        114..120 => Op::Sidecar {
+            tenths: rng.random_range(10..60),
+            kill: rng.random_bool(0.5),
+            deletion_vectors: rng.random_bool(0.5),
+        },
         78..86 if !pairable => Op::Reconcile {
             table,
             corrupt: rng.random_bool(0.4),
@@ -267,10 +281,13 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
             point: rng.random_range(0..CRASH_POINTS.len()),
         },
         100..106 if !pairable => {
-            // Two streams of one table at once are a second writer (its own operation).
+            // Two streams of one table at once are a second writer (its own operation); the
+            // sidecar owns the streams, backfills and applies of its tables.
             let first = random_op(rng, true);
             let mut second = random_op(rng, true);
-            while streamed(&first).is_some() && streamed(&first) == streamed(&second) {
+            while (streamed(&first).is_some() && streamed(&first) == streamed(&second))
+                || !beside_each_other(&first, &second)
+            {
                 second = random_op(rng, true);
             }
             Op::Together(Box::new(first), Box::new(second))
@@ -281,6 +298,26 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
             live_tail: false,
             max_commits: None,
         },
+    }
+}
+
+/// Whether `first` and `second` may run at once: beside the sidecar only what an operator or
+/// a DBA does next to a running deployment (commits, DDL, maintenance, snapshot opens,
+/// pauses).
+fn beside_each_other(first: &Op, second: &Op) -> bool {
+    let beside_sidecar = |op: &Op| {
+        matches!(
+            op,
+            Op::Commit { .. }
+                | Op::Schema { .. }
+                | Op::Maintain { .. }
+                | Op::Snapshot { .. }
+                | Op::Pause { .. }
+        )
+    };
+    match (first, second) {
+        (Op::Sidecar { .. }, other) | (other, Op::Sidecar { .. }) => beside_sidecar(other),
+        _ => true,
     }
 }
 

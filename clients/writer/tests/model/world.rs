@@ -29,9 +29,9 @@ use mssql_cdc_flight::source::TableName;
 pub(crate) struct Knowledge {
     /// The highest LSN a cleanup purged through.
     pub(crate) purged_through: Option<Lsn>,
-    /// Tables behind a purge (bronze may lack the changes it took, or a re-snapshot
-    /// replaced them).
-    pub(crate) lossy: BTreeSet<Table>,
+    /// Per table, the ranges `(where its stream stood, cut]` of the purges that passed it:
+    /// bronze may lack the changes there.
+    pub(crate) purged_ranges: BTreeMap<Table, Vec<(Option<Lsn>, Lsn)>>,
     /// Tables whose silver lacks what a purge took, since the cut (until a rebuild from a
     /// snapshot after the cut).
     pub(crate) lost_at: BTreeMap<Table, Lsn>,
@@ -76,12 +76,25 @@ impl World {
 
     pub(crate) fn config(&self, table: Table) -> StreamConfig {
         let mut config = self.lab.stream_of(table.source(), table.name());
+        // Where the sidecar keeps the checkpoint of this app id: one checkpoint, whichever
+        // process streams.
+        config.checkpoint = format!("{}/{}", self.checkpoints(), table.name());
         let on_loss = self.on_loss(table);
         config.fail_on_data_loss = on_loss != OnLoss::Skip;
         if on_loss == OnLoss::Resnapshot {
             config.on_data_loss = OnDataLoss::Resnapshot;
         }
         config
+    }
+
+    /// The checkpoints' directory (the sidecar file's `checkpoints`).
+    pub(crate) fn checkpoints(&self) -> String {
+        self.lab
+            .dir
+            .path()
+            .join("checkpoints")
+            .display()
+            .to_string()
     }
 
     pub(crate) fn on_loss(&self, table: Table) -> OnLoss {
@@ -167,6 +180,11 @@ impl World {
 
     /// Runs `op`; a check that fails inside it is its failure.
     pub(crate) fn run<'a>(&'a self, op: &'a Op) -> BoxFuture<'a, Result<(), Failure>> {
+        self.run_beside(op, false)
+    }
+
+    /// Runs `op`, `paired` when another operation runs at once.
+    fn run_beside<'a>(&'a self, op: &'a Op, paired: bool) -> BoxFuture<'a, Result<(), Failure>> {
         Box::pin(async move {
             *self.known().covered.entry(kind(op)).or_default() += 1;
             match op {
@@ -197,7 +215,7 @@ impl World {
                 Op::Maintain { target, beside } => self.maintain(*target, *beside).await,
                 Op::Purge { on_loss } => self.purge(*on_loss).await,
                 Op::Snapshot { table, chunked } => self.open_snapshot(*table, *chunked).await,
-                Op::Backfill { table, waves } => self.backfill(*table, *waves).await,
+                Op::Backfill { table, waves } => self.backfill(*table, *waves, paired).await,
                 Op::Pause { table, paused } => self.pause(*table, *paused).await,
                 Op::Schema { table, change } => {
                     let (world, table, change) = (self, *table, *change);
@@ -218,13 +236,19 @@ impl World {
                     self.stream_outcome(*table, second.map(|_| ()), true)
                 }
                 Op::Crash { table, point } => self.crash(*table, CRASH_POINTS[*point]).await,
+                Op::Sidecar {
+                    tenths,
+                    kill,
+                    deletion_vectors,
+                } => self.sidecar(*tenths, *kill, *deletion_vectors).await,
                 Op::Together(first, second) => {
                     *self
                         .known()
                         .covered
                         .entry(format!("{} + {}", kind(first), kind(second)))
                         .or_default() += 1;
-                    let (a, b) = tokio::join!(self.run(first), self.run(second));
+                    let (a, b) =
+                        tokio::join!(self.run_beside(first, true), self.run_beside(second, true));
                     a.and(b)
                 }
             }
@@ -286,10 +310,10 @@ impl World {
         let mut kept_up = false;
         while Instant::now() < deadline && !running.is_finished() {
             let held: BTreeSet<_> = bronze_rows(&self.lab, table).await.into_iter().collect();
-            let excused = self.excused_through(table).await;
+            let excused = self.excused(table).await;
             if expected
                 .iter()
-                .all(|row| held.contains(row) || excused_row(excused, row))
+                .all(|row| held.contains(row) || excused.covers(row))
             {
                 kept_up = true;
                 break;
@@ -320,31 +344,34 @@ impl World {
         Ok(())
     }
 
-    /// Through which LSN bronze of `table` may lack change rows: those a purge took before
-    /// the stream read them (skipped), or, when the stream healed the purge by a re-snapshot,
-    /// every change up to that snapshot's S (its rows stand for them); `None` for a table
-    /// no purge passed.
-    pub(crate) async fn excused_through(&self, table: Table) -> Option<Lsn> {
-        let cut = {
-            let known = self.known();
-            if !known.lossy.contains(&table) {
-                return None;
-            }
-            known.purged_through
-        };
+    /// The LSN ranges `(after, through]` where bronze of `table` may lack change rows:
+    /// from where its stream stood at a purge to the purge's cut (changes the purge took, or
+    /// that the stream skipped past it), and every range a healing re-snapshot replaced by
+    /// its rows (a `data_loss` facts row's `(min_lsn, max_lsn]`, its S).
+    pub(crate) async fn excused(&self, table: Table) -> Excused {
+        let mut ranges = self
+            .known()
+            .purged_ranges
+            .get(&table)
+            .cloned()
+            .unwrap_or_default();
         let url = tables::table_url(&self.lab.lake("facts")).expect("url");
         let healed = tables::query_text(
             &url,
             &format!(
-                "SELECT MAX(max_lsn) FROM t WHERE app_id = '{}' AND event = 'data_loss'",
+                "SELECT min_lsn, max_lsn FROM t WHERE app_id = '{}' AND event = 'data_loss'",
                 table.name()
             ),
         )
         .await
-        .ok()
-        .and_then(|rows| rows.first().and_then(|row| row[0].clone()))
-        .and_then(|text| text.parse::<Lsn>().ok());
-        cut.max(healed)
+        .unwrap_or_default();
+        for row in healed {
+            let lsn = |index: usize| row[index].as_deref().and_then(|text| text.parse().ok());
+            if let (Some(from), Some(to)) = (lsn(0), lsn(1)) {
+                ranges.push((Some(from), to));
+            }
+        }
+        Excused(ranges)
     }
 
     pub(crate) async fn maintain(&self, target: Maintained, beside: bool) -> Result<(), Failure> {
@@ -408,10 +435,15 @@ impl World {
                 .journal(table)
                 .iter()
                 .any(|row| !held.contains(row) && row.0.parse::<Lsn>().is_ok_and(|l| l <= cut));
-            let behind = self.behind_purge(table).await;
+            let through = self.committed_through(table).await;
+            let behind = through.is_none_or(|through| through < cut);
             let mut known = self.known();
             if missing || behind {
-                known.lossy.insert(table);
+                known
+                    .purged_ranges
+                    .entry(table)
+                    .or_default()
+                    .push((through, cut));
             }
             if missing || (behind && on_loss == OnLoss::Resnapshot) {
                 known.lost_at.insert(table, cut);
@@ -453,14 +485,19 @@ impl World {
         *newest = (*newest).max(snapshot);
     }
 
-    /// Waves of the open chunked snapshot: none while an operator's pause holds it.
-    pub(crate) async fn backfill(&self, table: Table, waves: u32) -> Result<(), Failure> {
+    /// Waves of the open chunked snapshot: none while an operator's pause holds it. Fenced
+    /// only beside another operation (another backfill, or an open superseding the plan).
+    pub(crate) async fn backfill(
+        &self,
+        table: Table,
+        waves: u32,
+        paired: bool,
+    ) -> Result<(), Failure> {
+        // A pause that lands while this backfill reads may let its first waves through.
+        let paused = self.known().paused.get(&table).copied();
         let config = self.config(table);
         let options = BackfillOptions {
-            chunk_rows: match table {
-                Table::Busy => 400,
-                Table::Quiet => 8,
-            },
+            chunk_rows: chunk_rows(table),
             max_waves: Some(waves),
             target_wave_seconds: 0.0,
             min_headroom_hours: None,
@@ -473,11 +510,9 @@ impl World {
             .map_err(|error| format!("backfill of {}: {error}", table.source()))?;
         let status = match snapshots.backfill(&options).await {
             Ok(status) => status,
-            // A second backfill of the same snapshot at once (the other op of a step).
-            Err(WriterError::Fenced(_)) => return Ok(()),
+            Err(WriterError::Fenced(_)) if paired => return Ok(()),
             Err(error) => return Err(format!("backfill of {}: {error}", table.source())),
         };
-        let paused = self.known().paused.get(&table).copied();
         if let Some(snapshot) = status.snapshot
             && paused == Some(snapshot)
             && (!status.paused || status.chunks_done > before.status.chunks_done)
@@ -538,25 +573,21 @@ impl World {
         let silver_url =
             tables::table_url(&self.lab.lake(&format!("silver_{}", table.name()))).expect("url");
         let made = tables::open(&silver_url).await.expect("open").is_some();
+        if made {
+            self.known().applied.insert(table);
+        }
+        let rebuilt = self.observe_rebuild(table).await?;
+        if let Some(completed) = completed
+            && rebuilt.is_none_or(|rebuilt| rebuilt < completed)
+        {
+            return Err(format!(
+                "apply of {}: snapshot {completed} was complete before it, yet silver was \
+                 rebuilt from {rebuilt:?}",
+                table.source()
+            ));
+        }
         let exact = {
-            let mut known = self.known();
-            if made {
-                known.applied.insert(table);
-            }
-            // A rebuild from a newer snapshot writes silver whole: another engine's deletion
-            // is gone, and so is a purge's hole when the snapshot is past the cut.
-            if let Some(snapshot) = completed
-                && known
-                    .rebuilt_from
-                    .get(&table)
-                    .is_none_or(|rebuilt| snapshot > *rebuilt)
-            {
-                known.rebuilt_from.insert(table, snapshot);
-                known.corrupted.remove(&table);
-                if known.lost_at.get(&table).is_some_and(|cut| snapshot > *cut) {
-                    known.lost_at.remove(&table);
-                }
-            }
+            let known = self.known();
             !known.lost_at.contains_key(&table) && !known.corrupted.contains_key(&table)
         };
         if !exact || !self.stream_current(table).await {
@@ -570,6 +601,54 @@ impl World {
             ));
         }
         Ok(())
+    }
+
+    /// The snapshot silver of `table` was last rebuilt from, as its control row says; a
+    /// rebuild newer than the model knew writes silver whole: another engine's deletion is
+    /// gone, and so is a purge's hole when the snapshot is past the cut and past every
+    /// healing re-snapshot's S.
+    pub(crate) async fn observe_rebuild(&self, table: Table) -> Result<Option<Lsn>, Failure> {
+        let silver = self.lab.lake(&format!("silver_{}", table.name()));
+        let control = tables::table_url(&self.lab.lake("control")).expect("url");
+        let rebuilt = control::row(&control, &silver)
+            .await
+            .map_err(|error| format!("control: {error}"))?
+            .and_then(|row| row.position.snapshot_lsn)
+            .and_then(|text| text.parse::<Lsn>().ok());
+        let healed = self.healing_snapshots(table).await;
+        let mut known = self.known();
+        if let Some(rebuilt) = rebuilt
+            && known
+                .rebuilt_from
+                .get(&table)
+                .is_none_or(|known_rebuilt| rebuilt > *known_rebuilt)
+        {
+            known.rebuilt_from.insert(table, rebuilt);
+            known.corrupted.remove(&table);
+            if known.lost_at.get(&table).is_some_and(|cut| {
+                rebuilt > *cut && healed.iter().all(|healing| rebuilt >= *healing)
+            }) {
+                known.lost_at.remove(&table);
+            }
+        }
+        Ok(rebuilt)
+    }
+
+    /// The S of every re-snapshot a stream of `table` opened to heal a purge.
+    async fn healing_snapshots(&self, table: Table) -> Vec<Lsn> {
+        let url = tables::table_url(&self.lab.lake("facts")).expect("url");
+        tables::query_text(
+            &url,
+            &format!(
+                "SELECT max_lsn FROM t WHERE app_id = '{}' AND event = 'data_loss'",
+                table.name()
+            ),
+        )
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|row| row[0].as_deref().and_then(|text| text.parse().ok()))
+        .collect()
     }
 
     /// Silver's rows of `table` (none before its first apply made it).
@@ -593,10 +672,10 @@ impl World {
     /// excuses).
     pub(crate) async fn stream_current(&self, table: Table) -> bool {
         let held: BTreeSet<_> = bronze_rows(&self.lab, table).await.into_iter().collect();
-        let excused = self.excused_through(table).await;
+        let excused = self.excused(table).await;
         self.journal(table)
             .iter()
-            .all(|row| held.contains(row) || excused_row(excused, row))
+            .all(|row| held.contains(row) || excused.covers(row))
     }
 
     pub(crate) async fn reconcile(&self, table: Table, corrupt: bool) -> Result<(), Failure> {
@@ -639,9 +718,6 @@ impl World {
             }
             Err(error) => return Err(format!("reconcile {}: {error}", table.source())),
         };
-        if !result.verified {
-            return Ok(());
-        }
         let changed_since: BTreeSet<i64> = self
             .journal(table)
             .iter()
@@ -652,6 +728,24 @@ impl World {
             })
             .map(|row| row.3)
             .collect();
+        if !result.verified {
+            // Not verified, and rightly so only when something stands in the way: a change
+            // after the compared LSN, a snapshot silver has not taken in, or a silver that
+            // differs from the source.
+            if changed_since.is_empty()
+                && result.pending_snapshot.is_none()
+                && self.silver_differs(table).await.is_none()
+            {
+                return Err(format!(
+                    "reconcile did not verify {} at {} although silver equals the source, no \
+                     change came after it and no snapshot is pending: {}",
+                    table.source(),
+                    result.compared_lsn,
+                    reconcile::render(&result)
+                ));
+            }
+            return Ok(());
+        }
         let corrupted = self.known().corrupted.get(&table).copied();
         if let Some(key) = corrupted
             && !changed_since.contains(&key)
@@ -729,12 +823,148 @@ impl World {
         ))
     }
 
+    /// The sidecar over both tables, as a deployment runs it, for `tenths` tenths of a
+    /// second; then what it did is learned from the lake (snapshots completed, silver
+    /// rebuilt), and a snapshot an operator paused must have read no wave.
+    pub(crate) async fn sidecar(
+        &self,
+        tenths: u64,
+        kill: bool,
+        deletion_vectors: bool,
+    ) -> Result<(), Failure> {
+        let mut text = format!(
+            "server = \"{}\"\nfacts = \"{}\"\ncontrol = \"{}\"\ncheckpoints = \"{}\"\n\
+             granularity = \"minute\"\npoll_seconds = 0.2\nmaintenance_minutes = 0.02\n",
+            self.lab.url,
+            self.lab.lake("facts"),
+            self.lab.lake("control"),
+            self.checkpoints()
+        );
+        let mut before = BTreeMap::new();
+        for table in Table::ALL {
+            let config = self.config(table);
+            text.push_str(&format!(
+                "\n[[tables]]\ntable = \"{}\"\ntarget = \"{}\"\napp_id = \"{}\"\n\
+                 max_commits = 50\nfail_on_data_loss = {}\non_data_loss = \"{}\"\n\
+                 chunk_rows = {}\nsilver = \"{}\"\nkeys = [\"{}\"]\n\
+                 silver_deletion_vectors = {deletion_vectors}\napply_seconds = 0.5\n",
+                table.source(),
+                config.target,
+                config.app_id,
+                config.fail_on_data_loss,
+                match config.on_data_loss {
+                    OnDataLoss::Resnapshot => "resnapshot",
+                    OnDataLoss::Fail => "fail",
+                },
+                chunk_rows(table),
+                self.lab.lake(&format!("silver_{}", table.name())),
+                table.key(),
+            ));
+            let state = snapshot::state(&config)
+                .await
+                .map_err(|error| format!("snapshot state of {}: {error}", table.source()))?;
+            before.insert(table, state.status);
+        }
+        let path = self.lab.dir.path().join("sidecar.toml");
+        std::fs::write(&path, text).map_err(|error| format!("sidecar file: {error}"))?;
+        let log = self.lab.dir.path().join("sidecar.log");
+        let mut child = Command::new(WRITER)
+            .args(["run", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).map_err(|error| error.to_string())?)
+            .spawn()
+            .map_err(|error| format!("sidecar: {error}"))?;
+        tokio::time::sleep(Duration::from_millis(100 * tenths)).await;
+        if kill {
+            let _ = child.kill();
+        } else {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+        }
+        let status = tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .expect("task")
+            .map_err(|error| format!("sidecar: {error}"))?;
+        if !kill && !status.success() {
+            return Err(format!(
+                "the sidecar stopped by SIGTERM exited with {status}: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            ));
+        }
+        for table in Table::ALL {
+            self.learn_after_sidecar(table, &before[&table]).await?;
+        }
+        Ok(())
+    }
+
+    /// What the sidecar did to `table`: a snapshot it completed, a silver it applied or
+    /// rebuilt (its control row's position says from which snapshot).
+    async fn learn_after_sidecar(
+        &self,
+        table: Table,
+        before: &mssql_cdc_writer::snapshot::BackfillStatus,
+    ) -> Result<(), Failure> {
+        let state = snapshot::state(&self.config(table))
+            .await
+            .map_err(|error| format!("snapshot state of {}: {error}", table.source()))?;
+        let paused = self.known().paused.get(&table).copied();
+        if let Some(snapshot) = state.status.snapshot
+            && paused == Some(snapshot)
+            && before.snapshot == Some(snapshot)
+            && state.status.chunks_done > before.chunks_done
+        {
+            return Err(format!(
+                "the sidecar read waves of snapshot {snapshot} of {}, which an operator paused \
+                 ({} chunks done, {} before)",
+                table.source(),
+                state.status.chunks_done,
+                before.chunks_done
+            ));
+        }
+        if state.status.done
+            && let Some(done) = state.status.snapshot
+        {
+            self.completed(table, done);
+        }
+        let silver = self.lab.lake(&format!("silver_{}", table.name()));
+        let control = tables::table_url(&self.lab.lake("control")).expect("url");
+        let applied = control::row(&control, &silver)
+            .await
+            .map_err(|error| format!("control: {error}"))?
+            .is_some_and(|row| row.position.applied_lsn.is_some());
+        if applied {
+            self.known().applied.insert(table);
+        }
+        self.observe_rebuild(table).await?;
+        Ok(())
+    }
+
     pub(crate) fn journal(&self, table: Table) -> Vec<Change> {
         self.lab.committed_of(table.source())
     }
 }
 
-/// Whether `row` is at or before `excused` (see [`World::excused_through`]).
-pub(crate) fn excused_row(excused: Option<Lsn>, row: &Change) -> bool {
-    excused.is_some_and(|cut| row.0.parse::<Lsn>().is_ok_and(|lsn| lsn <= cut))
+/// The ranges `(after, through]` where bronze may lack change rows ([`World::excused`]).
+pub(crate) struct Excused(Vec<(Option<Lsn>, Lsn)>);
+
+impl Excused {
+    /// Whether `row` lies in one of the ranges.
+    pub(crate) fn covers(&self, row: &Change) -> bool {
+        row.0.parse::<Lsn>().is_ok_and(|lsn| {
+            self.0
+                .iter()
+                .any(|(after, through)| after.is_none_or(|after| lsn > after) && lsn <= *through)
+        })
+    }
+}
+
+/// Rows per chunk of a table's chunked snapshots: a few waves each.
+pub(crate) fn chunk_rows(table: Table) -> u64 {
+    match table {
+        Table::Busy => 400,
+        Table::Quiet => 8,
+    }
 }
