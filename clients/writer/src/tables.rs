@@ -681,21 +681,45 @@ pub async fn add_missing_columns(
     fields: &[StructField],
     name: &str,
 ) -> Result<(DeltaTable, Vec<String>)> {
-    let existing = table.snapshot()?.schema();
-    let missing: Vec<StructField> = fields
-        .iter()
-        .filter(|field| existing.field(field.name()).is_none())
-        .map(|field| StructField {
-            nullable: true,
-            ..field.clone()
-        })
-        .collect();
-    if missing.is_empty() {
-        return Ok((table, Vec::new()));
-    }
-    let names: Vec<String> = missing.iter().map(|f| f.name().to_string()).collect();
-    tracing::info!(table = name, columns = ?names, "new captured columns added; earlier rows read NULL");
-    Ok((table.add_columns().with_fields(missing).await?, names))
+    // Another writer may add the same columns at once (a stream and its replay in another
+    // process after a capture-instance switch, or a backfill wave): a conflict reads the
+    // table again and adds what is still missing, if anything.
+    let slot = std::sync::Mutex::new(Some(table));
+    let slot = &slot;
+    retry_conflicts(|| async move {
+        let mut table = slot
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+            .ok_or_else(|| WriterError::Internal("the table of a retried schema change".into()))?;
+        let existing = table.snapshot()?.schema();
+        let missing: Vec<StructField> = fields
+            .iter()
+            .filter(|field| existing.field(field.name()).is_none())
+            .map(|field| StructField {
+                nullable: true,
+                ..field.clone()
+            })
+            .collect();
+        if missing.is_empty() {
+            return Ok((table, Vec::new()));
+        }
+        let names: Vec<String> = missing.iter().map(|f| f.name().to_string()).collect();
+        match table.clone().add_columns().with_fields(missing).await {
+            Ok(changed) => {
+                tracing::info!(table = name, columns = ?names,
+                    "new captured columns added; earlier rows read NULL");
+                Ok((changed, names))
+            }
+            Err(error) => {
+                // The next attempt starts from the table as it is now.
+                table.update_incremental(None).await?;
+                *slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(table);
+                Err(error.into())
+            }
+        }
+    })
+    .await
 }
 
 /// The version of the newest application transaction of `app_id` in `table`, if any.
