@@ -103,7 +103,21 @@ const REGRESSIONS: &[(&str, &str)] = &[
         {"Commit":{"table":"Busy","commits":144,"seed":7876802233058381191}},
         {"Stream":{"table":"Busy","continuous":false,"live_tail":true,"max_commits":null}}]"#,
     ),
+    (
+        "two writers of one app id replaying a batch across a capture-instance switch both \
+         added the new column to bronze: the second's schema change failed on the first's \
+         (Metadata changed since last commit) instead of reading the table again (seed 311)",
+        r#"[{"Commit":{"table":"Quiet","commits":5,"seed":11404669864430334539}},
+        {"Apply":{"table":"Busy","deletion_vectors":true}},
+        {"Reconcile":{"table":"Quiet","corrupt":false}},
+        {"Commit":{"table":"Quiet","commits":2,"seed":15594466202953123596}},
+        {"Reconcile":{"table":"Quiet","corrupt":false}},
+        {"Schema":{"table":"Quiet","change":"AddColumnAndSwitch"}},
+        {"Crash":{"table":"Quiet","point":0}},
+        {"SecondWriter":{"table":"Quiet"}}]"#,
+    ),
 ];
+
 /// Runs `schedule` on a new world; the step that failed and why, or the coverage. A panic
 /// (a helper's `expect`) is a failure of the step it happened in.
 async fn run_schedule(
