@@ -133,9 +133,12 @@ async fn open_source(text: &str) -> anyhow::Result<Arc<dyn CdcSource>> {
     )
 }
 
-async fn shutdown_signal() {
-    mssql_cdc_proto::signals::shutdown().await;
-    tracing::info!("shutting down: finishing the calls in flight");
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    let signal = mssql_cdc_proto::signals::shutdown();
+    async move {
+        signal.await;
+        tracing::info!("shutting down: finishing the calls in flight");
+    }
 }
 
 /// `health`: the server's gRPC health for the Flight service; an error unless SERVING.

@@ -204,6 +204,12 @@ impl Appender {
         user_metadata: String,
     ) -> Result<()> {
         let actions: Vec<Action> = files.into_iter().map(Action::Add).collect();
+        // The fence on the snapshot the commit starts from: delta-rs checks the application
+        // transaction only against the commits after it, so a batch another writer landed
+        // before it (while this one added columns, or loaded the table again) is seen here.
+        if crate::tables::holds_transaction(&self.table, app_id, version).await? {
+            return Err(self.fenced(app_id, version));
+        }
         let mut latest: Option<DeltaTable> = None;
         for _ in 0..OWN_COMMITS_MET {
             let base = latest.as_ref().unwrap_or(&self.table);

@@ -91,8 +91,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 /// flight, and the process exits 0.
 fn stopped_by_signal() -> tokio::sync::watch::Receiver<bool> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let signal = mssql_cdc_proto::signals::shutdown();
     tokio::spawn(async move {
-        mssql_cdc_proto::signals::shutdown().await;
+        signal.await;
         tracing::info!("stopping after the batch in flight");
         let _ = stop.send(true);
     });

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use arrow::record_batch::RecordBatch;
-use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::transaction::{CommitConflictError, CommitProperties, TransactionError};
 use deltalake::kernel::{DataType, MetadataValue, StructField, Transaction};
 use deltalake::parquet::basic::Compression;
 use deltalake::parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
@@ -682,16 +682,11 @@ pub async fn add_missing_columns(
     name: &str,
 ) -> Result<(DeltaTable, Vec<String>)> {
     // Another writer may add the same columns at once (a stream and its replay in another
-    // process after a capture-instance switch, or a backfill wave): a conflict reads the
-    // table again and adds what is still missing, if anything.
-    let slot = std::sync::Mutex::new(Some(table));
-    let slot = &slot;
-    retry_conflicts(|| async move {
-        let mut table = slot
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take()
-            .ok_or_else(|| WriterError::Internal("the table of a retried schema change".into()))?;
+    // process after a capture-instance switch, or a backfill wave): a schema change that
+    // meets another's reads the table again and adds what is still missing, if anything.
+    // (The commit after it checks its fence on the table returned, the one it starts from.)
+    let mut table = table;
+    for attempt in 1.. {
         let existing = table.snapshot()?.schema();
         let missing: Vec<StructField> = fields
             .iter()
@@ -709,18 +704,21 @@ pub async fn add_missing_columns(
             Ok(changed) => {
                 tracing::info!(table = name, columns = ?names,
                     "new captured columns added; earlier rows read NULL");
-                Ok((changed, names))
+                return Ok((changed, names));
             }
-            Err(error) => {
-                // The next attempt starts from the table as it is now.
+            Err(DeltaTableError::Transaction {
+                source: TransactionError::CommitConflict(CommitConflictError::MetadataChanged),
+            }) if attempt < SCHEMA_CHANGE_ATTEMPTS => {
                 table.update_incremental(None).await?;
-                *slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(table);
-                Err(error.into())
             }
+            Err(error) => return Err(error.into()),
         }
-    })
-    .await
+    }
+    unreachable!("the loop returns")
 }
+
+/// How many times a schema change meets another writer's before it gives up.
+const SCHEMA_CHANGE_ATTEMPTS: u32 = 10;
 
 /// The version of the newest application transaction of `app_id` in `table`, if any.
 pub async fn transaction(table: &DeltaTable, app_id: &str) -> Result<Option<i64>> {

@@ -190,7 +190,8 @@ impl ReconcileResult {
 }
 
 /// The newest snapshot bronze holds rows of (a full one's or chunks) that is newer than the
-/// one silver was rebuilt from.
+/// one silver was rebuilt from. (Every snapshot row is stamped at or after its S, so
+/// `_start_lsn` prunes the files of older ones.)
 async fn pending_snapshot(
     config: &ReconcileConfig,
     rebuilt_from: Option<Lsn>,
@@ -203,8 +204,8 @@ async fn pending_snapshot(
         &url,
         &format!(
             "SELECT MAX(COALESCE(_snapshot, _start_lsn)) FROM t WHERE _operation = 0 \
-             AND COALESCE(_snapshot, _start_lsn) > '{}'",
-            rebuilt_from.map(|lsn| lsn.to_string()).unwrap_or_default()
+             AND _start_lsn > '{rebuilt}' AND COALESCE(_snapshot, _start_lsn) > '{rebuilt}'",
+            rebuilt = rebuilt_from.map(|lsn| lsn.to_string()).unwrap_or_default()
         ),
     )
     .await?;
@@ -392,7 +393,6 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         .map(str::parse::<Lsn>)
         .transpose()
         .map_err(|error| WriterError::Internal(format!("silver snapshot_lsn: {error}")))?;
-    let pending_snapshot = pending_snapshot(config, rebuilt_from).await?;
     let positions = Positions {
         silver: silver_lsn,
         rebuilt_from,
@@ -413,6 +413,9 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
             keyset::compare(&client, config, &context, on, &positions, &mut sample).await?
         }
     };
+    // After the comparison read bronze for the keys in flight: a snapshot landing since is
+    // then seen here (bronze's snapshot rows only grow), never excused there unseen.
+    let pending_snapshot = pending_snapshot(config, rebuilt_from).await?;
     let compared_lsn = source_lsn.min(silver_lsn);
 
     // 5. The chunk checks of bronze's newest chunked snapshot.

@@ -728,6 +728,30 @@ impl World {
             })
             .map(|row| row.3)
             .collect();
+        // A snapshot the model saw complete, newer than the one silver was rebuilt from, is
+        // pending: nothing may be verified until an apply takes it in.
+        let unapplied = {
+            let known = self.known();
+            known.completed.get(&table).copied().filter(|completed| {
+                known
+                    .rebuilt_from
+                    .get(&table)
+                    .is_none_or(|rebuilt| completed > rebuilt)
+            })
+        };
+        if let Some(completed) = unapplied
+            && result
+                .pending_snapshot
+                .is_none_or(|pending| pending < completed)
+        {
+            return Err(format!(
+                "reconcile of {} names pending snapshot {:?}, but snapshot {completed} is \
+                 complete and silver was not rebuilt from it (verified: {})",
+                table.source(),
+                result.pending_snapshot,
+                result.verified
+            ));
+        }
         if !result.verified {
             // Not verified, and rightly so only when something stands in the way: a change
             // after the compared LSN, a snapshot silver has not taken in, or a silver that
@@ -863,7 +887,8 @@ impl World {
             let state = snapshot::state(&config)
                 .await
                 .map_err(|error| format!("snapshot state of {}: {error}", table.source()))?;
-            before.insert(table, state.status);
+            let paused = self.known().paused.get(&table).copied();
+            before.insert(table, (state.status, paused));
         }
         let path = self.lab.dir.path().join("sidecar.toml");
         std::fs::write(&path, text).map_err(|error| format!("sidecar file: {error}"))?;
@@ -884,10 +909,27 @@ impl World {
                 .args(["-TERM", &child.id().to_string()])
                 .status();
         }
-        let status = tokio::task::spawn_blocking(move || child.wait())
-            .await
-            .expect("task")
-            .map_err(|error| format!("sidecar: {error}"))?;
+        // A stopped sidecar finishes the batch, wave or apply in flight: 120 s at most.
+        let pid = child.id();
+        let waited = tokio::time::timeout(
+            Duration::from_secs(120),
+            tokio::task::spawn_blocking(move || child.wait()),
+        )
+        .await;
+        let status = match waited {
+            Ok(joined) => joined
+                .expect("task")
+                .map_err(|error| format!("sidecar: {error}"))?,
+            Err(_) => {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+                return Err(format!(
+                    "the sidecar did not stop within 120 s of SIGTERM: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                ));
+            }
+        };
         if !kill && !status.success() {
             return Err(format!(
                 "the sidecar stopped by SIGTERM exited with {status}: {}",
@@ -895,7 +937,8 @@ impl World {
             ));
         }
         for table in Table::ALL {
-            self.learn_after_sidecar(table, &before[&table]).await?;
+            let (status, paused) = &before[&table];
+            self.learn_after_sidecar(table, status, *paused).await?;
         }
         Ok(())
     }
@@ -906,13 +949,17 @@ impl World {
         &self,
         table: Table,
         before: &mssql_cdc_writer::snapshot::BackfillStatus,
+        paused_before: Option<Lsn>,
     ) -> Result<(), Failure> {
         let state = snapshot::state(&self.config(table))
             .await
             .map_err(|error| format!("snapshot state of {}: {error}", table.source()))?;
+        // Paused before the sidecar started and still: a pause that landed while it ran may
+        // let the waves before it through.
         let paused = self.known().paused.get(&table).copied();
         if let Some(snapshot) = state.status.snapshot
             && paused == Some(snapshot)
+            && paused_before == Some(snapshot)
             && before.snapshot == Some(snapshot)
             && state.status.chunks_done > before.chunks_done
         {
