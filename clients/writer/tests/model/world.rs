@@ -662,9 +662,16 @@ impl World {
     }
 
     /// Where silver of `table` differs from the source now (its first keys), if it does.
+    /// A column the source added after a capture-instance switch joins bronze and silver
+    /// with the first change row the newer instance captures (docs/writer.md): until then
+    /// silver lacks it, and its rows read NULL there, as the source's untouched rows do.
     pub(crate) async fn silver_differs(&self, table: Table) -> Option<String> {
-        let silver = self.silver_rows(table).await;
+        let mut silver = self.silver_rows(table).await;
         let source = source_rows_of(&self.lab, table.source(), table.key()).await;
+        let width = source.values().map(Vec::len).max().unwrap_or(0);
+        for row in silver.values_mut() {
+            row.resize(width.max(row.len()), "NULL".into());
+        }
         (silver != source).then(|| difference(&silver, &source))
     }
 
