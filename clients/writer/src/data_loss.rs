@@ -58,9 +58,22 @@ pub async fn resnapshot(
     start: Offset,
     reason: &str,
 ) -> Result<(Offset, FactsRow)> {
+    // An open chunked snapshot heals this purge only when its S is past the purge too: one
+    // opened after the stream's position but since passed by a later cleanup needs changes
+    // after its S that are gone, and a newer generation supersedes it (resuming at its S
+    // ran into the purge again).
+    let earliest: Offset = client
+        .action(
+            "initial_offset",
+            &InitialOffsetBody {
+                table: config.table.clone(),
+                starting: Some("earliest".into()),
+            },
+        )
+        .await?;
     let snapshot = Snapshots::connect(config.clone())
         .await?
-        .open_healing(start.lsn)
+        .open_healing(start.lsn.max(earliest.lsn))
         .await?;
     let resume: Offset = client
         .action(

@@ -21,7 +21,7 @@
 //!
 //! Run as `cargo test -p mssql-cdc-writer --test model` (CI: a fixed set of seeds), or
 //! `cargo test -p mssql-cdc-writer --test model -- --seeds 0..50 --steps 200` for a long
-//! run, `-- --seed 7 --steps 40` for one seed, `-- --schedule '<json>'` to replay
+//! run, `-- --seed 7 --steps 40` for one seed (`--print` prints its schedule instead), `-- --schedule '<json>'` to replay
 //! a schedule a failure printed (with `MSSQL_CDC_MODEL_KEEP=1`, its lake and simulated
 //! database stay on disk). A failure shrinks its schedule (dropping steps while it
 //! still fails) and prints the shortest one found with the command that replays it.
@@ -115,6 +115,18 @@ const REGRESSIONS: &[(&str, &str)] = &[
         {"Schema":{"table":"Quiet","change":"AddColumnAndSwitch"}},
         {"Crash":{"table":"Quiet","point":0}},
         {"SecondWriter":{"table":"Quiet"}}]"#,
+    ),
+    (
+        "a purge healed by re-snapshot reused a chunked snapshot opened after the stream's \
+         position but since passed by the cleanup too: the stream resumed at its S and met \
+         the purge again (seed 1030)",
+        r#"[{"Commit":{"table":"Quiet","commits":5,"seed":1}},
+        {"Stream":{"table":"Quiet","continuous":false,"live_tail":false,"max_commits":null}},
+        {"Commit":{"table":"Quiet","commits":3,"seed":2}},
+        {"Snapshot":{"table":"Quiet","chunked":true}},
+        {"Commit":{"table":"Busy","commits":20,"seed":3}},
+        {"Purge":{"on_loss":["Skip","Resnapshot"]}},
+        {"Stream":{"table":"Quiet","continuous":false,"live_tail":false,"max_commits":null}}]"#,
     ),
 ];
 
@@ -219,6 +231,8 @@ struct Args {
     seeds: Vec<u64>,
     steps: usize,
     schedule: Option<Vec<Op>>,
+    /// Print each seed's schedule as JSON (one line a seed) instead of running it.
+    print: bool,
 }
 
 fn args() -> Args {
@@ -226,6 +240,7 @@ fn args() -> Args {
         seeds: CI_SEEDS.collect(),
         steps: CI_STEPS,
         schedule: None,
+        print: false,
     };
     let mut given = std::env::args().skip(1);
     while let Some(arg) = given.next() {
@@ -242,6 +257,7 @@ fn args() -> Args {
                 args.seeds = (from.parse().expect("A")..to.parse().expect("B")).collect();
             }
             "--steps" => args.steps = value().parse().expect("--steps N"),
+            "--print" => args.print = true,
             "--schedule" => {
                 args.schedule = Some(serde_json::from_str(&value()).expect("--schedule JSON"));
             }
@@ -254,6 +270,13 @@ fn args() -> Args {
 
 fn main() {
     let args = args();
+    if args.print {
+        for seed in &args.seeds {
+            let json = serde_json::to_string(&schedule(*seed, args.steps)).expect("json");
+            println!("{json}");
+        }
+        return;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

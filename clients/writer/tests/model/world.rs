@@ -228,12 +228,22 @@ impl World {
                 Op::Reconcile { table, corrupt } => self.reconcile(*table, *corrupt).await,
                 Op::SecondWriter { table } => {
                     let config = self.config(*table);
+                    let failing = self.on_loss(*table) == OnLoss::Fail;
                     let (first, second) = tokio::join!(
                         common::try_run_now(config.clone()),
                         common::try_run_now(config)
                     );
-                    self.stream_outcome(*table, first.map(|_| ()), true)?;
-                    self.stream_outcome(*table, second.map(|_| ()), true)
+                    // Both ran under the policy of their start: under fail, each may stop
+                    // at the purge (the first one's stop has the operator set skip).
+                    for outcome in [first.map(|_| ()), second.map(|_| ())] {
+                        match outcome {
+                            Err(WriterError::DataLoss { .. }) if failing => {
+                                self.known().on_loss.insert(*table, OnLoss::Skip);
+                            }
+                            outcome => self.stream_outcome(*table, outcome, true)?,
+                        }
+                    }
+                    Ok(())
                 }
                 Op::Crash { table, point } => self.crash(*table, CRASH_POINTS[*point]).await,
                 Op::Sidecar {
