@@ -26,13 +26,16 @@
 //! database stay on disk). A failure shrinks its schedule (dropping steps while it
 //! still fails) and prints the shortest one found with the command that replays it.
 //!
-//! The schedule's operations are in `ops`, what each does to the world in `world`, the
+//! The schedule's operations are in `ops`, what each does to the world in `world` (the
+//! snapshot operations in `snapshots`, those run as other processes in `processes`), the
 //! checks after every step in `checks`.
 
 mod checks;
 #[path = "../common/mod.rs"]
 mod common;
 mod ops;
+mod processes;
+mod snapshots;
 mod world;
 
 use std::collections::BTreeMap;

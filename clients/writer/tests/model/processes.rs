@@ -1,0 +1,204 @@
+//! The operations run as other processes: the writer binary aborted at a crash point, and
+//! the sidecar over both tables, stopped or killed.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use mssql_cdc_flight::Lsn;
+use mssql_cdc_writer::data_loss::OnDataLoss;
+use mssql_cdc_writer::snapshot;
+use mssql_cdc_writer::stream::CRASH_AT_VARIABLE;
+use mssql_cdc_writer::{control, tables};
+
+use crate::WRITER;
+use crate::ops::Table;
+use crate::snapshots::chunk_rows;
+use crate::world::{Failure, World};
+
+impl World {
+    pub(crate) async fn crash(&self, table: Table, point: &str) -> Result<(), Failure> {
+        let config = self.config(table);
+        let mut command = Command::new(WRITER);
+        command
+            .args(["run", "--server", &self.lab.url, "--table", table.source()])
+            .args(["--target", &config.target, "--facts", &config.facts])
+            .args(["--control", config.control.as_deref().expect("control")])
+            .args([
+                "--app-id",
+                &config.app_id,
+                "--checkpoint",
+                &config.checkpoint,
+            ])
+            .args(["--max-commits", "40", "--available-now"])
+            .args(match config.on_data_loss {
+                OnDataLoss::Resnapshot => ["--on-data-loss", "resnapshot"],
+                OnDataLoss::Fail => ["--on-data-loss", "fail"],
+            })
+            .env(CRASH_AT_VARIABLE, point)
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if !config.fail_on_data_loss {
+            command.arg("--skip-data-loss");
+        }
+        let output = tokio::task::spawn_blocking(move || command.output())
+            .await
+            .expect("task")
+            .expect("writer");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        // Aborted at the point, or ended without reaching it (nothing new), or stopped by a
+        // purge under fail: anything else is a failure.
+        if output.status.success() || stderr.contains(CRASH_AT_VARIABLE) {
+            return Ok(());
+        }
+        if stderr.contains("DATA_LOSS") || stderr.contains("purged") {
+            return self.stopped_by_purge(table);
+        }
+        Err(format!(
+            "the writer run to crash at {point} failed: {stderr}"
+        ))
+    }
+
+    /// The sidecar over both tables, as a deployment runs it, for `tenths` tenths of a
+    /// second; then what it did is learned from the lake (snapshots completed, silver
+    /// rebuilt), and a snapshot an operator paused must have read no wave.
+    pub(crate) async fn sidecar(
+        &self,
+        tenths: u64,
+        kill: bool,
+        deletion_vectors: bool,
+    ) -> Result<(), Failure> {
+        let mut text = format!(
+            "server = \"{}\"\nfacts = \"{}\"\ncontrol = \"{}\"\ncheckpoints = \"{}\"\n\
+             granularity = \"minute\"\npoll_seconds = 0.2\nmaintenance_minutes = 0.02\n",
+            self.lab.url,
+            self.lab.lake("facts"),
+            self.lab.lake("control"),
+            self.checkpoints()
+        );
+        let mut before = BTreeMap::new();
+        for table in Table::ALL {
+            let config = self.config(table);
+            text.push_str(&format!(
+                "\n[[tables]]\ntable = \"{}\"\ntarget = \"{}\"\napp_id = \"{}\"\n\
+                 max_commits = 50\nfail_on_data_loss = {}\non_data_loss = \"{}\"\n\
+                 chunk_rows = {}\nsilver = \"{}\"\nkeys = [\"{}\"]\n\
+                 silver_deletion_vectors = {deletion_vectors}\napply_seconds = 0.5\n",
+                table.source(),
+                config.target,
+                config.app_id,
+                config.fail_on_data_loss,
+                match config.on_data_loss {
+                    OnDataLoss::Resnapshot => "resnapshot",
+                    OnDataLoss::Fail => "fail",
+                },
+                chunk_rows(table),
+                self.lab.lake(&format!("silver_{}", table.name())),
+                table.key(),
+            ));
+            let state = snapshot::state(&config)
+                .await
+                .map_err(|error| format!("snapshot state of {}: {error}", table.source()))?;
+            let paused = self.known().paused.get(&table).copied();
+            before.insert(table, (state.status, paused));
+        }
+        let path = self.lab.dir.path().join("sidecar.toml");
+        std::fs::write(&path, text).map_err(|error| format!("sidecar file: {error}"))?;
+        let log = self.lab.dir.path().join("sidecar.log");
+        let mut child = Command::new(WRITER)
+            .args(["run", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).map_err(|error| error.to_string())?)
+            .spawn()
+            .map_err(|error| format!("sidecar: {error}"))?;
+        tokio::time::sleep(Duration::from_millis(100 * tenths)).await;
+        if kill {
+            let _ = child.kill();
+        } else {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+        }
+        // A stopped sidecar finishes the batch, wave or apply in flight: 120 s at most.
+        let pid = child.id();
+        let waited = tokio::time::timeout(
+            Duration::from_secs(120),
+            tokio::task::spawn_blocking(move || child.wait()),
+        )
+        .await;
+        let status = match waited {
+            Ok(joined) => joined
+                .expect("task")
+                .map_err(|error| format!("sidecar: {error}"))?,
+            Err(_) => {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+                return Err(format!(
+                    "the sidecar did not stop within 120 s of SIGTERM: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                ));
+            }
+        };
+        if !kill && !status.success() {
+            return Err(format!(
+                "the sidecar stopped by SIGTERM exited with {status}: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            ));
+        }
+        for table in Table::ALL {
+            let (status, paused) = &before[&table];
+            self.learn_after_sidecar(table, status, *paused).await?;
+        }
+        Ok(())
+    }
+
+    /// What the sidecar did to `table`: a snapshot it completed, a silver it applied or
+    /// rebuilt (its control row's position says from which snapshot).
+    async fn learn_after_sidecar(
+        &self,
+        table: Table,
+        before: &mssql_cdc_writer::snapshot::BackfillStatus,
+        paused_before: Option<Lsn>,
+    ) -> Result<(), Failure> {
+        let state = snapshot::state(&self.config(table))
+            .await
+            .map_err(|error| format!("snapshot state of {}: {error}", table.source()))?;
+        // Paused before the sidecar started and still: a pause that landed while it ran may
+        // let the waves before it through.
+        let paused = self.known().paused.get(&table).copied();
+        if let Some(snapshot) = state.status.snapshot
+            && paused == Some(snapshot)
+            && paused_before == Some(snapshot)
+            && before.snapshot == Some(snapshot)
+            && state.status.chunks_done > before.chunks_done
+        {
+            return Err(format!(
+                "the sidecar read waves of snapshot {snapshot} of {}, which an operator paused \
+                 ({} chunks done, {} before)",
+                table.source(),
+                state.status.chunks_done,
+                before.chunks_done
+            ));
+        }
+        if state.status.done
+            && let Some(done) = state.status.snapshot
+        {
+            self.completed(table, done);
+        }
+        let silver = self.lab.lake(&format!("silver_{}", table.name()));
+        let control = tables::table_url(&self.lab.lake("control")).expect("url");
+        let applied = control::row(&control, &silver)
+            .await
+            .map_err(|error| format!("control: {error}"))?
+            .is_some_and(|row| row.position.applied_lsn.is_some());
+        if applied {
+            self.known().applied.insert(table);
+        }
+        self.observe_rebuild(table).await?;
+        Ok(())
+    }
+}
