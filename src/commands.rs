@@ -318,13 +318,7 @@ pub fn sim(command: SimCommand) -> anyhow::Result<()> {
             let db = SimDb::open(&args.dir)?;
             let table: TableName = args.table.parse()?;
             let columns = if args.columns.is_empty() {
-                let manifest = db.manifest()?;
-                let definition = manifest.table(&table).context("no such table")?;
-                definition
-                    .columns
-                    .iter()
-                    .map(|column| column.name.clone())
-                    .collect()
+                db.columns_of(&table)?
             } else {
                 args.columns.clone()
             };

@@ -548,16 +548,7 @@ async fn a_column_added_later_reads_null_in_the_rows_no_write_touched_since() {
     writer
         .add_column(&orders, "discount", "decimal(9,2)", true)
         .expect("ddl");
-    let columns: Vec<String> = sim
-        .db
-        .manifest()
-        .expect("manifest")
-        .table(&orders)
-        .expect("table")
-        .columns
-        .iter()
-        .map(|column| column.name.clone())
-        .collect();
+    let columns = sim.db.columns_of(&orders).expect("columns");
     writer
         .enable_capture_instance(&orders, "dbo_orders_v2", &columns)
         .expect("switch");

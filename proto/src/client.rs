@@ -20,8 +20,8 @@ use tonic::transport::{Channel, Endpoint};
 mod decode;
 
 use crate::protocol::{
-    COMPLETION_TYPE, ChangesCommand, Command, Completion, PlanMetadata, SnapshotCommand,
-    SnapshotPlanMetadata,
+    COMPLETION_TYPE, ChangesCommand, Command, Completion, InitialOffsetBody, PlanMetadata,
+    SnapshotCommand, SnapshotPlanMetadata,
 };
 
 /// What a client call can fail with.
@@ -309,6 +309,19 @@ impl CdcClient {
             .ok_or_else(|| ClientError::Protocol(format!("action {name} returned no result")))?;
         serde_json::from_slice(&result.body)
             .map_err(|error| ClientError::Protocol(error.to_string()))
+    }
+
+    /// The `initial_offset` action: where a stream of `table` starting at `starting`
+    /// (`earliest`, `latest` or an LSN already processed) stands before its first range.
+    pub async fn initial_offset(&self, table: &str, starting: &str) -> ClientResult<crate::Offset> {
+        self.action(
+            "initial_offset",
+            &InitialOffsetBody {
+                table: table.to_string(),
+                starting: Some(starting.to_string()),
+            },
+        )
+        .await
     }
 
     /// Every tracked table's `FlightInfo`.

@@ -167,6 +167,20 @@ impl SimDb {
         self.store.manifest()
     }
 
+    /// The names of `table`'s columns now, in `column_id` order: what a capture instance of
+    /// every column captures (after an `ALTER TABLE ... ADD`, the switch a DBA makes).
+    pub fn columns_of(&self, table: &TableName) -> Result<Vec<String>> {
+        let manifest = self.manifest()?;
+        let definition = manifest.table(table).ok_or_else(|| Error::TableNotFound {
+            table: table.to_string(),
+        })?;
+        Ok(definition
+            .columns
+            .iter()
+            .map(|column| column.name.clone())
+            .collect())
+    }
+
     /// A writer (takes the directory's writer lock on its first publish). Commit times come
     /// from `clock`; `seed` makes the generated keys and values reproducible.
     pub fn writer(&self, clock: Clock, seed: u64) -> Result<SimWriter> {

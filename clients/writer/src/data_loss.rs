@@ -13,7 +13,6 @@
 use std::str::FromStr;
 
 use mssql_cdc_proto::client::CdcClient;
-use mssql_cdc_proto::protocol::InitialOffsetBody;
 use mssql_cdc_proto::{CommitTime, Offset};
 use serde_json::json;
 
@@ -62,27 +61,13 @@ pub async fn resnapshot(
     // opened after the stream's position but since passed by a later cleanup needs changes
     // after its S that are gone, and a newer generation supersedes it (resuming at its S
     // ran into the purge again).
-    let earliest: Offset = client
-        .action(
-            "initial_offset",
-            &InitialOffsetBody {
-                table: config.table.clone(),
-                starting: Some("earliest".into()),
-            },
-        )
-        .await?;
+    let earliest = client.initial_offset(&config.table, "earliest").await?;
     let snapshot = Snapshots::connect(config.clone())
         .await?
         .open_healing(start.lsn.max(earliest.lsn))
         .await?;
-    let resume: Offset = client
-        .action(
-            "initial_offset",
-            &InitialOffsetBody {
-                table: config.table.clone(),
-                starting: Some(snapshot.to_string()),
-            },
-        )
+    let resume = client
+        .initial_offset(&config.table, &snapshot.to_string())
         .await?;
     tracing::warn!(table = %config.table, from = %start.lsn, to = %snapshot,
         "changes purged before they were read: re-snapshot opened, the stream resumes at its S");

@@ -1094,22 +1094,28 @@ mod tests {
         }
     }
 
-    #[test]
-    fn two_entries_of_one_source_table_are_refused_as_sharing_its_verdict() {
+    /// A sidecar file of these `[[tables]]` entries, loaded.
+    fn load(tables: &str) -> Result<SidecarConfig> {
         let dir = tempfile::tempdir().expect("temp");
         let path = dir.path().join("sidecar.toml");
-        let file = |second_table: &str| {
+        let file = format!(
+            "server = \"http://127.0.0.1:1\"\nfacts = \"/lake/facts\"\n\
+             control = \"/lake/control\"\n\n{tables}"
+        );
+        std::fs::write(&path, file).expect("write");
+        SidecarConfig::load(&path)
+    }
+
+    #[test]
+    fn two_entries_of_one_source_table_are_refused_as_sharing_its_verdict() {
+        let tables = |second_table: &str| {
             format!(
-                "server = \"http://127.0.0.1:1\"\nfacts = \"/lake/facts\"\n\
-                 control = \"/lake/control\"\n\n\
-                 [[tables]]\ntable = \"dbo.orders\"\ntarget = \"/lake/bronze_a\"\napp_id = \"a\"\n\n\
+                "[[tables]]\ntable = \"dbo.orders\"\ntarget = \"/lake/bronze_a\"\napp_id = \"a\"\n\n\
                  [[tables]]\ntable = \"{second_table}\"\ntarget = \"/lake/bronze_b\"\napp_id = \"b\"\n"
             )
         };
-        std::fs::write(&path, file("dbo.customers")).expect("write");
-        SidecarConfig::load(&path).expect("two tables load");
-        std::fs::write(&path, file("dbo.orders")).expect("write");
-        let refused = SidecarConfig::load(&path).expect_err("one table twice");
+        load(&tables("dbo.customers")).expect("two tables load");
+        let refused = load(&tables("dbo.orders")).expect_err("one table twice");
         assert!(
             refused.to_string().contains("share its one verdict"),
             "{refused}"
@@ -1118,26 +1124,19 @@ mod tests {
 
     #[test]
     fn a_table_sets_the_share_its_scheduled_reconcile_compares_row_by_row() {
-        let dir = tempfile::tempdir().expect("temp");
-        let path = dir.path().join("sidecar.toml");
-        let file = |sample: &str| {
+        let tables = |sample: &str| {
             format!(
-                "server = \"http://127.0.0.1:1\"\nfacts = \"/lake/facts\"\n\
-                 control = \"/lake/control\"\n\n\
-                 [[tables]]\ntable = \"dbo.orders\"\ntarget = \"/lake/bronze\"\napp_id = \"a\"\n\
+                "[[tables]]\ntable = \"dbo.orders\"\ntarget = \"/lake/bronze\"\napp_id = \"a\"\n\
                  silver = \"/lake/silver\"\nkeys = [\"order_id\"]\n{sample}"
             )
         };
-        std::fs::write(&path, file("reconcile_sample = 1.0\n")).expect("write");
-        let config = SidecarConfig::load(&path).expect("loads");
+        let config = load(&tables("reconcile_sample = 1.0\n")).expect("loads");
         let reconcile = reconcile_config(&config, &config.tables[0]).expect("a silver table");
         assert_eq!(reconcile.sample, 1.0);
-        std::fs::write(&path, file("")).expect("write");
-        let config = SidecarConfig::load(&path).expect("loads");
+        let config = load(&tables("")).expect("loads");
         let reconcile = reconcile_config(&config, &config.tables[0]).expect("a silver table");
         assert_eq!(reconcile.sample, crate::reconcile::DEFAULT_SAMPLE);
-        std::fs::write(&path, file("reconcile_sample = 1.5\n")).expect("write");
-        let refused = SidecarConfig::load(&path).expect_err("past 1");
+        let refused = load(&tables("reconcile_sample = 1.5\n")).expect_err("past 1");
         assert!(
             refused.to_string().contains("reconcile_sample"),
             "{refused}"

@@ -31,7 +31,7 @@ use std::time::Instant;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use mssql_cdc_proto::client::CdcClient;
-use mssql_cdc_proto::protocol::{ChangesCommand, InitialOffsetBody, LatestOffsetBody, LsnAnswer};
+use mssql_cdc_proto::protocol::{ChangesCommand, LatestOffsetBody, LsnAnswer};
 use mssql_cdc_proto::{CommitTime, Lsn, Offset};
 use serde_json::json;
 use url::Url;
@@ -358,15 +358,9 @@ impl Stream {
                 None => return Ok(None),
             },
             None => {
-                let start: Offset = self
+                let start = self
                     .client
-                    .action(
-                        "initial_offset",
-                        &InitialOffsetBody {
-                            table: self.config.table.clone(),
-                            starting: Some(self.config.starting.clone()),
-                        },
-                    )
+                    .initial_offset(&self.config.table, &self.config.starting)
                     .await?;
                 let end = self.latest(start, upper).await?;
                 if end.lsn <= start.lsn {
@@ -863,13 +857,7 @@ impl Stream {
     async fn min_lsn(&self) -> Result<Offset> {
         Ok(self
             .client
-            .action(
-                "initial_offset",
-                &InitialOffsetBody {
-                    table: self.config.table.clone(),
-                    starting: Some("earliest".into()),
-                },
-            )
+            .initial_offset(&self.config.table, "earliest")
             .await?)
     }
 

@@ -686,7 +686,8 @@ pub async fn add_missing_columns(
     // meets another's reads the table again and adds what is still missing, if anything.
     // (The commit after it checks its fence on the table returned, the one it starts from.)
     let mut table = table;
-    for attempt in 1.. {
+    let mut attempt = 1;
+    loop {
         let existing = table.snapshot()?.schema();
         let missing: Vec<StructField> = fields
             .iter()
@@ -710,11 +711,11 @@ pub async fn add_missing_columns(
                 source: TransactionError::CommitConflict(CommitConflictError::MetadataChanged),
             }) if attempt < SCHEMA_CHANGE_ATTEMPTS => {
                 table.update_incremental(None).await?;
+                attempt += 1;
             }
             Err(error) => return Err(error.into()),
         }
     }
-    unreachable!("the loop returns")
 }
 
 /// How many times a schema change meets another writer's before it gives up.

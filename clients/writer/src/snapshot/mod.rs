@@ -425,12 +425,9 @@ impl Snapshots {
         let Some(open) = Self::open_full_of(&recorded) else {
             return Ok(recorded);
         };
-        let earliest: mssql_cdc_proto::Offset = self
+        let earliest = self
             .client
-            .action(
-                "initial_offset",
-                &json!({"table": self.config.table, "starting": "earliest"}),
-            )
+            .initial_offset(&self.config.table, "earliest")
             .await?;
         if earliest.lsn <= open {
             return Ok(recorded);

@@ -106,13 +106,7 @@ impl Snapshots {
     pub async fn seed(&self, options: &SeedOptions) -> Result<SeedOutcome> {
         let table = &self.config.table;
         let lsn = self.seed_lsn(options.as_of).await?;
-        let offset: Offset = self
-            .client
-            .action(
-                "initial_offset",
-                &json!({"table": table, "starting": lsn.to_string()}),
-            )
-            .await?;
+        let offset = self.client.initial_offset(table, &lsn.to_string()).await?;
         let recorded = self.recorded().await?;
         if let Some((_, rows)) = recorded.completions.iter().find(|(done, _)| *done == lsn) {
             return Ok(SeedOutcome {
@@ -144,13 +138,7 @@ impl Snapshots {
                 )));
             }
         }
-        let earliest: Offset = self
-            .client
-            .action(
-                "initial_offset",
-                &json!({"table": table, "starting": "earliest"}),
-            )
-            .await?;
+        let earliest = self.client.initial_offset(table, "earliest").await?;
         if earliest.lsn > lsn {
             return Err(WriterError::DataLoss {
                 table: table.clone(),

@@ -431,16 +431,7 @@ pub fn add_discount_and_switch(lab: &Lab, seed: u64) -> SimWriter {
     writer
         .add_column(&orders, "discount", "decimal(9,2)", true)
         .expect("ddl");
-    let columns: Vec<String> = lab
-        .db
-        .manifest()
-        .expect("manifest")
-        .table(&orders)
-        .expect("table")
-        .columns
-        .iter()
-        .map(|column| column.name.clone())
-        .collect();
+    let columns = lab.db.columns_of(&orders).expect("columns");
     writer
         .enable_capture_instance(&orders, "dbo_orders_v2", &columns)
         .expect("switch");

@@ -9,7 +9,6 @@ use mssql_cdc_flight::Lsn;
 use mssql_cdc_writer::data_loss::OnDataLoss;
 use mssql_cdc_writer::snapshot;
 use mssql_cdc_writer::stream::CRASH_AT_VARIABLE;
-use mssql_cdc_writer::{control, tables};
 
 use crate::WRITER;
 use crate::ops::Table;
@@ -189,16 +188,7 @@ impl World {
         {
             self.completed(table, done);
         }
-        let silver = self.lab.lake(&format!("silver_{}", table.name()));
-        let control = tables::table_url(&self.lab.lake("control")).expect("url");
-        let applied = control::row(&control, &silver)
-            .await
-            .map_err(|error| format!("control: {error}"))?
-            .is_some_and(|row| row.position.applied_lsn.is_some());
-        if applied {
-            self.known().applied.insert(table);
-        }
-        self.observe_rebuild(table).await?;
+        self.observe_silver(table).await?;
         Ok(())
     }
 }

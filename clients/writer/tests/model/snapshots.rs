@@ -119,20 +119,28 @@ impl World {
         }
     }
 
-    /// The snapshot silver of `table` was last rebuilt from, as its control row says; a
-    /// rebuild newer than the model knew writes silver whole: another engine's deletion is
-    /// gone, and so is a purge's hole when the snapshot is past the cut and past every
-    /// healing re-snapshot's S.
-    pub(crate) async fn observe_rebuild(&self, table: Table) -> Result<Option<Lsn>, Failure> {
+    /// What silver of `table` holds, as its control row says: applied (a position), and
+    /// the snapshot it was last rebuilt from, returned. A rebuild newer than the model knew
+    /// writes silver whole: another engine's deletion is gone, and so is a purge's hole when
+    /// the snapshot is past the cut and past every healing re-snapshot's S.
+    pub(crate) async fn observe_silver(&self, table: Table) -> Result<Option<Lsn>, Failure> {
         let silver = self.lab.lake(&format!("silver_{}", table.name()));
         let control = tables::table_url(&self.lab.lake("control")).expect("url");
-        let rebuilt = control::row(&control, &silver)
+        let Some(position) = control::row(&control, &silver)
             .await
             .map_err(|error| format!("control: {error}"))?
-            .and_then(|row| row.position.snapshot_lsn)
+            .map(|row| row.position)
+        else {
+            return Ok(None);
+        };
+        let rebuilt = position
+            .snapshot_lsn
             .and_then(|text| text.parse::<Lsn>().ok());
-        let healed = self.healing_snapshots(table).await;
+        let healed = self.heals(table).await;
         let mut known = self.known();
+        if position.applied_lsn.is_some() {
+            known.applied.insert(table);
+        }
         if let Some(rebuilt) = rebuilt
             && known
                 .rebuilt_from
@@ -142,29 +150,12 @@ impl World {
             known.rebuilt_from.insert(table, rebuilt);
             known.corrupted.remove(&table);
             if known.lost_at.get(&table).is_some_and(|cut| {
-                rebuilt > *cut && healed.iter().all(|healing| rebuilt >= *healing)
+                rebuilt > *cut && healed.iter().all(|(_, healing)| rebuilt >= *healing)
             }) {
                 known.lost_at.remove(&table);
             }
         }
         Ok(rebuilt)
-    }
-
-    /// The S of every re-snapshot a stream of `table` opened to heal a purge.
-    async fn healing_snapshots(&self, table: Table) -> Vec<Lsn> {
-        let url = tables::table_url(&self.lab.lake("facts")).expect("url");
-        tables::query_text(
-            &url,
-            &format!(
-                "SELECT max_lsn FROM t WHERE app_id = '{}' AND event = 'data_loss'",
-                table.name()
-            ),
-        )
-        .await
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|row| row[0].as_deref().and_then(|text| text.parse().ok()))
-        .collect()
     }
 }
 

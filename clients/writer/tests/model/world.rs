@@ -147,17 +147,7 @@ impl World {
                 writer
                     .add_column(&name, "extra", "decimal(9,2)", true)
                     .map_err(failed)?;
-                let columns: Vec<String> = self
-                    .lab
-                    .db
-                    .manifest()
-                    .map_err(failed)?
-                    .table(&name)
-                    .expect("table")
-                    .columns
-                    .iter()
-                    .map(|column| column.name.clone())
-                    .collect();
+                let columns = self.lab.db.columns_of(&name).map_err(failed)?;
                 writer
                     .enable_capture_instance(
                         &name,
@@ -364,8 +354,20 @@ impl World {
             .get(&table)
             .cloned()
             .unwrap_or_default();
+        ranges.extend(
+            self.heals(table)
+                .await
+                .into_iter()
+                .map(|(from, snapshot)| (Some(from), snapshot)),
+        );
+        Excused(ranges)
+    }
+
+    /// Each purge a stream of `table` healed by a re-snapshot: its `data_loss` facts row's
+    /// `(min_lsn, max_lsn)`, where the stream stood and the snapshot's S.
+    pub(crate) async fn heals(&self, table: Table) -> Vec<(Lsn, Lsn)> {
         let url = tables::table_url(&self.lab.lake("facts")).expect("url");
-        let healed = tables::query_text(
+        let rows = tables::query_text(
             &url,
             &format!(
                 "SELECT min_lsn, max_lsn FROM t WHERE app_id = '{}' AND event = 'data_loss'",
@@ -374,13 +376,12 @@ impl World {
         )
         .await
         .unwrap_or_default();
-        for row in healed {
-            let lsn = |index: usize| row[index].as_deref().and_then(|text| text.parse().ok());
-            if let (Some(from), Some(to)) = (lsn(0), lsn(1)) {
-                ranges.push((Some(from), to));
-            }
-        }
-        Excused(ranges)
+        rows.iter()
+            .filter_map(|row| {
+                let lsn = |index: usize| row[index].as_deref().and_then(|text| text.parse().ok());
+                Some((lsn(0)?, lsn(1)?))
+            })
+            .collect()
     }
 
     pub(crate) async fn maintain(&self, target: Maintained, beside: bool) -> Result<(), Failure> {
@@ -476,7 +477,7 @@ impl World {
         if made {
             self.known().applied.insert(table);
         }
-        let rebuilt = self.observe_rebuild(table).await?;
+        let rebuilt = self.observe_silver(table).await?;
         if let Some(completed) = completed
             && rebuilt.is_none_or(|rebuilt| rebuilt < completed)
         {
