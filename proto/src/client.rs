@@ -57,6 +57,52 @@ impl ClientError {
             _ => None,
         }
     }
+
+    /// Whether the server did not answer: it could not be reached, the connection was cut
+    /// (a restart: a status the transport made, without the server's error details), or a
+    /// stream ended without its completion marker. The server is stateless and its calls
+    /// read only, so the same call, to it or another replica, may succeed a moment later.
+    /// What the server answered (a pending capture instance, a source it cannot reach) is
+    /// its own error, and not this.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::Connect { .. } | ClientError::Incomplete { .. } => true,
+            ClientError::Status(status) => {
+                matches!(
+                    status.code(),
+                    tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown
+                ) && crate::status::reason_of_status(status).is_none()
+            }
+            ClientError::Protocol(_) => false,
+        }
+    }
+}
+
+/// The waits between tries of a call the server did not answer ([`ClientError::is_transient`]):
+/// doubling from 0.2 s to 5 s with jitter, 8 at most (about 20 s, a server's restart).
+pub fn transient_retries() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(5))
+        .with_max_times(8)
+        .with_jitter()
+}
+
+/// `call` (named `what` in the log), tried again as [`transient_retries`] says while the
+/// server does not answer.
+async fn retried<T, F, Fut>(what: &str, call: F) -> ClientResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ClientResult<T>>,
+{
+    use backon::Retryable;
+    call.retry(transient_retries())
+        .when(ClientError::is_transient)
+        .notify(|error: &ClientError, wait: Duration| {
+            tracing::warn!(call = what, %error, retry_in_ms = wait.as_millis() as u64,
+                "the server did not answer; the call is tried again");
+        })
+        .await
 }
 
 impl From<tonic::Status> for ClientError {
@@ -295,18 +341,23 @@ impl CdcClient {
         name: &str,
         body: &impl Serialize,
     ) -> ClientResult<T> {
-        let body =
-            serde_json::to_vec(body).map_err(|error| ClientError::Protocol(error.to_string()))?;
-        let mut results = self
-            .inner
-            .clone()
-            .do_action(self.request(Action::new(name, body)))
-            .await?
-            .into_inner();
-        let result = results
-            .message()
-            .await?
-            .ok_or_else(|| ClientError::Protocol(format!("action {name} returned no result")))?;
+        let body: bytes::Bytes = serde_json::to_vec(body)
+            .map_err(|error| ClientError::Protocol(error.to_string()))?
+            .into();
+        let result = retried(name, || async {
+            let mut results = self
+                .inner
+                .clone()
+                .do_action(self.request(Action {
+                    r#type: name.to_string(),
+                    body: body.clone(),
+                }))
+                .await?
+                .into_inner();
+            results.message().await.map_err(ClientError::from)
+        })
+        .await?
+        .ok_or_else(|| ClientError::Protocol(format!("action {name} returned no result")))?;
         serde_json::from_slice(&result.body)
             .map_err(|error| ClientError::Protocol(error.to_string()))
     }
@@ -326,13 +377,16 @@ impl CdcClient {
 
     /// Every tracked table's `FlightInfo`.
     pub async fn list_tables(&self) -> ClientResult<Vec<FlightInfo>> {
-        let stream = self
-            .inner
-            .clone()
-            .list_flights(self.request(Criteria::default()))
-            .await?
-            .into_inner();
-        Ok(stream.try_collect().await?)
+        retried("list_flights", || async {
+            let stream = self
+                .inner
+                .clone()
+                .list_flights(self.request(Criteria::default()))
+                .await?
+                .into_inner();
+            Ok(stream.try_collect().await?)
+        })
+        .await
     }
 
     /// Plans a change range.
@@ -343,12 +397,16 @@ impl CdcClient {
 
     /// `get_flight_info` of a command, with its app_metadata decoded.
     async fn plan<M: DeserializeOwned>(&self, command: Command) -> ClientResult<(FlightInfo, M)> {
-        let info = self
-            .inner
-            .clone()
-            .get_flight_info(self.request(FlightDescriptor::new_cmd(command.to_bytes())))
-            .await?
-            .into_inner();
+        let descriptor = FlightDescriptor::new_cmd(command.to_bytes());
+        let info = retried("get_flight_info", || async {
+            Ok(self
+                .inner
+                .clone()
+                .get_flight_info(self.request(descriptor.clone()))
+                .await?
+                .into_inner())
+        })
+        .await?;
         let metadata = serde_json::from_slice(&info.app_metadata)
             .map_err(|error| ClientError::Protocol(format!("plan metadata: {error}")))?;
         Ok((info, metadata))
@@ -363,12 +421,16 @@ impl CdcClient {
     /// Opens one endpoint's stream; [`EndpointReader::next_batch`] hands out its batches and
     /// [`EndpointReader::completion`] checks its completion marker at the end.
     pub async fn open_endpoint(&self, ticket: &Ticket) -> ClientResult<EndpointReader> {
-        let response = self
-            .inner
-            .clone()
-            .do_get(self.request(ticket.clone()))
-            .await?
-            .into_inner();
+        // Opening is retried; a stream cut later is its caller's to read again.
+        let response = retried("do_get", || async {
+            Ok(self
+                .inner
+                .clone()
+                .do_get(self.request(ticket.clone()))
+                .await?
+                .into_inner())
+        })
+        .await?;
         Ok(EndpointReader {
             messages: response,
             decoder: decode::BatchDecoder::default(),

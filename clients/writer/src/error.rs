@@ -73,4 +73,10 @@ impl WriterError {
     pub fn invalid(message: impl Into<String>) -> Self {
         WriterError::InvalidArgument(message.into())
     }
+
+    /// Whether the server did not answer ([`ClientError::is_transient`]: a restart, a cut
+    /// connection, a stream ended without its completion marker).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, WriterError::Flight(error) if error.is_transient())
+    }
 }

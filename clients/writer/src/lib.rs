@@ -22,6 +22,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod owner;
 pub mod reconcile;
+pub(crate) mod retry;
 pub mod schema_policy;
 pub mod shared_table;
 pub mod sidecar;

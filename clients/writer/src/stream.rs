@@ -197,8 +197,15 @@ pub const FLIGHT_CA_VARIABLE: &str = mssql_cdc_proto::client::TLS_CA_VARIABLE;
 /// plaintext for `http://`, TLS verified against the CA in [`FLIGHT_CA_VARIABLE`] for
 /// `https://` (refused without it), the bearer token of `MSSQL_CDC_FLIGHT_TOKEN` and the
 /// client certificate of `MSSQL_CDC_FLIGHT_TLS_CLIENT_CERT`/`_KEY` when set.
+/// Connection refused or cut while the server restarts is tried again as
+/// [`crate::retry`] says.
 pub async fn connect_server(server: &str) -> Result<CdcClient> {
-    Ok(CdcClient::connect_from_env(server).await?)
+    use backon::Retryable;
+    (|| async { Ok(CdcClient::connect_from_env(server).await?) })
+        .retry(mssql_cdc_proto::client::transient_retries())
+        .when(WriterError::is_transient)
+        .notify(|error: &WriterError, wait| crate::retry::log("connecting", server, error, wait))
+        .await
 }
 
 impl Stream {
@@ -388,6 +395,29 @@ impl Stream {
         Ok(Some(outcome))
     }
 
+    /// [`Stream::run_batch`], run again while the server fails in passing (a restart, a cut
+    /// connection: [`WriterError::is_transient`]) after the waits of [`crate::retry`].
+    /// The batch is the unit of exactly-once: the batch the
+    /// failure left claimed is replayed from its checkpoint record as after a crash, and a
+    /// plan made ahead is dropped (its tickets may be of a server that restarted with
+    /// another key).
+    pub async fn run_batch_retrying(&mut self, upper: Option<Lsn>) -> Result<Option<BatchOutcome>> {
+        let mut waits = crate::retry::waits();
+        loop {
+            match self.run_batch(upper).await {
+                Err(error) if error.is_transient() => {
+                    let Some(wait) = waits.next() else {
+                        return Err(error);
+                    };
+                    crate::retry::log("the batch", &self.config.table, &error, wait);
+                    self.planned = None;
+                    tokio::time::sleep(wait).await;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
     /// The end of the batch after the last one (which ended at `last_end`), or `None` when
     /// there is nothing to write yet. With `max_commits` a range ends after that many commits
     /// of the whole database, so a quiet table's range can end with nothing of it while more
@@ -425,7 +455,7 @@ impl Stream {
         let target: LsnAnswer = self.client.action("max_lsn", &json!({})).await?;
         let mut outcomes = Vec::new();
         // A batch left uncommitted by a crash is replayed first, whatever its end.
-        while let Some(outcome) = self.run_batch(target.lsn).await? {
+        while let Some(outcome) = self.run_batch_retrying(target.lsn).await? {
             tracing::info!(table = %self.config.table, batch = outcome.batch_id, rows = outcome.rows,
                 end = %outcome.end.lsn, "batch committed");
             outcomes.push(outcome);
@@ -448,7 +478,7 @@ impl Stream {
                 Some(slots) => Some(slot(slots).await),
                 None => None,
             };
-            let batch = self.run_batch(None).await?;
+            let batch = self.run_batch_retrying(None).await?;
             drop(slot);
             match batch {
                 Some(outcome) => {

@@ -25,21 +25,25 @@ pub async fn open(
     mode: SnapshotMode,
     resnapshot: bool,
 ) -> Result<SnapshotState> {
+    use backon::Retryable;
     let snapshots = Snapshots::connect(config.clone()).await?;
-    match (mode, resnapshot) {
-        (SnapshotMode::Full, false) => {
-            snapshots.bootstrap_full().await?;
+    // Each way finds what an earlier try recorded (an open S, a full read's bronze append),
+    // so a server that fails in passing is met by opening again.
+    let opening = || async {
+        match (mode, resnapshot) {
+            (SnapshotMode::Full, false) => snapshots.bootstrap_full().await.map(drop),
+            (SnapshotMode::Full, true) => snapshots.resnapshot_full().await.map(drop),
+            (SnapshotMode::Chunked, false) => snapshots.open_chunked().await.map(drop),
+            (SnapshotMode::Chunked, true) => snapshots.open_resnapshot().await.map(drop),
         }
-        (SnapshotMode::Full, true) => {
-            snapshots.resnapshot_full().await?;
-        }
-        (SnapshotMode::Chunked, false) => {
-            snapshots.open_chunked().await?;
-        }
-        (SnapshotMode::Chunked, true) => {
-            snapshots.open_resnapshot().await?;
-        }
-    }
+    };
+    opening
+        .retry(crate::retry::server_retries())
+        .when(WriterError::is_transient)
+        .notify(|error: &WriterError, wait| {
+            crate::retry::log("the snapshot's open", &config.table, error, wait);
+        })
+        .await?;
     state(config).await
 }
 

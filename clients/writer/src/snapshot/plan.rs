@@ -6,7 +6,7 @@
 use mssql_cdc_proto::Lsn;
 use mssql_cdc_proto::catalog::{KeyBucket, KeyExtent, KeyGrid};
 use mssql_cdc_proto::chunking::{self, BucketCounter};
-use mssql_cdc_proto::client::CdcClient;
+use mssql_cdc_proto::client::{CdcClient, ClientError};
 use mssql_cdc_proto::keys::{Bound, KeySeek, KeyTuple};
 use mssql_cdc_proto::protocol::KeyBucketsBody;
 use serde_json::json;
@@ -21,6 +21,9 @@ use crate::keyset::Keyset;
 pub(super) struct FlightCounter<'a> {
     pub(super) client: &'a CdcClient,
     pub(super) table: &'a str,
+    /// The client's error behind the last failed count, kept whole (the chunking trait
+    /// speaks the server's errors): a cut connection stays a transient failure.
+    pub(super) failed: std::sync::Mutex<Option<ClientError>>,
 }
 
 #[async_trait::async_trait]
@@ -29,7 +32,11 @@ impl BucketCounter for FlightCounter<'_> {
         self.client
             .action("key_buckets", &KeyBucketsBody::new(self.table, grid))
             .await
-            .map_err(|error| mssql_cdc_proto::Error::SourceUnavailable(error.to_string()))
+            .map_err(|error| {
+                let message = error.to_string();
+                *self.failed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(error);
+                mssql_cdc_proto::Error::SourceUnavailable(message)
+            })
     }
 }
 
@@ -68,10 +75,17 @@ impl Snapshots {
                 let counter = FlightCounter {
                     client: &self.client,
                     table: &self.config.table,
+                    failed: std::sync::Mutex::new(None),
                 };
                 chunking::plan(&counter, extent.min.zip(extent.max), chunk_rows)
                     .await
-                    .map_err(|error| WriterError::Internal(format!("planning chunks: {error}")))?
+                    .map_err(|error| {
+                        let failed = counter.failed.lock().ok().and_then(|mut failed| failed.take());
+                        match failed {
+                            Some(failed) => WriterError::Flight(failed),
+                            None => WriterError::Internal(format!("planning chunks: {error}")),
+                        }
+                    })?
                     .into_iter()
                     .enumerate()
                     .map(|(index, (range, rows))| PlannedChunk {

@@ -87,16 +87,29 @@ impl Snapshots {
         mut on_wave: impl FnMut(&WaveProgress),
     ) -> Result<BackfillStatus> {
         let table = &self.config.table;
-        let status = self
-            .backfill_waves(options, |progress| {
+        // A server that fails in passing (a restart) costs the wave it cut: the call reads
+        // again from what facts hold, the cut wave as its plans rows recorded it.
+        let mut waits = crate::retry::waits();
+        let status = loop {
+            let waves = self.backfill_waves(options, |progress| {
                 crate::metrics::snapshot_chunks(
                     table,
                     progress.chunks_done,
                     Some(progress.chunks_total),
                 );
                 on_wave(progress);
-            })
-            .await?;
+            });
+            match waves.await {
+                Err(error) if error.is_transient() => {
+                    let Some(wait) = waits.next() else {
+                        return Err(error);
+                    };
+                    crate::retry::log("the backfill", table, &error, wait);
+                    tokio::time::sleep(wait).await;
+                }
+                status => break status?,
+            }
+        };
         // Without an open snapshot there is no plan: the gauges keep the last one's count.
         if status.chunks_total.is_some() {
             crate::metrics::snapshot_chunks(table, status.chunks_done, status.chunks_total);

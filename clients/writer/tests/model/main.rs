@@ -3,8 +3,9 @@
 //! healing re-snapshot, full and chunked re-snapshots with their backfill waves, an
 //! operator's pause and resume, added columns with a capture-instance switch and widened
 //! columns, maintenance in this process and in another, silver applies, reconciles after a
-//! corruption, a second writer of one app id, crashes at every crash point), some steps two
-//! operations at once, over the simulated database and real Delta tables. After every step
+//! corruption, a second writer of one app id, crashes at every crash point, restarts of the
+//! Flight server under whatever runs), some steps two operations at once, over the
+//! simulated database and real Delta tables. After every step
 //! it checks what the simulator's journal says must hold (docs/design-notes.md, "The model
 //! test"):
 //!
@@ -35,6 +36,7 @@ mod checks;
 mod common;
 mod ops;
 mod processes;
+mod servers;
 mod snapshots;
 mod world;
 
@@ -130,6 +132,17 @@ const REGRESSIONS: &[(&str, &str)] = &[
         {"Commit":{"table":"Busy","commits":20,"seed":3}},
         {"Purge":{"on_loss":["Skip","Resnapshot"]}},
         {"Stream":{"table":"Quiet","continuous":false,"live_tail":false,"max_commits":null}}]"#,
+    ),
+    (
+        "the server restarted under a stream, a backfill and a snapshot open: each failed on \
+         the cut connection (\"operation was canceled\", \"transport error\") instead of \
+         trying again",
+        r#"[{"Commit":{"table":"Busy","commits":190,"seed":1}},
+        {"Together":[{"Stream":{"table":"Busy","continuous":false,"live_tail":false,"max_commits":10}},
+            {"Restart":{"tenths":3,"down":5}}]},
+        {"Snapshot":{"table":"Busy","chunked":true}},
+        {"Together":[{"Backfill":{"table":"Busy","waves":4}},{"Restart":{"tenths":1,"down":5}}]},
+        {"Together":[{"Snapshot":{"table":"Quiet","chunked":true}},{"Restart":{"tenths":0,"down":5}}]}]"#,
     ),
 ];
 

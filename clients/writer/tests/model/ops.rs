@@ -123,6 +123,10 @@ pub(crate) enum Op {
         kill: bool,
         deletion_vectors: bool,
     },
+    /// The Flight server restarts after `tenths` tenths of a second: every connection in
+    /// flight is cut, new ones are refused for `down` tenths, then a new server (same ticket
+    /// key) serves.
+    Restart { tenths: u64, down: u64 },
     /// Two operations at once.
     Together(Box<Op>, Box<Op>),
 }
@@ -193,6 +197,7 @@ pub(crate) fn kind(op: &Op) -> String {
         Op::SecondWriter { .. } => "second writer".into(),
         Op::Crash { point, .. } => format!("crash {}", CRASH_POINTS[*point]),
         Op::Sidecar { kill, .. } => format!("sidecar {}", if *kill { "killed" } else { "stopped" }),
+        Op::Restart { .. } => "server restart".into(),
         Op::Together(..) => "together".into(),
     }
 }
@@ -204,7 +209,7 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
     } else {
         Table::Quiet
     };
-    let roll = rng.random_range(0..120);
+    let roll = rng.random_range(0..126);
     match roll {
         0..22 => {
             let commits = match table {
@@ -261,6 +266,10 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
             kill: rng.random_bool(0.5),
             deletion_vectors: rng.random_bool(0.5),
         },
+        120..126 => Op::Restart {
+            tenths: if pairable { rng.random_range(0..30) } else { 0 },
+            down: rng.random_range(0..15),
+        },
         78..86 if !pairable => Op::Reconcile {
             table,
             corrupt: rng.random_bool(0.4),
@@ -313,6 +322,7 @@ fn beside_each_other(first: &Op, second: &Op) -> bool {
                 | Op::Maintain { .. }
                 | Op::Snapshot { .. }
                 | Op::Pause { .. }
+                | Op::Restart { .. }
         )
     };
     match (first, second) {

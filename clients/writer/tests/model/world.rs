@@ -20,6 +20,7 @@ use mssql_cdc_writer::{control, reconcile, silver};
 use crate::WRITER;
 use crate::checks::{Change, bronze_rows, difference};
 use crate::common::{self, Lab, Rows, current_rows_by, source_rows_of};
+use crate::servers::Servers;
 use crate::ops::{CRASH_POINTS, Maintained, OnLoss, Op, SchemaChange, Table, kind};
 use mssql_cdc_flight::source::TableName;
 
@@ -52,6 +53,8 @@ pub(crate) struct Knowledge {
 
 pub(crate) struct World {
     pub(crate) lab: Lab,
+    /// The servers every client of the world reads through (`lab.url`).
+    pub(crate) servers: Servers,
     /// Shared by the two operations of a step that runs two at once.
     pub(crate) known: Mutex<Knowledge>,
 }
@@ -61,8 +64,12 @@ pub(crate) type Failure = String;
 
 impl World {
     pub(crate) async fn new() -> World {
+        let mut lab = Lab::new().await;
+        let servers = Servers::start(lab.db.clone()).await;
+        lab.url = servers.url.clone();
         World {
-            lab: Lab::new().await,
+            lab,
+            servers,
             known: Mutex::default(),
         }
     }
@@ -240,6 +247,13 @@ impl World {
                     kill,
                     deletion_vectors,
                 } => self.sidecar(*tenths, *kill, *deletion_vectors).await,
+                Op::Restart { tenths, down } => {
+                    tokio::time::sleep(Duration::from_millis(100 * tenths)).await;
+                    self.servers
+                        .restart(Duration::from_millis(100 * down))
+                        .await;
+                    Ok(())
+                }
                 Op::Together(first, second) => {
                     *self
                         .known()

@@ -1,0 +1,128 @@
+//! The Flight servers of the model's world, behind one address. A restart cuts every
+//! connection in flight, refuses connections for a moment, and serves what follows from a
+//! new server with the same ticket key (replicas of one deployment share it): what a rolling
+//! restart of the server does to the writers and the sidecar reading through it.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mssql_cdc_flight::flight::local::LocalServer;
+use mssql_cdc_flight::flight::ticket::TicketSigner;
+use mssql_cdc_flight::sim::SimDb;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+/// The ticket key every server of the world signs with.
+const TICKET_KEY: &[u8] = b"the model test's shared ticket key";
+
+/// Where connections go, and those open now.
+struct Route {
+    /// `None` while the server restarts: connections are refused.
+    backend: Option<SocketAddr>,
+    connections: Vec<JoinHandle<()>>,
+}
+
+pub(crate) struct Servers {
+    /// The address every client of the world uses.
+    pub(crate) url: String,
+    db: SimDb,
+    route: Arc<Mutex<Route>>,
+    current: tokio::sync::Mutex<Option<LocalServer>>,
+    accepting: JoinHandle<()>,
+}
+
+impl Servers {
+    pub(crate) async fn start(db: SimDb) -> Servers {
+        let server = serve(&db).await;
+        let route = Arc::new(Mutex::new(Route {
+            backend: Some(address(&server)),
+            connections: Vec::new(),
+        }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let accepting = tokio::spawn(accept(listener, route.clone()));
+        Servers {
+            url,
+            db,
+            route,
+            current: tokio::sync::Mutex::new(Some(server)),
+            accepting,
+        }
+    }
+
+    /// Cuts every connection, refuses new ones for `down`, then serves from a new server.
+    pub(crate) async fn restart(&self, down: Duration) {
+        let mut current = self.current.lock().await;
+        let cut = {
+            let mut route = lock(&self.route);
+            route.backend = None;
+            std::mem::take(&mut route.connections)
+        };
+        for connection in cut {
+            connection.abort();
+        }
+        if let Some(old) = current.take() {
+            // Its clients are gone: the calls it still runs end on their next write.
+            if tokio::time::timeout(Duration::from_secs(30), old.stop())
+                .await
+                .is_err()
+            {
+                panic!("a restarted server did not stop within 30 s of its clients' cut");
+            }
+        }
+        tokio::time::sleep(down).await;
+        let server = serve(&self.db).await;
+        lock(&self.route).backend = Some(address(&server));
+        *current = Some(server);
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        self.accepting.abort();
+        for connection in lock(&self.route).connections.drain(..) {
+            connection.abort();
+        }
+    }
+}
+
+async fn serve(db: &SimDb) -> LocalServer {
+    let signer = TicketSigner::new(TICKET_KEY).expect("ticket key");
+    LocalServer::start(Arc::new(db.clone()), signer)
+        .await
+        .expect("server")
+}
+
+fn address(server: &LocalServer) -> SocketAddr {
+    server
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("a server's address")
+}
+
+fn lock(route: &Mutex<Route>) -> std::sync::MutexGuard<'_, Route> {
+    route.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Forwards each connection to the server of the moment; one accepted while the server
+/// restarts is closed at once (the client sees its connection refused or reset).
+async fn accept(listener: TcpListener, route: Arc<Mutex<Route>>) {
+    while let Ok((client, _)) = listener.accept().await {
+        let mut route_now = lock(&route);
+        route_now
+            .connections
+            .retain(|connection| !connection.is_finished());
+        let Some(backend) = route_now.backend else {
+            drop(client);
+            continue;
+        };
+        route_now.connections.push(tokio::spawn(async move {
+            let mut client = client;
+            if let Ok(mut server) = TcpStream::connect(backend).await {
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            }
+        }));
+    }
+}
