@@ -250,6 +250,24 @@ pub struct KeySum {
     /// The sum of the slice's keys in grid units, as decimal digits (it passes BIGINT).
     #[serde(with = "decimal_text")]
     pub key_sum: i128,
+    /// The sum of [`key_hash`] of the slice's keys, as decimal digits: unlike the plain sum
+    /// it does not cancel when missing and extra keys add up alike ({10, 40} against
+    /// {20, 30}). `None` from a server that predates it.
+    #[serde(default, with = "optional_decimal_text", skip_serializing_if = "Option::is_none")]
+    pub key_hash_sum: Option<i128>,
+}
+
+/// A key's hash for reconcile's tier 1: the first 7 bytes of SHA-256 of its grid units as
+/// 8 bytes big-endian, read as a number below 2^56. What SQL Server computes as
+/// `CAST(SUBSTRING(HASHBYTES('SHA2_256', CAST(CAST(u AS bigint) AS binary(8))), 1, 7) AS
+/// bigint)`: an integer converts to binary as its big-endian bytes, and 7 bytes back to
+/// bigint padded on the left with zeros (docs/reconcile.md, "Tier 1").
+pub fn key_hash(units: i64) -> i64 {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(units.to_be_bytes());
+    let mut bytes = [0u8; 8];
+    bytes[1..].copy_from_slice(&digest[..7]);
+    i64::from_be_bytes(bytes)
 }
 
 /// Every row of a table counted on a reconcile grid: the slices holding keys (keys outside
@@ -270,8 +288,8 @@ impl KeySums {
         let slices = usize::try_from(grid.slices())
             .unwrap_or(usize::MAX)
             .min(1 << 20);
-        let mut inside = vec![(0u64, 0i128); slices];
-        let mut outside = std::collections::BTreeMap::<i128, (u64, i128)>::new();
+        let mut inside = vec![(0u64, 0i128, 0i128); slices];
+        let mut outside = std::collections::BTreeMap::<i128, (u64, i128, i128)>::new();
         let mut null_rows = 0;
         for key in keys {
             let Some(key) = key else {
@@ -285,23 +303,25 @@ impl KeySums {
             };
             entry.0 += 1;
             entry.1 += i128::from(key);
+            entry.2 += i128::from(key_hash(key));
         }
         let inside = inside
             .into_iter()
             .enumerate()
             .map(|(index, counted)| (index as i128, counted));
-        let mut all: Vec<(i128, (u64, i128))> = inside
+        let mut all: Vec<(i128, (u64, i128, i128))> = inside
             .chain(outside)
-            .filter(|(_, (rows, _))| *rows > 0)
+            .filter(|(_, (rows, ..))| *rows > 0)
             .collect();
         all.sort_unstable_by_key(|(index, _)| *index);
         KeySums {
             null_rows,
             slices: all
                 .into_iter()
-                .map(|(index, (rows, key_sum))| KeySum {
+                .map(|(index, (rows, key_sum, key_hash_sum))| KeySum {
                     slice: grid.slice(index, rows),
                     key_sum,
+                    key_hash_sum: Some(key_hash_sum),
                 })
                 .collect(),
         }
@@ -323,6 +343,28 @@ pub mod decimal_text {
         String::deserialize(deserializer)?
             .parse()
             .map_err(serde::de::Error::custom)
+    }
+}
+
+/// An optional `i128` as JSON text of decimal digits, absent when `None`.
+pub mod optional_decimal_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes the digits (with `skip_serializing_if = "Option::is_none"`, never `None`).
+    pub fn serialize<S: Serializer>(value: &Option<i128>, serializer: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(value) => serializer.serialize_str(&value.to_string()),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    /// Reads the digits.
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<i128>, D::Error> {
+        Option::<String>::deserialize(deserializer)?
+            .map(|digits| digits.parse().map_err(serde::de::Error::custom))
+            .transpose()
     }
 }
 
@@ -489,6 +531,25 @@ mod tests {
         // A grid reaching BIGINT's maximum: its last slice is open above.
         let top = KeyGrid::new(i64::MAX - 1, i64::MAX, 4).expect("top");
         assert_eq!(top.count([i64::MAX])[0].hi, None);
+    }
+
+    #[test]
+    fn key_hashes_are_the_first_seven_bytes_of_sha_256_of_big_endian_units() {
+        // Python: int.from_bytes(hashlib.sha256(struct.pack('>q', u)).digest()[:7], 'big')
+        assert_eq!(key_hash(1), 57_744_572_931_796_342);
+        assert_eq!(key_hash(-1), 5_246_518_446_940_622);
+        assert_eq!(key_hash(20_454), 48_360_407_291_608_273);
+        let grid = KeyGrid::new(0, 99, 100).expect("grid");
+        let sums = KeySums::count(&grid, [Some(1), None, Some(20_454)]);
+        let hashed: i128 = sums.slices.iter().filter_map(|slice| slice.key_hash_sum).sum();
+        assert_eq!(hashed, 57_744_572_931_796_342 + 48_360_407_291_608_273);
+        // An older server's answer has no hash sum.
+        let older: KeySum =
+            serde_json::from_str(r#"{"lo": 0, "hi": 100, "rows": 1, "key_sum": "1"}"#).expect("json");
+        assert_eq!(older.key_hash_sum, None);
+        let written = serde_json::to_string(&sums.slices[0]).expect("json");
+        let read: KeySum = serde_json::from_str(&written).expect("json");
+        assert_eq!(read, sums.slices[0]);
     }
 
     #[test]

@@ -338,15 +338,21 @@ pub fn key_span(table: &TableName, key: &str, unit: GridUnit, prefix: &str) -> R
     ))
 }
 
-/// Rows and key sums (decimal(38,0), in grid units) per slice `FLOOR((u - @P1) / @P2)` of
-/// every row, in one scan; NULL keys form the slice NULL.
-/// <https://learn.microsoft.com/sql/t-sql/functions/sum-transact-sql>
+/// Rows, key sums (decimal(38,0), in grid units) and sums of the keys' hashes
+/// ([`mssql_cdc_proto::catalog::key_hash`]) per slice `FLOOR((u - @P1) / @P2)` of every row,
+/// in one scan; NULL keys form the slice NULL.
+/// <https://learn.microsoft.com/sql/t-sql/functions/sum-transact-sql>,
+/// <https://learn.microsoft.com/sql/t-sql/functions/hashbytes-transact-sql>,
+/// <https://learn.microsoft.com/sql/t-sql/functions/cast-and-convert-transact-sql#binary-and-varbinary-data>
 pub fn key_sums(table: &TableName, key: &str, unit: GridUnit, prefix: &str) -> Result<String> {
     let (table, key) = (ident::quote_table(table)?, ident::quote("column", key)?);
     let units = grid_units(&format!("t.{key}"), unit);
     Ok(format!(
-        "{prefix}SELECT x.slice, COUNT_BIG(*) AS row_count, SUM(x.u) AS key_sum FROM (\
-         SELECT CAST(FLOOR((v.u - @P1) / @P2) AS decimal(38,0)) AS slice, v.u FROM (\
+        "{prefix}SELECT x.slice, COUNT_BIG(*) AS row_count, SUM(x.u) AS key_sum, \
+         SUM(x.h) AS key_hash_sum FROM (\
+         SELECT CAST(FLOOR((v.u - @P1) / @P2) AS decimal(38,0)) AS slice, v.u, \
+         CAST(CAST(SUBSTRING(HASHBYTES('SHA2_256', CAST(CAST(v.u AS bigint) AS binary(8))), 1, 7) \
+         AS bigint) AS decimal(38,0)) AS h FROM (\
          SELECT {units} AS u FROM {table} t) v) x GROUP BY x.slice ORDER BY x.slice"
     ))
 }

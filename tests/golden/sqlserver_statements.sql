@@ -77,10 +77,10 @@ SELECT CAST(CAST((SELECT MIN(t.[order_id]) FROM [dbo].[orders] t) AS decimal(38,
 SET TRANSACTION ISOLATION LEVEL SNAPSHOT; SET LOCK_TIMEOUT 5000; SELECT CAST(CAST(DATEDIFF_BIG(day, CAST('19700101' AS date), (SELECT MIN(t.[shipped_on]) FROM [dbo].[orders] t)) AS decimal(38,0)) AS bigint) AS lo, CAST(CAST(DATEDIFF_BIG(day, CAST('19700101' AS date), (SELECT MAX(t.[shipped_on]) FROM [dbo].[orders] t)) AS decimal(38,0)) AS bigint) AS hi;
 
 -- key_sums
-SELECT x.slice, COUNT_BIG(*) AS row_count, SUM(x.u) AS key_sum FROM (SELECT CAST(FLOOR((v.u - @P1) / @P2) AS decimal(38,0)) AS slice, v.u FROM (SELECT CAST(t.[order_id] AS decimal(38,0)) AS u FROM [dbo].[orders] t) v) x GROUP BY x.slice ORDER BY x.slice;
+SELECT x.slice, COUNT_BIG(*) AS row_count, SUM(x.u) AS key_sum, SUM(x.h) AS key_hash_sum FROM (SELECT CAST(FLOOR((v.u - @P1) / @P2) AS decimal(38,0)) AS slice, v.u, CAST(CAST(SUBSTRING(HASHBYTES('SHA2_256', CAST(CAST(v.u AS bigint) AS binary(8))), 1, 7) AS bigint) AS decimal(38,0)) AS h FROM (SELECT CAST(t.[order_id] AS decimal(38,0)) AS u FROM [dbo].[orders] t) v) x GROUP BY x.slice ORDER BY x.slice;
 
 -- key_sums date with lock timeout
-SET LOCK_TIMEOUT 5000; SELECT x.slice, COUNT_BIG(*) AS row_count, SUM(x.u) AS key_sum FROM (SELECT CAST(FLOOR((v.u - @P1) / @P2) AS decimal(38,0)) AS slice, v.u FROM (SELECT CAST(DATEDIFF_BIG(day, CAST('19700101' AS date), t.[shipped_on]) AS decimal(38,0)) AS u FROM [dbo].[orders] t) v) x GROUP BY x.slice ORDER BY x.slice;
+SET LOCK_TIMEOUT 5000; SELECT x.slice, COUNT_BIG(*) AS row_count, SUM(x.u) AS key_sum, SUM(x.h) AS key_hash_sum FROM (SELECT CAST(FLOOR((v.u - @P1) / @P2) AS decimal(38,0)) AS slice, v.u, CAST(CAST(SUBSTRING(HASHBYTES('SHA2_256', CAST(CAST(v.u AS bigint) AS binary(8))), 1, 7) AS bigint) AS decimal(38,0)) AS h FROM (SELECT CAST(DATEDIFF_BIG(day, CAST('19700101' AS date), t.[shipped_on]) AS decimal(38,0)) AS u FROM [dbo].[orders] t) v) x GROUP BY x.slice ORDER BY x.slice;
 
 -- snapshot_rows bounded
 SELECT t.[order_id], CAST(t.[price] AS decimal(19,4)) AS [price], CAST(t.[fee] AS decimal(10,4)) AS [fee], CAST(NULL AS nvarchar(max)) AS [note], CAST(NULL AS binary(8)) AS [version] FROM [dbo].[orders] t WHERE t.[order_id] >= @P1 AND t.[order_id] < @P2 ORDER BY t.[order_id];

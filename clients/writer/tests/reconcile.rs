@@ -248,6 +248,67 @@ async fn each_injected_fault_is_found_with_its_key_and_nothing_else() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_and_extra_keys_of_equal_count_and_sum_are_found_by_tier_one() {
+    let lab = Lab::new().await;
+    pipeline(&lab).await;
+    let keys = silver_keys(&lab).await;
+    // Two rows missing from silver and two extra ones whose keys add up alike, in one
+    // bucket: its count and key sum stay those of the source.
+    let missing = [keys[keys.len() - 2], keys[keys.len() - 1]];
+    let extra = [-5, missing[0] + missing[1] + 5];
+    let template = common::query(
+        &lab.lake("silver_orders"),
+        &format!("SELECT * FROM t WHERE order_id = {}", missing[0]),
+    )
+    .await;
+    let mut table = silver_table(&lab).await;
+    for key in missing {
+        table = common::delete_where(table, &format!("order_id = {key}")).await;
+    }
+    for key in extra {
+        let row = &template[0];
+        let key_index = row.schema().index_of("order_id").expect("key");
+        let mut columns = row.columns().to_vec();
+        columns[key_index] = std::sync::Arc::new(arrow::array::Int64Array::from(vec![key]));
+        let row = arrow::record_batch::RecordBatch::try_new(row.schema(), columns).expect("row");
+        table = table
+            .write(vec![row])
+            .with_save_mode(deltalake::protocol::SaveMode::Append)
+            .await
+            .expect("add a row");
+    }
+    // No sample: only a bucket tier 1 finds different is read row by row.
+    let result = reconcile(&ReconcileConfig {
+        bucket_rows: 1_000_000,
+        sample: 0.0,
+        ..config(&lab)
+    })
+    .await
+    .expect("reconcile");
+    assert_eq!(result.bucket_list.len(), 1);
+    let bucket = &result.bucket_list[0];
+    assert_eq!(
+        (bucket.source.rows, bucket.source.key_sum),
+        (bucket.silver.rows, bucket.silver.key_sum)
+    );
+    assert_eq!(bucket.status, BucketStatus::Mismatch, "the key hash sums differ");
+    let mut found = findings(&result);
+    found.sort();
+    let mut expected: Vec<(String, FailureType)> = missing
+        .iter()
+        .map(|key| (format!("{{\"order_id\":{key}}}"), FailureType::MissingTarget))
+        .chain(
+            extra
+                .iter()
+                .map(|key| (format!("{{\"order_id\":{key}}}"), FailureType::MissingSource)),
+        )
+        .collect();
+    expected.sort();
+    assert_eq!(found, expected);
+    assert!(!result.verified);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_bucket_is_one_mismatch_with_every_key_missing() {
     let lab = Lab::new().await;
     pipeline(&lab).await;

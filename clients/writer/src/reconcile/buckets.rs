@@ -47,6 +47,19 @@ pub struct Side {
     /// Sum of the keys in grid units (decimal text in JSON: it passes BIGINT).
     #[serde(with = "mssql_cdc_proto::catalog::decimal_text")]
     pub key_sum: i128,
+    /// Sum of the keys' hashes ([`mssql_cdc_proto::catalog::key_hash`]), which missing and
+    /// extra keys of equal count and sum do not cancel; 0 on both sides against a server
+    /// that does not compute it.
+    #[serde(default, with = "mssql_cdc_proto::catalog::decimal_text")]
+    pub key_hash_sum: i128,
+}
+
+impl Side {
+    fn add(&mut self, other: &Side) {
+        self.rows += other.rows;
+        self.key_sum += other.key_sum;
+        self.key_hash_sum += other.key_hash_sum;
+    }
 }
 
 /// Keys `[lo, hi)`: grid units of a grid key, or keyset bounds the source sought (`None`:
@@ -205,9 +218,19 @@ pub(super) fn merge(source: &KeySums, silver: &KeySums, bucket_rows: u64) -> Vec
             };
             side.rows += slice.slice.rows;
             side.key_sum += slice.key_sum;
+            side.key_hash_sum += slice.key_hash_sum.unwrap_or(0);
         }
     }
-    let null = |rows: u64| Side { rows, key_sum: 0 };
+    // A server that does not hash keys: silver's hashes are left out too.
+    if source.slices.iter().any(|slice| slice.key_hash_sum.is_none()) {
+        for (_, _, silver) in slices.values_mut() {
+            silver.key_hash_sum = 0;
+        }
+    }
+    let null = |rows: u64| Side {
+        rows,
+        ..Side::default()
+    };
     let mut buckets = Vec::new();
     let mut current = Bucket {
         source: null(source.null_rows),
@@ -222,10 +245,8 @@ pub(super) fn merge(source: &KeySums, silver: &KeySums, bucket_rows: u64) -> Vec
         {
             current.split = Some(lo);
         }
-        current.source.rows += from_source.rows;
-        current.source.key_sum += from_source.key_sum;
-        current.silver.rows += from_silver.rows;
-        current.silver.key_sum += from_silver.key_sum;
+        current.source.add(&from_source);
+        current.silver.add(&from_silver);
         empty = false;
         if current.source.rows.max(current.silver.rows) >= bucket_rows
             && let Some(hi) = hi
@@ -331,6 +352,37 @@ mod tests {
             BucketStatus::Mismatch,
             "the key sums differ"
         );
+    }
+
+    #[test]
+    fn missing_and_extra_keys_of_equal_count_and_sum_do_not_cancel() {
+        let grid = KeyGrid::covering(0, 99, 100).expect("grid");
+        let source = sums(&grid, &[Some(10), Some(40)]);
+        let silver = sums(&grid, &[Some(20), Some(30)]);
+        let buckets = merge(&source, &silver, 1_000);
+        assert_eq!(buckets.len(), 1);
+        assert_eq!(
+            (buckets[0].source.rows, buckets[0].source.key_sum),
+            (buckets[0].silver.rows, buckets[0].silver.key_sum),
+            "count and sum alone cancel"
+        );
+        assert_eq!(
+            buckets[0].status,
+            BucketStatus::Mismatch,
+            "the key hashes differ"
+        );
+    }
+
+    #[test]
+    fn a_server_without_key_hashes_is_compared_on_counts_and_sums() {
+        let grid = KeyGrid::covering(0, 99, 100).expect("grid");
+        let mut source = sums(&grid, &[Some(10), Some(40)]);
+        for slice in &mut source.slices {
+            slice.key_hash_sum = None;
+        }
+        let buckets = merge(&source, &sums(&grid, &[Some(10), Some(40)]), 1_000);
+        assert_eq!(buckets[0].status, BucketStatus::Match);
+        assert_eq!(buckets[0].silver.key_hash_sum, 0, "left out on both sides");
     }
 
     #[test]

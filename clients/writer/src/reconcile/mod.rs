@@ -544,7 +544,10 @@ pub fn render(result: &ReconcileResult) -> String {
             continue;
         }
         let side = |side: &buckets::Side| match result.key_sums {
-            true => format!("{} rows (key sum {})", side.rows, side.key_sum),
+            true => format!(
+                "{} rows (key sum {}, key hash sum {})",
+                side.rows, side.key_sum, side.key_hash_sum
+            ),
             false => format!("{} rows", side.rows),
         };
         let _ = writeln!(
