@@ -11,6 +11,7 @@ use futures::future::BoxFuture;
 use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_writer::WriterError;
+use mssql_cdc_writer::checkpoint::Checkpoint;
 use mssql_cdc_writer::data_loss::OnDataLoss;
 use mssql_cdc_writer::maintenance::{self, MaintenanceOptions};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
@@ -378,8 +379,26 @@ impl World {
     }
 
     /// Each purge a stream of `table` healed by a re-snapshot: its `data_loss` facts row's
-    /// `(min_lsn, max_lsn)`, where the stream stood and the snapshot's S.
+    /// `(min_lsn, max_lsn)`, where the stream stood and the snapshot's S; and the one a
+    /// batch left open records in its checkpoint claim (a crash after the amendment, before
+    /// its facts row: the claim's start is S already).
     pub(crate) async fn heals(&self, table: Table) -> Vec<(Lsn, Lsn)> {
+        let open = Checkpoint::open(&self.config(table).checkpoint)
+            .await
+            .expect("checkpoint")
+            .last()
+            .await
+            .expect("last")
+            .filter(|batch| !batch.committed)
+            .map(|batch| batch.events)
+            .unwrap_or_default();
+        let recorded = open
+            .iter()
+            .filter(|event| event.event.as_deref() == Some("data_loss"))
+            .filter_map(|event| {
+                let lsn = |text: &Option<String>| text.as_deref()?.parse().ok();
+                Some((lsn(&event.min_lsn)?, lsn(&event.max_lsn)?))
+            });
         let url = tables::table_url(&self.lab.lake("facts")).expect("url");
         let rows = tables::query_text(
             &url,
@@ -395,6 +414,7 @@ impl World {
                 let lsn = |index: usize| row[index].as_deref().and_then(|text| text.parse().ok());
                 Some((lsn(0)?, lsn(1)?))
             })
+            .chain(recorded)
             .collect()
     }
 
