@@ -430,6 +430,7 @@ impl SnapshotAdmin for AdminService {
             mismatch: result.mismatch,
             hashed: result.hashed,
             verified: result.verified,
+            values_verified: result.values_verified,
             compared_lsn: result.compared_lsn.to_string(),
             failures: result.failures.clone().into_iter().collect(),
             result_json,

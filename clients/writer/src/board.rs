@@ -115,8 +115,10 @@ pub struct ReconcileSeen {
     pub buckets: u64,
     /// Buckets that differ with no change in flight to explain it.
     pub mismatch: u64,
-    /// The LSN it verified silver at, when it found no difference.
+    /// The LSN it verified silver's rows at, when it found no difference.
     pub verified_lsn: Option<String>,
+    /// Whether it compared every value of every row there too.
+    pub values_verified: bool,
 }
 
 /// Everything the board knows of one table.
@@ -350,6 +352,7 @@ impl Board {
                 buckets: result.buckets,
                 mismatch: result.mismatch,
                 verified_lsn: result.verified.then(|| result.compared_lsn.to_string()),
+                values_verified: result.values_verified,
             });
         });
     }
@@ -381,6 +384,10 @@ impl Board {
                         buckets: 0,
                         mismatch: 0,
                         verified_lsn: Some(lsn.clone()),
+                        values_verified: status
+                            .values_verified
+                            .as_ref()
+                            .is_some_and(|(values_lsn, _)| values_lsn == lsn),
                     });
                 }
             });

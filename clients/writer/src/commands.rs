@@ -435,8 +435,15 @@ pub async fn maintain(args: MaintainArgs) -> anyhow::Result<()> {
 pub async fn print_status(path: PathBuf) -> anyhow::Result<()> {
     let config = sidecar::SidecarConfig::load(&path)?;
     println!(
-        "{:<24} {:>10} {:<24} {:<24} {:>10}  {:<24} {:<24} snapshot",
-        "table", "batch", "end lsn", "finalized_until", "lag s", "verified lsn", "verified at"
+        "{:<24} {:>10} {:<24} {:<24} {:>10}  {:<24} {:<24} {:<24} snapshot",
+        "table",
+        "batch",
+        "end lsn",
+        "finalized_until",
+        "lag s",
+        "rows verified lsn",
+        "verified at",
+        "values verified lsn"
     );
     for status in sidecar::status(&config).await? {
         let batch = status
@@ -468,8 +475,12 @@ pub async fn print_status(path: PathBuf) -> anyhow::Result<()> {
             .map_or(("-".to_string(), "-".to_string()), |(lsn, at)| {
                 (lsn.clone(), at.to_iso_millis())
             });
+        let values_lsn = status
+            .values_verified
+            .as_ref()
+            .map_or("-", |(lsn, _)| lsn.as_str());
         println!(
-            "{:<24} {:>10} {:<24} {:<24} {:>10}  {verified_lsn:<24} {verified_at:<24} {snapshot}",
+            "{:<24} {:>10} {:<24} {:<24} {:>10}  {verified_lsn:<24} {verified_at:<24} {values_lsn:<24} {snapshot}",
             status.table,
             batch,
             status

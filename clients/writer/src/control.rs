@@ -180,8 +180,12 @@ pub struct ControlRow {
     pub finalized_until: Option<CommitTime>,
     /// The `apply_changes` position (silver rows).
     pub position: Position,
-    /// The LSN of the last reconcile that found silver equal to the source, and when it ran.
+    /// The LSN of the last reconcile that verified silver's rows (every bucket's rows and
+    /// keys), and when it ran.
     pub verified: Option<(String, CommitTime)>,
+    /// The LSN of the last reconcile that compared every value of every row too and found
+    /// silver equal to the source, and when it ran.
+    pub values_verified: Option<(String, CommitTime)>,
 }
 
 /// The control row of `table_name`; `None` without a control table or row.
@@ -207,6 +211,8 @@ pub async fn row(url: &Url, table_name: &str) -> Result<Option<ControlRow>> {
         "finalized_until",
         "verified_lsn",
         "verified_at",
+        "values_verified_lsn",
+        "values_verified_at",
     ]
     .iter()
     .map(|name| match present.iter().any(|field| field == name) {
@@ -249,6 +255,7 @@ pub async fn row(url: &Url, table_name: &str) -> Result<Option<ControlRow>> {
             snapshot_wave: row[5].as_deref().and_then(|wave| wave.parse().ok()),
         },
         verified: row[7].clone().zip(time(&row[8])),
+        values_verified: row[9].clone().zip(time(&row[10])),
     }))
 }
 
@@ -357,28 +364,48 @@ fn time(micros: Option<i64>) -> Arc<dyn Array> {
     Arc::new(TimestampMicrosecondArray::from(vec![micros]))
 }
 
-/// Records that a reconcile of silver `table_name` found no difference at `lsn`: its
-/// `verified_lsn` and `verified_at` (creating the row when missing).
-pub async fn record_verified(url: &Url, table_name: &str, lsn: Lsn) -> Result<()> {
-    let source = control_batch(vec![
+/// Records that a reconcile of silver `table_name` verified its rows at `lsn` (its
+/// `verified_lsn` and `verified_at`) and, with `values`, every value too
+/// (`values_verified_lsn` and `_at`); creates the row when missing. A run that compared
+/// rows only leaves the last values verification as it was.
+pub async fn record_verified(url: &Url, table_name: &str, lsn: Lsn, values: bool) -> Result<()> {
+    let (lsn, at) = (lsn.to_string(), now());
+    let mut columns = vec![
         ("table_name", text(Some(table_name))),
-        ("updated_at", time(Some(now()))),
-        ("verified_lsn", text(Some(&lsn.to_string()))),
-        ("verified_at", time(Some(now()))),
-    ])?;
+        ("updated_at", time(Some(at))),
+        ("verified_lsn", text(Some(&lsn))),
+        ("verified_at", time(Some(at))),
+    ];
+    if values {
+        columns.push(("values_verified_lsn", text(Some(&lsn))));
+        columns.push(("values_verified_at", time(Some(at))));
+    }
+    let source = control_batch(columns)?;
     merge_row(url, source, |merge| {
         merge
             .when_matched_update(|update| {
-                update
+                let update = update
                     .update("verified_lsn", "source.verified_lsn")
-                    .update("verified_at", "source.verified_at")
+                    .update("verified_at", "source.verified_at");
+                match values {
+                    true => update
+                        .update("values_verified_lsn", "source.values_verified_lsn")
+                        .update("values_verified_at", "source.values_verified_at"),
+                    false => update,
+                }
             })?
             .when_not_matched_insert(|insert| {
-                insert
+                let insert = insert
                     .set("table_name", "source.table_name")
                     .set("updated_at", "source.updated_at")
                     .set("verified_lsn", "source.verified_lsn")
-                    .set("verified_at", "source.verified_at")
+                    .set("verified_at", "source.verified_at");
+                match values {
+                    true => insert
+                        .set("values_verified_lsn", "source.values_verified_lsn")
+                        .set("values_verified_at", "source.values_verified_at"),
+                    false => insert,
+                }
             })
     })
     .await

@@ -76,7 +76,7 @@ pub fn finalized_until(
 }
 
 /// Records a reconcile of `table`'s silver: buckets by status, key findings by type, and
-/// the verified LSN's time (a Unix timestamp, when the run verified it).
+/// the time (a Unix timestamp) its rows were verified, and every value, when the run did.
 pub fn reconcile(table: &str, result: &crate::reconcile::ReconcileResult) {
     board().reconcile(table, result);
     let table = table.to_string();
@@ -92,9 +92,14 @@ pub fn reconcile(table: &str, result: &crate::reconcile::ReconcileResult) {
         metrics::gauge!("mssql_cdc_writer_reconcile_key_failures", "table" => table.clone(), "type" => failure.clone())
             .set(*count as f64);
     }
+    let now = chrono::Utc::now().timestamp_micros() as f64 / 1e6;
     if result.verified {
-        metrics::gauge!("mssql_cdc_writer_reconcile_verified_seconds", "table" => table)
-            .set(chrono::Utc::now().timestamp_micros() as f64 / 1e6);
+        metrics::gauge!("mssql_cdc_writer_reconcile_verified_seconds", "table" => table.clone())
+            .set(now);
+    }
+    if result.values_verified {
+        metrics::gauge!("mssql_cdc_writer_reconcile_values_verified_seconds", "table" => table)
+            .set(now);
     }
 }
 

@@ -294,9 +294,14 @@ pub fn reconcile_config(config: &SidecarConfig, entry: &TableEntry) -> Option<Re
 async fn reconcile_logged(config: &ReconcileConfig) -> Result<()> {
     let result = reconcile(config).await?;
     crate::metrics::reconcile(&config.table, &result);
-    if result.verified {
+    if result.values_verified {
         tracing::info!(table = %config.table, buckets = result.buckets,
-            in_flight = result.in_flight, verified_lsn = %result.compared_lsn, "reconcile: silver matches the source");
+            in_flight = result.in_flight, verified_lsn = %result.compared_lsn,
+            "reconcile: silver equals the source, every value of every row compared");
+    } else if result.verified {
+        tracing::info!(table = %config.table, buckets = result.buckets, hashed = result.hashed,
+            in_flight = result.in_flight, verified_lsn = %result.compared_lsn,
+            "reconcile: silver's rows match the source; values compared in the hashed buckets only (reconcile_sample = 1 compares every value)");
     } else if let Some(snapshot) = result.pending_snapshot
         && result.clean()
     {
@@ -1031,9 +1036,11 @@ pub struct TableStatus {
     pub lag_seconds: Option<f64>,
     /// The newest snapshot: S, chunks done, chunks planned (chunked), complete.
     pub snapshot: Option<snapshot::SnapshotProgress>,
-    /// The silver table's verified LSN and when it was checked (the last reconcile that
-    /// found no difference); `None` without silver or such a run.
+    /// The LSN silver's rows were last verified at and when (`None` without silver or such
+    /// a run).
     pub verified: Option<(String, mssql_cdc_proto::CommitTime)>,
+    /// The LSN every value of silver was last compared and verified at, and when.
+    pub values_verified: Option<(String, mssql_cdc_proto::CommitTime)>,
 }
 
 /// The status of every table: last batch, end offset, verdict, lag.
@@ -1052,6 +1059,10 @@ pub async fn status(config: &SidecarConfig) -> Result<Vec<TableStatus>> {
         let lag_seconds = end
             .and_then(|offset| offset.commit_ts)
             .map(|time| (chrono::Utc::now().timestamp_micros() - time.0) as f64 / 1e6);
+        let control_row = match &entry.silver {
+            Some(silver) => control::row(&control_url, silver).await?,
+            None => None,
+        };
         statuses.push(TableStatus {
             table: entry.table.clone(),
             last_batch: last.map(|batch| (batch.batch_id, batch.committed)),
@@ -1059,12 +1070,8 @@ pub async fn status(config: &SidecarConfig) -> Result<Vec<TableStatus>> {
             verdict,
             lag_seconds,
             snapshot: snapshot::progress(&facts, &entry.app_id).await?,
-            verified: match &entry.silver {
-                Some(silver) => control::row(&control_url, silver)
-                    .await?
-                    .and_then(|row| row.verified),
-                None => None,
-            },
+            verified: control_row.as_ref().and_then(|row| row.verified.clone()),
+            values_verified: control_row.and_then(|row| row.values_verified),
         });
     }
     Ok(statuses)

@@ -125,7 +125,7 @@ impl TableKind {
         match self {
             TableKind::Bronze => 2,
             TableKind::Facts => 12,
-            TableKind::Control => 5,
+            TableKind::Control => 6,
             TableKind::Plans => 1,
             TableKind::Silver => 1,
             TableKind::Reconcile => 0,
@@ -415,6 +415,18 @@ impl TableKind {
                     T::TIMESTAMP_NTZ,
                     "silver: when that reconcile ran (UTC)",
                     5,
+                ),
+                column(
+                    "values_verified_lsn",
+                    T::STRING,
+                    "silver: the LSN of the last reconcile that compared every value of every row and found no difference",
+                    6,
+                ),
+                column(
+                    "values_verified_at",
+                    T::TIMESTAMP_NTZ,
+                    "silver: when that reconcile ran (UTC)",
+                    6,
                 ),
             ],
             TableKind::Silver => vec![
@@ -1010,6 +1022,20 @@ async fn migrate(table: DeltaTable, kind: TableKind) -> Result<DeltaTable> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_kind_stamps_the_number_of_its_last_migration() {
+        // A version below a column's migration leaves tables of that version without it:
+        // `migrate` sees them current.
+        for kind in TableKind::ALL {
+            let last = kind.columns().iter().map(|spec| spec.since).max().unwrap_or(0);
+            assert!(
+                kind.schema_version() >= last,
+                "{kind:?}: version {} below migration {last}",
+                kind.schema_version()
+            );
+        }
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_writers_creating_one_table_at_once_leave_its_one_create_commit() {

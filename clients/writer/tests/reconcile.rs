@@ -77,6 +77,15 @@ fn findings(result: &ReconcileResult) -> Vec<(String, FailureType)> {
         .collect()
 }
 
+/// The last line `reconcile` prints: its verdict.
+fn rendered_verdict(result: &ReconcileResult) -> String {
+    mssql_cdc_writer::reconcile::render(result)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string()
+}
+
 fn statuses(result: &ReconcileResult) -> Vec<BucketStatus> {
     result
         .bucket_list
@@ -89,6 +98,27 @@ fn statuses(result: &ReconcileResult) -> Vec<BucketStatus> {
 async fn a_silver_in_step_is_verified_at_the_compared_lsn() {
     let lab = Lab::new().await;
     pipeline(&lab).await;
+    let control_row = || async {
+        control::row(
+            &tables::table_url(&lab.lake("control")).expect("url"),
+            &lab.lake("silver_orders"),
+        )
+        .await
+        .expect("control")
+        .expect("row")
+    };
+    // Without the sample no bucket is read row by row: the rows are verified, not the
+    // values, and the control row says so.
+    let rows_only = reconcile(&config(&lab)).await.expect("reconcile");
+    assert!(rows_only.verified && rows_only.hashed == 0);
+    assert!(!rows_only.values_verified);
+    let row = control_row().await;
+    assert_eq!(
+        row.verified.map(|(lsn, _)| lsn),
+        Some(rows_only.compared_lsn.to_string())
+    );
+    assert_eq!(row.values_verified, None);
+    assert!(rendered_verdict(&rows_only).starts_with("rows verified at"));
     let result = reconcile(&ReconcileConfig {
         sample: 1.0,
         ..config(&lab)
@@ -102,7 +132,8 @@ async fn a_silver_in_step_is_verified_at_the_compared_lsn() {
         "sample 1 hashes every bucket"
     );
     assert!(result.findings.is_empty(), "{:?}", findings(&result));
-    assert!(result.verified && result.clean());
+    assert!(result.verified && result.values_verified && result.clean());
+    assert!(rendered_verdict(&result).starts_with("verified: silver equals the source"));
     assert_eq!(
         result.compared_lsn,
         result.silver_lsn.min(result.source_lsn)
@@ -113,15 +144,19 @@ async fn a_silver_in_step_is_verified_at_the_compared_lsn() {
         .map(|bucket| bucket.source.rows)
         .sum();
     assert_eq!(rows, silver_keys(&lab).await.len() as u64);
-    let row = control::row(
-        &tables::table_url(&lab.lake("control")).expect("url"),
-        &lab.lake("silver_orders"),
-    )
-    .await
-    .expect("control")
-    .expect("row");
+    let row = control_row().await;
     assert_eq!(
         row.verified.map(|(lsn, _)| lsn),
+        Some(result.compared_lsn.to_string())
+    );
+    assert_eq!(
+        row.values_verified.map(|(lsn, _)| lsn),
+        Some(result.compared_lsn.to_string())
+    );
+    // A later run of rows only leaves the values' verification as it was.
+    reconcile(&config(&lab)).await.expect("reconcile");
+    assert_eq!(
+        control_row().await.values_verified.map(|(lsn, _)| lsn),
         Some(result.compared_lsn.to_string())
     );
     // The report holds one row per bucket, all MATCH and hashed.
@@ -775,11 +810,19 @@ async fn the_command_exits_zero_only_when_silver_matches() {
         command.args(extra);
         command.output().expect("run the writer")
     };
+    // The default sample compares the values of some buckets: the rows are verified.
     let clean = tokio::task::block_in_place(|| run(&[]));
     let text = String::from_utf8_lossy(&clean.stdout);
     assert!(clean.status.success(), "{text}");
+    assert!(text.contains("rows verified at"), "{text}");
+    assert!(!text.contains("silver equals the source"), "{text}");
+    // Every bucket read row by row: silver equals the source.
+    let every_value = tokio::task::block_in_place(|| run(&["--sample", "1"]));
+    let text = String::from_utf8_lossy(&every_value.stdout);
+    assert!(every_value.status.success(), "{text}");
     assert!(
-        text.contains("verified: silver equals the source at"),
+        text.contains("verified: silver equals the source at")
+            && text.contains("every value of every row compared"),
         "{text}"
     );
     let keys = silver_keys(&lab).await;

@@ -153,9 +153,16 @@ pub struct ReconcileResult {
     pub hashed: u64,
     /// Key findings by failure type.
     pub failures: BTreeMap<String, u64>,
-    /// Whether silver was found equal to the source at `compared_lsn` (no MISMATCH and no
-    /// key failure but IN_FLIGHT); the control table's `verified_lsn` then holds it.
+    /// Whether silver's **rows** were verified at `compared_lsn`: no MISMATCH (every bucket's
+    /// rows and key aggregates equal, every bucket read row by row equal row by row), no key
+    /// failure but IN_FLIGHT, no snapshot pending; the control table's `verified_lsn` then
+    /// holds it. Values were compared only in the buckets read row by row (`hashed`).
     pub verified: bool,
+    /// Whether every **value** of every row was compared too (every bucket read row by row)
+    /// and matched: silver equals the source at `compared_lsn`, and the control table's
+    /// `values_verified_lsn` holds it.
+    #[serde(default)]
+    pub values_verified: bool,
     /// The seed of the sample.
     pub seed: u64,
     /// Every bucket, in key order.
@@ -464,6 +471,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         hashed: bucket_list.iter().filter(|bucket| bucket.hashed).count() as u64,
         failures,
         verified: false,
+        values_verified: false,
         seed: sample.seed,
         bucket_list,
         findings: Vec::new(),
@@ -476,13 +484,20 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     // loss, so no MISMATCH; but silver is then not known equal to the source, whatever those
     // keys hold, and no LSN is verified.
     result.verified = result.clean() && pending_snapshot.is_none();
+    result.values_verified = result.verified && result.hashed == result.buckets;
 
     // 6. The report, then the verified LSN.
     if let Some(location) = &config.report {
         report::write(location, &result, &key, &findings, run_at).await?;
     }
     if result.verified {
-        control::record_verified(&control_url, &config.silver, compared_lsn).await?;
+        control::record_verified(
+            &control_url,
+            &config.silver,
+            compared_lsn,
+            result.values_verified,
+        )
+        .await?;
     }
     result.findings = findings.into_iter().take(LISTED_FINDINGS).collect();
     tracing::info!(
@@ -492,6 +507,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         mismatch = result.mismatch,
         in_flight = result.in_flight,
         verified = result.verified,
+        values_verified = result.values_verified,
         "reconcile done"
     );
     Ok(result)
@@ -592,14 +608,19 @@ pub fn render(result: &ReconcileResult) -> String {
     let _ = writeln!(
         text,
         "{}",
-        match (result.verified, result.in_flight) {
-            (true, 0) => format!(
-                "verified: silver equals the source at {}",
-                result.compared_lsn
+        match (result.verified, result.values_verified) {
+            (true, true) => format!(
+                "verified: silver equals the source at {}, every value of every row compared{}",
+                result.compared_lsn,
+                in_flight_note(result.in_flight)
             ),
-            (true, in_flight) => format!(
-                "verified at {}: {in_flight} buckets differ only by changes after it (in flight)",
-                result.compared_lsn
+            (true, false) => format!(
+                "rows verified at {}: every bucket's rows and keys match{}; values compared in {} \
+                 of {} buckets only (--sample 1 compares every value)",
+                result.compared_lsn,
+                in_flight_note(result.in_flight),
+                result.hashed,
+                result.buckets
             ),
             (false, _) => match result.pending_snapshot {
                 Some(snapshot) if result.clean() => format!(
@@ -611,4 +632,12 @@ pub fn render(result: &ReconcileResult) -> String {
         }
     );
     text
+}
+
+/// What a verdict adds for buckets that differ only by changes after the compared LSN.
+fn in_flight_note(in_flight: u64) -> String {
+    match in_flight {
+        0 => String::new(),
+        in_flight => format!(" ({in_flight} buckets differ only by changes after it, in flight)"),
+    }
 }

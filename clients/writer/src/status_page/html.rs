@@ -149,7 +149,10 @@ fn reconcile_cell(table: &TableBoard) -> String {
     match &table.reconcile {
         None => "–".into(),
         Some(seen) => match &seen.verified_lsn {
-            Some(lsn) => escape(&format!("verified at {lsn} ({})", seen.at)),
+            Some(lsn) if seen.values_verified => {
+                escape(&format!("verified at {lsn}, every value ({})", seen.at))
+            }
+            Some(lsn) => escape(&format!("rows verified at {lsn}, values sampled ({})", seen.at)),
             None => escape(&format!(
                 "{} of {} buckets differ ({}, run {})",
                 seen.mismatch, seen.buckets, seen.at, seen.run_id
