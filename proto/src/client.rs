@@ -30,6 +30,15 @@ pub enum ClientError {
     /// The server answered with an error status.
     #[error("{}: {}", .0.code(), .0.message())]
     Status(Box<tonic::Status>),
+    /// The client's own settings are wrong: a URL that does not parse, a TLS file missing
+    /// or unreadable, half a client certificate.
+    #[error("cannot connect to {url}: {message}")]
+    Setting {
+        /// The server address.
+        url: String,
+        /// What is wrong.
+        message: String,
+    },
     /// The connection could not be made.
     #[error("cannot connect to {url}: {message}")]
     Connect {
@@ -73,7 +82,19 @@ impl ClientError {
                     tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown
                 ) && crate::status::reason_of_status(status).is_none()
             }
-            ClientError::Protocol(_) => false,
+            ClientError::Protocol(_) | ClientError::Setting { .. } => false,
+        }
+    }
+
+    /// Whether the server refused a ticket it signed before (a restart with another key, a
+    /// ticket past its lifetime): planning again gives fresh tickets.
+    pub fn is_stale_ticket(&self) -> bool {
+        match self {
+            ClientError::Status(status) => matches!(
+                crate::status::reason_of_status(status).as_deref(),
+                Some("TICKET_FORGED" | "TICKET_EXPIRED")
+            ),
+            _ => false,
         }
     }
 }
@@ -227,7 +248,7 @@ impl CdcClient {
     /// The endpoint of `url`; with `tls`, trusting its CA, verifying its domain and presenting
     /// its client certificate. Other gRPC clients of the server (the health check) use it too.
     pub fn endpoint(url: &str, tls: Option<&ClientTls>) -> ClientResult<Endpoint> {
-        let connect_error = |message: String| ClientError::Connect {
+        let connect_error = |message: String| ClientError::Setting {
             url: url.to_string(),
             message,
         };
@@ -256,7 +277,7 @@ impl CdcClient {
     /// when set, and the bearer token of [`TOKEN_VARIABLE`] (or the file named by
     /// [`TOKEN_FILE_VARIABLE`]) when set.
     pub async fn connect_from_env(url: &str) -> ClientResult<Self> {
-        let setting = |message: String| ClientError::Connect {
+        let setting = |message: String| ClientError::Setting {
             url: url.to_string(),
             message,
         };
@@ -521,5 +542,40 @@ impl EndpointReader {
             )));
         }
         Ok(marker)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+    use crate::status::to_status;
+
+    #[test]
+    fn only_what_the_server_did_not_answer_is_transient() {
+        let status = |status: tonic::Status| ClientError::from(status);
+        // Statuses the transport makes carry none of the server's error details.
+        assert!(status(tonic::Status::unavailable("connection refused")).is_transient());
+        assert!(status(tonic::Status::cancelled("operation was canceled")).is_transient());
+        assert!(status(tonic::Status::unknown("transport error")).is_transient());
+        assert!(ClientError::Incomplete { rows: 3 }.is_transient());
+        let connect = ClientError::Connect {
+            url: "http://127.0.0.1:1".into(),
+            message: "refused".into(),
+        };
+        assert!(connect.is_transient());
+        // What the server answered, and the client's own settings, are not.
+        let answered = status(to_status(&Error::SourceUnavailable("down".into())));
+        assert!(!answered.is_transient() && !answered.is_stale_ticket());
+        let setting = ClientError::Setting {
+            url: "https://x".into(),
+            message: "set the CA".into(),
+        };
+        assert!(!setting.is_transient());
+        assert!(!ClientError::Protocol("bad".into()).is_transient());
+        // A ticket of another key or past its lifetime asks for a new plan.
+        let forged = status(to_status(&Error::TicketForged));
+        assert!(forged.is_stale_ticket() && !forged.is_transient());
+        assert!(status(to_status(&Error::TicketExpired { expired_at: 1 })).is_stale_ticket());
     }
 }

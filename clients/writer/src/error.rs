@@ -79,4 +79,12 @@ impl WriterError {
     pub fn is_transient(&self) -> bool {
         matches!(self, WriterError::Flight(error) if error.is_transient())
     }
+
+    /// Whether redoing the unit of work the error cut (a batch, a backfill call, a snapshot
+    /// open) from what the lake and the checkpoint record can succeed: the server did not
+    /// answer, or refused a ticket it signed before (it restarted with another key, or the
+    /// ticket outlived its lifetime: planning again gives fresh ones).
+    pub fn is_redoable(&self) -> bool {
+        matches!(self, WriterError::Flight(error) if error.is_transient() || error.is_stale_ticket())
+    }
 }

@@ -396,7 +396,8 @@ impl Stream {
     }
 
     /// [`Stream::run_batch`], run again while the server fails in passing (a restart, a cut
-    /// connection: [`WriterError::is_transient`]) after the waits of [`crate::retry`].
+    /// connection, a ticket it no longer honours: [`WriterError::is_redoable`]) after the
+    /// waits of [`crate::retry`].
     /// The batch is the unit of exactly-once: the batch the
     /// failure left claimed is replayed from its checkpoint record as after a crash, and a
     /// plan made ahead is dropped (its tickets may be of a server that restarted with
@@ -405,7 +406,7 @@ impl Stream {
         let mut waits = crate::retry::waits();
         loop {
             match self.run_batch(upper).await {
-                Err(error) if error.is_transient() => {
+                Err(error) if error.is_redoable() => {
                     let Some(wait) = waits.next() else {
                         return Err(error);
                     };
@@ -1133,10 +1134,23 @@ impl Stream {
             }));
         }
         let (mut totals, mut completions, mut files) = (Totals::default(), Vec::new(), Vec::new());
-        for read in reads {
-            let (read_totals, read_completions, read_files) = read
+        let mut reads = reads.into_iter();
+        while let Some(read) = reads.next() {
+            let read = read
                 .await
-                .map_err(|error| WriterError::Internal(format!("read task: {error}")))??;
+                .map_err(|error| WriterError::Internal(format!("read task: {error}")))
+                .and_then(|read| read);
+            let (read_totals, read_completions, read_files) = match read {
+                Ok(read) => read,
+                Err(error) => {
+                    // The batch fails: the other readers would read on (their opens retried
+                    // for a restarted server) into files nothing commits.
+                    for other in reads {
+                        other.abort();
+                    }
+                    return Err(error);
+                }
+            };
             totals.merge(read_totals);
             completions.extend(read_completions);
             files.extend(read_files);

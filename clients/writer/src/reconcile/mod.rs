@@ -158,11 +158,16 @@ pub struct ReconcileResult {
     /// failure but IN_FLIGHT, no snapshot pending; the control table's `verified_lsn` then
     /// holds it. Values were compared only in the buckets read row by row (`hashed`).
     pub verified: bool,
-    /// Whether every **value** of every row was compared too (every bucket read row by row)
-    /// and matched: silver equals the source at `compared_lsn`, and the control table's
+    /// Whether every **value** of every row was compared too (every bucket read row by row,
+    /// every captured column of the newest instance in silver) and matched: silver equals
+    /// the source at `compared_lsn` but the keys in flight, and the control table's
     /// `values_verified_lsn` holds it.
     #[serde(default)]
     pub values_verified: bool,
+    /// Captured columns of the newest capture instance silver does not hold, so never
+    /// compared (silver not yet applied past a capture-instance switch that added them).
+    #[serde(default)]
+    pub uncompared_columns: Vec<String>,
     /// The seed of the sample.
     pub seed: u64,
     /// Every bucket, in key order.
@@ -472,6 +477,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         failures,
         verified: false,
         values_verified: false,
+        uncompared_columns: hashing.uncompared.clone(),
         seed: sample.seed,
         bucket_list,
         findings: Vec::new(),
@@ -484,7 +490,9 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     // loss, so no MISMATCH; but silver is then not known equal to the source, whatever those
     // keys hold, and no LSN is verified.
     result.verified = result.clean() && pending_snapshot.is_none();
-    result.values_verified = result.verified && result.hashed == result.buckets;
+    result.values_verified = result.verified
+        && result.hashed == result.buckets
+        && result.uncompared_columns.is_empty();
 
     // 6. The report, then the verified LSN.
     if let Some(location) = &config.report {
@@ -613,6 +621,13 @@ pub fn render(result: &ReconcileResult) -> String {
                 "verified: silver equals the source at {}, every value of every row compared{}",
                 result.compared_lsn,
                 in_flight_note(result.in_flight)
+            ),
+            (true, false) if !result.uncompared_columns.is_empty() => format!(
+                "rows verified at {}: every bucket's rows and keys match{}; values not all \
+                 compared: silver lacks the captured columns {} (apply past the switch)",
+                result.compared_lsn,
+                in_flight_note(result.in_flight),
+                result.uncompared_columns.join(", ")
             ),
             (true, false) => format!(
                 "rows verified at {}: every bucket's rows and keys match{}; values compared in {} \

@@ -182,6 +182,8 @@ pub(super) async fn compared_columns(
 pub(super) struct Hashing {
     pub(super) key: CompareKey,
     pub(super) columns: Vec<String>,
+    /// Captured columns of the newest instance silver does not hold: never compared.
+    pub(super) uncompared: Vec<String>,
     /// Silver's schema of `columns`: both sides are cast to it.
     pub(super) types: SchemaRef,
 }
@@ -200,9 +202,16 @@ impl Hashing {
             .iter()
             .map(|name| Ok(Arc::new(schema.field_with_name(name)?.clone())))
             .collect::<Result<_>>()?;
+        let uncompared = instance
+            .columns
+            .iter()
+            .filter(|column| !columns.contains(&column.name))
+            .map(|column| column.name.clone())
+            .collect();
         Ok(Hashing {
             key: key.clone(),
             columns,
+            uncompared,
             types: Arc::new(arrow::datatypes::Schema::new(fields)),
         })
     }

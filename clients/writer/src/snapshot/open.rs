@@ -39,7 +39,7 @@ pub async fn open(
     };
     opening
         .retry(crate::retry::server_retries())
-        .when(WriterError::is_transient)
+        .when(WriterError::is_redoable)
         .notify(|error: &WriterError, wait| {
             crate::retry::log("the snapshot's open", &config.table, error, wait);
         })

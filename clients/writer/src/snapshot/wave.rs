@@ -100,7 +100,7 @@ impl Snapshots {
                 on_wave(progress);
             });
             match waves.await {
-                Err(error) if error.is_transient() => {
+                Err(error) if error.is_redoable() => {
                     let Some(wait) = waits.next() else {
                         return Err(error);
                     };

@@ -156,6 +156,17 @@ const REGRESSIONS: &[(&str, &str)] = &[
         {"Commit":{"table":"Quiet","commits":2,"seed":4}},
         {"Crash":{"table":"Quiet","point":1}}]"#,
     ),
+    (
+        "the server restarted with a new ticket key (no key file) under a stream, a backfill \
+         and a full snapshot: tickets planned before it were refused as forged, and nothing \
+         planned again (review)",
+        r#"[{"Commit":{"table":"Busy","commits":190,"seed":1}},
+        {"Together":[{"Stream":{"table":"Busy","continuous":false,"live_tail":false,"max_commits":10}},
+            {"Restart":{"tenths":3,"down":2,"rekey":true}}]},
+        {"Snapshot":{"table":"Busy","chunked":true}},
+        {"Together":[{"Backfill":{"table":"Busy","waves":4}},{"Restart":{"tenths":1,"down":2,"rekey":true}}]},
+        {"Together":[{"Snapshot":{"table":"Quiet","chunked":false}},{"Restart":{"tenths":1,"down":2,"rekey":true}}]}]"#,
+    ),
 ];
 
 /// Runs `schedule` on a new world; the step that failed and why, or the coverage. A panic

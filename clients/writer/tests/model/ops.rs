@@ -124,9 +124,14 @@ pub(crate) enum Op {
         deletion_vectors: bool,
     },
     /// The Flight server restarts after `tenths` tenths of a second: every connection in
-    /// flight is cut, new ones are refused for `down` tenths, then a new server (same ticket
-    /// key) serves.
-    Restart { tenths: u64, down: u64 },
+    /// flight is cut, new ones are refused for `down` tenths, then a new server serves (with
+    /// a new ticket key when `rekey`: tickets signed before are refused).
+    Restart {
+        tenths: u64,
+        down: u64,
+        #[serde(default)]
+        rekey: bool,
+    },
     /// Two operations at once.
     Together(Box<Op>, Box<Op>),
 }
@@ -197,7 +202,10 @@ pub(crate) fn kind(op: &Op) -> String {
         Op::SecondWriter { .. } => "second writer".into(),
         Op::Crash { point, .. } => format!("crash {}", CRASH_POINTS[*point]),
         Op::Sidecar { kill, .. } => format!("sidecar {}", if *kill { "killed" } else { "stopped" }),
-        Op::Restart { .. } => "server restart".into(),
+        Op::Restart { rekey, .. } => format!(
+            "server restart{}",
+            if *rekey { " with a new ticket key" } else { "" }
+        ),
         Op::Together(..) => "together".into(),
     }
 }
@@ -269,6 +277,7 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
         120..126 => Op::Restart {
             tenths: if pairable { rng.random_range(0..30) } else { 0 },
             down: rng.random_range(0..15),
+            rekey: rng.random_bool(0.5),
         },
         78..86 if !pairable => Op::Reconcile {
             table,

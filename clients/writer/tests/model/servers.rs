@@ -1,7 +1,9 @@
 //! The Flight servers of the model's world, behind one address. A restart cuts every
 //! connection in flight, refuses connections for a moment, and serves what follows from a
-//! new server with the same ticket key (replicas of one deployment share it): what a rolling
-//! restart of the server does to the writers and the sidecar reading through it.
+//! new server, with the same ticket key (replicas of one deployment share it) or a new one
+//! (a server without a key file draws one at start, so tickets signed before it restarted
+//! are refused): what a restart of the server does to the writers and the sidecar reading
+//! through it.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -13,7 +15,7 @@ use mssql_cdc_flight::sim::SimDb;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-/// The ticket key every server of the world signs with.
+/// The ticket key the servers of the world sign with, until a restart draws another.
 const TICKET_KEY: &[u8] = b"the model test's shared ticket key";
 
 /// Where connections go, and those open now.
@@ -30,11 +32,13 @@ pub(crate) struct Servers {
     route: Arc<Mutex<Route>>,
     current: tokio::sync::Mutex<Option<LocalServer>>,
     accepting: JoinHandle<()>,
+    /// Restarts that drew a new ticket key.
+    keys: std::sync::atomic::AtomicU64,
 }
 
 impl Servers {
     pub(crate) async fn start(db: SimDb) -> Servers {
-        let server = serve(&db).await;
+        let server = serve(&db, 0).await;
         let route = Arc::new(Mutex::new(Route {
             backend: Some(address(&server)),
             connections: Vec::new(),
@@ -48,18 +52,23 @@ impl Servers {
             route,
             current: tokio::sync::Mutex::new(Some(server)),
             accepting,
+            keys: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
-    /// Cuts every connection, refuses new ones for `down`, then serves from a new server.
-    pub(crate) async fn restart(&self, down: Duration) {
+    /// Cuts every connection, refuses new ones for `down`, then serves from a new server
+    /// (signing with a new ticket key when `rekey`); returns how many connections were open.
+    pub(crate) async fn restart(&self, down: Duration, rekey: bool) -> usize {
         let mut current = self.current.lock().await;
-        let cut = {
+        let cut: Vec<JoinHandle<()>> = {
             let mut route = lock(&self.route);
             route.backend = None;
             std::mem::take(&mut route.connections)
+                .into_iter()
+                .filter(|connection| !connection.is_finished())
+                .collect()
         };
-        for connection in cut {
+        for connection in &cut {
             connection.abort();
         }
         if let Some(old) = current.take() {
@@ -72,9 +81,14 @@ impl Servers {
             }
         }
         tokio::time::sleep(down).await;
-        let server = serve(&self.db).await;
+        let key = match rekey {
+            true => self.keys.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1,
+            false => self.keys.load(std::sync::atomic::Ordering::SeqCst),
+        };
+        let server = serve(&self.db, key).await;
         lock(&self.route).backend = Some(address(&server));
         *current = Some(server);
+        cut.len()
     }
 }
 
@@ -87,8 +101,10 @@ impl Drop for Servers {
     }
 }
 
-async fn serve(db: &SimDb) -> LocalServer {
-    let signer = TicketSigner::new(TICKET_KEY).expect("ticket key");
+/// A server of `db` signing with the world's `key`-th ticket key.
+async fn serve(db: &SimDb, key: u64) -> LocalServer {
+    let secret = [TICKET_KEY, &key.to_be_bytes()].concat();
+    let signer = TicketSigner::new(&secret).expect("ticket key");
     LocalServer::start(Arc::new(db.clone()), signer)
         .await
         .expect("server")

@@ -248,11 +248,21 @@ impl World {
                     kill,
                     deletion_vectors,
                 } => self.sidecar(*tenths, *kill, *deletion_vectors).await,
-                Op::Restart { tenths, down } => {
+                Op::Restart {
+                    tenths,
+                    down,
+                    rekey,
+                } => {
                     tokio::time::sleep(Duration::from_millis(100 * tenths)).await;
-                    self.servers
-                        .restart(Duration::from_millis(100 * down))
+                    let cut = self
+                        .servers
+                        .restart(Duration::from_millis(100 * down), *rekey)
                         .await;
+                    *self
+                        .known()
+                        .covered
+                        .entry("connections cut by server restarts".into())
+                        .or_default() += cut as u64;
                     Ok(())
                 }
                 Op::Together(first, second) => {
