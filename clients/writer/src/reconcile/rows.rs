@@ -601,6 +601,7 @@ mod tests {
                 unique: true,
             }),
             columns: vec!["id".into(), "name".into(), "score".into()],
+            uncompared: Vec::new(),
             types: Arc::new(Schema::new(vec![
                 Field::new("id", DataType::Int64, false),
                 Field::new("name", DataType::Utf8View, true),
