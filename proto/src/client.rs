@@ -100,12 +100,15 @@ impl ClientError {
 }
 
 /// The waits between tries of a call the server did not answer ([`ClientError::is_transient`]):
-/// doubling from 0.2 s to 5 s with jitter, 8 at most (about 20 s, a server's restart).
+/// doubling from 0.2 s with jitter, 4 at most (about 3 s: a replica restarting, a connection
+/// cut). Short on purpose: the sidecar retries a failing table itself, with its own backoff,
+/// and must show the error on its status page and stop on SIGTERM promptly; a longer wait
+/// inside each call delayed both by minutes.
 pub fn transient_retries() -> backon::ExponentialBuilder {
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(200))
-        .with_max_delay(Duration::from_secs(5))
-        .with_max_times(8)
+        .with_max_delay(Duration::from_secs(2))
+        .with_max_times(4)
         .with_jitter()
 }
 

@@ -10,8 +10,8 @@ use mssql_cdc_proto::client::transient_retries;
 
 use crate::error::WriterError;
 
-/// The waits between tries: those of each call ([`transient_retries`]: about 20 s, a
-/// server's restart), but 3 at most, as each try's calls wait themselves.
+/// The waits between tries: those of each call ([`transient_retries`]: about 3 s), but 3 at
+/// most, as each try's calls wait themselves.
 pub(crate) fn server_retries() -> backon::ExponentialBuilder {
     transient_retries().with_max_times(3)
 }

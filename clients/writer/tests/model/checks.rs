@@ -88,10 +88,23 @@ impl World {
         Ok(())
     }
 
-    /// Whether a purge passed the end of the stream's last committed batch.
+    /// Whether a purge passed where the lake shows the stream: the end of its last committed
+    /// batch (reconcile reads the change table from there, and a purge past it is its
+    /// DATA_LOSS).
     pub(crate) async fn behind_purge(&self, table: Table) -> bool {
         let cut = self.known().purged_through;
+        // A batch amended past a purge and left open (a crash before its facts row) has its
+        // claim start at the heal's S or at min_lsn already, but the lake still shows the
+        // stream where it stood before the purge.
+        let amended_open = Checkpoint::open(&self.config(table).checkpoint)
+            .await
+            .expect("checkpoint")
+            .last()
+            .await
+            .expect("last")
+            .is_some_and(|last| !last.committed && !last.events.is_empty());
         match (cut, self.committed_through(table).await) {
+            (Some(_), _) if amended_open => true,
             (Some(cut), Some(through)) => through < cut,
             (Some(_), None) => true,
             (None, _) => false,
