@@ -253,7 +253,11 @@ pub struct KeySum {
     /// The sum of [`key_hash`] of the slice's keys, as decimal digits: unlike the plain sum
     /// it does not cancel when missing and extra keys add up alike ({10, 40} against
     /// {20, 30}). `None` from a server that predates it.
-    #[serde(default, with = "optional_decimal_text", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "optional_decimal_text",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub key_hash_sum: Option<i128>,
 }
 
@@ -351,7 +355,10 @@ pub mod optional_decimal_text {
     use serde::{Deserialize, Deserializer, Serializer};
 
     /// Writes the digits (with `skip_serializing_if = "Option::is_none"`, never `None`).
-    pub fn serialize<S: Serializer>(value: &Option<i128>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(
+        value: &Option<i128>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         match value {
             Some(value) => serializer.serialize_str(&value.to_string()),
             None => serializer.serialize_none(),
@@ -541,11 +548,16 @@ mod tests {
         assert_eq!(key_hash(20_454), 48_360_407_291_608_273);
         let grid = KeyGrid::new(0, 99, 100).expect("grid");
         let sums = KeySums::count(&grid, [Some(1), None, Some(20_454)]);
-        let hashed: i128 = sums.slices.iter().filter_map(|slice| slice.key_hash_sum).sum();
+        let hashed: i128 = sums
+            .slices
+            .iter()
+            .filter_map(|slice| slice.key_hash_sum)
+            .sum();
         assert_eq!(hashed, 57_744_572_931_796_342 + 48_360_407_291_608_273);
         // An older server's answer has no hash sum.
         let older: KeySum =
-            serde_json::from_str(r#"{"lo": 0, "hi": 100, "rows": 1, "key_sum": "1"}"#).expect("json");
+            serde_json::from_str(r#"{"lo": 0, "hi": 100, "rows": 1, "key_sum": "1"}"#)
+                .expect("json");
         assert_eq!(older.key_hash_sum, None);
         let written = serde_json::to_string(&sums.slices[0]).expect("json");
         let read: KeySum = serde_json::from_str(&written).expect("json");

@@ -1,8 +1,9 @@
-//! Retries of work the Flight server did not answer ([`WriterError::is_transient`]: a
-//! restart, a cut connection). The client retries each call itself; a stream cut mid-way
-//! is retried here, by the unit that can be redone whole: a stream's batch (replayed from
-//! its checkpoint record), a backfill call (read on from facts), a snapshot open (found
-//! again in the plans table), and a connection.
+//! Retries of work the Flight server did not finish ([`WriterError::is_redoable`]: a
+//! restart, a cut connection, a ticket it no longer honours). The client retries each call
+//! itself; a stream cut mid-way, or a plan whose tickets went stale, is redone here by the
+//! unit that can be redone whole: a stream's batch (replayed from its checkpoint record), a
+//! backfill call (read on from facts), a snapshot open (found again in the plans table), and
+//! a connection.
 
 use std::time::Duration;
 

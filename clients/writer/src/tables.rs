@@ -1028,7 +1028,12 @@ mod tests {
         // A version below a column's migration leaves tables of that version without it:
         // `migrate` sees them current.
         for kind in TableKind::ALL {
-            let last = kind.columns().iter().map(|spec| spec.since).max().unwrap_or(0);
+            let last = kind
+                .columns()
+                .iter()
+                .map(|spec| spec.since)
+                .max()
+                .unwrap_or(0);
             assert!(
                 kind.schema_version() >= last,
                 "{kind:?}: version {} below migration {last}",

@@ -326,17 +326,27 @@ async fn missing_and_extra_keys_of_equal_count_and_sum_are_found_by_tier_one() {
         (bucket.source.rows, bucket.source.key_sum),
         (bucket.silver.rows, bucket.silver.key_sum)
     );
-    assert_eq!(bucket.status, BucketStatus::Mismatch, "the key hash sums differ");
+    assert_eq!(
+        bucket.status,
+        BucketStatus::Mismatch,
+        "the key hash sums differ"
+    );
     let mut found = findings(&result);
     found.sort();
     let mut expected: Vec<(String, FailureType)> = missing
         .iter()
-        .map(|key| (format!("{{\"order_id\":{key}}}"), FailureType::MissingTarget))
-        .chain(
-            extra
-                .iter()
-                .map(|key| (format!("{{\"order_id\":{key}}}"), FailureType::MissingSource)),
-        )
+        .map(|key| {
+            (
+                format!("{{\"order_id\":{key}}}"),
+                FailureType::MissingTarget,
+            )
+        })
+        .chain(extra.iter().map(|key| {
+            (
+                format!("{{\"order_id\":{key}}}"),
+                FailureType::MissingSource,
+            )
+        }))
         .collect();
     expected.sort();
     assert_eq!(found, expected);

@@ -222,7 +222,11 @@ pub(super) fn merge(source: &KeySums, silver: &KeySums, bucket_rows: u64) -> Vec
         }
     }
     // A server that does not hash keys: silver's hashes are left out too.
-    if source.slices.iter().any(|slice| slice.key_hash_sum.is_none()) {
+    if source
+        .slices
+        .iter()
+        .any(|slice| slice.key_hash_sum.is_none())
+    {
         for (_, _, silver) in slices.values_mut() {
             silver.key_hash_sum = 0;
         }

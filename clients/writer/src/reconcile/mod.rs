@@ -490,9 +490,8 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     // loss, so no MISMATCH; but silver is then not known equal to the source, whatever those
     // keys hold, and no LSN is verified.
     result.verified = result.clean() && pending_snapshot.is_none();
-    result.values_verified = result.verified
-        && result.hashed == result.buckets
-        && result.uncompared_columns.is_empty();
+    result.values_verified =
+        result.verified && result.hashed == result.buckets && result.uncompared_columns.is_empty();
 
     // 6. The report, then the verified LSN.
     if let Some(location) = &config.report {

@@ -34,7 +34,10 @@ impl BucketCounter for FlightCounter<'_> {
             .await
             .map_err(|error| {
                 let message = error.to_string();
-                *self.failed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(error);
+                *self
+                    .failed
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(error);
                 mssql_cdc_proto::Error::SourceUnavailable(message)
             })
     }
@@ -80,7 +83,11 @@ impl Snapshots {
                 chunking::plan(&counter, extent.min.zip(extent.max), chunk_rows)
                     .await
                     .map_err(|error| {
-                        let failed = counter.failed.lock().ok().and_then(|mut failed| failed.take());
+                        let failed = counter
+                            .failed
+                            .lock()
+                            .ok()
+                            .and_then(|mut failed| failed.take());
                         match failed {
                             Some(failed) => WriterError::Flight(failed),
                             None => WriterError::Internal(format!("planning chunks: {error}")),

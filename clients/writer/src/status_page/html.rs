@@ -152,7 +152,10 @@ fn reconcile_cell(table: &TableBoard) -> String {
             Some(lsn) if seen.values_verified => {
                 escape(&format!("verified at {lsn}, every value ({})", seen.at))
             }
-            Some(lsn) => escape(&format!("rows verified at {lsn}, values sampled ({})", seen.at)),
+            Some(lsn) => escape(&format!(
+                "rows verified at {lsn}, values sampled ({})",
+                seen.at
+            )),
             None => escape(&format!(
                 "{} of {} buckets differ ({}, run {})",
                 seen.mismatch, seen.buckets, seen.at, seen.run_id

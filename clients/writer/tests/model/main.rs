@@ -391,7 +391,9 @@ fn main() {
                 println!("model {name}: step {at} failed: {failure}");
                 if !args.shrink {
                     let json = serde_json::to_string(&ops[..=at]).expect("json");
-                    println!("  replay: cargo test -p mssql-cdc-writer --test model -- --schedule '{json}'");
+                    println!(
+                        "  replay: cargo test -p mssql-cdc-writer --test model -- --schedule '{json}'"
+                    );
                     continue;
                 }
                 let (shortest, failure) = runtime.block_on(shrink(ops, at, &failure));

@@ -119,7 +119,9 @@ fn address(server: &LocalServer) -> SocketAddr {
 }
 
 fn lock(route: &Mutex<Route>) -> std::sync::MutexGuard<'_, Route> {
-    route.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    route
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Forwards each connection to the server of the moment; one accepted while the server

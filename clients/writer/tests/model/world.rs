@@ -21,8 +21,8 @@ use mssql_cdc_writer::{control, reconcile, silver};
 use crate::WRITER;
 use crate::checks::{Change, bronze_rows, difference};
 use crate::common::{self, Lab, Rows, current_rows_by, source_rows_of};
-use crate::servers::Servers;
 use crate::ops::{CRASH_POINTS, Maintained, OnLoss, Op, SchemaChange, Table, kind};
+use crate::servers::Servers;
 use mssql_cdc_flight::source::TableName;
 
 /// What the model knows beyond the journal.
