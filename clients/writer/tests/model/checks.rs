@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::process::Command;
 
 use mssql_cdc_flight::Lsn;
-use mssql_cdc_writer::checkpoint::Checkpoint;
+use mssql_cdc_writer::checkpoint::{BatchRecord, Checkpoint};
 use mssql_cdc_writer::control;
 use mssql_cdc_writer::tables;
 
@@ -96,12 +96,9 @@ impl World {
         // A batch amended past a purge and left open (a crash before its facts row) has its
         // claim start at the heal's S or at min_lsn already, but the lake still shows the
         // stream where it stood before the purge.
-        let amended_open = Checkpoint::open(&self.config(table).checkpoint)
+        let amended_open = self
+            .last_batch(table)
             .await
-            .expect("checkpoint")
-            .last()
-            .await
-            .expect("last")
             .is_some_and(|last| !last.committed && !last.events.is_empty());
         match (cut, self.committed_through(table).await) {
             (Some(_), _) if amended_open => true,
@@ -111,12 +108,19 @@ impl World {
         }
     }
 
+    /// The last batch the checkpoint of `table` records, committed or left open.
+    pub(crate) async fn last_batch(&self, table: Table) -> Option<BatchRecord> {
+        Checkpoint::open(&self.config(table).checkpoint)
+            .await
+            .expect("checkpoint")
+            .last()
+            .await
+            .expect("last")
+    }
+
     /// The end of the checkpoint's last committed batch.
     pub(crate) async fn committed_through(&self, table: Table) -> Option<Lsn> {
-        let checkpoint = Checkpoint::open(&self.config(table).checkpoint)
-            .await
-            .expect("checkpoint");
-        let last = checkpoint.last().await.expect("last")?;
+        let last = self.last_batch(table).await?;
         if last.committed {
             Some(last.end.lsn)
         } else {
@@ -132,10 +136,7 @@ impl World {
         else {
             return Ok(());
         };
-        let checkpoint = Checkpoint::open(&self.config(table).checkpoint)
-            .await
-            .expect("checkpoint");
-        let Some(last) = checkpoint.last().await.expect("last") else {
+        let Some(last) = self.last_batch(table).await else {
             return Err(format!("a verdict for {} before any batch", table.source()));
         };
         let end = if last.committed { last.end } else { last.start };
@@ -178,10 +179,7 @@ impl World {
             }
         }
         for table in Table::ALL {
-            let checkpoint = Checkpoint::open(&self.config(table).checkpoint)
-                .await
-                .expect("checkpoint");
-            if let Some(last) = checkpoint.last().await.expect("last")
+            if let Some(last) = self.last_batch(table).await
                 && last.committed
             {
                 let held = ids.get(table.name()).map_or(0, Vec::len) as i64;

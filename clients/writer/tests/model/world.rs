@@ -11,7 +11,6 @@ use futures::future::BoxFuture;
 use mssql_cdc_flight::Lsn;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_writer::WriterError;
-use mssql_cdc_writer::checkpoint::Checkpoint;
 use mssql_cdc_writer::data_loss::OnDataLoss;
 use mssql_cdc_writer::maintenance::{self, MaintenanceOptions};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
@@ -393,12 +392,9 @@ impl World {
     /// batch left open records in its checkpoint claim (a crash after the amendment, before
     /// its facts row: the claim's start is S already).
     pub(crate) async fn heals(&self, table: Table) -> Vec<(Lsn, Lsn)> {
-        let open = Checkpoint::open(&self.config(table).checkpoint)
+        let open = self
+            .last_batch(table)
             .await
-            .expect("checkpoint")
-            .last()
-            .await
-            .expect("last")
             .filter(|batch| !batch.committed)
             .map(|batch| batch.events)
             .unwrap_or_default();
