@@ -367,7 +367,8 @@ fn time(micros: Option<i64>) -> Arc<dyn Array> {
 /// Records that a reconcile of silver `table_name` verified its rows at `lsn` (its
 /// `verified_lsn` and `verified_at`) and, with `values`, every value too
 /// (`values_verified_lsn` and `_at`); creates the row when missing. A run that compared
-/// rows only leaves the last values verification as it was.
+/// rows only leaves the last values verification as it was; an LSN older than the one
+/// recorded (a slower run that started earlier) leaves the newer one.
 pub async fn record_verified(url: &Url, table_name: &str, lsn: Lsn, values: bool) -> Result<()> {
     let (lsn, at) = (lsn.to_string(), now());
     let mut columns = vec![
@@ -381,16 +382,31 @@ pub async fn record_verified(url: &Url, table_name: &str, lsn: Lsn, values: bool
         columns.push(("values_verified_at", time(Some(at))));
     }
     let source = control_batch(columns)?;
+    // Two reconciles can finish out of order: the one that compared at the older LSN must
+    // not take the newer proof back. (LSNs are fixed-width hex text: their order is the
+    // text's.)
+    let newer = |lsn: &str, column: &str| {
+        format!(
+            "CASE WHEN target.{lsn} IS NULL OR source.{lsn} > target.{lsn} \
+             THEN source.{column} ELSE target.{column} END"
+        )
+    };
     merge_row(url, source, |merge| {
         merge
             .when_matched_update(|update| {
                 let update = update
-                    .update("verified_lsn", "source.verified_lsn")
-                    .update("verified_at", "source.verified_at");
+                    .update("verified_lsn", newer("verified_lsn", "verified_lsn"))
+                    .update("verified_at", newer("verified_lsn", "verified_at"));
                 match values {
                     true => update
-                        .update("values_verified_lsn", "source.values_verified_lsn")
-                        .update("values_verified_at", "source.values_verified_at"),
+                        .update(
+                            "values_verified_lsn",
+                            newer("values_verified_lsn", "values_verified_lsn"),
+                        )
+                        .update(
+                            "values_verified_at",
+                            newer("values_verified_lsn", "values_verified_at"),
+                        ),
                     false => update,
                 }
             })?
@@ -542,6 +558,40 @@ mod tests {
         assert_eq!(
             "HOUR".parse::<Granularity>().expect("case"),
             Granularity::Hour
+        );
+    }
+
+    /// Two reconciles finishing out of order: the older LSN takes nothing back, and a
+    /// values verification older than the rows one still records what it proved.
+    #[tokio::test]
+    async fn a_verification_older_than_the_recorded_one_takes_nothing_back() {
+        let dir = tempfile::tempdir().expect("dir");
+        let url = tables::table_url(dir.path().to_str().expect("path")).expect("url");
+        let lsn = |n: u64| Lsn::from_u128(u128::from(n) << 32).expect("an LSN");
+        let read = |url: Url| async move {
+            let row = row(&url, "dbo.t").await.expect("row").expect("a row");
+            let lsn = |pair: Option<(String, CommitTime)>| pair.map(|(lsn, _)| lsn);
+            (lsn(row.verified), lsn(row.values_verified))
+        };
+        record_verified(&url, "dbo.t", lsn(20), false)
+            .await
+            .expect("rows at 20");
+        record_verified(&url, "dbo.t", lsn(10), true)
+            .await
+            .expect("values at 10");
+        assert_eq!(
+            read(url.clone()).await,
+            (Some(lsn(20).to_string()), Some(lsn(10).to_string()))
+        );
+        record_verified(&url, "dbo.t", lsn(30), true)
+            .await
+            .expect("values at 30");
+        record_verified(&url, "dbo.t", lsn(25), true)
+            .await
+            .expect("values at 25");
+        assert_eq!(
+            read(url).await,
+            (Some(lsn(30).to_string()), Some(lsn(30).to_string()))
         );
     }
 }

@@ -128,7 +128,7 @@ impl TableKind {
             TableKind::Control => 6,
             TableKind::Plans => 1,
             TableKind::Silver => 1,
-            TableKind::Reconcile => 0,
+            TableKind::Reconcile => 1,
         }
     }
 
@@ -530,6 +530,18 @@ impl TableKind {
                     T::STRING,
                     "key rows: JSON {silver_start_lsn, columns: the captured columns that differ}",
                     0,
+                ),
+                column(
+                    "source_key_hash_sum",
+                    T::decimal(38, 0).expect("decimal(38,0) is valid"),
+                    "bucket rows: sum of the hashes of the source's keys (NULL: a keyset key, or a server that does not hash them)",
+                    1,
+                ),
+                column(
+                    "silver_key_hash_sum",
+                    T::decimal(38, 0).expect("decimal(38,0) is valid"),
+                    "bucket rows: sum of the hashes of silver's keys",
+                    1,
                 ),
             ],
             TableKind::Plans => vec![

@@ -351,6 +351,30 @@ async fn missing_and_extra_keys_of_equal_count_and_sum_are_found_by_tier_one() {
     expected.sort();
     assert_eq!(found, expected);
     assert!(!result.verified);
+    // The report's bucket row shows why: equal key sums, different key hash sums.
+    assert!(result.key_hash_sums);
+    let report = common::query(
+        &lab.lake("reconcile"),
+        &format!(
+            "SELECT CAST(source_key_sum = silver_key_sum AS VARCHAR), \
+             CAST(source_key_hash_sum = silver_key_hash_sum AS VARCHAR) \
+             FROM t WHERE run_id = '{}' AND status IS NOT NULL",
+            result.run_id
+        ),
+    )
+    .await;
+    assert_eq!(
+        report.iter().map(|batch| batch.num_rows()).sum::<usize>(),
+        1
+    );
+    let row = report
+        .iter()
+        .find(|batch| batch.num_rows() > 0)
+        .expect("a row");
+    assert_eq!(
+        (common::text(row, 0, 0), common::text(row, 1, 0)),
+        (Some("true".to_string()), Some("false".to_string()))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

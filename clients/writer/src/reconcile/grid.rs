@@ -49,6 +49,11 @@ pub(super) async fn compare(
     let silver_sums = buckets::silver_sums(grid.as_ref(), &silver_keys);
     drop(silver_keys);
     let mut bucket_list = buckets::merge(&answer.sums, &silver_sums, config.bucket_rows);
+    let key_hash_sums = answer
+        .sums
+        .slices
+        .iter()
+        .all(|slice| slice.key_hash_sum.is_some());
 
     // What is still in flight after the compared LSN.
     let compared_lsn = source_lsn.min(positions.silver);
@@ -96,5 +101,6 @@ pub(super) async fn compare(
         buckets: bucket_list,
         findings,
         changes_read: in_flight.window(),
+        key_hash_sums,
     })
 }

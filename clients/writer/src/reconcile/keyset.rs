@@ -199,6 +199,7 @@ pub(super) async fn compare(
         buckets,
         findings,
         changes_read: in_flight.window(),
+        key_hash_sums: false,
     })
 }
 

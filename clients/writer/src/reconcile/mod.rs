@@ -128,6 +128,10 @@ pub struct ReconcileResult {
     /// Whether the buckets carry key sums: a grid key (one integer or date column) does; a
     /// keyset key's buckets count rows only (and bound them by the source's key tuples).
     pub key_sums: bool,
+    /// Whether the buckets carry sums of the keys' hashes too: the source answered them on
+    /// every slice (a server before them answers counts and sums only).
+    #[serde(default)]
+    pub key_hash_sums: bool,
     /// Silver's Delta version read.
     pub silver_version: i64,
     /// Silver's `applied_lsn` read before that version.
@@ -273,6 +277,8 @@ struct Compared {
     findings: Vec<KeyFinding>,
     /// The change table's LSNs read for keys in flight.
     changes_read: (Lsn, Lsn),
+    /// Whether the source hashed its keys ([`ReconcileResult::key_hash_sums`]).
+    key_hash_sums: bool,
 }
 
 /// Where silver and bronze stand, read before the comparison.
@@ -415,6 +421,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         buckets: bucket_list,
         findings,
         changes_read,
+        key_hash_sums,
     } = match &key {
         CompareKey::Grid(grid) => {
             let on = (&hashing, grid);
@@ -464,6 +471,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         silver: config.silver.clone(),
         key: key.label(),
         key_sums: matches!(key, CompareKey::Grid(_)),
+        key_hash_sums,
         silver_version,
         silver_lsn,
         source_lsn,
@@ -566,12 +574,13 @@ pub fn render(result: &ReconcileResult) -> String {
         if bucket.status == BucketStatus::Match && !bucket.hashed {
             continue;
         }
-        let side = |side: &buckets::Side| match result.key_sums {
-            true => format!(
+        let side = |side: &buckets::Side| match (result.key_sums, result.key_hash_sums) {
+            (true, true) => format!(
                 "{} rows (key sum {}, key hash sum {})",
                 side.rows, side.key_sum, side.key_hash_sum
             ),
-            false => format!("{} rows", side.rows),
+            (true, false) => format!("{} rows (key sum {})", side.rows, side.key_sum),
+            (false, _) => format!("{} rows", side.rows),
         };
         let _ = writeln!(
             text,

@@ -27,6 +27,8 @@ struct Row {
     source_key_sum: Option<i128>,
     silver_rows: Option<i64>,
     silver_key_sum: Option<i128>,
+    source_key_hash_sum: Option<i128>,
+    silver_key_hash_sum: Option<i128>,
     status: Option<String>,
     hashed: Option<bool>,
     key: Option<String>,
@@ -47,6 +49,7 @@ fn rows(result: &ReconcileResult, key: &CompareKey, findings: &[KeyFinding]) -> 
         (Some(bound), _) => serde_json::to_string(bound).ok(),
     };
     let sum = |sum: i128| result.key_sums.then_some(sum);
+    let hash_sum = |sum: i128| result.key_hash_sums.then_some(sum);
     let buckets = result.bucket_list.iter().map(|bucket| Row {
         source_lsn: source_lsn.clone(),
         bucket_lo: bound(&bucket.lo),
@@ -55,6 +58,8 @@ fn rows(result: &ReconcileResult, key: &CompareKey, findings: &[KeyFinding]) -> 
         source_key_sum: sum(bucket.source.key_sum),
         silver_rows: Some(bucket.silver.rows as i64),
         silver_key_sum: sum(bucket.silver.key_sum),
+        source_key_hash_sum: hash_sum(bucket.source.key_hash_sum),
+        silver_key_hash_sum: hash_sum(bucket.silver.key_hash_sum),
         status: Some(bucket.status.name().to_string()),
         hashed: Some(bucket.hashed),
         ..Row::default()
@@ -129,6 +134,8 @@ pub(super) async fn write(
         text(|row| row.key.clone()),
         text(|row| row.failure_type.clone()),
         text(|row| row.detail.clone()),
+        sum(|row| row.source_key_hash_sum)?,
+        sum(|row| row.silver_key_hash_sum)?,
     ];
     let batch = RecordBatch::try_new(facts::arrow_schema(TableKind::Reconcile), columns)?;
     tables::append_once(

@@ -1,8 +1,8 @@
 //! Tier 2: a bucket compared row by row. The source's rows come through a snapshot chunk
 //! read of the bucket's range, silver's from the pinned version; each row of either side is
 //! hashed by the **same** function ([`fingerprint`]): every compared column cast to silver's
-//! type and written in Arrow's row format (equal values, equal bytes), SHA-256 over them, so
-//! SQL Server's own formatting never enters. Keys are joined null-safely (a NULL key is a
+//! type and written in Arrow's row format (equal values, equal bytes), a 128-bit XXH3 digest
+//! over them, so SQL Server's own formatting never enters. Keys are joined null-safely (a NULL key is a
 //! key like any other) and each difference classified as AWS DMS validation does.
 
 use std::cmp::Ordering;
@@ -19,7 +19,7 @@ use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::keys::{Bound, GridUnit, KeyValue};
 use mssql_cdc_proto::protocol::{CaptureInstanceInfo, ChunkSpec, ServeOptions, SnapshotCommand};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+use twox_hash::XxHash3_128;
 
 use super::buckets::Bucket;
 use super::in_flight::InFlight;
@@ -82,7 +82,7 @@ pub struct KeyFinding {
 #[derive(Default)]
 pub(super) struct Prints {
     /// `(key, digest, row)`: the row indexes `columns` and `lsns`.
-    rows: Vec<(RowKey, [u8; 32], u32)>,
+    rows: Vec<(RowKey, u128, u32)>,
     /// A short hash of each compared column, `width` a row: names the columns that differ.
     columns: Vec<u32>,
     /// The compared columns' count: the short hashes of a row.
@@ -469,7 +469,7 @@ const SHORT_HASH: RandomState = RandomState::with_seed(0x51_7c_c1_b7_27_22_0a_95
 
 /// Fingerprints every row of `batch` into `into`: the compared columns cast to silver's
 /// types (`types`) and written in Arrow's row format as one row (equal values, equal bytes;
-/// the format decodes, so different rows never share bytes), SHA-256 over those bytes where
+/// the format decodes, so different rows never share bytes), XXH3-128 over those bytes where
 /// they lie; and a short hash of each column (DataFusion's vectorized `create_hashes`).
 fn fingerprint(
     batch: &RecordBatch,
@@ -538,7 +538,7 @@ fn fingerprint(
     let keys = hashing.key.row_keys(batch)?;
     into.rows
         .extend(keys.into_iter().enumerate().map(|(row, key)| {
-            let digest = Sha256::digest(encoder.rows.row(row).as_ref()).into();
+            let digest = XxHash3_128::oneshot(encoder.rows.row(row).as_ref());
             (key, digest, start + row as u32)
         }));
     Ok(())
