@@ -259,6 +259,15 @@ pub struct KeySum {
         skip_serializing_if = "Option::is_none"
     )]
     pub key_hash_sum: Option<i128>,
+    /// The sum of the slice's rows' value digests ([`crate::digest`]) over the columns the
+    /// call named, as decimal digits; `None` when none were named, or from a server that
+    /// predates them.
+    #[serde(
+        default,
+        with = "optional_decimal_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub value_sum: Option<i128>,
 }
 
 /// A key's hash for reconcile's tier 1: the first 7 bytes of SHA-256 of its grid units as
@@ -280,6 +289,13 @@ pub fn key_hash(units: i64) -> i64 {
 pub struct KeySums {
     /// Rows whose key is NULL.
     pub null_rows: u64,
+    /// The sum of their value digests, as [`KeySum::value_sum`].
+    #[serde(
+        default,
+        with = "optional_decimal_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub null_value_sum: Option<i128>,
     /// Slices with rows, in key order.
     pub slices: Vec<KeySum>,
 }
@@ -289,15 +305,29 @@ impl KeySums {
     /// a source without SQL computes, and what the writer computes over silver. Slices of
     /// the grid are counted in place; keys past its ends, rare, in a map.
     pub fn count(grid: &KeyGrid, keys: impl IntoIterator<Item = Option<i64>>) -> Self {
+        let mut sums = Self::count_rows(grid, keys.into_iter().map(|key| (key, 0)));
+        sums.null_value_sum = None;
+        for slice in &mut sums.slices {
+            slice.value_sum = None;
+        }
+        sums
+    }
+
+    /// [`KeySums::count`] of rows, each a key and its value digest ([`crate::digest`]),
+    /// summing the digests per slice too.
+    pub fn count_rows(grid: &KeyGrid, rows: impl IntoIterator<Item = (Option<i64>, i64)>) -> Self {
+        /// Rows, key sum, key hash sum and value sum of one slice.
+        type Counted = (u64, i128, i128, i128);
         let slices = usize::try_from(grid.slices())
             .unwrap_or(usize::MAX)
             .min(1 << 20);
-        let mut inside = vec![(0u64, 0i128, 0i128); slices];
-        let mut outside = std::collections::BTreeMap::<i128, (u64, i128, i128)>::new();
-        let mut null_rows = 0;
-        for key in keys {
+        let mut inside: Vec<Counted> = vec![(0, 0, 0, 0); slices];
+        let mut outside = std::collections::BTreeMap::<i128, Counted>::new();
+        let (mut null_rows, mut null_value_sum) = (0, 0i128);
+        for (key, digest) in rows {
             let Some(key) = key else {
                 null_rows += 1;
+                null_value_sum += i128::from(digest);
                 continue;
             };
             let index = grid.index_of(key);
@@ -308,24 +338,27 @@ impl KeySums {
             entry.0 += 1;
             entry.1 += i128::from(key);
             entry.2 += i128::from(key_hash(key));
+            entry.3 += i128::from(digest);
         }
         let inside = inside
             .into_iter()
             .enumerate()
             .map(|(index, counted)| (index as i128, counted));
-        let mut all: Vec<(i128, (u64, i128, i128))> = inside
+        let mut all: Vec<(i128, Counted)> = inside
             .chain(outside)
             .filter(|(_, (rows, ..))| *rows > 0)
             .collect();
         all.sort_unstable_by_key(|(index, _)| *index);
         KeySums {
             null_rows,
+            null_value_sum: Some(null_value_sum),
             slices: all
                 .into_iter()
-                .map(|(index, (rows, key_sum, key_hash_sum))| KeySum {
+                .map(|(index, (rows, key_sum, key_hash_sum, value_sum))| KeySum {
                     slice: grid.slice(index, rows),
                     key_sum,
                     key_hash_sum: Some(key_hash_sum),
+                    value_sum: Some(value_sum),
                 })
                 .collect(),
         }

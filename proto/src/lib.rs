@@ -12,6 +12,7 @@
 //! - [`catalog`], [`keys`] and [`types`]: tables, capture instances, key columns and bounds, SQL
 //!   types and the output schema the answers and streams are made of.
 //! - [`chunking`]: cutting an integer key into chunks from counted slices (server and writer).
+//! - [`digest`]: reconcile's value digests, one hash of every served value of a row.
 //! - [`error`] and [`status`]: the protocol's errors and their one mapping to gRPC codes.
 //! - [`client`]: the Rust Flight client, which never hands out a stream that lacks its marker.
 //! - [`logging`]: how the binaries log (text, or JSON lines with `MSSQL_CDC_LOG_FORMAT=json`).
@@ -22,6 +23,7 @@ pub mod admin;
 pub mod catalog;
 pub mod chunking;
 pub mod client;
+pub mod digest;
 pub mod error;
 pub mod keys;
 pub mod logging;

@@ -383,11 +383,11 @@ pub async fn record_verified(url: &Url, table_name: &str, lsn: Lsn, values: bool
     }
     let source = control_batch(columns)?;
     // Two reconciles can finish out of order: the one that compared at the older LSN must
-    // not take the newer proof back. (LSNs are fixed-width hex text: their order is the
-    // text's.)
+    // not take the newer proof back; one at the same LSN (a quiet table) says when it was
+    // proven last. (LSNs are fixed-width hex text: their order is the text's.)
     let newer = |lsn: &str, column: &str| {
         format!(
-            "CASE WHEN target.{lsn} IS NULL OR source.{lsn} > target.{lsn} \
+            "CASE WHEN target.{lsn} IS NULL OR source.{lsn} >= target.{lsn} \
              THEN source.{column} ELSE target.{column} END"
         )
     };
@@ -590,8 +590,26 @@ mod tests {
             .await
             .expect("values at 25");
         assert_eq!(
-            read(url).await,
+            read(url.clone()).await,
             (Some(lsn(30).to_string()), Some(lsn(30).to_string()))
+        );
+        // Proven again at the same LSN (a quiet table): the times move.
+        let at = |url: Url| async move {
+            let row = row(&url, "dbo.t").await.expect("row").expect("a row");
+            (
+                row.verified.expect("rows").1,
+                row.values_verified.expect("values").1,
+            )
+        };
+        let before = at(url.clone()).await;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        record_verified(&url, "dbo.t", lsn(30), true)
+            .await
+            .expect("again at 30");
+        let after = at(url).await;
+        assert!(
+            after.0 > before.0 && after.1 > before.1,
+            "{before:?} then {after:?}"
         );
     }
 }

@@ -540,7 +540,7 @@ impl TableKind {
                 column(
                     "silver_key_hash_sum",
                     T::decimal(38, 0).expect("decimal(38,0) is valid"),
-                    "bucket rows: sum of the hashes of silver's keys",
+                    "bucket rows: sum of the hashes of silver's keys (NULL when the source's are)",
                     1,
                 ),
             ],

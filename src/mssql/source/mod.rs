@@ -535,6 +535,7 @@ impl CdcSource for SqlServerSource {
                     slice: grid.slice(index, count),
                     key_sum: decimal(row, 2, "the key sum")?.unwrap_or(0),
                     key_hash_sum: Some(decimal(row, 3, "the key hash sum")?.unwrap_or(0)),
+                    value_sum: None,
                 }),
             }
         }

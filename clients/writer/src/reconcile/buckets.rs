@@ -194,7 +194,7 @@ pub(super) fn silver_sums(grid: Option<&KeyGrid>, units: &[Int64Array]) -> KeySu
         Some(grid) => KeySums::count(grid, keys),
         None => KeySums {
             null_rows: keys.filter(Option::is_none).count() as u64,
-            slices: Vec::new(),
+            ..KeySums::default()
         },
     }
 }
@@ -394,7 +394,7 @@ mod tests {
         assert!(merge(&KeySums::default(), &KeySums::default(), 10).is_empty());
         let nulls = KeySums {
             null_rows: 2,
-            slices: Vec::new(),
+            ..KeySums::default()
         };
         let buckets = merge(&nulls, &KeySums::default(), 10);
         assert_eq!(buckets.len(), 1);

@@ -49,11 +49,9 @@ pub(super) async fn compare(
     let silver_sums = buckets::silver_sums(grid.as_ref(), &silver_keys);
     drop(silver_keys);
     let mut bucket_list = buckets::merge(&answer.sums, &silver_sums, config.bucket_rows);
-    let key_hash_sums = answer
-        .sums
-        .slices
-        .iter()
-        .all(|slice| slice.key_hash_sum.is_some());
+    let slices = &answer.sums.slices;
+    let key_hash_sums =
+        !slices.is_empty() && slices.iter().all(|slice| slice.key_hash_sum.is_some());
 
     // What is still in flight after the compared LSN.
     let compared_lsn = source_lsn.min(positions.silver);
