@@ -21,8 +21,8 @@ pub mod sim;
 pub mod source;
 
 pub use mssql_cdc_proto::{
-    Error, Lsn, Result, catalog, chunking, client, error, install_crypto_provider, keys, lsn,
-    offset, protocol, status, types,
+    Error, Lsn, Result, catalog, chunking, client, digest, error, install_crypto_provider, keys,
+    lsn, offset, protocol, status, types,
 };
 pub use offset::{CommitTime, Offset};
 

@@ -415,7 +415,15 @@ pub trait CdcSource: Send + Sync + 'static {
     /// Rows and key sums of `key` (as [`CdcSource::key_span`]) per slice of `grid`, in one
     /// scan (`COUNT_BIG(*)`, `SUM(CAST(key AS decimal(38,0)))` grouped by slice): every row is
     /// counted, a key outside the grid in a slice past its ends, a NULL key in `null_rows`.
-    async fn key_sums(&self, table: &TableName, key: &KeyColumn, grid: KeyGrid) -> Result<KeySums>;
+    /// With `values`, the same scan sums each row's digest of those columns as served
+    /// ([`mssql_cdc_proto::digest`]) per slice; a source that cannot leaves them `None`.
+    async fn key_sums(
+        &self,
+        table: &TableName,
+        key: &KeyColumn,
+        grid: KeyGrid,
+        values: &[OutputColumn],
+    ) -> Result<KeySums>;
 
     /// The largest key on `keys` (`SELECT TOP (1) keys ... ORDER BY keys DESC`); `None` when
     /// the table is empty. NULL sorts first, so a key of NULLs is the largest only when every

@@ -471,8 +471,9 @@ impl mssql_cdc_flight::source::CdcSource for KeylessSource {
         table: &mssql_cdc_flight::source::TableName,
         key: &KeyColumn,
         grid: KeyGrid,
+        values: &[mssql_cdc_flight::types::OutputColumn],
     ) -> mssql_cdc_flight::Result<mssql_cdc_flight::source::KeySums> {
-        self.0.key_sums(table, key, grid).await
+        self.0.key_sums(table, key, grid, values).await
     }
     async fn key_max(
         &self,

@@ -279,6 +279,7 @@ async fn check_snapshot_primitives(source: &dyn CdcSource, tracked: &TrackedTabl
         );
     }
     check_key_sums(source, tracked, &extent, &whole).await;
+    check_value_sums(source, tracked, &extent.column, stamp).await;
     let cut = whole[whole.len() / 2].1;
     let chunked = snapshot_keys(
         source,
@@ -316,6 +317,81 @@ async fn check_snapshot_primitives(source: &dyn CdcSource, tracked: &TrackedTabl
     );
 }
 
+/// Value digests: the sums the source computes in its `key_sums` scan equal the digests
+/// of the rows a snapshot read serves ([`mssql_cdc_flight::digest`]), per slice. Against
+/// SQL Server this checks its T-SQL (`sql::value_text`) against the Rust canonical texts.
+async fn check_value_sums(source: &dyn CdcSource, tracked: &TrackedTable, key: &str, stamp: Lsn) {
+    let instance = newest_active(tracked);
+    let columns = instance.output_columns();
+    let read = SnapshotRead {
+        table: tracked.table.clone(),
+        capture_instance: instance.name.clone(),
+        columns: columns.clone(),
+        pieces: vec![SnapshotPiece {
+            chunk: None,
+            range: KeyRange { lo: None, hi: None },
+            keyset: None,
+        }],
+        keys: Vec::new(),
+        include_command_id: true,
+        stamp,
+        stamp_time: None,
+        batch_rows: 1000,
+        batch_bytes: BatchBytes::fixed(1 << 20),
+    };
+    let key_index = 6 + columns
+        .iter()
+        .position(|column| column.name == key)
+        .expect("the key is captured");
+    let mut rows = Vec::new();
+    let mut stream = source.read_snapshot(read).await.expect("snapshot read");
+    while let Some(batch) = stream.next().await {
+        let batch = batch.expect("batch");
+        let captured: Vec<&dyn Array> = (6..6 + columns.len())
+            .map(|index| batch.column(index).as_ref())
+            .collect();
+        let digests = mssql_cdc_flight::digest::row_digests(&captured).expect("digests");
+        let keys =
+            arrow::compute::cast(batch.column(key_index), &arrow::datatypes::DataType::Int64)
+                .expect("integer key");
+        let keys = keys
+            .as_any()
+            .downcast_ref::<arrow::array::Int64Array>()
+            .expect("int64");
+        rows.extend(keys.iter().zip(digests));
+    }
+    let Some((lo, hi)) = rows
+        .iter()
+        .filter_map(|(key, _)| *key)
+        .fold(None, |span, key| {
+            Some(span.map_or((key, key), |(lo, hi): (i64, i64)| {
+                (lo.min(key), hi.max(key))
+            }))
+        })
+    else {
+        return;
+    };
+    let grid = KeyGrid::covering(lo, hi, 5).expect("grid");
+    let key = KeyColumn {
+        name: key.to_string(),
+        sql_type: columns
+            .iter()
+            .find(|column| column.name == key)
+            .expect("captured")
+            .sql_type
+            .clone(),
+    };
+    let sums = source
+        .key_sums(&tracked.table, &key, grid, &columns)
+        .await
+        .expect("key_sums with values");
+    assert_eq!(
+        sums,
+        KeySums::count_rows(&grid, rows),
+        "the source's value sums are the digests of the rows it serves"
+    );
+}
+
 /// `key_span` and `key_sums` on the integer key agree with the keys a snapshot read returns,
 /// on a grid covering them and on one that starts mid-way (keys below it fall in slices
 /// before it); a `date` column, when the table has one, counts every row once, NULL or not.
@@ -341,7 +417,7 @@ async fn check_key_sums(
         KeyGrid::covering(middle, max, 3).expect("grid"),
     ] {
         let sums = source
-            .key_sums(&tracked.table, &key, grid)
+            .key_sums(&tracked.table, &key, grid, &[])
             .await
             .expect("key_sums");
         assert_eq!(sums.null_rows, 0, "a unique key has no NULL");
@@ -364,7 +440,7 @@ async fn check_key_sums(
             None => KeyGrid::new(0, 0, 1).expect("grid"),
         };
         let sums = source
-            .key_sums(&tracked.table, &date, grid)
+            .key_sums(&tracked.table, &date, grid, &[])
             .await
             .expect("date sums");
         let counted: u64 = sums.slices.iter().map(|slice| slice.slice.rows).sum();
@@ -390,7 +466,12 @@ async fn check_key_sums(
     };
     assert!(
         source
-            .key_sums(&tracked.table, &text, KeyGrid::new(0, 1, 1).expect("grid"))
+            .key_sums(
+                &tracked.table,
+                &text,
+                KeyGrid::new(0, 1, 1).expect("grid"),
+                &[]
+            )
             .await
             .is_err(),
         "text columns have no key sum"

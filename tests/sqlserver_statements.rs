@@ -45,6 +45,41 @@ fn every_statement() -> Vec<(&'static str, String, usize)> {
         column("note", "nvarchar(max)", false),
         column("version", "rowversion", false),
     ];
+    // One column of each type the server serves, and one the table no longer has.
+    let digested: Vec<(OutputColumn, bool)> = [
+        "bit",
+        "tinyint",
+        "int",
+        "bigint",
+        "real",
+        "float",
+        "decimal(18,4)",
+        "money",
+        "smallmoney",
+        "date",
+        "datetime",
+        "smalldatetime",
+        "datetime2(7)",
+        "datetimeoffset(3)",
+        "time(0)",
+        "time(3)",
+        "char(4)",
+        "varchar(max)",
+        "nvarchar(40)",
+        "text",
+        "ntext",
+        "xml",
+        "uniqueidentifier",
+        "binary(4)",
+        "varbinary(max)",
+        "image",
+        "rowversion",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(index, sql_type)| column(&format!("c{index}"), sql_type, true))
+    .chain([column("dropped", "int", false)])
+    .collect();
     let zone = ServerClock::Zone("E. South America Standard Time".into());
     let offset = ServerClock::Offset(-180);
     let both = sql::source_read_prefix(Some(5000), Isolation::Snapshot);
@@ -158,7 +193,13 @@ fn every_statement() -> Vec<(&'static str, String, usize)> {
         ),
         (
             "key_sums",
-            ok(sql::key_sums(&orders, "order_id", GridUnit::Integer, "")),
+            ok(sql::key_sums(
+                &orders,
+                "order_id",
+                GridUnit::Integer,
+                &[],
+                "",
+            )),
             1,
         ),
         (
@@ -167,9 +208,21 @@ fn every_statement() -> Vec<(&'static str, String, usize)> {
                 &orders,
                 "shipped_on",
                 GridUnit::Days,
+                &[],
                 &sql::source_read_prefix(Some(5000), Isolation::ReadCommitted),
             )),
             2,
+        ),
+        (
+            "key_sums with value digests of every served type",
+            ok(sql::key_sums(
+                &orders,
+                "order_id",
+                GridUnit::Integer,
+                &digested,
+                "",
+            )),
+            1,
         ),
         (
             "snapshot_rows bounded",
@@ -377,7 +430,7 @@ fn hostile_names_stay_one_identifier() {
         assert_eq!(statements(&text), Ok(1), "{text}");
         let text = sql::key_buckets(&table, name, "").expect("quoted");
         assert_eq!(statements(&text), Ok(1), "{text}");
-        let text = sql::key_sums(&table, name, GridUnit::Days, "").expect("quoted");
+        let text = sql::key_sums(&table, name, GridUnit::Days, &columns, "").expect("quoted");
         assert_eq!(statements(&text), Ok(1), "{text}");
         let keys = [KeyColumn {
             name: name.into(),

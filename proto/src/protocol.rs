@@ -195,7 +195,15 @@ pub struct KeySumsBody {
     /// Most slices of the grid; default and maximum [`MAX_KEY_SUM_SLICES`].
     #[serde(default)]
     pub slices: Option<u64>,
+    /// Captured columns each row's value digest covers, in this order
+    /// ([`crate::digest`]): the answer then carries `value_sum` per slice and
+    /// `null_value_sum`. At most [`MAX_DIGEST_COLUMNS`]; absent or empty: no value sums.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values: Option<Vec<String>>,
 }
+
+/// The most columns a `key_sums` value digest covers (SQL Server's most columns a table).
+pub const MAX_DIGEST_COLUMNS: usize = 1_024;
 
 /// The default and most slices of a `key_sums` grid (the seed's fine grid).
 pub const MAX_KEY_SUM_SLICES: u64 = 100_000;

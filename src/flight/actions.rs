@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 use arrow_flight::Action;
 
 use super::auth::Principal;
-use super::{CdcFlightService, json_bytes, snapshot};
+use super::{CdcFlightService, json_bytes, planner, snapshot};
 use crate::error::{Error, Result};
 use crate::keys::KeysetSeek;
 use crate::lsn::Lsn;
@@ -503,6 +503,21 @@ async fn key_sums(
             "cover [{lo}, {hi}] ends before it starts"
         )));
     }
+    let values = match body.values.as_deref() {
+        None | Some([]) => Vec::new(),
+        Some(names) if names.len() > protocol::MAX_DIGEST_COLUMNS => {
+            return Err(Error::invalid(format!(
+                "values names {} columns; at most {} are digested",
+                names.len(),
+                protocol::MAX_DIGEST_COLUMNS
+            )));
+        }
+        Some(names) => {
+            let instances = source.active_capture_instances(table).await?;
+            let captured = planner::union_columns(table, &instances)?;
+            planner::select_columns(table, captured, Some(names))?
+        }
+    };
     let stamp = source.max_lsn().await?.unwrap_or(Lsn::ZERO);
     let span = source.key_span(table, key).await?;
     let extent = match (span, body.cover) {
@@ -515,9 +530,12 @@ async fn key_sums(
         .map(|(lo, hi)| KeyGrid::covering(lo, hi, slices))
         .transpose()?;
     let sums = match grid {
-        Some(grid) => source.key_sums(table, key, grid).await?,
+        Some(grid) => source.key_sums(table, key, grid, &values).await?,
         // No key anywhere: only NULL keys (or no rows) to count, on any grid.
-        None => source.key_sums(table, key, KeyGrid::new(0, 0, 1)?).await?,
+        None => {
+            let any = KeyGrid::new(0, 0, 1)?;
+            source.key_sums(table, key, any, &values).await?
+        }
     };
     Ok(protocol::KeySumsAnswer {
         stamp,

@@ -17,6 +17,7 @@ use crate::source::{
     BatchStream, CaptureInstance, CdcSource, ChangeRead, DdlEntry, InstanceRange, KeyBucket,
     KeyExtent, KeyGrid, KeySums, SnapshotRead, TableName, Tile, TrackedTable,
 };
+use crate::types::OutputColumn;
 
 /// A source whose calls are timed.
 pub struct MeteredSource(pub Arc<dyn CdcSource>);
@@ -118,8 +119,14 @@ impl CdcSource for MeteredSource {
         timed("key_span", self.0.key_span(table, key)).await
     }
 
-    async fn key_sums(&self, table: &TableName, key: &KeyColumn, grid: KeyGrid) -> Result<KeySums> {
-        timed("key_sums", self.0.key_sums(table, key, grid)).await
+    async fn key_sums(
+        &self,
+        table: &TableName,
+        key: &KeyColumn,
+        grid: KeyGrid,
+        values: &[OutputColumn],
+    ) -> Result<KeySums> {
+        timed("key_sums", self.0.key_sums(table, key, grid, values)).await
     }
 
     async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {

@@ -340,21 +340,138 @@ pub fn key_span(table: &TableName, key: &str, unit: GridUnit, prefix: &str) -> R
 
 /// Rows, key sums (decimal(38,0), in grid units) and sums of the keys' hashes
 /// ([`mssql_cdc_proto::catalog::key_hash`]) per slice `FLOOR((u - @P1) / @P2)` of every row,
-/// in one scan; NULL keys form the slice NULL.
+/// in one scan; NULL keys form the slice NULL. With `values` (each output column and whether
+/// the table has it), the same scan sums each row's value digest too
+/// ([`mssql_cdc_proto::digest`], [`value_text`]) as a fifth column.
 /// <https://learn.microsoft.com/sql/t-sql/functions/sum-transact-sql>,
 /// <https://learn.microsoft.com/sql/t-sql/functions/hashbytes-transact-sql>,
 /// <https://learn.microsoft.com/sql/t-sql/functions/cast-and-convert-transact-sql#binary-and-varbinary-data>
-pub fn key_sums(table: &TableName, key: &str, unit: GridUnit, prefix: &str) -> Result<String> {
+pub fn key_sums(
+    table: &TableName,
+    key: &str,
+    unit: GridUnit,
+    values: &[(OutputColumn, bool)],
+    prefix: &str,
+) -> Result<String> {
     let (table, key) = (ident::quote_table(table)?, ident::quote("column", key)?);
     let units = grid_units(&format!("t.{key}"), unit);
+    let (digest, digest_sum) = match values.is_empty() {
+        true => (String::new(), String::new()),
+        false => (
+            format!(", {} AS d", first_bytes_hash(&row_text("t", values)?)),
+            ", SUM(x.d) AS value_sum".to_string(),
+        ),
+    };
+    let carried = if values.is_empty() { "" } else { ", v.d" };
     Ok(format!(
         "{prefix}SELECT x.slice, COUNT_BIG(*) AS row_count, SUM(x.u) AS key_sum, \
-         SUM(x.h) AS key_hash_sum FROM (\
+         SUM(x.h) AS key_hash_sum{digest_sum} FROM (\
          SELECT CAST(FLOOR((v.u - @P1) / @P2) AS decimal(38,0)) AS slice, v.u, \
-         CAST(CAST(SUBSTRING(HASHBYTES('SHA2_256', CAST(CAST(v.u AS bigint) AS binary(8))), 1, 7) \
-         AS bigint) AS decimal(38,0)) AS h FROM (\
-         SELECT {units} AS u FROM {table} t) v) x GROUP BY x.slice ORDER BY x.slice"
+         {} AS h{carried} FROM (\
+         SELECT {units} AS u{digest} FROM {table} t) v) x GROUP BY x.slice ORDER BY x.slice",
+        first_bytes_hash("CAST(CAST(v.u AS bigint) AS binary(8))")
     ))
+}
+
+/// The first 7 bytes of `HASHBYTES('SHA2_256', bytes)` as a decimal(38,0) below 2^56.
+fn first_bytes_hash(bytes: &str) -> String {
+    format!(
+        "CAST(CAST(SUBSTRING(HASHBYTES('SHA2_256', {bytes}), 1, 7) AS bigint) AS decimal(38,0))"
+    )
+}
+
+/// A row's joined text for its value digest ([`mssql_cdc_proto::digest`]): per column `-`
+/// for NULL, else the text's length in UTF-16 code units (`DATALENGTH` of an nvarchar over
+/// 2), `:` and the text. The first argument is an nvarchar(max): `CONCAT` of no large
+/// value truncates to 8,000 bytes. `CONCAT` takes at most 254 arguments, so columns are
+/// joined 200 at a time.
+/// <https://learn.microsoft.com/sql/t-sql/functions/concat-transact-sql>,
+/// <https://learn.microsoft.com/sql/t-sql/functions/datalength-transact-sql>
+fn row_text(alias: &str, values: &[(OutputColumn, bool)]) -> Result<String> {
+    let pieces: Vec<String> = values
+        .iter()
+        .map(|(column, present)| {
+            let text = value_text(alias, column, *present)?;
+            // CONCAT reads a NULL as empty: the NULL is told apart first.
+            Ok(format!(
+                "CASE WHEN {text} IS NULL THEN N'-' \
+                 ELSE CONCAT(DATALENGTH({text}) / 2, N':', {text}) END"
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let groups: Vec<String> = pieces
+        .chunks(200)
+        .map(|group| format!("CONCAT(CAST(N'' AS nvarchar(max)), {})", group.join(", ")))
+        .collect();
+    Ok(match groups.as_slice() {
+        [one] => one.clone(),
+        many => format!("CONCAT(CAST(N'' AS nvarchar(max)), {})", many.join(", ")),
+    })
+}
+
+/// The canonical text of one column's value as the server serves it (its output type),
+/// NULL for NULL: the T-SQL side of [`mssql_cdc_proto::digest`]'s table, built from
+/// documented conversions. A column the table does not have is NULL.
+/// <https://learn.microsoft.com/sql/t-sql/functions/cast-and-convert-transact-sql>,
+/// <https://learn.microsoft.com/sql/t-sql/functions/datediff-big-transact-sql>,
+/// <https://learn.microsoft.com/sql/t-sql/functions/switchoffset-transact-sql>
+pub fn value_text(alias: &str, column: &OutputColumn, present: bool) -> Result<String> {
+    if !present {
+        return Ok("CAST(NULL AS nvarchar(max))".to_string());
+    }
+    let value = format!("{alias}.{}", ident::quote("column", &column.name)?);
+    let micros = |datetime2: &str| {
+        format!(
+            "CONVERT(nvarchar(20), DATEDIFF_BIG(microsecond, CAST('19700101' AS datetime2(7)), \
+             {datetime2}))"
+        )
+    };
+    Ok(match &column.sql_type {
+        SqlType::Bit | SqlType::TinyInt | SqlType::SmallInt | SqlType::Int | SqlType::BigInt => {
+            format!("CONVERT(nvarchar(20), CAST({value} AS bigint))")
+        }
+        // Style 3: 17 digits, every distinct value its own text; a real widens to float
+        // exactly, as the digest's side widens f32 to f64.
+        SqlType::Real | SqlType::Float => {
+            format!("CONVERT(nvarchar(30), CAST({value} AS float), 3)")
+        }
+        SqlType::Decimal { precision, scale } => {
+            format!("CONVERT(nvarchar(42), CAST({value} AS decimal({precision},{scale})))")
+        }
+        SqlType::Money => format!("CONVERT(nvarchar(42), CAST({value} AS decimal(19,4)))"),
+        SqlType::SmallMoney => format!("CONVERT(nvarchar(42), CAST({value} AS decimal(10,4)))"),
+        SqlType::Date => format!("CONVERT(nvarchar(10), {value}, 23)"),
+        // Served rounded to the microsecond (1/300 s ticks): datetime2(6) rounds alike.
+        SqlType::DateTime => micros(&format!("CAST({value} AS datetime2(6))")),
+        // Served with the digits below a microsecond dropped: DATEDIFF_BIG counts whole ones.
+        SqlType::SmallDateTime | SqlType::DateTime2 { .. } => {
+            micros(&format!("CAST({value} AS datetime2(7))"))
+        }
+        SqlType::DateTimeOffset { .. } => micros(&format!(
+            "CAST(SWITCHOFFSET({value}, '+00:00') AS datetime2(7))"
+        )),
+        // Served as `hh:mm:ss`, and seven fraction digits unless the precision is 0.
+        SqlType::Time { precision: 0 } => format!("CONVERT(nvarchar(8), {value}, 108)"),
+        SqlType::Time { .. } => format!("CONVERT(nvarchar(16), CAST({value} AS time(7)))"),
+        SqlType::Char(_)
+        | SqlType::VarChar(_)
+        | SqlType::NChar(_)
+        | SqlType::NVarChar(_)
+        | SqlType::Text
+        | SqlType::NText
+        | SqlType::Xml => format!("CAST({value} AS nvarchar(max))"),
+        // Upper case, as the server serves it.
+        SqlType::UniqueIdentifier => format!("CONVERT(nvarchar(36), {value})"),
+        SqlType::Binary(_) | SqlType::VarBinary(_) | SqlType::Image | SqlType::RowVersion => {
+            format!("CONVERT(nvarchar(max), CAST({value} AS varbinary(max)), 2)")
+        }
+        SqlType::Unsupported(name) => {
+            return Err(Error::invalid(format!(
+                "column '{}' of type {name} has no value digest",
+                column.name
+            )));
+        }
+    })
 }
 
 /// The current rows of a table in `range` of its key, in key order. Bounds present in the

@@ -601,9 +601,18 @@ impl CdcSource for SimDb {
         Ok(present.clone().min().copied().zip(present.max().copied()))
     }
 
-    async fn key_sums(&self, table: &TableName, key: &KeyColumn, grid: KeyGrid) -> Result<KeySums> {
+    async fn key_sums(
+        &self,
+        table: &TableName,
+        key: &KeyColumn,
+        grid: KeyGrid,
+        values: &[OutputColumn],
+    ) -> Result<KeySums> {
         self.simulate_latency().await;
-        Ok(KeySums::count(&grid, self.grid_values(table, key)?))
+        Ok(match self.grid_rows(table, key, values)? {
+            (keys, None) => KeySums::count(&grid, keys),
+            (keys, Some(digests)) => KeySums::count_rows(&grid, keys.into_iter().zip(digests)),
+        })
     }
 
     async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {

@@ -7,6 +7,7 @@
 //! (see `Faults::before_snapshot_read`) is seen by the read, as SQL Server's READ COMMITTED
 //! would see it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray, new_null_array};
@@ -23,7 +24,7 @@ use crate::keys::{KeyColumn, KeySeek, KeyTuple};
 use crate::source::{
     BatchBytes, KeyBucket, KeyExtent, KeyGrid, ReadSender, SnapshotRead, TableName,
 };
-use crate::types::{CHUNK_COLUMN, batch_slice_size, snapshot_schema};
+use crate::types::{CHUNK_COLUMN, OutputColumn, batch_slice_size, snapshot_schema};
 
 /// Sends `batch` in slices of at most about `batch_bytes` (one row at least), as SQL Server's
 /// reader cuts its batches; `Ok(false)` when the reader has gone.
@@ -134,9 +135,73 @@ impl SimDb {
         table: &TableName,
         key: &KeyColumn,
     ) -> Result<Vec<Option<i64>>> {
+        Ok(self.grid_rows(table, key, &[])?.0)
+    }
+
+    /// [`SimDb::grid_values`] and, with `values`, each row's digest of those columns as a
+    /// snapshot read serves them ([`mssql_cdc_proto::digest`]), from one read of the table.
+    pub(super) fn grid_rows(
+        &self,
+        table: &TableName,
+        key: &KeyColumn,
+        values: &[OutputColumn],
+    ) -> Result<(Vec<Option<i64>>, Option<Vec<i64>>)> {
         key.require_grid_unit()?;
         let definition = self.table_def(table)?;
         let rows = self.store.read_state(&definition)?;
+        let digests = match values.is_empty() {
+            true => None,
+            false => Some(Self::digests(&definition, &rows, values)?),
+        };
+        Ok((Self::key_units(&definition, &rows, key, table)?, digests))
+    }
+
+    /// Each row's value digest over `values`, in key order, 65,536 rows at a time, built as
+    /// a snapshot read builds its columns.
+    fn digests(
+        definition: &TableDef,
+        rows: &BTreeMap<i64, u64>,
+        values: &[OutputColumn],
+    ) -> Result<Vec<i64>> {
+        let sources: Vec<_> = values
+            .iter()
+            .map(|column| definition.column(&column.name))
+            .collect();
+        let all: Vec<(i64, u64)> = rows.iter().map(|(key, content)| (*key, *content)).collect();
+        let mut digests = Vec::with_capacity(all.len());
+        for part in all.chunks(1 << 16) {
+            let columns: Vec<ArrayRef> = values
+                .iter()
+                .zip(&sources)
+                .map(|(column, source)| match source {
+                    Some(source) => {
+                        let mut builder = ColumnBuilder::for_sql_type(&column.sql_type, part.len());
+                        let is_key = source.name == definition.key;
+                        for (key, content) in part {
+                            builder.append_generated(source, is_key, *key, *content);
+                        }
+                        builder.finish()
+                    }
+                    // A column the table no longer has reads NULL, as a snapshot serves it.
+                    None => new_null_array(
+                        &column.sql_type.arrow_type().unwrap_or(DataType::Null),
+                        part.len(),
+                    ),
+                })
+                .collect();
+            let arrays: Vec<&dyn arrow::array::Array> =
+                columns.iter().map(|column| column.as_ref()).collect();
+            digests.extend(mssql_cdc_proto::digest::row_digests(&arrays)?);
+        }
+        Ok(digests)
+    }
+
+    fn key_units(
+        definition: &TableDef,
+        rows: &BTreeMap<i64, u64>,
+        key: &KeyColumn,
+        table: &TableName,
+    ) -> Result<Vec<Option<i64>>> {
         if key.name == definition.key {
             // The row key is its own value: no column to generate.
             return Ok(rows.keys().map(|row_key| Some(*row_key)).collect());

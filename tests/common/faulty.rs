@@ -18,6 +18,7 @@ use mssql_cdc_flight::source::{
     BatchStream, CapturedColumn, CdcSource, ChangeRead, DdlEntry, InstanceRange, KeyBucket,
     KeyExtent, KeyGrid, KeySums, SnapshotRead, TableName, Tile, TrackedTable, read_channel,
 };
+use mssql_cdc_flight::types::OutputColumn;
 
 /// How a [`FaultySource`] breaks its change reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,8 +171,14 @@ impl CdcSource for FaultySource {
     async fn key_span(&self, table: &TableName, key: &KeyColumn) -> Result<Option<(i64, i64)>> {
         self.db.key_span(table, key).await
     }
-    async fn key_sums(&self, table: &TableName, key: &KeyColumn, grid: KeyGrid) -> Result<KeySums> {
-        self.db.key_sums(table, key, grid).await
+    async fn key_sums(
+        &self,
+        table: &TableName,
+        key: &KeyColumn,
+        grid: KeyGrid,
+        values: &[OutputColumn],
+    ) -> Result<KeySums> {
+        self.db.key_sums(table, key, grid, values).await
     }
     async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {
         self.db.key_max(table, keys).await

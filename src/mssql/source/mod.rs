@@ -509,14 +509,30 @@ impl CdcSource for SqlServerSource {
         Ok(row.and_then(|row| int_at(&row, 0).zip(int_at(&row, 1))))
     }
 
-    async fn key_sums(&self, table: &TableName, key: &KeyColumn, grid: KeyGrid) -> Result<KeySums> {
+    async fn key_sums(
+        &self,
+        table: &TableName,
+        key: &KeyColumn,
+        grid: KeyGrid,
+        values: &[OutputColumn],
+    ) -> Result<KeySums> {
         let unit = key.require_grid_unit()?;
         let width = i64::try_from(grid.width()).map_err(|_| {
             Error::invalid(format!("key_sums width {} passes BIGINT", grid.width()))
         })?;
+        let values: Vec<(OutputColumn, bool)> = match values.is_empty() {
+            true => Vec::new(),
+            false => {
+                let (present, _) = self.table_columns(table).await?;
+                values
+                    .iter()
+                    .map(|column| (column.clone(), present.contains(&column.name)))
+                    .collect()
+            }
+        };
         let rows = self
             .rows(
-                &sql::key_sums(table, &key.name, unit, &self.read_prefix)?,
+                &sql::key_sums(table, &key.name, unit, &values, &self.read_prefix)?,
                 &[Param::Int(grid.lo()), Param::Int(width)],
             )
             .await?;
@@ -526,16 +542,27 @@ impl CdcSource for SqlServerSource {
                 "key_sums: {what} is not a decimal ({other:?})"
             ))),
         };
-        let mut sums = KeySums::default();
+        let digested = !values.is_empty();
+        let value_sum = |row: &Row| match digested {
+            true => decimal(row, 4, "the value sum").map(|sum| Some(sum.unwrap_or(0))),
+            false => Ok(None),
+        };
+        let mut sums = KeySums {
+            null_value_sum: digested.then_some(0),
+            ..KeySums::default()
+        };
         for row in &rows {
             let count = int_at(row, 1).unwrap_or(0).max(0) as u64;
             match decimal(row, 0, "the slice")? {
-                None => sums.null_rows += count,
+                None => {
+                    sums.null_rows += count;
+                    sums.null_value_sum = value_sum(row)?;
+                }
                 Some(index) => sums.slices.push(KeySum {
                     slice: grid.slice(index, count),
                     key_sum: decimal(row, 2, "the key sum")?.unwrap_or(0),
                     key_hash_sum: Some(decimal(row, 3, "the key hash sum")?.unwrap_or(0)),
-                    value_sum: None,
+                    value_sum: value_sum(row)?,
                 }),
             }
         }

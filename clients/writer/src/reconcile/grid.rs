@@ -37,6 +37,7 @@ pub(super) async fn compare(
                 key: Some(key.column.name.clone()),
                 cover: cover.map(|(lo, hi)| [lo, hi]),
                 slices: None,
+                values: None,
             },
         )
         .await?;
