@@ -52,6 +52,10 @@ pub struct Side {
     /// that does not compute it.
     #[serde(default, with = "mssql_cdc_proto::catalog::decimal_text")]
     pub key_hash_sum: i128,
+    /// Sum of the rows' value digests ([`mssql_cdc_proto::digest`]) over the compared
+    /// columns; 0 on both sides when the source was not asked for them or cannot.
+    #[serde(default, with = "mssql_cdc_proto::catalog::decimal_text")]
+    pub value_sum: i128,
 }
 
 impl Side {
@@ -59,6 +63,16 @@ impl Side {
         self.rows += other.rows;
         self.key_sum += other.key_sum;
         self.key_hash_sum += other.key_hash_sum;
+        self.value_sum += other.value_sum;
+    }
+
+    /// Whether the two sides differ by their value sums alone.
+    pub(super) fn differs_only_in_values(&self, other: &Side) -> bool {
+        self.value_sum != other.value_sum
+            && Side {
+                value_sum: other.value_sum,
+                ..*self
+            } == *other
     }
 }
 
@@ -155,29 +169,52 @@ pub(crate) fn units_of(array: &ArrayRef, key: &GridKey) -> Result<Int64Array> {
         .ok_or_else(|| WriterError::Internal("units are not Int64".into()))
 }
 
-/// Silver's key column in grid units, at the registered version.
+/// Silver's keys in grid units, batch by batch, and with the value digests asked for, each
+/// row's ([`mssql_cdc_proto::digest`]).
+pub(super) struct SilverKeys {
+    pub(super) units: Vec<Int64Array>,
+    pub(super) digests: Option<Vec<Vec<i64>>>,
+}
+
+/// Silver's key column in grid units at the registered version and, with `values` (the
+/// compared columns, in the order the source digests them), each row's value digest.
 pub(super) async fn silver_units(
     context: &SessionContext,
     key: &GridKey,
-) -> Result<Vec<Int64Array>> {
-    let frame = context
-        .sql(&format!(
-            "SELECT {} FROM silver",
-            tables::quote_identifier(&key.column.name)
+    values: Option<&[String]>,
+) -> Result<SilverKeys> {
+    let name = tables::quote_identifier(&key.column.name);
+    let select = match values {
+        None => format!("SELECT {name} FROM silver"),
+        // Aliased: the key is usually a compared column too.
+        Some(columns) => format!(
+            "SELECT {name} AS \"__mssql_cdc_key\", {} FROM silver",
+            tables::quote_columns(columns)
+        ),
+    };
+    let frame = context.sql(&select).await.map_err(|error| {
+        WriterError::invalid(format!(
+            "silver has no key column '{}': {error}",
+            key.column.name
         ))
-        .await
-        .map_err(|error| {
-            WriterError::invalid(format!(
-                "silver has no key column '{}': {error}",
-                key.column.name
-            ))
-        })?;
+    })?;
     let mut stream = frame.execute_stream().await?;
     let mut units = Vec::new();
+    let mut digests = values.map(|_| Vec::new());
     while let Some(batch) = stream.try_next().await? {
         units.push(units_of(batch.column(0), key)?);
+        if let Some(digests) = &mut digests {
+            let values: Vec<&dyn Array> = batch.columns()[1..]
+                .iter()
+                .map(|column| column.as_ref())
+                .collect();
+            digests.push(
+                mssql_cdc_proto::digest::row_digests(&values)
+                    .map_err(|error| WriterError::invalid(format!("silver's values: {error}")))?,
+            );
+        }
     }
-    Ok(units)
+    Ok(SilverKeys { units, digests })
 }
 
 /// The smallest and largest key; `None` without a non-NULL key.
@@ -188,13 +225,26 @@ pub(super) fn span(units: &[Int64Array]) -> Option<(i64, i64)> {
 }
 
 /// Silver's sums on the grid (no grid: neither side has a non-NULL key).
-pub(super) fn silver_sums(grid: Option<&KeyGrid>, units: &[Int64Array]) -> KeySums {
-    let keys = units.iter().flat_map(|array| array.iter());
-    match grid {
-        Some(grid) => KeySums::count(grid, keys),
-        None => KeySums {
-            null_rows: keys.filter(Option::is_none).count() as u64,
-            ..KeySums::default()
+pub(super) fn silver_sums(grid: Option<&KeyGrid>, silver: &SilverKeys) -> KeySums {
+    let keys = || silver.units.iter().flat_map(|array| array.iter());
+    let rows = |digests: &Vec<Vec<i64>>| {
+        keys()
+            .zip(digests.iter().flatten().copied())
+            .collect::<Vec<_>>()
+    };
+    match (grid, &silver.digests) {
+        (Some(grid), None) => KeySums::count(grid, keys()),
+        (Some(grid), Some(digests)) => KeySums::count_rows(grid, rows(digests)),
+        (None, digests) => KeySums {
+            null_rows: keys().filter(Option::is_none).count() as u64,
+            null_value_sum: digests.as_ref().map(|digests| {
+                rows(digests)
+                    .into_iter()
+                    .filter(|(key, _)| key.is_none())
+                    .map(|(_, digest)| i128::from(digest))
+                    .sum()
+            }),
+            slices: Vec::new(),
         },
     }
 }
@@ -219,6 +269,7 @@ pub(super) fn merge(source: &KeySums, silver: &KeySums, bucket_rows: u64) -> Vec
             side.rows += slice.slice.rows;
             side.key_sum += slice.key_sum;
             side.key_hash_sum += slice.key_hash_sum.unwrap_or(0);
+            side.value_sum += slice.value_sum.unwrap_or(0);
         }
     }
     // A server that does not hash keys: silver's hashes are left out too.
@@ -231,14 +282,26 @@ pub(super) fn merge(source: &KeySums, silver: &KeySums, bucket_rows: u64) -> Vec
             silver.key_hash_sum = 0;
         }
     }
-    let null = |rows: u64| Side {
-        rows,
+    // A source without value sums (not asked, or a server before them): silver's are left
+    // out too.
+    let without_values = !value_sums(source);
+    if without_values {
+        for (_, _, silver) in slices.values_mut() {
+            silver.value_sum = 0;
+        }
+    }
+    let null = |sums: &KeySums| Side {
+        rows: sums.null_rows,
+        value_sum: match without_values {
+            true => 0,
+            false => sums.null_value_sum.unwrap_or(0),
+        },
         ..Side::default()
     };
     let mut buckets = Vec::new();
     let mut current = Bucket {
-        source: null(source.null_rows),
-        silver: null(silver.null_rows),
+        source: null(source),
+        silver: null(silver),
         ..Bucket::new(None, None)
     };
     let mut empty = source.null_rows == 0 && silver.null_rows == 0;
@@ -270,6 +333,13 @@ pub(super) fn merge(source: &KeySums, silver: &KeySums, bucket_rows: u64) -> Vec
         bucket.judge();
     }
     buckets
+}
+
+/// Whether `sums` carry value sums on every slice (and on the NULL keys' rows).
+pub(super) fn value_sums(sums: &KeySums) -> bool {
+    (sums.null_rows == 0 || sums.null_value_sum.is_some())
+        && (sums.null_value_sum.is_some() || !sums.slices.is_empty())
+        && sums.slices.iter().all(|slice| slice.value_sum.is_some())
 }
 
 /// Turns MISMATCH into IN_FLIGHT where a changed key lies in the bucket.

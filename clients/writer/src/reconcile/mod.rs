@@ -132,6 +132,11 @@ pub struct ReconcileResult {
     /// every slice (a server before them answers counts and sums only).
     #[serde(default)]
     pub key_hash_sums: bool,
+    /// Whether the buckets carry value sums: the source digested every compared value of
+    /// its rows in tier 1's scan and silver's were digested alike, so a bucket whose sums
+    /// are equal had every value compared without being read row by row.
+    #[serde(default)]
+    pub value_sums: bool,
     /// Silver's Delta version read.
     pub silver_version: i64,
     /// Silver's `applied_lsn` read before that version.
@@ -279,6 +284,8 @@ struct Compared {
     changes_read: (Lsn, Lsn),
     /// Whether the source hashed its keys ([`ReconcileResult::key_hash_sums`]).
     key_hash_sums: bool,
+    /// Whether both sides' value digests were summed ([`ReconcileResult::value_sums`]).
+    value_sums: bool,
 }
 
 /// Where silver and bronze stand, read before the comparison.
@@ -422,6 +429,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         findings,
         changes_read,
         key_hash_sums,
+        value_sums,
     } = match &key {
         CompareKey::Grid(grid) => {
             let on = (&hashing, grid);
@@ -472,6 +480,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         key: key.label(),
         key_sums: matches!(key, CompareKey::Grid(_)),
         key_hash_sums,
+        value_sums,
         silver_version,
         silver_lsn,
         source_lsn,
@@ -498,8 +507,10 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     // loss, so no MISMATCH; but silver is then not known equal to the source, whatever those
     // keys hold, and no LSN is verified.
     result.verified = result.clean() && pending_snapshot.is_none();
-    result.values_verified =
-        result.verified && result.hashed == result.buckets && result.uncompared_columns.is_empty();
+    // Every value was compared: by equal value sums in tier 1, or row by row in tier 2.
+    result.values_verified = result.verified
+        && (result.value_sums || result.hashed == result.buckets)
+        && result.uncompared_columns.is_empty();
 
     // 6. The report, then the verified LSN.
     if let Some(location) = &config.report {

@@ -182,6 +182,16 @@ const REGRESSIONS: &[(&str, &str)] = &[
         {"Crash":{"table":"Quiet","point":1}},
         {"Reconcile":{"table":"Quiet","corrupt":false}}]"#,
     ),
+    (
+        "a value another engine changed in silver, reconciled reading no bucket row by row \
+         (sample 0): counts and key sums match, so only the value sums of tier 1 find it",
+        r#"[{"Commit":{"table":"Quiet","commits":5,"seed":3}},
+        {"Stream":{"table":"Quiet","continuous":false,"live_tail":false,"max_commits":null}},
+        {"Apply":{"table":"Quiet","deletion_vectors":true}},
+        {"Reconcile":{"table":"Quiet","corrupt":true,"value":true}},
+        {"Commit":{"table":"Busy","commits":20,"seed":4}},
+        {"Reconcile":{"table":"Quiet","corrupt":false}}]"#,
+    ),
 ];
 
 /// Runs `schedule` on a new world; the step that failed and why, or the coverage. A panic

@@ -45,7 +45,8 @@ pub(crate) struct Knowledge {
     pub(crate) paused: BTreeMap<Table, Lsn>,
     /// Tables silver was applied to.
     pub(crate) applied: BTreeSet<Table>,
-    /// Tables whose silver another engine corrupted, and the key of the row it deleted.
+    /// Tables whose silver another engine corrupted, and the key of the row it deleted or
+    /// changed.
     pub(crate) corrupted: BTreeMap<Table, i64>,
     /// Operations run, by kind, and pairs run together.
     pub(crate) covered: BTreeMap<String, u64>,
@@ -221,7 +222,11 @@ impl World {
                     table,
                     deletion_vectors,
                 } => self.apply(*table, *deletion_vectors).await,
-                Op::Reconcile { table, corrupt } => self.reconcile(*table, *corrupt).await,
+                Op::Reconcile {
+                    table,
+                    corrupt,
+                    value,
+                } => self.reconcile(*table, corrupt.then_some(*value)).await,
                 Op::SecondWriter { table } => {
                     let config = self.config(*table);
                     let failing = self.on_loss(*table) == OnLoss::Fail;
@@ -578,21 +583,41 @@ impl World {
             .all(|row| held.contains(row) || excused.covers(row))
     }
 
-    pub(crate) async fn reconcile(&self, table: Table, corrupt: bool) -> Result<(), Failure> {
+    /// Reconciles silver of `table`; with `corrupt`, another engine first deletes a row of
+    /// it (`Some(false)`) or changes one of its values (`Some(true)`).
+    pub(crate) async fn reconcile(
+        &self,
+        table: Table,
+        corrupt: Option<bool>,
+    ) -> Result<(), Failure> {
         if !self.known().applied.contains(&table) {
             return self.apply(table, false).await;
         }
         let location = self.lab.lake(&format!("silver_{}", table.name()));
-        if corrupt {
-            // Another engine deletes a row of silver: from now on silver differs from the
-            // source, and no reconcile of it may verify.
+        if let Some(value) = corrupt {
+            // Another engine deletes a row of silver, or changes one of its values: from now
+            // on silver differs from the source, and no reconcile of it may verify.
             let rows = self.silver_rows(table).await;
             if let Some(key) = rows.keys().next() {
                 let silver = common::open_table(&location).await;
-                common::delete_where(silver, &format!("{} = {key}", table.key())).await;
+                let which = format!("{} = {key}", table.key());
+                match value {
+                    false => drop(common::delete_where(silver, &which).await),
+                    true => {
+                        let column = table.text_column();
+                        let changed = format!("concat({column}, '~')");
+                        drop(common::update_where(silver, &which, column, &changed).await)
+                    }
+                }
                 self.known().corrupted.insert(table, *key);
             }
         }
+        // After a corruption, and on the quiet table, no bucket is read row by row unless
+        // tier 1 finds it different: the value sums must find a changed value alone.
+        let sample = match corrupt.is_some() || table == Table::Quiet {
+            true => 0.0,
+            false => 1.0,
+        };
         let config = reconcile::ReconcileConfig {
             server: self.lab.url.clone(),
             table: table.source().into(),
@@ -602,7 +627,7 @@ impl World {
             facts: Some(self.lab.lake("facts")),
             keys: None,
             bucket_rows: 1_000_000,
-            sample: 1.0,
+            sample,
             seed: Some(1),
             report: None,
         };
@@ -673,17 +698,18 @@ impl World {
         let corrupted = self.known().corrupted.get(&table).copied();
         if let Some(key) = corrupted
             && !changed_since.contains(&key)
-            && !self.silver_rows(table).await.contains_key(&key)
-            && source_rows_of(&self.lab, table.source(), table.key())
+            && let Some(source_row) = source_rows_of(&self.lab, table.source(), table.key())
                 .await
-                .contains_key(&key)
+                .get(&key)
+                .cloned()
+            && self.silver_rows(table).await.get(&key) != Some(&source_row)
         {
-            // A key no change touched since the compared LSN, missing from silver: no change
-            // in flight explains it. (A deleted row whose key changed since is IN_FLIGHT: a
+            // A key no change touched since the compared LSN, missing from silver or with a
+            // value changed: no change in flight explains it. (A deleted row whose key changed since is IN_FLIGHT: a
             // verified LSN claims every row but the keys changed after it; comparing those
             // at the compared LSN is issue "Reconcile that means what it says".)
             return Err(format!(
-                "reconcile verified {} at {} although another engine deleted its row of key {key} \
+                "reconcile verified {} at {} although another engine deleted or changed its row of key {key} \
                  from silver, and no change since explains it",
                 table.source(),
                 result.compared_lsn
