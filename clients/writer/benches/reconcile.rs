@@ -7,7 +7,9 @@
 //! - **Flight read**: the whole table through a snapshot `do_get` (2 endpoints), rows
 //!   counted: what tier 1 is measured against (target: tier 1 under a tenth of it);
 //! - **tier 1**: `mssql-cdc-writer reconcile --sample 0` in its own process (every bucket
-//!   matches, so no row is read), the median of three runs: its seconds, its peak RSS
+//!   matches, so no row is read over Flight; the source sums every row's value digest in its
+//!   scan and the writer digests silver's rows alike, so every value is verified), the
+//!   median of three runs: its seconds (target: under 0.3 of the Flight read), its peak RSS
 //!   (target ≤ 1 GiB) and the source calls the server made for it
 //!   (`mssql_cdc_flight_source_call_seconds_count`);
 //! - **tier 2**: the same with `--sample 1` (every bucket of `BENCH_RECONCILE_BUCKET_ROWS`,
@@ -151,10 +153,14 @@ fn main() -> anyhow::Result<()> {
             result1["match"] == result1["buckets"] && result2["hashed"] == result2["buckets"],
             "a matching table: {result1} / {result2}"
         );
+        anyhow::ensure!(
+            result1["values_verified"] == true && result1["hashed"] == 0,
+            "tier 1 alone verifies every value by the value sums: {result1}"
+        );
         let per_bucket = (tiers12 - tier1).max(0.0) / buckets.max(1) as f64;
         let flight_per_bucket = flight_seconds / buckets.max(1) as f64;
         println!(
-            "| rows | buckets | Flight read s | tier 1 s (÷ Flight) | source calls | tier 1 peak RSS MiB | tier 2 s per bucket (÷ Flight read of a bucket) | tiers 1+2 peak RSS MiB |"
+            "| rows | buckets | Flight read s | tier 1, values verified, s (÷ Flight) | source calls | tier 1 peak RSS MiB | tier 2 s per bucket (÷ Flight read of a bucket) | tiers 1+2 peak RSS MiB |"
         );
         println!("|---|---|---|---|---|---|---|---|");
         println!(
