@@ -31,6 +31,28 @@ use sha2::Digest;
 
 use crate::error::{Error, Result};
 
+/// Whether values of `data_type` have a canonical text (the types the server serves, and
+/// the string and binary views a reader may hand out).
+pub fn supports(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Boolean
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::Float32
+            | DataType::Float64
+            | DataType::Date32
+            | DataType::Timestamp(TimeUnit::Microsecond, _)
+            | DataType::Utf8
+            | DataType::LargeUtf8
+            | DataType::Utf8View
+            | DataType::Binary
+            | DataType::LargeBinary
+            | DataType::BinaryView
+    ) || matches!(data_type, DataType::Decimal128(_, scale) if *scale >= 0)
+}
+
 /// The digest of each row of `columns` (equal lengths), in order.
 pub fn row_digests(columns: &[&dyn Array]) -> Result<Vec<i64>> {
     let rows = columns.first().map_or(0, |column| column.len());

@@ -69,7 +69,7 @@ actions! {
     SnapshotLsn = "snapshot_lsn": "{\"table\"} -> {\"lsn\"}: the stamp a snapshot read now would get",
     KeyExtent = "key_extent": "{\"table\"} -> {\"column\", \"sql_type\", \"min\", \"max\", \"rows\"}: the key and its extent",
     KeyBuckets = "key_buckets": "{\"table\", \"lo\", \"hi\", \"width\"} -> [{\"lo\", \"hi\", \"rows\"}]: rows per key slice",
-    KeySums = "key_sums": "{\"table\", \"key\"?, \"cover\"?, \"slices\"?} -> {\"stamp\", \"key\", \"grid\", \"null_rows\", \"slices\": [{\"lo\", \"hi\", \"rows\", \"key_sum\"}]}: rows and key sums per slice of a fine grid on one integer or date column (reconcile)",
+    KeySums = "key_sums": "{\"table\", \"key\"?, \"cover\"?, \"slices\"?, \"values\"?} -> {\"stamp\", \"key\", \"grid\", \"null_rows\", \"null_value_sum\"?, \"slices\": [{\"lo\", \"hi\", \"rows\", \"key_sum\", \"key_hash_sum\", \"value_sum\"?}]}: rows, key sums and (with values) value digest sums per slice of a fine grid on one integer or date column (reconcile)",
     KeyMax = "key_max": "{\"table\", \"keys\"?} -> {\"keys\", \"unique\", \"max\"}: the columns a snapshot is cut on and the largest key",
     KeyBound = "key_bound": "{\"table\", \"keys\"?, \"from\"?, \"from_inclusive\"?, \"to\"?, \"to_inclusive\"?, \"n\"} -> {\"bound\"}: the key of the (n + 1)-th row of a range, in the source's order",
 }

@@ -186,11 +186,19 @@ pub(super) async fn silver_units(
     let name = tables::quote_identifier(&key.column.name);
     let select = match values {
         None => format!("SELECT {name} FROM silver"),
-        // Aliased: the key is usually a compared column too.
-        Some(columns) => format!(
-            "SELECT {name} AS \"__mssql_cdc_key\", {} FROM silver",
-            tables::quote_columns(columns)
-        ),
+        // Aliased (the key is usually a compared column too), by a name no compared column
+        // has.
+        Some(columns) => {
+            let alias = (0..)
+                .map(|n| format!("__mssql_cdc_key{n}"))
+                .find(|alias| !columns.contains(alias))
+                .expect("a free name");
+            format!(
+                "SELECT {name} AS {}, {} FROM silver",
+                tables::quote_identifier(&alias),
+                tables::quote_columns(columns)
+            )
+        }
     };
     let frame = context.sql(&select).await.map_err(|error| {
         WriterError::invalid(format!(
@@ -227,19 +235,17 @@ pub(super) fn span(units: &[Int64Array]) -> Option<(i64, i64)> {
 /// Silver's sums on the grid (no grid: neither side has a non-NULL key).
 pub(super) fn silver_sums(grid: Option<&KeyGrid>, silver: &SilverKeys) -> KeySums {
     let keys = || silver.units.iter().flat_map(|array| array.iter());
-    let rows = |digests: &Vec<Vec<i64>>| {
-        keys()
-            .zip(digests.iter().flatten().copied())
-            .collect::<Vec<_>>()
-    };
-    match (grid, &silver.digests) {
-        (Some(grid), None) => KeySums::count(grid, keys()),
-        (Some(grid), Some(digests)) => KeySums::count_rows(grid, rows(digests)),
-        (None, digests) => KeySums {
+    // Paired as they are counted, not collected: a row costs its key and its digest.
+    let digests = || silver.digests.iter().flatten().flatten().copied();
+    let digested = silver.digests.is_some();
+    match grid {
+        Some(grid) if digested => KeySums::count_rows(grid, keys().zip(digests())),
+        Some(grid) => KeySums::count(grid, keys()),
+        None => KeySums {
             null_rows: keys().filter(Option::is_none).count() as u64,
-            null_value_sum: digests.as_ref().map(|digests| {
-                rows(digests)
-                    .into_iter()
+            null_value_sum: digested.then(|| {
+                keys()
+                    .zip(digests())
                     .filter(|(key, _)| key.is_none())
                     .map(|(_, digest)| i128::from(digest))
                     .sum()
@@ -286,7 +292,8 @@ pub(super) fn merge(source: &KeySums, silver: &KeySums, bucket_rows: u64) -> Vec
     // out too.
     let without_values = !value_sums(source);
     if without_values {
-        for (_, _, silver) in slices.values_mut() {
+        for (_, source, silver) in slices.values_mut() {
+            source.value_sum = 0;
             silver.value_sum = 0;
         }
     }

@@ -9,7 +9,7 @@ use std::cmp::Ordering;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, RecordBatch};
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 use arrow::row::{RowConverter, Rows, SortField};
 use deltalake::datafusion::common::hash_utils::{RandomState, create_hashes};
 use deltalake::datafusion::prelude::SessionContext;
@@ -186,6 +186,14 @@ pub(super) struct Hashing {
     pub(super) uncompared: Vec<String>,
     /// Silver's schema of `columns`: both sides are cast to it.
     pub(super) types: SchemaRef,
+    /// Whether silver holds every compared column in the type the server serves it as (up
+    /// to string and binary views and a timestamp's zone): the cast to `types` then changes
+    /// no value, and rows equal here are equal as served.
+    pub(super) exact: bool,
+    /// Whether the value sums can cover the compared columns: each of silver's types has a
+    /// canonical text ([`mssql_cdc_proto::digest::supports`]) and they are few enough for
+    /// one call.
+    pub(super) digestible: bool,
 }
 
 impl Hashing {
@@ -208,11 +216,25 @@ impl Hashing {
             .filter(|column| !columns.contains(&column.name))
             .map(|column| column.name.clone())
             .collect();
+        let exact = fields.iter().all(|field| {
+            instance
+                .columns
+                .iter()
+                .find(|column| &column.name == field.name())
+                .and_then(|column| column.sql_type.arrow_type())
+                .is_some_and(|served| same_values(&served, field.data_type()))
+        });
+        let digestible = columns.len() <= mssql_cdc_proto::protocol::MAX_DIGEST_COLUMNS
+            && fields
+                .iter()
+                .all(|field| mssql_cdc_proto::digest::supports(field.data_type()));
         Ok(Hashing {
             key: key.clone(),
             columns,
             uncompared,
             types: Arc::new(arrow::datatypes::Schema::new(fields)),
+            exact,
+            digestible,
         })
     }
 
@@ -464,6 +486,19 @@ fn classify(
     findings
 }
 
+/// Whether values served as `served` keep every value in `silver`'s type: the same type,
+/// a string or binary type and its view, or microsecond timestamps of any zone.
+fn same_values(served: &DataType, silver: &DataType) -> bool {
+    use DataType as T;
+    let family = |data_type: &DataType| match data_type {
+        T::Utf8 | T::LargeUtf8 | T::Utf8View => Some(0),
+        T::Binary | T::LargeBinary | T::BinaryView => Some(1),
+        T::Timestamp(arrow::datatypes::TimeUnit::Microsecond, _) => Some(2),
+        _ => None,
+    };
+    served == silver || family(served).is_some_and(|family_of| family(silver) == Some(family_of))
+}
+
 /// Seeds the short column hashes of both sides alike.
 const SHORT_HASH: RandomState = RandomState::with_seed(0x51_7c_c1_b7_27_22_0a_95);
 
@@ -607,6 +642,9 @@ mod tests {
                 Field::new("name", DataType::Utf8View, true),
                 Field::new("score", DataType::Float64, true),
             ])),
+            // The source serves `id` as Int32: not silver's type.
+            exact: false,
+            digestible: true,
         }
     }
 
