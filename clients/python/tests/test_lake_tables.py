@@ -72,7 +72,7 @@ def test_tables_carry_their_schema_version_and_comments(lake):
         ("bronze_customers", "2"),
         ("facts", "12"),
         ("control", "6"),
-        ("reconcile", "0"),
+        ("reconcile", "1"),
     ]:
         table = DeltaTable(str(lake / name))
         assert table.metadata().configuration["mssql_cdc.schema_version"] == version
