@@ -149,14 +149,15 @@ fn newest_active(tracked: &TrackedTable) -> &mssql_cdc_flight::source::CaptureIn
         .expect("an active instance")
 }
 
-/// The keys a snapshot read returns, in order, and the checks every batch must pass.
+/// The keys a snapshot read returns, in order, with each row's value digest of its captured
+/// columns as served ([`mssql_cdc_flight::digest`]), and the checks every batch must pass.
 async fn snapshot_keys(
     source: &dyn CdcSource,
     tracked: &TrackedTable,
     key: &str,
     pieces: Vec<SnapshotPiece>,
     stamp: Lsn,
-) -> Vec<(Option<i32>, i64)> {
+) -> (Vec<(Option<i32>, i64)>, Vec<i64>) {
     let instance = newest_active(tracked);
     let columns = instance.output_columns();
     let key_index = 6 + columns
@@ -176,10 +177,14 @@ async fn snapshot_keys(
         batch_bytes: BatchBytes::fixed(1 << 20),
     };
     let mut stream = source.read_snapshot(read).await.expect("snapshot read");
-    let mut keys = Vec::new();
+    let (mut keys, mut digests) = (Vec::new(), Vec::new());
     while let Some(batch) = stream.next().await {
         let batch = batch.expect("batch");
         assert!(batch.num_rows() <= 97);
+        let captured: Vec<&dyn Array> = (6..6 + columns.len())
+            .map(|index| batch.column(index).as_ref())
+            .collect();
+        digests.extend(mssql_cdc_flight::digest::row_digests(&captured).expect("digests"));
         assert_eq!(
             batch.num_columns(),
             6 + columns.len() + 1,
@@ -221,7 +226,7 @@ async fn snapshot_keys(
             ));
         }
     }
-    keys
+    (keys, digests)
 }
 
 /// Key extent, slice counts and snapshot reads agree: the slices count what a whole read
@@ -235,7 +240,7 @@ async fn check_snapshot_primitives(source: &dyn CdcSource, tracked: &TrackedTabl
         .await
         .expect("snapshot_lsn");
     assert!(stamp >= max_lsn, "the stamp is max_lsn or later");
-    let whole = snapshot_keys(
+    let (whole, digests) = snapshot_keys(
         source,
         tracked,
         &extent.column,
@@ -279,9 +284,9 @@ async fn check_snapshot_primitives(source: &dyn CdcSource, tracked: &TrackedTabl
         );
     }
     check_key_sums(source, tracked, &extent, &whole).await;
-    check_value_sums(source, tracked, &extent.column, stamp).await;
+    check_value_sums(source, tracked, &extent, &whole, digests).await;
     let cut = whole[whole.len() / 2].1;
-    let chunked = snapshot_keys(
+    let (chunked, _) = snapshot_keys(
         source,
         tracked,
         &extent.column,
@@ -318,73 +323,28 @@ async fn check_snapshot_primitives(source: &dyn CdcSource, tracked: &TrackedTabl
 }
 
 /// Value digests: the sums the source computes in its `key_sums` scan equal the digests
-/// of the rows a snapshot read serves ([`mssql_cdc_flight::digest`]), per slice. Against
-/// SQL Server this checks its T-SQL (`sql::value_text`) against the Rust canonical texts.
-async fn check_value_sums(source: &dyn CdcSource, tracked: &TrackedTable, key: &str, stamp: Lsn) {
-    let instance = newest_active(tracked);
-    let columns = instance.output_columns();
-    let read = SnapshotRead {
-        table: tracked.table.clone(),
-        capture_instance: instance.name.clone(),
-        columns: columns.clone(),
-        pieces: vec![SnapshotPiece {
-            chunk: None,
-            range: KeyRange { lo: None, hi: None },
-            keyset: None,
-        }],
-        keys: Vec::new(),
-        include_command_id: true,
-        stamp,
-        stamp_time: None,
-        batch_rows: 1000,
-        batch_bytes: BatchBytes::fixed(1 << 20),
-    };
-    let key_index = 6 + columns
-        .iter()
-        .position(|column| column.name == key)
-        .expect("the key is captured");
-    let mut rows = Vec::new();
-    let mut stream = source.read_snapshot(read).await.expect("snapshot read");
-    while let Some(batch) = stream.next().await {
-        let batch = batch.expect("batch");
-        let captured: Vec<&dyn Array> = (6..6 + columns.len())
-            .map(|index| batch.column(index).as_ref())
-            .collect();
-        let digests = mssql_cdc_flight::digest::row_digests(&captured).expect("digests");
-        let keys =
-            arrow::compute::cast(batch.column(key_index), &arrow::datatypes::DataType::Int64)
-                .expect("integer key");
-        let keys = keys
-            .as_any()
-            .downcast_ref::<arrow::array::Int64Array>()
-            .expect("int64");
-        rows.extend(keys.iter().zip(digests));
-    }
-    let Some((lo, hi)) = rows
-        .iter()
-        .filter_map(|(key, _)| *key)
-        .fold(None, |span, key| {
-            Some(span.map_or((key, key), |(lo, hi): (i64, i64)| {
-                (lo.min(key), hi.max(key))
-            }))
-        })
-    else {
-        return;
-    };
+/// of the rows a snapshot read serves (`whole` in key order, with `digests`), per slice.
+/// Against SQL Server this checks its T-SQL (`sql::value_text`) against the Rust canonical
+/// texts.
+async fn check_value_sums(
+    source: &dyn CdcSource,
+    tracked: &TrackedTable,
+    extent: &mssql_cdc_flight::source::KeyExtent,
+    whole: &[(Option<i32>, i64)],
+    digests: Vec<i64>,
+) {
+    let (lo, hi) = (whole[0].1, whole[whole.len() - 1].1);
     let grid = KeyGrid::covering(lo, hi, 5).expect("grid");
     let key = KeyColumn {
-        name: key.to_string(),
-        sql_type: columns
-            .iter()
-            .find(|column| column.name == key)
-            .expect("captured")
-            .sql_type
-            .clone(),
+        name: extent.column.clone(),
+        sql_type: extent.sql_type.clone(),
     };
+    let columns = newest_active(tracked).output_columns();
     let sums = source
         .key_sums(&tracked.table, &key, grid, &columns)
         .await
         .expect("key_sums with values");
+    let rows = whole.iter().map(|(_, key)| Some(*key)).zip(digests);
     assert_eq!(
         sums,
         KeySums::count_rows(&grid, rows),
