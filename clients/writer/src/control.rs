@@ -568,8 +568,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let url = tables::table_url(dir.path().to_str().expect("path")).expect("url");
         let lsn = |n: u64| Lsn::from_u128(u128::from(n) << 32).expect("an LSN");
-        let read = |url: Url| async move {
-            let row = row(&url, "dbo.t").await.expect("row").expect("a row");
+        let read = |url: Url| async move { row(&url, "dbo.t").await.expect("row").expect("a row") };
+        let lsns = |row: ControlRow| {
             let lsn = |pair: Option<(String, CommitTime)>| pair.map(|(lsn, _)| lsn);
             (lsn(row.verified), lsn(row.values_verified))
         };
@@ -580,7 +580,7 @@ mod tests {
             .await
             .expect("values at 10");
         assert_eq!(
-            read(url.clone()).await,
+            lsns(read(url.clone()).await),
             (Some(lsn(20).to_string()), Some(lsn(10).to_string()))
         );
         record_verified(&url, "dbo.t", lsn(30), true)
@@ -590,23 +590,22 @@ mod tests {
             .await
             .expect("values at 25");
         assert_eq!(
-            read(url.clone()).await,
+            lsns(read(url.clone()).await),
             (Some(lsn(30).to_string()), Some(lsn(30).to_string()))
         );
         // Proven again at the same LSN (a quiet table): the times move.
-        let at = |url: Url| async move {
-            let row = row(&url, "dbo.t").await.expect("row").expect("a row");
+        let at = |row: ControlRow| {
             (
                 row.verified.expect("rows").1,
                 row.values_verified.expect("values").1,
             )
         };
-        let before = at(url.clone()).await;
+        let before = at(read(url.clone()).await);
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         record_verified(&url, "dbo.t", lsn(30), true)
             .await
             .expect("again at 30");
-        let after = at(url).await;
+        let after = at(read(url).await);
         assert!(
             after.0 > before.0 && after.1 > before.1,
             "{before:?} then {after:?}"
