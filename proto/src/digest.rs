@@ -27,6 +27,8 @@ use arrow::array::{
     LargeStringArray, StringArray, StringViewArray, TimestampMicrosecondArray,
 };
 use arrow::datatypes::{DataType, TimeUnit};
+use std::fmt::Write as _;
+
 use sha2::Digest;
 
 use crate::error::{Error, Result};
@@ -66,17 +68,25 @@ pub fn row_digests(columns: &[&dyn Array]) -> Result<Vec<i64>> {
         .iter()
         .map(|column| Canonical::of(*column))
         .collect::<Result<_>>()?;
-    let (mut text, mut bytes) = (String::new(), Vec::new());
+    // Buffers reused row after row: a value's text, its UTF-16 units (encoded once, counted
+    // for the prefix and hashed), the prefix's digits, the row's bytes.
+    let (mut text, mut units, mut length) = (String::new(), Vec::<u16>::new(), String::new());
+    let mut bytes = Vec::new();
     let mut digests = Vec::with_capacity(rows);
     for row in 0..rows {
         bytes.clear();
         for reader in &readers {
             text.clear();
             if reader.write(row, &mut text) {
-                let units = text.encode_utf16().count();
-                push_utf16(&mut bytes, &units.to_string());
+                units.clear();
+                units.extend(text.encode_utf16());
+                length.clear();
+                write!(length, "{}", units.len()).expect("a String");
+                push_utf16(&mut bytes, &length);
                 push_utf16(&mut bytes, ":");
-                push_utf16(&mut bytes, &text);
+                for unit in &units {
+                    bytes.extend_from_slice(&unit.to_le_bytes());
+                }
             } else {
                 push_utf16(&mut bytes, "-");
             }
@@ -154,7 +164,6 @@ impl<'a> Canonical<'a> {
 
     /// Writes the canonical text of `row` into `out`; false for a NULL.
     fn write(&self, row: usize, out: &mut String) -> bool {
-        use std::fmt::Write as _;
         macro_rules! value {
             ($array:expr) => {{
                 if $array.is_null(row) {
