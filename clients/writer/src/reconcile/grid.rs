@@ -100,9 +100,9 @@ pub(super) async fn compare(
         super::log_bucket(config, (done, to_hash), bucket, found.len());
         // Value sums that differ where every row compares equal: the source wrote some
         // value's canonical text otherwise than the writer does (docs/reconcile.md, "Value
-        // digests"). The rows decide; the encoding is worth a look.
-        // Only where silver holds the served types: a cast to a narrower one could make
-        // rows that differ compare equal.
+        // digests"). The rows decide, but only where silver holds the served types (a cast
+        // to a narrower one could make rows that differ compare equal); the encoding is
+        // worth a look.
         if found.is_empty()
             && bucket.status == BucketStatus::Mismatch
             && bucket.source.differs_only_in_values(&bucket.silver)
