@@ -210,6 +210,10 @@ pub struct SimInitArgs {
     /// Also create the 60-column benchmark table dbo.wide (empty).
     #[arg(long, env = "MSSQL_CDC_SIM_WIDE")]
     pub wide: bool,
+    /// Also create dbo.types, one column of each type the simulator serves, with this many
+    /// rows.
+    #[arg(long, env = "MSSQL_CDC_SIM_TYPES")]
+    pub types: Option<usize>,
 }
 
 #[derive(Args)]

@@ -255,11 +255,17 @@ pub fn sim(command: SimCommand) -> anyhow::Result<()> {
             if args.wide {
                 tables.push(sample::wide_table("dbo.wide".parse()?, 60));
             }
+            if args.types.is_some() {
+                tables.push(sample::types());
+            }
             let now = CommitTime(chrono::Utc::now().timestamp_micros());
             let db = SimDb::create(&args.dir, &tables, now)?;
             let mut writer = db.writer(Clock::Wall, args.seed)?;
             seed_rows(&mut writer, &"dbo.customers".parse()?, args.customers)?;
             seed_rows(&mut writer, &"dbo.orders".parse()?, args.orders)?;
+            if let Some(rows) = args.types {
+                seed_rows(&mut writer, &"dbo.types".parse()?, rows)?;
+            }
             writer.publish()?;
             print_info(&db)?;
         }

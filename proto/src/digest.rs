@@ -27,7 +27,7 @@ use arrow::array::{
     LargeStringArray, StringArray, StringViewArray, TimestampMicrosecondArray,
 };
 use arrow::datatypes::{DataType, TimeUnit};
-use std::fmt::Write as _;
+use std::io::Write as _;
 
 use sha2::Digest;
 
@@ -68,32 +68,50 @@ pub fn row_digests(columns: &[&dyn Array]) -> Result<Vec<i64>> {
         .iter()
         .map(|column| Canonical::of(*column))
         .collect::<Result<_>>()?;
-    // Buffers reused row after row: a value's text, its UTF-16 units (encoded once, counted
-    // for the prefix and hashed), the prefix's digits, the row's bytes.
-    let (mut text, mut units, mut length) = (String::new(), Vec::<u16>::new(), String::new());
-    let mut bytes = Vec::new();
+    // Buffers reused row after row: an ASCII value's text, the row's UTF-16LE bytes.
+    let (mut ascii, mut bytes) = (Vec::new(), Vec::new());
     let mut digests = Vec::with_capacity(rows);
     for row in 0..rows {
         bytes.clear();
         for reader in &readers {
-            text.clear();
-            if reader.write(row, &mut text) {
-                units.clear();
-                units.extend(text.encode_utf16());
-                length.clear();
-                write!(length, "{}", units.len()).expect("a String");
-                push_utf16(&mut bytes, &length);
-                push_utf16(&mut bytes, ":");
-                for unit in &units {
-                    bytes.extend_from_slice(&unit.to_le_bytes());
+            ascii.clear();
+            match reader.write(row, &mut ascii) {
+                None => bytes.extend_from_slice(b"-\0"),
+                Some(Value::Ascii) => {
+                    push_joined(&mut bytes, ascii.len(), |bytes| push_ascii(bytes, &ascii))
                 }
-            } else {
-                push_utf16(&mut bytes, "-");
+                Some(Value::Text(text)) if text.is_ascii() => {
+                    push_joined(&mut bytes, text.len(), |bytes| {
+                        push_ascii(bytes, text.as_bytes())
+                    })
+                }
+                Some(Value::Text(text)) => {
+                    push_joined(&mut bytes, text.encode_utf16().count(), |bytes| {
+                        for unit in text.encode_utf16() {
+                            bytes.extend_from_slice(&unit.to_le_bytes());
+                        }
+                    })
+                }
             }
         }
         digests.push(text_hash(&bytes));
     }
     Ok(digests)
+}
+
+/// A value's part of its row, as UTF-16LE: its length in UTF-16 units, `:`, its text.
+fn push_joined(bytes: &mut Vec<u8>, units: usize, text: impl FnOnce(&mut Vec<u8>)) {
+    push_ascii(bytes, itoa::Buffer::new().format(units).as_bytes());
+    bytes.extend_from_slice(b":\0");
+    text(bytes);
+}
+
+/// ASCII bytes as UTF-16LE.
+fn push_ascii(bytes: &mut Vec<u8>, ascii: &[u8]) {
+    bytes.reserve(2 * ascii.len());
+    for &byte in ascii {
+        bytes.extend_from_slice(&[byte, 0]);
+    }
 }
 
 /// The first 7 bytes of SHA-256 of `utf16le`, as a number below 2^56.
@@ -104,10 +122,12 @@ fn text_hash(utf16le: &[u8]) -> i64 {
     i64::from_be_bytes(bytes)
 }
 
-fn push_utf16(bytes: &mut Vec<u8>, text: &str) {
-    for unit in text.encode_utf16() {
-        bytes.extend_from_slice(&unit.to_le_bytes());
-    }
+/// Where a value's canonical text is.
+enum Value<'a> {
+    /// Written (ASCII) into the buffer [`Canonical::write`] was given.
+    Ascii,
+    /// The column's own text.
+    Text(&'a str),
 }
 
 /// One column, read as canonical texts.
@@ -162,83 +182,146 @@ impl<'a> Canonical<'a> {
         })
     }
 
-    /// Writes the canonical text of `row` into `out`; false for a NULL.
-    fn write(&self, row: usize, out: &mut String) -> bool {
+    /// The canonical text of `row`: written into `ascii`, or the column's own text; `None`
+    /// for a NULL.
+    fn write(&self, row: usize, ascii: &mut Vec<u8>) -> Option<Value<'a>> {
         macro_rules! value {
             ($array:expr) => {{
                 if $array.is_null(row) {
-                    return false;
+                    return None;
                 }
                 $array.value(row)
             }};
         }
+        let mut integer =
+            |value: i64| ascii.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
         match self {
-            Canonical::Boolean(array) => out.push(if value!(array) { '1' } else { '0' }),
-            Canonical::Int16(array) => write!(out, "{}", value!(array)).expect("a String"),
-            Canonical::Int32(array) => write!(out, "{}", value!(array)).expect("a String"),
-            Canonical::Int64(array) => write!(out, "{}", value!(array)).expect("a String"),
-            Canonical::Float32(array) => float_text(f64::from(value!(array)), out),
-            Canonical::Float64(array) => float_text(value!(array), out),
-            Canonical::Decimal(array, scale) => decimal_text(value!(array), *scale, out),
-            Canonical::Date(array) => date_text(value!(array), out),
-            Canonical::Micros(array) => write!(out, "{}", value!(array)).expect("a String"),
-            Canonical::Text(array) => out.push_str(value!(array)),
-            Canonical::LargeText(array) => out.push_str(value!(array)),
-            Canonical::TextView(array) => out.push_str(value!(array)),
-            Canonical::Binary(array) => hex_text(value!(array), out),
-            Canonical::LargeBinary(array) => hex_text(value!(array), out),
-            Canonical::BinaryView(array) => hex_text(value!(array), out),
+            Canonical::Boolean(array) => ascii.push(if value!(array) { b'1' } else { b'0' }),
+            Canonical::Int16(array) => integer(value!(array).into()),
+            Canonical::Int32(array) => integer(value!(array).into()),
+            Canonical::Int64(array) => integer(value!(array)),
+            Canonical::Micros(array) => integer(value!(array)),
+            Canonical::Float32(array) => float_text(f64::from(value!(array)), ascii),
+            Canonical::Float64(array) => float_text(value!(array), ascii),
+            Canonical::Decimal(array, scale) => decimal_text(value!(array), *scale, ascii),
+            Canonical::Date(array) => date_text(value!(array), ascii),
+            Canonical::Text(array) => return Some(Value::Text(value!(array))),
+            Canonical::LargeText(array) => return Some(Value::Text(value!(array))),
+            Canonical::TextView(array) => return Some(Value::Text(value!(array))),
+            Canonical::Binary(array) => hex_text(value!(array), ascii),
+            Canonical::LargeBinary(array) => hex_text(value!(array), ascii),
+            Canonical::BinaryView(array) => hex_text(value!(array), ascii),
         }
-        true
+        Some(Value::Ascii)
     }
 }
 
 /// A float as `CONVERT(nvarchar(30), v, 3)` writes it: 17 significant digits in scientific
 /// notation, a signed exponent of at least three digits (`1.0000000000000000e+000`). A
 /// `real` is written as the double it widens to.
-fn float_text(value: f64, out: &mut String) {
-    let text = format!("{value:.16e}");
-    let (mantissa, exponent) = text.split_once('e').expect("{:e} writes an exponent");
-    let exponent: i32 = exponent.parse().expect("{:e} writes a decimal exponent");
-    let sign = if exponent < 0 { '-' } else { '+' };
-    out.push_str(mantissa);
-    out.push('e');
-    out.push(sign);
-    out.push_str(&format!("{:03}", exponent.unsigned_abs()));
+fn float_text(value: f64, out: &mut Vec<u8>) {
+    let start = out.len();
+    write!(out, "{value:.16e}").expect("a Vec");
+    // SQL Server has no NaN or infinity; one read from silver is written as Rust does.
+    let Some(e) = out[start..].iter().position(|&byte| byte == b'e') else {
+        return;
+    };
+    let exponent: i32 = std::str::from_utf8(&out[start + e + 1..])
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .expect("{:e} writes a decimal exponent");
+    out.truncate(start + e + 1);
+    out.push(if exponent < 0 { b'-' } else { b'+' });
+    let exponent = exponent.unsigned_abs();
+    if exponent < 100 {
+        out.push(b'0');
+    }
+    if exponent < 10 {
+        out.push(b'0');
+    }
+    out.extend_from_slice(itoa::Buffer::new().format(exponent).as_bytes());
 }
 
 /// A decimal of `scale` as `CONVERT(nvarchar(42), v)` writes it: every digit of the scale,
 /// a `0` before the point of a value below one, a `-` before a negative value.
-fn decimal_text(unscaled: i128, scale: u32, out: &mut String) {
-    let digits = unscaled.unsigned_abs().to_string();
+fn decimal_text(unscaled: i128, scale: u32, out: &mut Vec<u8>) {
     if unscaled < 0 {
-        out.push('-');
+        out.push(b'-');
     }
+    let mut buffer = itoa::Buffer::new();
+    let digits = buffer.format(unscaled.unsigned_abs()).as_bytes();
     let scale = scale as usize;
     if scale == 0 {
-        out.push_str(&digits);
+        out.extend_from_slice(digits);
         return;
     }
-    let padded = format!("{digits:0>width$}", width = scale + 1);
-    let (whole, fraction) = padded.split_at(padded.len() - scale);
-    out.push_str(whole);
-    out.push('.');
-    out.push_str(fraction);
+    match digits.len().checked_sub(scale) {
+        Some(whole) if whole > 0 => {
+            out.extend_from_slice(&digits[..whole]);
+            out.push(b'.');
+            out.extend_from_slice(&digits[whole..]);
+        }
+        // Below one: `0.`, the scale's leading zeros, the digits.
+        _ => {
+            out.extend_from_slice(b"0.");
+            out.extend(std::iter::repeat_n(b'0', scale - digits.len()));
+            out.extend_from_slice(digits);
+        }
+    }
 }
 
 /// Day `days` from 1970-01-01 as `yyyy-mm-dd` (style 23).
-fn date_text(days: i32, out: &mut String) {
-    let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("the epoch is a date");
-    match epoch.checked_add_signed(chrono::TimeDelta::days(i64::from(days))) {
-        Some(date) => out.push_str(&date.format("%Y-%m-%d").to_string()),
-        // Past chrono's range, and so past SQL Server's: still distinct from any date.
-        None => out.push_str(&format!("day {days}")),
+fn date_text(days: i32, out: &mut Vec<u8>) {
+    match civil_date(days) {
+        Some((year, month, day)) => {
+            two_digits(year / 100, out);
+            two_digits(year % 100, out);
+            out.push(b'-');
+            two_digits(month, out);
+            out.push(b'-');
+            two_digits(day, out);
+        }
+        // Past SQL Server's range (years 1 to 9999): still distinct from any date.
+        None => write!(out, "day {days}").expect("a Vec"),
     }
 }
 
+fn two_digits(value: u32, out: &mut Vec<u8>) {
+    out.extend_from_slice(&[b'0' + (value / 10) as u8, b'0' + (value % 10) as u8]);
+}
+
+/// The proleptic Gregorian (year, month, day) of day `days` from 1970-01-01, for years 1 to
+/// 9999 (Howard Hinnant's `civil_from_days`).
+fn civil_date(days: i32) -> Option<(u32, u32, u32)> {
+    let z = i64::from(days) + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (1..=9999)
+        .contains(&year)
+        .then(|| (year as u32, month as u32, day as u32))
+}
+
 /// Bytes as upper-case hex without `0x` (`CONVERT(nvarchar(max), v, 2)`).
-fn hex_text(bytes: &[u8], out: &mut String) {
-    out.push_str(&hex::encode_upper(bytes));
+fn hex_text(bytes: &[u8], out: &mut Vec<u8>) {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    out.reserve(2 * bytes.len());
+    for &byte in bytes {
+        out.extend_from_slice(&[
+            DIGITS[usize::from(byte >> 4)],
+            DIGITS[usize::from(byte & 15)],
+        ]);
+    }
 }
 
 #[cfg(test)]
@@ -253,8 +336,11 @@ mod tests {
         let reader = Canonical::of(array.as_ref()).expect("a served type");
         (0..array.len())
             .map(|row| {
-                let mut text = String::new();
-                reader.write(row, &mut text).then_some(text)
+                let mut ascii = Vec::new();
+                reader.write(row, &mut ascii).map(|value| match value {
+                    Value::Ascii => String::from_utf8(ascii).expect("ASCII"),
+                    Value::Text(text) => text.to_string(),
+                })
             })
             .collect()
     }
@@ -332,6 +418,58 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        #[test]
+        fn dates_are_written_as_chrono_writes_them(days in -719_162i32..=2_932_896) {
+            let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("the epoch");
+            let date = epoch + chrono::TimeDelta::days(i64::from(days));
+            let mut out = Vec::new();
+            date_text(days, &mut out);
+            proptest::prop_assert_eq!(
+                String::from_utf8(out).expect("ASCII"),
+                date.format("%Y-%m-%d").to_string()
+            );
+        }
+
+        #[test]
+        fn decimals_are_written_as_their_digits_with_the_point_moved(
+            unscaled in proptest::num::i128::ANY,
+            scale in 0u32..=38,
+        ) {
+            let mut out = Vec::new();
+            decimal_text(unscaled, scale, &mut out);
+            let digits = format!("{:0>width$}", unscaled.unsigned_abs(), width = scale as usize + 1);
+            let (whole, fraction) = digits.split_at(digits.len() - scale as usize);
+            let sign = if unscaled < 0 { "-" } else { "" };
+            let expected = match scale {
+                0 => format!("{sign}{whole}"),
+                _ => format!("{sign}{whole}.{fraction}"),
+            };
+            proptest::prop_assert_eq!(String::from_utf8(out).expect("ASCII"), expected);
+        }
+    }
+
+    #[test]
+    fn dates_past_sql_servers_range_and_odd_floats_still_have_a_text() {
+        let mut out = Vec::new();
+        date_text(2_932_896, &mut out);
+        assert_eq!(out, b"9999-12-31");
+        for (days, text) in [(2_932_897, "day 2932897"), (-719_163, "day -719163")] {
+            let mut out = Vec::new();
+            date_text(days, &mut out);
+            assert_eq!(String::from_utf8(out).expect("ASCII"), text);
+        }
+        for (value, text) in [
+            (f64::NAN, "NaN"),
+            (f64::INFINITY, "inf"),
+            (1e300, "1.0000000000000001e+300"),
+        ] {
+            let mut out = Vec::new();
+            float_text(value, &mut out);
+            assert_eq!(String::from_utf8(out).expect("ASCII"), text);
+        }
+    }
+
     #[test]
     fn a_row_hashes_its_joined_text_as_utf16() {
         // "5:Ab cd" + "-" + "2:é1", hashed as UTF-16LE: Python's
@@ -370,6 +508,12 @@ mod tests {
     fn a_type_the_server_does_not_serve_is_refused() {
         let array: ArrayRef = Arc::new(arrow::array::UInt8Array::from(vec![1u8]));
         assert!(row_digests(&[array.as_ref()]).is_err());
+    }
+
+    fn push_utf16(bytes: &mut Vec<u8>, text: &str) {
+        for unit in text.encode_utf16() {
+            bytes.extend_from_slice(&unit.to_le_bytes());
+        }
     }
 
     /// See [`a_row_hashes_its_joined_text_as_utf16`].

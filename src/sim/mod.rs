@@ -58,6 +58,12 @@ pub struct Faults {
     /// After this many more snapshot reads have started, the next one fails as a dropped
     /// connection after its first batch (once).
     pub break_snapshot_read_after: Option<u64>,
+    /// `key_sums` answers every value sum one more than the digests sum to: a source that
+    /// writes some value's canonical text otherwise than the writer (docs/reconcile.md).
+    pub perturb_value_sums: bool,
+    /// `key_sums` asked for value sums fails (as SQL Server would on a value its digest
+    /// expression cannot convert); without them it answers.
+    pub fail_value_sums: bool,
 }
 
 /// A callback run by snapshot reads (see [`Faults::before_snapshot_read`]).

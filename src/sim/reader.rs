@@ -609,10 +609,22 @@ impl CdcSource for SimDb {
         values: &[OutputColumn],
     ) -> Result<KeySums> {
         self.simulate_latency().await;
-        Ok(match self.grid_rows(table, key, values)? {
+        if self.faults().fail_value_sums && !values.is_empty() {
+            return Err(Error::Internal(format!(
+                "injected: the value digests of {table} failed"
+            )));
+        }
+        let mut sums = match self.grid_rows(table, key, values)? {
             (keys, None) => KeySums::count(&grid, keys),
             (keys, Some(digests)) => KeySums::count_rows(&grid, keys.into_iter().zip(digests)),
-        })
+        };
+        if self.faults().perturb_value_sums {
+            let sums_of_slices = sums.slices.iter_mut().map(|slice| &mut slice.value_sum);
+            for sum in sums_of_slices.chain([&mut sums.null_value_sum]).flatten() {
+                *sum += 1;
+            }
+        }
+        Ok(sums)
     }
 
     async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {

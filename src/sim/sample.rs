@@ -62,6 +62,41 @@ pub fn sample_tables() -> Vec<TableSpec> {
     vec![customers(), orders()]
 }
 
+/// `dbo.types`: an int key and one NULL-able column of each type the simulator serves (every
+/// canonical text of reconcile's value digests, docs/reconcile.md).
+pub fn types() -> TableSpec {
+    spec(
+        "dbo.types",
+        "id",
+        &[
+            ("id", "int", false),
+            ("c_bit", "bit", true),
+            ("c_tinyint", "tinyint", true),
+            ("c_smallint", "smallint", true),
+            ("c_bigint", "bigint", true),
+            ("c_real", "real", true),
+            ("c_float", "float", true),
+            ("c_decimal", "decimal(38,10)", true),
+            ("c_money", "money", true),
+            ("c_smallmoney", "smallmoney", true),
+            ("c_date", "date", true),
+            ("c_datetime", "datetime", true),
+            ("c_smalldatetime", "smalldatetime", true),
+            ("c_datetime2", "datetime2(7)", true),
+            ("c_datetimeoffset", "datetimeoffset(7)", true),
+            ("c_time", "time(7)", true),
+            ("c_char", "char(10)", true),
+            ("c_varchar", "varchar(50)", true),
+            ("c_nchar", "nchar(10)", true),
+            ("c_nvarchar", "nvarchar(100)", true),
+            ("c_nvarchar_max", "nvarchar(max)", true),
+            ("c_uniqueidentifier", "uniqueidentifier", true),
+            ("c_binary", "binary(8)", true),
+            ("c_varbinary", "varbinary(16)", true),
+        ],
+    )
+}
+
 /// A table with `columns` columns (the key included) cycling through the sample types: the
 /// benchmarks' wide row.
 pub fn wide_table(table: TableName, columns: usize) -> TableSpec {

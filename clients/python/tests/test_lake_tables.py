@@ -3,8 +3,11 @@
 a stream of many small batches compacted its tables as it went."""
 
 import json
+import math
 import re
+import struct
 import subprocess
+from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -290,3 +293,131 @@ def test_silver_with_deletion_vectors_reads_as_the_copy_on_write_silver(tmp_path
         pq.read_metadata(uri.removeprefix("file://")).num_rows for uri in vectors.file_uris()
     )
     assert physical > rows.num_rows, "replaced rows are still in their files, marked"
+
+
+def test_a_value_changed_by_another_engine_is_found_by_the_value_sums_alone(tmp_path):
+    """One value of one silver row changed by the Python `deltalake` package, for each type
+    the simulator serves (the last fraction of a decimal, one microsecond, one float ulp,
+    NULL to empty text, a letter's case, a byte of binary): reconcile at sample 0 finds its
+    bucket by the value sums alone (rows, key sum and key hash sum equal) and names the key
+    and the column; silver restored, every value is verified."""
+    database = tmp_path / "db"
+    run("sim", "init", str(database), "--customers", "0", "--orders", "0", "--types", "200")
+    process, server = start_server(database)
+    lake = tmp_path / "lake"
+    silver = str(lake / "silver")
+    tables = ["--bronze", str(lake / "bronze"), "--control", str(lake / "control")]
+
+    def writer(*args):
+        return subprocess.run([writer_binary(), *args], capture_output=True, text=True)
+
+    def reconcile():
+        done = writer(
+            "reconcile", "--server", server, "--table", "dbo.types", "--silver", silver,
+            *tables, "--sample", "0", "--output", "json",
+        )  # fmt: skip
+        assert done.returncode in (0, 1), done.stderr
+        return done.returncode, json.loads(done.stdout)
+
+    try:
+        streamed = writer(
+            "run", "--server", server, "--table", "dbo.types", "--target", str(lake / "bronze"),
+            "--facts", str(lake / "facts"), "--control", str(lake / "control"),
+            "--checkpoint", str(tmp_path / "checkpoint"), "--app-id", "types", "--available-now",
+        )  # fmt: skip
+        assert streamed.returncode == 0, streamed.stderr
+        applied = writer(
+            "apply", "--table", "dbo.types", "--keys", "id", "--target", silver, *tables,
+            "--facts", str(lake / "facts"),
+        )  # fmt: skip
+        assert applied.returncode == 0, applied.stderr
+        code, clean = reconcile()
+        assert code == 0 and clean["value_sums"] and clean["values_verified"], clean
+        assert clean["hashed"] == 0, "sample 0: no bucket read row by row"
+
+        table = DeltaTable(silver)
+        rows = table.to_pyarrow_table().sort_by("id").to_pylist()
+
+        def first(column, holds):
+            return next(row for row in rows if holds(row[column]))
+
+        def text_case(value):
+            """The value with its first letter's case swapped."""
+            at = next(i for i, char in enumerate(value) if char.isalpha())
+            return value[:at] + value[at].swapcase() + value[at + 1 :]
+
+        def quoted(text):
+            return "'" + text.replace("'", "''") + "'"
+
+        def float_ulp(value):
+            return f"CAST('{math.nextafter(value, math.inf)!r}' AS DOUBLE)"
+
+        def real_ulp(value):
+            bits = struct.unpack("<I", struct.pack("<f", value))[0]
+            bits += 1 if value >= 0 else -1
+            return f"CAST('{struct.unpack('<f', struct.pack('<I', bits))[0]!r}' AS REAL)"
+
+        def one_byte(value):
+            changed = value[:-1] + bytes([value[-1] ^ 1])
+            return f"X'{changed.hex()}'"
+
+        is_value = lambda value: value is not None  # noqa: E731
+        has_letter = lambda value: value is not None and any(c.isalpha() for c in value)  # noqa: E731
+        step = "INTERVAL '1 microsecond'"
+        # (what changes, column, which row, the new value as a SQL expression of the old)
+        cases = [
+            ("a bit", "c_bit", is_value, lambda v: str(not v).lower()),
+            ("a tinyint", "c_tinyint", is_value, lambda v: f"CAST({v ^ 1} AS SMALLINT)"),
+            ("a smallint", "c_smallint", is_value, lambda v: f"CAST({v ^ 1} AS SMALLINT)"),
+            ("a bigint", "c_bigint", is_value, lambda v: f"CAST({v ^ 1} AS BIGINT)"),
+            ("a real's ulp", "c_real", is_value, real_ulp),
+            ("a float's ulp", "c_float", is_value, float_ulp),
+            ("a decimal's last fraction", "c_decimal", is_value,
+             lambda v: f"CAST('{v + Decimal('1e-10')}' AS DECIMAL(38,10))"),
+            ("money's last fraction", "c_money", is_value,
+             lambda v: f"CAST('{v + Decimal('0.0001')}' AS DECIMAL(19,4))"),
+            ("smallmoney's last fraction", "c_smallmoney", is_value,
+             lambda v: f"CAST('{v + Decimal('0.0001')}' AS DECIMAL(10,4))"),
+            ("a date's day", "c_date", is_value, lambda v: "c_date + INTERVAL '1 day'"),
+            ("a datetime's microsecond", "c_datetime", is_value, lambda v: f"c_datetime + {step}"),
+            ("a smalldatetime's microsecond", "c_smalldatetime", is_value,
+             lambda v: f"c_smalldatetime + {step}"),
+            ("a datetime2's microsecond", "c_datetime2", is_value,
+             lambda v: f"c_datetime2 + {step}"),
+            ("a datetimeoffset's microsecond", "c_datetimeoffset", is_value,
+             lambda v: f"c_datetimeoffset + {step}"),
+            ("a time's last digit", "c_time", is_value,
+             lambda v: quoted(v[:-1] + ("1" if v[-1] == "0" else "0"))),
+            ("a char's letter case", "c_char", has_letter, lambda v: quoted(text_case(v))),
+            ("a varchar's letter case", "c_varchar", has_letter, lambda v: quoted(text_case(v))),
+            ("an nchar's letter case", "c_nchar", has_letter, lambda v: quoted(text_case(v))),
+            ("an nvarchar's letter case", "c_nvarchar", has_letter,
+             lambda v: quoted(text_case(v))),
+            ("NULL to empty text", "c_nvarchar", lambda v: v is None, lambda v: "''"),
+            ("text to NULL", "c_nvarchar_max", is_value,
+             lambda v: "CAST(NULL AS VARCHAR)"),
+            ("a GUID's letter case", "c_uniqueidentifier", has_letter,
+             lambda v: quoted(text_case(v))),
+            ("a binary's byte", "c_binary", is_value, one_byte),
+            ("a varbinary's byte", "c_varbinary", lambda v: bool(v), one_byte),
+        ]  # fmt: skip
+        for what, column, holds, changed in cases:
+            row = first(column, holds)
+            before = table.version()
+            table.update(updates={column: changed(row[column])}, predicate=f"id = {row['id']}")
+            code, result = reconcile()
+            assert code == 1 and not result["verified"], (what, result)
+            [bucket] = [b for b in result["bucket_list"] if b["status"] == "MISMATCH"]
+            source, held = bucket["source"], bucket["silver"]
+            for same in ("rows", "key_sum", "key_hash_sum"):
+                assert source[same] == held[same], (what, same, bucket)
+            assert source["value_sum"] != held["value_sum"], (what, bucket)
+            assert [(f["key"], f["failure_type"], f["columns"]) for f in result["findings"]] == [
+                ({"id": row["id"]}, "RECORD_DIFF", [column])
+            ], (what, result["findings"])
+            table.restore(before)
+            table = DeltaTable(silver)
+        code, restored = reconcile()
+        assert code == 0 and restored["values_verified"], restored
+    finally:
+        stop_server(process)

@@ -418,6 +418,7 @@ impl SnapshotAdmin for AdminService {
         config.sample = request.sample.unwrap_or(config.sample);
         config.bucket_rows = request.bucket_rows.unwrap_or(config.bucket_rows);
         config.seed = request.seed.or(config.seed);
+        config.value_sums = request.value_sums.unwrap_or(config.value_sums);
         tracing::info!(table = %entry.table, sample = config.sample, "admin request: reconcile");
         let result = reconcile::reconcile(&config).await.map_err(to_status)?;
         let result_json = serde_json::to_string(&result)

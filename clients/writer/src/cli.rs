@@ -317,8 +317,8 @@ pub struct ApplyArgs {
 #[derive(Args)]
 pub struct ReconcileArgs {
     /// With `--admin`, the sidecar reconciles the table with its file's settings (its silver,
-    /// bronze, control, facts, keys and report); `--sample`, `--bucket-rows` and `--seed`
-    /// still apply.
+    /// bronze, control, facts, keys and report); `--sample`, `--bucket-rows`, `--seed` and
+    /// `--value-sums` still apply.
     #[command(flatten)]
     pub admin: AdminArgs,
     #[command(flatten)]
@@ -364,6 +364,11 @@ pub struct ReconcileArgs {
     /// Seed of that sample (default random; the result prints it).
     #[arg(long, env = "MSSQL_CDC_WRITER_SEED")]
     pub seed: Option<u64>,
+    /// Whether both sides sum a digest of every row's values, so that every value is
+    /// verified at the cost of a scan (default true; with `--admin`, the sidecar file's
+    /// `reconcile_value_sums`); false compares values only in the buckets read row by row.
+    #[arg(long, env = "MSSQL_CDC_WRITER_VALUE_SUMS")]
+    pub value_sums: Option<bool>,
     /// Report table location: every run's bucket and key rows.
     #[arg(long, env = "MSSQL_CDC_WRITER_REPORT")]
     pub report: Option<String>,

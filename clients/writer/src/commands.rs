@@ -136,6 +136,7 @@ pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
                 sample: Some(args.sample),
                 bucket_rows: Some(args.bucket_rows),
                 seed: args.seed,
+                value_sums: args.value_sums,
             };
             admin::call_reconcile(url, &admin_access(&args.admin)?, request).await?
         }
@@ -148,6 +149,7 @@ pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
                 sample: args.sample,
                 seed: args.seed,
                 report: args.report.clone(),
+                value_sums: args.value_sums.unwrap_or(true),
                 ..ReconcileConfig::new(
                     &args.server.url,
                     &args.table,

@@ -31,6 +31,7 @@
 //! reconcile_minutes = 60.0         # optional: reconcile silver with the source this often
 //! reconcile_keys = ["order_id"]    # optional: the columns compared on (default the unique index)
 //! reconcile_sample = 1.0           # optional: share of matching buckets compared row by row
+//! reconcile_value_sums = false     # optional: no digest of every row's values (default on)
 //! ```
 //!
 //! `maintenance_minutes = 60.0` (0: none) and `vacuum_retention_hours = 168.0` set the
@@ -240,6 +241,10 @@ pub struct TableEntry {
     /// command's `--sample`; default [`crate::reconcile::DEFAULT_SAMPLE`]).
     #[serde(default)]
     pub reconcile_sample: Option<f64>,
+    /// Whether reconcile sums a digest of every row's values (the command's
+    /// `--value-sums`; default true).
+    #[serde(default)]
+    pub reconcile_value_sums: Option<bool>,
 }
 
 impl TableEntry {
@@ -283,6 +288,7 @@ pub fn reconcile_config(config: &SidecarConfig, entry: &TableEntry) -> Option<Re
     Some(ReconcileConfig {
         keys: entry.reconcile_keys.clone(),
         sample: entry.reconcile_sample.unwrap_or(defaults.sample),
+        value_sums: entry.reconcile_value_sums.unwrap_or(defaults.value_sums),
         report: config.reconcile_report.clone(),
         facts: Some(config.facts.clone()),
         ..defaults
@@ -1130,19 +1136,25 @@ mod tests {
     }
 
     #[test]
-    fn a_table_sets_the_share_its_scheduled_reconcile_compares_row_by_row() {
+    fn a_table_sets_what_its_scheduled_reconcile_compares() {
         let tables = |sample: &str| {
             format!(
                 "[[tables]]\ntable = \"dbo.orders\"\ntarget = \"/lake/bronze\"\napp_id = \"a\"\n\
                  silver = \"/lake/silver\"\nkeys = [\"order_id\"]\n{sample}"
             )
         };
-        let config = load(&tables("reconcile_sample = 1.0\n")).expect("loads");
+        let config = load(&tables(
+            "reconcile_sample = 1.0\nreconcile_value_sums = false\n",
+        ))
+        .expect("loads");
         let reconcile = reconcile_config(&config, &config.tables[0]).expect("a silver table");
-        assert_eq!(reconcile.sample, 1.0);
+        assert_eq!((reconcile.sample, reconcile.value_sums), (1.0, false));
         let config = load(&tables("")).expect("loads");
         let reconcile = reconcile_config(&config, &config.tables[0]).expect("a silver table");
-        assert_eq!(reconcile.sample, crate::reconcile::DEFAULT_SAMPLE);
+        assert_eq!(
+            (reconcile.sample, reconcile.value_sums),
+            (crate::reconcile::DEFAULT_SAMPLE, true)
+        );
         let refused = load(&tables("reconcile_sample = 1.5\n")).expect_err("past 1");
         assert!(
             refused.to_string().contains("reconcile_sample"),

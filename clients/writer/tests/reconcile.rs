@@ -288,6 +288,82 @@ async fn each_injected_fault_is_found_with_its_key_and_nothing_else() {
     assert_eq!(rows, 3);
 }
 
+/// A source that writes some value's canonical text otherwise than the writer (its value
+/// sums one off, `Faults::perturb_value_sums`): every bucket is read row by row and, its rows
+/// equal, ends MATCH, counted as a re-read and said; a value changed in silver is still
+/// found in its bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn value_sums_computed_otherwise_cost_a_re_read_never_a_verdict() {
+    let lab = Lab::new().await;
+    pipeline(&lab).await;
+    lab.db.set_faults(mssql_cdc_flight::sim::Faults {
+        perturb_value_sums: true,
+        ..Default::default()
+    });
+    let result = reconcile(&config(&lab)).await.expect("reconcile");
+    let rendered = mssql_cdc_writer::reconcile::render(&result);
+    assert!(result.verified && result.values_verified, "{rendered}");
+    assert!(result.buckets > 1, "{rendered}");
+    assert_eq!(
+        (result.value_sum_rereads, result.hashed),
+        (result.buckets, result.buckets),
+        "{rendered}"
+    );
+    assert!(
+        statuses(&result)
+            .iter()
+            .all(|status| *status == BucketStatus::Match)
+    );
+    assert!(
+        rendered.contains("value sums differed but every row compared equal"),
+        "{rendered}"
+    );
+
+    let key = silver_keys(&lab).await[3];
+    update_lake(
+        &lab.lake("silver_orders"),
+        &format!("order_id = {key}"),
+        "status",
+        "concat(status, '~')",
+    )
+    .await;
+    let result = reconcile(&config(&lab)).await.expect("reconcile");
+    let rendered = mssql_cdc_writer::reconcile::render(&result);
+    assert!(!result.verified && !result.values_verified, "{rendered}");
+    assert_eq!(
+        findings(&result),
+        vec![(format!("{{\"order_id\":{key}}}"), FailureType::RecordDiff)],
+        "{rendered}"
+    );
+    assert_eq!(result.value_sum_rereads, result.buckets - 1, "{rendered}");
+}
+
+/// A source whose value digests fail (a value SQL Server would not convert): the run goes on
+/// without value sums, verifies rows, and does not claim every value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_that_cannot_sum_values_is_compared_without_them() {
+    let lab = Lab::new().await;
+    pipeline(&lab).await;
+    lab.db.set_faults(mssql_cdc_flight::sim::Faults {
+        fail_value_sums: true,
+        ..Default::default()
+    });
+    let result = reconcile(&config(&lab)).await.expect("reconcile");
+    let rendered = mssql_cdc_writer::reconcile::render(&result);
+    assert!(result.verified && !result.value_sums, "{rendered}");
+    assert!(!result.values_verified && result.hashed == 0, "{rendered}");
+    let result = reconcile(&ReconcileConfig {
+        sample: 1.0,
+        ..config(&lab)
+    })
+    .await
+    .expect("reconcile");
+    assert!(
+        result.values_verified && !result.value_sums,
+        "every bucket read row by row"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_and_extra_keys_of_equal_count_and_sum_are_found_by_tier_one() {
     let lab = Lab::new().await;

@@ -650,12 +650,17 @@ async fn the_sidecar_reconciles_silver_after_its_run_and_on_an_admin_call() {
             sample: Some(1.0),
             bucket_rows: Some(50),
             seed: Some(3),
+            value_sums: Some(false),
         },
     )
     .await
     .expect("reconcile over the admin service");
     assert!(result.verified && result.clean(), "{result:?}");
     assert_eq!(result.hashed, result.buckets, "the call's sample of 1");
+    assert!(
+        !result.value_sums && result.values_verified,
+        "the call's value sums off, every value compared row by row: {result:?}"
+    );
     assert_eq!(
         result.compared_lsn.to_string(),
         verified,

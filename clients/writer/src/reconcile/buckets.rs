@@ -225,11 +225,32 @@ pub(super) async fn silver_units(
     Ok(SilverKeys { units, digests })
 }
 
-/// The smallest and largest key; `None` without a non-NULL key.
-pub(super) fn span(units: &[Int64Array]) -> Option<(i64, i64)> {
-    let lo = units.iter().filter_map(arrow::compute::min).min()?;
-    let hi = units.iter().filter_map(arrow::compute::max).max()?;
-    Some((lo, hi))
+/// Silver's smallest and largest key in grid units; `None` without a non-NULL key. Read
+/// apart from the keys so that the source can count while silver's rows are digested.
+pub(super) async fn silver_span(
+    context: &SessionContext,
+    key: &GridKey,
+) -> Result<Option<(i64, i64)>> {
+    let name = tables::quote_identifier(&key.column.name);
+    let frame = context
+        .sql(&format!("SELECT MIN({name}), MAX({name}) FROM silver"))
+        .await
+        .map_err(|error| {
+            WriterError::invalid(format!(
+                "silver has no key column '{}': {error}",
+                key.column.name
+            ))
+        })?;
+    let mut bounds = (None, None);
+    for batch in frame.collect().await? {
+        let lo = units_of(batch.column(0), key)?;
+        let hi = units_of(batch.column(1), key)?;
+        bounds = (
+            bounds.0.or(arrow::compute::min(&lo)),
+            bounds.1.or(arrow::compute::max(&hi)),
+        );
+    }
+    Ok(bounds.0.zip(bounds.1))
 }
 
 /// Silver's sums on the grid (no grid: neither side has a non-NULL key).

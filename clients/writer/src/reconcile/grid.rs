@@ -3,7 +3,7 @@
 //! each chosen bucket as a key range on both sides.
 
 use deltalake::datafusion::prelude::SessionContext;
-use mssql_cdc_proto::client::CdcClient;
+use mssql_cdc_proto::client::{CdcClient, ClientError};
 use mssql_cdc_proto::protocol::{KeySumsAnswer, KeySumsBody, LsnAnswer};
 
 use super::buckets::BucketStatus;
@@ -12,6 +12,15 @@ use super::key::GridKey;
 use super::rows::{self, Hashing};
 use super::{Compared, Positions, ReconcileConfig, Sample, buckets};
 use crate::error::{Result, WriterError};
+
+/// Whether `error` is the source refusing or failing a request (not a cut connection, a
+/// purge or a denial): one asking for value sums is then asked again without them.
+fn digest_refused(error: &ClientError) -> bool {
+    matches!(
+        error.code(),
+        Some(tonic::Code::Internal | tonic::Code::InvalidArgument | tonic::Code::Unknown)
+    ) && !error.is_transient()
+}
 
 /// Tiers 1 and 2 on a grid key.
 pub(super) async fn compare(
@@ -22,29 +31,52 @@ pub(super) async fn compare(
     positions: &Positions,
     sample: &mut Sample,
 ) -> Result<Compared> {
-    // Tier 1: silver's keys (and value digests), then the source's sums on a grid covering
-    // both. Value digests need every compared column on both sides, in one order.
+    // Tier 1: the source's sums on a grid covering both sides, counted while silver's keys
+    // (and value digests) are read. Value digests need every compared column on both sides,
+    // in one order.
     let started = std::time::Instant::now();
-    let values =
-        (hashing.digestible && !hashing.columns.is_empty()).then_some(hashing.columns.as_slice());
-    let silver_keys = buckets::silver_units(context, key, values).await?;
-    tracing::debug!(
-        seconds = started.elapsed().as_secs_f64(),
-        "reconcile: silver's keys read"
+    let values = (config.value_sums && hashing.digestible && !hashing.columns.is_empty())
+        .then_some(hashing.columns.as_slice());
+    let cover = buckets::silver_span(context, key).await?;
+    let body = KeySumsBody {
+        table: config.table.clone(),
+        key: Some(key.column.name.clone()),
+        cover: cover.map(|(lo, hi)| [lo, hi]),
+        slices: None,
+        values: values.map(<[String]>::to_vec),
+    };
+    let (silver_keys, answer) = tokio::join!(
+        async {
+            let keys = buckets::silver_units(context, key, values).await;
+            tracing::debug!(
+                seconds = started.elapsed().as_secs_f64(),
+                "reconcile: silver's keys read"
+            );
+            keys
+        },
+        client.action::<KeySumsAnswer>("key_sums", &body),
     );
-    let cover = buckets::span(&silver_keys.units);
-    let answer: KeySumsAnswer = client
-        .action(
-            "key_sums",
-            &KeySumsBody {
-                table: config.table.clone(),
-                key: Some(key.column.name.clone()),
-                cover: cover.map(|(lo, hi)| [lo, hi]),
-                slices: None,
-                values: values.map(<[String]>::to_vec),
-            },
-        )
-        .await?;
+    let silver_keys = silver_keys?;
+    let answer = match answer {
+        Ok(answer) => answer,
+        // The source could not digest its values (a value it would not convert, say): the
+        // run goes on without value sums (silver's are left out too, `buckets::merge`), and
+        // values are compared in the buckets read row by row.
+        Err(error) if values.is_some() && digest_refused(&error) => {
+            tracing::warn!(
+                table = %config.table,
+                %error,
+                "reconcile: the source could not sum its rows' value digests; comparing \
+                 without value sums (values only in the buckets read row by row)"
+            );
+            let body = KeySumsBody {
+                values: None,
+                ..body
+            };
+            client.action("key_sums", &body).await?
+        }
+        Err(error) => return Err(error.into()),
+    };
     let source_lsn = answer.stamp;
     let grid = answer
         .grid
@@ -83,6 +115,7 @@ pub(super) async fn compare(
     let mut findings = Vec::new();
     let to_hash = bucket_list.iter().filter(|bucket| bucket.hashed).count();
     let mut sides = rows::Sides::default();
+    let mut value_sum_rereads = 0;
     for (done, bucket) in bucket_list
         .iter_mut()
         .filter(|bucket| bucket.hashed)
@@ -117,6 +150,7 @@ pub(super) async fn compare(
                  difference)"
             );
             bucket.status = BucketStatus::Match;
+            value_sum_rereads += 1;
         }
         findings.extend(found);
     }
@@ -127,5 +161,6 @@ pub(super) async fn compare(
         changes_read: in_flight.window(),
         key_hash_sums,
         value_sums,
+        value_sum_rereads,
     })
 }

@@ -200,6 +200,7 @@ pub(super) async fn compare(
         findings,
         changes_read: in_flight.window(),
         key_hash_sums: false,
+        value_sum_rereads: 0,
         value_sums: false,
     })
 }

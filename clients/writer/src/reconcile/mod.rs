@@ -80,6 +80,10 @@ pub struct ReconcileConfig {
     pub seed: Option<u64>,
     /// Report table location; default none.
     pub report: Option<String>,
+    /// Whether tier 1 sums a digest of every row's values on both sides (on a grid key), so
+    /// that every value is verified at the cost of a scan; without, values are compared in
+    /// the buckets tier 2 reads only. Default true.
+    pub value_sums: bool,
 }
 
 impl ReconcileConfig {
@@ -97,6 +101,7 @@ impl ReconcileConfig {
             sample: DEFAULT_SAMPLE,
             seed: None,
             report: None,
+            value_sums: true,
         }
     }
 
@@ -137,6 +142,11 @@ pub struct ReconcileResult {
     /// are equal had every value compared without being read row by row.
     #[serde(default)]
     pub value_sums: bool,
+    /// Buckets whose value sums differed while every row compared equal row by row: the
+    /// source writes some value's canonical text otherwise than the writer (docs/
+    /// reconcile.md, "Value digests"). Each is a MATCH, logged as a warning naming it.
+    #[serde(default)]
+    pub value_sum_rereads: u64,
     /// Silver's Delta version read.
     pub silver_version: i64,
     /// Silver's `applied_lsn` read before that version.
@@ -286,6 +296,8 @@ struct Compared {
     key_hash_sums: bool,
     /// Whether both sides' value digests were summed ([`ReconcileResult::value_sums`]).
     value_sums: bool,
+    /// [`ReconcileResult::value_sum_rereads`].
+    value_sum_rereads: u64,
 }
 
 /// Where silver and bronze stand, read before the comparison.
@@ -430,6 +442,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         changes_read,
         key_hash_sums,
         value_sums,
+        value_sum_rereads,
     } = match &key {
         CompareKey::Grid(grid) => {
             let on = (&hashing, grid);
@@ -481,6 +494,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         key_sums: matches!(key, CompareKey::Grid(_)),
         key_hash_sums,
         value_sums,
+        value_sum_rereads,
         silver_version,
         silver_lsn,
         source_lsn,
@@ -586,6 +600,10 @@ pub fn render(result: &ReconcileResult) -> String {
             continue;
         }
         let side = |side: &buckets::Side| match (result.key_sums, result.key_hash_sums) {
+            (true, true) if result.value_sums => format!(
+                "{} rows (key sum {}, key hash sum {}, value sum {})",
+                side.rows, side.key_sum, side.key_hash_sum, side.value_sum
+            ),
             (true, true) => format!(
                 "{} rows (key sum {}, key hash sum {})",
                 side.rows, side.key_sum, side.key_hash_sum
@@ -602,6 +620,14 @@ pub fn render(result: &ReconcileResult) -> String {
             side(&bucket.source),
             side(&bucket.silver),
             if bucket.hashed { ", hashed" } else { "" }
+        );
+    }
+    if result.value_sum_rereads > 0 {
+        let _ = writeln!(
+            text,
+            "  {} buckets' value sums differed but every row compared equal: the source \
+             encodes a value otherwise than the writer (a re-read, not a difference)",
+            result.value_sum_rereads
         );
     }
     for finding in &result.findings {

@@ -119,7 +119,8 @@ pub(crate) enum Op {
     /// Silver of `table` reconciled with the source, silver first corrupted by another
     /// engine when `corrupt`: a row deleted, or with `value` one value changed (which only
     /// the value sums of tier 1 find: a run after a corruption reads no bucket row by row
-    /// unless tier 1 finds it different).
+    /// unless tier 1 finds it different). `value` without `corrupt` turns the value sums
+    /// off where every bucket is read row by row (`--value-sums false`).
     Reconcile {
         table: Table,
         corrupt: bool,
@@ -213,7 +214,8 @@ pub(crate) fn kind(op: &Op) -> String {
         Op::Reconcile { corrupt, value, .. } => format!(
             "reconcile{}",
             match (corrupt, value) {
-                (false, _) => "",
+                (false, false) => "",
+                (false, true) => " without value sums (at sample 1)",
                 (true, false) => " after a row deleted",
                 (true, true) => " after a value changed",
             }

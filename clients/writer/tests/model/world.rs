@@ -226,7 +226,10 @@ impl World {
                     table,
                     corrupt,
                     value,
-                } => self.reconcile(*table, corrupt.then_some(*value)).await,
+                } => {
+                    self.reconcile(*table, corrupt.then_some(*value), *corrupt || !*value)
+                        .await
+                }
                 Op::SecondWriter { table } => {
                     let config = self.config(*table);
                     let failing = self.on_loss(*table) == OnLoss::Fail;
@@ -589,6 +592,7 @@ impl World {
         &self,
         table: Table,
         corrupt: Option<bool>,
+        value_sums: bool,
     ) -> Result<(), Failure> {
         if !self.known().applied.contains(&table) {
             return self.apply(table, false).await;
@@ -618,6 +622,9 @@ impl World {
             true => 0.0,
             false => 1.0,
         };
+        // Value sums off compare values only in the buckets read row by row: every bucket at
+        // sample 1.
+        let value_sums = value_sums || sample == 0.0;
         let config = reconcile::ReconcileConfig {
             server: self.lab.url.clone(),
             table: table.source().into(),
@@ -632,6 +639,7 @@ impl World {
             sample,
             seed: Some(1),
             report: None,
+            value_sums,
         };
         let result = match reconcile::reconcile(&config).await {
             Ok(result) => result,
