@@ -12,9 +12,12 @@
 //!   median of three runs: its seconds (target: under 0.3 of the Flight read), its peak RSS
 //!   (target ≤ 1 GiB) and the source calls the server made for it
 //!   (`mssql_cdc_flight_source_call_seconds_count`);
-//! - **tier 2**: the same with `--sample 1` (every bucket of `BENCH_RECONCILE_BUCKET_ROWS`,
-//!   default 1,000,000, compared row by row); its time less tier 1's, per bucket, against a
-//!   Flight read of the table's rows per bucket (target ≤ 1.5);
+//! - **tier 1, rows only**: the same with `--value-sums false` (counts and key sums; values
+//!   only where a bucket is read row by row), once;
+//! - **tier 2**: `--sample 1` (every bucket of `BENCH_RECONCILE_BUCKET_ROWS`, default
+//!   1,000,000, compared row by row; no value sums, which would compare every value twice);
+//!   its time less the rows-only tier 1's, per bucket, against a Flight read of the table's
+//!   rows per bucket (target ≤ 1.5);
 //! - **keyset tier 1**: `--sample 0 --keys status,order_id`, a composite text key whose
 //!   buckets the source cuts: its seconds against the Flight read, and its peak RSS.
 //!
@@ -147,6 +150,13 @@ fn main() -> anyhow::Result<()> {
         }
         tier1_runs.sort_by(f64::total_cmp);
         let tier1 = tier1_runs[1];
+        let mut rows_only_args = args("0");
+        rows_only_args.extend(["--value-sums".to_string(), "false".to_string()]);
+        let (rows_only, _, rows_result) = reconcile_in_a_process(&rows_only_args).await?;
+        anyhow::ensure!(
+            rows_result["match"] == rows_result["buckets"] && rows_result["value_sums"] == false,
+            "a matching table, rows only: {rows_result}"
+        );
         let (tiers12, rss2, result2) = reconcile_in_a_process(&args("1")).await?;
         let buckets = result1["buckets"].as_u64().unwrap_or(0);
         anyhow::ensure!(
@@ -157,20 +167,21 @@ fn main() -> anyhow::Result<()> {
             result1["values_verified"] == true && result1["hashed"] == 0,
             "tier 1 alone verifies every value by the value sums: {result1}"
         );
-        let per_bucket = (tiers12 - tier1).max(0.0) / buckets.max(1) as f64;
+        let per_bucket = (tiers12 - rows_only).max(0.0) / buckets.max(1) as f64;
         let flight_per_bucket = flight_seconds / buckets.max(1) as f64;
         println!(
-            "| rows | buckets | Flight read s | tier 1, values verified, s (÷ Flight) | source calls | tier 1 peak RSS MiB | tier 2 s per bucket (÷ Flight read of a bucket) | tiers 1+2 peak RSS MiB |"
+            "| rows | buckets | Flight read s | tier 1, values verified, s (÷ Flight) | source calls | tier 1 peak RSS MiB | tier 1 rows only s (÷ Flight) | tier 2 s per bucket (÷ Flight read of a bucket) | tiers 1+2 peak RSS MiB |"
         );
-        println!("|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|");
         println!(
-            "| {rows} | {buckets} | {flight_seconds:.2} | {tier1:.2} ({:.3}; runs {}) | {calls} | {rss1:.0} | {per_bucket:.2} ({:.2}) | {rss2:.0} |",
+            "| {rows} | {buckets} | {flight_seconds:.2} | {tier1:.2} ({:.3}; runs {}) | {calls} | {rss1:.0} | {rows_only:.2} ({:.3}) | {per_bucket:.2} ({:.2}) | {rss2:.0} |",
             tier1 / flight_seconds,
             tier1_runs
                 .iter()
                 .map(|seconds| format!("{seconds:.2}"))
                 .collect::<Vec<_>>()
                 .join(", "),
+            rows_only / flight_seconds,
             per_bucket / flight_per_bucket,
         );
         // The same table compared on a composite text key the source cuts into buckets:

@@ -650,7 +650,7 @@ async fn the_sidecar_reconciles_silver_after_its_run_and_on_an_admin_call() {
             sample: Some(1.0),
             bucket_rows: Some(50),
             seed: Some(3),
-            value_sums: Some(false),
+            value_sums: None,
         },
     )
     .await
@@ -659,7 +659,23 @@ async fn the_sidecar_reconciles_silver_after_its_run_and_on_an_admin_call() {
     assert_eq!(result.hashed, result.buckets, "the call's sample of 1");
     assert!(
         !result.value_sums && result.values_verified,
-        "the call's value sums off, every value compared row by row: {result:?}"
+        "every bucket read row by row: no value sums, every value compared: {result:?}"
+    );
+    let rows_only = admin::call_reconcile(
+        &url,
+        &Default::default(),
+        ReconcileRequest {
+            table: "dbo.orders".into(),
+            sample: Some(0.0),
+            value_sums: Some(false),
+            ..ReconcileRequest::default()
+        },
+    )
+    .await
+    .expect("reconcile over the admin service");
+    assert!(
+        rows_only.verified && !rows_only.value_sums && !rows_only.values_verified,
+        "the call's value sums off at sample 0: rows verified, values not: {rows_only:?}"
     );
     assert_eq!(
         result.compared_lsn.to_string(),

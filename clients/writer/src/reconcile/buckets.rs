@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use arrow::array::{Array, ArrayRef, Int64Array};
 use arrow::datatypes::DataType;
+use arrow::record_batch::RecordBatch;
 use deltalake::datafusion::prelude::SessionContext;
 use futures::TryStreamExt;
 use mssql_cdc_proto::catalog::{KeyGrid, KeySums};
@@ -206,23 +207,53 @@ pub(super) async fn silver_units(
             key.column.name
         ))
     })?;
-    let mut stream = frame.execute_stream().await?;
+    // Batches digested on blocking threads, one a core at once, in order.
+    let digested = values.is_some();
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let mut parts = frame
+        .execute_stream()
+        .await?
+        .map_err(WriterError::from)
+        .map_ok(|batch| {
+            let key = key.clone();
+            async move {
+                tokio::task::spawn_blocking(move || batch_units(&batch, &key, digested))
+                    .await
+                    .map_err(|error| {
+                        WriterError::Internal(format!("digesting silver's rows: {error}"))
+                    })?
+            }
+        })
+        .try_buffered(cores);
     let mut units = Vec::new();
     let mut digests = values.map(|_| Vec::new());
-    while let Some(batch) = stream.try_next().await? {
-        units.push(units_of(batch.column(0), key)?);
-        if let Some(digests) = &mut digests {
-            let values: Vec<&dyn Array> = batch.columns()[1..]
-                .iter()
-                .map(|column| column.as_ref())
-                .collect();
-            digests.push(
-                mssql_cdc_proto::digest::row_digests(&values)
-                    .map_err(|error| WriterError::invalid(format!("silver's values: {error}")))?,
-            );
+    while let Some((batch_units, batch_digests)) = parts.try_next().await? {
+        units.push(batch_units);
+        if let (Some(digests), Some(batch_digests)) = (&mut digests, batch_digests) {
+            digests.push(batch_digests);
         }
     }
     Ok(SilverKeys { units, digests })
+}
+
+/// A batch of silver's key (its first column) in grid units and, when `digested`, the value
+/// digest of each of its rows (the other columns).
+fn batch_units(
+    batch: &RecordBatch,
+    key: &GridKey,
+    digested: bool,
+) -> Result<(Int64Array, Option<Vec<i64>>)> {
+    let units = units_of(batch.column(0), key)?;
+    if !digested {
+        return Ok((units, None));
+    }
+    let values: Vec<&dyn Array> = batch.columns()[1..]
+        .iter()
+        .map(|column| column.as_ref())
+        .collect();
+    let digests = mssql_cdc_proto::digest::row_digests(&values)
+        .map_err(|error| WriterError::invalid(format!("silver's values: {error}")))?;
+    Ok((units, Some(digests)))
 }
 
 /// Silver's smallest and largest key in grid units; `None` without a non-NULL key. Read

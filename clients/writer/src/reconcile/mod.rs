@@ -82,7 +82,8 @@ pub struct ReconcileConfig {
     pub report: Option<String>,
     /// Whether tier 1 sums a digest of every row's values on both sides (on a grid key), so
     /// that every value is verified at the cost of a scan; without, values are compared in
-    /// the buckets tier 2 reads only. Default true.
+    /// the buckets tier 2 reads only. Default true; never at `sample` 1, which reads every
+    /// bucket row by row.
     pub value_sums: bool,
 }
 

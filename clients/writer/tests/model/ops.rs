@@ -120,7 +120,8 @@ pub(crate) enum Op {
     /// engine when `corrupt`: a row deleted, or with `value` one value changed (which only
     /// the value sums of tier 1 find: a run after a corruption reads no bucket row by row
     /// unless tier 1 finds it different). `value` without `corrupt` turns the value sums
-    /// off where every bucket is read row by row (`--value-sums false`).
+    /// off (`--value-sums false`), no bucket read row by row unless tier 1 finds it
+    /// different: silver's rows may be verified then, never its values.
     Reconcile {
         table: Table,
         corrupt: bool,
@@ -215,7 +216,7 @@ pub(crate) fn kind(op: &Op) -> String {
             "reconcile{}",
             match (corrupt, value) {
                 (false, false) => "",
-                (false, true) => " without value sums (at sample 1)",
+                (false, true) => " without value sums",
                 (true, false) => " after a row deleted",
                 (true, true) => " after a value changed",
             }

@@ -617,14 +617,12 @@ impl World {
             }
         }
         // After a corruption, and on the quiet table, no bucket is read row by row unless
-        // tier 1 finds it different: the value sums must find a changed value alone.
-        let sample = match corrupt.is_some() || table == Table::Quiet {
+        // tier 1 finds it different: the value sums must find a changed value alone. Without
+        // value sums, neither: silver's rows may be verified, never its values.
+        let sample = match corrupt.is_some() || table == Table::Quiet || !value_sums {
             true => 0.0,
             false => 1.0,
         };
-        // Value sums off compare values only in the buckets read row by row: every bucket at
-        // sample 1.
-        let value_sums = value_sums || sample == 0.0;
         let config = reconcile::ReconcileConfig {
             server: self.lab.url.clone(),
             table: table.source().into(),
@@ -705,39 +703,59 @@ impl World {
             }
             return Ok(());
         }
+        // A verified LSN claims silver's rows (every key once); a values-verified one claims
+        // every value too. Without value sums and with buckets left unread, only the first.
+        let silver = self.silver_rows(table).await;
+        let source = source_rows_of(&self.lab, table.source(), table.key()).await;
         let corrupted = self.known().corrupted.get(&table).copied();
         if let Some(key) = corrupted
             && !changed_since.contains(&key)
-            && let Some(source_row) = source_rows_of(&self.lab, table.source(), table.key())
-                .await
-                .get(&key)
-                .cloned()
-            && self.silver_rows(table).await.get(&key).map(|row| {
-                // A column silver has not met yet reads NULL, as in `silver_differs`.
+            && let Some(source_row) = source.get(&key)
+        {
+            // A column silver has not met yet reads NULL, as in `silver_differs`.
+            let held = silver.get(&key).map(|row| {
                 let mut row = row.clone();
                 row.resize(source_row.len().max(row.len()), "NULL".into());
                 row
-            }) != Some(source_row.clone())
-        {
+            });
             // A key no change touched since the compared LSN, missing from silver or with a
-            // value changed: no change in flight explains it. (A deleted row whose key changed since is IN_FLIGHT: a
-            // verified LSN claims every row but the keys changed after it; comparing those
-            // at the compared LSN is issue "Reconcile that means what it says".)
-            return Err(format!(
-                "reconcile verified {} at {} although another engine deleted or changed its row of key {key} \
-                 from silver, and no change since explains it",
-                table.source(),
-                result.compared_lsn
-            ));
+            // value changed: no change in flight explains it.
+            let claimed = match held {
+                None => Some("verified"),
+                Some(row) if row != *source_row && result.values_verified => {
+                    Some("values-verified")
+                }
+                Some(_) => None,
+            };
+            if let Some(claimed) = claimed {
+                return Err(format!(
+                    "reconcile {claimed} {} at {} although another engine deleted or changed \
+                     its row of key {key} from silver, and no change since explains it",
+                    table.source(),
+                    result.compared_lsn
+                ));
+            }
         }
         // With no change of the table after the compared LSN, the source now is the source
-        // at that LSN: silver must equal it.
+        // at that LSN: silver must hold its keys, and its values when they were verified.
         if !changed_since.is_empty() {
             return Ok(());
         }
-        if let Some(difference) = self.silver_differs(table).await {
+        let keys = |rows: &Rows| rows.keys().copied().collect::<Vec<_>>();
+        if keys(&silver) != keys(&source) {
             return Err(format!(
-                "reconcile verified {} at {} while silver differs from the source: {difference}",
+                "reconcile verified {} at {} while silver's keys differ from the source's: {}",
+                table.source(),
+                result.compared_lsn,
+                difference(&silver, &source)
+            ));
+        }
+        if result.values_verified
+            && let Some(difference) = self.silver_differs(table).await
+        {
+            return Err(format!(
+                "reconcile values-verified {} at {} while silver differs from the source: \
+                 {difference}",
                 table.source(),
                 result.compared_lsn
             ));
