@@ -347,6 +347,17 @@ async fn a_source_that_cannot_sum_values_is_compared_without_them() {
     let result = reconcile(&config(&lab)).await.expect("reconcile");
     let rendered = mssql_cdc_writer::reconcile::render(&result);
     assert!(result.verified && !result.value_sums, "{rendered}");
+    assert!(
+        result
+            .value_sums_refused
+            .as_deref()
+            .is_some_and(|error| error.contains("injected")),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("could not sum its rows' value digests"),
+        "{rendered}"
+    );
     assert!(!result.values_verified && result.hashed == 0, "{rendered}");
     let result = reconcile(&ReconcileConfig {
         sample: 1.0,

@@ -6,12 +6,49 @@ use deltalake::datafusion::prelude::SessionContext;
 use mssql_cdc_proto::client::{CdcClient, ClientError};
 use mssql_cdc_proto::protocol::{KeySumsAnswer, KeySumsBody, LsnAnswer};
 
-use super::buckets::BucketStatus;
+use super::buckets::{Bucket, BucketStatus};
 use super::in_flight::InFlight;
-use super::key::GridKey;
-use super::rows::{self, Hashing};
+use super::key::{GridKey, RowKey};
+use super::rows::{self, FailureType, Hashing, KeyFinding};
 use super::{Compared, Positions, ReconcileConfig, Sample, buckets};
 use crate::error::{Result, WriterError};
+
+/// A MISMATCH bucket's verdict after its row-by-row read found `found`; true when it was a
+/// re-read (below).
+///
+/// - Every difference found is a key changed after the compared LSN: IN_FLIGHT (the scan
+///   saw a change the capture job had not yet, whose key the read then found in flight).
+/// - Nothing found, the bucket differing by its value sums alone: the source wrote some
+///   value's canonical text otherwise than the writer (docs/reconcile.md, "Value digests"),
+///   a MATCH, but only where silver holds the served types (`exact`: a cast to a narrower
+///   one could make rows that differ compare equal) and no key of the bucket changed since
+///   (a change could have undone the difference before the read: IN_FLIGHT).
+fn judge_read(bucket: &mut Bucket, found: &[KeyFinding], changed: &InFlight, exact: bool) -> bool {
+    if bucket.status != BucketStatus::Mismatch {
+        return false;
+    }
+    if !found.is_empty() {
+        if found
+            .iter()
+            .all(|finding| finding.failure_type == FailureType::InFlight)
+        {
+            bucket.status = BucketStatus::InFlight;
+        }
+        return false;
+    }
+    if !exact || !bucket.source.differs_only_in_values(&bucket.silver) {
+        return false;
+    }
+    let moved = changed.keys().any(|key| match key {
+        RowKey::Units(units) => bucket.contains(*units),
+        RowKey::Bytes(_) => false,
+    });
+    bucket.status = match moved {
+        true => BucketStatus::InFlight,
+        false => BucketStatus::Match,
+    };
+    !moved
+}
 
 /// Whether `error` is the source refusing or failing a request (not a cut connection, a
 /// purge or a denial): one asking for value sums is then asked again without them.
@@ -62,6 +99,7 @@ pub(super) async fn compare(
         client.action::<KeySumsAnswer>("key_sums", &body),
     );
     let silver_keys = silver_keys?;
+    let mut value_sums_refused = None;
     let answer = match answer {
         Ok(answer) => answer,
         // The source could not digest its values (a value it would not convert, say): the
@@ -74,6 +112,7 @@ pub(super) async fn compare(
                 "reconcile: the source could not sum its rows' value digests; comparing \
                  without value sums (values only in the buckets read row by row)"
             );
+            value_sums_refused = Some(error.to_string());
             let body = KeySumsBody {
                 values: None,
                 ..body
@@ -136,16 +175,7 @@ pub(super) async fn compare(
         )
         .await?;
         super::log_bucket(config, (done, to_hash), bucket, found.len());
-        // Value sums that differ where every row compares equal: the source wrote some
-        // value's canonical text otherwise than the writer does (docs/reconcile.md, "Value
-        // digests"). The rows decide, but only where silver holds the served types (a cast
-        // to a narrower one could make rows that differ compare equal); the encoding is
-        // worth a look.
-        if found.is_empty()
-            && bucket.status == BucketStatus::Mismatch
-            && bucket.source.differs_only_in_values(&bucket.silver)
-            && hashing.exact
-        {
+        if judge_read(bucket, &found, &in_flight, hashing.exact) {
             tracing::warn!(
                 table = %config.table,
                 lo = ?bucket.lo,
@@ -154,7 +184,6 @@ pub(super) async fn compare(
                  the source encodes a value otherwise than the writer (a re-read, not a \
                  difference)"
             );
-            bucket.status = BucketStatus::Match;
             value_sum_rereads += 1;
         }
         findings.extend(found);
@@ -167,5 +196,84 @@ pub(super) async fn compare(
         key_hash_sums,
         value_sums,
         value_sum_rereads,
+        value_sums_refused,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use mssql_cdc_proto::keys::Bound;
+
+    use super::*;
+    use crate::reconcile::buckets::Side;
+
+    /// A MISMATCH bucket `[0, 100)`, differing by its value sums alone or by its rows too.
+    fn bucket(values_only: bool) -> Bucket {
+        let source = Side {
+            rows: 10,
+            key_sum: 450,
+            key_hash_sum: 7,
+            value_sum: 1,
+        };
+        let silver = Side {
+            rows: if values_only { 10 } else { 9 },
+            value_sum: 2,
+            ..source
+        };
+        Bucket {
+            source,
+            silver,
+            status: BucketStatus::Mismatch,
+            hashed: true,
+            ..Bucket::new(Some(Bound::Int(0)), Some(Bound::Int(100)))
+        }
+    }
+
+    fn finding(key: i64, failure_type: FailureType) -> KeyFinding {
+        KeyFinding {
+            key: serde_json::json!({ "id": key }),
+            failure_type,
+            silver_start_lsn: None,
+            columns: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_bucket_whose_differences_all_changed_since_is_in_flight() {
+        let changed = InFlight::of_keys([RowKey::Units(Some(5))]);
+        let mut only_in_flight = bucket(true);
+        let found = [finding(5, FailureType::InFlight)];
+        assert!(!judge_read(&mut only_in_flight, &found, &changed, true));
+        assert_eq!(only_in_flight.status, BucketStatus::InFlight);
+        // One difference no change explains keeps the bucket a MISMATCH.
+        let mut one_more = bucket(true);
+        let found = [
+            finding(5, FailureType::InFlight),
+            finding(6, FailureType::RecordDiff),
+        ];
+        assert!(!judge_read(&mut one_more, &found, &changed, true));
+        assert_eq!(one_more.status, BucketStatus::Mismatch);
+    }
+
+    #[test]
+    fn equal_rows_under_different_value_sums_are_a_re_read_unless_a_key_changed() {
+        let nothing = InFlight::of_keys([]);
+        let mut reread = bucket(true);
+        assert!(judge_read(&mut reread, &[], &nothing, true));
+        assert_eq!(reread.status, BucketStatus::Match);
+        // A key of the bucket changed since: the change may have undone the difference.
+        let mut moved = bucket(true);
+        let changed = InFlight::of_keys([RowKey::Units(Some(42))]);
+        assert!(!judge_read(&mut moved, &[], &changed, true));
+        assert_eq!(moved.status, BucketStatus::InFlight);
+        // A key outside it changed: still a re-read.
+        let mut outside = bucket(true);
+        let changed = InFlight::of_keys([RowKey::Units(Some(420))]);
+        assert!(judge_read(&mut outside, &[], &changed, true));
+        // Silver in other types than served, or rows that differ too: the bucket stays.
+        for (mut kept, exact) in [(bucket(true), false), (bucket(false), true)] {
+            assert!(!judge_read(&mut kept, &[], &nothing, exact));
+            assert_eq!(kept.status, BucketStatus::Mismatch);
+        }
+    }
 }

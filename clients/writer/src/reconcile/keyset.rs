@@ -201,6 +201,7 @@ pub(super) async fn compare(
         changes_read: in_flight.window(),
         key_hash_sums: false,
         value_sum_rereads: 0,
+        value_sums_refused: None,
         value_sums: false,
     })
 }

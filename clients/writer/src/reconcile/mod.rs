@@ -148,6 +148,10 @@ pub struct ReconcileResult {
     /// reconcile.md, "Value digests"). Each is a MATCH, logged as a warning naming it.
     #[serde(default)]
     pub value_sum_rereads: u64,
+    /// The source's error when it was asked for value sums and could not compute them (a
+    /// value it would not convert, say): the run went on without them.
+    #[serde(default)]
+    pub value_sums_refused: Option<String>,
     /// Silver's Delta version read.
     pub silver_version: i64,
     /// Silver's `applied_lsn` read before that version.
@@ -299,6 +303,8 @@ struct Compared {
     value_sums: bool,
     /// [`ReconcileResult::value_sum_rereads`].
     value_sum_rereads: u64,
+    /// [`ReconcileResult::value_sums_refused`].
+    value_sums_refused: Option<String>,
 }
 
 /// Where silver and bronze stand, read before the comparison.
@@ -444,6 +450,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         key_hash_sums,
         value_sums,
         value_sum_rereads,
+        value_sums_refused,
     } = match &key {
         CompareKey::Grid(grid) => {
             let on = (&hashing, grid);
@@ -496,6 +503,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         key_hash_sums,
         value_sums,
         value_sum_rereads,
+        value_sums_refused,
         silver_version,
         silver_lsn,
         source_lsn,
@@ -621,6 +629,13 @@ pub fn render(result: &ReconcileResult) -> String {
             side(&bucket.source),
             side(&bucket.silver),
             if bucket.hashed { ", hashed" } else { "" }
+        );
+    }
+    if let Some(error) = &result.value_sums_refused {
+        let _ = writeln!(
+            text,
+            "  the source could not sum its rows' value digests ({error}): values compared \
+             only in the buckets read row by row"
         );
     }
     if result.value_sum_rereads > 0 {

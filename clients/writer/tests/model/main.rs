@@ -192,6 +192,15 @@ const REGRESSIONS: &[(&str, &str)] = &[
         {"Commit":{"table":"Busy","commits":20,"seed":4}},
         {"Reconcile":{"table":"Quiet","corrupt":false}}]"#,
     ),
+    (
+        "a value another engine changed in silver, then reconciled without value sums at \
+         sample 0: silver's rows may be verified, its values must not be",
+        r#"[{"Commit":{"table":"Busy","commits":5,"seed":3}},
+        {"Stream":{"table":"Busy","continuous":false,"live_tail":false,"max_commits":null}},
+        {"Apply":{"table":"Busy","deletion_vectors":false}},
+        {"Reconcile":{"table":"Busy","corrupt":true,"value":true}},
+        {"Reconcile":{"table":"Busy","corrupt":false,"value":true}}]"#,
+    ),
 ];
 
 /// Runs `schedule` on a new world; the step that failed and why, or the coverage. A panic
