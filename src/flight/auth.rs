@@ -153,6 +153,17 @@ pub fn sha256(bytes: &[u8]) -> [u8; 32] {
     out
 }
 
+/// The fewest characters a bearer token (or a basic password) may have: shorter ones are
+/// refused before any lookup, so a guessable token never authenticates.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
+/// Tokens whose hashes a tokens file may not hold: the empty string (what the documented
+/// `printf %s "$TOKEN" | sha256sum` hashes when `TOKEN` is unset) and words tried first.
+const WEAK_TOKENS: &[&str] = &[
+    "", "test", "foo", "bar", "baz", "secret", "password", "token", "changeme", "admin", "root",
+    "letmein", "example", "123456", "12345678",
+];
+
 fn hash_field(principal: &str, field: &str, hex_text: &str) -> Result<[u8; 32]> {
     let bytes = hex::decode(hex_text.trim())
         .ok()
@@ -208,6 +219,32 @@ impl Authenticator {
                 return Err(Error::invalid(format!(
                     "tokens file: principal '{}' needs token_sha256 or certificate_sha256",
                     entry.name
+                )));
+            }
+            if let Some(hash) = &token
+                && let Some(weak) = WEAK_TOKENS
+                    .iter()
+                    .find(|weak| sha256(weak.as_bytes()) == *hash)
+            {
+                return Err(Error::invalid(format!(
+                    "tokens file: principal '{}': token_sha256 is the hash of {} (is the \
+                     variable you hashed unset?); make a token with `openssl rand -hex 32`",
+                    entry.name,
+                    match weak.is_empty() {
+                        true => "the empty string".to_string(),
+                        false => format!("a well-known token ('{weak}')"),
+                    }
+                )));
+            }
+            let shared = known.iter().find(|other: &&Known| {
+                (token.is_some() && other.token == token)
+                    || (certificate.is_some() && other.certificate == certificate)
+            });
+            if let Some(other) = shared {
+                return Err(Error::invalid(format!(
+                    "tokens file: principals '{}' and '{}' share a token or certificate hash: \
+                     a credential must name one principal",
+                    other.principal.name, entry.name
                 )));
             }
             known.push(Known {
@@ -332,7 +369,25 @@ pub fn interceptor(
             .and_then(|leaf| authenticator.by_certificate(&leaf));
         // Refusals go through the one error mapping, so they carry their reason code.
         let refuse = |error: Error| crate::status::to_status(&error);
-        let principal = match presented(request.metadata()).map_err(refuse)? {
+        let presented = presented(request.metadata()).map_err(refuse)?;
+        if let Some(
+            Presented::Bearer(token)
+            | Presented::Basic {
+                password: token, ..
+            },
+        ) = &presented
+            && token.chars().count() < MIN_TOKEN_CHARS
+        {
+            return Err(refuse(unauthenticated(&format!(
+                "the token is {}: tokens have at least {MIN_TOKEN_CHARS} characters (make one \
+                 with `openssl rand -hex 32`)",
+                match token.is_empty() {
+                    true => "empty".to_string(),
+                    false => "too short".to_string(),
+                }
+            ))));
+        }
+        let principal = match presented {
             Some(Presented::Bearer(token)) => {
                 Some(authenticator.by_token(&token).ok_or_else(|| {
                     refuse(unauthenticated(
@@ -432,6 +487,23 @@ mod tests {
                 "64 hex digits",
             ),
             (r#"{"principal": []}"#, "unknown field"),
+            (
+                // SHA-256 of the empty string: `printf %s "$TOKEN" | sha256sum`, TOKEN unset.
+                r#"{"principals": [{"name": "a", "tables": [], "token_sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"}]}"#,
+                "the empty string",
+            ),
+            (
+                // SHA-256 of "test", the old docs' example.
+                r#"{"principals": [{"name": "a", "tables": [], "token_sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"}]}"#,
+                "well-known token ('test')",
+            ),
+            (
+                r#"{"principals": [
+                    {"name": "a", "tables": [], "token_sha256": "0101010101010101010101010101010101010101010101010101010101010101"},
+                    {"name": "b", "tables": [], "token_sha256": "0101010101010101010101010101010101010101010101010101010101010101"}
+                ]}"#,
+                "principals 'a' and 'b' share",
+            ),
         ] {
             let error = Authenticator::from_json(json.as_bytes()).expect_err(json);
             assert!(error.to_string().contains(expected), "{json}: {error}");

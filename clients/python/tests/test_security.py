@@ -53,7 +53,48 @@ def test_no_token_and_a_wrong_token_are_unauthenticated(secured):
     with pytest.raises(flight.FlightUnauthenticatedError, match="credentials"):
         list(client.list_flights())
     with pytest.raises(flight.FlightUnauthenticatedError, match="not known"):
-        list(client.list_flights(options=bearer("guess")))
+        list(client.list_flights(options=bearer("a-long-but-wrong-token-0123")))
+
+
+def test_an_empty_or_short_token_is_refused_before_any_lookup(secured):
+    """The attack of an unset `$TOKEN`: `authorization: Bearer ` with nothing after it, or a
+    guessable short word, is refused whatever the tokens file holds."""
+    client = flight.FlightClient(secured)
+    for token, said in [("", "empty"), ("guess", "too short"), (WRITER_TOKEN[:15], "too short")]:
+        with pytest.raises(flight.FlightUnauthenticatedError, match=said):
+            list(client.list_flights(options=bearer(token)))
+    with pytest.raises(flight.FlightUnauthenticatedError, match="too short"):
+        client.authenticate_basic_token("writer", "short")
+
+
+@pytest.mark.parametrize(
+    "principals, said",
+    [
+        ([{"name": "a", "tables": ["*"], "token_sha256": sha256("")}], "the empty string"),
+        ([{"name": "a", "tables": ["*"], "token_sha256": sha256("test")}], "well-known token"),
+        (
+            [
+                {"name": "a", "tables": ["*"], "token_sha256": sha256(WRITER_TOKEN)},
+                {"name": "b", "tables": ["dbo.orders"], "token_sha256": sha256(WRITER_TOKEN)},
+            ],
+            "principals 'a' and 'b' share",
+        ),
+    ],
+)
+def test_a_tokens_file_with_a_weak_or_shared_credential_does_not_start(tmp_path, principals, said):
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "0", "--orders", "0")
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"principals": principals}))
+    done = subprocess.run(
+        [binary(), "serve", "--source", f"sim:{directory}", "--listen", "127.0.0.1:0"]
+        + ["--tokens-file", str(tokens)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0, done.stdout
+    assert said in done.stderr, done.stderr
 
 
 def test_a_principal_sees_and_reads_only_its_tables(secured):
