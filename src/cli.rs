@@ -172,6 +172,10 @@ pub struct LimitArgs {
     /// Seconds a keepalive ping may go unanswered.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_KEEPALIVE_TIMEOUT", default_value_t = Limits::default().keepalive_timeout.as_secs_f64())]
     pub keepalive_timeout: f64,
+    /// Seconds a do_get stream may wait for its client to take a batch; then it ends
+    /// (DEADLINE_EXCEEDED) and its source read and connection are released.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_STALL_TIMEOUT", default_value_t = Limits::default().stall_timeout.as_secs_f64())]
+    pub stall_timeout: f64,
 }
 
 #[derive(Subcommand)]

@@ -59,6 +59,7 @@ impl LimitArgs {
             max_request_bytes: self.max_request_bytes,
             keepalive_interval: seconds("keepalive-interval", self.keepalive_interval)?,
             keepalive_timeout: seconds("keepalive-timeout", self.keepalive_timeout)?,
+            stall_timeout: seconds("stall-timeout", self.stall_timeout)?,
         };
         limits.check()?;
         Ok(limits)

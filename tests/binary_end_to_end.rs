@@ -276,5 +276,5 @@ async fn bad_sources_and_keys_fail_with_a_clear_message() {
         ])
         .output()
         .expect("run");
-    assert!(String::from_utf8_lossy(&output.stderr).contains("at least 16 bytes"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("at least 32 bytes"));
 }

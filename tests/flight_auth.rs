@@ -312,9 +312,10 @@ async fn tickets_expire_and_survive_a_key_rotation() {
     let (sim, plain) = loaded(35, 40).await;
     let start = earliest(&plain, "dbo.orders").await;
     plain.shutdown_and_wait().await;
-    let old_key = TicketSigner::from_key_bytes(b"the fleet's key of last month\n").expect("key");
+    let old_key =
+        TicketSigner::from_key_bytes(b"the fleet's ticket key of last month\n").expect("key");
     let rotated = TicketSigner::from_key_bytes(
-        b"the fleet's key of this month\nthe fleet's key of last month\n",
+        b"the fleet's ticket key of this month\nthe fleet's ticket key of last month\n",
     )
     .expect("keys");
     let old = FlightFixture::start_with_key(Arc::new(sim.db.clone()), old_key).await;

@@ -141,7 +141,7 @@ fn parse_every_body(bytes: &[u8]) {
 }
 
 fn signer() -> TicketSigner {
-    TicketSigner::new(b"the fuzzing run's ticket key").expect("key")
+    TicketSigner::new(b"the fuzzing run's ticket key, 32+ bytes").expect("key")
 }
 
 /// Ticket bodies with arbitrary fields, as only a holder of the key could sign them.

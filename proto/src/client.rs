@@ -68,8 +68,9 @@ impl ClientError {
     }
 
     /// Whether the server did not answer: it could not be reached, the connection was cut
-    /// (a restart: a status the transport made, without the server's error details), or a
-    /// stream ended without its completion marker. The server is stateless and its calls
+    /// (a restart: a status the transport made, without the server's error details), a
+    /// stream ended without its completion marker, or the server ended a stream its client
+    /// stopped reading (`STREAM_STALLED`). The server is stateless and its calls
     /// read only, so the same call, to it or another replica, may succeed a moment later.
     /// What the server answered (a pending capture instance, a source it cannot reach) is
     /// its own error, and not this.
@@ -77,10 +78,14 @@ impl ClientError {
         match self {
             ClientError::Connect { .. } | ClientError::Incomplete { .. } => true,
             ClientError::Status(status) => {
-                matches!(
-                    status.code(),
-                    tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown
-                ) && crate::status::reason_of_status(status).is_none()
+                let reason = crate::status::reason_of_status(status);
+                // A stream the server ended because this client took too long between
+                // batches (a slow commit, a paused process): reading again is safe.
+                reason.as_deref() == Some("STREAM_STALLED")
+                    || matches!(
+                        status.code(),
+                        tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown
+                    ) && reason.is_none()
             }
             ClientError::Protocol(_) | ClientError::Setting { .. } => false,
         }

@@ -96,6 +96,10 @@ pub enum Error {
     /// A planning call ran past the server's deadline.
     #[error("{0}")]
     DeadlineExceeded(String),
+    /// A stream's client took no batch for the server's stall timeout: the stream was ended
+    /// and its source read released. Reading the same ticket again may succeed.
+    #[error("{0}")]
+    StreamStalled(String),
     /// The source refuses the server's login a read it needs (SQL Server error 229 on a
     /// change table): the DBA must run the `GRANT` the message names.
     #[error("{0}")]

@@ -29,7 +29,7 @@ pub fn code_of(error: &Error) -> Code {
         Error::TicketForged | Error::NotAuthorized { .. } => Code::PermissionDenied,
         Error::Unauthenticated(_) => Code::Unauthenticated,
         Error::Busy { .. } => Code::ResourceExhausted,
-        Error::DeadlineExceeded(_) => Code::DeadlineExceeded,
+        Error::DeadlineExceeded(_) | Error::StreamStalled(_) => Code::DeadlineExceeded,
         Error::SourceUnavailable(_) => Code::Unavailable,
         Error::Io { .. } | Error::Arrow(_) | Error::Internal(_) => Code::Internal,
     }
@@ -53,6 +53,7 @@ pub fn reason_of(error: &Error) -> &'static str {
         Error::Unauthenticated(_) => "UNAUTHENTICATED",
         Error::Busy { .. } => "SERVER_BUSY",
         Error::DeadlineExceeded(_) => "DEADLINE_EXCEEDED",
+        Error::StreamStalled(_) => "STREAM_STALLED",
         Error::SourceUnavailable(_) => "SOURCE_UNAVAILABLE",
         Error::Io { .. } => "LOCAL_IO",
         Error::Arrow(_) => "ARROW",

@@ -41,6 +41,10 @@ pub struct Limits {
     pub keepalive_interval: Duration,
     /// How long a keepalive ping may go unanswered.
     pub keepalive_timeout: Duration,
+    /// How long a `do_get` stream may wait for its client to take a batch: past it the
+    /// stream ends (`DEADLINE_EXCEEDED`) and its source read, with its connection, is
+    /// released, so a client that stops reading holds nothing for long.
+    pub stall_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -57,6 +61,7 @@ impl Default for Limits {
             max_request_bytes: 1 << 20,
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
+            stall_timeout: Duration::from_secs(120),
         }
     }
 }

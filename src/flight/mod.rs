@@ -282,7 +282,8 @@ impl CdcFlightService {
             let per_principal = (!principal.is_anonymous()).then_some(principal.name.as_str());
             let slot = self.streams.enter(per_principal)?;
             read.share(self.streams.batch_share());
-            let stream = stream::respond(Arc::clone(&self.source), read, compression)?;
+            let stall = self.limits.stall_timeout;
+            let stream = stream::respond(Arc::clone(&self.source), read, compression, stall)?;
             // The slot is held until the response is dropped: read to its end, or abandoned.
             Ok(Response::new(
                 stream

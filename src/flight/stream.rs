@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
 use futures::StreamExt;
@@ -188,17 +188,24 @@ impl StreamRead {
 
 /// The `do_get` response for `read`: its batches in IPC with `compression` (the ticket's
 /// code: 0 none, 1 LZ4 frame, 2 ZSTD), then its completion marker, or the status the read
-/// ended with.
+/// ended with; `DEADLINE_EXCEEDED` once the client took no batch for `stall`.
 pub fn respond(
     source: Arc<dyn CdcSource>,
     read: StreamRead,
     compression: u32,
+    stall: Duration,
 ) -> Result<BoxedStream<Message>> {
     let encoder = BatchEncoder::new(read.schema(), ipc_options(compression)?)?;
     let first = encoder.schema();
     let (batch_sender, batch_receiver) = mpsc::channel(BATCHES_AHEAD);
     let (end_sender, end_receiver) = oneshot::channel();
-    tokio::spawn(produce(source, read, encoder, batch_sender, end_sender));
+    tokio::spawn(produce(
+        source,
+        read,
+        (encoder, stall),
+        batch_sender,
+        end_sender,
+    ));
     let data = futures::stream::once(async { first })
         .chain(ReceiverStream::new(batch_receiver))
         .map(Ok);
@@ -218,7 +225,7 @@ pub fn respond(
 async fn produce(
     source: Arc<dyn CdcSource>,
     mut read: StreamRead,
-    mut encoder: BatchEncoder,
+    (mut encoder, stall): (BatchEncoder, Duration),
     batches: mpsc::Sender<Message>,
     end: oneshot::Sender<std::result::Result<Message, Status>>,
 ) {
@@ -238,8 +245,25 @@ async fn produce(
             rows += batch.num_rows() as u64;
             bytes += batch_slice_size(&batch) as u64;
             for message in encoder.encode(&batch)? {
-                if batches.send(message).await.is_err() {
-                    return Ok(None);
+                // A client that stops reading (HTTP/2's windows full, then this queue) would
+                // hold the source read and its connection for ever: past `stall` the read
+                // ends, which releases both.
+                match tokio::time::timeout(stall, batches.send(message)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return Ok(None),
+                    Err(_) => {
+                        tracing::info!(
+                            kind = read.kind(),
+                            rows,
+                            "a stream's client took no batch for the stall timeout: ended"
+                        );
+                        return Err(Error::StreamStalled(format!(
+                            "the client took no batch for {} s: the stream was ended and its \
+                             source read released (the server's --stall-timeout); read again \
+                             from the last batch committed",
+                            stall.as_secs_f64()
+                        )));
+                    }
                 }
             }
         }

@@ -32,8 +32,9 @@ const KEY_ID_LEN: usize = 4;
 const SIGNATURE_LEN: usize = 32;
 /// How long a ticket stays redeemable by default.
 pub const DEFAULT_TICKET_LIFETIME: Duration = Duration::from_secs(24 * 3600);
-/// The shortest key accepted.
-const MIN_KEY_LEN: usize = 16;
+/// The shortest key accepted: 32 bytes, as many as HMAC-SHA256's output, so a key made
+/// by `openssl rand -hex 32` (or drawn at start) is never the weak part.
+const MIN_KEY_LEN: usize = 32;
 
 struct TicketKey {
     id: [u8; KEY_ID_LEN],
@@ -125,9 +126,10 @@ impl TicketSigner {
         Ok(signer)
     }
 
-    /// Reads a key file: text holds one key per line (64 hex digits, or at least 16 bytes of
-    /// text; blank lines and `#` comments skipped), anything that is not UTF-8 is one binary
-    /// key read as bytes.
+    /// Reads a key file: text holds one key per line (64 hex digits, or at least 32 bytes of
+    /// text, which is warned about: a passphrase can be guessed offline by anyone holding a
+    /// ticket; blank lines and `#` comments skipped), anything that is not UTF-8 is one
+    /// binary key read as bytes.
     pub fn from_key_file(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path)
             .map_err(|error| Error::io(format!("reading ticket key {}", path.display()), error))?;
@@ -146,7 +148,14 @@ impl TicketSigner {
             .filter(|line| !line.is_empty() && !line.starts_with('#'))
             .map(|line| match hex::decode(line) {
                 Ok(key) if line.len() == 64 => key,
-                _ => line.as_bytes().to_vec(),
+                _ => {
+                    tracing::warn!(
+                        "a ticket key given as text, not as 64 hex digits: anyone holding a \
+                         ticket can test guesses of a passphrase offline; make a key with \
+                         `openssl rand -hex 32`"
+                    );
+                    line.as_bytes().to_vec()
+                }
             })
             .collect();
         let secrets: Vec<&[u8]> = secrets.iter().map(Vec::as_slice).collect();
@@ -250,7 +259,7 @@ mod tests {
 
     #[test]
     fn a_signed_ticket_verifies_and_round_trips() {
-        let signer = TicketSigner::new(b"0123456789abcdef0123").expect("key");
+        let signer = TicketSigner::new(b"0123456789abcdef0123456789abcdef").expect("key");
         let verified = signer.verify(&signer.sign(&body())).expect("valid");
         assert!(same_read(&verified, &body()));
         assert!(verified.expires_at >= now_unix() + DEFAULT_TICKET_LIFETIME.as_secs() - 5);
@@ -258,7 +267,7 @@ mod tests {
 
     #[test]
     fn any_edited_byte_is_refused() {
-        let signer = TicketSigner::new(b"0123456789abcdef0123").expect("key");
+        let signer = TicketSigner::new(b"0123456789abcdef0123456789abcdef").expect("key");
         let ticket = signer.sign(&body());
         for index in 0..ticket.len() {
             let mut edited = ticket.clone();
@@ -276,7 +285,7 @@ mod tests {
 
     #[test]
     fn another_key_is_refused_and_short_keys_are_too() {
-        let signer = TicketSigner::new(b"0123456789abcdef0123").expect("key");
+        let signer = TicketSigner::new(b"0123456789abcdef0123456789abcdef").expect("key");
         let other = TicketSigner::random().expect("random key");
         assert!(matches!(
             other.verify(&signer.sign(&body())),
@@ -287,7 +296,7 @@ mod tests {
 
     #[test]
     fn an_expired_ticket_asks_for_a_new_plan() {
-        let signer = TicketSigner::new(b"0123456789abcdef0123").expect("key");
+        let signer = TicketSigner::new(b"0123456789abcdef0123456789abcdef").expect("key");
         let mut expired = body();
         expired.expires_at = now_unix() - 1;
         assert!(matches!(
@@ -303,10 +312,11 @@ mod tests {
 
     #[test]
     fn a_rotated_key_file_still_verifies_the_old_keys_tickets() {
-        let old = TicketSigner::from_key_bytes(b"the old key of the fleet\n").expect("old");
+        let old =
+            TicketSigner::from_key_bytes(b"the old key of the fleet, rotated out\n").expect("old");
         let rotated = TicketSigner::from_key_bytes(
             b"# new key first, the old one verifies what is in flight\n\
-              the new key of the fleet\n\nthe old key of the fleet\n",
+              the new key of the fleet, signing now\n\nthe old key of the fleet, rotated out\n",
         )
         .expect("rotated");
         let in_flight = old.sign(&body());

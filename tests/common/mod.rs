@@ -274,7 +274,7 @@ pub async fn initial_offset(client: &CdcClient, table: &str, starting: Option<&s
 
 /// The test fixture's ticket key.
 pub fn test_signer() -> TicketSigner {
-    TicketSigner::new(b"test key of the flight fixture").expect("key")
+    TicketSigner::new(b"the test key of the flight fixture, 32+ bytes").expect("key")
 }
 
 /// A stock arrow-flight client of the fixture, for calls our client does not make (tonic's

@@ -6,6 +6,7 @@ Two principals in a tokens file: `writer` reads every table, `analyst` only dbo.
 import hashlib
 import json
 import subprocess
+import time
 
 import pyarrow.flight as flight
 import pytest
@@ -158,5 +159,33 @@ def test_the_unauthenticated_server_still_answers_actions_on_loopback(tmp_path):
     process, url = start_server(directory)
     try:
         assert action(flight.FlightClient(url), "max_lsn", {})["lsn"].startswith("0x")
+    finally:
+        stop_server(process)
+
+
+def test_a_reader_that_stops_reading_is_cut_and_its_read_released(tmp_path):
+    """The starvation attack: redeem a ticket of small batches, read one, and never read
+    again, so the stream would hold its source read (and, on SQL Server, a pooled connection)
+    for ever. Past the server's stall timeout the stream ends with DEADLINE_EXCEEDED, and
+    the server goes on serving others meanwhile."""
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "0", "--orders", "100000")
+    process, url = start_server(directory, "--stall-timeout", "1")
+    try:
+        client = flight.FlightClient(url)
+        command = {"type": "snapshot", "table": "dbo.orders", "batch_rows": 20}
+        info = client.get_flight_info(flight.FlightDescriptor.for_command(json.dumps(command)))
+        [endpoint] = info.endpoints
+        stalled = client.do_get(endpoint.ticket)
+        stalled.read_chunk()
+        # Another caller is served while the first one holds its stream unread.
+        assert action(client, "max_lsn", {})["lsn"].startswith("0x")
+        time.sleep(4)
+        with pytest.raises(flight.FlightError, match="took no batch"):
+            while True:
+                stalled.read_chunk()
+        # A reader that keeps reading is never cut: the same plan, read whole.
+        batches, marker = read_endpoint(client, endpoint)
+        assert marker is not None and marker["rows"] == 100_000
     finally:
         stop_server(process)

@@ -119,6 +119,7 @@ _BY_REASON: dict[str, type[CdcFlightError]] = {
     "SOURCE_GRANT_MISSING": FailedPreconditionError,
     "SERVER_BUSY": ServerBusyError,
     "DEADLINE_EXCEEDED": DeadlineExceededError,
+    "STREAM_STALLED": DeadlineExceededError,
     "SOURCE_UNAVAILABLE": UnavailableError,
     "INTERNAL": InternalError,
     "ARROW": InternalError,
