@@ -236,7 +236,6 @@ async fn run_steps(
     current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) -> Result<BTreeMap<String, u64>, (usize, Failure)> {
     let world = World::new().await;
-    let stalled_before = stalled_streams();
     for (step, op) in schedule.iter().enumerate() {
         current.store(step, std::sync::atomic::Ordering::SeqCst);
         let outcome = match world.run(op).await {
@@ -258,36 +257,8 @@ async fn run_steps(
             .await
             .map_err(|failure| (schedule.len(), failure))?;
     }
-    let mut covered = std::mem::take(&mut world.known().covered);
-    let stalled = stalled_streams().saturating_sub(stalled_before);
-    if stalled > 0 {
-        covered.insert(
-            "streams cut for stalling (the servers' stall timeout)".into(),
-            stalled,
-        );
-    }
+    let covered = std::mem::take(&mut world.known().covered);
     Ok(covered)
-}
-
-/// The servers' metrics, recorded for the whole process (schedules run one at a time).
-static METRICS: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
-    std::sync::OnceLock::new();
-
-/// `do_get` streams the servers of this process ended because their reader took no batch
-/// for the stall timeout (`DEADLINE_EXCEEDED`: only the stall ends a stream so).
-fn stalled_streams() -> u64 {
-    let Some(metrics) = METRICS.get() else {
-        return 0;
-    };
-    metrics
-        .render()
-        .lines()
-        .filter(|line| {
-            line.starts_with("mssql_cdc_flight_streams_total")
-                && line.contains("outcome=\"DEADLINE_EXCEEDED\"")
-        })
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
 }
 
 /// The shortest schedule found that still fails the same way: the schedule cut after the
@@ -399,9 +370,6 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    if let Ok(handle) = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
-        let _ = METRICS.set(handle);
-    }
     let python = python();
     assert!(
         python.exists(),

@@ -9,7 +9,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mssql_cdc_flight::flight::ServiceOptions;
 use mssql_cdc_flight::flight::local::LocalServer;
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::SimDb;
@@ -18,10 +17,6 @@ use tokio::task::JoinHandle;
 
 /// The ticket key the servers of the world sign with, until a restart draws another.
 const TICKET_KEY: &[u8] = b"the model test's shared ticket key";
-/// The servers' `--stall-timeout`: short, so that a writer that pauses between batches meets
-/// it (a stream whose rest fits in HTTP/2's windows never stalls: the model's streams are
-/// small, and the CI set cut none; the coverage counts those cut).
-const STALL_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// Where connections go, and those open now.
 struct Route {
@@ -110,12 +105,7 @@ impl Drop for Servers {
 async fn serve(db: &SimDb, key: u64) -> LocalServer {
     let secret = [TICKET_KEY, &key.to_be_bytes()].concat();
     let signer = TicketSigner::new(&secret).expect("ticket key");
-    let mut options = ServiceOptions::new(signer);
-    // A stream whose reader pauses this long (a slow commit beside maintenance, a sidecar
-    // busy with another table) is cut as a stalled one would be: the writer must read the
-    // ticket again, and nothing may be lost or doubled.
-    options.limits.stall_timeout = STALL_TIMEOUT;
-    LocalServer::start_with(Arc::new(db.clone()), options)
+    LocalServer::start(Arc::new(db.clone()), signer)
         .await
         .expect("server")
 }
