@@ -154,6 +154,9 @@ pub struct LimitArgs {
     /// Most do_get streams open at once for one principal.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_STREAMS_PER_PRINCIPAL", default_value_t = Limits::default().max_streams_per_principal)]
     pub max_streams_per_principal: usize,
+    /// Most planning calls (list, plan, schema, action) running at once for one principal.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_CALLS_PER_PRINCIPAL", default_value_t = Limits::default().max_calls_per_principal)]
+    pub max_calls_per_principal: usize,
     /// Bytes all open do_get streams may hold together on their way to clients; each
     /// stream's batches are cut to its share, so many slow readers get smaller batches, not
     /// more memory (docs/operations.md, "Memory").
@@ -173,9 +176,10 @@ pub struct LimitArgs {
     #[arg(long, env = "MSSQL_CDC_FLIGHT_KEEPALIVE_TIMEOUT", default_value_t = Limits::default().keepalive_timeout.as_secs_f64())]
     pub keepalive_timeout: f64,
     /// Seconds a do_get stream may wait for its client to take a batch; then it ends
-    /// (DEADLINE_EXCEEDED) and its source read and connection are released.
-    #[arg(long, env = "MSSQL_CDC_FLIGHT_STALL_TIMEOUT", default_value_t = Limits::default().stall_timeout.as_secs_f64())]
-    pub stall_timeout: f64,
+    /// (STREAM_STALLED) and its source read and connection are released (default: no
+    /// limit; longer than any chunk the writer drains, docs/security.md).
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_STALL_TIMEOUT")]
+    pub stall_timeout: Option<f64>,
 }
 
 #[derive(Subcommand)]

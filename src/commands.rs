@@ -54,12 +54,16 @@ impl LimitArgs {
             max_seek_rows: self.max_seek_rows,
             max_streams: self.max_streams,
             max_streams_per_principal: self.max_streams_per_principal,
+            max_calls_per_principal: self.max_calls_per_principal,
             stream_memory: self.stream_memory,
             call_timeout: seconds("call-timeout", self.call_timeout)?,
             max_request_bytes: self.max_request_bytes,
             keepalive_interval: seconds("keepalive-interval", self.keepalive_interval)?,
             keepalive_timeout: seconds("keepalive-timeout", self.keepalive_timeout)?,
-            stall_timeout: seconds("stall-timeout", self.stall_timeout)?,
+            stall_timeout: self
+                .stall_timeout
+                .map(|value| seconds("stall-timeout", value))
+                .transpose()?,
         };
         limits.check()?;
         Ok(limits)

@@ -1,5 +1,5 @@
 //! The bound on open `do_get` streams, in total and per principal, and their share of the
-//! server's stream memory.
+//! server's stream memory; and the bound on one principal's planning calls at once.
 //!
 //! A stream holds a [`StreamSlot`] from the moment its ticket is accepted until its response
 //! is dropped (read to its end, failed, or abandoned by the client). Over either bound the
@@ -153,6 +153,76 @@ pub fn batch_share(stream_memory: usize, streams: usize) -> usize {
     (stream_memory / (streams.max(1) * BATCHES_PER_STREAM)).max(MIN_SHARE_BYTES)
 }
 
+/// The bound on one principal's planning calls running at once (`list_flights`,
+/// `get_flight_info`, `get_schema`, `do_action`): each may cost the source a query, and a
+/// loop of them must not take every pooled connection. Over it a call is refused at once
+/// with `RESOURCE_EXHAUSTED` and a retry hint.
+#[derive(Debug)]
+pub struct CallGate {
+    max_per_principal: usize,
+    running: Mutex<HashMap<String, usize>>,
+}
+
+/// One running call's place; dropping it frees the place.
+#[derive(Debug)]
+pub struct CallSlot {
+    gate: Arc<CallGate>,
+    principal: Option<String>,
+}
+
+impl CallGate {
+    /// A gate of `max_per_principal` calls at once for one principal.
+    pub fn new(max_per_principal: usize) -> Arc<Self> {
+        Arc::new(CallGate {
+            max_per_principal,
+            running: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A place for one more call of `principal` (`None`: the anonymous caller of a server
+    /// without authentication, which is not bound), or `Busy`.
+    pub fn enter(self: &Arc<Self>, principal: Option<&str>) -> Result<CallSlot> {
+        if let Some(name) = principal {
+            let mut running = self.lock();
+            let mine = running.entry(name.to_string()).or_default();
+            if *mine >= self.max_per_principal {
+                return Err(Error::Busy {
+                    what: format!(
+                        "principal '{name}' has {mine} planning calls running, its limit \
+                         (--max-calls-per-principal)"
+                    ),
+                    retry_after_seconds: RETRY_AFTER_SECONDS,
+                });
+            }
+            *mine += 1;
+        }
+        Ok(CallSlot {
+            gate: Arc::clone(self),
+            principal: principal.map(str::to_string),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.running
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Drop for CallSlot {
+    fn drop(&mut self) {
+        if let Some(name) = &self.principal {
+            let mut running = self.gate.lock();
+            if let Some(count) = running.get_mut(name) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    running.remove(name);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,5 +277,25 @@ mod tests {
             MIN_SHARE_BYTES,
             "never below the floor"
         );
+    }
+
+    #[test]
+    fn a_principal_runs_at_most_its_calls_at_once_and_anonymous_callers_are_not_bound() {
+        let gate = CallGate::new(2);
+        let first = gate.enter(Some("a")).expect("first");
+        let _second = gate.enter(Some("a")).expect("second");
+        let refused = gate.enter(Some("a")).expect_err("third");
+        assert!(matches!(refused, Error::Busy { .. }));
+        assert!(
+            refused.to_string().contains("--max-calls-per-principal"),
+            "{refused}"
+        );
+        let _other = gate.enter(Some("b")).expect("another principal");
+        drop(first);
+        let _again = gate.enter(Some("a")).expect("a place freed");
+        let anonymous: Vec<_> = (0..5)
+            .map(|_| gate.enter(None).expect("anonymous"))
+            .collect();
+        assert_eq!(anonymous.len(), 5);
     }
 }

@@ -28,6 +28,9 @@ pub struct Limits {
     pub max_streams: usize,
     /// Most `do_get` streams open at once for one principal.
     pub max_streams_per_principal: usize,
+    /// Most planning calls (`list_flights`, `get_flight_info`, `get_schema`, `do_action`)
+    /// running at once for one principal.
+    pub max_calls_per_principal: usize,
     /// Bytes all open streams may hold together on their way to clients: each stream's
     /// batches are cut to its share ([`super::gate`]).
     pub stream_memory: usize,
@@ -42,9 +45,10 @@ pub struct Limits {
     /// How long a keepalive ping may go unanswered.
     pub keepalive_timeout: Duration,
     /// How long a `do_get` stream may wait for its client to take a batch: past it the
-    /// stream ends (`DEADLINE_EXCEEDED`) and its source read, with its connection, is
-    /// released, so a client that stops reading holds nothing for long.
-    pub stall_timeout: Duration,
+    /// stream ends (`STREAM_STALLED`) and its source read, with its connection, is released.
+    /// Off by default: the writer's snapshot reads open the next chunk's stream while they
+    /// drain the one before, and leave it unread that long (docs/security.md).
+    pub stall_timeout: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -56,12 +60,13 @@ impl Default for Limits {
             max_seek_rows: 10_000_000,
             max_streams: 64,
             max_streams_per_principal: 16,
+            max_calls_per_principal: 16,
             stream_memory: 64 << 20,
             call_timeout: Duration::from_secs(120),
             max_request_bytes: 1 << 20,
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
-            stall_timeout: Duration::from_secs(120),
+            stall_timeout: None,
         }
     }
 }

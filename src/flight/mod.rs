@@ -54,7 +54,7 @@ use crate::error::{Error, Result};
 use crate::protocol::{self, CaptureInstanceInfo, ChangesCommand, Command};
 use crate::source::{CdcSource, TableName};
 use crate::types::output_schema;
-use auth::{Authenticator, BasicCredentials, principal_of};
+use auth::{Authenticator, BasicCredentials, Principal, principal_of};
 use gate::StreamGate;
 use stream::{BoxedStream, StreamRead};
 use ticket::{ChangeRangeTicket, TicketBody, TicketColumn, TicketKind, TicketSigner};
@@ -105,6 +105,7 @@ pub struct CdcFlightService {
     signer: TicketSigner,
     limits: Limits,
     streams: Arc<StreamGate>,
+    calls: Arc<gate::CallGate>,
     commits: tail::CommitWatch,
 }
 
@@ -246,6 +247,7 @@ impl CdcFlightService {
                 limits.max_streams_per_principal,
                 limits.stream_memory,
             ),
+            calls: gate::CallGate::new(limits.max_calls_per_principal),
             limits,
         }
     }
@@ -297,8 +299,15 @@ impl CdcFlightService {
         .await
     }
 
-    /// Runs a planning call within the server's deadline.
-    async fn within_deadline<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+    /// Runs a planning call of `principal` within the server's deadline and its bound on
+    /// calls at once.
+    async fn within_deadline<T>(
+        &self,
+        principal: &Principal,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let named = (!principal.is_anonymous()).then_some(principal.name.as_str());
+        let _slot = self.calls.enter(named)?;
         let limit = self.limits.call_timeout;
         tokio::time::timeout(limit, call).await.map_err(|_| {
             Error::DeadlineExceeded(format!(
@@ -455,7 +464,7 @@ impl FlightService for CdcFlightService {
         metrics::observe("ListFlights", async {
             let principal = principal_of(&request)?;
             let infos = self
-                .within_deadline(async {
+                .within_deadline(&principal, async {
                     let mut infos = Vec::new();
                     for tracked in self.source.tracked_tables().await? {
                         if !principal.may_read(&tracked.table) {
@@ -491,7 +500,7 @@ impl FlightService for CdcFlightService {
             let command = Command::parse(&descriptor.cmd)?;
             principal.check(&command_table(&command)?)?;
             let info = self
-                .within_deadline(async {
+                .within_deadline(&principal, async {
                     match command {
                         Command::Table(command) => self.table_info(&command.table.parse()?).await,
                         Command::Changes(command) => self.changes_info(&command, descriptor).await,
@@ -527,7 +536,7 @@ impl FlightService for CdcFlightService {
             let table = command_table(&command)?;
             principal.check(&table)?;
             let schema = self
-                .within_deadline(self.command_schema(&table, &command))
+                .within_deadline(&principal, self.command_schema(&table, &command))
                 .await?;
             let result =
                 SchemaResult::try_from(SchemaAsIpc::new(&schema, &IpcWriteOptions::default()))
@@ -563,7 +572,7 @@ impl FlightService for CdcFlightService {
         metrics::observe("DoAction", async {
             let principal = principal_of(&request)?;
             let answer = self
-                .within_deadline(self.action(&principal, request.get_ref()))
+                .within_deadline(&principal, self.action(&principal, request.get_ref()))
                 .await?;
             let result = arrow_flight::Result { body: answer };
             Ok(Response::new(

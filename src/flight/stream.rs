@@ -188,12 +188,12 @@ impl StreamRead {
 
 /// The `do_get` response for `read`: its batches in IPC with `compression` (the ticket's
 /// code: 0 none, 1 LZ4 frame, 2 ZSTD), then its completion marker, or the status the read
-/// ended with; `DEADLINE_EXCEEDED` once the client took no batch for `stall`.
+/// ended with; `STREAM_STALLED` once the client took no batch for `stall`.
 pub fn respond(
     source: Arc<dyn CdcSource>,
     read: StreamRead,
     compression: u32,
-    stall: Duration,
+    stall: Option<Duration>,
 ) -> Result<BoxedStream<Message>> {
     let encoder = BatchEncoder::new(read.schema(), ipc_options(compression)?)?;
     let first = encoder.schema();
@@ -225,7 +225,7 @@ pub fn respond(
 async fn produce(
     source: Arc<dyn CdcSource>,
     mut read: StreamRead,
-    (mut encoder, stall): (BatchEncoder, Duration),
+    (mut encoder, stall): (BatchEncoder, Option<Duration>),
     batches: mpsc::Sender<Message>,
     end: oneshot::Sender<std::result::Result<Message, Status>>,
 ) {
@@ -248,10 +248,15 @@ async fn produce(
                 // A client that stops reading (HTTP/2's windows full, then this queue) would
                 // hold the source read and its connection for ever: past `stall` the read
                 // ends, which releases both.
-                match tokio::time::timeout(stall, batches.send(message)).await {
+                let sent = match stall {
+                    Some(stall) => tokio::time::timeout(stall, batches.send(message)).await,
+                    None => Ok(batches.send(message).await),
+                };
+                match sent {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => return Ok(None),
                     Err(_) => {
+                        let stall = stall.unwrap_or_default();
                         tracing::info!(
                             kind = read.kind(),
                             rows,
@@ -259,8 +264,8 @@ async fn produce(
                         );
                         return Err(Error::StreamStalled(format!(
                             "the client took no batch for {} s: the stream was ended and its \
-                             source read released (the server's --stall-timeout); read again \
-                             from the last batch committed",
+                             source read released (the server's --stall-timeout); read the \
+                             ticket again from its start",
                             stall.as_secs_f64()
                         )));
                     }

@@ -95,7 +95,7 @@ fn now_unix() -> u64 {
 }
 
 impl TicketSigner {
-    /// A signer with this secret (at least 16 bytes).
+    /// A signer with this secret (at least 32 bytes).
     pub fn new(secret: &[u8]) -> Result<Self> {
         Self::with_keys(&[secret])
     }

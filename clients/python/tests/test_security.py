@@ -6,8 +6,10 @@ Two principals in a tokens file: `writer` reads every table, `analyst` only dbo.
 import hashlib
 import json
 import subprocess
+import threading
 import time
 
+import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from conftest import binary, run, start_server, stop_server
@@ -189,3 +191,48 @@ def test_a_reader_that_stops_reading_is_cut_and_its_read_released(tmp_path):
         assert marker is not None and marker["rows"] == 100_000
     finally:
         stop_server(process)
+
+
+def test_a_principal_looping_planning_calls_is_bounded(tmp_path):
+    """One principal's planning calls at once are bounded (here to 1): while its long
+    `wait_for_commits` runs, its next call is refused with a retry hint, another
+    principal's is served, and once the first returns the principal is served again."""
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "0", "--orders", "3")
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(
+        json.dumps(
+            {
+                "principals": [
+                    {"name": "writer", "tables": ["*"], "token_sha256": sha256(WRITER_TOKEN)},
+                    {"name": "analyst", "tables": ["*"], "token_sha256": sha256(ANALYST_TOKEN)},
+                ]
+            }
+        )
+    )
+    process, url = start_server(
+        directory, "--tokens-file", str(tokens), "--max-calls-per-principal", "1"
+    )
+    try:
+        client = flight.FlightClient(url)
+        writer, analyst = bearer(WRITER_TOKEN), bearer(ANALYST_TOKEN)
+        now = action_as(client, writer, "max_lsn", {})["lsn"]
+        waiting = threading.Thread(
+            target=action_as,
+            args=(client, writer, "wait_for_commits", {"after": now, "timeout_ms": 3000}),
+        )
+        waiting.start()
+        time.sleep(1)
+        # pyarrow raises RESOURCE_EXHAUSTED as ArrowInvalid.
+        with pytest.raises(pa.ArrowInvalid, match="1 planning calls running"):
+            action_as(client, writer, "max_lsn", {})
+        assert action_as(client, analyst, "max_lsn", {})["lsn"] == now
+        waiting.join()
+        assert action_as(client, writer, "max_lsn", {})["lsn"] == now
+    finally:
+        stop_server(process)
+
+
+def action_as(client, options, name, body):
+    results = list(client.do_action(flight.Action(name, json.dumps(body).encode()), options))
+    return json.loads(results[0].body.to_pybytes())

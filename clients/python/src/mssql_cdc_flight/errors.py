@@ -84,7 +84,9 @@ class ServerBusyError(CdcFlightError):
 
 
 class DeadlineExceededError(CdcFlightError):
-    """A planning call ran past the server's deadline."""
+    """A planning call ran past the server's deadline, or (reason ``STREAM_STALLED``) the
+    server ended a stream its client took no batch of for its stall timeout: read the ticket
+    again."""
 
 
 class UnavailableError(CdcFlightError):
