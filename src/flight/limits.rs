@@ -29,7 +29,7 @@ pub struct Limits {
     /// Most `do_get` streams open at once for one principal.
     pub max_streams_per_principal: usize,
     /// Most planning calls (`list_flights`, `get_flight_info`, `get_schema`, `do_action`)
-    /// running at once for one principal.
+    /// running at once for one principal (the default fits a sidecar's 128 table slots).
     pub max_calls_per_principal: usize,
     /// Bytes all open streams may hold together on their way to clients: each stream's
     /// batches are cut to its share ([`super::gate`]).
@@ -60,7 +60,7 @@ impl Default for Limits {
             max_seek_rows: 10_000_000,
             max_streams: 64,
             max_streams_per_principal: 16,
-            max_calls_per_principal: 16,
+            max_calls_per_principal: 256,
             stream_memory: 64 << 20,
             call_timeout: Duration::from_secs(120),
             max_request_bytes: 1 << 20,
