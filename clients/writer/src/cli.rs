@@ -355,12 +355,13 @@ pub struct ReconcileArgs {
     /// cut into buckets by the source.
     #[arg(long, value_delimiter = ',', env = "MSSQL_CDC_WRITER_KEYS")]
     pub keys: Option<Vec<String>>,
-    /// Rows a bucket holds about.
-    #[arg(long, default_value_t = mssql_cdc_writer::reconcile::DEFAULT_BUCKET_ROWS, env = "MSSQL_CDC_WRITER_BUCKET_ROWS")]
-    pub bucket_rows: u64,
-    /// Share of matching buckets also compared row by row, in [0, 1].
-    #[arg(long, default_value_t = mssql_cdc_writer::reconcile::DEFAULT_SAMPLE, env = "MSSQL_CDC_WRITER_SAMPLE")]
-    pub sample: f64,
+    /// Rows a bucket holds about (default 1,000,000; with `--admin`, the sidecar's).
+    #[arg(long, env = "MSSQL_CDC_WRITER_BUCKET_ROWS")]
+    pub bucket_rows: Option<u64>,
+    /// Share of matching buckets also compared row by row, in [0, 1] (default 0.01; with
+    /// `--admin`, the sidecar file's `reconcile_sample`).
+    #[arg(long, env = "MSSQL_CDC_WRITER_SAMPLE")]
+    pub sample: Option<f64>,
     /// Seed of that sample (default random; the result prints it).
     #[arg(long, env = "MSSQL_CDC_WRITER_SEED")]
     pub seed: Option<u64>,

@@ -126,27 +126,36 @@ pub async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The admin call of `reconcile --admin`: the settings given on the command line, the
+/// sidecar file's for the rest.
+fn admin_request(args: &ReconcileArgs) -> admin::ReconcileRequest {
+    admin::ReconcileRequest {
+        table: args.table.clone(),
+        sample: args.sample,
+        bucket_rows: args.bucket_rows,
+        seed: args.seed,
+        value_sums: args.value_sums,
+    }
+}
+
 /// `reconcile`: the result as JSON or as a table; exits 1 when a bucket or a key differs
 /// with no change in flight to explain it.
 pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
     let result = match &args.admin.admin {
         Some(url) => {
-            let request = admin::ReconcileRequest {
-                table: args.table.clone(),
-                sample: Some(args.sample),
-                bucket_rows: Some(args.bucket_rows),
-                seed: args.seed,
-                value_sums: args.value_sums,
-            };
-            admin::call_reconcile(url, &admin_access(&args.admin)?, request).await?
+            admin::call_reconcile(url, &admin_access(&args.admin)?, admin_request(&args)).await?
         }
         None => {
             let required = |value: &Option<String>| value.clone().unwrap_or_default();
             let config = ReconcileConfig {
                 facts: args.facts.clone(),
                 keys: args.keys.clone(),
-                bucket_rows: args.bucket_rows,
-                sample: args.sample,
+                bucket_rows: args
+                    .bucket_rows
+                    .unwrap_or(mssql_cdc_writer::reconcile::DEFAULT_BUCKET_ROWS),
+                sample: args
+                    .sample
+                    .unwrap_or(mssql_cdc_writer::reconcile::DEFAULT_SAMPLE),
                 seed: args.seed,
                 report: args.report.clone(),
                 value_sums: args.value_sums.unwrap_or(true),
@@ -553,4 +562,64 @@ fn snapshot_config(
         resnapshot_interval_days: None,
         snapshot_keys,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Commands};
+
+    fn reconcile_args(flags: &[&str]) -> ReconcileArgs {
+        let mut line = vec![
+            "mssql-cdc-writer",
+            "reconcile",
+            "--admin",
+            "http://127.0.0.1:1",
+        ];
+        line.extend(["--server", "http://127.0.0.1:2", "--table", "dbo.orders"]);
+        line.extend(flags);
+        match Cli::try_parse_from(line)
+            .expect("a valid command line")
+            .command
+        {
+            Commands::Reconcile(args) => *args,
+            _ => unreachable!("a reconcile command line"),
+        }
+    }
+
+    #[test]
+    fn an_admin_reconcile_sends_only_the_settings_given() {
+        let defaults = admin_request(&reconcile_args(&[]));
+        assert_eq!(
+            (
+                defaults.sample,
+                defaults.bucket_rows,
+                defaults.seed,
+                defaults.value_sums
+            ),
+            (None, None, None, None),
+            "the sidecar file's settings apply"
+        );
+        let given = admin_request(&reconcile_args(&[
+            "--sample",
+            "1",
+            "--bucket-rows",
+            "50",
+            "--seed",
+            "3",
+            "--value-sums",
+            "false",
+        ]));
+        assert_eq!(
+            (
+                given.sample,
+                given.bucket_rows,
+                given.seed,
+                given.value_sums
+            ),
+            (Some(1.0), Some(50), Some(3), Some(false))
+        );
+    }
 }
