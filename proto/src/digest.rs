@@ -309,7 +309,7 @@ fn civil_date(days: i32) -> Option<(u32, u32, u32)> {
     let year = year_of_era + era * 400 + i64::from(month <= 2);
     (1..=9999)
         .contains(&year)
-        .then(|| (year as u32, month as u32, day as u32))
+        .then_some((year as u32, month as u32, day as u32))
 }
 
 /// Bytes as upper-case hex without `0x` (`CONVERT(nvarchar(max), v, 2)`).

@@ -45,10 +45,10 @@ impl Principal {
         }
     }
 
-    /// Whether this is the caller of a server without authentication: every caller then
-    /// shares it, so per-principal bounds do not apply to it.
-    pub fn is_anonymous(&self) -> bool {
-        self.anonymous
+    /// The name per-principal bounds count this caller under; `None` for the anonymous
+    /// caller, whom every caller shares (bound by the totals only).
+    pub fn bounded_name(&self) -> Option<&str> {
+        (!self.anonymous).then_some(self.name.as_str())
     }
 
     /// Whether this principal may read `table`.

@@ -281,8 +281,7 @@ impl CdcFlightService {
             };
             // Checked again at redemption: a ticket may travel to another principal.
             principal.check(&table.parse()?)?;
-            let per_principal = (!principal.is_anonymous()).then_some(principal.name.as_str());
-            let slot = self.streams.enter(per_principal)?;
+            let slot = self.streams.enter(principal.bounded_name())?;
             read.share(self.streams.batch_share());
             let stall = self.limits.stall_timeout;
             let stream = stream::respond(Arc::clone(&self.source), read, compression, stall)?;
@@ -306,8 +305,7 @@ impl CdcFlightService {
         principal: &Principal,
         call: impl Future<Output = Result<T>>,
     ) -> Result<T> {
-        let named = (!principal.is_anonymous()).then_some(principal.name.as_str());
-        let _slot = self.calls.enter(named)?;
+        let _slot = self.calls.enter(principal.bounded_name())?;
         let limit = self.limits.call_timeout;
         tokio::time::timeout(limit, call).await.map_err(|_| {
             Error::DeadlineExceeded(format!(

@@ -202,7 +202,8 @@ pub fn respond(
     tokio::spawn(produce(
         source,
         read,
-        (encoder, stall),
+        encoder,
+        stall,
         batch_sender,
         end_sender,
     ));
@@ -225,7 +226,8 @@ pub fn respond(
 async fn produce(
     source: Arc<dyn CdcSource>,
     mut read: StreamRead,
-    (mut encoder, stall): (BatchEncoder, Option<Duration>),
+    mut encoder: BatchEncoder,
+    stall: Option<Duration>,
     batches: mpsc::Sender<Message>,
     end: oneshot::Sender<std::result::Result<Message, Status>>,
 ) {
@@ -249,26 +251,26 @@ async fn produce(
                 // hold the source read and its connection for ever: past `stall` the read
                 // ends, which releases both.
                 let sent = match stall {
-                    Some(stall) => tokio::time::timeout(stall, batches.send(message)).await,
-                    None => Ok(batches.send(message).await),
+                    None => batches.send(message).await,
+                    Some(stall) => match tokio::time::timeout(stall, batches.send(message)).await {
+                        Ok(sent) => sent,
+                        Err(_) => {
+                            tracing::info!(
+                                kind = read.kind(),
+                                rows,
+                                "a stream's client took no batch for the stall timeout: ended"
+                            );
+                            return Err(Error::StreamStalled(format!(
+                                "the client took no batch for {} s: the stream was ended and \
+                                 its source read released (the server's --stall-timeout); \
+                                 read the ticket again from its start",
+                                stall.as_secs_f64()
+                            )));
+                        }
+                    },
                 };
-                match sent {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => return Ok(None),
-                    Err(_) => {
-                        let stall = stall.unwrap_or_default();
-                        tracing::info!(
-                            kind = read.kind(),
-                            rows,
-                            "a stream's client took no batch for the stall timeout: ended"
-                        );
-                        return Err(Error::StreamStalled(format!(
-                            "the client took no batch for {} s: the stream was ended and its \
-                             source read released (the server's --stall-timeout); read the \
-                             ticket again from its start",
-                            stall.as_secs_f64()
-                        )));
-                    }
+                if sent.is_err() {
+                    return Ok(None);
                 }
             }
         }

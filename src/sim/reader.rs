@@ -609,7 +609,8 @@ impl CdcSource for SimDb {
         values: &[OutputColumn],
     ) -> Result<KeySums> {
         self.simulate_latency().await;
-        if self.faults().fail_value_sums && !values.is_empty() {
+        let faults = self.faults();
+        if faults.fail_value_sums && !values.is_empty() {
             return Err(Error::Internal(format!(
                 "injected: the value digests of {table} failed"
             )));
@@ -618,7 +619,7 @@ impl CdcSource for SimDb {
             (keys, None) => KeySums::count(&grid, keys),
             (keys, Some(digests)) => KeySums::count_rows(&grid, keys.into_iter().zip(digests)),
         };
-        if self.faults().perturb_value_sums {
+        if faults.perturb_value_sums {
             let sums_of_slices = sums.slices.iter_mut().map(|slice| &mut slice.value_sum);
             for sum in sums_of_slices.chain([&mut sums.null_value_sum]).flatten() {
                 *sum += 1;

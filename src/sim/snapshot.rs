@@ -47,6 +47,10 @@ fn send_bounded(
     Ok(true)
 }
 
+/// Each row's key in grid units (`None`: NULL) and, when digests were asked, each row's
+/// value digest, in key order.
+pub(super) type GridRows = (Vec<Option<i64>>, Option<Vec<i64>>);
+
 impl SimDb {
     fn table_def(&self, table: &TableName) -> Result<TableDef> {
         self.store
@@ -145,7 +149,7 @@ impl SimDb {
         table: &TableName,
         key: &KeyColumn,
         values: &[OutputColumn],
-    ) -> Result<(Vec<Option<i64>>, Option<Vec<i64>>)> {
+    ) -> Result<GridRows> {
         key.require_grid_unit()?;
         let definition = self.table_def(table)?;
         let rows = self.store.read_state(&definition)?;

@@ -147,25 +147,22 @@ pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
         }
         None => {
             let required = |value: &Option<String>| value.clone().unwrap_or_default();
+            let defaults = ReconcileConfig::new(
+                &args.server.url,
+                &args.table,
+                &required(&args.silver),
+                &required(&args.bronze),
+                &required(&args.control),
+            );
             let config = ReconcileConfig {
                 facts: args.facts.clone(),
                 keys: args.keys.clone(),
-                bucket_rows: args
-                    .bucket_rows
-                    .unwrap_or(mssql_cdc_writer::reconcile::DEFAULT_BUCKET_ROWS),
-                sample: args
-                    .sample
-                    .unwrap_or(mssql_cdc_writer::reconcile::DEFAULT_SAMPLE),
+                bucket_rows: args.bucket_rows.unwrap_or(defaults.bucket_rows),
+                sample: args.sample.unwrap_or(defaults.sample),
                 seed: args.seed,
                 report: args.report.clone(),
-                value_sums: args.value_sums.unwrap_or(true),
-                ..ReconcileConfig::new(
-                    &args.server.url,
-                    &args.table,
-                    &required(&args.silver),
-                    &required(&args.bronze),
-                    &required(&args.control),
-                )
+                value_sums: args.value_sums.unwrap_or(defaults.value_sums),
+                ..defaults
             };
             mssql_cdc_writer::reconcile::reconcile(&config).await?
         }

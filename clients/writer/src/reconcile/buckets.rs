@@ -404,15 +404,18 @@ pub(super) fn value_sums(sums: &KeySums) -> bool {
 /// Turns MISMATCH into IN_FLIGHT where a changed key lies in the bucket.
 pub(super) fn classify(buckets: &mut [Bucket], changed: &InFlight) {
     for bucket in buckets {
-        if bucket.status == BucketStatus::Mismatch
-            && changed.keys().any(|key| match key {
-                RowKey::Units(units) => bucket.contains(*units),
-                RowKey::Bytes(_) => false,
-            })
-        {
+        if bucket.status == BucketStatus::Mismatch && holds_changed_key(bucket, changed) {
             bucket.status = BucketStatus::InFlight;
         }
     }
+}
+
+/// Whether a key of `changed` lies in `bucket` (a grid bucket: keys in grid units).
+pub(super) fn holds_changed_key(bucket: &Bucket, changed: &InFlight) -> bool {
+    changed.keys().any(|key| match key {
+        RowKey::Units(units) => bucket.contains(*units),
+        RowKey::Bytes(_) => false,
+    })
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use mssql_cdc_proto::protocol::{KeySumsAnswer, KeySumsBody, LsnAnswer};
 
 use super::buckets::{Bucket, BucketStatus};
 use super::in_flight::InFlight;
-use super::key::{GridKey, RowKey};
+use super::key::GridKey;
 use super::rows::{self, FailureType, Hashing, KeyFinding};
 use super::{Compared, Positions, ReconcileConfig, Sample, buckets};
 use crate::error::{Result, WriterError};
@@ -39,10 +39,7 @@ fn judge_read(bucket: &mut Bucket, found: &[KeyFinding], changed: &InFlight, exa
     if !exact || !bucket.source.differs_only_in_values(&bucket.silver) {
         return false;
     }
-    let moved = changed.keys().any(|key| match key {
-        RowKey::Units(units) => bucket.contains(*units),
-        RowKey::Bytes(_) => false,
-    });
+    let moved = buckets::holds_changed_key(bucket, changed);
     bucket.status = match moved {
         true => BucketStatus::InFlight,
         false => BucketStatus::Match,
@@ -206,6 +203,7 @@ mod tests {
 
     use super::*;
     use crate::reconcile::buckets::Side;
+    use crate::reconcile::key::RowKey;
 
     /// A MISMATCH bucket `[0, 100)`, differing by its value sums alone or by its rows too.
     fn bucket(values_only: bool) -> Bucket {
