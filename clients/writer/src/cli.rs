@@ -365,9 +365,10 @@ pub struct ReconcileArgs {
     /// Seed of that sample (default random; the result prints it).
     #[arg(long, env = "MSSQL_CDC_WRITER_SEED")]
     pub seed: Option<u64>,
-    /// Whether both sides sum a digest of every row's values, so that every value is
-    /// verified at the cost of a scan (default true; with `--admin`, the sidecar file's
-    /// `reconcile_value_sums`); false compares values only in the buckets read row by row.
+    /// Whether every value is compared: both sides sum a digest of every row's values (a
+    /// grid key), or every bucket is read row by row (a keyset key) (default true; with
+    /// `--admin`, the sidecar file's `reconcile_value_sums`); false compares values only in
+    /// the buckets read row by row.
     #[arg(long, env = "MSSQL_CDC_WRITER_VALUE_SUMS")]
     pub value_sums: Option<bool>,
     /// Report table location: every run's bucket and key rows.

@@ -298,9 +298,21 @@ async fn each_fault_on_a_composite_key_is_found_with_its_key_and_nothing_else() 
     }
     assert!(!result.verified);
 
-    // Without the sample, the changed value is found only if its bucket mismatches; the
+    // At sample 0, value sums (the default) on a keyset key read every bucket row by row:
+    // the same findings, every value compared.
+    let valued = reconcile(&accounts_config(&lab)).await.expect("reconcile");
+    assert_eq!(valued.hashed, valued.buckets);
+    assert_eq!(findings(&valued), expected);
+    assert!(!valued.value_sums, "a keyset source sums no values");
+
+    // Without value sums, the changed value is found only if its bucket mismatches; the
     // keys silver lacks or holds alone are found either way.
-    let unsampled = reconcile(&accounts_config(&lab)).await.expect("reconcile");
+    let unsampled = reconcile(&ReconcileConfig {
+        value_sums: false,
+        ..accounts_config(&lab)
+    })
+    .await
+    .expect("reconcile");
     assert_eq!(unsampled.hashed, unsampled.mismatch);
     let found = findings(&unsampled);
     for (key, failure) in &expected {

@@ -80,10 +80,10 @@ pub struct ReconcileConfig {
     pub seed: Option<u64>,
     /// Report table location; default none.
     pub report: Option<String>,
-    /// Whether tier 1 sums a digest of every row's values on both sides (on a grid key), so
-    /// that every value is verified at the cost of a scan; without, values are compared in
-    /// the buckets tier 2 reads only. Default true; never at `sample` 1, which reads every
-    /// bucket row by row.
+    /// Whether every value is compared: on a grid key tier 1 sums a digest of every row's
+    /// values on both sides (never at `sample` 1, which reads every bucket row by row); on a
+    /// keyset key, whose source sends keys and no sums, tier 2 reads every bucket. Without,
+    /// values are compared in the buckets tier 2 reads only. Default true.
     pub value_sums: bool,
 }
 
@@ -430,7 +430,13 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
 
     // 2-4. Tier 1, the keys in flight, tier 2.
     let seed = config.seed.unwrap_or_else(rand::random);
-    let mut sample = Sample::new(config.sample, seed);
+    // A keyset key's source sends keys, never value sums: its values are compared by reading
+    // every bucket row by row, which costs little beside tier 1's read of every key.
+    let share = match (&key, config.value_sums) {
+        (CompareKey::Keyset(_), true) => 1.0,
+        _ => config.sample,
+    };
+    let mut sample = Sample::new(share, seed);
     let rebuilt_from = control_row
         .as_ref()
         .and_then(|row| row.position.snapshot_lsn.as_deref())
