@@ -39,7 +39,7 @@ pub struct Message {
 
 impl Message {
     /// `data` with its body as one piece.
-    fn whole(mut data: FlightData) -> Self {
+    pub(super) fn whole(mut data: FlightData) -> Self {
         let body = std::mem::take(&mut data.data_body);
         Message {
             data,

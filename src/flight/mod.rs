@@ -27,6 +27,7 @@ mod metered;
 pub mod metrics;
 pub mod planner;
 pub mod snapshot;
+mod sql;
 pub mod stream;
 pub mod tail;
 pub mod ticket;
@@ -261,6 +262,12 @@ impl CdcFlightService {
     ) -> std::result::Result<Response<BoxedStream<encode::Message>>, Status> {
         metrics::observe("DoGet", async {
             let principal = principal_of(&request)?;
+            if let Some(command) = sql::command(&request.get_ref().ticket) {
+                let stream = self
+                    .within_deadline(&principal, self.sql_get(&principal, command))
+                    .await?;
+                return Ok(Response::new(stream));
+            }
             let body = self.signer.verify(&request.get_ref().ticket)?;
             let (mut read, compression, table) = match body.kind {
                 Some(TicketKind::ChangeRange(ticket)) => (
@@ -495,6 +502,10 @@ impl FlightService for CdcFlightService {
         metrics::observe("GetFlightInfo", async {
             let principal = principal_of(&request)?;
             let descriptor = request.into_inner();
+            if let Some(command) = sql::command(&descriptor.cmd) {
+                let plan = self.sql_flight_info(&principal, command, descriptor);
+                return Ok(Response::new(self.within_deadline(&principal, plan).await?));
+            }
             let command = Command::parse(&descriptor.cmd)?;
             principal.check(&command_table(&command)?)?;
             let info = self
@@ -530,12 +541,19 @@ impl FlightService for CdcFlightService {
     ) -> std::result::Result<Response<SchemaResult>, Status> {
         metrics::observe("GetSchema", async {
             let principal = principal_of(&request)?;
-            let command = Command::parse(&request.get_ref().cmd)?;
-            let table = command_table(&command)?;
-            principal.check(&table)?;
-            let schema = self
-                .within_deadline(&principal, self.command_schema(&table, &command))
-                .await?;
+            let schema = match sql::command(&request.get_ref().cmd) {
+                Some(command) => {
+                    let schema = self.sql_schema(&principal, command);
+                    self.within_deadline(&principal, schema).await?
+                }
+                None => {
+                    let command = Command::parse(&request.get_ref().cmd)?;
+                    let table = command_table(&command)?;
+                    principal.check(&table)?;
+                    let schema = self.command_schema(&table, &command);
+                    self.within_deadline(&principal, schema).await?
+                }
+            };
             let result =
                 SchemaResult::try_from(SchemaAsIpc::new(&schema, &IpcWriteOptions::default()))
                     .map_err(|error| Status::internal(error.to_string()))?;
@@ -569,9 +587,17 @@ impl FlightService for CdcFlightService {
     ) -> std::result::Result<Response<Self::DoActionStream>, Status> {
         metrics::observe("DoAction", async {
             let principal = principal_of(&request)?;
-            let answer = self
-                .within_deadline(&principal, self.action(&principal, request.get_ref()))
-                .await?;
+            let action = request.get_ref();
+            let answer = match sql::is_sql_action(&action.r#type) {
+                true => {
+                    let answer = self.sql_action(&principal, action);
+                    self.within_deadline(&principal, answer).await?
+                }
+                false => {
+                    let answer = self.action(&principal, action);
+                    self.within_deadline(&principal, answer).await?
+                }
+            };
             let result = arrow_flight::Result { body: answer };
             Ok(Response::new(
                 futures::stream::once(async move { Ok(result) }).boxed(),

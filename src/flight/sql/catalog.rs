@@ -1,0 +1,273 @@
+//! What Flight SQL clients browse before they query: the server's `SqlInfo`, the tables a
+//! principal may read (schema `dbo` and the like, with their Arrow schemas), the `cdc`
+//! functions, primary keys (the index CDC uses) and the types served. There is one catalog,
+//! named `""`: a capture source is one database.
+
+use std::sync::{Arc, LazyLock};
+
+use arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow_flight::sql::metadata::{
+    SqlInfoData, SqlInfoDataBuilder, XdbcTypeInfo, XdbcTypeInfoData, XdbcTypeInfoDataBuilder,
+};
+use arrow_flight::sql::{
+    Command, CommandGetPrimaryKeys, Nullable, Searchable, SqlInfo, SqlSupportedTransaction,
+    XdbcDataType,
+};
+
+use super::super::auth::Principal;
+use super::super::planner;
+use super::CdcFlightService;
+use crate::error::{Error, Result};
+use crate::types::output_schema;
+
+/// The one catalog's name.
+const CATALOG: &str = "";
+/// The schema the planning functions are listed under.
+const FUNCTIONS_SCHEMA: &str = "cdc";
+/// Table types: tracked tables, and the `cdc` functions.
+const TABLE: &str = "TABLE";
+const FUNCTION: &str = "FUNCTION";
+
+/// The `cdc` functions as `GetTables` lists them, with the columns of their rows (none
+/// known for `changes`, whose columns are its table's).
+const FUNCTIONS: [(&str, &[&str]); 6] = [
+    ("changes", &[]),
+    ("max_lsn", &["lsn"]),
+    ("lsn_to_time", &["commit_ts"]),
+    ("time_to_lsn", &["lsn"]),
+    ("initial_offset", &["lsn", "commit_ts"]),
+    ("latest_offset", &["lsn", "commit_ts"]),
+];
+
+static SQL_INFO: LazyLock<SqlInfoData> = LazyLock::new(|| {
+    let mut builder = SqlInfoDataBuilder::new();
+    builder.append(SqlInfo::FlightSqlServerName, "mssql-cdc-flight");
+    builder.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
+    // The Arrow format version of Schema.fbs.
+    builder.append(SqlInfo::FlightSqlServerArrowVersion, "1.3");
+    builder.append(SqlInfo::FlightSqlServerReadOnly, true);
+    builder.append(SqlInfo::FlightSqlServerSql, true);
+    builder.append(SqlInfo::FlightSqlServerSubstrait, false);
+    builder.append(
+        SqlInfo::FlightSqlServerTransaction,
+        SqlSupportedTransaction::None as i32,
+    );
+    builder.append(SqlInfo::FlightSqlServerCancel, false);
+    builder.append(SqlInfo::SqlDdlCatalog, false);
+    builder.append(SqlInfo::SqlDdlSchema, false);
+    builder.append(SqlInfo::SqlDdlTable, false);
+    builder.append(SqlInfo::SqlIdentifierQuoteChar, "\"");
+    builder.append(SqlInfo::SqlAllTablesAreSelectable, true);
+    builder.append(SqlInfo::SqlTransactionsSupported, false);
+    match builder.build() {
+        Ok(data) => data,
+        Err(error) => unreachable!("the server's SqlInfo builds: {error}"),
+    }
+});
+
+/// One served type: its SQL Server name, its XDBC type and size.
+fn xdbc(name: &str, data_type: XdbcDataType, column_size: Option<i32>) -> XdbcTypeInfo {
+    XdbcTypeInfo {
+        type_name: name.into(),
+        data_type,
+        column_size,
+        literal_prefix: None,
+        literal_suffix: None,
+        create_params: None,
+        nullable: Nullable::NullabilityNullable,
+        case_sensitive: matches!(data_type, XdbcDataType::XdbcVarchar),
+        searchable: Searchable::None,
+        unsigned_attribute: None,
+        fixed_prec_scale: false,
+        auto_increment: Some(false),
+        local_type_name: Some(name.into()),
+        minimum_scale: None,
+        maximum_scale: None,
+        sql_data_type: data_type,
+        datetime_subcode: None,
+        num_prec_radix: None,
+        interval_precision: None,
+    }
+}
+
+/// The types rows are served in (docs/protocol.md, "Types").
+static XDBC_TYPES: LazyLock<XdbcTypeInfoData> = LazyLock::new(|| {
+    let mut builder = XdbcTypeInfoDataBuilder::new();
+    for info in [
+        xdbc("bit", XdbcDataType::XdbcBit, Some(1)),
+        xdbc("smallint", XdbcDataType::XdbcSmallint, Some(5)),
+        xdbc("int", XdbcDataType::XdbcInteger, Some(10)),
+        xdbc("bigint", XdbcDataType::XdbcBigint, Some(19)),
+        xdbc("real", XdbcDataType::XdbcReal, Some(24)),
+        xdbc("float", XdbcDataType::XdbcDouble, Some(53)),
+        xdbc("decimal", XdbcDataType::XdbcDecimal, Some(38)),
+        xdbc("date", XdbcDataType::XdbcDate, Some(10)),
+        xdbc("datetime2", XdbcDataType::XdbcTimestamp, Some(26)),
+        xdbc("nvarchar", XdbcDataType::XdbcVarchar, None),
+        xdbc("varbinary", XdbcDataType::XdbcVarbinary, None),
+    ] {
+        builder.append(info);
+    }
+    match builder.build() {
+        Ok(data) => data,
+        Err(error) => unreachable!("the served types build: {error}"),
+    }
+});
+
+/// The schema of `GetPrimaryKeys` rows (Flight SQL's `CommandGetPrimaryKeys`).
+fn primary_keys_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("catalog_name", DataType::Utf8, true),
+        Field::new("db_schema_name", DataType::Utf8, true),
+        Field::new("table_name", DataType::Utf8, false),
+        Field::new("column_name", DataType::Utf8, false),
+        Field::new("key_name", DataType::Utf8, true),
+        Field::new("key_sequence", DataType::Int32, false),
+    ]))
+}
+
+/// What a catalog command's rows look like; a command the server does not answer is
+/// refused with what it does.
+pub(super) fn schema(command: &Command) -> Result<SchemaRef> {
+    Ok(match command {
+        Command::CommandGetSqlInfo(query) => query.clone().into_builder(&SQL_INFO).schema(),
+        Command::CommandGetCatalogs(query) => query.clone().into_builder().schema(),
+        Command::CommandGetDbSchemas(query) => query.clone().into_builder().schema(),
+        Command::CommandGetTables(query) => query.clone().into_builder().schema(),
+        Command::CommandGetTableTypes(query) => query.clone().into_builder().schema(),
+        Command::CommandGetXdbcTypeInfo(query) => query.clone().into_builder(&XDBC_TYPES).schema(),
+        Command::CommandGetPrimaryKeys(_) => primary_keys_schema(),
+        other => return Err(refused(other)),
+    })
+}
+
+/// A catalog builder's failure: a bug of ours, not the caller's.
+fn internal(error: arrow_flight::error::FlightError) -> Error {
+    Error::Internal(format!("building a catalog answer: {error}"))
+}
+
+/// The refusal of a Flight SQL command this read-only server does not take.
+fn refused(command: &Command) -> Error {
+    Error::invalid(format!(
+        "{} is not supported: the server is read-only and answers queries, prepared queries, \
+         SqlInfo, catalogs, schemas, tables, table types, primary keys and type info \
+         (docs/sql.md)",
+        command
+            .type_url()
+            .trim_start_matches("type.googleapis.com/arrow.flight.protocol.sql.")
+    ))
+}
+
+impl CdcFlightService {
+    /// The rows of a catalog command, of the tables `principal` may read.
+    pub(super) async fn catalog_batch(
+        &self,
+        principal: &Principal,
+        command: Command,
+    ) -> Result<RecordBatch> {
+        let tables = || async {
+            let tracked = self.source.tracked_tables().await?;
+            Ok::<_, Error>(
+                tracked
+                    .into_iter()
+                    .filter(|tracked| principal.may_read(&tracked.table))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        Ok(match command {
+            Command::CommandGetSqlInfo(query) => {
+                query.into_builder(&SQL_INFO).build().map_err(internal)?
+            }
+            Command::CommandGetXdbcTypeInfo(query) => {
+                query.into_builder(&XDBC_TYPES).build().map_err(internal)?
+            }
+            Command::CommandGetCatalogs(query) => {
+                let mut builder = query.into_builder();
+                builder.append(CATALOG);
+                builder.build().map_err(internal)?
+            }
+            Command::CommandGetTableTypes(query) => {
+                let mut builder = query.into_builder();
+                builder.append(TABLE);
+                builder.append(FUNCTION);
+                builder.build().map_err(internal)?
+            }
+            Command::CommandGetDbSchemas(query) => {
+                let mut builder = query.into_builder();
+                let mut schemas: Vec<String> = tables()
+                    .await?
+                    .into_iter()
+                    .map(|tracked| tracked.table.schema)
+                    .collect();
+                schemas.push(FUNCTIONS_SCHEMA.into());
+                schemas.sort();
+                schemas.dedup();
+                for schema in schemas {
+                    builder.append(CATALOG, schema);
+                }
+                builder.build().map_err(internal)?
+            }
+            Command::CommandGetTables(query) => {
+                let mut builder = query.into_builder();
+                for tracked in tables().await? {
+                    let columns =
+                        planner::union_columns(&tracked.table, &tracked.capture_instances);
+                    // A table no schema describes (a type without a mapping) is listed with
+                    // none rather than hiding the others.
+                    let schema = match columns {
+                        Ok(columns) => output_schema(&columns, true).as_ref().clone(),
+                        Err(_) => Schema::empty(),
+                    };
+                    let table = &tracked.table;
+                    builder
+                        .append(CATALOG, &table.schema, &table.name, TABLE, &schema)
+                        .map_err(internal)?;
+                }
+                for (name, columns) in FUNCTIONS {
+                    let fields: Vec<Field> = columns
+                        .iter()
+                        .map(|column| Field::new(*column, DataType::Utf8, true))
+                        .collect();
+                    let schema = Schema::new(fields);
+                    builder
+                        .append(CATALOG, FUNCTIONS_SCHEMA, name, FUNCTION, &schema)
+                        .map_err(internal)?;
+                }
+                builder.build().map_err(internal)?
+            }
+            Command::CommandGetPrimaryKeys(query) => self.primary_keys(principal, &query).await?,
+            other => return Err(refused(&other)),
+        })
+    }
+
+    /// The columns of the index CDC uses for the table, in order.
+    async fn primary_keys(
+        &self,
+        principal: &Principal,
+        query: &CommandGetPrimaryKeys,
+    ) -> Result<RecordBatch> {
+        let schema_name = query.db_schema.clone().unwrap_or_else(|| "dbo".into());
+        let table: crate::source::TableName = format!("{schema_name}.{}", query.table).parse()?;
+        principal.check(&table)?;
+        let instances = self.source.active_capture_instances(&table).await?;
+        let key = instances
+            .last()
+            .map(|instance| instance.index_columns.clone())
+            .unwrap_or_default();
+        let rows = key.len();
+        let repeat = |value: &str| Arc::new(StringArray::from(vec![value; rows])) as ArrayRef;
+        let sequence: Vec<i32> = (1..=i32::try_from(rows).unwrap_or(i32::MAX)).collect();
+        Ok(RecordBatch::try_new(
+            primary_keys_schema(),
+            vec![
+                repeat(CATALOG),
+                repeat(&table.schema),
+                repeat(&table.name),
+                Arc::new(StringArray::from(key)),
+                Arc::new(StringArray::from(vec![None::<&str>; rows])),
+                Arc::new(Int32Array::from(sequence)),
+            ],
+        )?)
+    }
+}

@@ -1,0 +1,688 @@
+//! The SQL a Flight SQL client may send (docs/sql.md), parsed with sqlparser and mapped onto
+//! the server's own plans: never evaluated, so a query costs what its plan costs and nothing
+//! beyond the documented forms is accepted.
+//!
+//! - `SELECT <columns> FROM schema.table [WHERE <key> BETWEEN a AND b]`: a snapshot read;
+//! - `SELECT <columns> FROM cdc.changes('schema.table', from, to [, max_commits])`: a change
+//!   range (`from` exclusive; `earliest`, `latest`, an LSN or an offset's JSON);
+//! - `SELECT * FROM cdc.max_lsn()`, `cdc.lsn_to_time(lsn)`, `cdc.time_to_lsn(time)`,
+//!   `cdc.initial_offset('schema.table', starting)`, `cdc.latest_offset(start, max_commits)`:
+//!   the planning calls, one row each.
+
+use std::sync::LazyLock;
+
+use sqlparser::ast::{
+    self, BinaryOperator, Expr, FunctionArg, FunctionArgExpr, SelectItem, SetExpr, TableFactor,
+    Value,
+};
+use sqlparser::dialect::MsSqlDialect;
+use sqlparser::parser::Parser;
+
+use crate::Lsn;
+use crate::error::{Error, Result};
+use crate::keys::Bound;
+use crate::offset::{CommitTime, Offset};
+use crate::protocol::{ChangesCommand, ChunkSpec, ServeOptions, SnapshotCommand};
+use crate::types::RESERVED_COLUMN_NAMES;
+
+/// What a statement names the forms the server takes, for every refusal.
+const SUPPORTED: &str = "supported: SELECT <columns> FROM <schema.table> [WHERE <key> BETWEEN \
+                         a AND b], SELECT <columns> FROM cdc.changes('<schema.table>', <from>, \
+                         <to> [, <max_commits>]), and SELECT * FROM cdc.max_lsn(), \
+                         cdc.lsn_to_time(<lsn>), cdc.time_to_lsn(<time>), \
+                         cdc.initial_offset('<schema.table>', <starting>), \
+                         cdc.latest_offset(<start>, <max_commits>) (docs/sql.md)";
+
+/// A statement the server serves.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Statement {
+    /// A read of a table's current rows; `range` bounds its key.
+    Snapshot {
+        /// The command, its columns set.
+        command: SnapshotCommand,
+        /// `WHERE <key> BETWEEN lo AND hi`.
+        range: Option<KeyRange>,
+    },
+    /// A change range.
+    Changes(ChangesQuery),
+    /// A planning call.
+    Function(Function),
+}
+
+/// `WHERE <column> BETWEEN lo AND hi` on a snapshot: the planner checks the column is the
+/// table's integer key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyRange {
+    /// The column named.
+    pub column: String,
+    /// First key (inclusive).
+    pub lo: i64,
+    /// Last key (inclusive).
+    pub hi: i64,
+}
+
+impl KeyRange {
+    /// The range as the one chunk of a snapshot command, `[lo, hi + 1)`.
+    pub fn chunk(&self) -> ChunkSpec {
+        ChunkSpec {
+            chunk: 0,
+            lo: Some(Bound::Int(self.lo)),
+            hi: self.hi.checked_add(1).map(Bound::Int),
+        }
+    }
+}
+
+/// `cdc.changes(table, from, to, max_commits)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChangesQuery {
+    /// `schema.table`.
+    pub table: String,
+    /// Where the range starts (exclusive).
+    pub from: Point,
+    /// Where it ends (inclusive).
+    pub to: Point,
+    /// At most this many commits after `from`.
+    pub max_commits: Option<u64>,
+    /// The captured columns selected; `None` for `*`.
+    pub columns: Option<Vec<String>>,
+}
+
+impl ChangesQuery {
+    /// The changes command of the range `(from, to]` once both ends are LSNs.
+    pub fn command(&self, from: Lsn, to: Option<Lsn>, partitions: u32) -> ChangesCommand {
+        ChangesCommand {
+            table: self.table.clone(),
+            from,
+            to,
+            capture_instance: None,
+            partitions: Some(partitions),
+            min_partition_rows: None,
+            serve: serve(self.columns.clone()),
+        }
+    }
+}
+
+/// An end of a change range.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Point {
+    /// Before the table's first change still held.
+    Earliest,
+    /// `max_lsn`.
+    Latest,
+    /// An LSN, or an offset's.
+    Lsn(Lsn),
+}
+
+/// A planning call, served as one row.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Function {
+    /// `cdc.max_lsn()`.
+    MaxLsn,
+    /// `cdc.lsn_to_time(lsn)`.
+    LsnToTime(Lsn),
+    /// `cdc.time_to_lsn(time)`.
+    TimeToLsn(CommitTime),
+    /// `cdc.initial_offset(table, starting)`.
+    InitialOffset {
+        /// `schema.table`.
+        table: String,
+        /// `earliest`, `latest` or an LSN.
+        starting: String,
+    },
+    /// `cdc.latest_offset(start, max_commits)`.
+    LatestOffset {
+        /// The current offset.
+        start: Lsn,
+        /// At most this many commits after it.
+        max_commits: Option<u64>,
+    },
+}
+
+impl Function {
+    /// The action that answers it and its body.
+    pub fn action(&self) -> (&'static str, serde_json::Value) {
+        use serde_json::json;
+        match self {
+            Function::MaxLsn => ("max_lsn", json!({})),
+            Function::LsnToTime(lsn) => ("lsn_to_time", json!({ "lsn": lsn })),
+            Function::TimeToLsn(time) => ("time_to_lsn", json!({ "time": time })),
+            Function::InitialOffset { table, starting } => (
+                "initial_offset",
+                json!({ "table": table, "starting": starting }),
+            ),
+            Function::LatestOffset { start, max_commits } => (
+                "latest_offset",
+                json!({ "start": Offset::new(*start, None), "max_commits": max_commits }),
+            ),
+        }
+    }
+
+    /// The columns of its row: the action's answer fields, as text.
+    pub fn columns(&self) -> &'static [&'static str] {
+        match self {
+            Function::MaxLsn | Function::TimeToLsn(_) => &["lsn"],
+            Function::LsnToTime(_) => &["commit_ts"],
+            Function::InitialOffset { .. } | Function::LatestOffset { .. } => &["lsn", "commit_ts"],
+        }
+    }
+
+    /// The table it reads, when it reads one.
+    pub fn table(&self) -> Option<&str> {
+        match self {
+            Function::InitialOffset { table, .. } => Some(table),
+            _ => None,
+        }
+    }
+}
+
+/// The serve options of a statement's column list.
+fn serve(columns: Option<Vec<String>>) -> ServeOptions {
+    ServeOptions {
+        columns,
+        ..ServeOptions::default()
+    }
+}
+
+/// The parts of a statement beyond `SELECT <projection> FROM <one relation> [WHERE ...]`,
+/// blanked: a query equal to it after the same blanking has no other clause.
+static BARE_QUERY: LazyLock<ast::Query> = LazyLock::new(|| {
+    let parsed =
+        Parser::parse_sql(&MsSqlDialect {}, "SELECT a FROM t").map(
+            |mut statements| match statements.pop() {
+                Some(ast::Statement::Query(query)) => Some(*query),
+                _ => None,
+            },
+        );
+    let Ok(Some(mut query)) = parsed else {
+        unreachable!("the template query parses")
+    };
+    blank(&mut query);
+    query
+});
+
+/// Clears the clauses a supported statement may hold.
+fn blank(query: &mut ast::Query) {
+    if let SetExpr::Select(select) = query.body.as_mut() {
+        select.projection.clear();
+        select.from.clear();
+        select.selection = None;
+    }
+}
+
+/// Parses `sql` into a [`Statement`]; anything else is `INVALID_ARGUMENT` naming the forms
+/// the server takes.
+pub fn parse(sql: &str) -> Result<Statement> {
+    let refuse = |what: &str| Error::invalid(format!("{what}; {SUPPORTED}"));
+    let mut statements = Parser::parse_sql(&MsSqlDialect {}, sql)
+        .map_err(|error| refuse(&format!("the statement does not parse ({error})")))?;
+    let query = match (statements.pop(), statements.is_empty()) {
+        (Some(ast::Statement::Query(query)), true) => *query,
+        (Some(ast::Statement::Query(_)), false) => return Err(refuse("one statement at a time")),
+        (Some(_), _) => {
+            return Err(refuse(
+                "the server is read-only and answers queries only (no writes, DDL or \
+                 session statements)",
+            ));
+        }
+        (None, _) => return Err(refuse("the statement is empty")),
+    };
+    let mut rest = query.clone();
+    blank(&mut rest);
+    let SetExpr::Select(select) = *query.body else {
+        return Err(refuse(
+            "UNION, VALUES and other set operations are not supported",
+        ));
+    };
+    if rest != *BARE_QUERY {
+        return Err(refuse(
+            "only the projection, one FROM relation and a key range are supported (no \
+             joins, aggregates, GROUP BY, ORDER BY, TOP, LIMIT, DISTINCT or WITH)",
+        ));
+    }
+    let [from] = select.from.as_slice() else {
+        return Err(refuse("a statement reads exactly one relation"));
+    };
+    if !from.joins.is_empty() {
+        return Err(refuse("joins are not supported"));
+    }
+    let TableFactor::Table { name, args, .. } = &from.relation else {
+        return Err(refuse("subqueries and derived tables are not supported"));
+    };
+    let name = object_name(name)?;
+    let columns = projection(&select.projection).map_err(|what| refuse(&what))?;
+    let Some(args) = args else {
+        // A table: a snapshot read.
+        let range = select
+            .selection
+            .as_ref()
+            .map(key_range)
+            .transpose()
+            .map_err(|what| refuse(&what))?;
+        return Ok(Statement::Snapshot {
+            command: SnapshotCommand {
+                serve: serve(columns),
+                ..SnapshotCommand::new(name)
+            },
+            range,
+        });
+    };
+    if select.selection.is_some() {
+        return Err(refuse("a function's rows take no WHERE"));
+    }
+    let args = arguments(&args.args).map_err(|what| refuse(&what))?;
+    let function = name
+        .strip_prefix("cdc.")
+        .ok_or_else(|| refuse(&format!("unknown function '{name}'")))?;
+    if function != "changes" && columns.is_some() {
+        return Err(refuse(&format!("select * from cdc.{function}(...)")));
+    }
+    let arity = |low: usize, high: usize| match (low..=high).contains(&args.len()) {
+        true => Ok(()),
+        false => Err(refuse(&format!(
+            "cdc.{function} takes {low} to {high} arguments, not {}",
+            args.len()
+        ))),
+    };
+    Ok(match function {
+        "changes" => {
+            arity(2, 4)?;
+            Statement::Changes(ChangesQuery {
+                table: args[0].text("the table")?,
+                from: args[1].point()?,
+                to: args
+                    .get(2)
+                    .map(Argument::point)
+                    .transpose()?
+                    .unwrap_or(Point::Latest),
+                max_commits: args.get(3).map(Argument::count).transpose()?,
+                columns,
+            })
+        }
+        "max_lsn" => {
+            arity(0, 0)?;
+            Statement::Function(Function::MaxLsn)
+        }
+        "lsn_to_time" => {
+            arity(1, 1)?;
+            Statement::Function(Function::LsnToTime(args[0].lsn()?))
+        }
+        "time_to_lsn" => {
+            arity(1, 1)?;
+            let text = args[0].text("the time")?;
+            let time = CommitTime::parse_iso(&text)
+                .map_err(|error| Error::invalid(format!("the time '{text}': {}", error.0)))?;
+            Statement::Function(Function::TimeToLsn(time))
+        }
+        "initial_offset" => {
+            arity(1, 2)?;
+            Statement::Function(Function::InitialOffset {
+                table: args[0].text("the table")?,
+                starting: match args.get(1) {
+                    Some(argument) => argument.text("starting")?,
+                    None => "earliest".into(),
+                },
+            })
+        }
+        "latest_offset" => {
+            arity(1, 2)?;
+            Statement::Function(Function::LatestOffset {
+                start: args[0].lsn()?,
+                max_commits: args.get(1).map(Argument::count).transpose()?,
+            })
+        }
+        other => return Err(refuse(&format!("unknown function 'cdc.{other}'"))),
+    })
+}
+
+/// `schema.table` of a name, brackets and quotes taken off.
+fn object_name(name: &ast::ObjectName) -> Result<String> {
+    let parts: Vec<String> = name
+        .0
+        .iter()
+        .map(|part| match part.as_ident() {
+            Some(ident) => Ok(ident.value.clone()),
+            None => Err(Error::invalid(format!("'{name}' is not a plain name"))),
+        })
+        .collect::<Result<_>>()?;
+    Ok(parts.join("."))
+}
+
+/// The captured columns a projection names; `None` for `*`. Metadata columns are served
+/// with every row anyway, so naming them selects nothing more.
+fn projection(items: &[SelectItem]) -> std::result::Result<Option<Vec<String>>, String> {
+    if let [SelectItem::Wildcard(options)] = items {
+        if options.opt_exclude.is_some()
+            || options.opt_except.is_some()
+            || options.opt_replace.is_some()
+            || options.opt_rename.is_some()
+        {
+            return Err("* takes no EXCLUDE, EXCEPT, REPLACE or RENAME".into());
+        }
+        return Ok(None);
+    }
+    let mut columns = Vec::new();
+    for item in items {
+        match item {
+            SelectItem::UnnamedExpr(Expr::Identifier(ident)) => {
+                let reserved = RESERVED_COLUMN_NAMES
+                    .iter()
+                    .any(|name| name.eq_ignore_ascii_case(&ident.value));
+                if !reserved {
+                    columns.push(ident.value.clone());
+                }
+            }
+            SelectItem::Wildcard(_) => return Err("* stands alone in a projection".into()),
+            SelectItem::ExprWithAlias { .. } => {
+                return Err("column aliases are not supported".into());
+            }
+            other => {
+                return Err(format!(
+                    "'{other}' is not a column: expressions and aggregates are not supported"
+                ));
+            }
+        }
+    }
+    if columns.is_empty() {
+        return Err("name at least one captured column, or *".into());
+    }
+    Ok(Some(columns))
+}
+
+/// `<key> BETWEEN lo AND hi`, or `<key> >= lo AND <key> <= hi`.
+fn key_range(condition: &Expr) -> std::result::Result<KeyRange, String> {
+    let unsupported = || {
+        format!(
+            "WHERE '{condition}' is not supported: a snapshot takes only <key> BETWEEN a AND b \
+             on its integer key"
+        )
+    };
+    let column = |expr: &Expr| match expr {
+        Expr::Identifier(ident) => Some(ident.value.clone()),
+        Expr::Nested(inner) => match inner.as_ref() {
+            Expr::Identifier(ident) => Some(ident.value.clone()),
+            _ => None,
+        },
+        _ => None,
+    };
+    let range = match condition {
+        Expr::Between {
+            expr,
+            negated: false,
+            low,
+            high,
+        } => column(expr).zip(integer(low).zip(integer(high))),
+        Expr::BinaryOp {
+            left,
+            op: BinaryOperator::And,
+            right,
+        } => match (left.as_ref(), right.as_ref()) {
+            (
+                Expr::BinaryOp {
+                    left: a,
+                    op: BinaryOperator::GtEq,
+                    right: lo,
+                },
+                Expr::BinaryOp {
+                    left: b,
+                    op: BinaryOperator::LtEq,
+                    right: hi,
+                },
+            ) => column(a)
+                .filter(|name| column(b).as_ref() == Some(name))
+                .zip(integer(lo).zip(integer(hi))),
+            _ => None,
+        },
+        _ => None,
+    };
+    let (column, (lo, hi)) = range.ok_or_else(unsupported)?;
+    if lo > hi {
+        return Err(format!("the key range {lo} to {hi} is empty"));
+    }
+    Ok(KeyRange { column, lo, hi })
+}
+
+/// An integer literal, negative ones too.
+fn integer(expr: &Expr) -> Option<i64> {
+    match expr {
+        Expr::Value(value) => match &value.value {
+            Value::Number(text, _) => text.parse().ok(),
+            _ => None,
+        },
+        Expr::UnaryOp {
+            op: ast::UnaryOperator::Minus,
+            expr,
+        } => integer(expr)?.checked_neg(),
+        _ => None,
+    }
+}
+
+/// A function's argument: a string or a number literal, or NULL.
+#[derive(Debug)]
+enum Argument {
+    Text(String),
+    Number(String),
+    Null,
+}
+
+fn arguments(args: &[FunctionArg]) -> std::result::Result<Vec<Argument>, String> {
+    args.iter()
+        .map(|arg| match arg {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(expr)) => literal(expr).ok_or_else(|| {
+                format!("the argument '{expr}' is not a literal: arguments are strings or numbers")
+            }),
+            other => Err(format!(
+                "the argument '{other}' is not supported: arguments are positional literals"
+            )),
+        })
+        .collect()
+}
+
+fn literal(expr: &Expr) -> Option<Argument> {
+    match expr {
+        Expr::Value(value) => match &value.value {
+            Value::SingleQuotedString(text) | Value::NationalStringLiteral(text) => {
+                Some(Argument::Text(text.clone()))
+            }
+            Value::Number(text, _) => Some(Argument::Number(text.clone())),
+            Value::Null => Some(Argument::Null),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+impl Argument {
+    fn text(&self, what: &str) -> Result<String> {
+        match self {
+            Argument::Text(text) => Ok(text.clone()),
+            other => Err(Error::invalid(format!(
+                "{what} is a string literal, not {other:?}"
+            ))),
+        }
+    }
+
+    /// `'earliest'`, `'latest'`, an LSN (`'0x...'`) or an offset's JSON.
+    fn point(&self) -> Result<Point> {
+        let text = self.text("a range end")?;
+        Ok(match text.trim() {
+            "earliest" => Point::Earliest,
+            "latest" => Point::Latest,
+            _ => Point::Lsn(lsn_or_offset(&text)?),
+        })
+    }
+
+    fn lsn(&self) -> Result<Lsn> {
+        lsn_or_offset(&self.text("an LSN")?)
+    }
+
+    /// A count of commits: a positive integer, or NULL for none.
+    fn count(&self) -> Result<u64> {
+        match self {
+            Argument::Number(text) => text
+                .parse::<u64>()
+                .ok()
+                .filter(|count| *count > 0)
+                .ok_or_else(|| {
+                    Error::invalid(format!("max_commits is a positive integer, not {text}"))
+                }),
+            other => Err(Error::invalid(format!(
+                "max_commits is a positive integer, not {other:?}"
+            ))),
+        }
+    }
+}
+
+/// An LSN in hex (`0x...`), or the LSN of an offset's JSON (`{"lsn": ..., "commit_ts": ...}`).
+fn lsn_or_offset(text: &str) -> Result<Lsn> {
+    let trimmed = text.trim();
+    if trimmed.starts_with('{') {
+        let offset: Offset = serde_json::from_str(trimmed)
+            .map_err(|error| Error::invalid(format!("the offset {trimmed}: {error}")))?;
+        return Ok(offset.lsn);
+    }
+    trimmed
+        .parse()
+        .map_err(|error| Error::invalid(format!("the LSN '{trimmed}': {error}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(sql: &str) -> (SnapshotCommand, Option<KeyRange>) {
+        match parse(sql) {
+            Ok(Statement::Snapshot { command, range }) => (command, range),
+            other => panic!("{sql}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_table_is_a_snapshot_read_of_its_columns() {
+        let (command, range) = snapshot("SELECT * FROM dbo.orders");
+        assert_eq!(
+            (command.table.as_str(), command.serve.columns),
+            ("dbo.orders", None)
+        );
+        assert_eq!(range, None);
+        let (command, range) = snapshot(
+            "select [order_id], amount, _start_lsn from [dbo].[orders] \
+             where order_id between -5 and 20",
+        );
+        assert_eq!(
+            command.serve.columns,
+            Some(vec!["order_id".to_string(), "amount".to_string()])
+        );
+        let range = range.expect("a key range");
+        assert_eq!(
+            (range.column.as_str(), range.lo, range.hi),
+            ("order_id", -5, 20)
+        );
+        assert_eq!(range.chunk().hi, Some(Bound::Int(21)));
+        let (_, range) = snapshot("SELECT * FROM dbo.orders WHERE order_id >= 3 AND order_id <= 3");
+        assert_eq!(range.map(|range| (range.lo, range.hi)), Some((3, 3)));
+        // The largest key bounds nothing above it.
+        let (_, range) = snapshot(&format!(
+            "SELECT * FROM dbo.orders WHERE order_id BETWEEN 0 AND {}",
+            i64::MAX
+        ));
+        assert_eq!(range.expect("a range").chunk().hi, None);
+    }
+
+    #[test]
+    fn a_change_range_takes_names_lsns_offsets_and_a_commit_cap() {
+        let parsed = parse(
+            "SELECT * FROM cdc.changes('dbo.orders', 'earliest', '0x0000002A000000010003', 10)",
+        );
+        let Ok(Statement::Changes(query)) = parsed else {
+            panic!("{parsed:?}")
+        };
+        assert_eq!(query.table, "dbo.orders");
+        assert_eq!(query.from, Point::Earliest);
+        assert_eq!(
+            query.to,
+            Point::Lsn("0x0000002A000000010003".parse().expect("lsn"))
+        );
+        assert_eq!(query.max_commits, Some(10));
+        let parsed = parse(
+            r#"SELECT order_id FROM cdc.changes('dbo.orders', '{"lsn": "0x0000002A000000010003", "commit_ts": "2026-01-01T00:00:00.000Z"}')"#,
+        );
+        let Ok(Statement::Changes(query)) = parsed else {
+            panic!("{parsed:?}")
+        };
+        assert_eq!(query.to, Point::Latest);
+        assert_eq!(query.columns, Some(vec!["order_id".to_string()]));
+        let command = query.command(Lsn::ZERO, None, 4);
+        assert_eq!(command.partitions, Some(4));
+    }
+
+    #[test]
+    fn planning_functions_map_to_their_actions() {
+        let cases = [
+            ("SELECT * FROM cdc.max_lsn()", "max_lsn"),
+            ("SELECT * FROM cdc.lsn_to_time('0x01')", "lsn_to_time"),
+            (
+                "SELECT * FROM cdc.time_to_lsn('2026-01-01T00:00:00Z')",
+                "time_to_lsn",
+            ),
+            (
+                "SELECT * FROM cdc.initial_offset('dbo.orders')",
+                "initial_offset",
+            ),
+            (
+                "SELECT * FROM cdc.latest_offset('0x01', 5)",
+                "latest_offset",
+            ),
+        ];
+        for (sql, action) in cases {
+            match parse(sql) {
+                Ok(Statement::Function(function)) => assert_eq!(function.action().0, action),
+                other => panic!("{sql}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn anything_else_is_refused_with_what_is_supported() {
+        let refused = [
+            (
+                "SELECT * FROM dbo.orders o JOIN dbo.customers c ON o.id = c.id",
+                "joins",
+            ),
+            ("SELECT count(*) FROM dbo.orders", "aggregates"),
+            ("SELECT * FROM dbo.orders ORDER BY order_id", "ORDER BY"),
+            ("SELECT TOP 5 * FROM dbo.orders", "TOP"),
+            ("SELECT * FROM dbo.orders GROUP BY order_id", "GROUP BY"),
+            ("DELETE FROM dbo.orders", "read-only"),
+            ("INSERT INTO dbo.orders VALUES (1)", "read-only"),
+            ("SELECT * FROM dbo.orders; SELECT 1", "one statement"),
+            ("SELECT * FROM dbo.orders WHERE amount > 5", "BETWEEN"),
+            (
+                "SELECT * FROM dbo.orders WHERE order_id BETWEEN 5 AND 1",
+                "empty",
+            ),
+            ("SELECT * FROM cdc.nothing()", "unknown function"),
+            ("SELECT * FROM cdc.changes('dbo.orders')", "arguments"),
+            ("SELECT * FROM cdc.changes('dbo.orders', 'soon')", "LSN"),
+            (
+                "SELECT * FROM cdc.changes('dbo.orders', 'earliest', 'latest', 0)",
+                "positive",
+            ),
+            ("SELECT * FROM (SELECT * FROM dbo.orders) t", "subqueries"),
+            ("SELECT _start_lsn FROM dbo.orders", "at least one"),
+            ("SELECT * FROM", "parse"),
+        ];
+        for (sql, reason) in refused {
+            match parse(sql) {
+                Err(error) => {
+                    let text = error.to_string();
+                    assert!(text.contains(reason), "{sql}: {text}");
+                    assert!(
+                        matches!(error, Error::InvalidArgument(_)),
+                        "{sql}: {error:?}"
+                    );
+                }
+                Ok(statement) => panic!("{sql} was taken as {statement:?}"),
+            }
+        }
+    }
+}
