@@ -334,12 +334,18 @@ pub fn parse(sql: &str) -> Result<Statement> {
     })
 }
 
-/// `schema.table` of a name, brackets and quotes taken off.
+/// A name as the protocol writes a table (`schema.table`, docs/protocol.md): each part as
+/// parsed, bracketed again when it holds what a bare part may not.
 fn object_name(name: &ast::ObjectName) -> Result<String> {
     let parts: Vec<String> = name
         .0
         .iter()
         .map(|part| match part.as_ident() {
+            Some(ident)
+                if ident.value.contains(['.', '[', ']']) || ident.value.trim() != ident.value =>
+            {
+                Ok(format!("[{}]", ident.value.replace(']', "]]")))
+            }
             Some(ident) => Ok(ident.value.clone()),
             None => Err(Error::invalid(format!("'{name}' is not a plain name"))),
         })
@@ -578,6 +584,14 @@ mod tests {
             ("order_id", -5, 20)
         );
         assert_eq!(range.chunk().hi, Some(Bound::Int(21)));
+        // A part that holds a dot or a bracket keeps its brackets, as the protocol names it.
+        let (command, _) = snapshot(r#"SELECT * FROM [sales.eu]."order]s""#);
+        assert_eq!(command.table, "[sales.eu].[order]]s]");
+        let table: crate::source::TableName = command.table.parse().expect("a table name");
+        assert_eq!(
+            (table.schema.as_str(), table.name.as_str()),
+            ("sales.eu", "order]s")
+        );
         let (_, range) = snapshot("SELECT * FROM dbo.orders WHERE order_id >= 3 AND order_id <= 3");
         assert_eq!(range.map(|range| (range.lo, range.hi)), Some((3, 3)));
         // The largest key bounds nothing above it.
