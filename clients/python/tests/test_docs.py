@@ -1,6 +1,6 @@
-"""Every ```python example of docs/python.md (and of docs/sql.md) runs, in order and in one namespace, against the
+"""Every ```python example of docs/python.md runs, in order and in one namespace, against the
 real server binary (`SERVER`), with a Spark session (`spark`) and a scratch directory
-(`WORK`)."""
+(`WORK`); so do those of docs/sql.md, with `SERVER` alone."""
 
 import re
 
