@@ -27,7 +27,7 @@ mod metered;
 pub mod metrics;
 pub mod planner;
 pub mod snapshot;
-mod sql;
+pub mod sql;
 pub mod stream;
 pub mod tail;
 pub mod ticket;
@@ -263,6 +263,7 @@ impl CdcFlightService {
         metrics::observe("DoGet", async {
             let principal = principal_of(&request)?;
             if let Some(command) = sql::command(&request.get_ref().ticket) {
+                let command = command?;
                 let stream = self
                     .within_deadline(&principal, self.sql_get(&principal, command))
                     .await?;
@@ -503,6 +504,7 @@ impl FlightService for CdcFlightService {
             let principal = principal_of(&request)?;
             let descriptor = request.into_inner();
             if let Some(command) = sql::command(&descriptor.cmd) {
+                let command = command?;
                 let plan = self.sql_flight_info(&principal, command, descriptor);
                 return Ok(Response::new(self.within_deadline(&principal, plan).await?));
             }
@@ -543,7 +545,7 @@ impl FlightService for CdcFlightService {
             let principal = principal_of(&request)?;
             let schema = match sql::command(&request.get_ref().cmd) {
                 Some(command) => {
-                    let schema = self.sql_schema(&principal, command);
+                    let schema = self.sql_schema(&principal, command?);
                     self.within_deadline(&principal, schema).await?
                 }
                 None => {

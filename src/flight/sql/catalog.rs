@@ -40,6 +40,24 @@ const FUNCTIONS: [(&str, &[&str]); 6] = [
     ("latest_offset", &["lsn", "commit_ts"]),
 ];
 
+/// The `SqlInfo` ids [`SQL_INFO`] answers.
+const SERVED_INFO: [u32; 14] = [
+    SqlInfo::FlightSqlServerName as u32,
+    SqlInfo::FlightSqlServerVersion as u32,
+    SqlInfo::FlightSqlServerArrowVersion as u32,
+    SqlInfo::FlightSqlServerReadOnly as u32,
+    SqlInfo::FlightSqlServerSql as u32,
+    SqlInfo::FlightSqlServerSubstrait as u32,
+    SqlInfo::FlightSqlServerTransaction as u32,
+    SqlInfo::FlightSqlServerCancel as u32,
+    SqlInfo::SqlDdlCatalog as u32,
+    SqlInfo::SqlDdlSchema as u32,
+    SqlInfo::SqlDdlTable as u32,
+    SqlInfo::SqlIdentifierQuoteChar as u32,
+    SqlInfo::SqlAllTablesAreSelectable as u32,
+    SqlInfo::SqlTransactionsSupported as u32,
+];
+
 static SQL_INFO: LazyLock<SqlInfoData> = LazyLock::new(|| {
     let mut builder = SqlInfoDataBuilder::new();
     builder.append(SqlInfo::FlightSqlServerName, "mssql-cdc-flight");
@@ -58,7 +76,8 @@ static SQL_INFO: LazyLock<SqlInfoData> = LazyLock::new(|| {
     builder.append(SqlInfo::SqlDdlSchema, false);
     builder.append(SqlInfo::SqlDdlTable, false);
     builder.append(SqlInfo::SqlIdentifierQuoteChar, "\"");
-    builder.append(SqlInfo::SqlAllTablesAreSelectable, true);
+    // The `cdc` functions GetTables lists are called, not selected from.
+    builder.append(SqlInfo::SqlAllTablesAreSelectable, false);
     builder.append(SqlInfo::SqlTransactionsSupported, false);
     match builder.build() {
         Ok(data) => data,
@@ -132,11 +151,11 @@ fn primary_keys_schema() -> SchemaRef {
 pub(super) fn schema(command: &Command) -> Result<SchemaRef> {
     Ok(match command {
         Command::CommandGetSqlInfo(query) => query.clone().into_builder(&SQL_INFO).schema(),
-        Command::CommandGetCatalogs(query) => query.clone().into_builder().schema(),
+        Command::CommandGetCatalogs(query) => (*query).into_builder().schema(),
         Command::CommandGetDbSchemas(query) => query.clone().into_builder().schema(),
         Command::CommandGetTables(query) => query.clone().into_builder().schema(),
-        Command::CommandGetTableTypes(query) => query.clone().into_builder().schema(),
-        Command::CommandGetXdbcTypeInfo(query) => query.clone().into_builder(&XDBC_TYPES).schema(),
+        Command::CommandGetTableTypes(query) => (*query).into_builder().schema(),
+        Command::CommandGetXdbcTypeInfo(query) => (*query).into_builder(&XDBC_TYPES).schema(),
         Command::CommandGetPrimaryKeys(_) => primary_keys_schema(),
         other => return Err(refused(other)),
     })
@@ -149,13 +168,13 @@ fn internal(error: arrow_flight::error::FlightError) -> Error {
 
 /// The refusal of a Flight SQL command this read-only server does not take.
 fn refused(command: &Command) -> Error {
+    let name = command.type_url();
+    let name = name.trim_start_matches("type.googleapis.com/arrow.flight.protocol.sql.");
     Error::invalid(format!(
         "{} is not supported: the server is read-only and answers queries, prepared queries, \
          SqlInfo, catalogs, schemas, tables, table types, primary keys and type info \
          (docs/sql.md)",
-        command
-            .type_url()
-            .trim_start_matches("type.googleapis.com/arrow.flight.protocol.sql.")
+        name.chars().take(100).collect::<String>()
     ))
 }
 
@@ -176,7 +195,18 @@ impl CdcFlightService {
             )
         };
         Ok(match command {
-            Command::CommandGetSqlInfo(query) => {
+            Command::CommandGetSqlInfo(mut query) => {
+                // The builder keeps an array per id asked: ask it only for ids it holds, once
+                // each (none of them, when none asked for is served).
+                let asked = !query.info.is_empty();
+                query.info.sort_unstable();
+                query.info.dedup();
+                query.info.retain(|id| SERVED_INFO.contains(id));
+                if asked && query.info.is_empty() {
+                    return Ok(RecordBatch::new_empty(
+                        query.into_builder(&SQL_INFO).schema(),
+                    ));
+                }
                 query.into_builder(&SQL_INFO).build().map_err(internal)?
             }
             Command::CommandGetXdbcTypeInfo(query) => {
@@ -208,7 +238,17 @@ impl CdcFlightService {
                 }
                 builder.build().map_err(internal)?
             }
-            Command::CommandGetTables(query) => {
+            Command::CommandGetTables(mut query) => {
+                // The builder filters once per type asked: only the two there are, once each.
+                let asked = !query.table_types.is_empty();
+                query.table_types.sort_unstable();
+                query.table_types.dedup();
+                query
+                    .table_types
+                    .retain(|kind| kind == TABLE || kind == FUNCTION);
+                if asked && query.table_types.is_empty() {
+                    return Ok(RecordBatch::new_empty(query.into_builder().schema()));
+                }
                 let mut builder = query.into_builder();
                 for tracked in tables().await? {
                     let columns =
@@ -247,8 +287,16 @@ impl CdcFlightService {
         principal: &Principal,
         query: &CommandGetPrimaryKeys,
     ) -> Result<RecordBatch> {
+        // The parts as GetTables listed them, not parsed again: a part may hold a dot.
         let schema_name = query.db_schema.clone().unwrap_or_else(|| "dbo".into());
-        let table: crate::source::TableName = format!("{schema_name}.{}", query.table).parse()?;
+        let table = crate::source::TableName::new(schema_name, query.table.clone());
+        if query
+            .catalog
+            .as_deref()
+            .is_some_and(|catalog| catalog != CATALOG)
+        {
+            return Ok(RecordBatch::new_empty(primary_keys_schema()));
+        }
         principal.check(&table)?;
         let instances = self.source.active_capture_instances(&table).await?;
         let key = instances

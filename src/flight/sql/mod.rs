@@ -38,7 +38,7 @@ use crate::Lsn;
 use crate::error::{Error, Result};
 use crate::protocol::{self, ChangesCommand, LsnAnswer};
 use crate::source::TableName;
-pub use statement::{Point, Statement, parse};
+pub use statement::{ChangesQuery, Function, KeyRange, MAX_SQL_BYTES, Point, Statement, parse};
 
 /// The prefix of every Flight SQL message's type URL.
 const TYPE_URL_PREFIX: &str = "type.googleapis.com/arrow.flight.protocol.sql.";
@@ -48,13 +48,18 @@ const TYPE_URL_PREFIX: &str = "type.googleapis.com/arrow.flight.protocol.sql.";
 /// partitions.
 const PARTITIONS: u32 = 4;
 
-/// The Flight SQL message `bytes` hold, if they hold one.
-pub(super) fn command(bytes: &[u8]) -> Option<Command> {
+/// The Flight SQL message `bytes` hold, if they hold one; one whose body does not decode is
+/// refused as such rather than taken for a JSON command.
+pub(super) fn command(bytes: &[u8]) -> Option<Result<Command>> {
     let any = Any::decode(bytes).ok()?;
     if !any.type_url.starts_with(TYPE_URL_PREFIX) {
         return None;
     }
-    Command::try_from(any).ok()
+    Some(
+        Command::try_from(any).map_err(|error| {
+            Error::invalid(format!("the Flight SQL message is malformed: {error}"))
+        }),
+    )
 }
 
 /// Whether an action is one of Flight SQL's this service takes.
@@ -262,10 +267,14 @@ impl CdcFlightService {
         statement: &Statement,
     ) -> Result<SchemaRef> {
         let (table, command) = match statement {
-            Statement::Snapshot { command, .. } => (
-                command.table.parse::<TableName>()?,
-                protocol::Command::Snapshot(command.clone()),
-            ),
+            Statement::Snapshot { command, range } => {
+                let table = command.table.parse::<TableName>()?;
+                principal.check(&table)?;
+                if let Some(range) = range {
+                    self.check_key(&table, &range.column).await?;
+                }
+                (table, protocol::Command::Snapshot(command.clone()))
+            }
             Statement::Changes(query) => (
                 query.table.parse::<TableName>()?,
                 protocol::Command::Changes(query.command(Lsn::ZERO, None, PARTITIONS)),
@@ -328,6 +337,24 @@ impl CdcFlightService {
             }
         };
         if let Some(max_commits) = query.max_commits {
+            // `latest_offset` clamps an end past max_lsn and answers an empty range for an
+            // end before the start; the planner refuses both, and so does SQL, capped or not.
+            if let Some(end) = to {
+                let ceiling = self
+                    .answer_lsn(principal, "max_lsn", serde_json::json!({}))
+                    .await?;
+                if end > ceiling {
+                    return Err(Error::invalid(format!(
+                        "to {end} is past max_lsn {ceiling}: a range ends at or before the last \
+                         commit CDC has processed"
+                    )));
+                }
+                if from > end {
+                    return Err(Error::invalid(format!(
+                        "from {from} is past to {end}: a range (from, to] needs from <= to"
+                    )));
+                }
+            }
             let body = serde_json::json!({
                 "start": crate::Offset::new(from, None),
                 "max_commits": max_commits,
@@ -384,8 +411,10 @@ impl CdcFlightService {
             .columns()
             .iter()
             .map(|column| {
+                // An unknown commit time is "" in the protocol's JSON, NULL in SQL.
                 let value = match answer.get(*column) {
                     None | Some(serde_json::Value::Null) => None,
+                    Some(serde_json::Value::String(text)) if text.is_empty() => None,
                     Some(serde_json::Value::String(text)) => Some(text.clone()),
                     Some(other) => Some(other.to_string()),
                 };

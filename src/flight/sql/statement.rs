@@ -16,7 +16,9 @@ use sqlparser::ast::{
     Value,
 };
 use sqlparser::dialect::MsSqlDialect;
+use sqlparser::keywords::Keyword;
 use sqlparser::parser::Parser;
+use sqlparser::tokenizer::{Token, Tokenizer};
 
 use crate::Lsn;
 use crate::error::{Error, Result};
@@ -24,6 +26,19 @@ use crate::keys::Bound;
 use crate::offset::{CommitTime, Offset};
 use crate::protocol::{ChangesCommand, ChunkSpec, ServeOptions, SnapshotCommand};
 use crate::types::RESERVED_COLUMN_NAMES;
+
+/// The longest statement taken, in bytes: the grammar needs a few hundred, a wide table's
+/// column list a few thousand.
+pub const MAX_SQL_BYTES: usize = 64 << 10;
+/// Operators (`AND`, `-`, `>=`, `*`, ...) a statement may hold: a key range with negative
+/// bounds needs five. sqlparser bounds nesting, not chains: `1+1+...` or a long `UNION`
+/// parses into a tree as deep as it is long, which its clone and drop recurse through, so a
+/// chain is refused on the flat tokens before any tree is built.
+const MAX_OPERATORS: usize = 8;
+/// Parentheses deep: a function's argument list needs one.
+const MAX_NESTING: usize = 4;
+/// Characters of a client's text a refusal repeats.
+const ECHOED_CHARS: usize = 200;
 
 /// What a statement names the forms the server takes, for every refusal.
 const SUPPORTED: &str = "supported: SELECT <columns> FROM <schema.table> [WHERE <key> BETWEEN \
@@ -131,8 +146,8 @@ pub enum Function {
     },
     /// `cdc.latest_offset(start, max_commits)`.
     LatestOffset {
-        /// The current offset.
-        start: Lsn,
+        /// The current offset, its time too when given as JSON.
+        start: Offset,
         /// At most this many commits after it.
         max_commits: Option<u64>,
     },
@@ -152,7 +167,7 @@ impl Function {
             ),
             Function::LatestOffset { start, max_commits } => (
                 "latest_offset",
-                json!({ "start": Offset::new(*start, None), "max_commits": max_commits }),
+                json!({ "start": start, "max_commits": max_commits }),
             ),
         }
     }
@@ -209,12 +224,83 @@ fn blank(query: &mut ast::Query) {
     }
 }
 
+/// At most [`ECHOED_CHARS`] of a client's text, for a refusal to repeat.
+fn echo(text: &str) -> String {
+    match text.char_indices().nth(ECHOED_CHARS) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text.to_string(),
+    }
+}
+
+/// Refuses, on its flat tokens, a statement too long, too deeply parenthesized, with a set
+/// operation or with more operators than the grammar uses: no tree is built for those.
+fn guard(sql: &str, refuse: impl Fn(&str) -> Error) -> Result<()> {
+    if sql.len() > MAX_SQL_BYTES {
+        return Err(refuse(&format!(
+            "the statement is {} bytes, more than the {MAX_SQL_BYTES} taken",
+            sql.len()
+        )));
+    }
+    let tokens = Tokenizer::new(&MsSqlDialect {}, sql)
+        .tokenize()
+        .map_err(|error| {
+            refuse(&format!(
+                "the statement does not parse ({})",
+                echo(&error.to_string())
+            ))
+        })?;
+    let (mut operators, mut depth) = (0usize, 0usize);
+    for token in &tokens {
+        match token {
+            Token::LParen => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    return Err(refuse(&format!(
+                        "parentheses nest deeper than {MAX_NESTING}"
+                    )));
+                }
+            }
+            Token::RParen => depth = depth.saturating_sub(1),
+            Token::Word(word) => match word.keyword {
+                Keyword::UNION | Keyword::EXCEPT | Keyword::INTERSECT | Keyword::MINUS => {
+                    return Err(refuse(
+                        "UNION, VALUES and other set operations are not supported",
+                    ));
+                }
+                Keyword::AND | Keyword::OR | Keyword::NOT | Keyword::XOR => operators += 1,
+                _ => {}
+            },
+            Token::Number(..)
+            | Token::SingleQuotedString(_)
+            | Token::NationalStringLiteral(_)
+            | Token::Comma
+            | Token::Period
+            | Token::Whitespace(_)
+            | Token::SemiColon
+            | Token::EOF => {}
+            _ => operators += 1,
+        }
+        if operators > MAX_OPERATORS {
+            return Err(refuse(&format!(
+                "the statement holds more than {MAX_OPERATORS} operators: expressions are not \
+                 supported"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Parses `sql` into a [`Statement`]; anything else is `INVALID_ARGUMENT` naming the forms
 /// the server takes.
 pub fn parse(sql: &str) -> Result<Statement> {
     let refuse = |what: &str| Error::invalid(format!("{what}; {SUPPORTED}"));
-    let mut statements = Parser::parse_sql(&MsSqlDialect {}, sql)
-        .map_err(|error| refuse(&format!("the statement does not parse ({error})")))?;
+    guard(sql, refuse)?;
+    let mut statements = Parser::parse_sql(&MsSqlDialect {}, sql).map_err(|error| {
+        refuse(&format!(
+            "the statement does not parse ({})",
+            echo(&error.to_string())
+        ))
+    })?;
     let query = match (statements.pop(), statements.is_empty()) {
         (Some(ast::Statement::Query(query)), true) => *query,
         (Some(ast::Statement::Query(_)), false) => return Err(refuse("one statement at a time")),
@@ -245,9 +331,47 @@ pub fn parse(sql: &str) -> Result<Statement> {
     if !from.joins.is_empty() {
         return Err(refuse("joins are not supported"));
     }
-    let TableFactor::Table { name, args, .. } = &from.relation else {
+    let TableFactor::Table {
+        name,
+        alias,
+        args,
+        with_hints,
+        version,
+        with_ordinality,
+        partitions,
+        json_path,
+        sample,
+        index_directives,
+        inheritance,
+    } = &from.relation
+    else {
         return Err(refuse("subqueries and derived tables are not supported"));
     };
+    // Every clause on the relation changes what it reads (a time travel, a sample, renamed
+    // columns) or how (hints: the server reads under the source's own isolation), so none
+    // is passed over.
+    if version.is_some()
+        || sample.is_some()
+        || json_path.is_some()
+        || inheritance.is_some()
+        || *with_ordinality
+        || !partitions.is_empty()
+        || !index_directives.is_empty()
+        || alias
+            .as_ref()
+            .is_some_and(|alias| !alias.columns.is_empty())
+    {
+        return Err(refuse(&format!(
+            "'{}' is not supported: a relation takes no FOR SYSTEM_TIME, TABLESAMPLE, \
+             partitions, index hints or column aliases",
+            echo(&from.relation.to_string())
+        )));
+    }
+    if !with_hints.is_empty() {
+        return Err(refuse(
+            "table hints are not supported: the server reads under the source's own isolation",
+        ));
+    }
     let name = object_name(name)?;
     let columns = projection(&select.projection).map_err(|what| refuse(&what))?;
     let Some(args) = args else {
@@ -269,10 +393,14 @@ pub fn parse(sql: &str) -> Result<Statement> {
     if select.selection.is_some() {
         return Err(refuse("a function's rows take no WHERE"));
     }
+    let lowered = name.to_ascii_lowercase();
+    let function = lowered.strip_prefix("cdc.").ok_or_else(|| {
+        refuse(&format!(
+            "'{}(...)' is not a cdc function (a table takes no arguments or hints)",
+            echo(&name)
+        ))
+    })?;
     let args = arguments(&args.args).map_err(|what| refuse(&what))?;
-    let function = name
-        .strip_prefix("cdc.")
-        .ok_or_else(|| refuse(&format!("unknown function '{name}'")))?;
     if function != "changes" && columns.is_some() {
         return Err(refuse(&format!("select * from cdc.{function}(...)")));
     }
@@ -326,11 +454,11 @@ pub fn parse(sql: &str) -> Result<Statement> {
         "latest_offset" => {
             arity(1, 2)?;
             Statement::Function(Function::LatestOffset {
-                start: args[0].lsn()?,
+                start: offset(&args[0].text("the start")?)?,
                 max_commits: args.get(1).map(Argument::count).transpose()?,
             })
         }
-        other => return Err(refuse(&format!("unknown function 'cdc.{other}'"))),
+        other => return Err(refuse(&format!("unknown function 'cdc.{}'", echo(other)))),
     })
 }
 
@@ -347,7 +475,10 @@ fn object_name(name: &ast::ObjectName) -> Result<String> {
                 Ok(format!("[{}]", ident.value.replace(']', "]]")))
             }
             Some(ident) => Ok(ident.value.clone()),
-            None => Err(Error::invalid(format!("'{name}' is not a plain name"))),
+            None => Err(Error::invalid(format!(
+                "'{}' is not a plain name",
+                echo(&name.to_string())
+            ))),
         })
         .collect::<Result<_>>()?;
     Ok(parts.join("."))
@@ -383,7 +514,8 @@ fn projection(items: &[SelectItem]) -> std::result::Result<Option<Vec<String>>, 
             }
             other => {
                 return Err(format!(
-                    "'{other}' is not a column: expressions and aggregates are not supported"
+                    "'{}' is not a column: expressions and aggregates are not supported",
+                    echo(&other.to_string())
                 ));
             }
         }
@@ -398,8 +530,9 @@ fn projection(items: &[SelectItem]) -> std::result::Result<Option<Vec<String>>, 
 fn key_range(condition: &Expr) -> std::result::Result<KeyRange, String> {
     let unsupported = || {
         format!(
-            "WHERE '{condition}' is not supported: a snapshot takes only <key> BETWEEN a AND b \
-             on its integer key"
+            "WHERE '{}' is not supported: a snapshot takes only <key> BETWEEN a AND b on its \
+             integer key",
+            echo(&condition.to_string())
         )
     };
     let column = |expr: &Expr| match expr {
@@ -447,19 +580,22 @@ fn key_range(condition: &Expr) -> std::result::Result<KeyRange, String> {
     Ok(KeyRange { column, lo, hi })
 }
 
-/// An integer literal, negative ones too.
+/// An integer literal, negative ones too (`i64::MIN` included: its digits alone overflow).
 fn integer(expr: &Expr) -> Option<i64> {
-    match expr {
-        Expr::Value(value) => match &value.value {
-            Value::Number(text, _) => text.parse().ok(),
+    fn wide(expr: &Expr) -> Option<i128> {
+        match expr {
+            Expr::Value(value) => match &value.value {
+                Value::Number(text, _) => text.parse().ok(),
+                _ => None,
+            },
+            Expr::UnaryOp {
+                op: ast::UnaryOperator::Minus,
+                expr,
+            } => wide(expr)?.checked_neg(),
             _ => None,
-        },
-        Expr::UnaryOp {
-            op: ast::UnaryOperator::Minus,
-            expr,
-        } => integer(expr)?.checked_neg(),
-        _ => None,
+        }
     }
+    wide(expr)?.try_into().ok()
 }
 
 /// A function's argument: a string or a number literal, or NULL.
@@ -474,10 +610,14 @@ fn arguments(args: &[FunctionArg]) -> std::result::Result<Vec<Argument>, String>
     args.iter()
         .map(|arg| match arg {
             FunctionArg::Unnamed(FunctionArgExpr::Expr(expr)) => literal(expr).ok_or_else(|| {
-                format!("the argument '{expr}' is not a literal: arguments are strings or numbers")
+                format!(
+                    "the argument '{}' is not a literal: arguments are strings or numbers",
+                    echo(&expr.to_string())
+                )
             }),
             other => Err(format!(
-                "the argument '{other}' is not supported: arguments are positional literals"
+                "the argument '{}' is not supported: arguments are positional literals",
+                echo(&other.to_string())
             )),
         })
         .collect()
@@ -502,7 +642,8 @@ impl Argument {
         match self {
             Argument::Text(text) => Ok(text.clone()),
             other => Err(Error::invalid(format!(
-                "{what} is a string literal, not {other:?}"
+                "{what} is a string literal, not {}",
+                echo(&format!("{other:?}"))
             ))),
         }
     }
@@ -510,18 +651,21 @@ impl Argument {
     /// `'earliest'`, `'latest'`, an LSN (`'0x...'`) or an offset's JSON.
     fn point(&self) -> Result<Point> {
         let text = self.text("a range end")?;
-        Ok(match text.trim() {
-            "earliest" => Point::Earliest,
-            "latest" => Point::Latest,
-            _ => Point::Lsn(lsn_or_offset(&text)?),
+        let trimmed = text.trim();
+        Ok(if trimmed.eq_ignore_ascii_case("earliest") {
+            Point::Earliest
+        } else if trimmed.eq_ignore_ascii_case("latest") {
+            Point::Latest
+        } else {
+            Point::Lsn(offset(&text)?.lsn)
         })
     }
 
     fn lsn(&self) -> Result<Lsn> {
-        lsn_or_offset(&self.text("an LSN")?)
+        Ok(offset(&self.text("an LSN")?)?.lsn)
     }
 
-    /// A count of commits: a positive integer, or NULL for none.
+    /// A count of commits: a positive integer.
     fn count(&self) -> Result<u64> {
         match self {
             Argument::Number(text) => text
@@ -529,26 +673,35 @@ impl Argument {
                 .ok()
                 .filter(|count| *count > 0)
                 .ok_or_else(|| {
-                    Error::invalid(format!("max_commits is a positive integer, not {text}"))
+                    Error::invalid(format!(
+                        "max_commits is a positive integer, not {}",
+                        echo(text)
+                    ))
                 }),
             other => Err(Error::invalid(format!(
-                "max_commits is a positive integer, not {other:?}"
+                "max_commits is a positive integer, not {}",
+                echo(&format!("{other:?}"))
             ))),
         }
     }
 }
 
-/// An LSN in hex (`0x...`), or the LSN of an offset's JSON (`{"lsn": ..., "commit_ts": ...}`).
-fn lsn_or_offset(text: &str) -> Result<Lsn> {
+/// An offset's JSON (`{"lsn": ..., "commit_ts": ...}`), or an LSN in hex (`0x...`) as an
+/// offset of no known time.
+fn offset(text: &str) -> Result<Offset> {
     let trimmed = text.trim();
     if trimmed.starts_with('{') {
-        let offset: Offset = serde_json::from_str(trimmed)
-            .map_err(|error| Error::invalid(format!("the offset {trimmed}: {error}")))?;
-        return Ok(offset.lsn);
+        return serde_json::from_str(trimmed)
+            .map_err(|error| Error::invalid(format!("the offset {}: {error}", echo(trimmed))));
     }
-    trimmed
-        .parse()
-        .map_err(|error| Error::invalid(format!("the LSN '{trimmed}': {error}")))
+    let lsn = trimmed.parse::<Lsn>().map_err(|error| {
+        Error::invalid(format!(
+            "the LSN '{}': {}",
+            echo(trimmed),
+            echo(&error.to_string())
+        ))
+    })?;
+    Ok(Offset::new(lsn, None))
 }
 
 #[cfg(test)]
@@ -656,6 +809,68 @@ mod tests {
     }
 
     #[test]
+    fn long_chains_are_refused_on_their_tokens_before_any_tree_is_built() {
+        // A tree as deep as the chain is long would overflow the stack when cloned or
+        // dropped: each is refused from its flat tokens, quickly.
+        let chain = format!("SELECT * FROM dbo.t WHERE {}1", "1+".repeat(30_000));
+        let unions = format!(
+            "SELECT * FROM dbo.t{}",
+            " UNION SELECT * FROM dbo.t".repeat(2_000)
+        );
+        let nested = format!(
+            "SELECT * FROM cdc.max_lsn{}{}",
+            "(".repeat(50),
+            ")".repeat(50)
+        );
+        let huge = format!("SELECT {} FROM dbo.t", "a, ".repeat(MAX_SQL_BYTES / 3));
+        for (sql, reason) in [
+            (chain, "operators"),
+            (unions, "set operations"),
+            (nested, "nest deeper"),
+            (huge, "bytes"),
+        ] {
+            let error = parse(&sql).expect_err("refused");
+            let text = error.to_string();
+            assert!(text.contains(reason), "{text}");
+            assert!(
+                text.len() < 2_000,
+                "the refusal repeats the client's text: {}",
+                text.len()
+            );
+        }
+        // A wide table's column list is a list, not a chain.
+        let columns: Vec<String> = (0..1_000).map(|n| format!("c{n}")).collect();
+        let (command, _) = snapshot(&format!("SELECT {} FROM dbo.wide", columns.join(", ")));
+        assert_eq!(
+            command.serve.columns.map(|columns| columns.len()),
+            Some(1_000)
+        );
+    }
+
+    #[test]
+    fn names_and_ends_are_case_insensitive_and_offsets_keep_their_time() {
+        let parsed = parse("SELECT * FROM CDC.Changes('dbo.orders', 'EARLIEST', 'Latest')");
+        let Ok(Statement::Changes(query)) = parsed else {
+            panic!("{parsed:?}")
+        };
+        assert_eq!((query.from, query.to), (Point::Earliest, Point::Latest));
+        let start = r#"{"lsn": "0x0000002A000000010003", "commit_ts": "2026-01-01T00:00:00.000"}"#;
+        let parsed = parse(&format!("SELECT * FROM cdc.latest_offset('{start}')"));
+        let Ok(Statement::Function(Function::LatestOffset { start, .. })) = parsed else {
+            panic!("{parsed:?}")
+        };
+        assert!(
+            start.commit_ts.is_some(),
+            "the offset's time is kept: {start:?}"
+        );
+        let (_, range) = snapshot(&format!(
+            "SELECT * FROM dbo.t WHERE k BETWEEN {} AND -1",
+            i64::MIN
+        ));
+        assert_eq!(range.map(|range| range.lo), Some(i64::MIN));
+    }
+
+    #[test]
     fn anything_else_is_refused_with_what_is_supported() {
         let refused = [
             (
@@ -684,6 +899,21 @@ mod tests {
             ("SELECT * FROM (SELECT * FROM dbo.orders) t", "subqueries"),
             ("SELECT _start_lsn FROM dbo.orders", "at least one"),
             ("SELECT * FROM", "parse"),
+            (
+                "SELECT * FROM dbo.orders FOR SYSTEM_TIME AS OF '2024-01-01'",
+                "SYSTEM_TIME",
+            ),
+            (
+                "SELECT * FROM dbo.orders TABLESAMPLE (10 PERCENT)",
+                "TABLESAMPLE",
+            ),
+            ("SELECT * FROM dbo.orders AS o(a, b)", "column aliases"),
+            ("SELECT * FROM dbo.orders WITH (NOLOCK)", "hints"),
+            ("SELECT * FROM dbo.orders (NOLOCK)", "not a cdc function"),
+            (
+                "SELECT * FROM dbo.orders WHERE order_id BETWEEN 1 AND 99999999999999999999",
+                "BETWEEN",
+            ),
         ];
         for (sql, reason) in refused {
             match parse(sql) {
