@@ -502,10 +502,10 @@ impl FlightService for CdcFlightService {
     ) -> std::result::Result<Response<FlightInfo>, Status> {
         metrics::observe("GetFlightInfo", async {
             let principal = principal_of(&request)?;
-            let descriptor = request.into_inner();
+            let (metadata, _, descriptor) = request.into_parts();
             if let Some(command) = sql::command(&descriptor.cmd) {
-                let command = command?;
-                let plan = self.sql_flight_info(&principal, command, descriptor);
+                let asked = (command?, sql::partitions(&metadata)?);
+                let plan = self.sql_flight_info(&principal, asked, descriptor);
                 return Ok(Response::new(self.within_deadline(&principal, plan).await?));
             }
             let command = Command::parse(&descriptor.cmd)?;

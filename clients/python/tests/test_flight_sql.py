@@ -62,12 +62,12 @@ def served(tmp_path_factory):
     stop_server(process)
 
 
-def connect(url: str, token: str = READER_TOKEN):
-    return adbc.connect(
-        url,
-        db_kwargs={"adbc.flight.sql.authorization_header": f"Bearer {token}"},
-        autocommit=True,
-    )
+def connect(url: str, token: str = READER_TOKEN, partitions: int | None = None):
+    options = {"adbc.flight.sql.authorization_header": f"Bearer {token}"}
+    if partitions is not None:
+        # A request header asks the plan for more endpoints than its default one.
+        options["adbc.flight.sql.rpc.call_header.x-mssql-cdc-partitions"] = str(partitions)
+    return adbc.connect(url, db_kwargs=options, autocommit=True)
 
 
 def query(url: str, sql: str, token: str = READER_TOKEN) -> pa.Table:
@@ -143,10 +143,11 @@ def test_a_snapshot_query_reads_the_tables_rows(served):
     named = query(served, "SELECT status, [order_id] FROM [dbo].[orders]")
     assert named.schema.names[-3:] == ["status", "order_id", "_chunk"]
     assert rows(named, "order_id", "status") == rows(expected, "order_id", "status")
+    in_range = sorted(key for key in expected.column("order_id").to_pylist() if 5 <= key <= 40)
     ranged = query(served, "SELECT * FROM dbo.orders WHERE order_id BETWEEN 5 AND 40")
-    assert sorted(ranged.column("order_id").to_pylist()) == sorted(
-        key for key in expected.column("order_id").to_pylist() if 5 <= key <= 40
-    )
+    assert sorted(ranged.column("order_id").to_pylist()) == in_range
+    compared = query(served, "SELECT * FROM dbo.orders WHERE order_id >= 5 AND order_id <= 40")
+    assert sorted(compared.column("order_id").to_pylist()) == in_range
 
 
 def test_a_change_range_query_equals_the_clients_read_of_the_range(served):
@@ -195,14 +196,26 @@ def test_the_planning_functions_answer_as_the_client_does(served):
     assert back[0].as_py() == end.lsn
 
 
-def test_partitions_are_read_in_parallel(served):
+def test_partitions_are_read_in_parallel_when_asked_for(served):
     client = mssql_cdc_flight.connect(served, token=READER_TOKEN)
-    expected = client.read_changes("dbo.orders", client.initial_offset("dbo.orders"))
-    with connect(served) as connection, connection.cursor() as cursor:
-        partitions, schema = cursor.adbc_execute_partitions(
-            "SELECT * FROM cdc.changes('dbo.orders', 'earliest', 'latest')"
-        )
-        assert len(partitions) >= 1 and schema.names[:6] == METADATA
+    cases = [
+        ("SELECT * FROM dbo.orders", client.read_snapshot("dbo.orders"), ("order_id", "amount")),
+        (
+            "SELECT * FROM cdc.changes('dbo.orders', 'earliest', 'latest')",
+            client.read_changes("dbo.orders", client.initial_offset("dbo.orders")),
+            ("_start_lsn", "_seqval", "_operation", "order_id"),
+        ),
+    ]
+    for sql, expected, keyed in cases:
+        # One endpoint by default: a client that reads only the first loses nothing.
+        with connect(served) as connection, connection.cursor() as cursor:
+            partitions, _ = cursor.adbc_execute_partitions(sql)
+            assert len(partitions) == 1, sql
+        with connect(served, partitions=4) as connection, connection.cursor() as cursor:
+            partitions, schema = cursor.adbc_execute_partitions(sql)
+        assert schema.names[:6] == METADATA
+        if sql.endswith("dbo.orders"):
+            assert len(partitions) == 4, "a snapshot cut on its key"
 
         def read(partition):
             with connect(served) as other, other.cursor() as reader:
@@ -211,8 +224,10 @@ def test_partitions_are_read_in_parallel(served):
 
         with ThreadPoolExecutor(max_workers=4) as pool:
             parts = list(pool.map(read, partitions))
-    keyed = ("_start_lsn", "_seqval", "_operation", "order_id")
-    assert rows(pa.concat_tables(parts), *keyed) == rows(expected, *keyed)
+        assert rows(pa.concat_tables(parts), *keyed) == rows(expected, *keyed), sql
+    with pytest.raises(adbc_driver_manager.Error, match="partitions"):
+        with connect(served, partitions=0) as connection, connection.cursor() as cursor:
+            cursor.execute("SELECT * FROM dbo.orders")
 
 
 def test_a_prepared_statement_runs_until_closed(served):
@@ -283,7 +298,12 @@ def test_sqlalchemy_reads_through_flightsql_dbapi(served):
         changes = connection.execute(
             sqlalchemy.text("SELECT order_id FROM cdc.changes('dbo.orders', 'earliest')")
         ).fetchall()
+        snapshot = connection.execute(sqlalchemy.text("SELECT order_id FROM dbo.orders")).fetchall()
     client = mssql_cdc_flight.connect(served, token=READER_TOKEN)
     assert result[0][0] == client.action("max_lsn")["lsn"]
     expected = client.read_changes("dbo.orders", client.initial_offset("dbo.orders"))
     assert len(changes) == expected.num_rows > 0
+    # A row is a tuple of the metadata columns, then order_id, then the snapshot's _chunk.
+    assert sorted(row[6] for row in snapshot) == sorted(
+        client.read_snapshot("dbo.orders").column("order_id").to_pylist()
+    )

@@ -43,10 +43,32 @@ pub use statement::{ChangesQuery, Function, KeyRange, MAX_SQL_BYTES, Point, Stat
 /// The prefix of every Flight SQL message's type URL.
 const TYPE_URL_PREFIX: &str = "type.googleapis.com/arrow.flight.protocol.sql.";
 
-/// Endpoints a whole-table read or a change range is cut into (each capture instance's
-/// range at most this many, of at least the planner's 50,000 rows each): ADBC reads them as
-/// partitions.
-const PARTITIONS: u32 = 4;
+/// The request header asking a query's plan for up to this many endpoints (a whole-table
+/// read cut on its key; each capture instance's change range, in tiles of at least the
+/// planner's 50,000 rows): ADBC reads them as partitions, in parallel.
+pub const PARTITIONS_HEADER: &str = "x-mssql-cdc-partitions";
+
+/// Endpoints a plan is cut into unless the header asks for more: one (one per capture
+/// instance of a change range). Some Flight SQL clients read only a plan's first endpoint
+/// (flightsql-dbapi, behind SQLAlchemy), and would drop the others' rows without a word.
+const DEFAULT_PARTITIONS: u32 = 1;
+
+/// The endpoints a request asks its plan for ([`PARTITIONS_HEADER`]); the planner bounds it.
+pub(super) fn partitions(metadata: &tonic::metadata::MetadataMap) -> Result<u32> {
+    let Some(value) = metadata.get(PARTITIONS_HEADER) else {
+        return Ok(DEFAULT_PARTITIONS);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "{PARTITIONS_HEADER} is a number of endpoints, 1 to {}",
+                protocol::MAX_PARTITIONS
+            ))
+        })
+}
 
 /// The Flight SQL message `bytes` hold, if they hold one; one whose body does not decode is
 /// refused as such rather than taken for a JSON command.
@@ -104,7 +126,7 @@ impl CdcFlightService {
     pub(super) async fn sql_flight_info(
         &self,
         principal: &Principal,
-        command: Command,
+        (command, partitions): (Command, u32),
         descriptor: FlightDescriptor,
     ) -> Result<FlightInfo> {
         let ticketed = |schema: &Schema, ticket: Vec<u8>| -> Result<FlightInfo> {
@@ -115,12 +137,13 @@ impl CdcFlightService {
         };
         match command {
             Command::CommandStatementQuery(query) => {
-                self.statement_info(principal, &query.query, descriptor)
+                self.statement_info(principal, &query.query, descriptor, partitions)
                     .await
             }
             Command::CommandPreparedStatementQuery(query) => {
                 let sql = handle_text(&query.prepared_statement_handle)?;
-                self.statement_info(principal, &sql, descriptor).await
+                self.statement_info(principal, &sql, descriptor, partitions)
+                    .await
             }
             command => {
                 let schema = catalog::schema(&command)?;
@@ -222,6 +245,7 @@ impl CdcFlightService {
         principal: &Principal,
         sql: &str,
         descriptor: FlightDescriptor,
+        partitions: u32,
     ) -> Result<FlightInfo> {
         match parse(sql)? {
             Statement::Snapshot { mut command, range } => {
@@ -232,14 +256,14 @@ impl CdcFlightService {
                         self.check_key(&table, &range.column).await?;
                         command.chunks = Some(vec![range.chunk()]);
                     }
-                    None => command.partitions = Some(PARTITIONS),
+                    None => command.partitions = Some(partitions),
                 }
                 let source = self.source.as_ref();
                 super::snapshot::plan(source, &self.signer, &self.limits, &command, descriptor)
                     .await
             }
             Statement::Changes(query) => {
-                let command = self.changes_command(principal, &query).await?;
+                let command = self.changes_command(principal, &query, partitions).await?;
                 self.changes_info(&command, descriptor).await
             }
             Statement::Function(function) => {
@@ -277,7 +301,7 @@ impl CdcFlightService {
             }
             Statement::Changes(query) => (
                 query.table.parse::<TableName>()?,
-                protocol::Command::Changes(query.command(Lsn::ZERO, None, PARTITIONS)),
+                protocol::Command::Changes(query.command(Lsn::ZERO, None, DEFAULT_PARTITIONS)),
             ),
             Statement::Function(function) => {
                 if let Some(table) = function.table() {
@@ -313,6 +337,7 @@ impl CdcFlightService {
         &self,
         principal: &Principal,
         query: &statement::ChangesQuery,
+        partitions: u32,
     ) -> Result<ChangesCommand> {
         let table: TableName = query.table.parse()?;
         principal.check(&table)?;
@@ -362,7 +387,7 @@ impl CdcFlightService {
             });
             to = Some(self.answer_lsn(principal, "latest_offset", body).await?);
         }
-        Ok(query.command(from, to, PARTITIONS))
+        Ok(query.command(from, to, partitions))
     }
 
     /// The LSN a planning call answers (`lsn` of its JSON).
