@@ -15,6 +15,8 @@ same machine load; each read is timed from its plan to its last row:
 - **SQL, ADBC**: the ADBC Flight SQL driver's `execute` and `fetch_arrow_table` of the same
   statement (what a Flight SQL user gets).
 
+Both SQL ways ask for 4 partitions with the `x-mssql-cdc-partitions` header, as ours does.
+
 Every read must return every row of the range. Printed: each way's median rows/s, every
 read, and each SQL way's median divided by ours (issue 56 asks 0.9 or better).
 """
@@ -66,8 +68,12 @@ def ours(client: flight.FlightClient, start: str) -> int:
     return read_endpoints(client, info)
 
 
+PARTITIONS = [(b"x-mssql-cdc-partitions", b"4")]
+
+
 def sql_pyarrow(client: flight.FlightClient, sql: str) -> int:
-    info = client.get_flight_info(flight.FlightDescriptor.for_command(statement_query(sql)))
+    descriptor = flight.FlightDescriptor.for_command(statement_query(sql))
+    info = client.get_flight_info(descriptor, flight.FlightCallOptions(headers=PARTITIONS))
     return read_endpoints(client, info)
 
 
@@ -93,7 +99,8 @@ def main() -> None:
         expected = ours(client, start)
         assert expected >= args.rows, (expected, args.rows)
         # One connection each, opened before the rounds, as a user keeps one.
-        connection = adbc.connect(url, autocommit=True)
+        header = "adbc.flight.sql.rpc.call_header.x-mssql-cdc-partitions"
+        connection = adbc.connect(url, db_kwargs={header: "4"}, autocommit=True)
         cursor = connection.cursor()
         ways = {
             "ours": lambda: ours(client, start),
