@@ -1,5 +1,6 @@
 """Fixtures shared by the Python tests: the real server binary over a simulated database."""
 
+import hashlib
 import json
 import os
 import socket
@@ -93,6 +94,20 @@ def database(tmp_path_factory):
         str(journal),
     )
     return directory, journal
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def tokens_file(path: Path, principals: dict[str, tuple[list[str], str]]) -> Path:
+    """A tokens file at `path` of principals `{name: (tables, token)}`."""
+    entries = [
+        {"name": name, "tables": tables, "token_sha256": sha256(token)}
+        for name, (tables, token) in principals.items()
+    ]
+    path.write_text(json.dumps({"principals": entries}))
+    return path
 
 
 def free_port() -> int:

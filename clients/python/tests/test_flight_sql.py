@@ -5,8 +5,6 @@ Flight SQL driver (a compiled Go driver), DuckDB over its results, and SQLAlchem
 Two principals in a tokens file: `reader` reads every table, `analyst` only dbo.customers.
 """
 
-import hashlib
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import adbc_driver_flightsql.dbapi as adbc
@@ -15,17 +13,13 @@ import duckdb
 import pyarrow as pa
 import pytest
 import sqlalchemy
-from conftest import start_server, stop_server, workload_database
+from conftest import start_server, stop_server, tokens_file, workload_database
 
 import mssql_cdc_flight
 
 READER_TOKEN = "reader-token-0123456789abcdef"
 ANALYST_TOKEN = "analyst-token-0123456789abcdef"
 METADATA = ["_capture_instance", "_start_lsn", "_seqval", "_operation", "_command_id", "_commit_ts"]
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -42,20 +36,9 @@ def served(tmp_path_factory):
         "--max-rows-per-statement",
         "4",
     )
-    tokens = directory.parent / "tokens.json"
-    tokens.write_text(
-        json.dumps(
-            {
-                "principals": [
-                    {"name": "reader", "tables": ["*"], "token_sha256": sha256(READER_TOKEN)},
-                    {
-                        "name": "analyst",
-                        "tables": ["dbo.customers"],
-                        "token_sha256": sha256(ANALYST_TOKEN),
-                    },
-                ]
-            }
-        )
+    tokens = tokens_file(
+        directory.parent / "tokens.json",
+        {"reader": (["*"], READER_TOKEN), "analyst": (["dbo.customers"], ANALYST_TOKEN)},
     )
     process, url = start_server(directory, "--tokens-file", str(tokens))
     yield url

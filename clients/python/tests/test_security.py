@@ -3,7 +3,6 @@
 Two principals in a tokens file: `writer` reads every table, `analyst` only dbo.customers.
 """
 
-import hashlib
 import json
 import subprocess
 import threading
@@ -12,35 +11,20 @@ import time
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from conftest import binary, run, start_server, stop_server
+from conftest import binary, run, sha256, start_server, stop_server, tokens_file
 from test_pyarrow_flight import action, read_endpoint
 
 WRITER_TOKEN = "writer-token-0123456789"
 ANALYST_TOKEN = "analyst-token-0123456789"
 
 
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
     directory = tmp_path_factory.mktemp("secured") / "db"
     run("sim", "init", str(directory), "--customers", "20", "--orders", "50")
-    tokens = directory.parent / "tokens.json"
-    tokens.write_text(
-        json.dumps(
-            {
-                "principals": [
-                    {"name": "writer", "tables": ["*"], "token_sha256": sha256(WRITER_TOKEN)},
-                    {
-                        "name": "analyst",
-                        "tables": ["dbo.cust*"],
-                        "token_sha256": sha256(ANALYST_TOKEN),
-                    },
-                ]
-            }
-        )
+    tokens = tokens_file(
+        directory.parent / "tokens.json",
+        {"writer": (["*"], WRITER_TOKEN), "analyst": (["dbo.cust*"], ANALYST_TOKEN)},
     )
     process, url = start_server(directory, "--tokens-file", str(tokens))
     yield url
