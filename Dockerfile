@@ -6,9 +6,11 @@
 #   docker run -p 50051:50051 -v ./secrets:/run/secrets:ro mssql-cdc-flight
 #
 # The server reads its source from /run/secrets/cdc-source (a SQL Server URL or connection
-# string) and its principals from /run/secrets/tokens.json (docs/security.md): it listens on
-# 0.0.0.0, where authentication is required. deploy/compose.yml runs SQL Server, the server
-# and the writer together.
+# string), its principals from /run/secrets/tokens.json and its TLS certificate and key from
+# /run/secrets/tls.crt and tls.key (docs/security.md): it listens on 0.0.0.0, where
+# authentication and TLS are required. The certificate names `localhost` for the health check
+# (which trusts /run/secrets/ca.crt), and the names clients use. deploy/compose.yml runs SQL
+# Server, the server and the writer together.
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
@@ -52,16 +54,25 @@ RUN apt-get update \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin cdc
 COPY --from=build /out/mssql-cdc-flight /out/mssql-cdc-writer /usr/local/bin/
 USER 10001:10001
-# Paths of the secrets, not secrets: the files are mounted at run time.
+# Paths of the secrets, not secrets: the files are mounted at run time. The CA serves the
+# HEALTHCHECK (`health` asks MSSQL_CDC_FLIGHT_URL) and the writer, which verifies an
+# https:// server against it; the URL is also the default `--server` of the binaries' one-off
+# commands. Behind a mesh that encrypts for it: -e MSSQL_CDC_FLIGHT_TLS_CERT= -e
+# MSSQL_CDC_FLIGHT_TLS_KEY= -e MSSQL_CDC_FLIGHT_URL=http://127.0.0.1:50051, and serve
+# --insecure-no-tls.
 # hadolint ignore=DL3064
 ENV MSSQL_CDC_FLIGHT_LISTEN=0.0.0.0:50051 \
     MSSQL_CDC_FLIGHT_SOURCE_FILE=/run/secrets/cdc-source \
     MSSQL_CDC_FLIGHT_TOKENS_FILE=/run/secrets/tokens.json \
+    MSSQL_CDC_FLIGHT_TLS_CERT=/run/secrets/tls.crt \
+    MSSQL_CDC_FLIGHT_TLS_KEY=/run/secrets/tls.key \
+    MSSQL_CDC_FLIGHT_TLS_CA=/run/secrets/ca.crt \
+    MSSQL_CDC_FLIGHT_URL=https://localhost:50051 \
     RUST_LOG=info
 # 50051: the server; 8088: a writer sidecar's status page and probes (status_listen).
 EXPOSE 50051 8088
 HEALTHCHECK --interval=15s --timeout=6s --start-period=20s --retries=3 \
-    CMD ["mssql-cdc-flight", "health", "--server", "http://127.0.0.1:50051"]
+    CMD ["mssql-cdc-flight", "health"]
 LABEL org.opencontainers.image.title="mssql-cdc-flight" \
       org.opencontainers.image.description="SQL Server change data capture as Arrow Flight streams, and the writer that lands them in Delta Lake" \
       org.opencontainers.image.licenses="Apache-2.0" \

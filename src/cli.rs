@@ -85,7 +85,8 @@ pub struct ServeArgs {
     pub listen: String,
     #[command(flatten)]
     pub key: TicketKeyArgs,
-    /// PEM certificate chain for TLS (with --tls-key); plaintext without.
+    /// PEM certificate chain for TLS (with --tls-key); plaintext without, which only a
+    /// loopback address or --insecure-no-tls allows.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for TLS.
@@ -108,6 +109,11 @@ pub struct ServeArgs {
     /// reads every table). Refused without this flag.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
+    /// Serve a non-loopback address without TLS (tokens and rows cross the network in
+    /// cleartext: only where something else encrypts the path, a mesh's mutual TLS say).
+    /// Refused without this flag or --tls-cert.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_INSECURE_NO_TLS")]
+    pub insecure_no_tls: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics (docs/operations.md); none without.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,

@@ -111,7 +111,11 @@ fn tls_of(ca: Option<&std::path::Path>) -> anyhow::Result<Option<ClientTls>> {
 
 /// `read`: the example client over plaintext or TLS.
 pub async fn read(args: ReadArgs) -> anyhow::Result<()> {
-    let tls = tls_of(args.tls_ca.as_deref())?;
+    // Only an https:// address is TLS; a CA given with an http:// one would not encrypt it.
+    let tls = match mssql_cdc_proto::client::is_https_url(&args.server) {
+        true => tls_of(args.tls_ca.as_deref())?,
+        false => None,
+    };
     let mut client = CdcClient::connect_with(&args.server, tls.as_ref()).await?;
     if let Some(token) = &args.token {
         client = client.with_token(token)?;
@@ -149,7 +153,12 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 /// `health`: the server's gRPC health for the Flight service; an error unless SERVING.
 pub async fn health(args: HealthArgs) -> anyhow::Result<()> {
     use tonic_health::pb::health_check_response::ServingStatus;
-    let tls = tls_of(args.tls_ca.as_deref())?;
+    // The image sets the CA for its own server; an `http://` address (a sidecar's admin
+    // service on loopback) is asked without it.
+    let tls = match mssql_cdc_proto::client::is_https_url(&args.server) {
+        true => tls_of(args.tls_ca.as_deref())?,
+        false => None,
+    };
     let endpoint = CdcClient::endpoint(&args.server, tls.as_ref())?
         .timeout(Duration::from_secs_f64(args.timeout))
         .connect_timeout(Duration::from_secs_f64(args.timeout));
@@ -189,10 +198,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let signer = args.key.signer()?;
     let read =
         |path: &PathBuf| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
-    let tls = match (&args.tls_cert, &args.tls_key) {
+    // An empty path is no path: the image's variables, emptied, serve without TLS.
+    let given = |path: &Option<PathBuf>| path.clone().filter(|path| !path.as_os_str().is_empty());
+    let tls = match (given(&args.tls_cert), given(&args.tls_key)) {
         (Some(cert), Some(key)) => Some(TlsIdentity {
-            certificate: read(cert)?,
-            key: read(key)?,
+            certificate: read(&cert)?,
+            key: read(&key)?,
             client_ca: args.tls_client_ca.as_ref().map(read).transpose()?,
         }),
         _ => None,
@@ -213,6 +224,18 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         tracing::warn!(listen = %args.listen,
             "serving without authentication (--insecure-no-auth): anyone who reaches the port reads every table");
+    }
+    if tls.is_none() && !loopback {
+        if !args.insecure_no_tls {
+            bail!(
+                "refusing to serve {} without TLS: bearer tokens and rows would cross the \
+                 network in cleartext; give --tls-cert and --tls-key (docs/security.md) or, \
+                 where something else encrypts the path, --insecure-no-tls",
+                args.listen
+            );
+        }
+        tracing::warn!(listen = %args.listen,
+            "serving without TLS (--insecure-no-tls): tokens and rows cross the network in cleartext");
     }
     if !loopback && signer.is_random() {
         tracing::warn!(

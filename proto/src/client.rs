@@ -158,6 +158,35 @@ pub struct CdcClient {
     inner: FlightServiceClient<Channel>,
     /// `Bearer <token>`, sent on every call when set; never printed.
     authorization: Option<MetadataValue<Ascii>>,
+    /// The URL, when it is cleartext (`http://`) to a host off loopback: no token is sent
+    /// there ([`CdcClient::with_token`]).
+    cleartext_remote: Option<String>,
+}
+
+/// Set to `1` to let a client send its bearer token over `http://` to a host off loopback,
+/// where something else encrypts the path (a service mesh's mutual TLS); refused otherwise.
+pub const INSECURE_CLEARTEXT_TOKEN_VARIABLE: &str = "MSSQL_CDC_FLIGHT_INSECURE_CLEARTEXT_TOKEN";
+
+/// Whether `url`'s scheme is `https` (in any case).
+pub fn is_https_url(url: &str) -> bool {
+    url.get(..8)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
+}
+
+/// Whether `url` names this machine: `localhost` or a loopback address (no name is
+/// resolved, so any other name counts as remote; a user part before `@` is not the host).
+pub fn is_loopback_url(url: &str) -> bool {
+    let Ok(uri) = url.parse::<tonic::codegen::http::Uri>() else {
+        return false;
+    };
+    let Some(host) = uri.host() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|address| address.is_loopback())
 }
 
 /// A plan of a change range.
@@ -247,10 +276,18 @@ impl CdcClient {
                 url: url.to_string(),
                 message: error.to_string(),
             })?;
-        Ok(CdcClient {
+        Ok(Self::over(url, channel))
+    }
+
+    /// A client of `url` over `channel`. Only the scheme says whether the channel is TLS:
+    /// tonic connects to an `http://` URL in cleartext whatever TLS settings it was given.
+    fn over(url: &str, channel: Channel) -> Self {
+        let cleartext = !is_https_url(url);
+        CdcClient {
             inner: FlightServiceClient::new(channel).max_decoding_message_size(256 << 20),
             authorization: None,
-        })
+            cleartext_remote: (cleartext && !is_loopback_url(url)).then(|| url.to_string()),
+        }
     }
 
     /// The endpoint of `url`; with `tls`, trusting its CA, verifying its domain and presenting
@@ -343,8 +380,22 @@ impl CdcClient {
         }
     }
 
-    /// This client sending `token` as `authorization: Bearer` on every call.
+    /// This client sending `token` as `authorization: Bearer` on every call; refused over
+    /// `http://` to a host off loopback (anyone on the path would read the token) unless
+    /// [`INSECURE_CLEARTEXT_TOKEN_VARIABLE`] is `1`.
     pub fn with_token(mut self, token: &str) -> ClientResult<Self> {
+        if let Some(url) = &self.cleartext_remote
+            && std::env::var(INSECURE_CLEARTEXT_TOKEN_VARIABLE).as_deref() != Ok("1")
+        {
+            return Err(ClientError::Setting {
+                url: url.clone(),
+                message: format!(
+                    "refusing to send a bearer token in cleartext to a host off loopback: use \
+                     https:// (with {TLS_CA_VARIABLE}) or, where something else encrypts the \
+                     path, set {INSECURE_CLEARTEXT_TOKEN_VARIABLE}=1"
+                ),
+            });
+        }
         let mut value: MetadataValue<Ascii> = format!("Bearer {token}")
             .parse()
             .map_err(|_| ClientError::Protocol("the token is not valid header text".into()))?;
@@ -556,6 +607,68 @@ impl EndpointReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_token_is_sent_in_cleartext_only_to_loopback() {
+        let client = |url: &str| {
+            let channel = Endpoint::from_shared(url.to_string())
+                .expect("a url")
+                .connect_lazy();
+            CdcClient::over(url, channel)
+        };
+        // A CA given with an http:// URL does not make it TLS: only the scheme does.
+        for url in [
+            "http://flight:50051",
+            "http://localhost@flight:50051",
+            "http://127.0.0.1.example.com:1",
+        ] {
+            let refused = client(url)
+                .with_token("a-token-of-sixteen-chars")
+                .err()
+                .expect("refused off loopback");
+            assert!(
+                refused
+                    .to_string()
+                    .contains(INSECURE_CLEARTEXT_TOKEN_VARIABLE),
+                "{url}: {refused}"
+            );
+        }
+        for url in [
+            "http://127.0.0.1:50051",
+            "http://localhost:50051",
+            "https://flight:50051",
+            "HTTPS://flight:50051",
+        ] {
+            assert!(
+                client(url).with_token("a-token-of-sixteen-chars").is_ok(),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_localhost_and_loopback_addresses_are_loopback_urls() {
+        for url in [
+            "http://127.0.0.1:50051",
+            "http://localhost:1",
+            "http://LOCALHOST:1",
+            "http://[::1]:50051",
+            "http://127.3.2.1:9",
+        ] {
+            assert!(is_loopback_url(url), "{url}");
+        }
+        for url in [
+            "http://flight:50051",
+            "http://10.0.0.1:50051",
+            "http://localhost.example.com:1",
+            "http://[::2]:1",
+            "http://localhost@evil.example.com:1",
+            "http://127.0.0.1:1@evil.example.com",
+            "not a url",
+        ] {
+            assert!(!is_loopback_url(url), "{url}");
+        }
+    }
     use crate::error::Error;
     use crate::status::to_status;
 

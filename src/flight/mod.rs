@@ -68,6 +68,9 @@ use ticket::{ChangeRangeTicket, TicketBody, TicketColumn, TicketKind, TicketSign
 const REQUEST_STREAM_WINDOW: u32 = 1 << 20;
 const REQUEST_CONNECTION_WINDOW: u32 = 2 << 20;
 
+/// How long a TLS handshake may take before the connection is dropped.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How often health asks the source whether it answers, by default.
 pub const HEALTH_PROBE_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -148,9 +151,14 @@ pub async fn serve(
         .http2_keepalive_timeout(Some(limits.keepalive_timeout));
     if let Some(identity) = tls {
         crate::install_crypto_provider();
-        let mut config = tonic::transport::ServerTlsConfig::new().identity(
-            tonic::transport::Identity::from_pem(identity.certificate, identity.key),
-        );
+        // A peer that never finishes its handshake is dropped instead of holding its
+        // connection.
+        let mut config = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(
+                identity.certificate,
+                identity.key,
+            ))
+            .timeout(TLS_HANDSHAKE_TIMEOUT);
         if let Some(ca) = identity.client_ca {
             config = config.client_ca_root(tonic::transport::Certificate::from_pem(ca));
         }

@@ -438,6 +438,22 @@ mod tests {
     }
 
     #[test]
+    fn every_form_encrypts_the_whole_session_unless_told_otherwise() {
+        // No `Encrypt=` in an ADO.NET string and no `encrypt` in a URL: tiberius' Required
+        // (TLS for the whole session, issue 54), not Off (which encrypts the login only).
+        for text in [
+            "Server=tcp:db,1433;Database=sales;User Id=u;Password=p",
+            "mssql://u:p@db/sales",
+        ] {
+            let config = SqlServerConfig::parse(text).expect("parses");
+            let shown = format!("{:?}", config.tiberius);
+            assert!(shown.contains("encryption: Required"), "{text}: {shown}");
+        }
+        let off = SqlServerConfig::parse("mssql://u:p@db/sales?encrypt=false").expect("parses");
+        assert!(format!("{:?}", off.tiberius).contains("encryption: Off"));
+    }
+
+    #[test]
     fn the_password_never_shows() {
         let config = SqlServerConfig::parse("mssql://reader:hunter2@localhost/db").expect("parses");
         let shown = format!("{config:?} {}", config.describe());

@@ -102,6 +102,16 @@ def test_the_runtime_is_non_root_with_a_healthcheck_the_server_answers(tmp_path)
     assert users and users[-1].split(":")[0] not in ("0", "root"), users
     health = [i["value"] for i in runtime if i["instruction"] == "HEALTHCHECK"]
     assert len(health) == 1 and "mssql-cdc-flight" in health[0] and '"health"' in health[0]
+    # Off loopback the server needs TLS: the image names its certificate, and its health
+    # check asks https:// trusting the CA (test_security runs that way against the binary).
+    environment = " ".join(i["value"] for i in runtime if i["instruction"] == "ENV")
+    for setting in [
+        "MSSQL_CDC_FLIGHT_TLS_CERT=/run/secrets/tls.crt",
+        "MSSQL_CDC_FLIGHT_TLS_KEY=/run/secrets/tls.key",
+        "MSSQL_CDC_FLIGHT_TLS_CA=/run/secrets/ca.crt",
+        "MSSQL_CDC_FLIGHT_URL=https://localhost:50051",
+    ]:
+        assert setting in environment, setting
     labels = " ".join(i["value"] for i in runtime if i["instruction"] == "LABEL")
     assert "org.opencontainers.image.title" in labels
     # The HEALTHCHECK's command: SERVING against a real server, an error against nothing.
@@ -134,7 +144,7 @@ def test_the_compose_file_and_the_ci_workflow():
                 path = (ROOT / "deploy" / source).resolve()
                 assert path.exists() or source == "./secrets", f"{volume}: missing"
     sidecar = (ROOT / "deploy" / "sidecar.toml").read_text()
-    assert 'server = "http://flight:50051"' in sidecar
+    assert 'server = "https://flight:50051"' in sidecar
     # The writer's health is its sidecar's (the image's HEALTHCHECK asks a Flight server), on
     # the admin port the sidecar file binds; its status page off loopback has a token.
     writer_health = compose["services"]["writer"]["healthcheck"]["test"]

@@ -4,6 +4,7 @@ Two principals in a tokens file: `writer` reads every table, `analyst` only dbo.
 """
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -11,7 +12,7 @@ import time
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from conftest import binary, run, sha256, start_server, stop_server, tokens_file
+from conftest import ROOT, binary, run, sha256, start_server, stop_server, tokens_file
 from test_pyarrow_flight import action, read_endpoint
 
 WRITER_TOKEN = "writer-token-0123456789"
@@ -136,6 +137,111 @@ def test_a_non_loopback_listen_without_authentication_is_refused(tmp_path):
     )
     assert done.returncode != 0
     assert "--insecure-no-auth" in done.stderr and "--tokens-file" in done.stderr
+
+
+def the_recipes_certificate(directory):
+    """Runs docs/security.md's certificate recipe in `directory`: its secrets/ (tls.crt,
+    tls.key, ca.crt)."""
+    text = (ROOT / "docs" / "security.md").read_text()
+    section = text[text.index("## TLS by default") :]
+    recipe = re.search(r"```sh\n(.*?)```", section, flags=re.DOTALL).group(1)
+    subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", recipe],
+        cwd=directory,
+        check=True,
+        capture_output=True,
+    )
+    return directory / "secrets"
+
+
+def serve_everywhere(directory, *flags: str):
+    """`serve` on 0.0.0.0 (a port of its choosing) with `flags`: the process and its port,
+    or the finished process when it refused to start."""
+    process = subprocess.Popen(
+        [binary(), "serve", "--source", f"sim:{directory}", "--listen", "0.0.0.0:0", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = process.stdout.readline()
+    if not line.startswith("listening on "):
+        process.wait(timeout=60)
+        return process, None
+    return process, line.split()[-1].rsplit(":", 1)[1]
+
+
+def test_a_non_loopback_listen_without_tls_is_refused_unless_insecure_is_said(tmp_path):
+    """Attack: read tokens and rows off the wire of a server that serves h2c to the network."""
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "0", "--orders", "1")
+    tokens = tokens_file(tmp_path / "tokens.json", {"writer": (["*"], WRITER_TOKEN)})
+    refused, port = serve_everywhere(directory, "--tokens-file", str(tokens))
+    assert port is None and refused.returncode != 0
+    stderr = refused.stderr.read()
+    assert "without TLS" in stderr and "--insecure-no-tls" in stderr, stderr
+    # Said out loud, it serves, and says so on every start.
+    process, port = serve_everywhere(directory, "--tokens-file", str(tokens), "--insecure-no-tls")
+    try:
+        assert port is not None
+        client = flight.FlightClient(f"grpc://127.0.0.1:{port}")
+        assert list(client.list_flights(options=bearer(WRITER_TOKEN)))
+    finally:
+        process.terminate()
+        stderr = process.stderr.read()
+        process.wait(timeout=30)
+    assert "cleartext" in stderr, stderr
+
+
+def test_the_images_way_tls_off_loopback_and_its_health_check(tmp_path):
+    """The image's settings: 0.0.0.0 with tokens and TLS from docs/security.md's recipe; its
+    HEALTHCHECK (`health` with the image's environment) asks https://localhost trusting the
+    recipe's CA, and gets SERVING; a client of the CA reads."""
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "0", "--orders", "1")
+    tokens = tokens_file(tmp_path / "tokens.json", {"writer": (["*"], WRITER_TOKEN)})
+    secrets = the_recipes_certificate(tmp_path)
+    process, port = serve_everywhere(
+        directory,
+        "--tokens-file",
+        str(tokens),
+        "--tls-cert",
+        str(secrets / "tls.crt"),
+        "--tls-key",
+        str(secrets / "tls.key"),
+    )
+    try:
+        assert port is not None, process.stderr.read()
+        environment = {
+            "PATH": "/usr/bin:/bin",
+            "MSSQL_CDC_FLIGHT_URL": f"https://localhost:{port}",
+            "MSSQL_CDC_FLIGHT_TLS_CA": str(secrets / "ca.crt"),
+        }
+        health = subprocess.run(
+            [binary(), "health"], env=environment, capture_output=True, text=True, timeout=60
+        )
+        assert health.returncode == 0 and health.stdout.strip() == "SERVING", health
+        client = flight.FlightClient(
+            f"grpc+tls://localhost:{port}", tls_root_certs=(secrets / "ca.crt").read_bytes()
+        )
+        assert list(client.list_flights(options=bearer(WRITER_TOKEN)))
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_the_client_refuses_to_send_a_token_in_cleartext_off_loopback(monkeypatch):
+    """Attack: a client pointed at grpc://host would hand its token to anyone on the path."""
+    import mssql_cdc_flight
+
+    for url in ["grpc://flight.example.com:50051", "grpc://10.1.2.3:50051"]:
+        with pytest.raises(ValueError, match="cleartext"):
+            mssql_cdc_flight.connect(url, token=WRITER_TOKEN)
+    # Loopback, TLS, or no token at all are fine; so is the explicit override.
+    mssql_cdc_flight.connect("grpc://127.0.0.1:50051", token=WRITER_TOKEN).close()
+    mssql_cdc_flight.connect("grpc://flight.example.com:50051").close()
+    mssql_cdc_flight.connect("grpc+tls://flight.example.com:50051", token=WRITER_TOKEN).close()
+    monkeypatch.setenv("MSSQL_CDC_FLIGHT_INSECURE_CLEARTEXT_TOKEN", "1")
+    mssql_cdc_flight.connect("grpc://flight.example.com:50051", token=WRITER_TOKEN).close()
 
 
 def test_the_unauthenticated_server_still_answers_actions_on_loopback(tmp_path):

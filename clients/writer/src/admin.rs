@@ -219,8 +219,23 @@ async fn connect(url: &str, access: &AdminAccess) -> Result<AdminClient> {
     let unreachable = |error: &dyn std::fmt::Display| {
         WriterError::Internal(format!("cannot reach the admin service at {url}: {error}"))
     };
+    let https = mssql_cdc_proto::client::is_https_url(url);
+    if access.token.is_some()
+        && !https
+        && !mssql_cdc_proto::client::is_loopback_url(url)
+        && std::env::var(mssql_cdc_proto::client::INSECURE_CLEARTEXT_TOKEN_VARIABLE).as_deref()
+            != Ok("1")
+    {
+        return Err(WriterError::invalid(format!(
+            "refusing to send the admin token in cleartext to {url}, a host off loopback: use \
+             https:// with the admin service's CA or, where something else encrypts the path, \
+             set {}=1",
+            mssql_cdc_proto::client::INSECURE_CLEARTEXT_TOKEN_VARIABLE
+        )));
+    }
     let mut endpoint = Endpoint::from_shared(url.to_string()).map_err(|e| unreachable(&e))?;
-    if let Some(ca) = &access.ca_certificate {
+    // Only an https:// address is TLS: tonic ignores TLS settings on an http:// one.
+    if let Some(ca) = access.ca_certificate.as_ref().filter(|_| https) {
         mssql_cdc_proto::install_crypto_provider();
         endpoint = endpoint
             .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))

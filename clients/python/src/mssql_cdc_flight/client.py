@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +23,39 @@ from .errors import (
 from .offset import Offset
 
 OffsetLike = Offset | dict | str
+
+#: Set to ``1`` to let a client send its bearer token over ``grpc://`` to a host off loopback,
+#: where something else encrypts the path (a service mesh's mutual TLS); refused otherwise.
+INSECURE_CLEARTEXT_TOKEN_VARIABLE = "MSSQL_CDC_FLIGHT_INSECURE_CLEARTEXT_TOKEN"
+
+
+def _is_loopback(url: str) -> bool:
+    """Whether ``url`` names this machine: ``localhost`` or a loopback address (no name is
+    resolved, so any other name counts as remote; a URL with a user part is remote too, as
+    Arrow takes what follows ``@`` for the host)."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" in parts.netloc or parts.hostname is None:
+        return False
+    if parts.hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(parts.hostname).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_cleartext(url: str, token: str | None) -> None:
+    """Refuses to send ``token`` in cleartext to a host off loopback."""
+    cleartext = url.lower().startswith(("grpc://", "grpc+tcp://", "http://"))
+    if not token or not cleartext or _is_loopback(url):
+        return
+    if os.environ.get(INSECURE_CLEARTEXT_TOKEN_VARIABLE) == "1":
+        return
+    raise ValueError(
+        f"refusing to send a bearer token in cleartext to {url}, a host off loopback: use "
+        f"grpc+tls:// with tls_ca or, where something else encrypts the path, set "
+        f"{INSECURE_CLEARTEXT_TOKEN_VARIABLE}=1"
+    )
 
 
 @dataclass(frozen=True)
@@ -75,6 +111,7 @@ class Client:
         cert_chain: bytes | None = None,
         private_key: bytes | None = None,
     ) -> None:
+        _check_cleartext(url, token)
         self.url = url
         kwargs: dict[str, Any] = {"middleware": [DetailsMiddlewareFactory()]}
         if tls_ca is not None:
@@ -313,7 +350,9 @@ def connect(
 ) -> Client:
     """Connects to a server: ``grpc://host:port``, or ``grpc+tls://host:port`` verified
     against ``tls_ca`` (PEM bytes, or a path to a PEM file); ``token`` is a bearer token of
-    the server's tokens file; ``cert_chain`` and ``private_key`` (PEM) for mutual TLS."""
+    the server's tokens file, sent in cleartext only to loopback (``ValueError`` otherwise,
+    unless ``MSSQL_CDC_FLIGHT_INSECURE_CLEARTEXT_TOKEN=1``); ``cert_chain`` and
+    ``private_key`` (PEM) for mutual TLS."""
     if isinstance(tls_ca, str):
         with open(tls_ca, "rb") as file:
             tls_ca = file.read()

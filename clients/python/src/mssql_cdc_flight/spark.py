@@ -5,11 +5,15 @@ Register it once per session, then read a change range, a snapshot, or a stream:
     from mssql_cdc_flight.spark import register
     register(spark)
     changes = (spark.read.format("mssql_cdc_flight")
-               .option("server", "grpc://cdc-flight:50051").option("table", "dbo.orders")
+               .option("server", "grpc+tls://cdc-flight:50051").option("table", "dbo.orders")
                .load())
     stream = (spark.readStream.format("mssql_cdc_flight")
-              .option("server", "grpc://cdc-flight:50051").option("table", "dbo.orders")
+              .option("server", "grpc+tls://cdc-flight:50051").option("table", "dbo.orders")
               .option("maxCommitsPerBatch", 1000).load())
+
+A token goes only over TLS (``grpc+tls://`` with the ``tlsCa`` option) or to loopback; the
+client refuses ``grpc://`` off loopback on the driver and on every executor unless
+``MSSQL_CDC_FLIGHT_INSECURE_CLEARTEXT_TOKEN=1`` is set on each.
 
 The driver plans; every Flight endpoint of the plan is one Spark input partition, read on an
 executor as Arrow record batches (no per-row Python). A partition whose stream ends without
