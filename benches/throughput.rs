@@ -6,8 +6,9 @@
 //! Rust client, and reports rows/s, MB/s (Arrow memory of the batches), (b)/(a), and the
 //! server process's peak RSS (`VmHWM`). Each path reads the range once before it is timed,
 //! so both run with a warm page cache and a warm allocator. Then (c) the same `do_get` from a
-//! second server with authentication on (a tokens file, the bearer token on every call), and
-//! the cost of authentication per call: sequential `max_lsn` actions on both servers.
+//! second server secured as off loopback (a tokens file, the bearer token on every call, TLS
+//! with a certificate for `localhost`, `--stall-timeout 60`), read in rounds alternating with
+//! (b), and the cost of authentication per call: sequential `max_lsn` actions on both servers.
 //! Then (d) P1 of issue 22: our `do_get` against a stock arrow-flight server serving the same
 //! batches from memory ([`stock_server`]), read by the same client, with 1 and 2 endpoints,
 //! in alternating rounds so both see the same machine load; the ratio is of the medians.
@@ -23,7 +24,7 @@ use std::time::Instant;
 use arrow::record_batch::RecordBatch;
 use arrow_flight::Ticket;
 use futures::StreamExt;
-use mssql_cdc_flight::client::CdcClient;
+use mssql_cdc_flight::client::{CdcClient, ClientTls};
 use mssql_cdc_flight::protocol::ChangesCommand;
 use mssql_cdc_flight::sim::{Clock, SimDb, sample};
 use mssql_cdc_flight::source::{BatchBytes, CdcSource, ChangeRead, TableName};
@@ -138,8 +139,29 @@ fn tokens_file(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
     Ok(path)
 }
 
+/// The secured server's TLS: a self-signed certificate for `localhost` (PEM files in `dir`)
+/// and what a client trusts it by.
+fn tls_files(dir: &Path) -> anyhow::Result<(std::path::PathBuf, std::path::PathBuf, ClientTls)> {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;
+    let (certificate, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&certificate, certified.cert.pem())?;
+    std::fs::write(&key, certified.signing_key.serialize_pem())?;
+    let trust = ClientTls {
+        ca_certificate: certified.cert.pem().into_bytes(),
+        domain: None,
+        identity: None,
+    };
+    Ok((certificate, key, trust))
+}
+
 impl Server {
-    fn start(dir: &Path, tokens: Option<&Path>) -> anyhow::Result<Self> {
+    /// The server over `dir`; with `tokens`, authenticated, and with `tls` (certificate and
+    /// key files), over TLS with a stall timeout, as a server off loopback runs.
+    fn start(
+        dir: &Path,
+        tokens: Option<&Path>,
+        tls: Option<(&Path, &Path)>,
+    ) -> anyhow::Result<Self> {
         let mut args = vec![
             "serve".to_string(),
             "--source".into(),
@@ -150,9 +172,29 @@ impl Server {
         if let Some(tokens) = tokens {
             args.extend(["--tokens-file".into(), tokens.display().to_string()]);
         }
+        if let Some((certificate, key)) = tls {
+            args.extend([
+                "--tls-cert".into(),
+                certificate.display().to_string(),
+                "--tls-key".into(),
+                key.display().to_string(),
+                "--stall-timeout".into(),
+                "60".into(),
+            ]);
+        }
         let mut command = Command::new(env!("CARGO_BIN_EXE_mssql-cdc-flight"));
         command.args(&args).env("RUST_LOG", "warn");
-        Self::spawn(command)
+        let mut server = Self::spawn(command)?;
+        if tls.is_some() {
+            let port = server
+                .url
+                .rsplit(':')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            server.url = format!("https://localhost:{port}");
+        }
+        Ok(server)
     }
 
     /// The stock arrow-flight server holding the whole range of `table` in memory: this
@@ -200,8 +242,21 @@ impl Drop for Server {
     }
 }
 
-async fn connect(url: &str, token: Option<&str>) -> anyhow::Result<CdcClient> {
-    let client = CdcClient::connect(url).await?;
+/// How a client reaches a server: its bearer token and the TLS it trusts.
+#[derive(Clone, Copy)]
+struct Credentials<'a> {
+    token: Option<&'a str>,
+    tls: Option<&'a ClientTls>,
+}
+
+const OPEN: Credentials<'static> = Credentials {
+    token: None,
+    tls: None,
+};
+
+async fn connect(url: &str, credentials: Credentials<'_>) -> anyhow::Result<CdcClient> {
+    let client = CdcClient::connect_with(url, credentials.tls).await?;
+    let token = credentials.token;
     Ok(match token {
         Some(token) => client.with_token(token)?,
         None => client,
@@ -209,8 +264,12 @@ async fn connect(url: &str, token: Option<&str>) -> anyhow::Result<CdcClient> {
 }
 
 /// Microseconds per call of `calls` sequential `max_lsn` actions.
-async fn micros_per_call(url: &str, token: Option<&str>, calls: u32) -> anyhow::Result<f64> {
-    let client = connect(url, token).await?;
+async fn micros_per_call(
+    url: &str,
+    credentials: Credentials<'_>,
+    calls: u32,
+) -> anyhow::Result<f64> {
+    let client = connect(url, credentials).await?;
     let body = serde_json::json!({});
     for _ in 0..100 {
         client.action::<serde_json::Value>("max_lsn", &body).await?;
@@ -228,9 +287,9 @@ async fn read_through_flight(
     url: &str,
     table: &TableName,
     partitions: u32,
-    token: Option<&str>,
+    credentials: Credentials<'_>,
 ) -> anyhow::Result<Measure> {
-    let client = connect(url, token).await?;
+    let client = connect(url, credentials).await?;
     let instances: Vec<serde_json::Value> = client
         .action(
             "capture_instances",
@@ -253,7 +312,7 @@ async fn read_through_flight(
 
 /// Reads the stock server's batches in `shares` endpoints.
 async fn read_stock(url: &str, shares: u32) -> anyhow::Result<Measure> {
-    let client = connect(url, None).await?;
+    let client = connect(url, OPEN).await?;
     let tickets = (0..shares)
         .map(|share| Ticket::new(format!("{share}/{shares}")))
         .collect();
@@ -364,10 +423,12 @@ async fn costed(
     })
 }
 
-/// Our server's and the stock one's reads with 1 and 2 endpoints, in alternating rounds.
+/// Our server's and the stock one's reads with 1 and 2 endpoints, and the secured server's
+/// with 1, in alternating rounds.
 struct Peers {
     ours: [Vec<Costed>; 2],
     stock: [Vec<Costed>; 2],
+    secured: Vec<Costed>,
 }
 
 /// The first argument that makes this binary the stock server.
@@ -412,10 +473,15 @@ fn main() -> anyhow::Result<()> {
         ),
     ];
     let tokens = tokens_file(temporary.path())?;
+    let (certificate, key, trust) = tls_files(temporary.path())?;
+    let secure = Credentials {
+        token: Some(TOKEN),
+        tls: Some(&trust),
+    };
     let mut call_costs = Vec::new();
     let mut stock_rows = Vec::new();
     println!(
-        "| table | rows | generate rows/s | (a) in-process rows/s | (a) MB/s | (b) do_get rows/s | (b) MB/s | (b)/(a) | (b) 2 partitions rows/s | server peak RSS MiB | (c) do_get with auth rows/s | (c)/(b) |"
+        "| table | rows | generate rows/s | (a) in-process rows/s | (a) MB/s | (b) do_get rows/s | (b) MB/s | (b)/(a) | (b) 2 partitions rows/s | server peak RSS MiB | (c) do_get with auth, TLS and stall timeout rows/s | (c)/(b) |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, spec, rows) in cases {
@@ -434,14 +500,16 @@ fn main() -> anyhow::Result<()> {
         } else {
             "reused".to_string()
         };
-        let (scan, served_rows, peers, rss, authenticated) = runtime.block_on(async {
+        let (scan, served_rows, peers, rss) = runtime.block_on(async {
             // Warm the page cache once so both paths read from memory.
             scan_in_process(&db, &spec.table, drop).await?;
             let scan = scan_in_process(&db, &spec.table, drop).await?;
-            let server = Server::start(&dir, None)?;
+            let server = Server::start(&dir, None, None)?;
             let stock = Server::stock(&dir, &spec.table)?;
-            // Warm both servers the same way (an allocator's first pass pays the page faults).
-            let warm = read_through_flight(&server.url, &spec.table, 1, None).await?;
+            let secured = Server::start(&dir, Some(&tokens), Some((&certificate, &key)))?;
+            // Warm the servers the same way (an allocator's first pass pays the page faults).
+            let warm = read_through_flight(&server.url, &spec.table, 1, OPEN).await?;
+            read_through_flight(&secured.url, &spec.table, 1, secure).await?;
             let warm_stock = read_stock(&stock.url, 1).await?;
             assert_eq!(
                 warm.rows, warm_stock.rows,
@@ -450,34 +518,34 @@ fn main() -> anyhow::Result<()> {
             let mut peers = Peers {
                 ours: [Vec::new(), Vec::new()],
                 stock: [Vec::new(), Vec::new()],
+                secured: Vec::new(),
             };
             for _ in 0..ROUNDS {
                 for (slot, endpoints) in [1u32, 2].into_iter().enumerate() {
-                    let ours = read_through_flight(&server.url, &spec.table, endpoints, None);
+                    let ours = read_through_flight(&server.url, &spec.table, endpoints, OPEN);
                     peers.ours[slot].push(costed(&server, ours).await?);
                     let theirs = read_stock(&stock.url, endpoints);
                     peers.stock[slot].push(costed(&stock, theirs).await?);
                 }
+                let guarded = read_through_flight(&secured.url, &spec.table, 1, secure);
+                peers.secured.push(costed(&secured, guarded).await?);
             }
             drop(stock);
             let rss = server.peak_rss_mib()?;
-            let secured = Server::start(&dir, Some(&tokens))?;
-            read_through_flight(&secured.url, &spec.table, 1, Some(TOKEN)).await?;
-            let authenticated =
-                read_through_flight(&secured.url, &spec.table, 1, Some(TOKEN)).await?;
             // Calls alternate between the two servers, so both see the same machine load.
             let mut open = Vec::new();
             let mut with_auth = Vec::new();
             for _ in 0..3 {
-                open.push(micros_per_call(&server.url, None, 2_000).await?);
-                with_auth.push(micros_per_call(&secured.url, Some(TOKEN), 2_000).await?);
+                open.push(micros_per_call(&server.url, OPEN, 2_000).await?);
+                with_auth.push(micros_per_call(&secured.url, secure, 2_000).await?);
             }
             call_costs.push((name, open, with_auth));
-            anyhow::Ok((scan, warm.rows, peers, rss, authenticated))
+            anyhow::Ok((scan, warm.rows, peers, rss))
         })?;
         assert_eq!(scan.rows, served_rows, "both paths read the same rows");
         let flight = median(&rates(&peers.ours[0]));
         let flight_two = median(&rates(&peers.ours[1]));
+        let secured = median(&rates(&peers.secured));
         println!(
             "| {name} | {} | {generated} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} |",
             scan.rows,
@@ -488,14 +556,14 @@ fn main() -> anyhow::Result<()> {
             flight / scan.rows_per_second(),
             flight_two,
             rss,
-            authenticated.rows_per_second(),
-            authenticated.rows_per_second() / flight,
+            secured,
+            secured / flight,
         );
         stock_rows.push((name, peers));
     }
     println!();
     println!(
-        "| server of | max_lsn µs/call, no auth (3 runs of 2,000) | with bearer token | auth cost µs/call (medians) |"
+        "| server of | max_lsn µs/call, no auth (3 runs of 2,000) | with bearer token and TLS | auth and TLS cost µs/call (medians) |"
     );
     println!("|---|---|---|---|");
     for (name, open, with_auth) in call_costs {
