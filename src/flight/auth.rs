@@ -356,6 +356,7 @@ impl std::fmt::Debug for BasicCredentials {
 pub fn interceptor(
     authenticator: Option<Arc<Authenticator>>,
 ) -> impl Fn(Request<()>) -> std::result::Result<Request<()>, Status> + Clone {
+    let refusals = Arc::new(super::refusals::RefusalLog::default());
     move |mut request: Request<()>| {
         let Some(authenticator) = &authenticator else {
             request
@@ -367,8 +368,13 @@ pub fn interceptor(
             .peer_certs()
             .and_then(|certs| certs.first().map(|leaf| leaf.as_ref().to_vec()))
             .and_then(|leaf| authenticator.by_certificate(&leaf));
-        // Refusals go through the one error mapping, so they carry their reason code.
-        let refuse = |error: Error| crate::status::to_status(&error);
+        // Refusals go through the one error mapping, so they carry their reason code, and
+        // are logged with their peer (at most once a minute per peer).
+        let peer = request.remote_addr();
+        let refuse = |error: Error| {
+            refusals.refused(peer, &error.to_string());
+            crate::status::to_status(&error)
+        };
         let presented = presented(request.metadata()).map_err(refuse)?;
         if let Some(
             Presented::Bearer(token)

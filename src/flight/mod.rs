@@ -26,6 +26,7 @@ pub mod local;
 mod metered;
 pub mod metrics;
 pub mod planner;
+mod refusals;
 pub mod snapshot;
 pub mod sql;
 pub mod stream;

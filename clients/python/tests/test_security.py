@@ -244,6 +244,45 @@ def test_the_client_refuses_to_send_a_token_in_cleartext_off_loopback(monkeypatc
     mssql_cdc_flight.connect("grpc://flight.example.com:50051", token=WRITER_TOKEN).close()
 
 
+def test_a_flood_of_wrong_tokens_is_logged_once_per_peer_and_refused_every_time(tmp_path):
+    """Attack: guess tokens as fast as possible. Every guess is UNAUTHENTICATED; the log
+    holds one INFO line for the peer (with how many it suppressed later), not one a guess."""
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "0", "--orders", "1")
+    tokens = tokens_file(tmp_path / "tokens.json", {"writer": (["*"], WRITER_TOKEN)})
+    process = subprocess.Popen(
+        [
+            binary(),
+            "serve",
+            "--source",
+            f"sim:{directory}",
+            "--listen",
+            "127.0.0.1:0",
+            "--tokens-file",
+            str(tokens),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "RUST_LOG": "info"},
+    )
+    try:
+        url = "grpc://" + process.stdout.readline().split()[-1]
+        client = flight.FlightClient(url)
+        for guess in range(50):
+            with pytest.raises(flight.FlightUnauthenticatedError):
+                list(client.list_flights(options=bearer(f"guessed-token-{guess:012d}")))
+        assert list(client.list_flights(options=bearer(WRITER_TOKEN)))
+    finally:
+        process.terminate()
+        stderr = process.stderr.read()
+        process.wait(timeout=30)
+    refusals = [line for line in stderr.splitlines() if "authentication refused" in line]
+    assert len(refusals) == 1, refusals
+    assert "127.0.0.1" in refusals[0] and "not known" in refusals[0], refusals[0]
+    assert WRITER_TOKEN not in stderr and "guessed-token" not in stderr
+
+
 def test_the_unauthenticated_server_still_answers_actions_on_loopback(tmp_path):
     # Loopback without a tokens file is the developer's default: everyone is anonymous.
     directory = tmp_path / "db"
