@@ -142,6 +142,29 @@ async fn open_source(text: &str) -> anyhow::Result<Arc<dyn CdcSource>> {
     )
 }
 
+/// Reads the tokens file again on each SIGHUP (`kill -HUP`, `systemctl reload`): a revoked
+/// token is refused from the next call on; a file that fails its checks is logged and the
+/// principals stay as they were.
+fn reload_on_hangup(authenticator: Arc<Authenticator>) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            tracing::warn!("no SIGHUP handler: the tokens file is read at start only");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            match authenticator.reload() {
+                Ok(principals) => tracing::info!(principals, "tokens file read again (SIGHUP)"),
+                Err(error) => tracing::error!(%error,
+                    "tokens file not read again: the principals stay as they were"),
+            }
+        }
+    });
+    #[cfg(not(unix))]
+    drop(authenticator);
+}
+
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     let signal = mssql_cdc_proto::signals::shutdown();
     async move {
@@ -209,7 +232,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let authenticator = match &args.tokens_file {
-        Some(path) => Some(Arc::new(Authenticator::from_file(path)?)),
+        Some(path) => {
+            let authenticator = Arc::new(Authenticator::from_file(path)?);
+            reload_on_hangup(Arc::clone(&authenticator));
+            Some(authenticator)
+        }
         None => None,
     };
     let loopback = is_loopback(&args.listen);

@@ -120,18 +120,17 @@ struct Known {
     certificate: Option<[u8; 32]>,
 }
 
-/// The principals a server accepts.
+/// The principals a server accepts; those of a tokens file are read again by
+/// [`Authenticator::reload`] (on SIGHUP), so a token is revoked without a restart.
 pub struct Authenticator {
-    known: Vec<Known>,
+    known: std::sync::RwLock<Arc<Vec<Known>>>,
+    path: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<&str> = self
-            .known
-            .iter()
-            .map(|k| k.principal.name.as_str())
-            .collect();
+        let known = self.current();
+        let names: Vec<&str> = known.iter().map(|k| k.principal.name.as_str()).collect();
         f.debug_struct("Authenticator")
             .field("principals", &names)
             .finish()
@@ -184,14 +183,55 @@ fn hash_field(principal: &str, field: &str, hex_text: &str) -> Result<[u8; 32]> 
 impl Authenticator {
     /// Reads a tokens file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read(path)
-            .map_err(|error| Error::io(format!("reading {}", path.display()), error))?;
-        Self::from_json(&text)
-            .map_err(|error| Error::invalid(format!("{}: {error}", path.display())))
+        Ok(Authenticator {
+            known: std::sync::RwLock::new(Arc::new(Self::read(path)?)),
+            path: Some(path.to_path_buf()),
+        })
     }
 
     /// Parses the tokens file's JSON.
     pub fn from_json(text: &[u8]) -> Result<Self> {
+        Ok(Authenticator {
+            known: std::sync::RwLock::new(Arc::new(Self::parse(text)?)),
+            path: None,
+        })
+    }
+
+    /// Reads the tokens file again and, when it passes every check `serve` makes at start,
+    /// takes its principals for the calls that come next (a call under way keeps the
+    /// principal it was admitted as). A file that fails leaves the principals as they were.
+    /// Answers how many principals there are now.
+    pub fn reload(&self) -> Result<usize> {
+        let path = self
+            .path
+            .as_deref()
+            .ok_or_else(|| Error::invalid("these principals come from no file"))?;
+        let fresh = Arc::new(Self::read(path)?);
+        let count = fresh.len();
+        *self
+            .known
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+        Ok(count)
+    }
+
+    /// The principals now.
+    fn current(&self) -> Arc<Vec<Known>> {
+        Arc::clone(
+            &self
+                .known
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    fn read(path: &Path) -> Result<Vec<Known>> {
+        let text = std::fs::read(path)
+            .map_err(|error| Error::io(format!("reading {}", path.display()), error))?;
+        Self::parse(&text).map_err(|error| Error::invalid(format!("{}: {error}", path.display())))
+    }
+
+    fn parse(text: &[u8]) -> Result<Vec<Known>> {
         let file: TokensFile = serde_json::from_slice(text)
             .map_err(|error| Error::invalid(format!("tokens file: {error}")))?;
         let mut known = Vec::new();
@@ -260,7 +300,7 @@ impl Authenticator {
         if known.is_empty() {
             return Err(Error::invalid("tokens file: no principals"));
         }
-        Ok(Authenticator { known })
+        Ok(known)
     }
 
     /// The principal whose token is `token`. Every entry is compared, in constant time, so
@@ -268,7 +308,7 @@ impl Authenticator {
     pub fn by_token(&self, token: &str) -> Option<Arc<Principal>> {
         let presented = sha256(token.as_bytes());
         let mut found = None;
-        for known in &self.known {
+        for known in self.current().iter() {
             if let Some(hash) = &known.token
                 && same_hash(hash, &presented)
             {
@@ -281,7 +321,7 @@ impl Authenticator {
     /// The principal of the client certificate `der` (mutual TLS).
     pub fn by_certificate(&self, der: &[u8]) -> Option<Arc<Principal>> {
         let presented = sha256(der);
-        self.known
+        self.current()
             .iter()
             .find(|known| known.certificate.as_ref() == Some(&presented))
             .map(|known| Arc::clone(&known.principal))

@@ -5,6 +5,7 @@ Two principals in a tokens file: `writer` reads every table, `analyst` only dbo.
 
 import json
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -281,6 +282,63 @@ def test_a_flood_of_wrong_tokens_is_logged_once_per_peer_and_refused_every_time(
     assert len(refusals) == 1, refusals
     assert "127.0.0.1" in refusals[0] and "not known" in refusals[0], refusals[0]
     assert WRITER_TOKEN not in stderr and "guessed-token" not in stderr
+
+
+def test_a_revoked_token_is_refused_after_sighup_and_a_bad_file_changes_nothing(tmp_path):
+    """Revocation without a restart: the tokens file read again on SIGHUP."""
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "0", "--orders", "1")
+    tokens = tokens_file(tmp_path / "tokens.json", {"writer": (["*"], WRITER_TOKEN)})
+    process = subprocess.Popen(
+        [
+            binary(),
+            "serve",
+            "--source",
+            f"sim:{directory}",
+            "--listen",
+            "127.0.0.1:0",
+            "--tokens-file",
+            str(tokens),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "RUST_LOG": "info"},
+    )
+
+    def reads(token: str) -> bool:
+        try:
+            return bool(list(client.list_flights(options=bearer(token))))
+        except flight.FlightUnauthenticatedError:
+            return False
+
+    def hang_up_until(check) -> None:
+        process.send_signal(signal.SIGHUP)
+        for _ in range(100):
+            if check():
+                return
+            time.sleep(0.05)
+        raise AssertionError("the tokens file was not read again")
+
+    try:
+        client = flight.FlightClient("grpc://" + process.stdout.readline().split()[-1])
+        assert reads(WRITER_TOKEN) and not reads(ANALYST_TOKEN)
+        # The writer's token revoked, the analyst's added.
+        tokens_file(tokens, {"analyst": (["*"], ANALYST_TOKEN)})
+        hang_up_until(lambda: reads(ANALYST_TOKEN))
+        assert not reads(WRITER_TOKEN)
+        # A file that fails the start checks (a weak hash) is not taken.
+        tokens.write_text(
+            json.dumps({"principals": [{"name": "a", "tables": ["*"], "token_sha256": sha256("")}]})
+        )
+        process.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert reads(ANALYST_TOKEN)
+    finally:
+        process.terminate()
+        stderr = process.stderr.read()
+        process.wait(timeout=30)
+    assert "tokens file read again" in stderr and "not read again" in stderr, stderr
 
 
 def test_the_unauthenticated_server_still_answers_actions_on_loopback(tmp_path):
