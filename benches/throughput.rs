@@ -481,9 +481,9 @@ fn main() -> anyhow::Result<()> {
     let mut call_costs = Vec::new();
     let mut stock_rows = Vec::new();
     println!(
-        "| table | rows | generate rows/s | (a) in-process rows/s | (a) MB/s | (b) do_get rows/s | (b) MB/s | (b)/(a) | (b) 2 partitions rows/s | server peak RSS MiB | (c) do_get with auth, TLS and stall timeout rows/s | (c)/(b) |"
+        "| table | rows | generate rows/s | (a) in-process rows/s | (a) MB/s | (b) do_get rows/s | (b) MB/s | (b)/(a) | (b) 2 partitions rows/s | server peak RSS MiB | (c) do_get with auth, TLS and stall timeout rows/s | (c)/(b) | server CPU-s per 1M rows, (b) / (c) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, spec, rows) in cases {
         let dir = base.join(spec.table.name.clone());
         let db = if dir.join("manifest.json").exists() {
@@ -547,7 +547,7 @@ fn main() -> anyhow::Result<()> {
         let flight_two = median(&rates(&peers.ours[1]));
         let secured = median(&rates(&peers.secured));
         println!(
-            "| {name} | {} | {generated} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} |",
+            "| {name} | {} | {generated} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} |",
             scan.rows,
             scan.rows_per_second(),
             scan.mb_per_second(),
@@ -558,6 +558,8 @@ fn main() -> anyhow::Result<()> {
             rss,
             secured,
             secured / flight,
+            median_of(&peers.ours[0], |read| read.server_cpu),
+            median_of(&peers.secured, |read| read.server_cpu),
         );
         stock_rows.push((name, peers));
     }
