@@ -117,10 +117,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_server(directory, *flags: str, port: int = 0):
+def start_server(directory, *flags: str, port: int = 0, stderr=sys.stderr, env=None):
     """Starts `serve` over a simulated database on loopback (a free port unless `port` is
     given, so a test can restart it where its clients look); returns the process and its
-    grpc:// URL."""
+    grpc:// URL. `stderr=subprocess.PIPE` keeps the server's log for the test to read, `env`
+    replaces its environment."""
     process = subprocess.Popen(
         [
             binary(),
@@ -132,8 +133,9 @@ def start_server(directory, *flags: str, port: int = 0):
             *flags,
         ],
         stdout=subprocess.PIPE,
-        stderr=sys.stderr,
+        stderr=stderr,
         text=True,
+        env=env,
     )
     line = process.stdout.readline()
     assert line.startswith("listening on "), line

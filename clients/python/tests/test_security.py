@@ -33,6 +33,10 @@ def secured(tmp_path_factory):
     stop_server(process)
 
 
+#: A server's environment that logs at INFO, for the tests that read its log.
+LOGGING_INFO = {"PATH": "/usr/bin:/bin", "RUST_LOG": "info"}
+
+
 def bearer(token: str) -> flight.FlightCallOptions:
     return flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())])
 
@@ -251,24 +255,10 @@ def test_a_flood_of_wrong_tokens_is_logged_once_per_peer_and_refused_every_time(
     directory = tmp_path / "db"
     run("sim", "init", str(directory), "--customers", "0", "--orders", "1")
     tokens = tokens_file(tmp_path / "tokens.json", {"writer": (["*"], WRITER_TOKEN)})
-    process = subprocess.Popen(
-        [
-            binary(),
-            "serve",
-            "--source",
-            f"sim:{directory}",
-            "--listen",
-            "127.0.0.1:0",
-            "--tokens-file",
-            str(tokens),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", "RUST_LOG": "info"},
+    process, url = start_server(
+        directory, "--tokens-file", str(tokens), stderr=subprocess.PIPE, env=LOGGING_INFO
     )
     try:
-        url = "grpc://" + process.stdout.readline().split()[-1]
         client = flight.FlightClient(url)
         for guess in range(50):
             with pytest.raises(flight.FlightUnauthenticatedError):
@@ -289,21 +279,8 @@ def test_a_revoked_token_is_refused_after_sighup_and_a_bad_file_changes_nothing(
     directory = tmp_path / "db"
     run("sim", "init", str(directory), "--customers", "0", "--orders", "1")
     tokens = tokens_file(tmp_path / "tokens.json", {"writer": (["*"], WRITER_TOKEN)})
-    process = subprocess.Popen(
-        [
-            binary(),
-            "serve",
-            "--source",
-            f"sim:{directory}",
-            "--listen",
-            "127.0.0.1:0",
-            "--tokens-file",
-            str(tokens),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", "RUST_LOG": "info"},
+    process, url = start_server(
+        directory, "--tokens-file", str(tokens), stderr=subprocess.PIPE, env=LOGGING_INFO
     )
 
     def reads(token: str) -> bool:
@@ -321,7 +298,7 @@ def test_a_revoked_token_is_refused_after_sighup_and_a_bad_file_changes_nothing(
         raise AssertionError("the tokens file was not read again")
 
     try:
-        client = flight.FlightClient("grpc://" + process.stdout.readline().split()[-1])
+        client = flight.FlightClient(url)
         assert reads(WRITER_TOKEN) and not reads(ANALYST_TOKEN)
         # The writer's token revoked, the analyst's added.
         tokens_file(tokens, {"analyst": (["*"], ANALYST_TOKEN)})
