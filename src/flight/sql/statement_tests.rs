@@ -51,9 +51,8 @@ fn a_table_is_a_snapshot_read_of_its_columns() {
 
 #[test]
 fn a_change_range_takes_names_lsns_offsets_and_a_commit_cap() {
-    let parsed = parse(
-        "SELECT * FROM cdc.changes('dbo.orders', 'earliest', '0x0000002A000000010003', 10)",
-    );
+    let parsed =
+        parse("SELECT * FROM cdc.changes('dbo.orders', 'earliest', '0x0000002A000000010003', 10)");
     let Ok(Statement::Changes(query)) = parsed else {
         panic!("{parsed:?}")
     };
