@@ -130,10 +130,6 @@ async fn a_principal_sees_plans_and_redeems_only_its_tables() {
     );
     for (name, body) in [
         ("initial_offset", serde_json::json!({"table": "dbo.orders"})),
-        (
-            "min_lsn",
-            serde_json::json!({"capture_instance": "dbo_orders"}),
-        ),
         ("key_extent", serde_json::json!({"table": "dbo.orders"})),
     ] {
         let error = analyst
@@ -142,6 +138,35 @@ async fn a_principal_sees_plans_and_redeems_only_its_tables() {
             .expect_err(name);
         assert_eq!(code(error), Code::PermissionDenied, "{name}");
     }
+    // A capture instance of a table not granted is answered as one that does not exist,
+    // word for word, and a missing name gets no hint of similar ones (other tables' names).
+    let refused = |name: &str| {
+        let analyst = analyst.clone();
+        let body = serde_json::json!({"capture_instance": name});
+        async move {
+            match analyst.action::<serde_json::Value>("min_lsn", &body).await {
+                Err(mssql_cdc_flight::client::ClientError::Status(status)) => (
+                    status.code(),
+                    status.message().replace(&*name_of(&body), "NAME"),
+                ),
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    fn name_of(body: &serde_json::Value) -> String {
+        body["capture_instance"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+    let existing = refused("dbo_orders").await;
+    assert_eq!(existing.0, Code::NotFound);
+    assert_eq!(existing, refused("dbo_nothing").await);
+    assert_eq!(
+        existing,
+        refused("DBO_ORDERS").await,
+        "no 'did you mean dbo_orders'"
+    );
     // The database-wide LSN functions stay open to every principal.
     analyst
         .action::<serde_json::Value>("max_lsn", &serde_json::json!({}))

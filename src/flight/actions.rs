@@ -92,10 +92,23 @@ impl ActionKind {
 }
 
 impl CdcFlightService {
-    /// `PERMISSION_DENIED` unless `principal` may read the table of `capture_instance`.
+    /// `NOT_FOUND` unless `principal` may read the table of `capture_instance`: an instance
+    /// of a table it may not read is answered as one that does not exist, and a missing one
+    /// without the source's hint of similar names (they may be other tables'), unless the
+    /// principal reads every table, so the answer never tells which names exist elsewhere.
     async fn check_instance(&self, principal: &Principal, capture_instance: &str) -> Result<()> {
-        let instance = self.source.capture_instance(capture_instance).await?;
-        principal.check(&instance.table)
+        let hidden = || Error::CaptureInstanceNotFound {
+            name: capture_instance.to_string(),
+            hint: String::new(),
+        };
+        match self.source.capture_instance(capture_instance).await {
+            Ok(instance) if principal.may_read(&instance.table) => Ok(()),
+            Ok(_) => Err(hidden()),
+            Err(Error::CaptureInstanceNotFound { .. }) if !principal.reads_every_table() => {
+                Err(hidden())
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// A range action's body, parsed and checked: `from <= to`, and `PERMISSION_DENIED`

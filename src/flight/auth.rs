@@ -57,6 +57,11 @@ impl Principal {
         self.tables.iter().any(|glob| glob_matches(glob, &name))
     }
 
+    /// Whether this principal may read every table (`*`, or no authentication).
+    pub fn reads_every_table(&self) -> bool {
+        self.anonymous || self.tables.iter().any(|glob| glob == "*")
+    }
+
     /// `PERMISSION_DENIED` unless this principal may read `table`.
     pub fn check(&self, table: &TableName) -> Result<()> {
         match self.may_read(table) {
