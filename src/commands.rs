@@ -142,6 +142,24 @@ async fn open_source(text: &str) -> anyhow::Result<Arc<dyn CdcSource>> {
     )
 }
 
+/// Warns when the secret file at `path` may be read by its group or by others: whoever
+/// reads it holds the secret.
+fn warn_if_exposed(what: &str, path: &std::path::Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(metadata) = std::fs::metadata(path) {
+            let mode = metadata.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                tracing::warn!(file = %path.display(), mode = format!("{mode:04o}"),
+                    "the {what} file may be read by its group or others: `chmod 600` it");
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (what, path);
+}
+
 /// Reads the tokens file again on each SIGHUP (`kill -HUP`, `systemctl reload`): a revoked
 /// token is refused from the next call on; a file that fails its checks is logged and the
 /// principals stay as they were.
@@ -219,6 +237,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let source = open_source(&text).await?;
     tracing::info!(source = %source.describe(), "serving");
     let signer = args.key.signer()?;
+    // The tokens file holds hashes, no secret; these hold secrets.
+    let secrets = [
+        ("source", args.source_file.as_ref()),
+        ("ticket key", args.key.ticket_key_file.as_ref()),
+        ("TLS key", args.tls_key.as_ref()),
+    ];
+    for (what, path) in secrets {
+        if let Some(path) = path.filter(|path| !path.as_os_str().is_empty()) {
+            warn_if_exposed(what, path);
+        }
+    }
     let read =
         |path: &PathBuf| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
     // An empty path is no path: the image's variables, emptied, serve without TLS.

@@ -318,6 +318,27 @@ def test_a_revoked_token_is_refused_after_sighup_and_a_bad_file_changes_nothing(
     assert "tokens file read again" in stderr and "not read again" in stderr, stderr
 
 
+def test_a_secret_file_others_may_read_is_warned_about(tmp_path):
+    """Operator mistake: a ticket key or source file readable by every user of the host."""
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "0", "--orders", "1")
+    key = tmp_path / "ticket.key"
+    key.write_text("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n")
+    logs = []
+    for mode in (0o644, 0o600):
+        key.chmod(mode)
+        process, _ = start_server(
+            directory, "--ticket-key-file", str(key), stderr=subprocess.PIPE, env=LOGGING_INFO
+        )
+        process.terminate()
+        logs.append(process.stderr.read())
+        process.wait(timeout=30)
+    exposed, private = logs
+    assert "ticket key file may be read by its group or others" in exposed, exposed
+    assert "0644" in exposed
+    assert "may be read by its group or others" not in private, private
+
+
 def test_the_unauthenticated_server_still_answers_actions_on_loopback(tmp_path):
     # Loopback without a tokens file is the developer's default: everyone is anonymous.
     directory = tmp_path / "db"
