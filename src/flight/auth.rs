@@ -458,11 +458,28 @@ pub fn interceptor(
             }
             None => by_certificate,
         };
-        if let Some(principal) = principal {
-            request.extensions_mut().insert(principal);
+        match principal {
+            Some(principal) => {
+                request.extensions_mut().insert(principal);
+            }
+            // Refused on its headers, before its body is read: a caller without credentials
+            // costs no request buffer. Basic credentials go on to the handshake.
+            None if request.extensions().get::<BasicCredentials>().is_none() => {
+                return Err(refuse(missing_credentials()));
+            }
+            None => {}
         }
         Ok(request)
     }
+}
+
+/// The refusal of a call that presents no credentials.
+fn missing_credentials() -> Error {
+    Error::Unauthenticated(
+        "this server needs credentials: an authorization: Bearer <token> header (or a \
+         handshake with basic credentials), or a client certificate it knows"
+            .into(),
+    )
 }
 
 /// The caller of an intercepted request; `UNAUTHENTICATED` when it presented nothing valid.
@@ -471,13 +488,7 @@ pub fn principal_of<T>(request: &Request<T>) -> Result<Arc<Principal>> {
         .extensions()
         .get::<Arc<Principal>>()
         .cloned()
-        .ok_or_else(|| {
-            Error::Unauthenticated(
-                "this server needs credentials: an authorization: Bearer <token> header (or \
-                 a handshake with basic credentials), or a client certificate it knows"
-                    .into(),
-            )
-        })
+        .ok_or_else(missing_credentials)
 }
 
 #[cfg(test)]

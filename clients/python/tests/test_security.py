@@ -339,6 +339,21 @@ def test_a_secret_file_others_may_read_is_warned_about(tmp_path):
     assert "may be read by its group or others" not in private, private
 
 
+def test_a_caller_without_credentials_is_refused_before_its_request_is_read(secured):
+    """Attack: flood the server with large requests and no credentials. A 2 MiB ticket
+    without a token is refused on its headers (UNAUTHENTICATED), not read up to the 1 MiB
+    bound first (which answers OUT_OF_RANGE, as it does for a caller with a token)."""
+    client = flight.FlightClient(secured)
+    oversized = flight.Ticket(b"x" * (2 << 20))
+    with pytest.raises(flight.FlightUnauthenticatedError, match="credentials"):
+        client.do_get(oversized).read_all()
+    with pytest.raises(flight.FlightUnauthenticatedError, match="credentials"):
+        list(client.do_action(flight.Action("max_lsn", b"x" * (2 << 20))))
+    with pytest.raises(pa.ArrowException) as read:
+        client.do_get(oversized, bearer(WRITER_TOKEN)).read_all()
+    assert not isinstance(read.value, flight.FlightUnauthenticatedError), read.value
+
+
 def test_the_unauthenticated_server_still_answers_actions_on_loopback(tmp_path):
     # Loopback without a tokens file is the developer's default: everyone is anonymous.
     directory = tmp_path / "db"
