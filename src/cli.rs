@@ -163,6 +163,10 @@ pub struct LimitArgs {
     /// Most planning calls (list, plan, schema, action) running at once for one principal.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_CALLS_PER_PRINCIPAL", default_value_t = Limits::default().max_calls_per_principal)]
     pub max_calls_per_principal: usize,
+    /// Most connections open at once from one address (before TLS or credentials); one
+    /// more is closed as soon as it is accepted.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_CONNECTIONS_PER_PEER", default_value_t = Limits::default().max_connections_per_peer)]
+    pub max_connections_per_peer: usize,
     /// Bytes all open do_get streams may hold together on their way to clients; each
     /// stream's batches are cut to its share, so many slow readers get smaller batches, not
     /// more memory (docs/operations.md, "Memory").

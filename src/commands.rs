@@ -60,6 +60,7 @@ impl LimitArgs {
             max_request_bytes: self.max_request_bytes,
             keepalive_interval: seconds("keepalive-interval", self.keepalive_interval)?,
             keepalive_timeout: seconds("keepalive-timeout", self.keepalive_timeout)?,
+            max_connections_per_peer: self.max_connections_per_peer,
             stall_timeout: self
                 .stall_timeout
                 .map(|value| seconds("stall-timeout", value))

@@ -44,6 +44,8 @@ pub struct Limits {
     pub keepalive_interval: Duration,
     /// How long a keepalive ping may go unanswered.
     pub keepalive_timeout: Duration,
+    /// Most connections open at once from one address; one more is closed when accepted.
+    pub max_connections_per_peer: usize,
     /// How long a `do_get` stream may wait for its client to take a batch: past it the
     /// stream ends (`STREAM_STALLED`) and its source read, with its connection, is released.
     /// Off by default: the writer's snapshot reads open the next chunk's stream while they
@@ -66,6 +68,7 @@ impl Default for Limits {
             max_request_bytes: 1 << 20,
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
+            max_connections_per_peer: 256,
             stall_timeout: None,
         }
     }
@@ -101,6 +104,11 @@ impl Limits {
                  {least} bytes in all",
                 self.stream_memory, self.max_streams
             )));
+        }
+        if self.max_connections_per_peer == 0 {
+            return Err(Error::invalid(
+                "--max-connections-per-peer must be at least 1",
+            ));
         }
         Ok(())
     }

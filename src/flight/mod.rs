@@ -173,6 +173,7 @@ pub async fn serve(
     let interceptor = auth::interceptor(options.authenticator.clone());
     let max_request_bytes = options.limits.max_request_bytes;
     let keepalive = options.limits.keepalive_interval;
+    let per_peer = options.limits.max_connections_per_peer;
     let service = Arc::new(CdcFlightService::new(source, options));
     let flight = frames::ZeroCopyDoGet::new(
         FlightServiceServer::from_arc(Arc::clone(&service))
@@ -190,7 +191,7 @@ pub async fn serve(
         // TCP_NODELAY and keepalive on each connection (tonic's builder settings for them do
         // not apply to an incoming stream).
         .serve_with_incoming_shutdown(
-            mssql_cdc_proto::serving::accepted(listener, keepalive),
+            mssql_cdc_proto::serving::accepted_at_most(listener, keepalive, per_peer),
             shutdown,
         )
         .await
