@@ -107,6 +107,18 @@ impl CdcFlightService {
             Err(Error::CaptureInstanceNotFound { .. }) if !principal.reads_every_table() => {
                 Err(hidden())
             }
+            // A catalog that could not be read names the instance and column at fault, which
+            // may be another table's: the log has them, a caller who may not read every
+            // table gets none.
+            Err(error) if !principal.reads_every_table() && !error.is_transient() => {
+                tracing::warn!(%error, principal = %principal.name,
+                    "reading the CDC catalog for a capture-instance action failed");
+                Err(Error::SourceUnavailable(
+                    "the source's CDC catalog could not be read (the server's log has the \
+                     cause)"
+                        .into(),
+                ))
+            }
             Err(error) => Err(error),
         }
     }

@@ -68,7 +68,10 @@ impl Default for Limits {
             max_request_bytes: 1 << 20,
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
-            max_connections_per_peer: 256,
+            // A writer sidecar holds about 3 a table (its stream, a snapshot's backfill, a
+            // second partition's reader), and clients behind one NAT or proxy share an
+            // address: room for a thousand tables, not a bound on every client.
+            max_connections_per_peer: 4_096,
             stall_timeout: None,
         }
     }

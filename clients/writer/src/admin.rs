@@ -90,6 +90,11 @@ pub const MIN_TOKEN_CHARS: usize = 16;
 /// Idle time before TCP keepalive probes an admin connection, so a peer that vanished
 /// without closing it does not hold it open for ever.
 const ADMIN_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+/// How long a TLS handshake with the admin service may take before its connection drops.
+const ADMIN_TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections open at once from one address to the admin service: an operator's tools and
+/// probes need a few; one more is closed as it is accepted.
+const ADMIN_CONNECTIONS_PER_PEER: usize = 64;
 
 /// The admin service's bearer token. `Debug` never shows it.
 #[derive(Clone)]
@@ -533,7 +538,11 @@ impl AdminServer {
         if let Some(identity) = self.tls {
             mssql_cdc_proto::install_crypto_provider();
             builder = builder
-                .tls_config(ServerTlsConfig::new().identity(identity))
+                .tls_config(
+                    ServerTlsConfig::new()
+                        .identity(identity)
+                        .timeout(ADMIN_TLS_HANDSHAKE_TIMEOUT),
+                )
                 .map_err(|error| WriterError::invalid(format!("admin TLS identity: {error}")))?;
         }
         let (reporter, health) = tonic_health::server::health_reporter();
@@ -547,7 +556,11 @@ impl AdminServer {
             .add_service(health)
             .add_service(service)
             .serve_with_incoming_shutdown(
-                mssql_cdc_proto::serving::accepted(self.listener, ADMIN_TCP_KEEPALIVE),
+                mssql_cdc_proto::serving::accepted_at_most(
+                    self.listener,
+                    ADMIN_TCP_KEEPALIVE,
+                    ADMIN_CONNECTIONS_PER_PEER,
+                ),
                 async move {
                     let _ = stop.wait_for(|stopped| *stopped).await;
                 },
