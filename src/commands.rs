@@ -102,8 +102,13 @@ impl WorkloadArgs {
     }
 }
 
-/// TLS trusting the CA in the PEM file `--tls-ca` names, if any.
-fn tls_of(ca: Option<&std::path::Path>) -> anyhow::Result<Option<ClientTls>> {
+/// TLS to `server` trusting the CA in the PEM file `--tls-ca` names, if any; none for an
+/// `http://` address, which TLS settings would not encrypt (the image sets the CA for its own
+/// server, and a sidecar's admin service on loopback is asked over `http://`).
+fn tls_of(server: &str, ca: Option<&std::path::Path>) -> anyhow::Result<Option<ClientTls>> {
+    if !mssql_cdc_proto::client::is_https_url(server) {
+        return Ok(None);
+    }
     ca.map(|path| {
         ClientTls::from_ca_file(path).with_context(|| format!("reading {}", path.display()))
     })
@@ -112,11 +117,7 @@ fn tls_of(ca: Option<&std::path::Path>) -> anyhow::Result<Option<ClientTls>> {
 
 /// `read`: the example client over plaintext or TLS.
 pub async fn read(args: ReadArgs) -> anyhow::Result<()> {
-    // Only an https:// address is TLS; a CA given with an http:// one would not encrypt it.
-    let tls = match mssql_cdc_proto::client::is_https_url(&args.server) {
-        true => tls_of(args.tls_ca.as_deref())?,
-        false => None,
-    };
+    let tls = tls_of(&args.server, args.tls_ca.as_deref())?;
     let mut client = CdcClient::connect_with(&args.server, tls.as_ref()).await?;
     if let Some(token) = &args.token {
         client = client.with_token(token)?;
@@ -195,12 +196,7 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 /// `health`: the server's gRPC health for the Flight service; an error unless SERVING.
 pub async fn health(args: HealthArgs) -> anyhow::Result<()> {
     use tonic_health::pb::health_check_response::ServingStatus;
-    // The image sets the CA for its own server; an `http://` address (a sidecar's admin
-    // service on loopback) is asked without it.
-    let tls = match mssql_cdc_proto::client::is_https_url(&args.server) {
-        true => tls_of(args.tls_ca.as_deref())?,
-        false => None,
-    };
+    let tls = tls_of(&args.server, args.tls_ca.as_deref())?;
     let endpoint = CdcClient::endpoint(&args.server, tls.as_ref())?
         .timeout(Duration::from_secs_f64(args.timeout))
         .connect_timeout(Duration::from_secs_f64(args.timeout));

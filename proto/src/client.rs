@@ -158,14 +158,22 @@ pub struct CdcClient {
     inner: FlightServiceClient<Channel>,
     /// `Bearer <token>`, sent on every call when set; never printed.
     authorization: Option<MetadataValue<Ascii>>,
-    /// The URL, when it is cleartext (`http://`) to a host off loopback: no token is sent
-    /// there ([`CdcClient::with_token`]).
-    cleartext_remote: Option<String>,
+    /// The server's URL: no token is sent to it in cleartext off loopback
+    /// ([`CdcClient::with_token`]).
+    url: String,
 }
 
 /// Set to `1` to let a client send its bearer token over `http://` to a host off loopback,
 /// where something else encrypts the path (a service mesh's mutual TLS); refused otherwise.
 pub const INSECURE_CLEARTEXT_TOKEN_VARIABLE: &str = "MSSQL_CDC_FLIGHT_INSECURE_CLEARTEXT_TOKEN";
+
+/// Whether a bearer token may be sent to `url`: over `https://`, to loopback, or where
+/// [`INSECURE_CLEARTEXT_TOKEN_VARIABLE`] is `1`.
+pub fn token_may_go_to(url: &str) -> bool {
+    is_https_url(url)
+        || is_loopback_url(url)
+        || std::env::var(INSECURE_CLEARTEXT_TOKEN_VARIABLE).as_deref() == Ok("1")
+}
 
 /// Whether `url`'s scheme is `https` (in any case).
 pub fn is_https_url(url: &str) -> bool {
@@ -282,11 +290,10 @@ impl CdcClient {
     /// A client of `url` over `channel`. Only the scheme says whether the channel is TLS:
     /// tonic connects to an `http://` URL in cleartext whatever TLS settings it was given.
     fn over(url: &str, channel: Channel) -> Self {
-        let cleartext = !is_https_url(url);
         CdcClient {
             inner: FlightServiceClient::new(channel).max_decoding_message_size(256 << 20),
             authorization: None,
-            cleartext_remote: (cleartext && !is_loopback_url(url)).then(|| url.to_string()),
+            url: url.to_string(),
         }
     }
 
@@ -384,11 +391,9 @@ impl CdcClient {
     /// `http://` to a host off loopback (anyone on the path would read the token) unless
     /// [`INSECURE_CLEARTEXT_TOKEN_VARIABLE`] is `1`.
     pub fn with_token(mut self, token: &str) -> ClientResult<Self> {
-        if let Some(url) = &self.cleartext_remote
-            && std::env::var(INSECURE_CLEARTEXT_TOKEN_VARIABLE).as_deref() != Ok("1")
-        {
+        if !token_may_go_to(&self.url) {
             return Err(ClientError::Setting {
-                url: url.clone(),
+                url: self.url.clone(),
                 message: format!(
                     "refusing to send a bearer token in cleartext to a host off loopback: use \
                      https:// (with {TLS_CA_VARIABLE}) or, where something else encrypts the \

@@ -33,6 +33,7 @@ pub mod protocol;
 pub mod serving;
 pub mod signals;
 pub mod status;
+pub mod throttle;
 pub mod ticket;
 pub mod types;
 

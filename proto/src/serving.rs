@@ -37,9 +37,9 @@ pub fn accepted_at_most(
     per_peer: usize,
 ) -> impl Stream<Item = std::io::Result<Counted>> {
     let open = Arc::new(Mutex::new(HashMap::<IpAddr, usize>::new()));
-    let warned = Arc::new(Mutex::new(HashMap::<IpAddr, std::time::Instant>::new()));
+    let refusals = Arc::new(crate::throttle::PeerThrottle::default());
     accepted(listener, keepalive).filter_map(move |connection| {
-        let (open, warned) = (Arc::clone(&open), Arc::clone(&warned));
+        let (open, refusals) = (Arc::clone(&open), Arc::clone(&refusals));
         async move {
             let stream = match connection {
                 Ok(stream) => stream,
@@ -54,16 +54,8 @@ pub fn accepted_at_most(
                     _slot: Some(slot),
                 })),
                 None => {
-                    let now = std::time::Instant::now();
-                    let mut warned = warned.lock().unwrap_or_else(|e| e.into_inner());
-                    let due = warned.get(&peer).is_none_or(|at| {
-                        now.duration_since(*at) >= Duration::from_secs(60)
-                    });
-                    if due {
-                        // Forget old peers so that the map stays small under a flood.
-                        warned.retain(|_, at| now.duration_since(*at) < Duration::from_secs(60));
-                        warned.insert(peer, now);
-                        tracing::info!(%peer, per_peer,
+                    if let Some(suppressed) = refusals.due(Some(peer), std::time::Instant::now()) {
+                        tracing::info!(%peer, per_peer, suppressed,
                             "connection refused: the peer has as many open as allowed (logged at most once a minute per peer)");
                     }
                     None

@@ -1,7 +1,10 @@
 """What the benchmarks share: a simulated dbo.orders and the server binary serving it."""
 
+import json
 import subprocess
 from pathlib import Path
+
+import pyarrow.flight as flight
 
 ROOT = Path(__file__).resolve().parents[3]
 # A release build is best: `cargo build --release`.
@@ -18,6 +21,12 @@ def orders_database(binary: str, directory: Path, rows: int) -> Path:
         capture_output=True,
     )
     return db
+
+
+def initial_lsn(client) -> str:
+    """Where a read of all of dbo.orders starts: its `initial_offset`'s LSN."""
+    action = flight.Action("initial_offset", b'{"table": "dbo.orders"}')
+    return json.loads(list(client.do_action(action))[0].body.to_pybytes())["lsn"]
 
 
 def serve(binary: str, db: Path, *flags: str) -> tuple[subprocess.Popen, str]:

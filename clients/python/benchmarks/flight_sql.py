@@ -31,7 +31,7 @@ from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as adbc
 import pyarrow.flight as flight
-from bench_server import DEFAULT_BINARY, orders_database, serve
+from bench_server import DEFAULT_BINARY, initial_lsn, orders_database, serve
 
 STATEMENT_QUERY = "type.googleapis.com/arrow.flight.protocol.sql.CommandStatementQuery"
 
@@ -93,8 +93,7 @@ def main() -> None:
     server, url = serve(args.binary, db)
     try:
         client = flight.FlightClient(url)
-        action = flight.Action("initial_offset", b'{"table": "dbo.orders"}')
-        start = json.loads(list(client.do_action(action))[0].body.to_pybytes())["lsn"]
+        start = initial_lsn(client)
         sql = f"SELECT * FROM cdc.changes('dbo.orders', '{start}')"
         expected = ours(client, start)
         assert expected >= args.rows, (expected, args.rows)

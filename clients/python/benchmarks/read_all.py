@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pyarrow.flight as flight
-from bench_server import DEFAULT_BINARY, orders_database, serve
+from bench_server import DEFAULT_BINARY, initial_lsn, orders_database, serve
 
 
 def read_once(client: flight.FlightClient, start: str, partitions: int) -> float:
@@ -42,8 +42,7 @@ def main() -> None:
     server, url = serve(args.binary, db)
     try:
         client = flight.FlightClient(url)
-        action = flight.Action("initial_offset", b'{"table": "dbo.orders"}')
-        start = json.loads(list(client.do_action(action))[0].body.to_pybytes())["lsn"]
+        start = initial_lsn(client)
         print("| endpoints | rows/s, median | each read, M rows/s |")
         print("|---|---|---|")
         for partitions in (1, 2):

@@ -225,12 +225,7 @@ async fn connect(url: &str, access: &AdminAccess) -> Result<AdminClient> {
         WriterError::Internal(format!("cannot reach the admin service at {url}: {error}"))
     };
     let https = mssql_cdc_proto::client::is_https_url(url);
-    if access.token.is_some()
-        && !https
-        && !mssql_cdc_proto::client::is_loopback_url(url)
-        && std::env::var(mssql_cdc_proto::client::INSECURE_CLEARTEXT_TOKEN_VARIABLE).as_deref()
-            != Ok("1")
-    {
+    if access.token.is_some() && !mssql_cdc_proto::client::token_may_go_to(url) {
         return Err(WriterError::invalid(format!(
             "refusing to send the admin token in cleartext to {url}, a host off loopback: use \
              https:// with the admin service's CA or, where something else encrypts the path, \

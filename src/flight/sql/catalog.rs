@@ -29,17 +29,6 @@ const FUNCTIONS_SCHEMA: &str = "cdc";
 const TABLE: &str = "TABLE";
 const FUNCTION: &str = "FUNCTION";
 
-/// The `cdc` functions as `GetTables` lists them, with the columns of their rows (none
-/// known for `changes`, whose columns are its table's).
-const FUNCTIONS: [(&str, &[&str]); 6] = [
-    ("changes", &[]),
-    ("max_lsn", &["lsn"]),
-    ("lsn_to_time", &["commit_ts"]),
-    ("time_to_lsn", &["lsn"]),
-    ("initial_offset", &["lsn", "commit_ts"]),
-    ("latest_offset", &["lsn", "commit_ts"]),
-];
-
 /// The `SqlInfo` ids [`SQL_INFO`] answers.
 const SERVED_INFO: [u32; 14] = [
     SqlInfo::FlightSqlServerName as u32,
@@ -264,12 +253,8 @@ impl CdcFlightService {
                         .append(CATALOG, &table.schema, &table.name, TABLE, &schema)
                         .map_err(internal)?;
                 }
-                for (name, columns) in FUNCTIONS {
-                    let fields: Vec<Field> = columns
-                        .iter()
-                        .map(|column| Field::new(*column, DataType::Utf8, true))
-                        .collect();
-                    let schema = Schema::new(fields);
+                for (name, columns) in super::statement::FUNCTIONS {
+                    let schema = super::text_schema(columns);
                     builder
                         .append(CATALOG, FUNCTIONS_SCHEMA, name, FUNCTION, &schema)
                         .map_err(internal)?;
@@ -298,11 +283,7 @@ impl CdcFlightService {
             return Ok(RecordBatch::new_empty(primary_keys_schema()));
         }
         principal.check(&table)?;
-        let instances = self.source.active_capture_instances(&table).await?;
-        let key = instances
-            .last()
-            .map(|instance| instance.index_columns.clone())
-            .unwrap_or_default();
+        let key = self.key_of(&table).await?;
         let rows = key.len();
         let repeat = |value: &str| Arc::new(StringArray::from(vec![value; rows])) as ArrayRef;
         let sequence: Vec<i32> = (1..=i32::try_from(rows).unwrap_or(i32::MAX)).collect();

@@ -97,8 +97,12 @@ fn handle_text(handle: &[u8]) -> Result<String> {
 
 /// The schema of a planning call's row: its answer's fields, as text.
 fn function_schema(function: &statement::Function) -> SchemaRef {
-    let fields: Vec<Field> = function
-        .columns()
+    text_schema(function.columns())
+}
+
+/// A schema of nullable text columns named `columns`.
+fn text_schema(columns: &[&str]) -> SchemaRef {
+    let fields: Vec<Field> = columns
         .iter()
         .map(|name| Field::new(*name, DataType::Utf8, true))
         .collect();
@@ -316,11 +320,7 @@ impl CdcFlightService {
 
     /// `BETWEEN` bounds only the table's own integer key, the one a chunk is cut on.
     async fn check_key(&self, table: &TableName, column: &str) -> Result<()> {
-        let instances = self.source.active_capture_instances(table).await?;
-        let key = instances
-            .last()
-            .map(|instance| instance.index_columns.clone())
-            .unwrap_or_default();
+        let key = self.key_of(table).await?;
         match key.as_slice() {
             [only] if only.eq_ignore_ascii_case(column) => Ok(()),
             _ => Err(Error::invalid(format!(
@@ -329,6 +329,15 @@ impl CdcFlightService {
                 key.join(", ")
             ))),
         }
+    }
+
+    /// The columns of the index CDC uses for `table`, in order (its newest instance's).
+    async fn key_of(&self, table: &TableName) -> Result<Vec<String>> {
+        let instances = self.source.active_capture_instances(table).await?;
+        Ok(instances
+            .last()
+            .map(|instance| instance.index_columns.clone())
+            .unwrap_or_default())
     }
 
     /// The changes command of `cdc.changes(...)`: its ends resolved to LSNs as the

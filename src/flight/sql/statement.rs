@@ -153,32 +153,52 @@ pub enum Function {
     },
 }
 
+/// The `cdc` functions, each with the columns of its rows: for a planning call, its
+/// action's answer fields, as text; none known for `changes`, whose columns are its table's.
+pub const FUNCTIONS: [(&str, &[&str]); 6] = [
+    ("changes", &[]),
+    ("max_lsn", &["lsn"]),
+    ("lsn_to_time", &["commit_ts"]),
+    ("time_to_lsn", &["lsn"]),
+    ("initial_offset", &["lsn", "commit_ts"]),
+    ("latest_offset", &["lsn", "commit_ts"]),
+];
+
 impl Function {
-    /// The action that answers it and its body.
-    pub fn action(&self) -> (&'static str, serde_json::Value) {
-        use serde_json::json;
+    /// Its name in SQL, which is the name of the action that answers it.
+    pub fn name(&self) -> &'static str {
         match self {
-            Function::MaxLsn => ("max_lsn", json!({})),
-            Function::LsnToTime(lsn) => ("lsn_to_time", json!({ "lsn": lsn })),
-            Function::TimeToLsn(time) => ("time_to_lsn", json!({ "time": time })),
-            Function::InitialOffset { table, starting } => (
-                "initial_offset",
-                json!({ "table": table, "starting": starting }),
-            ),
-            Function::LatestOffset { start, max_commits } => (
-                "latest_offset",
-                json!({ "start": start, "max_commits": max_commits }),
-            ),
+            Function::MaxLsn => "max_lsn",
+            Function::LsnToTime(_) => "lsn_to_time",
+            Function::TimeToLsn(_) => "time_to_lsn",
+            Function::InitialOffset { .. } => "initial_offset",
+            Function::LatestOffset { .. } => "latest_offset",
         }
     }
 
-    /// The columns of its row: the action's answer fields, as text.
+    /// The action that answers it and its body.
+    pub fn action(&self) -> (&'static str, serde_json::Value) {
+        use serde_json::json;
+        let body = match self {
+            Function::MaxLsn => json!({}),
+            Function::LsnToTime(lsn) => json!({ "lsn": lsn }),
+            Function::TimeToLsn(time) => json!({ "time": time }),
+            Function::InitialOffset { table, starting } => {
+                json!({ "table": table, "starting": starting })
+            }
+            Function::LatestOffset { start, max_commits } => {
+                json!({ "start": start, "max_commits": max_commits })
+            }
+        };
+        (self.name(), body)
+    }
+
+    /// The columns of its row ([`FUNCTIONS`]).
     pub fn columns(&self) -> &'static [&'static str] {
-        match self {
-            Function::MaxLsn | Function::TimeToLsn(_) => &["lsn"],
-            Function::LsnToTime(_) => &["commit_ts"],
-            Function::InitialOffset { .. } | Function::LatestOffset { .. } => &["lsn", "commit_ts"],
-        }
+        FUNCTIONS
+            .iter()
+            .find(|(name, _)| *name == self.name())
+            .map_or(&[], |(_, columns)| columns)
     }
 
     /// The table it reads, when it reads one.
