@@ -131,6 +131,10 @@ async fn open_source(text: &str) -> anyhow::Result<Arc<dyn CdcSource>> {
     if let Some(dir) = text.strip_prefix("sim:") {
         return Ok(Arc::new(SimDb::open(&PathBuf::from(dir))?));
     }
+    if let Some(dir) = text.strip_prefix("seed-fake:") {
+        let source = mssql_cdc_flight::seed_fake::SeedFake::open(&PathBuf::from(dir))?;
+        return Ok(Arc::new(source));
+    }
     if text.starts_with("mssql://") || text.starts_with("sqlserver://") || text.contains('=') {
         let config = SqlServerConfig::parse(text)?;
         let source = SqlServerSource::connect(config)
@@ -140,6 +144,7 @@ async fn open_source(text: &str) -> anyhow::Result<Arc<dyn CdcSource>> {
     }
     bail!(
         "unknown source: use sim:<DIR> (a directory made by `mssql-cdc-flight sim init`), \
+         seed-fake:<DIR> (a FakeCdcDatabase of the seed library, mssql-cdc-pyspark), \
          mssql://user:password@host:port/database or an ADO.NET connection string"
     )
 }

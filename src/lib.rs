@@ -17,6 +17,7 @@ pub mod column_builder;
 pub mod flight;
 #[cfg(feature = "mssql")]
 pub mod mssql;
+pub mod seed_fake;
 pub mod sim;
 pub mod source;
 

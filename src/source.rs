@@ -89,6 +89,55 @@ pub struct TrackedTable {
     pub capture_instances: Vec<CaptureInstance>,
 }
 
+/// Cuts change rows, met in LSN order, into tiles of about `total / n` rows, each closed on
+/// the first commit boundary after its target so a transaction never spans two tiles: what
+/// [`CdcSource::split_points`] answers.
+pub struct TileCutter {
+    target: u64,
+    rows: u64,
+    last: Option<Lsn>,
+    tiles: Vec<Tile>,
+}
+
+impl TileCutter {
+    /// A cutter of `total` rows into at most about `n` tiles.
+    pub fn new(total: u64, n: u32) -> Self {
+        TileCutter {
+            target: total.div_ceil(u64::from(n.max(1))),
+            rows: 0,
+            last: None,
+            tiles: Vec::new(),
+        }
+    }
+
+    /// The next row's commit LSN.
+    pub fn push(&mut self, lsn: Lsn) {
+        if let Some(previous) = self.last
+            && self.rows >= self.target
+            && lsn != previous
+        {
+            self.tiles.push(Tile {
+                last_lsn: previous,
+                rows: self.rows,
+            });
+            self.rows = 0;
+        }
+        self.rows += 1;
+        self.last = Some(lsn);
+    }
+
+    /// The tiles.
+    pub fn finish(mut self) -> Vec<Tile> {
+        if let Some(previous) = self.last {
+            self.tiles.push(Tile {
+                last_lsn: previous,
+                rows: self.rows,
+            });
+        }
+        self.tiles
+    }
+}
+
 /// What to read from a change table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChangeRead {
@@ -197,6 +246,19 @@ pub fn read_channel() -> (ReadSender, BatchStream) {
         }
     });
     (ReadSender { sender }, Box::pin(stream))
+}
+
+/// A read produced by `produce` on a blocking task: its stream ends as `produce` returns
+/// (cleanly on `Ok`), or with an error should the task fail first.
+pub fn blocking_read(
+    produce: impl FnOnce(&ReadSender) -> Result<()> + Send + 'static,
+) -> BatchStream {
+    let (sender, stream) = read_channel();
+    tokio::task::spawn_blocking(move || {
+        let outcome = produce(&sender);
+        sender.blocking_finish(outcome);
+    });
+    stream
 }
 
 impl ReadSender {
@@ -387,8 +449,10 @@ pub trait CdcSource: Send + Sync + 'static {
     async fn read_changes(&self, read: ChangeRead) -> Result<BatchStream>;
 
     /// The LSN a snapshot read is stamped with: `max_lsn` read before the read, never below
-    /// the start of a capture instance of the table that capture has not reached yet (its
-    /// changes before that start are not in any change table the stream reads).
+    /// the LSN just before the start of a capture instance of the table that capture has not
+    /// reached yet (its changes before that start are not in any change table the stream
+    /// reads). Just before, not at: a commit at exactly the start is the instance's first
+    /// (the seed's simulator puts one there), and the stream after the stamp must read it.
     async fn snapshot_lsn(&self, table: &TableName) -> Result<Lsn> {
         let max_lsn = self.max_lsn().await?.unwrap_or(Lsn::ZERO);
         let newest_start = self
@@ -398,7 +462,7 @@ pub trait CdcSource: Send + Sync + 'static {
             .filter_map(|instance| instance.start_lsn)
             .max()
             .unwrap_or(Lsn::ZERO);
-        Ok(max_lsn.max(newest_start))
+        Ok(max_lsn.max(newest_start.decrement()))
     }
 
     /// The key column, its type and extent, and the row count of a table.

@@ -94,7 +94,8 @@ pub fn in_range(columns: &[KeyColumn], range: &KeysetRange, key: &KeyTuple) -> b
 }
 
 /// Whether `key` lies in the seek's range.
-fn in_seek(columns: &[KeyColumn], seek: &KeySeek, key: &KeyTuple) -> bool {
+/// Whether `key` lies in the seek's range.
+pub fn in_seek(columns: &[KeyColumn], seek: &KeySeek, key: &KeyTuple) -> bool {
     let above = seek
         .from
         .as_ref()
@@ -165,23 +166,28 @@ pub fn seek(
     rows: &BTreeMap<i64, u64>,
     seek: &KeySeek,
 ) -> Result<Option<KeyTuple>> {
+    Ok(nth_key(columns, row_keys(definition, columns, rows)?, seek))
+}
+
+/// The key of the `(n + 1)`-th of `keys` (every row's, in any order) in the seek's range.
+pub fn nth_key(columns: &[KeyColumn], keys: Vec<KeyTuple>, seek: &KeySeek) -> Option<KeyTuple> {
     // The (n + 1)-th smallest key of the range: a selection, not a sort of the whole table
     // per seek. Equal keys are the same value whichever of them is picked.
-    let mut keys: Vec<KeyTuple> = row_keys(definition, columns, rows)?
+    let mut keys: Vec<KeyTuple> = keys
         .into_iter()
         .filter(|key| in_seek(columns, seek, key))
         .collect();
     let n = usize::try_from(seek.n).unwrap_or(usize::MAX);
     if n >= keys.len() {
-        return Ok(None);
+        return None;
     }
     let (_, nth, _) = keys.select_nth_unstable_by(n, |a, b| compare_tuples(columns, a, b));
-    Ok(Some(std::mem::take(nth)))
+    Some(std::mem::take(nth))
 }
 
 /// A key value of one row of an array built by [`ColumnBuilder`], in the text form the
 /// simulator writes: dates `YYYY-MM-DD`, date-times `YYYY-MM-DDTHH:MM:SS.ffffff`.
-fn key_value(array: &ArrayRef, row: usize) -> Result<KeyValue> {
+pub fn key_value(array: &ArrayRef, row: usize) -> Result<KeyValue> {
     if array.is_null(row) {
         return Ok(KeyValue::Null);
     }

@@ -21,10 +21,10 @@
 //! process at a time ([`SimWriter`]) while any number of readers serve it.
 //! What is not modelled is listed in docs/simulator.md.
 
-mod keyset;
+pub(crate) mod keyset;
 mod reader;
 pub mod sample;
-mod snapshot;
+pub(crate) mod snapshot;
 pub mod storage;
 pub mod values;
 pub mod workload;

@@ -32,8 +32,8 @@ use crate::lsn::{LSN_LEN, Lsn};
 use crate::offset::CommitTime;
 use crate::source::{
     BatchStream, CaptureInstance, CdcSource, ChangeRead, DdlEntry, InstanceRange, KeyBucket,
-    KeyExtent, KeyGrid, KeySums, ReadSender, SnapshotRead, TableName, Tile, TrackedTable,
-    capture_instance_not_found, read_channel,
+    KeyExtent, KeyGrid, KeySums, ReadSender, SnapshotRead, TableName, Tile, TileCutter,
+    TrackedTable, blocking_read, capture_instance_not_found,
 };
 
 use crate::types::{OutputColumn, output_schema};
@@ -485,33 +485,12 @@ impl CdcSource for SimDb {
             if total == 0 {
                 return Ok(Vec::new());
             }
-            // Tiles of about total/n rows, each closed on the first commit boundary after
-            // its target, so a transaction never spans two tiles.
-            let target = total.div_ceil(u64::from(n));
-            let mut tiles = Vec::new();
-            let (mut rows, mut last) = (0u64, None::<Lsn>);
+            let mut cutter = TileCutter::new(total, n);
             db.scan_start_lsns(&name, from, to, |lsn| {
-                if let Some(previous) = last
-                    && rows >= target
-                    && lsn != previous
-                {
-                    tiles.push(Tile {
-                        last_lsn: previous,
-                        rows,
-                    });
-                    rows = 0;
-                }
-                rows += 1;
-                last = Some(lsn);
+                cutter.push(lsn);
                 ControlFlow::Continue(())
             })?;
-            if let Some(previous) = last {
-                tiles.push(Tile {
-                    last_lsn: previous,
-                    rows,
-                });
-            }
-            Ok(tiles)
+            Ok(cutter.finish())
         })
         .await
         .map_err(|error| Error::Internal(format!("split_points task failed: {error}")))?
@@ -575,13 +554,10 @@ impl CdcSource for SimDb {
         if manifest.zone.is_some() {
             shaper.zoned = Some((Arc::clone(&manifest), self.store.mapping(&manifest)?));
         }
-        let (sender, stream) = read_channel();
         let db = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let outcome = db.produce_changes(&state, &read, &shaper, &sender);
-            sender.blocking_finish(outcome);
-        });
-        Ok(stream)
+        Ok(blocking_read(move |sender| {
+            db.produce_changes(&state, &read, &shaper, sender)
+        }))
     }
 
     async fn key_extent(&self, table: &TableName) -> Result<KeyExtent> {
@@ -596,9 +572,7 @@ impl CdcSource for SimDb {
 
     async fn key_span(&self, table: &TableName, key: &KeyColumn) -> Result<Option<(i64, i64)>> {
         self.simulate_latency().await;
-        let values = self.grid_values(table, key)?;
-        let present = values.iter().flatten();
-        Ok(present.clone().min().copied().zip(present.max().copied()))
+        Ok(super::snapshot::span(&self.grid_values(table, key)?))
     }
 
     async fn key_sums(
@@ -640,13 +614,8 @@ impl CdcSource for SimDb {
 
     async fn read_snapshot(&self, read: SnapshotRead) -> Result<BatchStream> {
         self.simulate_latency().await;
-        let (sender, stream) = read_channel();
         let db = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let outcome = db.snapshot_rows(&read, &sender);
-            sender.blocking_finish(outcome);
-        });
-        Ok(stream)
+        Ok(blocking_read(move |sender| db.snapshot_rows(&read, sender)))
     }
 }
 

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray, new_null_array};
-use arrow::datatypes::DataType;
+use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 
 use super::SimDb;
@@ -28,7 +28,7 @@ use crate::types::{CHUNK_COLUMN, OutputColumn, batch_slice_size, snapshot_schema
 
 /// Sends `batch` in slices of at most about `batch_bytes` (one row at least), as SQL Server's
 /// reader cuts its batches; `Ok(false)` when the reader has gone.
-fn send_bounded(
+pub(crate) fn send_bounded(
     sender: &ReadSender,
     batch: &RecordBatch,
     batch_bytes: &BatchBytes,
@@ -217,18 +217,7 @@ impl SimDb {
         for (row_key, content) in rows.iter() {
             builder.append_generated(source, false, *row_key, *content);
         }
-        // A date is its day number (Date32 is days from 1970-01-01), an integer itself.
-        let mut values = builder.finish();
-        if values.data_type() == &DataType::Date32 {
-            values = arrow::compute::cast(&values, &DataType::Int32)?;
-        }
-        let values = arrow::compute::cast(&values, &DataType::Int64)?;
-        Ok(values
-            .as_any()
-            .downcast_ref::<arrow::array::Int64Array>()
-            .ok_or_else(|| Error::Internal("grid values are not Int64".into()))?
-            .iter()
-            .collect())
+        grid_units(&builder.finish())
     }
 
     /// Sends the rows of `read` in batches to `sender`; returns early when it is gone.
@@ -245,7 +234,6 @@ impl SimDb {
             .iter()
             .map(|column| definition.column(&column.name))
             .collect();
-        let stamp = read.stamp.to_string();
         for piece in &read.pieces {
             let keys: Vec<(i64, u64)> = match &piece.keyset {
                 Some(range) => keyset::rows_in_range(&definition, &read.keys, &rows, range)?,
@@ -257,23 +245,7 @@ impl SimDb {
             };
             for part in keys.chunks(read.batch_rows.max(1)) {
                 let count = part.len();
-                let mut columns: Vec<ArrayRef> = vec![
-                    Arc::new(StringArray::from(vec![
-                        read.capture_instance.as_str();
-                        count
-                    ])),
-                    Arc::new(StringArray::from(vec![stamp.as_str(); count])),
-                    new_null_array(&DataType::Utf8, count),
-                    Arc::new(Int32Array::from(vec![0; count])),
-                    new_null_array(&DataType::Int32, count),
-                    Arc::new(TimestampMicrosecondArray::from(vec![
-                            read.stamp_time.map(|t| t.micros());
-                            count
-                        ])),
-                ];
-                if !read.include_command_id {
-                    columns.remove(4);
-                }
+                let mut columns = Vec::with_capacity(read.columns.len());
                 for (column, source) in read.columns.iter().zip(&sources) {
                     match source {
                         Some(source) => {
@@ -290,9 +262,7 @@ impl SimDb {
                         )),
                     }
                 }
-                columns.push(Arc::new(Int32Array::from(vec![piece.chunk; count])));
-                let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
-                debug_assert_eq!(schema.field(schema.fields().len() - 1).name(), CHUNK_COLUMN);
+                let batch = snapshot_batch(read, &schema, piece.chunk, count, columns)?;
                 if !send_bounded(sender, &batch, &read.batch_bytes)? {
                     return Ok(());
                 }
@@ -307,4 +277,59 @@ impl SimDb {
         }
         Ok(())
     }
+}
+
+/// The values of a key column (an integer or `date` array) in grid units, NULL as `None`:
+/// a date is its day number (Date32 counts days from 1970-01-01), an integer itself.
+pub(crate) fn grid_units(values: &ArrayRef) -> Result<Vec<Option<i64>>> {
+    let mut values = Arc::clone(values);
+    if values.data_type() == &DataType::Date32 {
+        values = arrow::compute::cast(&values, &DataType::Int32)?;
+    }
+    let values = arrow::compute::cast(&values, &DataType::Int64)?;
+    Ok(values
+        .as_any()
+        .downcast_ref::<arrow::array::Int64Array>()
+        .ok_or_else(|| Error::Internal("grid values are not Int64".into()))?
+        .iter()
+        .collect())
+}
+
+/// The smallest and largest of `units` (NULLs left out): what `key_span` answers.
+pub(crate) fn span(units: &[Option<i64>]) -> Option<(i64, i64)> {
+    let present = units.iter().flatten();
+    present.clone().min().copied().zip(present.max().copied())
+}
+
+/// A batch of snapshot rows of `read` in `schema` ([`snapshot_schema`]): the metadata columns
+/// every row shares (`_operation` 0, `_start_lsn` the stamp, `_seqval` and `_command_id`
+/// NULL), the `captured` columns of `count` rows, and `_chunk`.
+pub(crate) fn snapshot_batch(
+    read: &SnapshotRead,
+    schema: &SchemaRef,
+    chunk: Option<i32>,
+    count: usize,
+    captured: Vec<ArrayRef>,
+) -> Result<RecordBatch> {
+    let stamp = read.stamp.to_string();
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from(vec![
+            read.capture_instance.as_str();
+            count
+        ])),
+        Arc::new(StringArray::from(vec![stamp.as_str(); count])),
+        new_null_array(&DataType::Utf8, count),
+        Arc::new(Int32Array::from(vec![0; count])),
+    ];
+    if read.include_command_id {
+        columns.push(new_null_array(&DataType::Int32, count));
+    }
+    columns.push(Arc::new(TimestampMicrosecondArray::from(vec![
+        read.stamp_time.map(|t| t.micros());
+        count
+    ])));
+    columns.extend(captured);
+    columns.push(Arc::new(Int32Array::from(vec![chunk; count])));
+    debug_assert_eq!(schema.field(schema.fields().len() - 1).name(), CHUNK_COLUMN);
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }

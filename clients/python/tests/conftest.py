@@ -117,17 +117,20 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_server(directory, *flags: str, port: int = 0, stderr=sys.stderr, env=None):
+def start_server(
+    directory, *flags: str, port: int = 0, stderr=sys.stderr, env=None, scheme: str = "sim"
+):
     """Starts `serve` over a simulated database on loopback (a free port unless `port` is
     given, so a test can restart it where its clients look); returns the process and its
     grpc:// URL. `stderr=subprocess.PIPE` keeps the server's log for the test to read, `env`
-    replaces its environment."""
+    replaces its environment; `scheme="seed-fake"` serves a directory of the seed library's
+    FakeCdcDatabase instead of our simulator's."""
     process = subprocess.Popen(
         [
             binary(),
             "serve",
             "--source",
-            f"sim:{directory}",
+            f"{scheme}:{directory}",
             "--listen",
             f"127.0.0.1:{port}",
             *flags,
