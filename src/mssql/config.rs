@@ -21,7 +21,9 @@
 //! line for a pooled connection, 300 by default), `command_timeout_s`, `packet_size`,
 //! `application_name`, `readonly` (an availability group's readable secondary; ADO's
 //! `ApplicationIntent=ReadOnly`), `access_token_file` (a Microsoft Entra ID access token,
-//! re-read at every connect, instead of a SQL login).
+//! re-read at every connect, instead of a SQL login), `login_timeout_s` (ADO's `Connect
+//! Timeout`: how long opening a connection, TCP, TLS and login, may take; 15 by default, as
+//! SqlClient's).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -37,6 +39,10 @@ use crate::error::{Error, Result};
 /// Reads a source-table read may wait for, at most, per server round trip: snapshot reads
 /// of big tables sort or scan for minutes before the first row (tiberius' default is 30 s).
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(3600);
+/// How long opening a connection (TCP, TLS, login, a redirect followed) may take: SqlClient's
+/// default `Connect Timeout`. Without one, an address that drops packets holds a connect for
+/// the kernel's TCP retries, and a server that accepts but never answers holds it for ever.
+pub const DEFAULT_LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
 /// The largest TDS packet, for bulk reads.
 pub const PACKET_SIZE: u32 = 32767;
 
@@ -59,6 +65,8 @@ pub struct SqlServerConfig {
     pub pool_size: u32,
     /// How long a read waits in line for a connection before `UNAVAILABLE`.
     pub checkout_timeout: Duration,
+    /// How long opening one connection may take.
+    pub login_timeout: Duration,
     /// A file holding a Microsoft Entra ID access token for the login, read at every connect
     /// (tokens live about an hour; whatever refreshes the file, the next connection uses it).
     pub access_token_file: Option<PathBuf>,
@@ -75,6 +83,7 @@ impl fmt::Debug for SqlServerConfig {
             .field("clock", &self.clock)
             .field("pool_size", &self.pool_size)
             .field("checkout_timeout", &self.checkout_timeout)
+            .field("login_timeout", &self.login_timeout)
             .field("access_token_file", &self.access_token_file)
             .finish_non_exhaustive()
     }
@@ -88,6 +97,7 @@ struct Extras {
     clock: Option<ClockSetting>,
     pool_size: Option<u32>,
     checkout_timeout: Option<Duration>,
+    login_timeout: Option<Duration>,
     command_timeout: Option<Duration>,
     packet_size: Option<u32>,
     access_token_file: Option<PathBuf>,
@@ -137,6 +147,25 @@ impl Extras {
                 ));
             }
             extras.checkout_timeout = Some(Duration::from_secs(seconds));
+        }
+        // ADO.NET spells it `Connect Timeout`, `Connection Timeout` or `Timeout`.
+        let login = [
+            "logintimeouts",
+            "connecttimeout",
+            "connectiontimeout",
+            "timeout",
+        ]
+        .iter()
+        .filter_map(|key| pairs.remove(*key))
+        .next_back();
+        if let Some(value) = login {
+            let seconds = number("login_timeout_s", value)?;
+            if !(1..=3600).contains(&seconds) {
+                return Err(Error::invalid(
+                    "login_timeout_s must be between 1 and 3600 seconds",
+                ));
+            }
+            extras.login_timeout = Some(Duration::from_secs(seconds));
         }
         if let Some(value) = pairs
             .remove("commandtimeouts")
@@ -399,6 +428,7 @@ impl SqlServerConfig {
             checkout_timeout: extras
                 .checkout_timeout
                 .unwrap_or(super::pool::DEFAULT_CHECKOUT_TIMEOUT),
+            login_timeout: extras.login_timeout.unwrap_or(DEFAULT_LOGIN_TIMEOUT),
             access_token_file: extras.access_token_file,
         })
     }
@@ -435,6 +465,26 @@ mod tests {
             config.tiberius.get_command_timeout(),
             Some(DEFAULT_COMMAND_TIMEOUT)
         );
+    }
+
+    #[test]
+    fn the_login_timeout_has_sqlclients_default_and_its_names() {
+        let default = SqlServerConfig::parse("mssql://u:p@h/db").expect("parses");
+        assert_eq!(default.login_timeout, DEFAULT_LOGIN_TIMEOUT);
+        for text in [
+            "mssql://u:p@h/db?login_timeout_s=7",
+            "Server=tcp:h,1433;Database=db;User Id=u;Password=p;Connect Timeout=7",
+            "Server=tcp:h,1433;Database=db;User Id=u;Password=p;Connection Timeout=7",
+        ] {
+            let config = SqlServerConfig::parse(text).expect(text);
+            assert_eq!(config.login_timeout, Duration::from_secs(7), "{text}");
+        }
+        for bad in [
+            "mssql://u:p@h/db?login_timeout_s=0",
+            "mssql://u:p@h/db?login_timeout_s=x",
+        ] {
+            assert!(SqlServerConfig::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

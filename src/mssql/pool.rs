@@ -54,6 +54,7 @@ pub struct Manager {
     config: Config,
     trusts_any_certificate: bool,
     access_token_file: Option<PathBuf>,
+    login_timeout: Duration,
 }
 
 impl Manager {
@@ -68,7 +69,15 @@ impl Manager {
             config,
             trusts_any_certificate,
             access_token_file,
+            login_timeout: crate::mssql::config::DEFAULT_LOGIN_TIMEOUT,
         }
+    }
+
+    /// The same manager with `timeout` as the bound of each connect (TCP, TLS, login and a
+    /// redirect followed, together).
+    pub fn with_login_timeout(mut self, timeout: Duration) -> Self {
+        self.login_timeout = timeout;
+        self
     }
 
     /// The login of the next connection: the access token file read now (a refreshed token
@@ -133,15 +142,26 @@ impl Connector for Manager {
                  connection can be intercepted; pin the server's CA with ca= instead"
             );
         }
-        let client = match Self::open(config.clone()).await {
-            Err(tiberius::error::Error::Routing { host, port }) => {
-                let mut routed = config;
-                routed.host(&host);
-                routed.port(port);
-                Self::open(routed).await?
+        let opened = tokio::time::timeout(self.login_timeout, async {
+            match Self::open(config.clone()).await {
+                Err(tiberius::error::Error::Routing { host, port }) => {
+                    let mut routed = config;
+                    routed.host(&host);
+                    routed.port(port);
+                    Self::open(routed).await
+                }
+                other => other,
             }
-            other => other?,
-        };
+        })
+        .await;
+        let client = opened.map_err(|_| tiberius::error::Error::Io {
+            kind: std::io::ErrorKind::TimedOut,
+            message: format!(
+                "opening a connection took longer than the login timeout of {} s \
+                 (login_timeout_s)",
+                self.login_timeout.as_secs()
+            ),
+        })??;
         Ok(Connection {
             client,
             dirty: false,
@@ -722,5 +742,42 @@ mod tests {
         let change_read = pool.get().await.expect("connection");
         assert_ne!(change_read.number, first, "a new connection");
         assert_eq!(change_read.lock_timeout, None);
+    }
+
+    #[tokio::test]
+    async fn a_server_that_accepts_but_never_answers_fails_the_connect_at_the_login_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("listener");
+        let address = listener.local_addr().expect("address");
+        // Accepts and holds the connection without a byte of TDS.
+        let held = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.expect("accept");
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(socket);
+        });
+        let config = crate::mssql::config::SqlServerConfig::parse(&format!(
+            "mssql://u:p@127.0.0.1:{}/db?login_timeout_s=1",
+            address.port()
+        ))
+        .expect("config");
+        let manager =
+            Manager::new(config.tiberius, false, None).with_login_timeout(config.login_timeout);
+        let started = Instant::now();
+        let error = match manager.connect().await {
+            Ok(_) => panic!("a silent server cannot log in"),
+            Err(error) => error,
+        };
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            error.to_string().contains("login timeout of 1 s"),
+            "{error}"
+        );
+        assert!(is_transient(&error), "retried, as a stalled login is");
+        held.abort();
     }
 }

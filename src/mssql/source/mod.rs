@@ -98,7 +98,8 @@ impl SqlServerSource {
             config.tiberius.clone(),
             config.trusts_any_certificate,
             config.access_token_file.clone(),
-        );
+        )
+        .with_login_timeout(config.login_timeout);
         let pool = Connections::new(manager, config.pool_size, config.checkout_timeout);
         let read_prefix = sql::source_read_prefix(config.lock_timeout_ms, config.isolation);
         let source = SqlServerSource {
