@@ -105,7 +105,6 @@ class SeedWorkload:
         self.db.ddl("orders", "note", "ALTER TABLE dbo.orders ADD note nvarchar(20)")
         return self.db.add_capture_instance("orders", ORDERS_V2, at=self._at())
 
-
     def cleanup_third(self) -> None:
         """Every instance's changes of the oldest third of the timeline purged."""
         client = FakeCdcClient(self.db.path)

@@ -45,6 +45,18 @@ pub enum Commands {
         #[arg(long, env = "MSSQL_CDC_WRITER_CONFIG")]
         config: PathBuf,
     },
+    /// How old a table's verdict is now (JSON): finalized_until and when it last moved, as
+    /// ages in seconds, and the snapshot holding it; reads the control table only (the seed's
+    /// `finalization.freshness`; docs/writer.md, "Freshness").
+    Freshness {
+        /// The control table.
+        #[arg(long, env = "MSSQL_CDC_WRITER_CONTROL")]
+        control: String,
+        /// The control row: the source table (schema.table) for bronze's verdict, or the
+        /// silver table's name given to apply.
+        #[arg(long, env = "MSSQL_CDC_WRITER_TABLE")]
+        table: String,
+    },
     /// The whole pipeline on the embedded default: a simulated CDC database with a workload,
     /// the Flight server in process, and every table streamed into a local lake.
     #[cfg(feature = "sim")]

@@ -440,6 +440,15 @@ pub async fn maintain(args: MaintainArgs) -> anyhow::Result<()> {
 }
 
 /// `status`: one line per table of a sidecar file.
+/// `freshness`: the control row's verdict and ages, as JSON on standard output.
+pub async fn print_freshness(control: &str, table: &str) -> anyhow::Result<()> {
+    let url = mssql_cdc_writer::tables::table_url(control)?;
+    let now = mssql_cdc_proto::CommitTime(chrono::Utc::now().timestamp_micros());
+    let freshness = mssql_cdc_writer::control::freshness(&url, table, now).await?;
+    println!("{}", serde_json::to_string_pretty(&freshness)?);
+    Ok(())
+}
+
 pub async fn print_status(path: PathBuf) -> anyhow::Result<()> {
     let config = sidecar::SidecarConfig::load(&path)?;
     println!(

@@ -186,6 +186,8 @@ pub struct ControlRow {
     /// The LSN of the last reconcile that compared every value of every row too and found
     /// silver equal to the source, and when it ran.
     pub values_verified: Option<(String, CommitTime)>,
+    /// When the row last changed (a verdict moved, a position written).
+    pub updated_at: Option<CommitTime>,
 }
 
 /// The control row of `table_name`; `None` without a control table or row.
@@ -213,6 +215,7 @@ pub async fn row(url: &Url, table_name: &str) -> Result<Option<ControlRow>> {
         "verified_at",
         "values_verified_lsn",
         "values_verified_at",
+        "updated_at",
     ]
     .iter()
     .map(|name| match present.iter().any(|field| field == name) {
@@ -256,7 +259,41 @@ pub async fn row(url: &Url, table_name: &str) -> Result<Option<ControlRow>> {
         },
         verified: row[7].clone().zip(time(&row[8])),
         values_verified: row[9].clone().zip(time(&row[10])),
+        updated_at: time(&row[11]),
     }))
+}
+
+/// How old a table's verdict is at `now`: the seed's `finalization.freshness`, one read of
+/// the control table, nothing written. Ages are `None` before the first verdict.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Freshness {
+    /// The control row's name, as asked.
+    pub table_name: String,
+    /// The verdict (UTC).
+    pub finalized_until: Option<CommitTime>,
+    /// When the row last changed (UTC).
+    pub updated_at: Option<CommitTime>,
+    /// Seconds from the verdict, the last final instant, to `now`.
+    pub age_seconds: Option<f64>,
+    /// Seconds since the row last changed: large while the verdict is held (a stopped
+    /// stream, a stopped capture job, an open snapshot).
+    pub seconds_since_update: Option<f64>,
+    /// The chunked snapshot that holds silver's verdict, if one is open.
+    pub open_snapshot_lsn: Option<String>,
+}
+
+/// [`Freshness`] of `table_name` in the control table at `url` (all `None` without a row).
+pub async fn freshness(url: &Url, table_name: &str, now: CommitTime) -> Result<Freshness> {
+    let found = row(url, table_name).await?.unwrap_or_default();
+    let age = |time: Option<CommitTime>| time.map(|time| (now.0 - time.0) as f64 / 1e6);
+    Ok(Freshness {
+        table_name: table_name.to_string(),
+        finalized_until: found.finalized_until,
+        updated_at: found.updated_at,
+        age_seconds: age(found.finalized_until),
+        seconds_since_update: age(found.updated_at),
+        open_snapshot_lsn: found.position.open_snapshot_lsn,
+    })
 }
 
 /// Writes `table_name`'s position (creating its row, without a verdict, when missing).

@@ -29,6 +29,9 @@ fn main() -> anyhow::Result<()> {
         match command {
             Commands::Run(args) => commands::run(*args).await,
             Commands::Status { config } => commands::print_status(config).await,
+            Commands::Freshness { control, table } => {
+                commands::print_freshness(&control, &table).await
+            }
             Commands::Maintain(args) => commands::maintain(*args).await,
             Commands::Backfill(args) => commands::backfill(*args).await,
             Commands::Snapshot(command) => commands::snapshot_command(*command).await,
