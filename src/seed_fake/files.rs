@@ -183,38 +183,83 @@ impl SeedFiles {
 
     /// A JSON object file; an absent file is empty, as the seed reads it.
     fn json<T: DeserializeOwned + Default>(&self, name: &str) -> Result<T> {
-        let path = self.dir.join(name);
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| malformed(&path, error)),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(T::default()),
-            Err(error) => Err(Error::SourceUnavailable(format!(
-                "cannot read {}: {error}",
-                path.display()
-            ))),
+        match self.read(name)? {
+            Some(text) => parse(name, 1, &text),
+            None => Ok(T::default()),
         }
     }
 
     /// The whole lines of a JSONL file; an absent file has none.
     fn jsonl<T: DeserializeOwned>(&self, name: &str) -> Result<Vec<T>> {
-        let path = self.dir.join(name);
-        let text = match fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(error) => {
-                return Err(Error::SourceUnavailable(format!(
-                    "cannot read {}: {error}",
-                    path.display()
-                )));
-            }
+        let Some(text) = self.read(name)? else {
+            return Ok(Vec::new());
         };
         // The last line is whole only when a newline ends it: the writer may be appending.
         let whole = text.rfind('\n').map_or("", |end| &text[..end]);
         whole
             .lines()
-            .filter(|line| !line.trim().is_empty())
-            .map(|line| serde_json::from_str(line).map_err(|error| malformed(&path, error)))
+            .enumerate()
+            .filter(|(_, line)| !line.trim().is_empty())
+            .map(|(number, line)| parse(name, number + 1, line))
             .collect()
     }
+
+    /// The text of a file of the directory; `None` when it does not exist. Errors name the
+    /// file as the seed does, never the server's path (they reach clients).
+    fn read(&self, name: &str) -> Result<Option<String>> {
+        match fs::read_to_string(self.dir.join(name)) {
+            Ok(text) => Ok(Some(text)),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(Error::SourceUnavailable(format!(
+                "cannot read {name} of the seed's database: {error}"
+            ))),
+        }
+    }
+}
+
+/// One JSON value of `name` (line `line`). Python's `json.dumps` writes a float that is not a
+/// number as the bare token `NaN`, `Infinity` or `-Infinity`, which JSON has not: those are
+/// read as text, so the column's type check refuses that one value (SQL Server's `float`
+/// holds none of them) instead of the whole file failing to parse.
+fn parse<T: DeserializeOwned>(name: &str, line: usize, text: &str) -> Result<T> {
+    let text = quote_non_numbers(text);
+    serde_json::from_str(&text).map_err(|error| {
+        Error::Internal(format!(
+            "{name} line {line} is not as the seed's FakeCdcDatabase writes it: {error}"
+        ))
+    })
+}
+
+/// `text` with the bare tokens `NaN`, `Infinity` and `-Infinity` outside strings quoted.
+fn quote_non_numbers(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("NaN") && !text.contains("Infinity") {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    let (mut in_string, mut escaped) = (false, false);
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if !in_string
+            && let Some(token) = ["NaN", "Infinity", "-Infinity"]
+                .into_iter()
+                .find(|token| rest.starts_with(token))
+        {
+            out.push('"');
+            out.push_str(token);
+            out.push('"');
+            rest = &rest[token.len()..];
+            continue;
+        }
+        match (in_string, escaped, c) {
+            (true, true, _) => escaped = false,
+            (true, false, '\\') => escaped = true,
+            (_, false, '"') => in_string = !in_string,
+            _ => {}
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// A name as the seed puts it in a file name, refused when it could leave the directory.
@@ -225,13 +270,6 @@ fn file_name(name: &str) -> Result<&str> {
         )));
     }
     Ok(name)
-}
-
-fn malformed(path: &Path, error: serde_json::Error) -> Error {
-    Error::Internal(format!(
-        "{} is not as the seed's FakeCdcDatabase writes it: {error}",
-        path.display()
-    ))
 }
 
 /// An LSN as the seed writes it (`0x` and 20 hex digits).

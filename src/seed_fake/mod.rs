@@ -11,6 +11,8 @@
 //! source").
 
 mod files;
+#[cfg(test)]
+mod tests;
 mod values;
 
 use std::collections::BTreeMap;
@@ -28,7 +30,7 @@ pub use values::sql_type_of;
 
 use crate::column_builder::ColumnBuilder;
 use crate::error::{Error, Result};
-use crate::keys::{KeyColumn, KeyTuple, KeysetSeek};
+use crate::keys::{KeyColumn, KeyTuple, KeyValue, KeysetSeek};
 use crate::lsn::Lsn;
 use crate::offset::CommitTime;
 use crate::sim::keyset;
@@ -183,19 +185,27 @@ fn column_of<'a>(
 ) -> Result<ArrayRef> {
     let mut builder = ColumnBuilder::for_sql_type(sql_type, rows.len());
     for row in rows {
-        builder.append_json(name, value_of(row, name))?;
+        builder.append_json(name, sql_type, value_of(row, name))?;
     }
     Ok(builder.finish())
 }
 
-/// A row's value of `column`: by its exact name, else ignoring case (SQL Server's default
-/// collation compares names so).
+/// A row's value of `column`, by its exact name as the seed's reader takes it (`row.get`).
 fn value_of<'a>(row: &'a JsonRow, column: &str) -> Option<&'a Value> {
-    row.get(column).or_else(|| {
-        row.iter()
-            .find(|(name, _)| name.eq_ignore_ascii_case(column))
-            .map(|(_, value)| value)
-    })
+    row.get(column)
+}
+
+/// An error unless the table has every one of `columns` (the simulator and SQL Server refuse
+/// a key on a column the table lacks, where reading it would give NULLs).
+fn require_columns<'a>(
+    table: &TableName,
+    types: &BTreeMap<String, crate::types::SqlType>,
+    mut columns: impl Iterator<Item = &'a str>,
+) -> Result<()> {
+    match columns.find(|name| !types.contains_key(*name)) {
+        Some(missing) => Err(Error::invalid(format!("{table} has no column '{missing}'"))),
+        None => Ok(()),
+    }
 }
 
 /// The rows' keys on `columns`, in the rows' order.
@@ -238,33 +248,75 @@ impl SeedFake {
         }
     }
 
+    /// Every row's key on `columns`. On the table's unique key, two rows whose keys the seed
+    /// holds apart (it compares exactly) but SQL Server's collation holds equal (`'a'` and
+    /// `'A '`) are refused: a keyset walk trusts a unique key to move on.
+    fn keys_of(&self, table: &TableName, columns: &[KeyColumn]) -> Result<Vec<KeyTuple>> {
+        let catalog = self.files.catalog()?;
+        let types = catalog.table_types(table)?;
+        require_columns(
+            table,
+            &types,
+            columns.iter().map(|column| column.name.as_str()),
+        )?;
+        let keys = key_tuples(columns, &self.files.rows(&table.name)?)?;
+        let unique = catalog
+            .keys
+            .get(&table.name)
+            .is_some_and(|index| index.iter().eq(columns.iter().map(|column| &column.name)));
+        if unique {
+            let mut sorted: Vec<&KeyTuple> = keys.iter().collect();
+            sorted.sort_by(|a, b| keyset::compare_tuples(columns, a, b));
+            if let Some(pair) = sorted.windows(2).find(|pair| {
+                keyset::compare_tuples(columns, pair[0], pair[1]).is_eq() && pair[0] != pair[1]
+            }) {
+                return Err(Error::invalid(format!(
+                    "{table}: the keys {:?} and {:?} differ in the seed's files but are one \
+                     value under SQL Server's collation (case and trailing spaces ignored); \
+                     a unique key on SQL Server could not hold both",
+                    pair[0], pair[1]
+                )));
+            }
+        }
+        Ok(keys)
+    }
+
     /// The table's rows and their values of `key` in grid units.
     fn grid_rows(&self, table: &TableName, key: &KeyColumn) -> Result<GridRows> {
         key.require_grid_unit()?;
-        self.files.catalog()?.table_types(table)?;
+        let types = self.files.catalog()?.table_types(table)?;
+        require_columns(table, &types, [key.name.as_str()].into_iter())?;
         let rows = self.files.rows(&table.name)?;
         let units = grid_units(&column_of(&key.name, &key.sql_type, rows.iter())?)?;
         Ok((rows, units))
     }
 
-    /// The change rows of `read` whose commit the timeline holds, in the order SQL Server
-    /// returns them.
+    /// The change rows of `read` in the order SQL Server returns them. Rows past `max_lsn`
+    /// belong to a commit still being written (the seed appends change rows before the
+    /// commit's mapping entry) and are left for a later read; a row at or below it without
+    /// a mapping entry is an error, as in the seed's reader, never dropped.
     fn change_rows(&self, catalog: &Catalog, read: &ChangeRead) -> Result<Vec<ChangeRow>> {
+        catalog.instance(&read.capture_instance)?;
         let committed: std::collections::BTreeSet<Lsn> = catalog
             .mapping
             .iter()
             .map(|entry| entry.start_lsn)
             .collect();
-        let mut rows: Vec<ChangeRow> = self
-            .files
-            .changes(&read.capture_instance)?
-            .into_iter()
-            .filter(|row| {
-                row.start_lsn >= read.from
-                    && row.start_lsn <= read.to
-                    && committed.contains(&row.start_lsn)
-            })
-            .collect();
+        let max_lsn = catalog.max_lsn().unwrap_or(Lsn::ZERO);
+        let mut rows = Vec::new();
+        for row in self.files.changes(&read.capture_instance)? {
+            if row.start_lsn < read.from || row.start_lsn > read.to.min(max_lsn) {
+                continue;
+            }
+            if !committed.contains(&row.start_lsn) {
+                return Err(Error::Internal(format!(
+                    "a change row of capture instance '{}' at {} has no lsn_time_mapping entry \
+                     although the timeline passed it: the seed's files are out of order",
+                    read.capture_instance, row.start_lsn
+                )));
+            }
+            rows.push(row);
+        }
         rows.sort_by(|a, b| {
             (a.start_lsn, a.command_id, a.seqval, a.operation).cmp(&(
                 b.start_lsn,
@@ -340,10 +392,20 @@ impl SeedFake {
     fn produce_snapshot(&self, read: &SnapshotRead, sender: &ReadSender) -> Result<()> {
         let catalog = self.files.catalog()?;
         let types = catalog.table_types(&read.table)?;
+        require_columns(
+            &read.table,
+            &types,
+            read.keys.iter().map(|key| key.name.as_str()),
+        )?;
         let rows = self.files.rows(&read.table.name)?;
         let schema = snapshot_schema(&read.columns, read.include_command_id);
         let integer = self.integer_key(&catalog, &read.table).ok();
         for piece in &read.pieces {
+            let bounded = piece.range.lo.is_some() || piece.range.hi.is_some();
+            if piece.keyset.is_none() && bounded && integer.is_none() {
+                // The plan cut on an integer key the table no longer has.
+                self.integer_key(&catalog, &read.table)?;
+            }
             // Cut on keyset bounds, on the integer key, or (a table without one, read whole)
             // ordered by its unique index.
             let order = match (&piece.keyset, &integer) {
@@ -369,9 +431,12 @@ impl SeedFake {
                 .zip(&rows)
                 .filter(|(key, _)| match (&piece.keyset, key.first()) {
                     (Some(range), _) => keyset::in_range(&read.keys, range, key),
-                    (None, Some(crate::keys::KeyValue::Int(value))) if integer.is_some() => {
+                    (None, Some(KeyValue::Int(value))) if integer.is_some() => {
                         piece.range.contains(*value)
                     }
+                    // NULL sorts first: the piece open below holds it, as SQL Server's
+                    // `key < hi OR key IS NULL` does.
+                    (None, Some(KeyValue::Null)) if integer.is_some() => piece.range.lo.is_none(),
                     _ => piece.range.lo.is_none() && piece.range.hi.is_none(),
                 })
                 .collect();
@@ -408,6 +473,10 @@ impl CdcSource for SeedFake {
         format!("seed-fake:{}", self.files.dir().display())
     }
 
+    /// Every table the seed's files describe; one they describe incompletely (an instance
+    /// without captured columns or of a type without a mapping, or caught between the two
+    /// file writes of the seed's `add_capture_instance`) is left out with a warning, and calls
+    /// about it fail with the reason, so the other tables stay readable.
     async fn tracked_tables(&self) -> Result<Vec<TrackedTable>> {
         let catalog = self.files.catalog()?;
         let tables: std::collections::BTreeSet<&String> = catalog
@@ -415,15 +484,43 @@ impl CdcSource for SeedFake {
             .values()
             .map(|instance| &instance.table)
             .collect();
-        tables
-            .into_iter()
-            .map(|table| {
-                Ok(TrackedTable {
+        let mut tracked = Vec::new();
+        for table in tables {
+            match catalog.capture_instances(table) {
+                Ok(capture_instances) => tracked.push(TrackedTable {
                     table: TableName::new(SCHEMA, table.as_str()),
-                    capture_instances: catalog.capture_instances(table)?,
-                })
-            })
-            .collect()
+                    capture_instances,
+                }),
+                Err(error) => {
+                    tracing::warn!(%table, %error, "a table of the seed's files is left out")
+                }
+            }
+        }
+        Ok(tracked)
+    }
+
+    async fn capture_instances(&self, table: &TableName) -> Result<Vec<CaptureInstance>> {
+        let catalog = self.files.catalog()?;
+        catalog.table_types(table)?;
+        catalog.capture_instances(&table.name)
+    }
+
+    /// `max_lsn` less one: the seed's `commit` writes a commit's mapping entry before the
+    /// table's rows, so a read at `max_lsn` may not hold its last commit yet; every earlier
+    /// one is whole (one writer commits at a time). The stream after the stamp reads that
+    /// commit again, which a snapshot may always see. Never below the LSN just before the
+    /// newest instance's start, as [`CdcSource::snapshot_lsn`].
+    async fn snapshot_lsn(&self, table: &TableName) -> Result<Lsn> {
+        let catalog = self.files.catalog()?;
+        catalog.table_types(table)?;
+        let newest_start = catalog
+            .capture_instances(&table.name)?
+            .iter()
+            .filter_map(|instance| instance.start_lsn)
+            .max()
+            .unwrap_or(Lsn::ZERO);
+        let max_lsn = catalog.max_lsn().unwrap_or(Lsn::ZERO);
+        Ok(max_lsn.decrement().max(newest_start.decrement()))
     }
 
     async fn max_lsn(&self) -> Result<Option<Lsn>> {
@@ -590,17 +687,14 @@ impl CdcSource for SeedFake {
     }
 
     async fn key_max(&self, table: &TableName, keys: &[KeyColumn]) -> Result<Option<KeyTuple>> {
-        self.files.catalog()?.table_types(table)?;
-        let rows = self.files.rows(&table.name)?;
-        Ok(key_tuples(keys, &rows)?
+        Ok(self
+            .keys_of(table, keys)?
             .into_iter()
             .max_by(|a, b| keyset::compare_tuples(keys, a, b)))
     }
 
     async fn key_bound(&self, table: &TableName, seek: &KeysetSeek) -> Result<Option<KeyTuple>> {
-        self.files.catalog()?.table_types(table)?;
-        let rows = self.files.rows(&table.name)?;
-        let keys = key_tuples(seek.columns(), &rows)?;
+        let keys = self.keys_of(table, seek.columns())?;
         Ok(keyset::nth_key(seek.columns(), keys, seek.seek()))
     }
 

@@ -48,9 +48,14 @@ pub fn sql_type_of(spark: &str) -> Result<SqlType> {
 }
 
 impl ColumnBuilder {
-    /// Appends a JSON value of the seed's files as a value of `sql_type`; a value of another
-    /// kind is an error naming the column, never a silent NULL.
-    pub fn append_json(&mut self, column: &str, value: Option<&Value>) -> Result<()> {
+    /// Appends a JSON value of the seed's files as a value of `column`'s `sql_type` (the
+    /// builder's); a value of another kind is an error naming the column, never a silent NULL.
+    pub fn append_json(
+        &mut self,
+        column: &str,
+        sql_type: &SqlType,
+        value: Option<&Value>,
+    ) -> Result<()> {
         let value = match value {
             None | Some(Value::Null) => {
                 self.append_null();
@@ -80,7 +85,13 @@ impl ColumnBuilder {
                     Value::String(text) => text.clone(),
                     _ => return Err(wrong()),
                 };
-                b.append_value(scaled_decimal(&text, *scale).ok_or_else(wrong)?);
+                let precision = match sql_type {
+                    SqlType::Decimal { precision, .. } => *precision,
+                    SqlType::Money => 19,
+                    SqlType::SmallMoney => 10,
+                    _ => 38,
+                };
+                b.append_value(scaled_decimal(&text, precision, *scale).ok_or_else(wrong)?);
             }
             ColumnBuilder::Date32(b) => {
                 let text = value.as_str().ok_or_else(wrong)?;
@@ -110,8 +121,9 @@ fn integer<T: TryFrom<i64>>(value: &Value) -> Option<T> {
 }
 
 /// Decimal text (`-12.5`, `3`, `1e2` refused) as an integer of `scale` digits; `None` when it
-/// is not a decimal or has more fractional digits than the scale (never rounded).
-fn scaled_decimal(text: &str, scale: u8) -> Option<i128> {
+/// is not a decimal, has more fractional digits than the scale (never rounded) or more
+/// digits than `precision`.
+fn scaled_decimal(text: &str, precision: u8, scale: u8) -> Option<i128> {
     let (negative, digits) = match text.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, text),
@@ -129,6 +141,9 @@ fn scaled_decimal(text: &str, scale: u8) -> Option<i128> {
     }
     let padded = format!("{whole}{fraction:0<width$}", width = usize::from(scale));
     let magnitude: i128 = padded.parse().ok()?;
+    if magnitude >= 10i128.checked_pow(u32::from(precision))? {
+        return None;
+    }
     Some(if negative { -magnitude } else { magnitude })
 }
 
@@ -148,22 +163,24 @@ mod tests {
 
     #[test]
     fn decimals_are_scaled_exactly_or_refused() {
-        assert_eq!(scaled_decimal("12.5", 2), Some(1250));
-        assert_eq!(scaled_decimal("-0.01", 2), Some(-1));
-        assert_eq!(scaled_decimal("7", 3), Some(7000));
-        assert_eq!(scaled_decimal("1.250", 2), Some(125));
-        assert_eq!(scaled_decimal("1.255", 2), None, "never rounded");
-        assert_eq!(scaled_decimal("1e2", 2), None);
+        assert_eq!(scaled_decimal("12.5", 18, 2), Some(1250));
+        assert_eq!(scaled_decimal("-0.01", 18, 2), Some(-1));
+        assert_eq!(scaled_decimal("7", 18, 3), Some(7000));
+        assert_eq!(scaled_decimal("1.250", 18, 2), Some(125));
+        assert_eq!(scaled_decimal("1.255", 18, 2), None, "never rounded");
+        assert_eq!(scaled_decimal("1e2", 18, 2), None);
+        assert_eq!(scaled_decimal("999.99", 5, 2), Some(99_999));
+        assert_eq!(scaled_decimal("1000.00", 5, 2), None, "past the precision");
     }
 
     #[test]
     fn a_value_of_another_kind_is_an_error_not_a_null() {
         let mut builder = ColumnBuilder::for_sql_type(&SqlType::Int, 2);
         builder
-            .append_json("qty", Some(&Value::from(3)))
+            .append_json("qty", &SqlType::Int, Some(&Value::from(3)))
             .expect("an integer");
         let error = builder
-            .append_json("qty", Some(&Value::from("three")))
+            .append_json("qty", &SqlType::Int, Some(&Value::from("three")))
             .expect_err("text in an int column");
         assert!(error.to_string().contains("qty"), "{error}");
     }

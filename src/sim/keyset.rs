@@ -94,7 +94,6 @@ pub fn in_range(columns: &[KeyColumn], range: &KeysetRange, key: &KeyTuple) -> b
 }
 
 /// Whether `key` lies in the seek's range.
-/// Whether `key` lies in the seek's range.
 pub fn in_seek(columns: &[KeyColumn], seek: &KeySeek, key: &KeyTuple) -> bool {
     let above = seek
         .from

@@ -12,9 +12,22 @@ from datetime import date, datetime, timedelta
 
 from mssql_cdc.fake import FakeCdcClient, FakeCdcDatabase
 
-ORDERS = "id INT, customer STRING, qty BIGINT, price DOUBLE, total DECIMAL(18,2), day DATE"
+# qty2 is a computed column (qty * 2): NULL in every change row, kept in the table's rows, never
+# captured (SQL Server CDC and the seed's model alike).
+ORDERS = (
+    "id INT, customer STRING, qty BIGINT, qty2 BIGINT, price DOUBLE, total DECIMAL(18,2), day DATE"
+)
 ORDERS_V2 = ORDERS + ", note STRING"
 LINES = "order_id INT, line INT, sku STRING, amount DOUBLE"
+COMPUTED = {"orders": ["qty2"]}
+
+
+def captured(spec: str, table: str) -> list[str]:
+    """The names of `spec`'s columns a capture serves: its computed ones left out."""
+    names = [part.split(" ")[0] for part in spec.split(", ")]
+    return [name for name in names if name not in COMPUTED.get(table, [])]
+
+
 KEYS = {"orders": "id", "lines": ["order_id", "line"]}
 
 
@@ -24,7 +37,11 @@ class SeedWorkload:
 
     def __init__(self, path, seed: int):
         self.db = FakeCdcDatabase(
-            str(path), ["orders", "lines"], keys=KEYS, columns={"orders": ORDERS, "lines": LINES}
+            str(path),
+            ["orders", "lines"],
+            keys=KEYS,
+            columns={"orders": ORDERS, "lines": LINES},
+            computed=COMPUTED,
         )
         self.rng = random.Random(seed)
         self.clock = datetime(2026, 3, 1, 8, 0, 0)
@@ -42,10 +59,12 @@ class SeedWorkload:
             "id": key,
             "customer": rng.choice(["Ada", "bob", "Chloé", "dmitri ", None]),
             "qty": rng.randint(-5, 10**12),
+            "qty2": None,
             "price": round(rng.uniform(0, 1000), 3),
             "total": f"{rng.randint(-(10**6), 10**8) / 100:.2f}",
             "day": (date(2025, 1, 1) + timedelta(days=rng.randint(0, 700))).isoformat(),
         }
+        row["qty2"] = row["qty"] * 2
         if self.with_note:
             row["note"] = rng.choice(["gift", "rush", None])
         return row

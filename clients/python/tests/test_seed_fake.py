@@ -12,7 +12,7 @@ from decimal import Decimal
 from conftest import start_server, stop_server, writer_binary
 from deltalake import DeltaTable
 from mssql_cdc.fake import FakeCdcClient
-from seed_workload import KEYS, LINES, ORDERS_V2, SeedWorkload
+from seed_workload import KEYS, LINES, ORDERS_V2, SeedWorkload, captured
 
 import mssql_cdc_flight
 
@@ -72,7 +72,7 @@ def test_our_server_serves_the_seeds_history_as_the_seeds_own_client_reads_it(tm
             assert ours == theirs, table
         snapshot = client.read_snapshot("dbo.orders").to_pylist()
         expected = sorted(workload.rows["orders"].values(), key=lambda row: row["id"])
-        columns = [name for name, _ in (part.split(" ") for part in ORDERS_V2.split(", "))]
+        columns = captured(ORDERS_V2, "orders")
         assert [{c: normalized(row)[c] for c in columns} for row in snapshot] == [
             {c: row.get(c) for c in columns} for row in expected
         ]
@@ -129,10 +129,7 @@ def test_our_writer_streams_the_seeds_history_into_a_silver_equal_to_the_seeds_r
                 "--control", str(lake / "control"), "--facts", str(lake / "facts"),
             )  # fmt: skip
             silver = DeltaTable(str(lake / table)).to_pyarrow_table().to_pylist()
-            columns = [
-                part.split(" ")[0]
-                for part in (ORDERS_V2 if table == "orders" else LINES).split(", ")
-            ]
+            columns = captured(ORDERS_V2 if table == "orders" else LINES, table)
             ours = sorted(
                 ({c: normalized(row)[c] for c in columns} for row in silver),
                 key=lambda row: [row[k] for k in keys],
