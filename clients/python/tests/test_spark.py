@@ -58,6 +58,31 @@ def test_a_server_error_surfaces_with_the_servers_message(spark, server):
         reader(spark, server, table="dbo.nope").collect()
 
 
+def test_options_are_strict_and_flags_read_every_spelling(spark, server):
+    """A misspelt option, a flag that is not one, a count below 1 are errors naming the
+    option (through Spark's reader too); `1`, `yes`, `FALSE` read as the flags they mean."""
+    from mssql_cdc_flight.spark import CdcFlightDataSource
+
+    base = {"server": server, "table": "dbo.orders"}
+    source = CdcFlightDataSource({**base, "includeCommandId": "1", "SNAPSHOT": "yes"})
+    assert source.snapshot and source.settings.options["include_command_id"] is True
+    source = CdcFlightDataSource({**base, "includecommandid": "FALSE", "snapshot": "0"})
+    assert not source.snapshot and source.settings.options["include_command_id"] is False
+    refused = [
+        ({"maxCommitPerBatch": "5"}, "no option"),
+        ({"snapshot": "on"}, "snapshot is true or false"),
+        ({"numPartitions": "0"}, "numpartitions is a whole number"),
+        ({"batchRows": "many"}, "batchrows is a whole number"),
+    ]
+    for options, message in refused:
+        with pytest.raises(ValueError, match=message):
+            CdcFlightDataSource({**base, **options})
+    with pytest.raises(Exception, match="numpartition"):
+        reader(spark, server, numPartition=2).collect()
+    rows = reader(spark, server, includeCommandId="0").limit(1).collect()
+    assert "_command_id" not in rows[0].asDict()
+
+
 def test_a_stream_stopped_and_restarted_while_a_workload_runs_lands_every_change_once(
     spark, tmp_path
 ):

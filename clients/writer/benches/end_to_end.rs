@@ -143,6 +143,7 @@ fn stream_config(url: &str, table: &TableName, lake: &Path, commit_rows: u64) ->
         schema_change_policy: mssql_cdc_writer::schema_policy::SchemaChangePolicy::default(),
         on_data_loss: mssql_cdc_writer::data_loss::OnDataLoss::default(),
         snapshot_on_switch: false,
+        resnapshot_every_days: None,
         resnapshot_interval_days: None,
         snapshot_keys: None,
     }

@@ -477,6 +477,11 @@ pub struct RunArgs {
     #[arg(long, env = "MSSQL_CDC_WRITER_SNAPSHOT_ON_SWITCH")]
     pub snapshot_on_switch: bool,
     /// Open a chunked re-snapshot once the newest snapshot is this many days old.
+    #[arg(long, env = "MSSQL_CDC_WRITER_RESNAPSHOT_EVERY_DAYS")]
+    pub resnapshot_every_days: Option<f64>,
+    /// With `--on-data-loss resnapshot`: a purge met less than this many days after the last
+    /// one healed stops the table instead of re-snapshotting again (the seed's anti-loop
+    /// guard; default 7, 0 turns it off for a rerun after fixing the cause).
     #[arg(long, env = "MSSQL_CDC_WRITER_RESNAPSHOT_INTERVAL_DAYS")]
     pub resnapshot_interval_days: Option<f64>,
     /// With a new checkpoint, snapshot the table first and start the stream at its S: `full`

@@ -50,6 +50,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         schema_change_policy: args.schema_change_policy.parse()?,
         on_data_loss: args.on_data_loss.parse()?,
         snapshot_on_switch: args.snapshot_on_switch,
+        resnapshot_every_days: args.resnapshot_every_days,
         resnapshot_interval_days: args.resnapshot_interval_days,
         snapshot_keys: args.snapshot_keys.columns,
     };
@@ -565,6 +566,7 @@ fn snapshot_config(
         schema_change_policy: SchemaChangePolicy::default(),
         on_data_loss: mssql_cdc_writer::data_loss::OnDataLoss::default(),
         snapshot_on_switch: false,
+        resnapshot_every_days: None,
         resnapshot_interval_days: None,
         snapshot_keys,
     })

@@ -57,6 +57,7 @@ fn stream_config(url: &str, dir: &Path, table: &str, name: &str) -> StreamConfig
         schema_change_policy: SchemaChangePolicy::default(),
         on_data_loss: OnDataLoss::default(),
         snapshot_on_switch: false,
+        resnapshot_every_days: None,
         resnapshot_interval_days: None,
         snapshot_keys: None,
     }

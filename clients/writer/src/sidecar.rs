@@ -20,7 +20,8 @@
 //! schema_change_policy = "evolve"  # optional: evolve or fail on a source schema change
 //! on_data_loss = "resnapshot"      # optional: fail (default) or heal purged changes by re-snapshot
 //! snapshot_on_switch = true        # optional: re-snapshot when a newer capture instance is active
-//! resnapshot_interval_days = 30.0  # optional: re-snapshot once the newest snapshot is this old
+//! resnapshot_every_days = 30.0  # optional: re-snapshot once the newest snapshot is this old
+//! resnapshot_interval_days = 7.0  # optional: a second purge healed within it stops the table
 //! bootstrap = "chunked"            # optional: full or chunked, for a new checkpoint
 //! chunk_rows = 100000              # optional: chunk size of a chunked bootstrap
 //! snapshot_keys = ["region"]       # optional: columns chunks are cut on (default: the unique index)
@@ -207,6 +208,10 @@ pub struct TableEntry {
     pub snapshot_on_switch: bool,
     /// Re-snapshot once the newest snapshot is this many days old (default never).
     #[serde(default)]
+    pub resnapshot_every_days: Option<f64>,
+    /// With `on_data_loss = "resnapshot"`, the seed's anti-loop guard: a purge met less than
+    /// this many days after the last one healed stops the table (default 7; 0: no guard).
+    #[serde(default)]
     pub resnapshot_interval_days: Option<f64>,
     /// Snapshot the table before a new checkpoint's first batch (`full` or `chunked`).
     #[serde(default)]
@@ -355,7 +360,7 @@ async fn backfill_to_end(entry: &TableEntry, config: &StreamConfig) -> Result<()
     if entry.bootstrap != Some(SnapshotMode::Chunked)
         && entry.on_data_loss != OnDataLoss::Resnapshot
         && !entry.snapshot_on_switch
-        && entry.resnapshot_interval_days.is_none()
+        && entry.resnapshot_every_days.is_none()
     {
         return Ok(());
     }
@@ -597,6 +602,7 @@ impl SidecarConfig {
             schema_change_policy: entry.schema_change_policy,
             on_data_loss: entry.on_data_loss,
             snapshot_on_switch: entry.snapshot_on_switch,
+            resnapshot_every_days: entry.resnapshot_every_days,
             resnapshot_interval_days: entry.resnapshot_interval_days,
             snapshot_keys: entry.snapshot_keys.clone(),
         }

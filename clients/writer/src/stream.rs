@@ -84,8 +84,14 @@ pub struct StreamConfig {
     /// Open a chunked re-snapshot when a newer capture instance becomes active (the seed's
     /// `snapshot_on_switch`), so the columns only it captures are filled for every row.
     pub snapshot_on_switch: bool,
-    /// Open a chunked re-snapshot once the newest snapshot is this many days old (the seed's
-    /// `resnapshot_interval_days`); `None`: never on a schedule.
+    /// Open a chunked re-snapshot once the newest snapshot is this many days old; `None`:
+    /// never on a schedule. (The seed has no schedule; its `resnapshot_interval_days` is the
+    /// guard below.)
+    pub resnapshot_every_days: Option<f64>,
+    /// The seed's anti-loop guard on `on_data_loss = resnapshot`: a purge met less than this
+    /// many days after the last one healed (its `data_loss` row) stops the table instead of
+    /// re-snapshotting again, since a stream that keeps falling behind the retention would
+    /// otherwise re-snapshot for ever. `None`: the seed's 7 days; `0`: no guard.
     pub resnapshot_interval_days: Option<f64>,
     /// The columns a chunked snapshot is cut on (the seed's `snapshotKeys`), unique or not;
     /// `None`: the unique index CDC uses. A table without one needs them.
@@ -211,11 +217,19 @@ pub async fn connect_server(server: &str) -> Result<CdcClient> {
 impl Stream {
     /// Connects to the server and opens the checkpoint.
     pub async fn connect(config: StreamConfig) -> Result<Self> {
-        if let Some(days) = config.resnapshot_interval_days
+        if let Some(days) = config.resnapshot_every_days
             && !(days > 0.0 && days.is_finite())
         {
             return Err(WriterError::invalid(format!(
-                "{}: resnapshot_interval_days must be a positive number of days, not {days}",
+                "{}: resnapshot_every_days must be a positive number of days, not {days}",
+                config.table
+            )));
+        }
+        if let Some(days) = config.resnapshot_interval_days
+            && !(days >= 0.0 && days.is_finite())
+        {
+            return Err(WriterError::invalid(format!(
+                "{}: resnapshot_interval_days must be a number of days, 0 or more, not {days}",
                 config.table
             )));
         }
@@ -918,11 +932,11 @@ impl Stream {
         }))
     }
 
-    /// Opens a chunked re-snapshot when `resnapshot_interval_days` says the newest snapshot
+    /// Opens a chunked re-snapshot when `resnapshot_every_days` says the newest snapshot
     /// is due (opened that long ago, complete, and with commits since its S). The stream goes
     /// on untouched; the backfill reads it. Looked at once a minute at most.
     async fn scheduled_resnapshot(&mut self) -> Result<()> {
-        let Some(days) = self.config.resnapshot_interval_days else {
+        let Some(days) = self.config.resnapshot_every_days else {
             return Ok(());
         };
         if self
@@ -951,7 +965,7 @@ impl Stream {
             .open_resnapshot()
             .await?;
         tracing::info!(table = %self.config.table, %snapshot, previous = %newest.snapshot, days,
-            "scheduled re-snapshot opened (resnapshot_interval_days)");
+            "scheduled re-snapshot opened (resnapshot_every_days)");
         Ok(())
     }
 

@@ -178,21 +178,21 @@ async fn snapshot_on_switch_fills_the_new_column_for_every_row() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_snapshot_older_than_resnapshot_interval_days_is_taken_again() {
+async fn a_snapshot_older_than_resnapshot_every_days_is_taken_again() {
     let lab = Lab::new().await;
     workload(&lab, 45, 80, churn());
     let mut config = stream_config(&lab);
     let (first, snapshots) = chunked_bootstrap(&mut config).await;
     read_all(&snapshots, &WHOLE).await;
     workload(&lab, 46, 30, churn());
-    config.resnapshot_interval_days = Some(10.0);
+    config.resnapshot_every_days = Some(10.0);
     run_now(config.clone()).await;
     let state = snapshot::state(&config).await.expect("state");
     assert_eq!(state.status.snapshot, Some(first), "not due yet");
     // A second-old snapshot is due under an interval of 0.864 s.
     tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
     workload(&lab, 47, 30, churn());
-    config.resnapshot_interval_days = Some(1e-5);
+    config.resnapshot_every_days = Some(1e-5);
     run_now(config.clone()).await;
     let state = snapshot::state(&config).await.expect("state");
     let second = state.status.snapshot.expect("a snapshot");
@@ -203,12 +203,12 @@ async fn a_snapshot_older_than_resnapshot_interval_days_is_taken_again() {
     assert!(apply(&lab).await.rebuilt);
     assert_in_step(&lab, "after the scheduled re-snapshot").await;
     for bad in [0.0, -1.0, f64::NAN] {
-        config.resnapshot_interval_days = Some(bad);
+        config.resnapshot_every_days = Some(bad);
         let error = common::try_run_now(config.clone())
             .await
             .expect_err("refused");
         assert!(
-            error.to_string().contains("resnapshot_interval_days"),
+            error.to_string().contains("resnapshot_every_days"),
             "{error}"
         );
     }
@@ -643,6 +643,44 @@ async fn a_purge_while_a_chunked_snapshot_is_open_is_healed_by_a_newer_generatio
         (state.status.snapshot, state.status.state.as_str()),
         (Some(second), "done")
     );
+}
+
+/// The seed's anti-loop guard: a second purge met within `resnapshot_interval_days` of the
+/// first heal stops the table, naming the setting (a rerun stops again: nothing was opened);
+/// the operator's rerun with the guard at 0 heals it; a guard shorter than the time since the
+/// last heal lets it heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_purge_within_the_resnapshot_interval_stops_until_the_guard_is_lifted() {
+    let lab = Lab::new().await;
+    workload(&lab, 58, 150, churn());
+    let mut config = stream_config(&lab);
+    config.on_data_loss = mssql_cdc_writer::data_loss::OnDataLoss::Resnapshot;
+    run_now(config.clone()).await;
+    purged_gap(&lab, 59).await;
+    run_now(config.clone()).await; // the first purge heals
+    let opened = snapshot::state(&config).await.expect("state").status.snapshot;
+    purged_gap(&lab, 61).await;
+    for _ in 0..2 {
+        match common::try_run_now(config.clone()).await {
+            Err(WriterError::DataLoss { message, .. }) => {
+                assert!(message.contains("resnapshot_interval_days"), "{message}")
+            }
+            other => panic!("the guard stops a second heal within 7 days: {other:?}"),
+        }
+        let state = snapshot::state(&config).await.expect("state");
+        assert_eq!(state.status.snapshot, opened, "no re-snapshot opened");
+    }
+    let mut lifted = config.clone();
+    lifted.resnapshot_interval_days = Some(0.0);
+    run_now(lifted).await;
+    let healed = snapshot::state(&config).await.expect("state").status.snapshot;
+    assert!(healed > opened, "the rerun with the guard at 0 heals");
+    purged_gap(&lab, 63).await;
+    let mut short = config.clone();
+    short.resnapshot_interval_days = Some(1e-9);
+    run_now(short).await;
+    let again = snapshot::state(&config).await.expect("state").status.snapshot;
+    assert!(again > healed, "past a shorter interval the purge heals");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,6 +31,9 @@ Options (the seed library's names where they mean the same thing):
 - ``numPartitions`` (default 4): endpoints per capture instance; ``columns`` (comma
   separated), ``includeCommandId`` (default true), ``batchRows``, ``compression``,
   ``minPartitionRows`` (tiles are merged until each holds this many rows, default 50,000).
+
+Any other option is refused, naming it: a misspelt option is an error, not a default. Flags
+read ``true``/``false``, ``1``/``0`` or ``yes``/``no``; counts are whole numbers of at least 1.
 """
 
 from __future__ import annotations
@@ -52,6 +55,61 @@ from .offset import Offset
 
 NAME = "mssql_cdc_flight"
 
+# Every option the source reads (lower-cased, as Spark passes them case-insensitively); any
+# other is refused, as a misspelt one would otherwise be ignored without a word.
+OPTIONS = (
+    "server",
+    "table",
+    "token",
+    "tlsca",
+    "startingoffset",
+    "endingoffset",
+    "snapshot",
+    "startingoffsets",
+    "maxcommitsperbatch",
+    "numpartitions",
+    "columns",
+    "includecommandid",
+    "batchrows",
+    "compression",
+    "minpartitionrows",
+)
+
+
+def _options(options: dict[str, str]) -> dict[str, str]:
+    """The options lower-cased, every name checked against :data:`OPTIONS`."""
+    lower = {key.lower(): value for key, value in options.items()}
+    unknown = sorted(set(lower) - set(OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"the {NAME} source has no option(s) {', '.join(unknown)}; "
+            f"it reads {', '.join(OPTIONS)} (case-insensitive)"
+        )
+    return lower
+
+
+def _flag(lower: dict[str, str], name: str, default: bool) -> bool:
+    """A boolean option: true/false, 1/0 or yes/no in any case; anything else is refused."""
+    text = str(lower.get(name, default)).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ValueError(f"the {NAME} option {name} is true or false, not {lower[name]!r}")
+
+
+def _count(lower: dict[str, str], name: str) -> int | None:
+    """A whole-number option of at least 1, or None when it is not given."""
+    if not lower.get(name):
+        return None
+    try:
+        value = int(str(lower[name]).strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"the {NAME} option {name} is a whole number >= 1, not {lower[name]!r}")
+    return value
+
 
 def register(spark) -> None:
     """Registers the data source ``mssql_cdc_flight`` with a Spark session."""
@@ -70,7 +128,7 @@ class Settings:
 
     @classmethod
     def of(cls, options: dict[str, str]) -> Settings:
-        lower = {key.lower(): value for key, value in options.items()}
+        lower = _options(options)
         missing = [name for name in ("server", "table") if not lower.get(name)]
         if missing:
             raise ValueError(f"the {NAME} source needs the option(s) {', '.join(missing)}")
@@ -82,13 +140,13 @@ class Settings:
         if lower.get("columns"):
             command["columns"] = [c.strip() for c in lower["columns"].split(",") if c.strip()]
         if "includecommandid" in lower:
-            command["include_command_id"] = lower["includecommandid"].lower() == "true"
-        if lower.get("batchrows"):
-            command["batch_rows"] = int(lower["batchrows"])
+            command["include_command_id"] = _flag(lower, "includecommandid", True)
+        if _count(lower, "batchrows"):
+            command["batch_rows"] = _count(lower, "batchrows")
         if lower.get("compression"):
             command["compression"] = lower["compression"]
-        if lower.get("minpartitionrows"):
-            command["min_partition_rows"] = int(lower["minpartitionrows"])
+        if _count(lower, "minpartitionrows"):
+            command["min_partition_rows"] = _count(lower, "minpartitionrows")
         return cls(lower["server"], lower["table"], lower.get("token"), tls_ca, command)
 
     def client(self) -> Client:
@@ -137,9 +195,9 @@ class CdcFlightDataSource(DataSource):
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.settings = Settings.of(dict(options))
-        self.lower = {key.lower(): value for key, value in options.items()}
-        self.partitions = int(self.lower.get("numpartitions", "4"))
-        self.snapshot = self.lower.get("snapshot", "false").lower() == "true"
+        self.lower = _options(dict(options))
+        self.partitions = _count(self.lower, "numpartitions") or 4
+        self.snapshot = _flag(self.lower, "snapshot", False)
 
     def _plan(self) -> Plan:
         settings = self.settings
@@ -209,8 +267,7 @@ class StreamReader(DataSourceStreamReader):
         self.settings = settings
         self.partitions_per_instance = partitions
         self.starting = lower.get("startingoffsets", "earliest")
-        commits = lower.get("maxcommitsperbatch")
-        self.max_commits = int(commits) if commits else None
+        self.max_commits = _count(lower, "maxcommitsperbatch")
         self.last_end: Offset | None = None
 
     def initialOffset(self) -> dict:

@@ -84,6 +84,7 @@ impl Snapshots {
     /// A chunked snapshot opened at or before `position` is superseded by it, as ADR 0028
     /// requires: the purged changes after its S are ones its rebuild needed, and the newer
     /// generation's completion closes it.
+    /// A new one is opened only past the seed's anti-loop guard ([`Snapshots::healing_guard`]).
     pub async fn open_healing(&self, position: Lsn) -> Result<Lsn> {
         let recorded = self.recorded().await?;
         if let Some(open) = Self::open_chunked_of(&recorded)
@@ -91,6 +92,7 @@ impl Snapshots {
         {
             return Ok(open);
         }
+        self.healing_guard(position).await?;
         let previous = recorded.completions.iter().map(|(lsn, _)| *lsn).max();
         self.open_chunked_generation(&recorded, previous).await
     }
@@ -185,3 +187,55 @@ impl Snapshots {
         Ok(snapshot)
     }
 }
+
+impl Snapshots {
+    /// The seed's anti-loop guard (`resnapshot_interval_days`, 7 days by default, 0 off): a
+    /// purge met less than that after the last one healed (this app id's newest `data_loss`
+    /// facts row) stops the table with `DataLoss` instead of re-snapshotting again. A stream
+    /// that keeps falling behind the CDC retention would otherwise re-snapshot for ever; the
+    /// operator fixes the cause and reruns with the guard at 0.
+    async fn healing_guard(&self, position: Lsn) -> Result<()> {
+        let days = self
+            .config
+            .resnapshot_interval_days
+            .unwrap_or(DEFAULT_RESNAPSHOT_INTERVAL_DAYS);
+        if days <= 0.0 {
+            return Ok(());
+        }
+        let rows = self
+            .facts
+            .query_text(&format!(
+                "SELECT CAST(MAX(written_at) AS BIGINT) FROM t WHERE app_id = '{}' AND event = '{}'",
+                super::quoted(&self.config.app_id),
+                events::DATA_LOSS
+            ))
+            .await?;
+        let last = rows
+            .first()
+            .and_then(|row| row.first().cloned().flatten())
+            .and_then(|micros| micros.parse().ok())
+            .map(mssql_cdc_proto::CommitTime);
+        let Some(last) = last else {
+            return Ok(());
+        };
+        let now = chrono::Utc::now().timestamp_micros();
+        let age = (now - last.micros()) as f64 / 86_400e6;
+        if age >= days {
+            return Ok(());
+        }
+        Err(WriterError::DataLoss {
+            table: self.config.table.clone(),
+            from: position,
+            message: format!(
+                "changes after {position} were purged before they were read, and the last \
+                 automatic re-snapshot healed a purge {age:.3} days ago ({last}), less than \
+                 resnapshot_interval_days = {days}: the stream does not keep up with the CDC \
+                 retention, or stops for longer than it, again. Fix that, then rerun with \
+                 resnapshot_interval_days = 0 (--resnapshot-interval-days 0) to re-snapshot now"
+            ),
+        })
+    }
+}
+
+/// The seed's default of `resnapshot_interval_days`.
+pub const DEFAULT_RESNAPSHOT_INTERVAL_DAYS: f64 = 7.0;

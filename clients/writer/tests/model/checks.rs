@@ -21,7 +21,25 @@ impl World {
             self.check_bronze(table).await?;
             self.check_verdict(table).await?;
         }
+        self.check_guard_stops().await?;
         self.check_facts().await
+    }
+
+    /// Every stop by the anti-loop guard followed a purge the table's stream healed (a
+    /// `data_loss` facts row): a guard that stops a first heal would leave a table that
+    /// `resnapshot` promised to heal stopped.
+    pub(crate) async fn check_guard_stops(&self) -> Result<(), Failure> {
+        let stops: Vec<Table> = std::mem::take(&mut self.known().guard_stops);
+        for table in stops {
+            if self.heals(table).await.is_empty() {
+                return Err(format!(
+                    "the anti-loop guard stopped the stream of {} although it had healed no \
+                     purge before",
+                    table.source()
+                ));
+            }
+        }
+        Ok(())
     }
 
     pub(crate) async fn check_bronze(&self, table: Table) -> Result<(), Failure> {

@@ -41,6 +41,9 @@ impl World {
         if !config.fail_on_data_loss {
             command.arg("--skip-data-loss");
         }
+        if let Some(days) = config.resnapshot_interval_days {
+            command.args(["--resnapshot-interval-days", &days.to_string()]);
+        }
         let output = tokio::task::spawn_blocking(move || command.output())
             .await
             .expect("task")
@@ -52,7 +55,7 @@ impl World {
             return Ok(());
         }
         if stderr.contains("DATA_LOSS") || stderr.contains("purged") {
-            return self.stopped_by_purge(table);
+            return self.stopped_by_purge(table, &stderr);
         }
         Err(format!(
             "the writer run to crash at {point} failed: {stderr}"
@@ -82,6 +85,7 @@ impl World {
             text.push_str(&format!(
                 "\n[[tables]]\ntable = \"{}\"\ntarget = \"{}\"\napp_id = \"{}\"\n\
                  max_commits = 50\nfail_on_data_loss = {}\non_data_loss = \"{}\"\n\
+                 resnapshot_interval_days = {:?}\n\
                  chunk_rows = {}\nsilver = \"{}\"\nkeys = [\"{}\"]\n\
                  silver_deletion_vectors = {deletion_vectors}\napply_seconds = 0.5\n",
                 table.source(),
@@ -92,6 +96,7 @@ impl World {
                     OnDataLoss::Resnapshot => "resnapshot",
                     OnDataLoss::Fail => "fail",
                 },
+                config.resnapshot_interval_days.unwrap_or(7.0),
                 chunk_rows(table),
                 self.lab.lake(&format!("silver_{}", table.name())),
                 table.key(),

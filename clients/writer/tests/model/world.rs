@@ -37,6 +37,12 @@ pub(crate) struct Knowledge {
     pub(crate) lost_at: BTreeMap<Table, Lsn>,
     /// How each table's stream meets a purge (skip when not set).
     pub(crate) on_loss: BTreeMap<Table, OnLoss>,
+    /// Tables under `resnapshot` whose stream the anti-loop guard stopped (a purge met after
+    /// one healed, within `resnapshot_interval_days`): the operator reruns with the guard at
+    /// 0, as its message says, until the next purge sets the policy anew.
+    pub(crate) guard_off: BTreeSet<Table>,
+    /// Each stop by the guard, checked against the facts: a heal came before it.
+    pub(crate) guard_stops: Vec<Table>,
     /// The newest complete snapshot of each table (its S).
     pub(crate) completed: BTreeMap<Table, Lsn>,
     /// The snapshot each silver was last rebuilt from.
@@ -90,6 +96,9 @@ impl World {
         config.fail_on_data_loss = on_loss != OnLoss::Skip;
         if on_loss == OnLoss::Resnapshot {
             config.on_data_loss = OnDataLoss::Resnapshot;
+            if self.known().guard_off.contains(&table) {
+                config.resnapshot_interval_days = Some(0.0);
+            }
         }
         config
     }
@@ -296,18 +305,34 @@ impl World {
     ) -> Result<(), Failure> {
         match outcome {
             Ok(()) => Ok(()),
-            Err(WriterError::DataLoss { .. }) => self.stopped_by_purge(table),
+            Err(WriterError::DataLoss { message, .. }) => self.stopped_by_purge(table, &message),
             Err(WriterError::Fenced(_)) if fenced_allowed => Ok(()),
             Err(error) => Err(format!("stream of {}: {error}", table.source())),
         }
     }
 
     /// A stream of `table` stopped by purged changes: expected under `fail`, after which the
-    /// operator sets skip; a failure under skip.
-    pub(crate) fn stopped_by_purge(&self, table: Table) -> Result<(), Failure> {
+    /// operator sets skip, and under `resnapshot` when the anti-loop guard stopped it (its
+    /// message names it), after which the operator reruns with the guard off; a failure
+    /// otherwise.
+    pub(crate) fn stopped_by_purge(&self, table: Table, message: &str) -> Result<(), Failure> {
         let mut known = self.known();
-        if known.on_loss.get(&table) == Some(&OnLoss::Fail) {
+        let policy = known.on_loss.get(&table).copied();
+        if policy == Some(OnLoss::Fail) {
             known.on_loss.insert(table, OnLoss::Skip);
+            Ok(())
+        } else if policy == Some(OnLoss::Resnapshot)
+            && message.contains("resnapshot_interval_days")
+            // The guard was on for this run: off only after a stop, and two runs of one step
+            // (a second writer) both started before it.
+            && (!known.guard_off.contains(&table) || known.guard_stops.contains(&table))
+        {
+            known.guard_off.insert(table);
+            known.guard_stops.push(table);
+            *known
+                .covered
+                .entry("re-snapshots refused by the anti-loop guard".into())
+                .or_default() += 1;
             Ok(())
         } else {
             Err(format!(
@@ -483,6 +508,7 @@ impl World {
         self.known().purged_through = Some(cut);
         for (table, on_loss) in Table::ALL.into_iter().zip(on_loss) {
             self.known().on_loss.insert(table, on_loss);
+            self.known().guard_off.remove(&table);
             // A stream whose position is before the cut meets the purge (the server cannot
             // tell whether the purged range held changes of its table): skip passes it, a
             // re-snapshot replaces the changes up to its S by its rows. Silver then lacks
