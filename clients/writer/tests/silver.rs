@@ -658,7 +658,11 @@ async fn a_second_purge_within_the_resnapshot_interval_stops_until_the_guard_is_
     run_now(config.clone()).await;
     purged_gap(&lab, 59).await;
     run_now(config.clone()).await; // the first purge heals
-    let opened = snapshot::state(&config).await.expect("state").status.snapshot;
+    let opened = snapshot::state(&config)
+        .await
+        .expect("state")
+        .status
+        .snapshot;
     purged_gap(&lab, 61).await;
     for _ in 0..2 {
         match common::try_run_now(config.clone()).await {
@@ -673,13 +677,21 @@ async fn a_second_purge_within_the_resnapshot_interval_stops_until_the_guard_is_
     let mut lifted = config.clone();
     lifted.resnapshot_interval_days = Some(0.0);
     run_now(lifted).await;
-    let healed = snapshot::state(&config).await.expect("state").status.snapshot;
+    let healed = snapshot::state(&config)
+        .await
+        .expect("state")
+        .status
+        .snapshot;
     assert!(healed > opened, "the rerun with the guard at 0 heals");
     purged_gap(&lab, 63).await;
     let mut short = config.clone();
     short.resnapshot_interval_days = Some(1e-9);
     run_now(short).await;
-    let again = snapshot::state(&config).await.expect("state").status.snapshot;
+    let again = snapshot::state(&config)
+        .await
+        .expect("state")
+        .status
+        .snapshot;
     assert!(again > healed, "past a shorter interval the purge heals");
 }
 
