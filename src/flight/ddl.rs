@@ -116,7 +116,9 @@ fn widening(was: &SqlType, now: &SqlType) -> Option<Ordering> {
         })
     };
     match (was, now) {
-        (a, b) if a.is_integer() && b.is_integer() => fits(type_fits(a, b)),
+        // SQL Server's ranks: `smallint` to `tinyint` narrows, although the lake holds both
+        // as Int16 (`type_fits`).
+        (a, b) if a.is_integer() && b.is_integer() => fits(integer_rank(a) <= integer_rank(b)),
         (Real | Float, Real | Float) | (Decimal { .. }, Decimal { .. }) => {
             fits(type_fits(was, now))
         }
@@ -135,6 +137,16 @@ fn widening(was: &SqlType, now: &SqlType) -> Option<Ordering> {
         | (VarChar(a), NVarChar(b))
         | (Binary(a), VarBinary(b)) => fits(length(a) <= length(b)),
         _ => None,
+    }
+}
+
+/// An integer type's rank among SQL Server's four.
+fn integer_rank(sql_type: &SqlType) -> u8 {
+    match sql_type {
+        SqlType::TinyInt => 1,
+        SqlType::SmallInt => 2,
+        SqlType::Int => 3,
+        _ => 4,
     }
 }
 

@@ -44,50 +44,46 @@ pub struct ChangePlan {
     pub metadata: PlanMetadata,
 }
 
-/// Whether values of `older` always fit `newer` (the seed's `_fits`, mirroring Delta type
-/// widening).
+/// Whether every value of `older` fits `newer` as the lake holds them: the seed's `_fits` over
+/// the Arrow (Spark) types the two are served as, so both libraries join two capture
+/// instances' columns alike (tests/seed_parity.rs checks every pair against the seed's own
+/// function). The same type, or a widening Delta type widening also accepts: an integer to a
+/// larger one, `real` to `float`, `date` to a timestamp without zone, an integer but `bigint`
+/// to `float`, an integer to a decimal with as many integer digits (`tinyint` and
+/// `smallint` are both Int16, five digits), a decimal to one with as many integer and
+/// fraction digits (`money` is decimal(19,4), `smallmoney` decimal(10,4)). Types served alike
+/// fit both ways (`smallint` and `tinyint`, any text, `datetime` and `smalldatetime`).
 pub fn type_fits(older: &SqlType, newer: &SqlType) -> bool {
-    use SqlType::*;
-    let integer_rank = |t: &SqlType| match t {
-        TinyInt => Some(1),
-        SmallInt => Some(2),
-        Int => Some(3),
-        BigInt => Some(4),
-        _ => None,
+    use arrow::datatypes::DataType::{
+        Date32, Decimal128, Float32, Float64, Int16, Int32, Int64, Timestamp,
     };
-    if older == newer {
+    let (Some(old), Some(new)) = (older.arrow_type(), newer.arrow_type()) else {
+        return older == newer;
+    };
+    if old == new {
         return true;
     }
-    match (older, newer) {
-        (a, b) if integer_rank(a).is_some() && integer_rank(b).is_some() => {
-            integer_rank(a) <= integer_rank(b)
+    let rank = |t: &arrow::datatypes::DataType| match t {
+        Int16 => Some(0),
+        Int32 => Some(1),
+        Int64 => Some(2),
+        _ => None,
+    };
+    let digits = |t: &arrow::datatypes::DataType| match t {
+        Int16 => 5,
+        Int32 => 10,
+        _ => 20,
+    };
+    match (&old, &new) {
+        (a, b) if rank(a).is_some() && rank(b).is_some() => rank(a) < rank(b),
+        (Float32, Float64) | (Date32, Timestamp(_, None)) | (Int16 | Int32, Float64) => true,
+        (a, Decimal128(precision, scale)) if rank(a).is_some() => {
+            i16::from(*precision) - i16::from(*scale) >= digits(a)
         }
-        (TinyInt | SmallInt | Int, Float) | (Real, Float) => true,
-        (TinyInt | SmallInt | Int | BigInt, Decimal { precision, scale }) => {
-            let digits = match older {
-                TinyInt | SmallInt => 5,
-                Int => 10,
-                _ => 20,
-            };
-            precision.saturating_sub(*scale) >= digits
+        (Decimal128(p1, s1), Decimal128(p2, s2)) => {
+            s2 >= s1 && i16::from(*p2) - i16::from(*s2) >= i16::from(*p1) - i16::from(*s1)
         }
-        (
-            Decimal {
-                precision: p1,
-                scale: s1,
-            },
-            Decimal {
-                precision: p2,
-                scale: s2,
-            },
-        ) => s2 >= s1 && p2.saturating_sub(*s2) >= p1.saturating_sub(*s1),
-        (Date, DateTime2 { .. } | DateTime) => true,
-        (
-            VarChar(_) | Char(_),
-            VarChar(crate::types::Length::Max) | NVarChar(crate::types::Length::Max),
-        ) => true,
-        (NVarChar(_) | NChar(_), NVarChar(crate::types::Length::Max)) => true,
-        _ => older.arrow_type().is_some() && older.arrow_type() == newer.arrow_type(),
+        _ => false,
     }
 }
 
@@ -478,5 +474,10 @@ mod tests {
             }
         ));
         assert!(!type_fits(&SqlType::Date, &SqlType::Int));
+        // The lake holds both as Int16, money as decimal(19,4), both times as timestamps.
+        assert!(type_fits(&SqlType::SmallInt, &SqlType::TinyInt));
+        assert!(type_fits(&SqlType::Int, &SqlType::Money));
+        assert!(type_fits(&SqlType::Date, &SqlType::SmallDateTime));
+        assert!(!type_fits(&SqlType::BigInt, &SqlType::Float));
     }
 }
