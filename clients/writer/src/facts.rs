@@ -77,6 +77,17 @@ pub fn arrow_schema(kind: TableKind) -> SchemaRef {
     ))
 }
 
+/// `value` rounded to `digits` decimals as Python's `round(value, digits)` rounds the seed's
+/// facts metrics: the nearest decimal of the float's exact value, ties to even (Rust's
+/// formatting rounds so), where `(value * 10^d).round() / 10^d` rounds ties away from zero
+/// and twice (tests/seed_parity.rs compares it with Python's own).
+pub fn round(value: f64, digits: usize) -> f64 {
+    if !value.is_finite() {
+        return value;
+    }
+    format!("{value:.digits$}").parse().unwrap_or(value)
+}
+
 /// Facts rows as one batch in the facts table's column order: each field fills the column
 /// of its name (strict: a field without a column is an error).
 pub fn to_batch(rows: &[FactsRow]) -> Result<RecordBatch> {

@@ -645,9 +645,12 @@ impl Stream {
         row.app_id = Some(self.config.app_id.clone());
         row.batch_id = Some(record.batch_id);
         row.started_at = Some(started_at);
-        row.source_rtt_ms = Some((rtt_ms * 10.0).round() / 10.0);
-        row.read_seconds = Some(completions.iter().map(|c| c.seconds).sum::<f64>());
-        row.read_mb = Some(completions.iter().map(|c| c.bytes as f64).sum::<f64>() / 1e6);
+        // Rounded as the seed rounds them (Python's round: ties to even).
+        row.source_rtt_ms = Some(facts::round(rtt_ms, 1));
+        let read_seconds = completions.iter().map(|c| c.seconds).sum::<f64>();
+        row.read_seconds = Some(facts::round(read_seconds, 3));
+        let read_bytes = completions.iter().map(|c| c.bytes as f64).sum::<f64>();
+        row.read_mb = Some(facts::round(read_bytes / 1e6, 6));
         row.end_lsn = Some(record.end.lsn.to_string());
         row.end_commit_ts = record.end.commit_ts.map(CommitTime::micros);
         row.target = Some(self.config.target.clone());
@@ -663,14 +666,13 @@ impl Stream {
             row.retention_watermark_ts,
             row.end_commit_ts.or(row.max_commit_ts),
         ) {
-            row.retention_headroom_hours =
-                Some(((end - watermark) as f64 / 3.6e9 * 100.0).round() / 100.0);
+            row.retention_headroom_hours = Some(facts::round((end - watermark) as f64 / 3.6e9, 2));
         }
         if let Some(source_max) = row.source_max_commit_ts {
             row.capture_lag_seconds =
-                Some(((micros_now() - source_max) as f64 / 1e3).round() / 1e3);
+                Some(facts::round((micros_now() - source_max) as f64 / 1e6, 3));
             if let Some(end) = row.end_commit_ts {
-                row.ingestion_lag_seconds = Some(((source_max - end) as f64 / 1e3).round() / 1e3);
+                row.ingestion_lag_seconds = Some(facts::round((source_max - end) as f64 / 1e6, 3));
             }
         }
         events.extend(plan.events.iter().map(|event| FactsRow {
