@@ -65,8 +65,8 @@ pub struct SqlServerConfig {
     pub pool_size: u32,
     /// How long a read waits in line for a connection before `UNAVAILABLE`.
     pub checkout_timeout: Duration,
-    /// How long opening one connection may take.
-    pub login_timeout: Duration,
+    /// How long opening one connection may take; `None`: no bound (`login_timeout_s=0`).
+    pub login_timeout: Option<Duration>,
     /// A file holding a Microsoft Entra ID access token for the login, read at every connect
     /// (tokens live about an hour; whatever refreshes the file, the next connection uses it).
     pub access_token_file: Option<PathBuf>,
@@ -97,7 +97,7 @@ struct Extras {
     clock: Option<ClockSetting>,
     pool_size: Option<u32>,
     checkout_timeout: Option<Duration>,
-    login_timeout: Option<Duration>,
+    login_timeout: Option<Option<Duration>>,
     command_timeout: Option<Duration>,
     packet_size: Option<u32>,
     access_token_file: Option<PathBuf>,
@@ -159,13 +159,9 @@ impl Extras {
         .filter_map(|key| pairs.remove(*key))
         .next_back();
         if let Some(value) = login {
+            // 0 waits without a bound, as SqlClient's `Connect Timeout=0`.
             let seconds = number("login_timeout_s", value)?;
-            if !(1..=3600).contains(&seconds) {
-                return Err(Error::invalid(
-                    "login_timeout_s must be between 1 and 3600 seconds",
-                ));
-            }
-            extras.login_timeout = Some(Duration::from_secs(seconds));
+            extras.login_timeout = Some((seconds > 0).then(|| Duration::from_secs(seconds)));
         }
         if let Some(value) = pairs
             .remove("commandtimeouts")
@@ -428,7 +424,7 @@ impl SqlServerConfig {
             checkout_timeout: extras
                 .checkout_timeout
                 .unwrap_or(super::pool::DEFAULT_CHECKOUT_TIMEOUT),
-            login_timeout: extras.login_timeout.unwrap_or(DEFAULT_LOGIN_TIMEOUT),
+            login_timeout: extras.login_timeout.unwrap_or(Some(DEFAULT_LOGIN_TIMEOUT)),
             access_token_file: extras.access_token_file,
         })
     }
@@ -470,21 +466,19 @@ mod tests {
     #[test]
     fn the_login_timeout_has_sqlclients_default_and_its_names() {
         let default = SqlServerConfig::parse("mssql://u:p@h/db").expect("parses");
-        assert_eq!(default.login_timeout, DEFAULT_LOGIN_TIMEOUT);
+        assert_eq!(default.login_timeout, Some(DEFAULT_LOGIN_TIMEOUT));
         for text in [
             "mssql://u:p@h/db?login_timeout_s=7",
             "Server=tcp:h,1433;Database=db;User Id=u;Password=p;Connect Timeout=7",
             "Server=tcp:h,1433;Database=db;User Id=u;Password=p;Connection Timeout=7",
         ] {
             let config = SqlServerConfig::parse(text).expect(text);
-            assert_eq!(config.login_timeout, Duration::from_secs(7), "{text}");
+            assert_eq!(config.login_timeout, Some(Duration::from_secs(7)), "{text}");
         }
-        for bad in [
-            "mssql://u:p@h/db?login_timeout_s=0",
-            "mssql://u:p@h/db?login_timeout_s=x",
-        ] {
-            assert!(SqlServerConfig::parse(bad).is_err(), "{bad}");
-        }
+        let unbounded = "Server=tcp:h,1433;Database=db;User Id=u;Password=p;Connect Timeout=0";
+        let config = SqlServerConfig::parse(unbounded).expect("0 waits without a bound");
+        assert_eq!(config.login_timeout, None);
+        assert!(SqlServerConfig::parse("mssql://u:p@h/db?login_timeout_s=x").is_err());
     }
 
     #[test]

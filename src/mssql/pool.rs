@@ -54,7 +54,7 @@ pub struct Manager {
     config: Config,
     trusts_any_certificate: bool,
     access_token_file: Option<PathBuf>,
-    login_timeout: Duration,
+    login_timeout: Option<Duration>,
 }
 
 impl Manager {
@@ -69,13 +69,13 @@ impl Manager {
             config,
             trusts_any_certificate,
             access_token_file,
-            login_timeout: crate::mssql::config::DEFAULT_LOGIN_TIMEOUT,
+            login_timeout: Some(crate::mssql::config::DEFAULT_LOGIN_TIMEOUT),
         }
     }
 
     /// The same manager with `timeout` as the bound of each connect (TCP, TLS, login and a
-    /// redirect followed, together).
-    pub fn with_login_timeout(mut self, timeout: Duration) -> Self {
+    /// redirect followed, together); `None`: no bound.
+    pub fn with_login_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.login_timeout = timeout;
         self
     }
@@ -142,7 +142,9 @@ impl Connector for Manager {
                  connection can be intercepted; pin the server's CA with ca= instead"
             );
         }
-        let opened = tokio::time::timeout(self.login_timeout, async {
+        // No bound asked for: a day, longer than any login.
+        let bound = self.login_timeout.unwrap_or(Duration::from_secs(86_400));
+        let opened = tokio::time::timeout(bound, async {
             match Self::open(config.clone()).await {
                 Err(tiberius::error::Error::Routing { host, port }) => {
                     let mut routed = config;
@@ -159,7 +161,7 @@ impl Connector for Manager {
             message: format!(
                 "opening a connection took longer than the login timeout of {} s \
                  (login_timeout_s)",
-                self.login_timeout.as_secs()
+                bound.as_secs()
             ),
         })??;
         Ok(Connection {

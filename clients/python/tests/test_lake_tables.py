@@ -172,6 +172,56 @@ def test_the_verdict_is_never_ahead_of_the_data(lake):
         assert row["finalized_until"] <= bronze[table]["finalized_until"]
 
 
+def assert_seed_payload(event, detail):
+    """`detail` of a facts row of `event` holds every key the seed's payload type of that
+    event requires, each of the type it declares (mssql_cdc.payloads); events the seed does
+    not know are skipped (design-notes: they are ours alone)."""
+    import typing
+
+    from mssql_cdc import payloads
+
+    shapes = {
+        "snapshot_open": payloads.SnapshotOpenDetail,
+        "snapshot_plan": payloads.SnapshotPlanDetail,
+        "snapshot_chunk": payloads.SnapshotChunkDetail,
+        "data_skipped": payloads.DataSkippedDetail,
+    }
+    value = json.loads(detail) if detail else None
+    if event in ("bootstrap", "resnapshot") and value and value.get("mode") == "chunked":
+        shape = payloads.SnapshotCompletionDetail
+    elif event in shapes:
+        shape = shapes[event]
+    else:
+        return
+    hints = typing.get_type_hints(shape)
+    missing = shape.__required_keys__ - set(value)
+    assert not missing, f"{event} lacks {sorted(missing)} the seed requires: {value}"
+
+    def fits(item, hint):
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if hint is typing.Any:
+            return True
+        if origin is typing.Literal:
+            return item in args
+        if origin in (typing.Union, __import__("types").UnionType):
+            return any(fits(item, arg) for arg in args)
+        if hint is type(None):
+            return item is None
+        if origin is list:
+            return isinstance(item, list)
+        if hint is int:
+            return isinstance(item, int) and not isinstance(item, bool)
+        if isinstance(hint, type) and hint.__name__.endswith("Extent"):
+            return isinstance(item, dict)
+        if isinstance(hint, type):
+            return isinstance(item, hint)
+        return isinstance(item, dict)  # a TypedDict union (SnapshotExtent)
+
+    for key, item in value.items():
+        if key in hints:
+            assert fits(item, hints[key]), f"{event}.{key} = {item!r} is not {hints[key]}"
+
+
 def test_the_data_loss_demo_heals_by_resnapshot_and_its_tables_say_how(tmp_path):
     completed = subprocess.run(
         [writer_binary(), "demo", "--scenario", "data-loss", "--dir", str(tmp_path)]
@@ -192,10 +242,14 @@ def test_the_data_loss_demo_heals_by_resnapshot_and_its_tables_say_how(tmp_path)
     assert loss["lost_from_ts"] is None or loss["lost_from_ts"] < loss["lost_to_ts"]
     resnapshot = facts.filter(pc.equal(facts["event"], "resnapshot"))
     assert resnapshot["min_lsn"].to_pylist() == [loss["max_lsn"]], "completed at S"
-    plans = facts.filter(pc.equal(facts["event"], "snapshot_plan")).to_pylist()
-    kinds = {row["min_lsn"]: json.loads(row["detail"])["kind"] for row in plans}
+    opens = facts.filter(pc.equal(facts["event"], "snapshot_open")).to_pylist()
+    kinds = {row["min_lsn"]: json.loads(row["detail"])["kind"] for row in opens}
     assert kinds[loss["max_lsn"]] == "resnapshot"
     assert sorted(kinds.values()) == ["bootstrap", "resnapshot"]
+    # Every snapshot payload has the keys and value types the seed's readers take
+    # (mssql_cdc.payloads, the seed library's own TypedDicts).
+    for row in facts.to_pylist():
+        assert_seed_payload(row["event"], row["detail"])
     report = DeltaTable(str(lake / "reconcile")).to_pyarrow_table()
     runs = report.filter(pc.is_valid(report["status"]))
     assert set(runs["status"].to_pylist()) == {"MATCH"}, "both reconciles match"

@@ -77,7 +77,7 @@ def test_options_are_strict_and_flags_read_every_spelling(spark, server):
     for options, message in refused:
         with pytest.raises(ValueError, match=message):
             CdcFlightDataSource({**base, **options})
-    with pytest.raises(Exception, match="numpartition"):
+    with pytest.raises(Exception, match=r"no option\(s\) numpartition;"):
         reader(spark, server, numPartition=2).collect()
     rows = reader(spark, server, includeCommandId="0").limit(1).collect()
     assert "_command_id" not in rows[0].asDict()

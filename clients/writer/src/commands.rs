@@ -440,16 +440,22 @@ pub async fn maintain(args: MaintainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `status`: one line per table of a sidecar file.
-/// `freshness`: the control row's verdict and ages, as JSON on standard output.
+/// `freshness`: the control row's verdict and ages, as JSON on standard output; an error
+/// (exit 1) when the control table has no row of that name.
 pub async fn print_freshness(control: &str, table: &str) -> anyhow::Result<()> {
     let url = mssql_cdc_writer::tables::table_url(control)?;
     let now = mssql_cdc_proto::CommitTime(chrono::Utc::now().timestamp_micros());
-    let freshness = mssql_cdc_writer::control::freshness(&url, table, now).await?;
+    let Some(freshness) = mssql_cdc_writer::control::freshness(&url, table, now).await? else {
+        anyhow::bail!(
+            "the control table {control} has no row for {table}: not streamed yet, or another \
+             name (the source table schema.table for bronze's verdict, silver's name for its own)"
+        );
+    };
     println!("{}", serde_json::to_string_pretty(&freshness)?);
     Ok(())
 }
 
+/// `status`: one line per table of a sidecar file.
 pub async fn print_status(path: PathBuf) -> anyhow::Result<()> {
     let config = sidecar::SidecarConfig::load(&path)?;
     println!(

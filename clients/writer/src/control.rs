@@ -282,18 +282,22 @@ pub struct Freshness {
     pub open_snapshot_lsn: Option<String>,
 }
 
-/// [`Freshness`] of `table_name` in the control table at `url` (all `None` without a row).
-pub async fn freshness(url: &Url, table_name: &str, now: CommitTime) -> Result<Freshness> {
-    let found = row(url, table_name).await?.unwrap_or_default();
+/// [`Freshness`] of `table_name` in the control table at `url`; `None` without that table or
+/// row (a misspelt name, a table never streamed), which a monitor must not take for a
+/// verdict not yet given.
+pub async fn freshness(url: &Url, table_name: &str, now: CommitTime) -> Result<Option<Freshness>> {
+    let Some(found) = row(url, table_name).await? else {
+        return Ok(None);
+    };
     let age = |time: Option<CommitTime>| time.map(|time| (now.0 - time.0) as f64 / 1e6);
-    Ok(Freshness {
+    Ok(Some(Freshness {
         table_name: table_name.to_string(),
         finalized_until: found.finalized_until,
         updated_at: found.updated_at,
         age_seconds: age(found.finalized_until),
         seconds_since_update: age(found.updated_at),
         open_snapshot_lsn: found.position.open_snapshot_lsn,
-    })
+    }))
 }
 
 /// Writes `table_name`'s position (creating its row, without a verdict, when missing).

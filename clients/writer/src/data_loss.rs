@@ -19,7 +19,7 @@ use serde_json::json;
 use crate::error::{Result, WriterError};
 use crate::events;
 use crate::facts::FactsRow;
-use crate::snapshot::Snapshots;
+use crate::snapshot::{Lost, Snapshots};
 use crate::stream::StreamConfig;
 
 /// The policy of one table.
@@ -62,9 +62,17 @@ pub async fn resnapshot(
     // after its S that are gone, and a newer generation supersedes it (resuming at its S
     // ran into the purge again).
     let earliest = client.initial_offset(&config.table, "earliest").await?;
+    let min_time: mssql_cdc_proto::protocol::TimeAnswer = client
+        .action("lsn_to_time", &json!({"lsn": earliest.lsn.increment()}))
+        .await?;
+    let lost = Lost {
+        at: Some(start.lsn),
+        from: start.commit_ts,
+        to: min_time.commit_ts,
+    };
     let snapshot = Snapshots::connect(config.clone())
         .await?
-        .open_healing(start.lsn.max(earliest.lsn))
+        .open_healing(start.lsn.max(earliest.lsn), lost)
         .await?;
     let resume = client
         .initial_offset(&config.table, &snapshot.to_string())

@@ -24,6 +24,16 @@ pub enum WriterError {
         /// The server's message (capture instance, requested LSN, min_lsn).
         message: String,
     },
+    /// Changes were purged again within `resnapshot_interval_days` of the last heal: the
+    /// seed's anti-loop guard refuses another automatic re-snapshot (the message says why and
+    /// how to go on).
+    #[error("table {table}: {message}")]
+    ResnapshotRefused {
+        /// The source table.
+        table: String,
+        /// What happened and the way on.
+        message: String,
+    },
     /// The checkpoint does not match the facts table (deleted or rewound under the same app_id).
     #[error("{0}")]
     CheckpointMismatch(String),

@@ -703,6 +703,7 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
             // Loss and a lake that contradicts the checkpoint are what ERROR is kept for.
             Err(
                 error @ (WriterError::DataLoss { .. }
+                | WriterError::ResnapshotRefused { .. }
                 | WriterError::CheckpointMismatch(_)
                 | WriterError::Fenced(_)),
             ) => {
@@ -722,6 +723,7 @@ fn is_final(error: &WriterError) -> bool {
     matches!(
         error,
         WriterError::DataLoss { .. }
+            | WriterError::ResnapshotRefused { .. }
             | WriterError::CheckpointMismatch(_)
             | WriterError::Fenced(_)
             | WriterError::SchemaChanged(_)

@@ -225,6 +225,16 @@ impl Stream {
                 config.table
             )));
         }
+        if config.resnapshot_interval_days.is_some()
+            && config.on_data_loss != OnDataLoss::Resnapshot
+        {
+            return Err(WriterError::invalid(format!(
+                "{}: resnapshot_interval_days is the anti-loop guard of on_data_loss = resnapshot \
+                 (the seed's meaning); a re-snapshot on a schedule is resnapshot_every_days (this \
+                 name meant it before)",
+                config.table
+            )));
+        }
         if let Some(days) = config.resnapshot_interval_days
             && !(days >= 0.0 && days.is_finite())
         {

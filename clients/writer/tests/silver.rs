@@ -663,10 +663,11 @@ async fn a_second_purge_within_the_resnapshot_interval_stops_until_the_guard_is_
         .expect("state")
         .status
         .snapshot;
+    assert!(opened.is_some(), "the first purge opened a re-snapshot");
     purged_gap(&lab, 61).await;
     for _ in 0..2 {
         match common::try_run_now(config.clone()).await {
-            Err(WriterError::DataLoss { message, .. }) => {
+            Err(WriterError::ResnapshotRefused { message, .. }) => {
                 assert!(message.contains("resnapshot_interval_days"), "{message}")
             }
             other => panic!("the guard stops a second heal within 7 days: {other:?}"),
@@ -683,6 +684,18 @@ async fn a_second_purge_within_the_resnapshot_interval_stops_until_the_guard_is_
         .status
         .snapshot;
     assert!(healed > opened, "the rerun with the guard at 0 heals");
+    // The guard back at its default: the runs after the heal go on.
+    run_now(config.clone()).await;
+    let mut schedule = config.clone();
+    schedule.on_data_loss = mssql_cdc_writer::data_loss::OnDataLoss::Fail;
+    schedule.resnapshot_interval_days = Some(30.0);
+    let error = common::try_run_now(schedule)
+        .await
+        .expect_err("the old meaning");
+    assert!(
+        error.to_string().contains("resnapshot_every_days"),
+        "{error}"
+    );
     purged_gap(&lab, 63).await;
     let mut short = config.clone();
     short.resnapshot_interval_days = Some(1e-9);
@@ -791,19 +804,34 @@ async fn a_purge_mid_stream_heals_by_resnapshot_and_silver_ends_equal_to_the_sou
     let kinds = common::query(
         &lab.lake("facts"),
         &format!(
-            "SELECT event, detail FROM t WHERE event IN ('snapshot_plan', 'resnapshot') \
-             AND min_lsn = '{resnapshot}' ORDER BY event"
+            "SELECT event, detail FROM t WHERE event IN ('snapshot_open', 'snapshot_plan', \
+             'resnapshot') AND min_lsn = '{resnapshot}' ORDER BY event"
         ),
     )
     .await;
     let events = common::utf8(kinds[0].column(0));
     let details = common::utf8(kinds[0].column(1));
-    assert_eq!(kinds[0].num_rows(), 2, "a plan and a completion");
+    assert_eq!(kinds[0].num_rows(), 3, "an open, a plan and a completion");
     assert_eq!(events.value(0), "resnapshot");
+    // The seed's payloads: the open says why (a re-snapshot healing a purge, with the lost
+    // range's times), the plan the extent's kind and keys, the completion rows and last_lsn.
+    let open: serde_json::Value = serde_json::from_str(details.value(1)).expect("json");
+    assert_eq!(
+        (open["kind"].as_str(), open["reason"].as_str()),
+        (Some("resnapshot"), Some("data_loss")),
+        "{open}"
+    );
+    assert!(open["lost_to_ts"].is_string(), "{open}");
+    let plan: serde_json::Value = serde_json::from_str(details.value(2)).expect("json");
+    assert_eq!(
+        (plan["kind"].as_str(), plan["keys"][0].as_str()),
+        (Some("int"), Some("order_id")),
+        "{plan}"
+    );
+    let done: serde_json::Value = serde_json::from_str(details.value(0)).expect("json");
     assert!(
-        details.value(1).contains("\"kind\":\"resnapshot\""),
-        "the snapshot_plan row says resnapshot: {}",
-        details.value(1)
+        done["rows"].is_u64() && done["last_lsn"].as_str() >= Some(resnapshot.to_string().as_str()),
+        "{done}"
     );
 }
 

@@ -95,7 +95,9 @@ def _flag(lower: dict[str, str], name: str, default: bool) -> bool:
         return True
     if text in ("false", "0", "no"):
         return False
-    raise ValueError(f"the {NAME} option {name} is true or false, not {lower[name]!r}")
+    raise ValueError(
+        f"the {NAME} option {name} is true or false (or 1/0, yes/no), not {lower[name]!r}"
+    )
 
 
 def _count(lower: dict[str, str], name: str) -> int | None:

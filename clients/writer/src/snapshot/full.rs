@@ -99,8 +99,8 @@ impl Snapshots {
         generation: usize,
     ) -> Result<FullSnapshot> {
         let kind = events::completion(resnapshot);
-        let detail =
-            json!({"mode": SnapshotMode::Full.as_str(), "kind": kind, "generation": generation});
+        let detail = json!({"mode": SnapshotMode::Full.as_str(), "kind": kind, "generation": generation,
+                "lost_from_ts": null, "lost_to_ts": null});
         self.append_facts(
             &self.txn("snapopen", snapshot),
             0,

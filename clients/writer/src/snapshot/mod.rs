@@ -35,7 +35,7 @@ mod status;
 mod wave;
 
 pub use full::bootstrap;
-pub use open::open;
+pub use open::{Lost, open};
 pub use operator::{operator_pause, set_paused};
 pub use recorded::{SnapshotProgress, open_chunked_apps, progress};
 pub use seed::{AsOf, SeedOptions, SeedOutcome};

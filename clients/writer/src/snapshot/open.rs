@@ -15,6 +15,23 @@ use crate::events;
 use crate::facts::FactsRow;
 use crate::stream::StreamConfig;
 
+/// What a re-snapshot that heals a purge lost, in its `snapshot_open` payload as the seed's:
+/// the commit time (UTC) of the last offset processed and of the `min_lsn` cleanup had got
+/// to (`null` on other opens), and where the stream stood.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Lost {
+    /// The stream's position; `None` on an open that heals nothing.
+    pub at: Option<Lsn>,
+    /// The commit time of the stream's position.
+    pub from: Option<mssql_cdc_proto::CommitTime>,
+    /// The commit time of `min_lsn`.
+    pub to: Option<mssql_cdc_proto::CommitTime>,
+}
+
+/// The `reason` a healing re-snapshot's `snapshot_open` payload carries: the anti-loop guard
+/// measures from the newest such open.
+const HEALING_REASON: &str = "data_loss";
+
 /// The facts transaction (`<app_id>#snapgen`, version = generation) of a chunked open.
 const GENERATION_TXN: &str = "snapgen";
 
@@ -58,7 +75,8 @@ impl Snapshots {
         if let Some((done, _)) = recorded.completions.iter().max() {
             return Ok(*done);
         }
-        self.open_chunked_generation(&recorded, None).await
+        self.open_chunked_generation(&recorded, None, Lost::default())
+            .await
     }
 
     /// Opens a chunked **re-snapshot** of a table that has a complete snapshot (generation
@@ -73,9 +91,11 @@ impl Snapshots {
             return Ok(open);
         }
         let Some(previous) = recorded.completions.iter().map(|(lsn, _)| *lsn).max() else {
-            return self.open_chunked_generation(&recorded, None).await;
+            return self
+                .open_chunked_generation(&recorded, None, Lost::default())
+                .await;
         };
-        self.open_chunked_generation(&recorded, Some(previous))
+        self.open_chunked_generation(&recorded, Some(previous), Lost::default())
             .await
     }
 
@@ -85,16 +105,17 @@ impl Snapshots {
     /// requires: the purged changes after its S are ones its rebuild needed, and the newer
     /// generation's completion closes it.
     /// A new one is opened only past the seed's anti-loop guard ([`Snapshots::healing_guard`]).
-    pub async fn open_healing(&self, position: Lsn) -> Result<Lsn> {
+    pub async fn open_healing(&self, position: Lsn, lost: Lost) -> Result<Lsn> {
         let recorded = self.recorded().await?;
         if let Some(open) = Self::open_chunked_of(&recorded)
             && open > position
         {
             return Ok(open);
         }
-        self.healing_guard(position).await?;
+        self.healing_guard(lost.at.unwrap_or(position)).await?;
         let previous = recorded.completions.iter().map(|(lsn, _)| *lsn).max();
-        self.open_chunked_generation(&recorded, previous).await
+        self.open_chunked_generation(&recorded, previous, lost)
+            .await
     }
 
     /// Records a new chunked snapshot: generation 0, or a re-snapshot after `previous`.
@@ -102,6 +123,7 @@ impl Snapshots {
         &self,
         recorded: &Recorded,
         previous: Option<Lsn>,
+        lost: Lost,
     ) -> Result<Lsn> {
         let released = self.release_expired_full(recorded.clone()).await?;
         let recorded = &released;
@@ -165,7 +187,11 @@ impl Snapshots {
                 vec![FactsRow {
                 rows: Some(0),
                 detail: Some(
-                    json!({"mode": SnapshotMode::Chunked.as_str(), "kind": kind, "generation": generation, "keys": key_names})
+                    healing_detail(
+                        json!({"mode": SnapshotMode::Chunked.as_str(), "kind": kind, "generation": generation, "keys": key_names,
+                            "lost_from_ts": lost.from, "lost_to_ts": lost.to}),
+                        &lost,
+                    )
                         .to_string(),
                 ),
                 ..snapshot_event(events::SNAPSHOT_OPEN, snapshot)
@@ -190,10 +216,12 @@ impl Snapshots {
 
 impl Snapshots {
     /// The seed's anti-loop guard (`resnapshot_interval_days`, 7 days by default, 0 off): a
-    /// purge met less than that after the last one healed (this app id's newest `data_loss`
-    /// facts row) stops the table with `DataLoss` instead of re-snapshotting again. A stream
-    /// that keeps falling behind the CDC retention would otherwise re-snapshot for ever; the
-    /// operator fixes the cause and reruns with the guard at 0.
+    /// purge met less than that after the last heal stops the table with
+    /// `ResnapshotRefused` instead of re-snapshotting again. The last heal is the newest
+    /// healing `snapshot_open` row (written when the re-snapshot opens, before the batch that
+    /// records its `data_loss` row, as the seed's state time) or `data_loss` row (a lake of an
+    /// earlier release). A stream that keeps falling behind the CDC retention would otherwise
+    /// re-snapshot for ever; the operator fixes the cause and reruns with the guard at 0.
     async fn healing_guard(&self, position: Lsn) -> Result<()> {
         let days = self
             .config
@@ -205,9 +233,11 @@ impl Snapshots {
         let rows = self
             .facts
             .query_text(&format!(
-                "SELECT CAST(MAX(written_at) AS BIGINT) FROM t WHERE app_id = '{}' AND event = '{}'",
+                "SELECT CAST(MAX(written_at) AS BIGINT) FROM t WHERE app_id = '{}' AND \
+                 (event = '{}' OR (event = '{}' AND detail LIKE '%\"reason\":\"{HEALING_REASON}\"%'))",
                 super::quoted(&self.config.app_id),
-                events::DATA_LOSS
+                events::DATA_LOSS,
+                events::SNAPSHOT_OPEN,
             ))
             .await?;
         let last = rows
@@ -223,18 +253,26 @@ impl Snapshots {
         if age >= days {
             return Ok(());
         }
-        Err(WriterError::DataLoss {
+        Err(WriterError::ResnapshotRefused {
             table: self.config.table.clone(),
-            from: position,
             message: format!(
-                "changes after {position} were purged before they were read, and the last \
-                 automatic re-snapshot healed a purge {age:.3} days ago ({last}), less than \
-                 resnapshot_interval_days = {days}: the stream does not keep up with the CDC \
-                 retention, or stops for longer than it, again. Fix that, then rerun with \
-                 resnapshot_interval_days = 0 (--resnapshot-interval-days 0) to re-snapshot now"
+                "changes after {position}, where the stream stood, were purged by CDC cleanup \
+                 before they were read, and the last automatic re-snapshot healed a purge \
+                 {age:.3} days ago ({last}), less than resnapshot_interval_days = {days}: the \
+                 stream does not keep up with the CDC retention, or stops for longer than it, \
+                 again. Fix that, then rerun once with resnapshot_interval_days = 0 \
+                 (--resnapshot-interval-days 0) to re-snapshot now"
             ),
         })
     }
+}
+
+/// `detail` with the healing `reason` when `lost` is a heal's.
+fn healing_detail(mut detail: serde_json::Value, lost: &Lost) -> serde_json::Value {
+    if lost.at.is_some() {
+        detail["reason"] = json!(HEALING_REASON);
+    }
+    detail
 }
 
 /// The seed's default of `resnapshot_interval_days`.

@@ -70,6 +70,14 @@ impl Snapshots {
                     plans_location(&self.config.target)
                 ))
             })?;
+        // The seed's `snapshot_plan` payload names the extent's kind and the key columns.
+        let (extent_kind, key_names) = match keyset_of(&open)? {
+            Some(keyset) => ("keyset", keyset.names()),
+            None => (
+                "int",
+                vec![open["column"].as_str().unwrap_or_default().to_string()],
+            ),
+        };
         let chunks = match keyset_of(&open)? {
             Some(keyset) => self.plan_keyset(&keyset, chunk_rows).await?,
             None => {
@@ -105,7 +113,6 @@ impl Snapshots {
             }
         };
         let txn = self.txn("snapplan", snapshot);
-        let kind = events::completion(self.recorded().await?.resnapshots.contains(&snapshot));
         let recorded = self
             .append_plans(
                 &txn,
@@ -126,7 +133,7 @@ impl Snapshots {
                 max_lsn: Some(snapshot.to_string()),
                 rows: Some(chunks.iter().map(|c| c.rows as i64).sum()),
                 detail: Some(
-                    json!({"snapshot": snapshot, "kind": kind, "chunk_rows": chunk_rows, "chunk_count": chunks.len()})
+                    json!({"snapshot": snapshot, "kind": extent_kind, "keys": key_names, "chunk_rows": chunk_rows, "chunk_count": chunks.len()})
                         .to_string(),
                 ),
                 ..FactsRow::default()

@@ -159,7 +159,8 @@ impl Snapshots {
             vec![FactsRow {
                 rows: Some(0),
                 detail: Some(
-                    json!({"mode": SnapshotMode::Full.as_str(), "kind": events::BOOTSTRAP, "seed": options.copy})
+                    json!({"mode": SnapshotMode::Full.as_str(), "kind": events::BOOTSTRAP, "generation": 0,
+                        "lost_from_ts": null, "lost_to_ts": null, "seed": options.copy})
                         .to_string(),
                 ),
                 ..snapshot_event(events::SNAPSHOT_OPEN, lsn)

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::error::{Result, WriterError};
 use crate::events;
-use crate::facts::FactsRow;
+use crate::facts::{self, FactsRow};
 use crate::tables;
 
 /// A wave between its read and its commit.
@@ -436,13 +436,31 @@ impl Snapshots {
         resnapshot: bool,
     ) -> Result<()> {
         let event = events::completion(resnapshot);
+        // The seed's completion payload carries the newest stamp of its chunks.
+        let stamps = self
+            .facts
+            .query_text(&format!(
+                "SELECT detail, min_lsn FROM t WHERE app_id = '{}' AND event = '{}' AND min_lsn >= '{snapshot}'",
+                quoted(&self.config.app_id),
+                events::SNAPSHOT_CHUNK
+            ))
+            .await?;
+        let last_lsn = stamps
+            .iter()
+            .filter(|row| {
+                facts::detail_of(row[0].as_deref())["snapshot"].as_str()
+                    == Some(snapshot.to_string().as_str())
+            })
+            .filter_map(|row| row[1].clone())
+            .max()
+            .unwrap_or_else(|| snapshot.to_string());
         self.append_facts(
             &self.txn("snapdone", snapshot),
             0,
             vec![FactsRow {
                 rows: Some(rows as i64),
                 detail: Some(
-                    json!({"mode": SnapshotMode::Chunked.as_str(), "snapshot": snapshot, "chunks": plan.len()})
+                    json!({"mode": SnapshotMode::Chunked.as_str(), "snapshot": snapshot, "chunks": plan.len(), "rows": rows, "last_lsn": last_lsn})
                         .to_string(),
                 ),
                 ..snapshot_event(event, snapshot)

@@ -25,16 +25,25 @@ impl World {
         self.check_facts().await
     }
 
-    /// Every stop by the anti-loop guard followed a purge the table's stream healed (a
-    /// `data_loss` facts row): a guard that stops a first heal would leave a table that
-    /// `resnapshot` promised to heal stopped.
+    /// Every stop by the anti-loop guard met a new purge: the table's stream healed one
+    /// before (a `data_loss` row), at an S below the purge it stopped at. A stop at the purge
+    /// a heal already passed (the stream resumed before its S) would pass for the guard and
+    /// be "fixed" by a second generation for one purge.
     pub(crate) async fn check_guard_stops(&self) -> Result<(), Failure> {
-        let stops: Vec<Table> = std::mem::take(&mut self.known().guard_stops);
-        for table in stops {
-            if self.heals(table).await.is_empty() {
+        let stops = std::mem::take(&mut self.known().guard_stops);
+        for (table, purged_through) in stops {
+            let newest = self.heals(table).await.into_iter().map(|(_, s)| s).max();
+            let Some(newest) = newest else {
                 return Err(format!(
                     "the anti-loop guard stopped the stream of {} although it had healed no \
                      purge before",
+                    table.source()
+                ));
+            };
+            if purged_through.is_none_or(|through| through <= newest) {
+                return Err(format!(
+                    "the anti-loop guard stopped the stream of {} at a purge (through \
+                     {purged_through:?}) its last heal, at S {newest}, had passed",
                     table.source()
                 ));
             }

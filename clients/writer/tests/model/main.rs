@@ -55,6 +55,13 @@ const KEEP_VARIABLE: &str = "MSSQL_CDC_MODEL_KEEP";
 const CI_SEEDS: std::ops::Range<u64> = 0..4;
 const CI_STEPS: usize = 30;
 
+/// What a coverage schedule must reach: a phrase of its description and the coverage entry
+/// its run must count, so the schedule fails when what it covers is gone.
+const MUST_COVER: &[(&str, &str)] = &[(
+    "stops its stream by the anti-loop guard",
+    "re-snapshots refused by the anti-loop guard",
+)];
+
 /// Schedules that once failed, kept as regressions, and a few that reach what random seeds
 /// rarely do: each runs in CI beside the seeds.
 const REGRESSIONS: &[(&str, &str)] = &[
@@ -415,7 +422,21 @@ fn main() {
             .collect(),
     };
     for (name, ops) in runs {
-        match runtime.block_on(run_schedule(&ops, true)) {
+        let outcome = runtime
+            .block_on(run_schedule(&ops, true))
+            .and_then(|coverage| {
+                let missing = MUST_COVER.iter().find(|(phrase, entry)| {
+                    name.contains(phrase) && !coverage.contains_key(*entry)
+                });
+                match missing {
+                    Some((_, entry)) => Err((
+                        ops.len() - 1,
+                        format!("the schedule passed without reaching \"{entry}\""),
+                    )),
+                    None => Ok(coverage),
+                }
+            });
+        match outcome {
             Ok(coverage) => {
                 passed += 1;
                 steps += ops.len();

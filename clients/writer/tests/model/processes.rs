@@ -84,8 +84,7 @@ impl World {
             let config = self.config(table);
             text.push_str(&format!(
                 "\n[[tables]]\ntable = \"{}\"\ntarget = \"{}\"\napp_id = \"{}\"\n\
-                 max_commits = 50\nfail_on_data_loss = {}\non_data_loss = \"{}\"\n\
-                 resnapshot_interval_days = {:?}\n\
+                 max_commits = 50\nfail_on_data_loss = {}\non_data_loss = \"{}\"\n{}\
                  chunk_rows = {}\nsilver = \"{}\"\nkeys = [\"{}\"]\n\
                  silver_deletion_vectors = {deletion_vectors}\napply_seconds = 0.5\n",
                 table.source(),
@@ -96,7 +95,10 @@ impl World {
                     OnDataLoss::Resnapshot => "resnapshot",
                     OnDataLoss::Fail => "fail",
                 },
-                config.resnapshot_interval_days.unwrap_or(7.0),
+                config
+                    .resnapshot_interval_days
+                    .map(|days| format!("resnapshot_interval_days = {days:?}\n"))
+                    .unwrap_or_default(),
                 chunk_rows(table),
                 self.lab.lake(&format!("silver_{}", table.name())),
                 table.key(),

@@ -41,8 +41,9 @@ pub(crate) struct Knowledge {
     /// one healed, within `resnapshot_interval_days`): the operator reruns with the guard at
     /// 0, as its message says, until the next purge sets the policy anew.
     pub(crate) guard_off: BTreeSet<Table>,
-    /// Each stop by the guard, checked against the facts: a heal came before it.
-    pub(crate) guard_stops: Vec<Table>,
+    /// Each stop by the guard with the purge it met (`purged_through` then), checked against
+    /// the facts: a heal came before it, at an S below that purge.
+    pub(crate) guard_stops: Vec<(Table, Option<Lsn>)>,
     /// The newest complete snapshot of each table (its S).
     pub(crate) completed: BTreeMap<Table, Lsn>,
     /// The snapshot each silver was last rebuilt from.
@@ -304,8 +305,15 @@ impl World {
         fenced_allowed: bool,
     ) -> Result<(), Failure> {
         match outcome {
-            Ok(()) => Ok(()),
-            Err(WriterError::DataLoss { message, .. }) => self.stopped_by_purge(table, &message),
+            Ok(()) => {
+                // The operator's rerun with the guard at 0 went through: back to the default.
+                self.known().guard_off.remove(&table);
+                Ok(())
+            }
+            Err(WriterError::DataLoss { message, .. })
+            | Err(WriterError::ResnapshotRefused { message, .. }) => {
+                self.stopped_by_purge(table, &message)
+            }
             Err(WriterError::Fenced(_)) if fenced_allowed => Ok(()),
             Err(error) => Err(format!("stream of {}: {error}", table.source())),
         }
@@ -325,10 +333,12 @@ impl World {
             && message.contains("resnapshot_interval_days")
             // The guard was on for this run: off only after a stop, and two runs of one step
             // (a second writer) both started before it.
-            && (!known.guard_off.contains(&table) || known.guard_stops.contains(&table))
+            && (!known.guard_off.contains(&table)
+                || known.guard_stops.iter().any(|(stopped, _)| *stopped == table))
         {
             known.guard_off.insert(table);
-            known.guard_stops.push(table);
+            let purged_through = known.purged_through;
+            known.guard_stops.push((table, purged_through));
             *known
                 .covered
                 .entry("re-snapshots refused by the anti-loop guard".into())
