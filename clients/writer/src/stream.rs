@@ -89,7 +89,7 @@ pub struct StreamConfig {
     /// guard below.)
     pub resnapshot_every_days: Option<f64>,
     /// The seed's anti-loop guard on `on_data_loss = resnapshot`: a purge met less than this
-    /// many days after the last one healed (its `data_loss` row) stops the table instead of
+    /// many days after the last one healed (its healing `snapshot_open` row) stops the table instead of
     /// re-snapshotting again, since a stream that keeps falling behind the retention would
     /// otherwise re-snapshot for ever. `None`: the seed's 7 days; `0`: no guard.
     pub resnapshot_interval_days: Option<f64>,

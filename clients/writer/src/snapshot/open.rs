@@ -148,15 +148,14 @@ impl Snapshots {
                 &json!({"table": self.config.table, "keys": self.config.snapshot_keys}),
             )
             .await?;
-        let (open_detail, key_names) = match cut.keys.as_slice() {
+        let open_detail = match cut.keys.as_slice() {
             // One integer unique key: chunks packed from counted slices.
             [key] if cut.unique && key.is_integer() => {
                 let extent: KeyExtent = self
                     .client
                     .action("key_extent", &json!({"table": self.config.table}))
                     .await?;
-                let names = vec![extent.column.clone()];
-                (serde_json::to_value(&extent).unwrap_or_default(), names)
+                serde_json::to_value(&extent).unwrap_or_default()
             }
             _ => {
                 let open = KeysetOpen {
@@ -165,8 +164,7 @@ impl Snapshots {
                     unique: cut.unique,
                     max: cut.max,
                 };
-                let names = open.names();
-                (serde_json::to_value(&open).unwrap_or_default(), names)
+                serde_json::to_value(&open).unwrap_or_default()
             }
         };
         // Plans first: the key values live beside bronze, not in the facts.
@@ -188,7 +186,9 @@ impl Snapshots {
                 rows: Some(0),
                 detail: Some(
                     healing_detail(
-                        json!({"mode": SnapshotMode::Chunked.as_str(), "kind": kind, "generation": generation, "keys": key_names,
+                        // The key names live in the plans row: the seed takes a facts open
+                        // that carries them for an old release's whole payload.
+                        json!({"mode": SnapshotMode::Chunked.as_str(), "kind": kind, "generation": generation,
                             "lost_from_ts": lost.from, "lost_to_ts": lost.to}),
                         &lost,
                     )
@@ -220,7 +220,8 @@ impl Snapshots {
     /// `ResnapshotRefused` instead of re-snapshotting again. The last heal is the newest
     /// healing `snapshot_open` row (written when the re-snapshot opens, before the batch that
     /// records its `data_loss` row, as the seed's state time) or `data_loss` row (a lake of an
-    /// earlier release). A stream that keeps falling behind the CDC retention would otherwise
+    /// earlier release) whose S is at or below `position`, where the stream stood: a heal of
+    /// this very purge (S past it), which a second writer opened first, is not a last one. A stream that keeps falling behind the CDC retention would otherwise
     /// re-snapshot for ever; the operator fixes the cause and reruns with the guard at 0.
     async fn healing_guard(&self, position: Lsn) -> Result<()> {
         let days = self
@@ -234,7 +235,8 @@ impl Snapshots {
             .facts
             .query_text(&format!(
                 "SELECT CAST(MAX(written_at) AS BIGINT) FROM t WHERE app_id = '{}' AND \
-                 (event = '{}' OR (event = '{}' AND detail LIKE '%\"reason\":\"{HEALING_REASON}\"%'))",
+                 ((event = '{}' AND max_lsn <= '{position}') OR (event = '{}' AND \
+                 min_lsn <= '{position}' AND detail LIKE '%\"reason\":\"{HEALING_REASON}\"%'))",
                 super::quoted(&self.config.app_id),
                 events::DATA_LOSS,
                 events::SNAPSHOT_OPEN,
