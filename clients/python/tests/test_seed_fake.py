@@ -159,6 +159,12 @@ def test_our_writer_streams_the_seeds_history_into_a_silver_equal_to_the_seeds_r
             ), (fresh, row)
             # The seed's clock is in 2026-03; now is later.
             assert fresh["age_seconds"] > 0 and 0 <= fresh["seconds_since_update"] < 600, fresh
+        # A name without a control row is an error, not a verdict not yet given.
+        control = ["--control", str(lake / "control"), "--table", "dbo.no_such_table"]
+        absent = subprocess.run(
+            [writer_binary(), "freshness", *control], capture_output=True, text=True
+        )
+        assert absent.returncode == 1 and "has no row for dbo.no_such_table" in absent.stderr
         # lines' purge was healed: one data_loss row, a re-snapshot completed at its S.
         facts = DeltaTable(str(lake / "facts")).to_pyarrow_table().to_pylist()
         losses = [row for row in facts if row["event"] == "data_loss"]
