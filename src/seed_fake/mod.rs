@@ -45,6 +45,9 @@ use crate::types::{OutputColumn, output_schema, snapshot_schema};
 /// A row of the seed's files: values by column name.
 type JsonRow = Map<String, Value>;
 
+/// A table's columns and their types.
+type ColumnTypes = BTreeMap<String, crate::types::SqlType>;
+
 /// A table's rows and their keys in grid units.
 type GridRows = (Vec<JsonRow>, Vec<Option<i64>>);
 
@@ -156,7 +159,7 @@ impl Catalog {
     }
 
     /// The table's current columns and their types, the newest instance's type winning.
-    fn table_types(&self, table: &TableName) -> Result<BTreeMap<String, crate::types::SqlType>> {
+    fn table_types(&self, table: &TableName) -> Result<ColumnTypes> {
         if table.schema != SCHEMA {
             return Err(Error::TableNotFound {
                 table: table.to_string(),
@@ -199,7 +202,7 @@ fn value_of<'a>(row: &'a JsonRow, column: &str) -> Option<&'a Value> {
 /// a key on a column the table lacks, where reading it would give NULLs).
 fn require_columns<'a>(
     table: &TableName,
-    types: &BTreeMap<String, crate::types::SqlType>,
+    types: &ColumnTypes,
     mut columns: impl Iterator<Item = &'a str>,
 ) -> Result<()> {
     match columns.find(|name| !types.contains_key(*name)) {
@@ -281,11 +284,16 @@ impl SeedFake {
         Ok(keys)
     }
 
-    /// The table's rows and their values of `key` in grid units.
-    fn grid_rows(&self, table: &TableName, key: &KeyColumn) -> Result<GridRows> {
+    /// The table's rows and their values of `key` in grid units (`types`: the table's, from
+    /// the catalog the caller read).
+    fn grid_rows(
+        &self,
+        table: &TableName,
+        types: &ColumnTypes,
+        key: &KeyColumn,
+    ) -> Result<GridRows> {
         key.require_grid_unit()?;
-        let types = self.files.catalog()?.table_types(table)?;
-        require_columns(table, &types, [key.name.as_str()].into_iter())?;
+        require_columns(table, types, [key.name.as_str()].into_iter())?;
         let rows = self.files.rows(&table.name)?;
         let units = grid_units(&column_of(&key.name, &key.sql_type, rows.iter())?)?;
         Ok((rows, units))
@@ -627,7 +635,7 @@ impl CdcSource for SeedFake {
     async fn key_extent(&self, table: &TableName) -> Result<KeyExtent> {
         let catalog = self.files.catalog()?;
         let key = self.integer_key(&catalog, table)?;
-        let (rows, units) = self.grid_rows(table, &key)?;
+        let (rows, units) = self.grid_rows(table, &catalog.table_types(table)?, &key)?;
         let (min, max) = span(&units).unzip();
         Ok(KeyExtent {
             column: key.name,
@@ -642,7 +650,7 @@ impl CdcSource for SeedFake {
         let catalog = self.files.catalog()?;
         let key = self.integer_key(&catalog, table)?;
         let mut units: Vec<i64> = self
-            .grid_rows(table, &key)?
+            .grid_rows(table, &catalog.table_types(table)?, &key)?
             .1
             .into_iter()
             .flatten()
@@ -652,7 +660,8 @@ impl CdcSource for SeedFake {
     }
 
     async fn key_span(&self, table: &TableName, key: &KeyColumn) -> Result<Option<(i64, i64)>> {
-        Ok(span(&self.grid_rows(table, key)?.1))
+        let types = self.files.catalog()?.table_types(table)?;
+        Ok(span(&self.grid_rows(table, &types, key)?.1))
     }
 
     async fn key_sums(
@@ -662,11 +671,11 @@ impl CdcSource for SeedFake {
         grid: KeyGrid,
         values: &[OutputColumn],
     ) -> Result<KeySums> {
-        let (rows, units) = self.grid_rows(table, key)?;
+        let types = self.files.catalog()?.table_types(table)?;
+        let (rows, units) = self.grid_rows(table, &types, key)?;
         if values.is_empty() {
             return Ok(KeySums::count(&grid, units));
         }
-        let types = self.files.catalog()?.table_types(table)?;
         let columns = values
             .iter()
             .map(|column| match types.contains_key(&column.name) {
