@@ -6,7 +6,7 @@
 //!
 //! - [`lsn`] and [`offset`]: LSNs (`0x` + 20 hex digits) and stream positions in their wire forms.
 //! - [`protocol`]: the JSON descriptor commands, action bodies and answers, and the completion
-//!   marker every stream ends with.
+//!   marker every stream ends with; [`selection`]: which captured columns a reader asks for.
 //! - [`ticket`] and [`admin`]: the protobuf messages (and the admin gRPC service), generated from
 //!   the `.proto` files of this crate.
 //! - [`catalog`], [`keys`] and [`types`]: tables, capture instances, key columns and bounds, SQL
@@ -30,6 +30,7 @@ pub mod logging;
 pub mod lsn;
 pub mod offset;
 pub mod protocol;
+pub mod selection;
 pub mod serving;
 pub mod signals;
 pub mod status;

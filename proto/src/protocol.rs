@@ -322,6 +322,11 @@ pub struct ServeOptions {
     /// Captured columns to serve, in order; default all of the table's instances.
     #[serde(default)]
     pub columns: Option<Vec<String>>,
+    /// Captured columns never to serve (names matched ignoring case; a name no instance
+    /// captures is passed over, so a column a later DDL dropped does not break a reader);
+    /// every other captured column is served. Not with `columns`.
+    #[serde(default)]
+    pub except_columns: Option<Vec<String>>,
     /// Serve `_command_id` (NULL on snapshot rows, as the stream has none there); default
     /// true.
     #[serde(default)]

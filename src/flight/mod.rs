@@ -700,11 +700,11 @@ impl CdcFlightService {
         Ok(match command {
             Command::Table(_) => output_schema(&columns, true),
             Command::Changes(command) => output_schema(
-                &planner::select_columns(table, columns, command.serve.columns.as_deref())?,
+                &planner::served_columns(table, columns, &command.serve)?,
                 command.serve.include_command_id.unwrap_or(true),
             ),
             Command::Snapshot(command) => crate::types::snapshot_schema(
-                &planner::select_columns(table, columns, command.serve.columns.as_deref())?,
+                &planner::served_columns(table, columns, &command.serve)?,
                 command.serve.include_command_id.unwrap_or(true),
             ),
         })

@@ -15,8 +15,10 @@ use std::num::NonZeroU32;
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
 use crate::protocol::{
-    ChangesCommand, DEFAULT_MIN_PARTITION_ROWS, MAX_PARTITIONS, PlanMetadata, RangeEvent, RangeInfo,
+    ChangesCommand, DEFAULT_MIN_PARTITION_ROWS, MAX_PARTITIONS, PlanMetadata, RangeEvent,
+    RangeInfo, ServeOptions,
 };
+use crate::selection::{ColumnSelection, SelectionError};
 use crate::source::{CaptureInstance, CdcSource, InstanceRange, TableName};
 use crate::types::{OutputColumn, RESERVED_COLUMN_NAMES, SqlType};
 
@@ -142,27 +144,40 @@ pub fn select_columns(
     all: Vec<OutputColumn>,
     requested: Option<&[String]>,
 ) -> Result<Vec<OutputColumn>> {
-    let Some(requested) = requested else {
-        return Ok(all);
+    let selection = match requested {
+        Some(names) => ColumnSelection::Only(names.to_vec()),
+        None => ColumnSelection::All,
     };
-    let mut selected = Vec::new();
-    for name in requested {
-        if selected
-            .iter()
-            .any(|column: &OutputColumn| &column.name == name)
-        {
-            return Err(Error::invalid(format!("column '{name}' is listed twice")));
+    selected_columns(table, all, &selection)
+}
+
+/// The columns of `all` that `serve`'s `columns` or `except_columns` ask for.
+pub fn served_columns(
+    table: &TableName,
+    all: Vec<OutputColumn>,
+    serve: &ServeOptions,
+) -> Result<Vec<OutputColumn>> {
+    selected_columns(table, all, &ColumnSelection::of(serve)?)
+}
+
+fn selected_columns(
+    table: &TableName,
+    all: Vec<OutputColumn>,
+    selection: &ColumnSelection,
+) -> Result<Vec<OutputColumn>> {
+    match selection.select(&all, |column| column.name.as_str()) {
+        Ok(selected) => Ok(selected.into_iter().cloned().collect()),
+        Err(SelectionError::Twice(name)) => {
+            Err(Error::invalid(format!("column '{name}' is listed twice")))
         }
-        let column = all.iter().find(|column| &column.name == name).ok_or_else(|| {
+        Err(SelectionError::NotCaptured(name)) => {
             let captured: Vec<&str> = all.iter().map(|column| column.name.as_str()).collect();
-            Error::invalid(format!(
+            Err(Error::invalid(format!(
                 "column '{name}' is not captured by any capture instance of {table} (captured: {})",
                 captured.join(", ")
-            ))
-        })?;
-        selected.push(column.clone());
+            )))
+        }
     }
-    Ok(selected)
 }
 
 /// The instances of `table` a stream reads, oldest first, starting at `start_with` if given.
@@ -204,11 +219,7 @@ pub async fn plan_changes(source: &dyn CdcSource, command: &ChangesCommand) -> R
         .unwrap_or(DEFAULT_MIN_PARTITION_ROWS)
         .max(1);
     let instances = stream_instances(source, &table, command.capture_instance.as_deref()).await?;
-    let columns = select_columns(
-        &table,
-        union_columns(&table, &instances)?,
-        command.serve.columns.as_deref(),
-    )?;
+    let columns = served_columns(&table, union_columns(&table, &instances)?, &command.serve)?;
     let max_lsn = source.max_lsn().await?;
     let ceiling = max_lsn.unwrap_or(Lsn::ZERO);
     let to = command.to.unwrap_or(ceiling);

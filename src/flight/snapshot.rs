@@ -57,10 +57,10 @@ pub async fn plan(
         table: table.to_string(),
     })?;
     let newest = instance.name.clone();
-    let columns = planner::select_columns(
+    let columns = planner::served_columns(
         &table,
         planner::union_columns(&table, &instances)?,
-        command.serve.columns.as_deref(),
+        &command.serve,
     )?;
     let bounds = limits.batch_bounds(command.serve.batch_rows, command.serve.batch_bytes)?;
     if let Some(chunks) = &command.chunks {

@@ -7,6 +7,7 @@ import subprocess
 import threading
 import time
 
+import pyarrow.flight as flight
 import pytest
 from conftest import change_rows, journal_rows, run, start_server, stop_server, workload_database
 
@@ -52,6 +53,23 @@ def test_a_snapshot_read_is_checked_too(server):
     assert snapshot.num_rows > 0
     assert set(snapshot.column("_operation").to_pylist()) == {0}
     assert "_chunk" in snapshot.schema.names
+
+
+def test_columns_left_out_are_not_served(server, database):
+    """``except_columns`` (matched ignoring case) leaves columns out of the plan's schema and
+    of every batch, read by the client and by pyarrow's stock Flight reader alike."""
+    client = cdc.connect(server)
+    snapshot = client.read_snapshot("dbo.orders", except_columns=["NOTE", "amount"])
+    assert "note" not in snapshot.schema.names and "amount" not in snapshot.schema.names
+    assert "order_id" in snapshot.schema.names and snapshot.num_rows > 0
+    start = client.initial_offset("dbo.orders", "earliest")
+    plan = client.plan_changes("dbo.orders", start, except_columns=["note"])
+    stock = flight.connect(server)
+    for endpoint in plan.endpoints:
+        table = stock.do_get(flight.Ticket(endpoint.ticket)).read_all()
+        assert "note" not in table.schema.names and "amount" in table.schema.names
+    with pytest.raises(cdc.InvalidRequestError, match="not both"):
+        client.plan_snapshot("dbo.orders", columns=["order_id"], except_columns=["note"])
 
 
 class CuttingProxy:

@@ -146,6 +146,7 @@ fn stream_config(url: &str, table: &TableName, lake: &Path, commit_rows: u64) ->
         resnapshot_every_days: None,
         resnapshot_interval_days: None,
         snapshot_keys: None,
+        columns: Default::default(),
     }
 }
 

@@ -133,6 +133,7 @@ async fn measure(
         resnapshot_every_days: None,
         resnapshot_interval_days: None,
         snapshot_keys: None,
+        columns: Default::default(),
     };
     let mut stream = Stream::connect(config).await?;
     let (stop, stopped) = tokio::sync::watch::channel(false);

@@ -54,6 +54,7 @@ fn config(url: &str, lake: &Path) -> StreamConfig {
         resnapshot_every_days: None,
         resnapshot_interval_days: None,
         snapshot_keys: None,
+        columns: Default::default(),
     }
 }
 

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Arg, Args, Parser, Subcommand};
+use mssql_cdc_proto::selection::ColumnSelection;
 use mssql_cdc_writer::tables::TableKind;
 
 /// Stream SQL Server CDC from an mssql-cdc-flight server into Delta tables.
@@ -185,6 +186,8 @@ pub struct TableArgs {
     pub table: String,
     #[command(flatten)]
     pub lake: StreamLake,
+    #[command(flatten)]
+    pub columns: ColumnArgs,
 }
 
 /// `--target`, `--facts` and `--app-id`: a stream's bronze and facts tables and its app id.
@@ -244,6 +247,36 @@ pub struct FlightServer {
         default_value = "http://127.0.0.1:50051"
     )]
     pub url: String,
+}
+
+/// `--columns` or `--except-columns`: the captured columns a table's stream, snapshots and
+/// reconcile ask the server for. Every command of one table takes the same (the sidecar's
+/// file says it once per table).
+#[derive(Args, Clone, Default)]
+pub struct ColumnArgs {
+    /// Captured columns to copy, comma-separated, in this order (the key columns among
+    /// them); default every captured column.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "MSSQL_CDC_WRITER_COLUMNS",
+        conflicts_with = "except_columns"
+    )]
+    pub columns: Option<Vec<String>>,
+    /// Captured columns never to copy, comma-separated, matched ignoring case: the server
+    /// leaves them out, so they never cross the network. Not a key column.
+    #[arg(long, value_delimiter = ',', env = "MSSQL_CDC_WRITER_EXCEPT_COLUMNS")]
+    pub except_columns: Option<Vec<String>>,
+}
+
+impl ColumnArgs {
+    /// The selection the flags say.
+    pub fn selection(&self) -> anyhow::Result<ColumnSelection> {
+        Ok(ColumnSelection::new(
+            self.columns.clone(),
+            self.except_columns.clone(),
+        )?)
+    }
 }
 
 /// `--snapshot-keys`, shared by the commands that can open or read a chunked snapshot.
@@ -338,6 +371,10 @@ pub struct ReconcileArgs {
     /// Source table (schema.table): names bronze's verdict in the control table.
     #[arg(long, env = "MSSQL_CDC_WRITER_TABLE")]
     pub table: String,
+    /// The stream's column selection (with `--admin`, the sidecar file's): a column it
+    /// leaves out is not compared, and does not keep the values from being verified.
+    #[command(flatten)]
+    pub columns: ColumnArgs,
     /// Silver location (as apply's --target).
     #[arg(
         long,
@@ -490,6 +527,8 @@ pub struct RunArgs {
     pub bootstrap: Option<String>,
     #[command(flatten)]
     pub snapshot_keys: SnapshotKeys,
+    #[command(flatten)]
+    pub columns: ColumnArgs,
 }
 
 /// `--kind`: one of [`TableKind::ALL`] by its name (listed in `--help`).

@@ -53,6 +53,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         resnapshot_every_days: args.resnapshot_every_days,
         resnapshot_interval_days: args.resnapshot_interval_days,
         snapshot_keys: args.snapshot_keys.columns,
+        columns: args.columns.selection()?,
     };
     if let Some(mode) = &args.bootstrap {
         let mode: SnapshotMode = mode.parse()?;
@@ -163,6 +164,7 @@ pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
                 seed: args.seed,
                 report: args.report.clone(),
                 value_sums: args.value_sums.unwrap_or(defaults.value_sums),
+                columns: args.columns.selection()?,
                 ..defaults
             };
             mssql_cdc_writer::reconcile::reconcile(&config).await?
@@ -575,6 +577,7 @@ fn snapshot_config(
         resnapshot_every_days: None,
         resnapshot_interval_days: None,
         snapshot_keys,
+        columns: table.columns.selection()?,
     })
 }
 
@@ -584,6 +587,7 @@ mod tests {
 
     use super::*;
     use crate::cli::{Cli, Commands};
+    use mssql_cdc_proto::selection::ColumnSelection;
 
     fn reconcile_args(flags: &[&str]) -> ReconcileArgs {
         let mut line = vec![
@@ -634,6 +638,30 @@ mod tests {
                 given.value_sums
             ),
             (Some(1.0), Some(50), Some(3), Some(false))
+        );
+    }
+
+    #[test]
+    fn a_column_selection_is_one_list_or_the_other() {
+        let args = reconcile_args(&["--except-columns", "email,Phone"]);
+        assert_eq!(
+            args.columns.selection().expect("valid"),
+            ColumnSelection::Except(vec!["email".into(), "Phone".into()])
+        );
+        let line = [
+            "mssql-cdc-writer",
+            "reconcile",
+            "--table",
+            "dbo.orders",
+            "--columns",
+            "id",
+            "--except-columns",
+            "email",
+        ];
+        let refused = Cli::try_parse_from(line).err().expect("refused");
+        assert!(
+            refused.to_string().contains("cannot be used with"),
+            "{refused}"
         );
     }
 }

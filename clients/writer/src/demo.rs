@@ -60,6 +60,7 @@ fn stream_config(url: &str, dir: &Path, table: &str, name: &str) -> StreamConfig
         resnapshot_every_days: None,
         resnapshot_interval_days: None,
         snapshot_keys: None,
+        columns: Default::default(),
     }
 }
 

@@ -9,6 +9,7 @@ pub mod admin;
 pub mod board;
 pub mod bronze;
 pub mod checkpoint;
+pub mod columns;
 pub mod compaction;
 pub mod control;
 pub mod data_loss;

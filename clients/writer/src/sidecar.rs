@@ -25,6 +25,7 @@
 //! bootstrap = "chunked"            # optional: full or chunked, for a new checkpoint
 //! chunk_rows = 100000              # optional: chunk size of a chunked bootstrap
 //! snapshot_keys = ["region"]       # optional: columns chunks are cut on (default: the unique index)
+//! except_columns = ["card_number"] # optional: captured columns never copied (or `columns`: the only ones)
 //! silver = "/lake/silver_orders"   # optional: keep a current-state table (apply_changes)
 //! keys = ["order_id"]              # the silver table's key columns
 //! silver_deletion_vectors = true   # optional: merge-on-read silver (deletion vectors)
@@ -57,6 +58,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use mssql_cdc_proto::selection::ColumnSelection;
 use serde::Deserialize;
 use tokio::sync::Notify;
 
@@ -222,6 +224,15 @@ pub struct TableEntry {
     /// Columns to cut chunked snapshots on (unique or not); default the unique index.
     #[serde(default)]
     pub snapshot_keys: Option<Vec<String>>,
+    /// The only captured columns copied, in order (the key columns among them).
+    #[serde(default)]
+    pub columns: Option<Vec<String>>,
+    /// Captured columns never copied (matched ignoring case; not a key column).
+    #[serde(default)]
+    pub except_columns: Option<Vec<String>>,
+    /// `columns` or `except_columns`, checked by [`SidecarConfig::load`].
+    #[serde(skip)]
+    pub selection: ColumnSelection,
     /// Silver location: `apply_changes` keeps it in step with bronze.
     #[serde(default)]
     pub silver: Option<String>,
@@ -296,6 +307,7 @@ pub fn reconcile_config(config: &SidecarConfig, entry: &TableEntry) -> Option<Re
         value_sums: entry.reconcile_value_sums.unwrap_or(defaults.value_sums),
         report: config.reconcile_report.clone(),
         facts: Some(config.facts.clone()),
+        columns: entry.selection.clone(),
         ..defaults
     })
 }
@@ -449,8 +461,20 @@ impl SidecarConfig {
             context: format!("reading {}", path.display()),
             source,
         })?;
-        let config: SidecarConfig = toml::from_str(&text)
+        let mut config: SidecarConfig = toml::from_str(&text)
             .map_err(|error| WriterError::invalid(format!("{}: {error}", path.display())))?;
+        for entry in &mut config.tables {
+            entry.selection =
+                ColumnSelection::new(entry.columns.clone(), entry.except_columns.clone()).map_err(
+                    |error| {
+                        WriterError::invalid(format!(
+                            "{}: table {}: {error}",
+                            path.display(),
+                            entry.table
+                        ))
+                    },
+                )?;
+        }
         if config.tables.is_empty() {
             return Err(WriterError::invalid(format!(
                 "{}: no [[tables]]",
@@ -605,6 +629,7 @@ impl SidecarConfig {
             resnapshot_every_days: entry.resnapshot_every_days,
             resnapshot_interval_days: entry.resnapshot_interval_days,
             snapshot_keys: entry.snapshot_keys.clone(),
+            columns: entry.selection.clone(),
         }
     }
 }
@@ -1168,5 +1193,26 @@ mod tests {
             refused.to_string().contains("reconcile_sample"),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn a_tables_column_selection_reaches_its_stream_and_its_reconcile() {
+        let tables = |lists: &str| {
+            format!(
+                "[[tables]]\ntable = \"dbo.orders\"\ntarget = \"/lake/bronze\"\napp_id = \"a\"\n\
+                 silver = \"/lake/silver\"\nkeys = [\"order_id\"]\n{lists}"
+            )
+        };
+        let config = load(&tables("except_columns = [\"note\"]\n")).expect("loads");
+        let entry = &config.tables[0];
+        let except = ColumnSelection::Except(vec!["note".into()]);
+        assert_eq!(config.stream(entry).columns, except);
+        let reconcile = reconcile_config(&config, entry).expect("a silver table");
+        assert_eq!(reconcile.columns, except);
+        let refused = load(&tables(
+            "columns = [\"order_id\"]\nexcept_columns = [\"note\"]\n",
+        ))
+        .expect_err("both lists");
+        assert!(refused.to_string().contains("not both"), "{refused}");
     }
 }

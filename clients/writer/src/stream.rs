@@ -32,6 +32,7 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::protocol::{ChangesCommand, LatestOffsetBody, LsnAnswer};
+use mssql_cdc_proto::selection::ColumnSelection;
 use mssql_cdc_proto::{CommitTime, Lsn, Offset};
 use serde_json::json;
 use url::Url;
@@ -96,6 +97,10 @@ pub struct StreamConfig {
     /// The columns a chunked snapshot is cut on (the seed's `snapshotKeys`), unique or not;
     /// `None`: the unique index CDC uses. A table without one needs them.
     pub snapshot_keys: Option<Vec<String>>,
+    /// The captured columns the stream and its snapshots ask the server for (`columns` or
+    /// `except_columns`): a column left out never crosses the network, so never reaches
+    /// bronze, silver or reconcile. Key columns cannot be left out.
+    pub columns: ColumnSelection,
 }
 
 /// What one batch did.
@@ -256,6 +261,7 @@ impl Stream {
             ));
         }
         let client = connect_server(&config.server).await?;
+        crate::columns::check(&client, &config).await?;
         Ok(Stream {
             target: tables::table_url(&config.target)?,
             facts: SharedTable::of(&tables::table_url(&config.facts)?),
@@ -875,6 +881,7 @@ impl Stream {
     /// The plan of `(start, end]`.
     async fn plan(&self, start: Offset, end: Offset) -> Result<PlannedBatch> {
         let mut command = ChangesCommand::new(self.config.table.clone(), start.lsn, Some(end.lsn));
+        command.serve = self.config.columns.serve();
         command.partitions = Some(match self.config.partitions {
             0 | 1 => 1,
             readers => readers

@@ -34,7 +34,7 @@ fn row_id(batch: &arrow::record_batch::RecordBatch, row: usize) -> i64 {
 
 /// The table now, read whole through the server, by its row id.
 async fn source_rows(lab: &Lab, table: &str) -> Rows {
-    common::source_rows_of(lab, table, "id").await
+    common::source_rows_of(lab, table, "id", &common::ColumnSelection::All).await
 }
 
 /// ADR 0028's rebuild by row id (see `common::rebuild`).

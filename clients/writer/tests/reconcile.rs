@@ -6,14 +6,15 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{Lab, run_now};
+use common::{ColumnSelection, Lab, run_now};
 use mssql_cdc_proto::keys::Bound;
 use mssql_cdc_writer::control;
 use mssql_cdc_writer::reconcile::{
     BucketStatus, ChunkCheck, FailureType, ReconcileConfig, ReconcileResult, reconcile,
 };
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
-use mssql_cdc_writer::snapshot::{self, SnapshotMode};
+use mssql_cdc_writer::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
+use mssql_cdc_writer::stream::Stream;
 use mssql_cdc_writer::tables;
 
 fn workload(lab: &Lab, seed: u64, commits: u64) {
@@ -1030,4 +1031,110 @@ async fn a_heap_is_refused_unless_a_key_column_is_named() {
     .await
     .expect("reconcile on kind");
     assert!(repeated.verified, "{repeated:?}");
+}
+
+/// The field names of the Delta table at `location`.
+async fn field_names(location: &str) -> Vec<String> {
+    let table = common::open_table(location).await;
+    let schema = table.snapshot().expect("snapshot").schema();
+    schema
+        .fields()
+        .map(|field| field.name().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn columns_left_out_never_reach_the_lake_and_reconcile_verifies_the_rest() {
+    let lab = Lab::new().await;
+    workload(&lab, 1, 200);
+    let except = ColumnSelection::Except(vec!["NOTE".into(), "discount_rate".into()]);
+    let mut stream = lab.config();
+    // Refused before anything is read: a key column, and a name no instance captures.
+    for (refused, why) in [
+        (
+            ColumnSelection::Except(vec!["Order_ID".into()]),
+            "key column 'order_id'",
+        ),
+        (
+            ColumnSelection::Only(vec!["amount".into()]),
+            "key column 'order_id'",
+        ),
+        (ColumnSelection::Except(vec!["nite".into()]), "'nite'"),
+    ] {
+        let mut bad = stream.clone();
+        bad.columns = refused;
+        let error = Stream::connect(bad.clone()).await.err().expect("refused");
+        assert!(error.to_string().contains(why), "{error}");
+        let error = snapshot::open(&bad, SnapshotMode::Chunked, false)
+            .await
+            .expect_err("refused");
+        assert!(error.to_string().contains(why), "{error}");
+    }
+    stream.columns = except.clone();
+    snapshot::bootstrap(&mut stream, SnapshotMode::Full)
+        .await
+        .expect("bootstrap");
+    workload(&lab, 2, 120);
+    run_now(stream.clone()).await;
+    let left_out = |fields: &[String]| {
+        fields
+            .iter()
+            .any(|field| field == "note" || field == "discount_rate")
+    };
+    let bronze = field_names(&lab.lake("bronze_orders")).await;
+    assert!(
+        !left_out(&bronze) && bronze.contains(&"amount".to_string()),
+        "{bronze:?}"
+    );
+    apply_changes(&apply_config(&lab)).await.expect("apply");
+    assert!(!left_out(&field_names(&lab.lake("silver_orders")).await));
+    let source = common::source_rows_of(&lab, "dbo.orders", "order_id", &except).await;
+    assert_eq!(
+        common::current_rows(&lab.lake("silver_orders")).await,
+        source
+    );
+
+    // Reconcile with the stream's selection verifies every value it copies; without it, the
+    // left-out columns are not compared and only the rows are verified.
+    let with = ReconcileConfig {
+        columns: except.clone(),
+        ..config(&lab)
+    };
+    let result = reconcile(&with).await.expect("reconcile");
+    assert!(result.values_verified, "{}", rendered_verdict(&result));
+    assert_eq!(result.excluded_columns, ["note", "discount_rate"]);
+    let without = reconcile(&config(&lab)).await.expect("reconcile");
+    assert!(without.verified && !without.values_verified);
+    assert_eq!(without.uncompared_columns, ["note", "discount_rate"]);
+
+    // A chunked re-snapshot opened under the selection refuses waves under another one.
+    snapshot::open(&stream, SnapshotMode::Chunked, true)
+        .await
+        .expect("re-snapshot");
+    let mut changed = stream.clone();
+    changed.columns = ColumnSelection::Except(vec!["note".into()]);
+    let refused = Snapshots::connect(changed.clone())
+        .await
+        .expect("connect")
+        .backfill(&BackfillOptions::default())
+        .await
+        .expect_err("another selection");
+    assert!(
+        refused.to_string().contains("was opened reading"),
+        "{refused}"
+    );
+    Snapshots::connect(stream.clone())
+        .await
+        .expect("connect")
+        .backfill(&BackfillOptions::default())
+        .await
+        .expect("backfill");
+    assert!(!left_out(&field_names(&lab.lake("bronze_orders")).await));
+
+    // A column newly copied joins bronze: rows written before read NULL there.
+    workload(&lab, 3, 40);
+    run_now(changed).await;
+    let bronze = field_names(&lab.lake("bronze_orders")).await;
+    assert!(bronze.contains(&"discount_rate".to_string()), "{bronze:?}");
+    assert!(!bronze.contains(&"note".to_string()), "{bronze:?}");
 }

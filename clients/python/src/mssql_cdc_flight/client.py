@@ -227,7 +227,7 @@ class Client:
     ) -> Plan:
         """Plans the changes of ``(start, end]`` (``end`` default ``max_lsn``) in at most
         ``partitions`` endpoints per capture instance. ``options`` are the ``changes``
-        command's (``columns``, ``include_command_id``, ``batch_rows``, ``batch_bytes``,
+        command's (``columns`` or ``except_columns``, ``include_command_id``, ``batch_rows``, ``batch_bytes``,
         ``compression``, ``min_partition_rows``, ``capture_instance``)."""
         command: dict[str, Any] = {
             "type": "changes",
@@ -242,7 +242,8 @@ class Client:
 
     def plan_snapshot(self, table: str, *, partitions: int = 1, **options: Any) -> Plan:
         """Plans a read of the table's current rows in ``partitions`` endpoints; ``options``
-        are the ``snapshot`` command's (``chunks``, ``keys``, ``columns``, ...)."""
+        are the ``snapshot`` command's (``chunks``, ``keys``, ``columns``, ``except_columns``,
+        ...)."""
         return self._plan({"type": "snapshot", "table": table, "partitions": partitions, **options})
 
     # --- checked reads ---

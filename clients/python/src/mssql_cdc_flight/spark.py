@@ -28,8 +28,9 @@ Options (the seed library's names where they mean the same thing):
 - ``snapshot`` = ``true``: the table's current rows instead of changes;
 - ``startingOffsets`` for streams (``earliest`` default, ``latest``, an LSN or an offset's
   JSON) and ``maxCommitsPerBatch``;
-- ``numPartitions`` (default 4): endpoints per capture instance; ``columns`` (comma
-  separated), ``includeCommandId`` (default true), ``batchRows``, ``compression``,
+- ``numPartitions`` (default 4): endpoints per capture instance; ``columns`` or
+  ``exceptColumns`` (comma separated; the server leaves the latter out, matched ignoring
+  case), ``includeCommandId`` (default true), ``batchRows``, ``compression``,
   ``minPartitionRows`` (tiles are merged until each holds this many rows, default 50,000).
 
 Any other option is refused, naming it: a misspelt option is an error, not a default. Flags
@@ -69,6 +70,7 @@ OPTIONS = (
     "maxcommitsperbatch",
     "numpartitions",
     "columns",
+    "exceptcolumns",
     "includecommandid",
     "batchrows",
     "compression",
@@ -139,8 +141,9 @@ class Settings:
             with open(lower["tlsca"], "rb") as file:
                 tls_ca = file.read()
         command: dict[str, Any] = {}
-        if lower.get("columns"):
-            command["columns"] = [c.strip() for c in lower["columns"].split(",") if c.strip()]
+        for option, field in (("columns", "columns"), ("exceptcolumns", "except_columns")):
+            if lower.get(option):
+                command[field] = [c.strip() for c in lower[option].split(",") if c.strip()]
         if "includecommandid" in lower:
             command["include_command_id"] = _flag(lower, "includecommandid", True)
         if _count(lower, "batchrows"):

@@ -91,6 +91,7 @@ pub fn orders_lake(base: &Path, url: &str) -> (StreamConfig, ApplyConfig) {
         resnapshot_every_days: None,
         resnapshot_interval_days: None,
         snapshot_keys: None,
+        columns: Default::default(),
     };
     let apply = ApplyConfig {
         table,

@@ -35,6 +35,7 @@ use deltalake::datafusion::prelude::{SessionConfig, SessionContext};
 use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::keys::Bound;
 use mssql_cdc_proto::protocol::CaptureInstanceInfo;
+use mssql_cdc_proto::selection::ColumnSelection;
 use mssql_cdc_proto::{CommitTime, Lsn};
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -85,6 +86,9 @@ pub struct ReconcileConfig {
     /// keyset key, whose source sends keys and no sums, tier 2 reads every bucket. Without,
     /// values are compared in the buckets tier 2 reads only. Default true.
     pub value_sums: bool,
+    /// The stream's column selection: a column it leaves out is neither asked of the server
+    /// nor needed for the values to be verified. Default every captured column.
+    pub columns: ColumnSelection,
 }
 
 impl ReconcileConfig {
@@ -103,6 +107,7 @@ impl ReconcileConfig {
             seed: None,
             report: None,
             value_sums: true,
+            columns: ColumnSelection::All,
         }
     }
 
@@ -192,6 +197,11 @@ pub struct ReconcileResult {
     /// compared (silver not yet applied past a capture-instance switch that added them).
     #[serde(default)]
     pub uncompared_columns: Vec<String>,
+    /// Captured columns of the newest capture instance the stream's selection leaves out
+    /// (`columns` or `except_columns`): never copied, never compared, and not needed for
+    /// `values_verified`.
+    #[serde(default)]
+    pub excluded_columns: Vec<String>,
     /// The seed of the sample.
     pub seed: u64,
     /// Every bucket, in key order.
@@ -417,7 +427,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         .await?;
     context.register_table("silver", provider)?;
     let key = key_columns.in_silver(&context).await?;
-    let hashing = rows::Hashing::new(&key, &instance, &context).await?;
+    let hashing = rows::Hashing::new(&key, &instance, &config.columns, &context).await?;
     // Where bronze's stream stood: the change table is read for keys in flight from there.
     // The control row's end moves only with the verdict (a batch in the same period skips
     // its MERGE), so the facts' newest batch of this bronze says it better: a quiet table's
@@ -524,6 +534,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         verified: false,
         values_verified: false,
         uncompared_columns: hashing.uncompared.clone(),
+        excluded_columns: hashing.excluded.clone(),
         seed: sample.seed,
         bucket_list,
         findings: Vec::new(),
@@ -685,9 +696,16 @@ pub fn render(result: &ReconcileResult) -> String {
         "{}",
         match (result.verified, result.values_verified) {
             (true, true) => format!(
-                "verified: silver equals the source at {}, every value of every row compared{}",
+                "verified: silver equals the source at {}, every value of every row compared{}{}",
                 result.compared_lsn,
-                in_flight_note(result.in_flight)
+                in_flight_note(result.in_flight),
+                match result.excluded_columns.is_empty() {
+                    true => String::new(),
+                    false => format!(
+                        " (columns the stream leaves out: {})",
+                        result.excluded_columns.join(", ")
+                    ),
+                }
             ),
             (true, false) if !result.uncompared_columns.is_empty() => format!(
                 "rows verified at {}: every bucket's rows and keys match{}; values not all \

@@ -18,6 +18,7 @@ use mssql_cdc_proto::Lsn;
 use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::keys::{Bound, GridUnit, KeyValue};
 use mssql_cdc_proto::protocol::{CaptureInstanceInfo, ChunkSpec, ServeOptions, SnapshotCommand};
+use mssql_cdc_proto::selection::ColumnSelection;
 use serde::{Deserialize, Serialize};
 use twox_hash::XxHash3_128;
 
@@ -162,16 +163,19 @@ pub(super) struct Sides {
     silver: Prints,
 }
 
-/// The captured columns of the newest instance that silver holds, in capture order: what
-/// tier 2 compares (a column dropped from either side cannot be).
+/// The captured columns of the newest instance that the stream selects and silver holds,
+/// in capture order: what tier 2 compares (a column dropped from either side cannot be; one
+/// the selection leaves out is never asked of the server).
 pub(super) async fn compared_columns(
     instance: &CaptureInstanceInfo,
+    selection: &ColumnSelection,
     context: &SessionContext,
 ) -> Result<Vec<String>> {
     let silver = context.table("silver").await?.schema().clone();
     Ok(instance
         .columns
         .iter()
+        .filter(|column| !selection.excludes(&column.name))
         .filter(|column| silver.field_with_unqualified_name(&column.name).is_ok())
         .map(|column| column.name.clone())
         .collect())
@@ -182,8 +186,12 @@ pub(super) async fn compared_columns(
 pub(super) struct Hashing {
     pub(super) key: CompareKey,
     pub(super) columns: Vec<String>,
-    /// Captured columns of the newest instance silver does not hold: never compared.
+    /// Captured columns of the newest instance the stream selects and silver does not
+    /// hold: never compared, so the values are not verified.
     pub(super) uncompared: Vec<String>,
+    /// Captured columns of the newest instance the stream's selection leaves out: not
+    /// copied, so not compared, and no part of what is verified.
+    pub(super) excluded: Vec<String>,
     /// Silver's schema of `columns`: both sides are cast to it.
     pub(super) types: SchemaRef,
     /// Whether silver holds every compared column in the type the server serves it as (up
@@ -201,21 +209,22 @@ impl Hashing {
     pub(super) async fn new(
         key: &CompareKey,
         instance: &CaptureInstanceInfo,
+        selection: &ColumnSelection,
         context: &SessionContext,
     ) -> Result<Self> {
-        let columns = compared_columns(instance, context).await?;
+        let columns = compared_columns(instance, selection, context).await?;
         let silver = context.table("silver").await?;
         let schema = silver.schema().as_arrow();
         let fields: Vec<arrow::datatypes::FieldRef> = columns
             .iter()
             .map(|name| Ok(Arc::new(schema.field_with_name(name)?.clone())))
             .collect::<Result<_>>()?;
-        let uncompared = instance
+        let (excluded, uncompared) = instance
             .columns
             .iter()
             .filter(|column| !columns.contains(&column.name))
             .map(|column| column.name.clone())
-            .collect();
+            .partition(|name| selection.excludes(name));
         let exact = fields.iter().all(|field| {
             instance
                 .columns
@@ -232,6 +241,7 @@ impl Hashing {
             key: key.clone(),
             columns,
             uncompared,
+            excluded,
             types: Arc::new(arrow::datatypes::Schema::new(fields)),
             exact,
             digestible,
@@ -637,6 +647,7 @@ mod tests {
             }),
             columns: vec!["id".into(), "name".into(), "score".into()],
             uncompared: Vec::new(),
+            excluded: Vec::new(),
             types: Arc::new(Schema::new(vec![
                 Field::new("id", DataType::Int64, false),
                 Field::new("name", DataType::Utf8View, true),

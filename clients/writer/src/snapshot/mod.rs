@@ -308,6 +308,7 @@ impl Snapshots {
     /// Connects to the server of `config` (its table, target, facts and app id are used).
     pub async fn connect(config: StreamConfig) -> Result<Self> {
         let client = crate::stream::connect_server(&config.server).await?;
+        crate::columns::check(&client, &config).await?;
         Ok(Snapshots {
             target: tables::table_url(&config.target)?,
             facts: SharedTable::of(&tables::table_url(&config.facts)?),

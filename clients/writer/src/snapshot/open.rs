@@ -148,7 +148,7 @@ impl Snapshots {
                 &json!({"table": self.config.table, "keys": self.config.snapshot_keys}),
             )
             .await?;
-        let open_detail = match cut.keys.as_slice() {
+        let mut open_detail = match cut.keys.as_slice() {
             // One integer unique key: chunks packed from counted slices.
             [key] if cut.unique && key.is_integer() => {
                 let extent: KeyExtent = self
@@ -167,6 +167,15 @@ impl Snapshots {
                 serde_json::to_value(&open).unwrap_or_default()
             }
         };
+        // The columns its waves read: whoever reads them later reads these or none.
+        if let Some(open) = open_detail.as_object_mut() {
+            let serve = self.config.columns.serve();
+            open.extend([
+                ("columns".to_string(), json!(serve.columns)),
+                ("except_columns".to_string(), json!(serve.except_columns)),
+            ]);
+            open.retain(|_, value| !value.is_null());
+        }
         // Plans first: the key values live beside bronze, not in the facts.
         self.append_plans(
             &self.txn("snapopen", snapshot),

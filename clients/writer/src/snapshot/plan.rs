@@ -9,6 +9,7 @@ use mssql_cdc_proto::chunking::{self, BucketCounter};
 use mssql_cdc_proto::client::{CdcClient, ClientError};
 use mssql_cdc_proto::keys::{Bound, KeySeek, KeyTuple};
 use mssql_cdc_proto::protocol::KeyBucketsBody;
+use mssql_cdc_proto::selection::ColumnSelection;
 use serde_json::json;
 
 use super::{KeysetOpen, PlannedChunk, PlansRows, Snapshots, keyset_of, plans_location};
@@ -217,6 +218,29 @@ impl Snapshots {
             rows: chunk_rows,
         });
         Ok(chunks)
+    }
+
+    /// Refuses to read waves of a snapshot opened with another column selection than the
+    /// stream's now: its open chose what its rows hold, and a column newly left out must not
+    /// reach bronze through the waves still unread.
+    pub(super) fn check_selection(&self, snapshot: Lsn, recorded: &PlansRows) -> Result<()> {
+        let Some(open) = recorded.last(events::SNAPSHOT_OPEN) else {
+            return Ok(());
+        };
+        let names = |field: &str| -> Result<Option<Vec<String>>> {
+            serde_json::from_value(open[field].clone()).map_err(|error| {
+                WriterError::Internal(format!("snapshot {snapshot}'s open row: {field}: {error}"))
+            })
+        };
+        let opened = ColumnSelection::new(names("columns")?, names("except_columns")?)
+            .map_err(|error| WriterError::Internal(format!("snapshot {snapshot}: {error}")))?;
+        if opened != self.config.columns {
+            return Err(WriterError::invalid(format!(
+                "{}: snapshot {snapshot} was opened reading {opened}, but the stream now asks for                  {}: its waves read what its open chose; set the selection back to finish it, or                  open a new snapshot",
+                self.config.table, self.config.columns
+            )));
+        }
+        Ok(())
     }
 
     /// The keyset an open snapshot is cut on; `None` for an integer plan. Refuses a stream

@@ -158,6 +158,9 @@ impl Snapshots {
         version: i64,
     ) -> Result<PendingFiles> {
         let preparing = Instant::now();
+        // Every snapshot read of the stream asks for its columns, whoever built the command.
+        let mut command = command;
+        self.config.columns.apply(&mut command.serve);
         let plan = self.client.plan_snapshot(&command).await?;
         let schema = Arc::new(
             plan.info

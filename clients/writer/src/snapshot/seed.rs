@@ -238,7 +238,10 @@ impl Snapshots {
     async fn open_copy(&self, options: &SeedOptions, at: Offset) -> Result<OpenCopy> {
         let plan = self
             .client
-            .plan_snapshot(&SnapshotCommand::new(self.config.table.clone()))
+            .plan_snapshot(&SnapshotCommand {
+                serve: self.config.columns.serve(),
+                ..SnapshotCommand::new(self.config.table.clone())
+            })
             .await?;
         let schema: SchemaRef = Arc::new(
             plan.info

@@ -152,6 +152,7 @@ impl Snapshots {
         };
         let planning = Instant::now();
         let recorded_plans = self.plans_rows(snapshot).await?;
+        self.check_selection(snapshot, &recorded_plans)?;
         let keyset = self.keyset_open_of(snapshot, &recorded_plans)?;
         let plan = self
             .plan(snapshot, &recorded_plans, options.chunk_rows)

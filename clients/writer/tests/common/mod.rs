@@ -17,6 +17,7 @@ use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::sim::{Clock, SimDb, SimWriter, sample};
 use mssql_cdc_proto::protocol::SnapshotCommand;
+pub use mssql_cdc_proto::selection::ColumnSelection;
 use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::stream::StreamConfig;
 use mssql_cdc_writer::tables;
@@ -95,6 +96,7 @@ impl Lab {
             resnapshot_every_days: None,
             resnapshot_interval_days: None,
             snapshot_keys: None,
+            columns: Default::default(),
         }
     }
 
@@ -446,16 +448,17 @@ pub fn orders_workload(lab: &Lab, seed: u64, commits: u64, mix: workload::Mix) {
 
 /// The source table now, read whole through the server.
 pub async fn source_rows(lab: &Lab) -> Rows {
-    source_rows_of(lab, "dbo.orders", "order_id").await
+    source_rows_of(lab, "dbo.orders", "order_id", &ColumnSelection::All).await
 }
 
 /// A source table now, read whole through the server, by an integer column that is unique.
-pub async fn source_rows_of(lab: &Lab, table: &str, key: &str) -> Rows {
+pub async fn source_rows_of(lab: &Lab, table: &str, key: &str, columns: &ColumnSelection) -> Rows {
     let client = CdcClient::connect(&lab.url).await.expect("connect");
-    let plan = client
-        .plan_snapshot(&SnapshotCommand::new(table))
-        .await
-        .expect("plan");
+    let command = SnapshotCommand {
+        serve: columns.serve(),
+        ..SnapshotCommand::new(table)
+    };
+    let plan = client.plan_snapshot(&command).await.expect("plan");
     let mut rows = Rows::new();
     for endpoint in &plan.info.endpoint {
         let (batches, _) = client

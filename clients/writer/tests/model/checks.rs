@@ -20,9 +20,36 @@ impl World {
         for table in Table::ALL {
             self.check_bronze(table).await?;
             self.check_verdict(table).await?;
+            self.check_left_out(table).await?;
         }
         self.check_guard_stops().await?;
         self.check_facts().await
+    }
+
+    /// No table of the lake holds a column the table's stream leaves out: not bronze
+    /// (stream, snapshots, healing re-snapshots, crashed runs, the sidecar), not silver.
+    pub(crate) async fn check_left_out(&self, table: Table) -> Result<(), Failure> {
+        for kind in ["bronze", "silver"] {
+            let location = self.lab.lake(&format!("{kind}_{}", table.name()));
+            let url = tables::table_url(&location).expect("url");
+            let Some(delta) = tables::open(&url).await.expect("open") else {
+                continue;
+            };
+            let schema = delta.snapshot().expect("snapshot").schema();
+            if let Some(field) = schema.fields().find(|field| {
+                table
+                    .except_columns()
+                    .iter()
+                    .any(|name| field.name().eq_ignore_ascii_case(name))
+            }) {
+                return Err(format!(
+                    "{kind} of {} holds the column {}, which its stream leaves out",
+                    table.source(),
+                    field.name()
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Every stop by the anti-loop guard met a new purge: the table's stream healed one

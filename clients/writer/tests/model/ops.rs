@@ -4,6 +4,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use crate::common::ColumnSelection;
+
 /// The two tables of the model: dbo.orders takes most commits, dbo.customers few.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) enum Table {
@@ -33,6 +35,23 @@ impl Table {
         match self {
             Table::Busy => "order_id",
             Table::Quiet => "customer_id",
+        }
+    }
+
+    /// The captured columns its stream leaves out (`except_columns`): the quiet table's
+    /// e-mail never leaves the server, so no table of the lake may hold it.
+    pub(crate) fn except_columns(self) -> &'static [&'static str] {
+        match self {
+            Table::Busy => &[],
+            Table::Quiet => &["email"],
+        }
+    }
+
+    /// Its stream's column selection.
+    pub(crate) fn selection(self) -> ColumnSelection {
+        match self.except_columns() {
+            [] => ColumnSelection::All,
+            names => ColumnSelection::Except(names.iter().map(|name| name.to_string()).collect()),
         }
     }
 

@@ -41,6 +41,9 @@ impl World {
         if !config.fail_on_data_loss {
             command.arg("--skip-data-loss");
         }
+        if !table.except_columns().is_empty() {
+            command.args(["--except-columns", &table.except_columns().join(",")]);
+        }
         if let Some(days) = config.resnapshot_interval_days {
             command.args(["--resnapshot-interval-days", &days.to_string()]);
         }
@@ -85,6 +88,7 @@ impl World {
             text.push_str(&format!(
                 "\n[[tables]]\ntable = \"{}\"\ntarget = \"{}\"\napp_id = \"{}\"\n\
                  max_commits = 50\nfail_on_data_loss = {}\non_data_loss = \"{}\"\n{}\
+                 except_columns = {:?}\n\
                  chunk_rows = {}\nsilver = \"{}\"\nkeys = [\"{}\"]\n\
                  silver_deletion_vectors = {deletion_vectors}\napply_seconds = 0.5\n",
                 table.source(),
@@ -99,6 +103,7 @@ impl World {
                     .resnapshot_interval_days
                     .map(|days| format!("resnapshot_interval_days = {days:?}\n"))
                     .unwrap_or_default(),
+                table.except_columns(),
                 chunk_rows(table),
                 self.lab.lake(&format!("silver_{}", table.name())),
                 table.key(),

@@ -95,6 +95,7 @@ impl World {
         config.checkpoint = format!("{}/{}", self.checkpoints(), table.name());
         let on_loss = self.on_loss(table);
         config.fail_on_data_loss = on_loss != OnLoss::Skip;
+        config.columns = table.selection();
         if on_loss == OnLoss::Resnapshot {
             config.on_data_loss = OnDataLoss::Resnapshot;
             if self.known().guard_off.contains(&table) {
@@ -604,7 +605,8 @@ impl World {
     /// silver lacks it, and its rows read NULL there, as the source's untouched rows do.
     pub(crate) async fn silver_differs(&self, table: Table) -> Option<String> {
         let mut silver = self.silver_rows(table).await;
-        let source = source_rows_of(&self.lab, table.source(), table.key()).await;
+        let source =
+            source_rows_of(&self.lab, table.source(), table.key(), &table.selection()).await;
         let width = source.values().map(Vec::len).max().unwrap_or(0);
         for row in silver.values_mut() {
             row.resize(width.max(row.len()), "NULL".into());
@@ -674,6 +676,7 @@ impl World {
             seed: Some(1),
             report: None,
             value_sums,
+            columns: table.selection(),
         };
         let result = match reconcile::reconcile(&config).await {
             Ok(result) => result,
@@ -753,7 +756,8 @@ impl World {
         // A verified LSN claims silver's rows (every key once); a values-verified one claims
         // every value too. Without value sums and with buckets left unread, only the first.
         let silver = self.silver_rows(table).await;
-        let source = source_rows_of(&self.lab, table.source(), table.key()).await;
+        let source =
+            source_rows_of(&self.lab, table.source(), table.key(), &table.selection()).await;
         let corrupted = self.known().corrupted.get(&table).copied();
         if let Some(key) = corrupted
             && !changed_since.contains(&key)
