@@ -72,6 +72,54 @@ impl ColumnSelection {
         }
     }
 
+    /// Whether `other` selects the same columns: the same names (an include list's in any
+    /// order, an exclusion's ignoring case), so a restatement is not a change.
+    pub fn same_as(&self, other: &ColumnSelection) -> bool {
+        let folded = |names: &[String]| -> std::collections::BTreeSet<String> {
+            names.iter().map(|name| name.to_lowercase()).collect()
+        };
+        match (self, other) {
+            (ColumnSelection::All, ColumnSelection::All) => true,
+            (ColumnSelection::Only(mine), ColumnSelection::Only(theirs)) => {
+                let sorted = |names: &[String]| {
+                    let mut names = names.to_vec();
+                    names.sort();
+                    names
+                };
+                sorted(mine) == sorted(theirs)
+            }
+            (ColumnSelection::Except(mine), ColumnSelection::Except(theirs)) => {
+                folded(mine) == folded(theirs)
+            }
+            _ => false,
+        }
+    }
+
+    /// The selection as JSON (`{"columns": [...]}` or `{"except_columns": [...]}`), `None`
+    /// for every column: how the lake records it.
+    pub fn to_json(&self) -> Option<String> {
+        let serve = self.serve();
+        let (field, names) = match (serve.columns, serve.except_columns) {
+            (Some(names), _) => ("columns", names),
+            (_, Some(names)) => ("except_columns", names),
+            (None, None) => return None,
+        };
+        Some(serde_json::json!({ field: names }).to_string())
+    }
+
+    /// The selection [`ColumnSelection::to_json`] wrote.
+    pub fn from_json(text: &str) -> Result<Self> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Lists {
+            columns: Option<Vec<String>>,
+            except_columns: Option<Vec<String>>,
+        }
+        let lists: Lists = serde_json::from_str(text)
+            .map_err(|error| Error::invalid(format!("a column selection: {error}: {text}")))?;
+        ColumnSelection::new(lists.columns, lists.except_columns)
+    }
+
     /// The names this selection lists (none for [`ColumnSelection::All`]).
     pub fn names(&self) -> &[String] {
         match self {
@@ -184,5 +232,28 @@ mod tests {
         let except = ColumnSelection::Except(vec!["email".into()]);
         let serve = except.serve();
         assert_eq!(ColumnSelection::of(&serve).expect("valid"), except);
+    }
+
+    #[test]
+    fn a_restated_selection_is_the_same_and_its_json_reads_back() {
+        let except = ColumnSelection::Except(vec!["Email".into(), "phone".into()]);
+        let restated = ColumnSelection::Except(vec!["PHONE".into(), "email".into()]);
+        assert!(except.same_as(&restated));
+        assert!(!except.same_as(&ColumnSelection::Except(vec!["email".into()])));
+        let only = ColumnSelection::Only(vec!["b".into(), "a".into()]);
+        assert!(only.same_as(&ColumnSelection::Only(vec!["a".into(), "b".into()])));
+        assert!(!only.same_as(&ColumnSelection::Only(vec!["A".into(), "b".into()])));
+        assert!(
+            !only.same_as(&ColumnSelection::All)
+                && ColumnSelection::All.same_as(&ColumnSelection::All)
+        );
+        for selection in [except, only] {
+            let json = selection.to_json().expect("a list");
+            assert_eq!(ColumnSelection::from_json(&json).expect("reads"), selection);
+        }
+        assert_eq!(ColumnSelection::All.to_json(), None);
+        assert!(
+            ColumnSelection::from_json(r#"{"columns": ["a"], "except_columns": ["b"]}"#).is_err()
+        );
     }
 }

@@ -270,12 +270,27 @@ pub struct ColumnArgs {
 }
 
 impl ColumnArgs {
-    /// The selection the flags say.
-    pub fn selection(&self) -> anyhow::Result<ColumnSelection> {
-        Ok(ColumnSelection::new(
+    /// The selection the flags say; `None` without either (bronze's selection holds; an
+    /// empty `--except-columns=` says every column).
+    pub fn selection(&self) -> anyhow::Result<Option<ColumnSelection>> {
+        if self.columns.is_none() && self.except_columns.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(ColumnSelection::new(
             self.columns.clone(),
             self.except_columns.clone(),
-        )?)
+        )?))
+    }
+
+    /// Refuses the flags beside `--admin`: the sidecar's file says the table's selection.
+    pub fn refuse_with_admin(&self, admin: &AdminArgs) -> anyhow::Result<()> {
+        match (self.selection()?, &admin.admin) {
+            (Some(_), Some(_)) => Err(anyhow::anyhow!(
+                "--columns and --except-columns do not go with --admin: the sidecar's file \
+                 says the table's selection"
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -285,6 +300,7 @@ pub struct SnapshotKeys {
     /// Columns a chunked snapshot is cut on, comma-separated (unique or not; default the
     /// unique index CDC uses; a table without one needs them).
     #[arg(
+        id = "snapshot_keys",
         long = "snapshot-keys",
         value_delimiter = ',',
         env = "MSSQL_CDC_WRITER_SNAPSHOT_KEYS"

@@ -1,45 +1,142 @@
-//! A table's column selection (`columns` or `except_columns`) checked against its capture
-//! instances before a stream or a snapshot reads with it: the server serves what it is
-//! asked, so what only the writer knows is checked here.
+//! A table's column selection (`columns` or `except_columns`): recorded on its bronze table,
+//! resolved by every reader before it reads, and checked against the capture instances.
 //!
-//! - No key column is left out: silver merges on the unique index, chunked snapshots cut
-//!   on it (or on `snapshot_keys`), reconcile compares on it.
+//! **Recorded on bronze.** The table property [`PROPERTY`] holds the selection bronze was
+//! written under (`{"except_columns": [...]}` or `{"columns": [...]}`; absent: every
+//! column). The stream owns it ([`Role::Stream`]): a stream given a selection records it
+//! when it differs (a metadata commit, logged). Every other reader ([`Role::Reader`]:
+//! snapshots, backfill, seed, reconcile) given none follows bronze's, and one given another
+//! is refused, so a command run by hand without the flags cannot copy a column the stream
+//! leaves out. The first writer of a new bronze records its selection in the create commit.
+//!
+//! **Checked against the capture instances**, since the server serves what it is asked:
+//!
+//! - No key column is left out: silver merges on the unique index, chunked snapshots cut on
+//!   it (or on `snapshot_keys`), reconcile compares on it (or on its `keys`).
 //! - Every excluded name is captured by some instance. The server passes over a name no
 //!   instance captures (so a column a later DDL dropped does not break a reader), but here a
 //!   typo would copy the very column the operator meant to hide.
 
+use std::collections::HashMap;
+
+use deltalake::DeltaTable;
 use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::protocol::CaptureInstanceInfo;
 use mssql_cdc_proto::selection::{ColumnSelection, same_name};
 
 use crate::error::{Result, WriterError};
-use crate::stream::StreamConfig;
+use crate::tables;
 
-/// Checks `config`'s selection against the table's capture instances (nothing to check
-/// when it selects every column).
-pub async fn check(client: &CdcClient, config: &StreamConfig) -> Result<()> {
-    if config.columns == ColumnSelection::All {
-        return Ok(());
-    }
-    let instances: Vec<CaptureInstanceInfo> = client
-        .action(
-            "capture_instances",
-            &serde_json::json!({"table": config.table}),
-        )
-        .await?;
-    check_against(
-        &config.table,
-        &config.columns,
-        config.snapshot_keys.as_deref(),
-        &instances,
-    )
+/// The bronze table property recording the selection its rows were written under.
+pub const PROPERTY: &str = "mssql_cdc.columns";
+
+/// Who resolves a selection: the table's stream may change bronze's, a reader may not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The table's stream: records a selection it is given that bronze does not hold yet.
+    Stream,
+    /// Snapshots, backfill, seed, reconcile: follow bronze's, refuse another.
+    Reader,
 }
 
-/// [`check`] of `table`'s `selection` over instances already read.
+/// What a reader of a table reads with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    /// The selection every plan asks for.
+    pub selection: ColumnSelection,
+    /// Whether this stream just recorded it on bronze in place of another.
+    pub changed: bool,
+}
+
+/// The selection bronze records; `None` when it records none (every column).
+pub fn recorded(bronze: &DeltaTable) -> Result<Option<ColumnSelection>> {
+    let snapshot = bronze.snapshot()?;
+    let Some(text) = snapshot.metadata().configuration().get(PROPERTY) else {
+        return Ok(None);
+    };
+    ColumnSelection::from_json(text).map(Some).map_err(|error| {
+        WriterError::invalid(format!("bronze's {PROPERTY} is not a selection: {error}"))
+    })
+}
+
+/// The table properties a new bronze of `selection` is created with.
+pub fn creation_properties(selection: &ColumnSelection) -> HashMap<String, String> {
+    selection
+        .to_json()
+        .map(|json| HashMap::from([(PROPERTY.to_string(), json)]))
+        .unwrap_or_default()
+}
+
+/// Refuses to write into `bronze` when it records another selection than `selection`: one
+/// recorded since this run resolved its own (the stream changed it meanwhile).
+pub fn check_recorded(
+    bronze: &DeltaTable,
+    selection: &ColumnSelection,
+    target: &str,
+) -> Result<()> {
+    let recorded = recorded(bronze)?.unwrap_or_default();
+    match recorded.same_as(selection) {
+        true => Ok(()),
+        false => Err(WriterError::invalid(format!(
+            "bronze {target} now records {recorded}, this run read with {selection}: its stream \
+             changed the column selection meanwhile; run again to follow it"
+        ))),
+    }
+}
+
+/// The selection `table`'s reader reads with, given the one it was `asked` for (`None`:
+/// follow bronze's) and the key columns it needs (`keys`, each named by what needs it),
+/// checked against the table's capture instances. A stream records a new one on bronze.
+pub async fn resolve(
+    client: &CdcClient,
+    (table, target): (&str, &str),
+    asked: Option<&ColumnSelection>,
+    keys: &[(&str, &[String])],
+    role: Role,
+) -> Result<Resolved> {
+    let bronze = tables::open(&tables::table_url(target)?).await?;
+    let recorded = bronze.as_ref().map(recorded).transpose()?.flatten();
+    let holds = recorded.clone().unwrap_or_default();
+    let (selection, change) = match asked {
+        None => (holds.clone(), false),
+        Some(asked) if asked.same_as(&holds) || bronze.is_none() => (asked.clone(), false),
+        Some(asked) if role == Role::Stream => (asked.clone(), true),
+        Some(asked) => {
+            return Err(WriterError::invalid(format!(
+                "{table}: bronze {target} records {holds}, and this command asks for {asked}: \
+                 leave the column flags out to follow bronze, or change the selection in the \
+                 table's stream (run or the sidecar file)"
+            )));
+        }
+    };
+    if selection != ColumnSelection::All {
+        let instances: Vec<CaptureInstanceInfo> = client
+            .action("capture_instances", &serde_json::json!({ "table": table }))
+            .await?;
+        check_against(table, &selection, keys, &instances)?;
+    }
+    if let (true, Some(bronze)) = (change, bronze) {
+        let json = selection.to_json().unwrap_or_else(|| "{}".into());
+        bronze
+            .set_tbl_properties()
+            .with_properties(HashMap::from([(PROPERTY.to_string(), json)]))
+            .with_raise_if_not_exists(false)
+            .await?;
+        tracing::warn!(%table, %target, from = %holds, to = %selection,
+            "the column selection changed: rows from now on hold the new columns");
+    }
+    Ok(Resolved {
+        selection,
+        changed: change,
+    })
+}
+
+/// Checks `table`'s `selection` over its capture instances: no key column of an instance or
+/// of `keys` left out, every excluded name captured.
 pub fn check_against(
     table: &str,
     selection: &ColumnSelection,
-    snapshot_keys: Option<&[String]>,
+    keys: &[(&str, &[String])],
     instances: &[CaptureInstanceInfo],
 ) -> Result<()> {
     let flag = match selection {
@@ -49,7 +146,7 @@ pub fn check_against(
     let keys = instances
         .iter()
         .map(|instance| (instance.name.as_str(), instance.index_columns.as_slice()))
-        .chain(snapshot_keys.map(|keys| ("snapshot_keys", keys)));
+        .chain(keys.iter().copied());
     for (owner, keys) in keys {
         if let Some(key) = keys.iter().find(|key| selection.excludes(key)) {
             return Err(WriterError::invalid(format!(
@@ -70,6 +167,7 @@ pub fn check_against(
             .find(|name| !captured().any(|column| same_name(column, name)))
         {
             let mut all: Vec<&str> = captured().collect();
+            all.sort_unstable();
             all.dedup();
             return Err(WriterError::invalid(format!(
                 "{table}: except_columns names '{unknown}', which no capture instance captures \
@@ -115,9 +213,13 @@ mod tests {
         snapshot_keys: Option<&[&str]>,
         instances: &[CaptureInstanceInfo],
     ) -> String {
-        let keys: Option<Vec<String>> =
-            snapshot_keys.map(|keys| keys.iter().map(|key| key.to_string()).collect());
-        check_against("dbo.people", &selection, keys.as_deref(), instances)
+        let keys: Vec<String> = snapshot_keys
+            .unwrap_or_default()
+            .iter()
+            .map(|key| key.to_string())
+            .collect();
+        let named = [("snapshot_keys", keys.as_slice())];
+        check_against("dbo.people", &selection, &named, instances)
             .expect_err("refused")
             .to_string()
     }
@@ -133,7 +235,7 @@ mod tests {
         let message = refusal(cut, Some(&["region"]), &instances);
         assert!(message.contains("snapshot_keys"), "{message}");
         let fine = ColumnSelection::Except(vec!["Email".into()]);
-        check_against("dbo.people", &fine, None, &instances).expect("email may be left out");
+        check_against("dbo.people", &fine, &[], &instances).expect("email may be left out");
     }
 
     #[test]
@@ -149,7 +251,7 @@ mod tests {
             "{message}"
         );
         let newer = ColumnSelection::Except(vec!["PHONE".into()]);
-        check_against("dbo.people", &newer, None, &instances)
+        check_against("dbo.people", &newer, &[], &instances)
             .expect("captured by the newer instance");
     }
 }

@@ -143,6 +143,7 @@ fn admin_request(args: &ReconcileArgs) -> admin::ReconcileRequest {
 /// `reconcile`: the result as JSON or as a table; exits 1 when a bucket or a key differs
 /// with no change in flight to explain it.
 pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
+    args.columns.refuse_with_admin(&args.admin)?;
     let result = match &args.admin.admin {
         Some(url) => {
             admin::call_reconcile(url, &admin_access(&args.admin)?, admin_request(&args)).await?
@@ -215,6 +216,7 @@ pub async fn snapshot_command(command: SnapshotCommand) -> anyhow::Result<()> {
         SnapshotCommand::Pause { table, reason } => (table, admin::Request::Pause(reason)),
         SnapshotCommand::Resume { table } => (table, admin::Request::Resume),
     };
+    table.stream.columns.refuse_with_admin(&table.admin)?;
     let state = match &table.admin.admin {
         Some(url) => {
             admin::call(
@@ -642,12 +644,26 @@ mod tests {
     }
 
     #[test]
+    fn every_command_line_is_well_formed() {
+        // clap checks a command's arguments (unique ids, known conflicts) only when it is
+        // built: this builds every subcommand, not only those a test parses.
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
     fn a_column_selection_is_one_list_or_the_other() {
         let args = reconcile_args(&["--except-columns", "email,Phone"]);
         assert_eq!(
             args.columns.selection().expect("valid"),
-            ColumnSelection::Except(vec!["email".into(), "Phone".into()])
+            Some(ColumnSelection::Except(vec![
+                "email".into(),
+                "Phone".into()
+            ]))
         );
+        let refused = args.columns.refuse_with_admin(&args.admin);
+        assert!(refused.is_err(), "the sidecar's file says the selection");
+        assert_eq!(reconcile_args(&[]).columns.selection().expect("none"), None);
         let line = [
             "mssql-cdc-writer",
             "reconcile",

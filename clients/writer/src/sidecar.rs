@@ -230,9 +230,11 @@ pub struct TableEntry {
     /// Captured columns never copied (matched ignoring case; not a key column).
     #[serde(default)]
     pub except_columns: Option<Vec<String>>,
-    /// `columns` or `except_columns`, checked by [`SidecarConfig::load`].
+    /// `columns` or `except_columns`, checked by [`SidecarConfig::load`]; `None` when the
+    /// entry names neither (bronze's selection holds; `except_columns = []` says every
+    /// column).
     #[serde(skip)]
-    pub selection: ColumnSelection,
+    pub selection: Option<ColumnSelection>,
     /// Silver location: `apply_changes` keeps it in step with bronze.
     #[serde(default)]
     pub silver: Option<String>,
@@ -464,16 +466,25 @@ impl SidecarConfig {
         let mut config: SidecarConfig = toml::from_str(&text)
             .map_err(|error| WriterError::invalid(format!("{}: {error}", path.display())))?;
         for entry in &mut config.tables {
-            entry.selection =
-                ColumnSelection::new(entry.columns.clone(), entry.except_columns.clone()).map_err(
-                    |error| {
-                        WriterError::invalid(format!(
-                            "{}: table {}: {error}",
-                            path.display(),
-                            entry.table
-                        ))
-                    },
-                )?;
+            let invalid = |error: String| {
+                WriterError::invalid(format!(
+                    "{}: table {}: {error}",
+                    path.display(),
+                    entry.table
+                ))
+            };
+            if entry.columns.is_none() && entry.except_columns.is_none() {
+                continue;
+            }
+            let selection =
+                ColumnSelection::new(entry.columns.clone(), entry.except_columns.clone())
+                    .map_err(|error| invalid(error.to_string()))?;
+            if let Some(key) = entry.keys.iter().find(|key| selection.excludes(key)) {
+                return Err(invalid(format!(
+                    "the selection leaves out silver's key column '{key}'"
+                )));
+            }
+            entry.selection = Some(selection);
         }
         if config.tables.is_empty() {
             return Err(WriterError::invalid(format!(
@@ -1206,9 +1217,9 @@ mod tests {
         let config = load(&tables("except_columns = [\"note\"]\n")).expect("loads");
         let entry = &config.tables[0];
         let except = ColumnSelection::Except(vec!["note".into()]);
-        assert_eq!(config.stream(entry).columns, except);
+        assert_eq!(config.stream(entry).columns, Some(except.clone()));
         let reconcile = reconcile_config(&config, entry).expect("a silver table");
-        assert_eq!(reconcile.columns, except);
+        assert_eq!(reconcile.columns, Some(except));
         let refused = load(&tables(
             "columns = [\"order_id\"]\nexcept_columns = [\"note\"]\n",
         ))

@@ -39,6 +39,7 @@ use url::Url;
 
 use crate::bronze;
 use crate::checkpoint::{BatchRecord, Checkpoint};
+use crate::columns;
 use crate::control::{self, Granularity};
 use crate::data_loss::{self, OnDataLoss};
 use crate::error::{Result, WriterError};
@@ -99,8 +100,10 @@ pub struct StreamConfig {
     pub snapshot_keys: Option<Vec<String>>,
     /// The captured columns the stream and its snapshots ask the server for (`columns` or
     /// `except_columns`): a column left out never crosses the network, so never reaches
-    /// bronze, silver or reconcile. Key columns cannot be left out.
-    pub columns: ColumnSelection,
+    /// bronze, silver or reconcile. Key columns cannot be left out. `None`: the selection
+    /// bronze records ([`crate::columns`]; every column for a new bronze); a stream given one
+    /// records it on bronze, a snapshot given another than bronze's is refused.
+    pub columns: Option<ColumnSelection>,
 }
 
 /// What one batch did.
@@ -126,6 +129,8 @@ pub struct BatchOutcome {
 /// A running stream of one table.
 pub struct Stream {
     config: StreamConfig,
+    /// The column selection every plan asks for, as bronze records it.
+    columns: ColumnSelection,
     client: CdcClient,
     /// Connections a batch's endpoints after the first are read over, opened when a batch
     /// first has that many and kept: HTTP/2 frames all streams of one connection in one task
@@ -261,8 +266,29 @@ impl Stream {
             ));
         }
         let client = connect_server(&config.server).await?;
-        crate::columns::check(&client, &config).await?;
+        let mut config = config;
+        let keys: Vec<(&str, &[String])> = config
+            .snapshot_keys
+            .iter()
+            .map(|keys| ("snapshot_keys", keys.as_slice()))
+            .collect();
+        let resolved = columns::resolve(
+            &client,
+            (&config.table, &config.target),
+            config.columns.as_ref(),
+            &keys,
+            columns::Role::Stream,
+        )
+        .await?;
+        config.columns = Some(resolved.selection.clone());
+        if resolved.changed {
+            crate::snapshot::Snapshots::connect(config.clone())
+                .await?
+                .abandon_under_other_columns()
+                .await?;
+        }
         Ok(Stream {
+            columns: resolved.selection,
             target: tables::table_url(&config.target)?,
             facts: SharedTable::of(&tables::table_url(&config.facts)?),
             control: config
@@ -881,7 +907,7 @@ impl Stream {
     /// The plan of `(start, end]`.
     async fn plan(&self, start: Offset, end: Offset) -> Result<PlannedBatch> {
         let mut command = ChangesCommand::new(self.config.table.clone(), start.lsn, Some(end.lsn));
-        command.serve = self.config.columns.serve();
+        command.serve = self.columns.serve();
         command.partitions = Some(match self.config.partitions {
             0 | 1 => 1,
             readers => readers
@@ -1033,15 +1059,17 @@ impl Stream {
             }
             None => {
                 let empty = RecordBatch::new_empty(plan.schema.clone());
-                tables::ensure(
+                tables::ensure_with(
                     &self.target,
                     TableKind::Bronze,
                     bronze::fields(&bronze::stream_rows(&empty, batch_id)?.schema())?,
                     "bronze",
+                    columns::creation_properties(&self.columns),
                 )
                 .await?
             }
         };
+        columns::check_recorded(&table, &self.columns, &self.config.target)?;
         // Compacted before the check below: the appender's commit checks its application
         // transaction only against the commits after the snapshot it starts from, so that
         // snapshot must be the one the check saw (a compaction's commit after the check could

@@ -660,6 +660,18 @@ pub async fn ensure(
     fields: Vec<StructField>,
     name: &str,
 ) -> Result<DeltaTable> {
+    ensure_with(url, kind, fields, name, HashMap::new()).await
+}
+
+/// [`ensure`], a table it creates holding the table `properties` too (bronze's column
+/// selection: in the create commit, so no reader sees the table without it).
+pub async fn ensure_with(
+    url: &Url,
+    kind: TableKind,
+    fields: Vec<StructField>,
+    name: &str,
+    properties: HashMap<String, String>,
+) -> Result<DeltaTable> {
     if let Some(table) = open(url).await? {
         crate::features::check(&table, kind, url.as_str())?;
         return migrate(table, kind).await;
@@ -671,10 +683,15 @@ pub async fn ensure(
         .with_table_name(name)
         .with_comment(kind.comment())
         .with_columns(fields)
-        .with_configuration([(
-            SCHEMA_VERSION_KEY.to_string(),
-            Some(kind.schema_version().to_string()),
-        )])
+        .with_configuration(
+            properties
+                .into_iter()
+                .map(|(key, value)| (key, Some(value)))
+                .chain([(
+                    SCHEMA_VERSION_KEY.to_string(),
+                    Some(kind.schema_version().to_string()),
+                )]),
+        )
         .with_raise_if_key_not_exists(false)
         .with_save_mode(SaveMode::ErrorIfExists)
         .with_commit_properties(CommitProperties::default().with_max_retries(0))

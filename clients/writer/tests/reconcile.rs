@@ -1062,7 +1062,7 @@ async fn columns_left_out_never_reach_the_lake_and_reconcile_verifies_the_rest()
         (ColumnSelection::Except(vec!["nite".into()]), "'nite'"),
     ] {
         let mut bad = stream.clone();
-        bad.columns = refused;
+        bad.columns = Some(refused);
         let error = Stream::connect(bad.clone()).await.err().expect("refused");
         assert!(error.to_string().contains(why), "{error}");
         let error = snapshot::open(&bad, SnapshotMode::Chunked, false)
@@ -1070,7 +1070,8 @@ async fn columns_left_out_never_reach_the_lake_and_reconcile_verifies_the_rest()
             .expect_err("refused");
         assert!(error.to_string().contains(why), "{error}");
     }
-    stream.columns = except.clone();
+    // The bootstrap creates bronze recording the selection; the stream follows it.
+    stream.columns = Some(except.clone());
     snapshot::bootstrap(&mut stream, SnapshotMode::Full)
         .await
         .expect("bootstrap");
@@ -1094,36 +1095,32 @@ async fn columns_left_out_never_reach_the_lake_and_reconcile_verifies_the_rest()
         source
     );
 
-    // Reconcile with the stream's selection verifies every value it copies; without it, the
-    // left-out columns are not compared and only the rows are verified.
-    let with = ReconcileConfig {
-        columns: except.clone(),
-        ..config(&lab)
-    };
-    let result = reconcile(&with).await.expect("reconcile");
+    // Reconcile follows bronze's selection and verifies every value it copies; given
+    // another selection, it is refused.
+    let result = reconcile(&config(&lab)).await.expect("reconcile");
     assert!(result.values_verified, "{}", rendered_verdict(&result));
     assert_eq!(result.excluded_columns, ["note", "discount_rate"]);
-    let without = reconcile(&config(&lab)).await.expect("reconcile");
-    assert!(without.verified && !without.values_verified);
-    assert_eq!(without.uncompared_columns, ["note", "discount_rate"]);
+    let other = ReconcileConfig {
+        columns: Some(ColumnSelection::Except(vec!["note".into()])),
+        ..config(&lab)
+    };
+    let refused = reconcile(&other).await.expect_err("another selection");
+    assert!(refused.to_string().contains("records"), "{refused}");
 
-    // A chunked re-snapshot opened under the selection refuses waves under another one.
-    snapshot::open(&stream, SnapshotMode::Chunked, true)
+    // A snapshot command given no selection follows bronze's; one given another is refused.
+    let mut unflagged = stream.clone();
+    unflagged.columns = None;
+    snapshot::open(&unflagged, SnapshotMode::Chunked, true)
         .await
         .expect("re-snapshot");
     let mut changed = stream.clone();
-    changed.columns = ColumnSelection::Except(vec!["note".into()]);
+    changed.columns = Some(ColumnSelection::Except(vec!["note".into()]));
     let refused = Snapshots::connect(changed.clone())
         .await
-        .expect("connect")
-        .backfill(&BackfillOptions::default())
-        .await
-        .expect_err("another selection");
-    assert!(
-        refused.to_string().contains("was opened reading"),
-        "{refused}"
-    );
-    Snapshots::connect(stream.clone())
+        .err()
+        .expect("refused");
+    assert!(refused.to_string().contains("records"), "{refused}");
+    Snapshots::connect(unflagged.clone())
         .await
         .expect("connect")
         .backfill(&BackfillOptions::default())
@@ -1131,10 +1128,35 @@ async fn columns_left_out_never_reach_the_lake_and_reconcile_verifies_the_rest()
         .expect("backfill");
     assert!(!left_out(&field_names(&lab.lake("bronze_orders")).await));
 
-    // A column newly copied joins bronze: rows written before read NULL there.
+    // The stream changes it: recorded on bronze, and a chunked snapshot opened under the old
+    // one is abandoned (its waves would copy the old columns); a new one reads the new.
     workload(&lab, 3, 40);
-    run_now(changed).await;
+    snapshot::open(&unflagged, SnapshotMode::Chunked, true)
+        .await
+        .expect("re-snapshot");
+    workload(&lab, 4, 40);
+    run_now(changed.clone()).await;
+    let state = snapshot::state(&unflagged).await.expect("state");
+    assert_eq!(state.status.state, "abandoned", "{state:?}");
     let bronze = field_names(&lab.lake("bronze_orders")).await;
     assert!(bronze.contains(&"discount_rate".to_string()), "{bronze:?}");
     assert!(!bronze.contains(&"note".to_string()), "{bronze:?}");
+    snapshot::open(&unflagged, SnapshotMode::Chunked, true)
+        .await
+        .expect("a new re-snapshot");
+    Snapshots::connect(unflagged.clone())
+        .await
+        .expect("connect")
+        .backfill(&BackfillOptions::default())
+        .await
+        .expect("backfill");
+    apply_changes(&apply_config(&lab)).await.expect("apply");
+    let result = reconcile(&config(&lab)).await.expect("reconcile");
+    assert!(result.values_verified, "{}", rendered_verdict(&result));
+
+    // Left out again while silver holds it: its values there are unchecked, so not verified.
+    run_now(stream.clone()).await;
+    let result = reconcile(&config(&lab)).await.expect("reconcile");
+    assert!(result.verified && !result.values_verified);
+    assert_eq!(result.uncompared_columns, ["discount_rate"]);
 }

@@ -227,8 +227,8 @@ class Client:
     ) -> Plan:
         """Plans the changes of ``(start, end]`` (``end`` default ``max_lsn``) in at most
         ``partitions`` endpoints per capture instance. ``options`` are the ``changes``
-        command's (``columns`` or ``except_columns``, ``include_command_id``, ``batch_rows``, ``batch_bytes``,
-        ``compression``, ``min_partition_rows``, ``capture_instance``)."""
+        command's (``columns`` or ``except_columns``, ``include_command_id``, ``batch_rows``,
+        ``batch_bytes``, ``compression``, ``min_partition_rows``, ``capture_instance``)."""
         command: dict[str, Any] = {
             "type": "changes",
             "table": table,

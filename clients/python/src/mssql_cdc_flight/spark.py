@@ -141,9 +141,9 @@ class Settings:
             with open(lower["tlsca"], "rb") as file:
                 tls_ca = file.read()
         command: dict[str, Any] = {}
-        for option, field in (("columns", "columns"), ("exceptcolumns", "except_columns")):
+        for option, name in (("columns", "columns"), ("exceptcolumns", "except_columns")):
             if lower.get(option):
-                command[field] = [c.strip() for c in lower[option].split(",") if c.strip()]
+                command[name] = [c.strip() for c in lower[option].split(",") if c.strip()]
         if "includecommandid" in lower:
             command["include_command_id"] = _flag(lower, "includecommandid", True)
         if _count(lower, "batchrows"):

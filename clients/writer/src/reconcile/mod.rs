@@ -87,8 +87,9 @@ pub struct ReconcileConfig {
     /// values are compared in the buckets tier 2 reads only. Default true.
     pub value_sums: bool,
     /// The stream's column selection: a column it leaves out is neither asked of the server
-    /// nor needed for the values to be verified. Default every captured column.
-    pub columns: ColumnSelection,
+    /// nor needed for the values to be verified (unless silver still holds it). `None`
+    /// (the default): the one bronze records; another than bronze's is refused.
+    pub columns: Option<ColumnSelection>,
 }
 
 impl ReconcileConfig {
@@ -107,7 +108,7 @@ impl ReconcileConfig {
             seed: None,
             report: None,
             value_sums: true,
-            columns: ColumnSelection::All,
+            columns: None,
         }
     }
 
@@ -395,6 +396,20 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     let client = crate::stream::connect_server(&config.server).await?;
     let instance = newest_instance(&client, &config.table).await?;
     let key_columns = key::key_columns(config, &instance)?;
+    let keys: Vec<(&str, &[String])> = config
+        .keys
+        .iter()
+        .map(|keys| ("reconcile keys", keys.as_slice()))
+        .collect();
+    let columns = crate::columns::resolve(
+        &client,
+        (&config.table, &config.bronze),
+        config.columns.as_ref(),
+        &keys,
+        crate::columns::Role::Reader,
+    )
+    .await?
+    .selection;
 
     // 1. Silver's position first, then silver at one version.
     let control_url = tables::table_url(&config.control)?;
@@ -427,7 +442,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         .await?;
     context.register_table("silver", provider)?;
     let key = key_columns.in_silver(&context).await?;
-    let hashing = rows::Hashing::new(&key, &instance, &config.columns, &context).await?;
+    let hashing = rows::Hashing::new(&key, &instance, &columns, &context).await?;
     // Where bronze's stream stood: the change table is read for keys in flight from there.
     // The control row's end moves only with the verdict (a batch in the same period skips
     // its MERGE), so the facts' newest batch of this bronze says it better: a quiet table's

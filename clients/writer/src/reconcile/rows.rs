@@ -186,11 +186,12 @@ pub(super) async fn compared_columns(
 pub(super) struct Hashing {
     pub(super) key: CompareKey,
     pub(super) columns: Vec<String>,
-    /// Captured columns of the newest instance the stream selects and silver does not
-    /// hold: never compared, so the values are not verified.
+    /// Captured columns of the newest instance silver does not hold (but those the stream
+    /// leaves out), or holds but the stream leaves out: never compared, so the values are
+    /// not verified.
     pub(super) uncompared: Vec<String>,
-    /// Captured columns of the newest instance the stream's selection leaves out: not
-    /// copied, so not compared, and no part of what is verified.
+    /// Captured columns of the newest instance the stream's selection leaves out and silver
+    /// does not hold: not copied, so not compared, and no part of what is verified.
     pub(super) excluded: Vec<String>,
     /// Silver's schema of `columns`: both sides are cast to it.
     pub(super) types: SchemaRef,
@@ -219,12 +220,14 @@ impl Hashing {
             .iter()
             .map(|name| Ok(Arc::new(schema.field_with_name(name)?.clone())))
             .collect::<Result<_>>()?;
+        // A column left out is no part of what is verified, unless silver still holds it
+        // (copied before the selection changed): its values there are then unchecked.
         let (excluded, uncompared) = instance
             .columns
             .iter()
             .filter(|column| !columns.contains(&column.name))
             .map(|column| column.name.clone())
-            .partition(|name| selection.excludes(name));
+            .partition(|name| selection.excludes(name) && schema.field_with_name(name).is_err());
         let exact = fields.iter().all(|field| {
             instance
                 .columns

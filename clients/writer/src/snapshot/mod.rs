@@ -48,6 +48,7 @@ use mssql_cdc_proto::Lsn;
 use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::keys::{Bound, KeyColumn, KeyTuple};
 use mssql_cdc_proto::protocol::LsnAnswer;
+use mssql_cdc_proto::selection::ColumnSelection;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use url::Url;
@@ -259,6 +260,8 @@ pub fn plans_location(target: &str) -> String {
 /// Snapshots of one table into its bronze.
 pub struct Snapshots {
     config: StreamConfig,
+    /// The column selection every snapshot read asks for, as bronze records it.
+    columns: ColumnSelection,
     client: CdcClient,
     target: Url,
     /// The facts table, shared with the other readers of this process.
@@ -308,8 +311,21 @@ impl Snapshots {
     /// Connects to the server of `config` (its table, target, facts and app id are used).
     pub async fn connect(config: StreamConfig) -> Result<Self> {
         let client = crate::stream::connect_server(&config.server).await?;
-        crate::columns::check(&client, &config).await?;
+        let keys: Vec<(&str, &[String])> = config
+            .snapshot_keys
+            .iter()
+            .map(|keys| ("snapshot_keys", keys.as_slice()))
+            .collect();
+        let resolved = crate::columns::resolve(
+            &client,
+            (&config.table, &config.target),
+            config.columns.as_ref(),
+            &keys,
+            crate::columns::Role::Reader,
+        )
+        .await?;
         Ok(Snapshots {
+            columns: resolved.selection,
             target: tables::table_url(&config.target)?,
             facts: SharedTable::of(&tables::table_url(&config.facts)?),
             plans: tables::table_url(&plans_location(&config.target))?,

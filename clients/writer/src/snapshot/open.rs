@@ -169,7 +169,7 @@ impl Snapshots {
         };
         // The columns its waves read: whoever reads them later reads these or none.
         if let Some(open) = open_detail.as_object_mut() {
-            let serve = self.config.columns.serve();
+            let serve = self.columns.serve();
             open.extend([
                 ("columns".to_string(), json!(serve.columns)),
                 ("except_columns".to_string(), json!(serve.except_columns)),

@@ -220,27 +220,68 @@ impl Snapshots {
         Ok(chunks)
     }
 
-    /// Refuses to read waves of a snapshot opened with another column selection than the
-    /// stream's now: its open chose what its rows hold, and a column newly left out must not
-    /// reach bronze through the waves still unread.
-    pub(super) fn check_selection(&self, snapshot: Lsn, recorded: &PlansRows) -> Result<()> {
+    /// The column selection snapshot `snapshot`'s open row records (every column for an
+    /// open from before selections were recorded).
+    fn opened_with(snapshot: Lsn, recorded: &PlansRows) -> Result<ColumnSelection> {
         let Some(open) = recorded.last(events::SNAPSHOT_OPEN) else {
-            return Ok(());
+            return Ok(ColumnSelection::All);
         };
         let names = |field: &str| -> Result<Option<Vec<String>>> {
             serde_json::from_value(open[field].clone()).map_err(|error| {
                 WriterError::Internal(format!("snapshot {snapshot}'s open row: {field}: {error}"))
             })
         };
-        let opened = ColumnSelection::new(names("columns")?, names("except_columns")?)
-            .map_err(|error| WriterError::Internal(format!("snapshot {snapshot}: {error}")))?;
-        if opened != self.config.columns {
+        ColumnSelection::new(names("columns")?, names("except_columns")?)
+            .map_err(|error| WriterError::Internal(format!("snapshot {snapshot}: {error}")))
+    }
+
+    /// Refuses to read waves of a snapshot opened with another column selection than
+    /// bronze's now: its open chose what its rows hold, and a column newly left out must not
+    /// reach bronze through the waves still unread. (The stream that changes the selection
+    /// abandons such a snapshot: [`Snapshots::abandon_under_other_columns`].)
+    pub(super) fn check_selection(&self, snapshot: Lsn, recorded: &PlansRows) -> Result<()> {
+        let opened = Self::opened_with(snapshot, recorded)?;
+        if !opened.same_as(&self.columns) {
             return Err(WriterError::invalid(format!(
-                "{}: snapshot {snapshot} was opened reading {opened}, but the stream now asks for                  {}: its waves read what its open chose; set the selection back to finish it, or                  open a new snapshot",
-                self.config.table, self.config.columns
+                "{}: snapshot {snapshot} was opened reading {opened}, but bronze now records \
+                 {}: its waves read what its open chose. Run the table's stream, which abandons \
+                 it, then open a new snapshot",
+                self.config.table, self.columns
             )));
         }
         Ok(())
+    }
+
+    /// Abandons the open chunked snapshot when it was opened under another column selection
+    /// than bronze's (the stream just changed it): its unread waves would copy the old
+    /// columns, and a wave under the new ones would mix two sets in one snapshot. A
+    /// `snapshot_abandoned` row frees the table for a new snapshot (`snapshot open
+    /// --resnapshot`, or a heal), which the log asks for.
+    pub async fn abandon_under_other_columns(&self) -> Result<()> {
+        let recorded = self.recorded().await?;
+        let Some(open) = Self::open_chunked_of(&recorded) else {
+            return Ok(());
+        };
+        let opened = Self::opened_with(open, &self.plans_rows(open).await?)?;
+        if opened.same_as(&self.columns) {
+            return Ok(());
+        }
+        tracing::warn!(table = %self.config.table, snapshot = %open, from = %opened, to = %self.columns,
+            "the open chunked snapshot is abandoned: the column selection changed; open a new one");
+        self.append_facts(
+            &self.txn("snapabandon", open),
+            0,
+            vec![FactsRow {
+                rows: Some(0),
+                detail: Some(
+                    json!({"snapshot": open, "mode": super::SnapshotMode::Chunked.as_str(), "reason": "the column selection changed"})
+                        .to_string(),
+                ),
+                ..super::snapshot_event(events::SNAPSHOT_ABANDONED, open)
+            }],
+        )
+        .await
+        .map(drop)
     }
 
     /// The keyset an open snapshot is cut on; `None` for an integer plan. Refuses a stream

@@ -137,13 +137,15 @@ impl Snapshots {
     ) -> Result<Arc<bronze::Appender>> {
         let rows_kind = BronzeRows::Snapshot(snapshot.to_string());
         let empty = RecordBatch::new_empty(Arc::clone(schema));
-        let table = tables::ensure(
+        let table = tables::ensure_with(
             &self.target,
             TableKind::Bronze,
             bronze::fields(&rows_kind.convert(&empty)?.schema())?,
             "bronze",
+            crate::columns::creation_properties(&self.columns),
         )
         .await?;
+        crate::columns::check_recorded(&table, &self.columns, &self.config.target)?;
         Ok(Arc::new(
             bronze::Appender::prepare(table, schema, &self.config.target, rows_kind).await?,
         ))
@@ -160,7 +162,7 @@ impl Snapshots {
         let preparing = Instant::now();
         // Every snapshot read of the stream asks for its columns, whoever built the command.
         let mut command = command;
-        self.config.columns.apply(&mut command.serve);
+        self.columns.apply(&mut command.serve);
         let plan = self.client.plan_snapshot(&command).await?;
         let schema = Arc::new(
             plan.info

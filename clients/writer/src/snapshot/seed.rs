@@ -239,7 +239,7 @@ impl Snapshots {
         let plan = self
             .client
             .plan_snapshot(&SnapshotCommand {
-                serve: self.config.columns.serve(),
+                serve: self.columns.serve(),
                 ..SnapshotCommand::new(self.config.table.clone())
             })
             .await?;

@@ -95,7 +95,7 @@ impl World {
         config.checkpoint = format!("{}/{}", self.checkpoints(), table.name());
         let on_loss = self.on_loss(table);
         config.fail_on_data_loss = on_loss != OnLoss::Skip;
-        config.columns = table.selection();
+        config.columns = Some(table.selection());
         if on_loss == OnLoss::Resnapshot {
             config.on_data_loss = OnDataLoss::Resnapshot;
             if self.known().guard_off.contains(&table) {
@@ -676,7 +676,8 @@ impl World {
             seed: Some(1),
             report: None,
             value_sums,
-            columns: table.selection(),
+            // Bronze's, as it records it.
+            columns: None,
         };
         let result = match reconcile::reconcile(&config).await {
             Ok(result) => result,
