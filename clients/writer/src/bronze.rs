@@ -33,6 +33,7 @@ use deltalake::operations::write::WriterStatsConfig;
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::table::config::TablePropertiesExt;
 use deltalake::{DeltaTable, DeltaTableError};
+use mssql_cdc_proto::selection::ColumnSelection;
 
 use crate::error::{Result, WriterError};
 use crate::tables::TableKind;
@@ -145,6 +146,9 @@ pub struct Appender {
     target_file_size: std::num::NonZeroU64,
     stats: WriterStatsConfig,
     added: Vec<String>,
+    /// The column selection its rows were read with, checked against bronze's record on
+    /// every table state the commit starts from ([`Appender::reading`]).
+    selection: Option<ColumnSelection>,
 }
 
 impl Appender {
@@ -171,7 +175,17 @@ impl Appender {
             target: target.to_string(),
             rows,
             added,
+            selection: None,
         })
+    }
+
+    /// The appender of rows read with `selection`: refused now, and at its commit, when
+    /// bronze records another one (its stream changed the selection since the rows were
+    /// read, so they may hold a column now left out).
+    pub fn reading(mut self, selection: ColumnSelection) -> Result<Self> {
+        crate::columns::check_recorded(&self.table, &selection, &self.target)?;
+        self.selection = Some(selection);
+        Ok(self)
     }
 
     /// The columns [`Appender::prepare`] added to bronze (a newer capture instance's).
@@ -213,6 +227,9 @@ impl Appender {
         let mut latest: Option<DeltaTable> = None;
         for _ in 0..OWN_COMMITS_MET {
             let base = latest.as_ref().unwrap_or(&self.table);
+            if let Some(selection) = &self.selection {
+                crate::columns::check_recorded(base, selection, &self.target)?;
+            }
             let properties = CommitProperties::default()
                 .with_application_transaction(Transaction::new(app_id, version))
                 .with_metadata([(
@@ -486,6 +503,67 @@ pub fn fits(incoming: &DataType, existing: &DataType) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wave_read_before_the_column_selection_changed_is_not_committed_after_it() {
+        let dir = tempfile::tempdir().expect("temp");
+        let location = dir.path().join("bronze").display().to_string();
+        let url = crate::tables::table_url(&location).expect("url");
+        let schema = Schema::new(vec![
+            Field::new("_start_lsn", ArrowType::Utf8, true),
+            Field::new("email", ArrowType::Utf8, true),
+            Field::new("_chunk", ArrowType::Int32, true),
+        ]);
+        let empty = RecordBatch::new_empty(Arc::new(schema.clone()));
+        let rows = BronzeRows::Snapshot("1".into());
+        let fields = fields(&rows.convert(&empty).expect("rows").schema()).expect("fields");
+        let table = crate::tables::ensure(&url, TableKind::Bronze, fields, "bronze")
+            .await
+            .expect("bronze");
+        let appender = || async {
+            Appender::prepare(
+                table.clone(),
+                &schema,
+                &location,
+                BronzeRows::Snapshot("1".into()),
+            )
+            .await
+            .expect("appender")
+            .reading(ColumnSelection::All)
+            .expect("bronze records every column")
+        };
+        // Waves 0 and 1 read with every column; wave 0 lands, then the stream leaves `email`
+        // out. Wave 1's commit meets its own wave 0 first (a rebase it makes), then the
+        // change: it must not land.
+        let (wave_0, wave_1) = (appender().await, appender().await);
+        wave_0
+            .commit(Vec::new(), "snap", 0, "{}".into())
+            .await
+            .expect("wave 0");
+        let latest = crate::tables::open(&url)
+            .await
+            .expect("open")
+            .expect("table");
+        latest
+            .set_tbl_properties()
+            .with_properties(HashMap::from([(
+                crate::columns::PROPERTY.to_string(),
+                r#"{"except_columns": ["email"]}"#.to_string(),
+            )]))
+            .with_raise_if_not_exists(false)
+            .await
+            .expect("the selection changed");
+        let refused = wave_1.commit(Vec::new(), "snap", 1, "{}".into()).await;
+        assert!(refused.is_err(), "{refused:?}");
+        let latest = crate::tables::open(&url)
+            .await
+            .expect("open")
+            .expect("table");
+        let landed = crate::tables::transaction(&latest, "snap")
+            .await
+            .expect("txn");
+        assert_eq!(landed, Some(0), "wave 1 did not land");
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_wave_meeting_its_own_earlier_wave_lands_and_a_second_writer_is_fenced() {

@@ -276,9 +276,19 @@ impl ColumnArgs {
         if self.columns.is_none() && self.except_columns.is_none() {
             return Ok(None);
         }
+        // `--except-columns=` parses as one empty name: it means none.
+        let names = |list: &Option<Vec<String>>| {
+            list.as_ref().map(|names| {
+                names
+                    .iter()
+                    .filter(|name| !name.is_empty())
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+        };
         Ok(Some(ColumnSelection::new(
-            self.columns.clone(),
-            self.except_columns.clone(),
+            names(&self.columns),
+            names(&self.except_columns),
         )?))
     }
 

@@ -40,12 +40,14 @@ pub enum Role {
 }
 
 /// What a reader of a table reads with.
-#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resolved {
     /// The selection every plan asks for.
     pub selection: ColumnSelection,
-    /// Whether this stream just recorded it on bronze in place of another.
-    pub changed: bool,
+    /// Bronze, when it exists.
+    pub bronze: Option<DeltaTable>,
+    /// For a stream given a selection bronze does not record: the one bronze records now,
+    /// which [`record`] replaces.
+    pub replaces: Option<ColumnSelection>,
 }
 
 /// The selection bronze records; `None` when it records none (every column).
@@ -115,20 +117,28 @@ pub async fn resolve(
             .await?;
         check_against(table, &selection, keys, &instances)?;
     }
-    if let (true, Some(bronze)) = (change, bronze) {
-        let json = selection.to_json().unwrap_or_else(|| "{}".into());
-        bronze
-            .set_tbl_properties()
-            .with_properties(HashMap::from([(PROPERTY.to_string(), json)]))
-            .with_raise_if_not_exists(false)
-            .await?;
-        tracing::warn!(%table, %target, from = %holds, to = %selection,
-            "the column selection changed: rows from now on hold the new columns");
-    }
     Ok(Resolved {
         selection,
-        changed: change,
+        replaces: (change && bronze.is_some()).then_some(holds),
+        bronze,
     })
+}
+
+/// Records the stream's `resolved` selection on bronze when it replaces another (a metadata
+/// commit, so a bronze append in flight from before it fails its commit and reads again).
+pub async fn record(table: &str, target: &str, resolved: Resolved) -> Result<()> {
+    let (Some(from), Some(bronze)) = (resolved.replaces, resolved.bronze) else {
+        return Ok(());
+    };
+    let json = resolved.selection.to_json().unwrap_or_else(|| "{}".into());
+    bronze
+        .set_tbl_properties()
+        .with_properties(HashMap::from([(PROPERTY.to_string(), json)]))
+        .with_raise_if_not_exists(false)
+        .await?;
+    tracing::warn!(%table, %target, %from, to = %resolved.selection,
+        "the column selection changed: rows from now on hold the new columns");
+    Ok(())
 }
 
 /// Checks `table`'s `selection` over its capture instances: no key column of an instance or

@@ -664,6 +664,8 @@ mod tests {
         let refused = args.columns.refuse_with_admin(&args.admin);
         assert!(refused.is_err(), "the sidecar's file says the selection");
         assert_eq!(reconcile_args(&[]).columns.selection().expect("none"), None);
+        let every = reconcile_args(&["--except-columns="]).columns.selection();
+        assert_eq!(every.expect("valid"), Some(ColumnSelection::All));
         let line = [
             "mssql-cdc-writer",
             "reconcile",

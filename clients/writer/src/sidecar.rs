@@ -309,7 +309,8 @@ pub fn reconcile_config(config: &SidecarConfig, entry: &TableEntry) -> Option<Re
         value_sums: entry.reconcile_value_sums.unwrap_or(defaults.value_sums),
         report: config.reconcile_report.clone(),
         facts: Some(config.facts.clone()),
-        columns: entry.selection.clone(),
+        // Bronze's, as the table's stream recorded it (the file's may be newer than that).
+        columns: None,
         ..defaults
     })
 }
@@ -973,12 +974,14 @@ async fn continuous_attempt(
     }
     let config: &StreamConfig = config;
     let (end_attempt, attempt_ended) = tokio::sync::watch::channel(false);
+    let (connected, stream_connected) = tokio::sync::watch::channel(false);
     let stream = async {
         let streamed = async {
             let mut stream = {
                 let _slot = slot(&shared.slots).await;
                 Stream::connect(config.clone()).await?
             };
+            let _ = connected.send(true);
             stream.share_slots(Arc::clone(&shared.slots));
             if let Some(wake) = &shared.wake {
                 stream.wake_on(Arc::clone(wake));
@@ -994,6 +997,13 @@ async fn continuous_attempt(
         streamed
     };
     let backfill = async {
+        // After the stream's connect, which records a selection the file changed on bronze:
+        // the snapshots, a reader of it, would be refused the new one until then.
+        let (mut connected, mut ended) = (stream_connected, attempt_ended.clone());
+        tokio::select! {
+            _ = connected.wait_for(|connected| *connected) => {}
+            _ = ended.wait_for(|ended| *ended) => return Ok(()),
+        }
         let backfilled =
             backfill_continuous(entry, config, waiting.poll, shared, attempt_ended.clone()).await;
         let _ = end_attempt.send(true);
@@ -1207,7 +1217,7 @@ mod tests {
     }
 
     #[test]
-    fn a_tables_column_selection_reaches_its_stream_and_its_reconcile() {
+    fn a_tables_column_selection_reaches_its_stream() {
         let tables = |lists: &str| {
             format!(
                 "[[tables]]\ntable = \"dbo.orders\"\ntarget = \"/lake/bronze\"\napp_id = \"a\"\n\
@@ -1219,7 +1229,10 @@ mod tests {
         let except = ColumnSelection::Except(vec!["note".into()]);
         assert_eq!(config.stream(entry).columns, Some(except.clone()));
         let reconcile = reconcile_config(&config, entry).expect("a silver table");
-        assert_eq!(reconcile.columns, Some(except));
+        assert_eq!(
+            reconcile.columns, None,
+            "bronze's, as the stream records it"
+        );
         let refused = load(&tables(
             "columns = [\"order_id\"]\nexcept_columns = [\"note\"]\n",
         ))

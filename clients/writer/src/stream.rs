@@ -280,15 +280,16 @@ impl Stream {
             columns::Role::Stream,
         )
         .await?;
-        config.columns = Some(resolved.selection.clone());
-        if resolved.changed {
-            crate::snapshot::Snapshots::connect(config.clone())
-                .await?
-                .abandon_under_other_columns()
-                .await?;
-        }
+        let selection = resolved.selection.clone();
+        config.columns = Some(selection.clone());
+        // Before a change is recorded, and at every start (a crash may have come between):
+        // an open chunked snapshot read with other columns is abandoned.
+        crate::snapshot::Snapshots::resolved(config.clone(), client.clone(), selection.clone())?
+            .abandon_under_other_columns()
+            .await?;
+        columns::record(&config.table, &config.target, resolved).await?;
         Ok(Stream {
-            columns: resolved.selection,
+            columns: selection,
             target: tables::table_url(&config.target)?,
             facts: SharedTable::of(&tables::table_url(&config.facts)?),
             control: config
@@ -1069,7 +1070,6 @@ impl Stream {
                 .await?
             }
         };
-        columns::check_recorded(&table, &self.columns, &self.config.target)?;
         // Compacted before the check below: the appender's commit checks its application
         // transaction only against the commits after the snapshot it starts from, so that
         // snapshot must be the one the check saw (a compaction's commit after the check could
@@ -1096,7 +1096,8 @@ impl Stream {
             &self.config.target,
             bronze::BronzeRows::Stream(batch_id),
         )
-        .await?;
+        .await?
+        .reading(self.columns.clone())?;
         Ok(Some(Arc::new(appender)))
     }
 

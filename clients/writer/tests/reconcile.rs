@@ -1033,6 +1033,16 @@ async fn a_heap_is_refused_unless_a_key_column_is_named() {
     assert!(repeated.verified, "{repeated:?}");
 }
 
+/// Every wave of the open chunked snapshot of `stream`'s table.
+async fn backfill(stream: &mssql_cdc_writer::stream::StreamConfig) {
+    Snapshots::connect(stream.clone())
+        .await
+        .expect("connect")
+        .backfill(&BackfillOptions::default())
+        .await
+        .expect("backfill");
+}
+
 /// The field names of the Delta table at `location`.
 async fn field_names(location: &str) -> Vec<String> {
     let table = common::open_table(location).await;
@@ -1120,12 +1130,7 @@ async fn columns_left_out_never_reach_the_lake_and_reconcile_verifies_the_rest()
         .err()
         .expect("refused");
     assert!(refused.to_string().contains("records"), "{refused}");
-    Snapshots::connect(unflagged.clone())
-        .await
-        .expect("connect")
-        .backfill(&BackfillOptions::default())
-        .await
-        .expect("backfill");
+    backfill(&unflagged).await;
     assert!(!left_out(&field_names(&lab.lake("bronze_orders")).await));
 
     // The stream changes it: recorded on bronze, and a chunked snapshot opened under the old
@@ -1144,12 +1149,7 @@ async fn columns_left_out_never_reach_the_lake_and_reconcile_verifies_the_rest()
     snapshot::open(&unflagged, SnapshotMode::Chunked, true)
         .await
         .expect("a new re-snapshot");
-    Snapshots::connect(unflagged.clone())
-        .await
-        .expect("connect")
-        .backfill(&BackfillOptions::default())
-        .await
-        .expect("backfill");
+    backfill(&unflagged).await;
     apply_changes(&apply_config(&lab)).await.expect("apply");
     let result = reconcile(&config(&lab)).await.expect("reconcile");
     assert!(result.values_verified, "{}", rendered_verdict(&result));

@@ -396,20 +396,6 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     let client = crate::stream::connect_server(&config.server).await?;
     let instance = newest_instance(&client, &config.table).await?;
     let key_columns = key::key_columns(config, &instance)?;
-    let keys: Vec<(&str, &[String])> = config
-        .keys
-        .iter()
-        .map(|keys| ("reconcile keys", keys.as_slice()))
-        .collect();
-    let columns = crate::columns::resolve(
-        &client,
-        (&config.table, &config.bronze),
-        config.columns.as_ref(),
-        &keys,
-        crate::columns::Role::Reader,
-    )
-    .await?
-    .selection;
 
     // 1. Silver's position first, then silver at one version.
     let control_url = tables::table_url(&config.control)?;
@@ -442,6 +428,27 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         .await?;
     context.register_table("silver", provider)?;
     let key = key_columns.in_silver(&context).await?;
+    let keys: Vec<(&str, &[String])> = config
+        .keys
+        .iter()
+        .map(|keys| ("reconcile keys", keys.as_slice()))
+        .collect();
+    let columns = crate::columns::resolve(
+        &client,
+        (&config.table, &config.bronze),
+        config.columns.as_ref(),
+        &keys,
+        crate::columns::Role::Reader,
+    )
+    .await?;
+    if columns.bronze.is_none() {
+        return Err(WriterError::invalid(format!(
+            "there is no bronze table at {}: reconcile reads the column selection and the \
+             stream's position from it",
+            config.bronze
+        )));
+    }
+    let columns = columns.selection;
     let hashing = rows::Hashing::new(&key, &instance, &columns, &context).await?;
     // Where bronze's stream stood: the change table is read for keys in flight from there.
     // The control row's end moves only with the verdict (a batch in the same period skips

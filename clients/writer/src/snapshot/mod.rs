@@ -324,8 +324,18 @@ impl Snapshots {
             crate::columns::Role::Reader,
         )
         .await?;
+        Self::resolved(config, client, resolved.selection)
+    }
+
+    /// Snapshots of `config`'s table read with `columns`, resolved by the caller (the stream,
+    /// which owns the selection).
+    pub fn resolved(
+        config: StreamConfig,
+        client: CdcClient,
+        columns: ColumnSelection,
+    ) -> Result<Self> {
         Ok(Snapshots {
-            columns: resolved.selection,
+            columns,
             target: tables::table_url(&config.target)?,
             facts: SharedTable::of(&tables::table_url(&config.facts)?),
             plans: tables::table_url(&plans_location(&config.target))?,

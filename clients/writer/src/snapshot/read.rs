@@ -145,9 +145,10 @@ impl Snapshots {
             crate::columns::creation_properties(&self.columns),
         )
         .await?;
-        crate::columns::check_recorded(&table, &self.columns, &self.config.target)?;
         Ok(Arc::new(
-            bronze::Appender::prepare(table, schema, &self.config.target, rows_kind).await?,
+            bronze::Appender::prepare(table, schema, &self.config.target, rows_kind)
+                .await?
+                .reading(self.columns.clone())?,
         ))
     }
 
