@@ -72,14 +72,36 @@ def test_columns_left_out_are_not_served(server, database):
         client.plan_snapshot("dbo.orders", columns=["order_id"], except_columns=["note"])
 
 
+def test_a_column_left_out_is_not_in_the_bytes_on_the_wire(server):
+    """The note values of the table are in the bytes a full read receives (so the check can
+    fail), and in none of the bytes a read leaving the column out receives."""
+    notes = cdc.connect(server).read_snapshot("dbo.orders").column("note").to_pylist()
+    values = [note.encode() for note in notes if note and len(note) >= 8]
+    assert values, "the workload wrote notes"
+
+    def received(**options) -> bytes:
+        proxy = CuttingProxy(server, 1 << 40)
+        try:
+            cdc.connect(proxy.url).read_snapshot("dbo.orders", **options)
+            return bytes(proxy.received)
+        finally:
+            proxy.listener.close()
+
+    everything = received()
+    assert any(value in everything for value in values)
+    without = received(except_columns=["note"])
+    assert len(without) > 0 and not [value for value in values if value in without]
+
+
 class CuttingProxy:
     """A TCP proxy that closes the connection after `limit` bytes from the server: a network
-    that breaks in the middle of a stream."""
+    that breaks in the middle of a stream. ``received`` keeps every byte the server sent."""
 
     def __init__(self, upstream: str, limit: int) -> None:
         host, port = upstream.removeprefix("grpc://").rsplit(":", 1)
         self.upstream = (host, int(port))
         self.limit = limit
+        self.received = bytearray()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"grpc://127.0.0.1:{self.listener.getsockname()[1]}"
         threading.Thread(target=self._serve, daemon=True).start()
@@ -93,17 +115,19 @@ class CuttingProxy:
             server = socket.create_connection(self.upstream)
             threading.Thread(target=self._pump, args=(client, server, None), daemon=True).start()
             threading.Thread(
-                target=self._pump, args=(server, client, self.limit), daemon=True
+                target=self._pump, args=(server, client, self.limit, self.received), daemon=True
             ).start()
 
     @staticmethod
-    def _pump(source, target, limit) -> None:
+    def _pump(source, target, limit, record=None) -> None:
         sent = 0
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
+                if record is not None:
+                    record.extend(data)
                 if limit is not None and sent + len(data) > limit:
                     target.sendall(data[: limit - sent])
                     break
