@@ -398,13 +398,12 @@ async fn backfill_to_end(entry: &TableEntry, config: &StreamConfig) -> Result<()
 /// `poll`, the stream going on beside it; only an error retrying cannot fix ([`is_final`])
 /// ends the task.
 async fn backfill_continuous(
-    entry: &TableEntry,
-    config: &StreamConfig,
+    (entry, config, columns): (&TableEntry, &StreamConfig, ColumnSelection),
     poll: Duration,
     shared: &Shared,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<()> {
-    let snapshots = Snapshots::connect(config.clone()).await?;
+    let snapshots = Snapshots::connect_resolved(config.clone(), columns).await?;
     let mut last_state = String::new();
     if let Some(wake) = &shared.snapshot_wake
         && entry.bootstrap != Some(SnapshotMode::Chunked)
@@ -974,14 +973,14 @@ async fn continuous_attempt(
     }
     let config: &StreamConfig = config;
     let (end_attempt, attempt_ended) = tokio::sync::watch::channel(false);
-    let (connected, stream_connected) = tokio::sync::watch::channel(false);
+    let (connected, stream_connected) = tokio::sync::watch::channel(None);
     let stream = async {
         let streamed = async {
             let mut stream = {
                 let _slot = slot(&shared.slots).await;
                 Stream::connect(config.clone()).await?
             };
-            let _ = connected.send(true);
+            let _ = connected.send(Some(stream.columns().clone()));
             stream.share_slots(Arc::clone(&shared.slots));
             if let Some(wake) = &shared.wake {
                 stream.wake_on(Arc::clone(wake));
@@ -998,14 +997,22 @@ async fn continuous_attempt(
     };
     let backfill = async {
         // After the stream's connect, which records a selection the file changed on bronze:
-        // the snapshots, a reader of it, would be refused the new one until then.
+        // the waves read with the columns it resolved.
         let (mut connected, mut ended) = (stream_connected, attempt_ended.clone());
-        tokio::select! {
-            _ = connected.wait_for(|connected| *connected) => {}
+        let columns = tokio::select! {
+            columns = connected.wait_for(Option::is_some) => match columns {
+                Ok(columns) => columns.clone().unwrap_or_default(),
+                Err(_) => return Ok(()),
+            },
             _ = ended.wait_for(|ended| *ended) => return Ok(()),
-        }
-        let backfilled =
-            backfill_continuous(entry, config, waiting.poll, shared, attempt_ended.clone()).await;
+        };
+        let backfilled = backfill_continuous(
+            (entry, config, columns),
+            waiting.poll,
+            shared,
+            attempt_ended.clone(),
+        )
+        .await;
         let _ = end_attempt.send(true);
         backfilled
     };

@@ -282,12 +282,18 @@ impl Stream {
         .await?;
         let selection = resolved.selection.clone();
         config.columns = Some(selection.clone());
-        // Before a change is recorded, and at every start (a crash may have come between):
-        // an open chunked snapshot read with other columns is abandoned.
-        crate::snapshot::Snapshots::resolved(config.clone(), client.clone(), selection.clone())?
+        // Before a change is recorded (a crash between the two finds the change still to
+        // make): an open chunked snapshot read with other columns is abandoned.
+        if resolved.replaces.is_some() {
+            crate::snapshot::Snapshots::resolved(
+                config.clone(),
+                client.clone(),
+                selection.clone(),
+            )?
             .abandon_under_other_columns()
             .await?;
-        columns::record(&config.table, &config.target, resolved).await?;
+            columns::record(&config.table, &config.target, resolved).await?;
+        }
         Ok(Stream {
             columns: selection,
             target: tables::table_url(&config.target)?,
@@ -312,6 +318,11 @@ impl Stream {
             verdict: None,
             config,
         })
+    }
+
+    /// The column selection every plan asks for, as bronze records it.
+    pub fn columns(&self) -> &ColumnSelection {
+        &self.columns
     }
 
     /// Waits for `wake` (the sidecar's [`crate::tail::SharedTail`]) when nothing is new,

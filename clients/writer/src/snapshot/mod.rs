@@ -327,6 +327,13 @@ impl Snapshots {
         Self::resolved(config, client, resolved.selection)
     }
 
+    /// Snapshots of `config`'s table read with `columns` as the table's stream resolved them
+    /// (it owns the selection): no second look at bronze.
+    pub async fn connect_resolved(config: StreamConfig, columns: ColumnSelection) -> Result<Self> {
+        let client = crate::stream::connect_server(&config.server).await?;
+        Self::resolved(config, client, columns)
+    }
+
     /// Snapshots of `config`'s table read with `columns`, resolved by the caller (the stream,
     /// which owns the selection).
     pub fn resolved(

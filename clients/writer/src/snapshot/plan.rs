@@ -244,8 +244,9 @@ impl Snapshots {
         if !opened.same_as(&self.columns) {
             return Err(WriterError::invalid(format!(
                 "{}: snapshot {snapshot} was opened reading {opened}, but bronze now records \
-                 {}: its waves read what its open chose. Run the table's stream, which abandons \
-                 it, then open a new snapshot",
+                 {}: its waves read what its open chose. Give the table's stream the snapshot's \
+                 selection to finish it; a stream that changes the selection abandons a \
+                 snapshot opened under another, and a new one can be opened",
                 self.config.table, self.columns
             )));
         }

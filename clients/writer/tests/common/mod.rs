@@ -335,12 +335,17 @@ pub fn text(batch: &RecordBatch, column: usize, row: usize) -> Option<String> {
 }
 
 pub fn captured(batch: &RecordBatch, row: usize) -> Vec<String> {
+    captured_of(batch, row, &ColumnSelection::All)
+}
+
+/// The captured values of a row, of the columns `selection` keeps.
+pub fn captured_of(batch: &RecordBatch, row: usize, selection: &ColumnSelection) -> Vec<String> {
     batch
         .schema()
         .fields()
         .iter()
         .enumerate()
-        .filter(|(_, field)| !field.name().starts_with('_'))
+        .filter(|(_, field)| !field.name().starts_with('_') && !selection.excludes(field.name()))
         .map(|(index, _)| text(batch, index, row).unwrap_or_else(|| "NULL".into()))
         .collect()
 }
@@ -481,13 +486,21 @@ pub async fn current_rows(location: &str) -> Rows {
 
 /// The rows of a current-state table (silver) by its integer `key`, each key once.
 pub async fn current_rows_by(location: &str, key: &str) -> Rows {
+    current_rows_of(location, key, &ColumnSelection::All).await
+}
+
+/// [`current_rows_by`] of the columns `selection` keeps.
+pub async fn current_rows_of(location: &str, key: &str, selection: &ColumnSelection) -> Rows {
     let batches = query(location, "SELECT * FROM t").await;
     let mut rows = Rows::new();
     for batch in &batches {
         for row in 0..batch.num_rows() {
             assert!(
-                rows.insert(integer_at(batch, key, row), captured(batch, row))
-                    .is_none(),
+                rows.insert(
+                    integer_at(batch, key, row),
+                    captured_of(batch, row, selection)
+                )
+                .is_none(),
                 "a key twice in {location}"
             );
         }

@@ -47,11 +47,28 @@ impl Table {
         }
     }
 
-    /// Its stream's column selection.
-    pub(crate) fn selection(self) -> ColumnSelection {
-        match self.except_columns() {
-            [] => ColumnSelection::All,
-            names => ColumnSelection::Except(names.iter().map(|name| name.to_string()).collect()),
+    /// A column an operator leaves out of its stream and takes back in (`Op::Reselect`):
+    /// once it was, silver's copy of it is unchecked (stale until a re-snapshot).
+    pub(crate) fn toggled_column(self) -> &'static str {
+        match self {
+            Table::Busy => "quantity",
+            Table::Quiet => "segment",
+        }
+    }
+
+    /// Its stream's column selection, with its toggled column left out too when `narrowed`.
+    pub(crate) fn selection(self, narrowed: bool) -> ColumnSelection {
+        let mut names: Vec<String> = self
+            .except_columns()
+            .iter()
+            .map(|name| name.to_string())
+            .collect();
+        if narrowed {
+            names.push(self.toggled_column().into());
+        }
+        match names.is_empty() {
+            true => ColumnSelection::All,
+            false => ColumnSelection::Except(names),
         }
     }
 
@@ -168,6 +185,10 @@ pub(crate) enum Op {
         #[serde(default)]
         rekey: bool,
     },
+    /// An operator changes the column selection of `table`'s stream: its toggled column
+    /// left out too (`narrow`) or taken back in. Streams record it on bronze when they next
+    /// start; snapshots and backfills follow bronze.
+    Reselect { table: Table, narrow: bool },
     /// Two operations at once.
     Together(Box<Op>, Box<Op>),
 }
@@ -246,6 +267,10 @@ pub(crate) fn kind(op: &Op) -> String {
         Op::Restart { rekey, .. } => format!(
             "server restart{}",
             if *rekey { " with a new ticket key" } else { "" }
+        ),
+        Op::Reselect { narrow, .. } => format!(
+            "column selection {}",
+            if *narrow { "narrowed" } else { "widened" }
         ),
         Op::Together(..) => "together".into(),
     }
@@ -336,6 +361,10 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
             }
         }
         90..95 if !pairable => Op::SecondWriter { table },
+        106..108 if !pairable => Op::Reselect {
+            table,
+            narrow: rng.random_bool(0.6),
+        },
         95..100 if !pairable => Op::Crash {
             table,
             point: rng.random_range(0..CRASH_POINTS.len()),

@@ -41,9 +41,9 @@ impl World {
         if !config.fail_on_data_loss {
             command.arg("--skip-data-loss");
         }
-        if !table.except_columns().is_empty() {
-            command.args(["--except-columns", &table.except_columns().join(",")]);
-        }
+        // Said every time, also when it is every column (`--except-columns=`).
+        let except = self.selection(table).names().join(",");
+        command.arg(format!("--except-columns={except}"));
         if let Some(days) = config.resnapshot_interval_days {
             command.args(["--resnapshot-interval-days", &days.to_string()]);
         }
@@ -103,7 +103,7 @@ impl World {
                     .resnapshot_interval_days
                     .map(|days| format!("resnapshot_interval_days = {days:?}\n"))
                     .unwrap_or_default(),
-                table.except_columns(),
+                self.selection(table).names(),
                 chunk_rows(table),
                 self.lab.lake(&format!("silver_{}", table.name())),
                 table.key(),

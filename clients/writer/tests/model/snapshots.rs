@@ -18,7 +18,7 @@ impl World {
         } else {
             SnapshotMode::Full
         };
-        match snapshot::open(&self.config(table), mode, true).await {
+        match snapshot::open(&self.reader_config(table).await, mode, true).await {
             Ok(state) => {
                 if state.status.done
                     && let Some(done) = state.status.snapshot
@@ -53,7 +53,7 @@ impl World {
     ) -> Result<(), Failure> {
         // A pause that lands while this backfill reads may let its first waves through.
         let paused = self.known().paused.get(&table).copied();
-        let config = self.config(table);
+        let config = self.reader_config(table).await;
         let options = BackfillOptions {
             chunk_rows: chunk_rows(table),
             max_waves: Some(waves),

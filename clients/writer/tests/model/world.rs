@@ -13,13 +13,14 @@ use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_writer::WriterError;
 use mssql_cdc_writer::data_loss::OnDataLoss;
 use mssql_cdc_writer::maintenance::{self, MaintenanceOptions};
+use mssql_cdc_writer::snapshot;
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
 use mssql_cdc_writer::tables::{self, TableKind};
 use mssql_cdc_writer::{control, reconcile, silver};
 
 use crate::WRITER;
 use crate::checks::{Change, bronze_rows, difference};
-use crate::common::{self, Lab, Rows, current_rows_by, source_rows_of};
+use crate::common::{self, ColumnSelection, Lab, Rows, current_rows_of, source_rows_of};
 use crate::ops::{CRASH_POINTS, Maintained, OnLoss, Op, SchemaChange, Table, kind};
 use crate::servers::Servers;
 use mssql_cdc_flight::source::TableName;
@@ -55,6 +56,11 @@ pub(crate) struct Knowledge {
     /// Tables whose silver another engine corrupted, and the key of the row it deleted or
     /// changed.
     pub(crate) corrupted: BTreeMap<Table, i64>,
+    /// Tables whose stream leaves their toggled column out now (`Op::Reselect`).
+    pub(crate) narrowed: BTreeSet<Table>,
+    /// Tables whose selection an operator changed: silver's copy of the toggled column is
+    /// not compared from then on (stale where no change touched a row since).
+    pub(crate) reselected: BTreeSet<Table>,
     /// Operations run, by kind, and pairs run together.
     pub(crate) covered: BTreeMap<String, u64>,
 }
@@ -95,7 +101,7 @@ impl World {
         config.checkpoint = format!("{}/{}", self.checkpoints(), table.name());
         let on_loss = self.on_loss(table);
         config.fail_on_data_loss = on_loss != OnLoss::Skip;
-        config.columns = Some(table.selection());
+        config.columns = Some(self.selection(table));
         if on_loss == OnLoss::Resnapshot {
             config.on_data_loss = OnDataLoss::Resnapshot;
             if self.known().guard_off.contains(&table) {
@@ -103,6 +109,47 @@ impl World {
             }
         }
         config
+    }
+
+    /// The column selection `table`'s stream is given now.
+    pub(crate) fn selection(&self, table: Table) -> ColumnSelection {
+        table.selection(self.known().narrowed.contains(&table))
+    }
+
+    /// The configuration of an operator's snapshot command (open, backfill): given no
+    /// selection, it follows the one bronze records; before bronze exists, the stream's.
+    pub(crate) async fn reader_config(&self, table: Table) -> StreamConfig {
+        let mut config = self.config(table);
+        let bronze = tables::table_url(&config.target).expect("url");
+        if tables::open(&bronze).await.expect("open").is_some() {
+            config.columns = None;
+        }
+        config
+    }
+
+    /// The selection a comparison of silver with the source uses: the stream's widest, and
+    /// the toggled column left out too once it was ever changed.
+    pub(crate) fn compared_selection(&self, table: Table) -> ColumnSelection {
+        table.selection(self.known().reselected.contains(&table))
+    }
+
+    /// Counts a chunked snapshot the stream abandoned because its column selection changed.
+    async fn learn_abandoned_by_selection(&self, config: &StreamConfig) -> Result<(), Failure> {
+        let state = snapshot::state(config)
+            .await
+            .map_err(|error| format!("snapshot state of {}: {error}", config.table))?;
+        if state
+            .status
+            .reason
+            .is_some_and(|reason| reason.contains("the column selection changed"))
+        {
+            *self
+                .known()
+                .covered
+                .entry("chunked snapshots abandoned as the column selection changed".into())
+                .or_default() += 1;
+        }
+        Ok(())
     }
 
     /// The checkpoints' directory (the sidecar file's `checkpoints`).
@@ -216,8 +263,9 @@ impl World {
                     if *continuous {
                         self.stream_continuous(*table, config, *live_tail).await
                     } else {
-                        let outcome = common::try_run_now(config).await.map(|_| ());
-                        self.stream_outcome(*table, outcome, false)
+                        let outcome = common::try_run_now(config.clone()).await.map(|_| ());
+                        self.stream_outcome(*table, outcome, false)?;
+                        self.learn_abandoned_by_selection(&config).await
                     }
                 }
                 Op::Maintain { target, beside } => self.maintain(*target, *beside).await,
@@ -261,6 +309,17 @@ impl World {
                     Ok(())
                 }
                 Op::Crash { table, point } => self.crash(*table, CRASH_POINTS[*point]).await,
+                Op::Reselect { table, narrow } => {
+                    let mut known = self.known();
+                    let changed = match narrow {
+                        true => known.narrowed.insert(*table),
+                        false => known.narrowed.remove(table),
+                    };
+                    if changed {
+                        known.reselected.insert(*table);
+                    }
+                    Ok(())
+                }
                 Op::Sidecar {
                     tenths,
                     kill,
@@ -594,7 +653,9 @@ impl World {
         let location = self.lab.lake(&format!("silver_{}", table.name()));
         let url = tables::table_url(&location).expect("url");
         match tables::open(&url).await.expect("open") {
-            Some(_) => current_rows_by(&location, table.key()).await,
+            Some(_) => {
+                current_rows_of(&location, table.key(), &self.compared_selection(table)).await
+            }
             None => Rows::new(),
         }
     }
@@ -605,8 +666,13 @@ impl World {
     /// silver lacks it, and its rows read NULL there, as the source's untouched rows do.
     pub(crate) async fn silver_differs(&self, table: Table) -> Option<String> {
         let mut silver = self.silver_rows(table).await;
-        let source =
-            source_rows_of(&self.lab, table.source(), table.key(), &table.selection()).await;
+        let source = source_rows_of(
+            &self.lab,
+            table.source(),
+            table.key(),
+            &self.compared_selection(table),
+        )
+        .await;
         let width = source.values().map(Vec::len).max().unwrap_or(0);
         for row in silver.values_mut() {
             row.resize(width.max(row.len()), "NULL".into());
@@ -740,8 +806,12 @@ impl World {
             // Not verified, and rightly so only when something stands in the way: a change
             // after the compared LSN, a snapshot silver has not taken in, or a silver that
             // differs from the source.
+            // Silver's stale copy of a column taken back in, which no comparison here reads,
+            // is a difference reconcile rightly finds.
+            let reselected = self.known().reselected.contains(&table);
             if changed_since.is_empty()
                 && result.pending_snapshot.is_none()
+                && !reselected
                 && self.silver_differs(table).await.is_none()
             {
                 return Err(format!(
@@ -757,8 +827,13 @@ impl World {
         // A verified LSN claims silver's rows (every key once); a values-verified one claims
         // every value too. Without value sums and with buckets left unread, only the first.
         let silver = self.silver_rows(table).await;
-        let source =
-            source_rows_of(&self.lab, table.source(), table.key(), &table.selection()).await;
+        let source = source_rows_of(
+            &self.lab,
+            table.source(),
+            table.key(),
+            &self.compared_selection(table),
+        )
+        .await;
         let corrupted = self.known().corrupted.get(&table).copied();
         if let Some(key) = corrupted
             && !changed_since.contains(&key)
