@@ -504,14 +504,21 @@ pub fn fits(incoming: &DataType, existing: &DataType) -> bool {
 mod tests {
     use super::*;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_wave_read_before_the_column_selection_changed_is_not_committed_after_it() {
-        let dir = tempfile::tempdir().expect("temp");
+    /// A bronze in `dir` for snapshot rows of one captured `column` (text for `email`, a
+    /// bigint otherwise): its URL, location, the served schema and the table.
+    async fn snapshot_bronze(
+        dir: &tempfile::TempDir,
+        column: &str,
+    ) -> (url::Url, String, Schema, DeltaTable) {
         let location = dir.path().join("bronze").display().to_string();
         let url = crate::tables::table_url(&location).expect("url");
+        let kind = match column {
+            "email" => ArrowType::Utf8,
+            _ => ArrowType::Int64,
+        };
         let schema = Schema::new(vec![
             Field::new("_start_lsn", ArrowType::Utf8, true),
-            Field::new("email", ArrowType::Utf8, true),
+            Field::new(column, kind, true),
             Field::new("_chunk", ArrowType::Int32, true),
         ]);
         let empty = RecordBatch::new_empty(Arc::new(schema.clone()));
@@ -520,17 +527,30 @@ mod tests {
         let table = crate::tables::ensure(&url, TableKind::Bronze, fields, "bronze")
             .await
             .expect("bronze");
+        (url, location, schema, table)
+    }
+
+    /// An appender of snapshot rows of S = 1 into `table`.
+    async fn wave_appender(table: &DeltaTable, schema: &Schema, location: &str) -> Appender {
+        Appender::prepare(
+            table.clone(),
+            schema,
+            location,
+            BronzeRows::Snapshot("1".into()),
+        )
+        .await
+        .expect("appender")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wave_read_before_the_column_selection_changed_is_not_committed_after_it() {
+        let dir = tempfile::tempdir().expect("temp");
+        let (url, location, schema, table) = snapshot_bronze(&dir, "email").await;
         let appender = || async {
-            Appender::prepare(
-                table.clone(),
-                &schema,
-                &location,
-                BronzeRows::Snapshot("1".into()),
-            )
-            .await
-            .expect("appender")
-            .reading(ColumnSelection::All)
-            .expect("bronze records every column")
+            wave_appender(&table, &schema, &location)
+                .await
+                .reading(ColumnSelection::All)
+                .expect("bronze records every column")
         };
         // Waves 0 and 1 read with every column; wave 0 lands, then the stream leaves `email`
         // out. Wave 1's commit meets its own wave 0 first (a rebase it makes), then the
@@ -568,29 +588,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_wave_meeting_its_own_earlier_wave_lands_and_a_second_writer_is_fenced() {
         let dir = tempfile::tempdir().expect("temp");
-        let location = dir.path().join("bronze").display().to_string();
-        let url = crate::tables::table_url(&location).expect("url");
-        let schema = Schema::new(vec![
-            Field::new("_start_lsn", ArrowType::Utf8, true),
-            Field::new("id", ArrowType::Int64, true),
-            Field::new("_chunk", ArrowType::Int32, true),
-        ]);
-        let empty = RecordBatch::new_empty(Arc::new(schema.clone()));
-        let rows = BronzeRows::Snapshot("1".into());
-        let fields = fields(&rows.convert(&empty).expect("rows").schema()).expect("fields");
-        let table = crate::tables::ensure(&url, TableKind::Bronze, fields, "bronze")
-            .await
-            .expect("bronze");
-        let appender = || async {
-            Appender::prepare(
-                table.clone(),
-                &schema,
-                &location,
-                BronzeRows::Snapshot("1".into()),
-            )
-            .await
-            .expect("appender")
-        };
+        let (url, location, schema, table) = snapshot_bronze(&dir, "id").await;
+        let appender = || wave_appender(&table, &schema, &location);
         // Wave 1 read (its appender prepared) before wave 0 committed: before the fix its
         // commit was refused as a second writer's.
         let (wave_0, wave_1, stale) = (appender().await, appender().await, appender().await);

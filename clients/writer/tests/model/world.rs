@@ -660,19 +660,19 @@ impl World {
         }
     }
 
+    /// The source's rows of `table` now, of the columns silver is compared on.
+    pub(crate) async fn source_rows(&self, table: Table) -> Rows {
+        let columns = self.compared_selection(table);
+        source_rows_of(&self.lab, table.source(), table.key(), &columns).await
+    }
+
     /// Where silver of `table` differs from the source now (its first keys), if it does.
     /// A column the source added after a capture-instance switch joins bronze and silver
     /// with the first change row the newer instance captures (docs/writer.md): until then
     /// silver lacks it, and its rows read NULL there, as the source's untouched rows do.
     pub(crate) async fn silver_differs(&self, table: Table) -> Option<String> {
         let mut silver = self.silver_rows(table).await;
-        let source = source_rows_of(
-            &self.lab,
-            table.source(),
-            table.key(),
-            &self.compared_selection(table),
-        )
-        .await;
+        let source = self.source_rows(table).await;
         let width = source.values().map(Vec::len).max().unwrap_or(0);
         for row in silver.values_mut() {
             row.resize(width.max(row.len()), "NULL".into());
@@ -827,13 +827,7 @@ impl World {
         // A verified LSN claims silver's rows (every key once); a values-verified one claims
         // every value too. Without value sums and with buckets left unread, only the first.
         let silver = self.silver_rows(table).await;
-        let source = source_rows_of(
-            &self.lab,
-            table.source(),
-            table.key(),
-            &self.compared_selection(table),
-        )
-        .await;
+        let source = self.source_rows(table).await;
         let corrupted = self.known().corrupted.get(&table).copied();
         if let Some(key) = corrupted
             && !changed_since.contains(&key)
