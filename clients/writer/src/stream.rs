@@ -283,8 +283,9 @@ impl Stream {
         let selection = resolved.selection.clone();
         config.columns = Some(selection.clone());
         // Before a change is recorded (a crash between the two finds the change still to
-        // make): an open chunked snapshot read with other columns is abandoned.
-        if resolved.replaces.is_some() {
+        // make), and while bronze is still to be made by this stream: an open chunked
+        // snapshot read with other columns is abandoned.
+        if resolved.replaces.is_some() || resolved.bronze.is_none() {
             crate::snapshot::Snapshots::resolved(
                 config.clone(),
                 client.clone(),

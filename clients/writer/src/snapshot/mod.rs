@@ -262,6 +262,8 @@ pub struct Snapshots {
     config: StreamConfig,
     /// The column selection every snapshot read asks for, as bronze records it.
     columns: ColumnSelection,
+    /// Whether `columns` are the table's: bronze records them, or its stream gave them.
+    columns_of_table: bool,
     client: CdcClient,
     target: Url,
     /// The facts table, shared with the other readers of this process.
@@ -324,7 +326,9 @@ impl Snapshots {
             crate::columns::Role::Reader,
         )
         .await?;
-        Self::resolved(config, client, resolved.selection)
+        let mut snapshots = Self::resolved(config, client, resolved.selection)?;
+        snapshots.columns_of_table = resolved.bronze.is_some();
+        Ok(snapshots)
     }
 
     /// Snapshots of `config`'s table read with `columns` as the table's stream resolved them
@@ -343,6 +347,7 @@ impl Snapshots {
     ) -> Result<Self> {
         Ok(Snapshots {
             columns,
+            columns_of_table: true,
             target: tables::table_url(&config.target)?,
             facts: SharedTable::of(&tables::table_url(&config.facts)?),
             plans: tables::table_url(&plans_location(&config.target))?,

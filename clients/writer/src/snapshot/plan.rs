@@ -235,29 +235,32 @@ impl Snapshots {
             .map_err(|error| WriterError::Internal(format!("snapshot {snapshot}: {error}")))
     }
 
-    /// Refuses to read waves of a snapshot opened with another column selection than
-    /// bronze's now: its open chose what its rows hold, and a column newly left out must not
-    /// reach bronze through the waves still unread. (The stream that changes the selection
-    /// abandons such a snapshot: [`Snapshots::abandon_under_other_columns`].)
-    pub(super) fn check_selection(&self, snapshot: Lsn, recorded: &PlansRows) -> Result<()> {
+    /// Whether the waves of `snapshot` may be read with this reader's columns: yes when its
+    /// open chose the same. Otherwise the snapshot can never be finished as one set of
+    /// columns: when this reader's columns are the table's (bronze records them, or the
+    /// stream gave them) it is abandoned (`Ok(false)`), as its unread waves would copy the
+    /// old columns and waves under the new ones would mix two sets in one snapshot; a reader
+    /// of a table without bronze yet is refused (the snapshot's open row is then the only
+    /// record).
+    pub(super) async fn waves_readable(&self, snapshot: Lsn, recorded: &PlansRows) -> Result<bool> {
         let opened = Self::opened_with(snapshot, recorded)?;
-        if !opened.same_as(&self.columns) {
+        if opened.same_as(&self.columns) {
+            return Ok(true);
+        }
+        if !self.columns_of_table {
             return Err(WriterError::invalid(format!(
-                "{}: snapshot {snapshot} was opened reading {opened}, but bronze now records \
-                 {}: its waves read what its open chose. Give the table's stream the snapshot's \
-                 selection to finish it; a stream that changes the selection abandons a \
-                 snapshot opened under another, and a new one can be opened",
+                "{}: snapshot {snapshot} was opened reading {opened}, and this command asks for \
+                 {} while the table has no bronze yet: give it the snapshot's selection",
                 self.config.table, self.columns
             )));
         }
-        Ok(())
+        self.abandon_opened_with(snapshot, &opened).await?;
+        Ok(false)
     }
 
     /// Abandons the open chunked snapshot when it was opened under another column selection
-    /// than bronze's (the stream just changed it): its unread waves would copy the old
-    /// columns, and a wave under the new ones would mix two sets in one snapshot. A
-    /// `snapshot_abandoned` row frees the table for a new snapshot (`snapshot open
-    /// --resnapshot`, or a heal), which the log asks for.
+    /// than the stream's ([`Snapshots::waves_readable`] says why); the stream does this
+    /// before it records a new selection on bronze, and when it creates bronze.
     pub async fn abandon_under_other_columns(&self) -> Result<()> {
         let recorded = self.recorded().await?;
         let Some(open) = Self::open_chunked_of(&recorded) else {
@@ -267,6 +270,12 @@ impl Snapshots {
         if opened.same_as(&self.columns) {
             return Ok(());
         }
+        self.abandon_opened_with(open, &opened).await
+    }
+
+    /// A `snapshot_abandoned` row for `open`, opened under `opened`: it frees the table for a
+    /// new snapshot (`snapshot open --resnapshot`, or a heal), which the log asks for.
+    async fn abandon_opened_with(&self, open: Lsn, opened: &ColumnSelection) -> Result<()> {
         tracing::warn!(table = %self.config.table, snapshot = %open, from = %opened, to = %self.columns,
             "the open chunked snapshot is abandoned: the column selection changed; open a new one");
         self.append_facts(

@@ -152,7 +152,17 @@ impl Snapshots {
         };
         let planning = Instant::now();
         let recorded_plans = self.plans_rows(snapshot).await?;
-        self.check_selection(snapshot, &recorded_plans)?;
+        if !self.waves_readable(snapshot, &recorded_plans).await? {
+            return Ok(BackfillStatus {
+                snapshot: Some(snapshot),
+                chunks_done: 0,
+                chunks_total: None,
+                done: false,
+                paused: false,
+                state: "abandoned".into(),
+                reason: Some("abandoned: the column selection changed; open a new snapshot".into()),
+            });
+        }
         let keyset = self.keyset_open_of(snapshot, &recorded_plans)?;
         let plan = self
             .plan(snapshot, &recorded_plans, options.chunk_rows)

@@ -152,6 +152,20 @@ impl World {
         Ok(())
     }
 
+    /// Whether bronze of `table` records its toggled column as copied (reconcile compares
+    /// it then).
+    async fn toggled_copied(&self, table: Table) -> bool {
+        let bronze = self.lab.lake(&format!("bronze_{}", table.name()));
+        let url = tables::table_url(&bronze).expect("url");
+        let Some(bronze) = tables::open(&url).await.expect("open") else {
+            return true;
+        };
+        let recorded = mssql_cdc_writer::columns::recorded(&bronze).expect("recorded");
+        !recorded
+            .unwrap_or_default()
+            .excludes(table.toggled_column())
+    }
+
     /// The checkpoints' directory (the sidecar file's `checkpoints`).
     pub(crate) fn checkpoints(&self) -> String {
         self.lab
@@ -806,12 +820,13 @@ impl World {
             // Not verified, and rightly so only when something stands in the way: a change
             // after the compared LSN, a snapshot silver has not taken in, or a silver that
             // differs from the source.
-            // Silver's stale copy of a column taken back in, which no comparison here reads,
-            // is a difference reconcile rightly finds.
-            let reselected = self.known().reselected.contains(&table);
+            // Silver's stale copy of a column taken back in (bronze records it copied again),
+            // which no comparison here reads, is a difference reconcile rightly finds.
+            let stale =
+                self.known().reselected.contains(&table) && self.toggled_copied(table).await;
             if changed_since.is_empty()
                 && result.pending_snapshot.is_none()
-                && !reselected
+                && !stale
                 && self.silver_differs(table).await.is_none()
             {
                 return Err(format!(
