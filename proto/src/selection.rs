@@ -42,6 +42,19 @@ impl ColumnSelection {
         }
     }
 
+    /// The selection a configuration gives, `None` when it names neither list (its reader
+    /// then follows the one recorded elsewhere); an empty `except_columns` says every
+    /// column.
+    pub fn given(
+        columns: Option<Vec<String>>,
+        except: Option<Vec<String>>,
+    ) -> Result<Option<Self>> {
+        match (&columns, &except) {
+            (None, None) => Ok(None),
+            _ => ColumnSelection::new(columns, except).map(Some),
+        }
+    }
+
     /// The selection a command's serve options ask for.
     pub fn of(serve: &ServeOptions) -> Result<Self> {
         ColumnSelection::new(serve.columns.clone(), serve.except_columns.clone())

@@ -273,9 +273,6 @@ impl ColumnArgs {
     /// The selection the flags say; `None` without either (bronze's selection holds; an
     /// empty `--except-columns=` says every column).
     pub fn selection(&self) -> anyhow::Result<Option<ColumnSelection>> {
-        if self.columns.is_none() && self.except_columns.is_none() {
-            return Ok(None);
-        }
         // `--except-columns=` parses as one empty name: it means none.
         let names = |list: &Option<Vec<String>>| {
             list.as_ref().map(|names| {
@@ -286,10 +283,10 @@ impl ColumnArgs {
                     .collect::<Vec<_>>()
             })
         };
-        Ok(Some(ColumnSelection::new(
+        Ok(ColumnSelection::given(
             names(&self.columns),
             names(&self.except_columns),
-        )?))
+        )?)
     }
 
     /// Refuses the flags beside `--admin`: the sidecar's file says the table's selection.

@@ -87,13 +87,14 @@ pub fn check_recorded(
 }
 
 /// The selection `table`'s reader reads with, given the one it was `asked` for (`None`:
-/// follow bronze's) and the key columns it needs (`keys`, each named by what needs it),
+/// follow bronze's) and the key columns it needs besides the unique index (`keys`, named by
+/// what needs them),
 /// checked against the table's capture instances. A stream records a new one on bronze.
 pub async fn resolve(
     client: &CdcClient,
     (table, target): (&str, &str),
     asked: Option<&ColumnSelection>,
-    keys: &[(&str, &[String])],
+    keys: Option<(&str, &[String])>,
     role: Role,
 ) -> Result<Resolved> {
     let bronze = tables::open(&tables::table_url(target)?).await?;
@@ -146,7 +147,7 @@ pub async fn record(table: &str, target: &str, resolved: Resolved) -> Result<()>
 pub fn check_against(
     table: &str,
     selection: &ColumnSelection,
-    keys: &[(&str, &[String])],
+    keys: Option<(&str, &[String])>,
     instances: &[CaptureInstanceInfo],
 ) -> Result<()> {
     let flag = match selection {
@@ -156,7 +157,7 @@ pub fn check_against(
     let keys = instances
         .iter()
         .map(|instance| (instance.name.as_str(), instance.index_columns.as_slice()))
-        .chain(keys.iter().copied());
+        .chain(keys);
     for (owner, keys) in keys {
         if let Some(key) = keys.iter().find(|key| selection.excludes(key)) {
             return Err(WriterError::invalid(format!(
@@ -228,8 +229,8 @@ mod tests {
             .iter()
             .map(|key| key.to_string())
             .collect();
-        let named = [("snapshot_keys", keys.as_slice())];
-        check_against("dbo.people", &selection, &named, instances)
+        let named = Some(("snapshot_keys", keys.as_slice()));
+        check_against("dbo.people", &selection, named, instances)
             .expect_err("refused")
             .to_string()
     }
@@ -245,7 +246,7 @@ mod tests {
         let message = refusal(cut, Some(&["region"]), &instances);
         assert!(message.contains("snapshot_keys"), "{message}");
         let fine = ColumnSelection::Except(vec!["Email".into()]);
-        check_against("dbo.people", &fine, &[], &instances).expect("email may be left out");
+        check_against("dbo.people", &fine, None, &instances).expect("email may be left out");
     }
 
     #[test]
@@ -261,7 +262,7 @@ mod tests {
             "{message}"
         );
         let newer = ColumnSelection::Except(vec!["PHONE".into()]);
-        check_against("dbo.people", &newer, &[], &instances)
+        check_against("dbo.people", &newer, None, &instances)
             .expect("captured by the newer instance");
     }
 }

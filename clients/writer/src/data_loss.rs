@@ -20,7 +20,6 @@ use crate::error::{Result, WriterError};
 use crate::events;
 use crate::facts::FactsRow;
 use crate::snapshot::{Lost, Snapshots};
-use crate::stream::StreamConfig;
 
 /// The policy of one table.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
@@ -47,12 +46,13 @@ impl FromStr for OnDataLoss {
     }
 }
 
-/// Opens the re-snapshot that heals a purge the batch starting at `start` ran into, and
+/// Opens the re-snapshot (by the stream's `snapshots`) that heals a purge the batch starting
+/// at `start` ran into, and
 /// returns where the stream resumes (the snapshot's S) with the `data_loss` facts row.
 /// A rerun after a crash finds the snapshot it opened and resumes at the same S; a chunked
 /// snapshot open from before `start` is superseded (see [`Snapshots::open_healing`]).
 pub async fn resnapshot(
-    config: &StreamConfig,
+    snapshots: &Snapshots,
     client: &CdcClient,
     start: Offset,
     reason: &str,
@@ -61,7 +61,8 @@ pub async fn resnapshot(
     // opened after the stream's position but since passed by a later cleanup needs changes
     // after its S that are gone, and a newer generation supersedes it (resuming at its S
     // ran into the purge again).
-    let earliest = client.initial_offset(&config.table, "earliest").await?;
+    let table = snapshots.table();
+    let earliest = client.initial_offset(table, "earliest").await?;
     let min_time: mssql_cdc_proto::protocol::TimeAnswer = client
         .action("lsn_to_time", &json!({"lsn": earliest.lsn.increment()}))
         .await?;
@@ -70,14 +71,11 @@ pub async fn resnapshot(
         from: start.commit_ts,
         to: min_time.commit_ts,
     };
-    let snapshot = Snapshots::connect(config.clone())
-        .await?
+    let snapshot = snapshots
         .open_healing(start.lsn.max(earliest.lsn), lost)
         .await?;
-    let resume = client
-        .initial_offset(&config.table, &snapshot.to_string())
-        .await?;
-    tracing::warn!(table = %config.table, from = %start.lsn, to = %snapshot,
+    let resume = client.initial_offset(table, &snapshot.to_string()).await?;
+    tracing::warn!(%table, from = %start.lsn, to = %snapshot,
         "changes purged before they were read: re-snapshot opened, the stream resumes at its S");
     let row = FactsRow {
         event: Some(events::DATA_LOSS.into()),

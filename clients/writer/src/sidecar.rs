@@ -398,7 +398,9 @@ async fn backfill_to_end(entry: &TableEntry, config: &StreamConfig) -> Result<()
 /// `poll`, the stream going on beside it; only an error retrying cannot fix ([`is_final`])
 /// ends the task.
 async fn backfill_continuous(
-    (entry, config, columns): (&TableEntry, &StreamConfig, ColumnSelection),
+    entry: &TableEntry,
+    config: &StreamConfig,
+    columns: ColumnSelection,
     poll: Duration,
     shared: &Shared,
     stop: tokio::sync::watch::Receiver<bool>,
@@ -473,12 +475,12 @@ impl SidecarConfig {
                     entry.table
                 ))
             };
-            if entry.columns.is_none() && entry.except_columns.is_none() {
+            let Some(selection) =
+                ColumnSelection::given(entry.columns.clone(), entry.except_columns.clone())
+                    .map_err(|error| invalid(error.to_string()))?
+            else {
                 continue;
-            }
-            let selection =
-                ColumnSelection::new(entry.columns.clone(), entry.except_columns.clone())
-                    .map_err(|error| invalid(error.to_string()))?;
+            };
             if let Some(key) = entry.keys.iter().find(|key| selection.excludes(key)) {
                 return Err(invalid(format!(
                     "the selection leaves out silver's key column '{key}'"
@@ -1000,14 +1002,16 @@ async fn continuous_attempt(
         // the waves read with the columns it resolved.
         let (mut connected, mut ended) = (stream_connected, attempt_ended.clone());
         let columns = tokio::select! {
-            columns = connected.wait_for(Option::is_some) => match columns {
-                Ok(columns) => columns.clone().unwrap_or_default(),
-                Err(_) => return Ok(()),
+            columns = connected.wait_for(Option::is_some) => match columns.as_deref() {
+                Ok(Some(columns)) => columns.clone(),
+                _ => return Ok(()),
             },
             _ = ended.wait_for(|ended| *ended) => return Ok(()),
         };
         let backfilled = backfill_continuous(
-            (entry, config, columns),
+            entry,
+            config,
+            columns,
             waiting.poll,
             shared,
             attempt_ended.clone(),

@@ -106,6 +106,29 @@ pub struct StreamConfig {
     pub columns: Option<ColumnSelection>,
 }
 
+impl StreamConfig {
+    /// The column selection the table's readers read with ([`columns::resolve`]), this
+    /// config's `snapshot_keys` being key columns it needs.
+    pub async fn resolve_columns(
+        &self,
+        client: &CdcClient,
+        role: columns::Role,
+    ) -> Result<columns::Resolved> {
+        let keys = self
+            .snapshot_keys
+            .as_deref()
+            .map(|keys| ("snapshot_keys", keys));
+        columns::resolve(
+            client,
+            (&self.table, &self.target),
+            self.columns.as_ref(),
+            keys,
+            role,
+        )
+        .await
+    }
+}
+
 /// What one batch did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchOutcome {
@@ -267,19 +290,9 @@ impl Stream {
         }
         let client = connect_server(&config.server).await?;
         let mut config = config;
-        let keys: Vec<(&str, &[String])> = config
-            .snapshot_keys
-            .iter()
-            .map(|keys| ("snapshot_keys", keys.as_slice()))
-            .collect();
-        let resolved = columns::resolve(
-            &client,
-            (&config.table, &config.target),
-            config.columns.as_ref(),
-            &keys,
-            columns::Role::Stream,
-        )
-        .await?;
+        let resolved = config
+            .resolve_columns(&client, columns::Role::Stream)
+            .await?;
         let selection = resolved.selection.clone();
         config.columns = Some(selection.clone());
         // Before a change is recorded (a crash between the two finds the change still to
@@ -324,6 +337,15 @@ impl Stream {
     /// The column selection every plan asks for, as bronze records it.
     pub fn columns(&self) -> &ColumnSelection {
         &self.columns
+    }
+
+    /// This stream's snapshots: over its connection, with the columns it resolved.
+    fn snapshots(&self) -> Result<crate::snapshot::Snapshots> {
+        crate::snapshot::Snapshots::resolved(
+            self.config.clone(),
+            self.client.clone(),
+            self.columns.clone(),
+        )
     }
 
     /// Waits for `wake` (the sidecar's [`crate::tail::SharedTail`]) when nothing is new,
@@ -600,7 +622,7 @@ impl Stream {
                 if self.config.on_data_loss == OnDataLoss::Resnapshot =>
             {
                 let (resume, event) =
-                    data_loss::resnapshot(&self.config, &self.client, record.start, &message)
+                    data_loss::resnapshot(&self.snapshots()?, &self.client, record.start, &message)
                         .await?;
                 events.push(event);
                 self.resume_at(record, resume, &events).await?;
@@ -649,10 +671,7 @@ impl Stream {
                 .find(|event| event.event == mssql_cdc_proto::protocol::CAPTURE_INSTANCE_SWITCHED)
         {
             // Before the batch's commits: a replay after a crash finds this snapshot open.
-            let snapshot = crate::snapshot::Snapshots::connect(self.config.clone())
-                .await?
-                .open_resnapshot()
-                .await?;
+            let snapshot = self.snapshots()?.open_resnapshot().await?;
             tracing::info!(table = %self.config.table, %snapshot, switch = %switch.detail,
                 "a newer capture instance is active: re-snapshot opened (snapshot_on_switch)");
         }
@@ -1018,10 +1037,7 @@ impl Stream {
         if max_lsn.lsn.is_none_or(|lsn| lsn <= newest.snapshot) {
             return Ok(()); // nothing committed since: a re-snapshot would read the same rows
         }
-        let snapshot = crate::snapshot::Snapshots::connect(self.config.clone())
-            .await?
-            .open_resnapshot()
-            .await?;
+        let snapshot = self.snapshots()?.open_resnapshot().await?;
         tracing::info!(table = %self.config.table, %snapshot, previous = %newest.snapshot, days,
             "scheduled re-snapshot opened (resnapshot_every_days)");
         Ok(())

@@ -428,16 +428,11 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         .await?;
     context.register_table("silver", provider)?;
     let key = key_columns.in_silver(&context).await?;
-    let keys: Vec<(&str, &[String])> = config
-        .keys
-        .iter()
-        .map(|keys| ("reconcile keys", keys.as_slice()))
-        .collect();
     let columns = crate::columns::resolve(
         &client,
         (&config.table, &config.bronze),
         config.columns.as_ref(),
-        &keys,
+        config.keys.as_deref().map(|keys| ("reconcile keys", keys)),
         crate::columns::Role::Reader,
     )
     .await?;

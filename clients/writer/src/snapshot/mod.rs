@@ -313,22 +313,17 @@ impl Snapshots {
     /// Connects to the server of `config` (its table, target, facts and app id are used).
     pub async fn connect(config: StreamConfig) -> Result<Self> {
         let client = crate::stream::connect_server(&config.server).await?;
-        let keys: Vec<(&str, &[String])> = config
-            .snapshot_keys
-            .iter()
-            .map(|keys| ("snapshot_keys", keys.as_slice()))
-            .collect();
-        let resolved = crate::columns::resolve(
-            &client,
-            (&config.table, &config.target),
-            config.columns.as_ref(),
-            &keys,
-            crate::columns::Role::Reader,
-        )
-        .await?;
+        let resolved = config
+            .resolve_columns(&client, crate::columns::Role::Reader)
+            .await?;
         let mut snapshots = Self::resolved(config, client, resolved.selection)?;
         snapshots.columns_of_table = resolved.bronze.is_some();
         Ok(snapshots)
+    }
+
+    /// The source table (`schema.table`).
+    pub fn table(&self) -> &str {
+        &self.config.table
     }
 
     /// Snapshots of `config`'s table read with `columns` as the table's stream resolved them

@@ -215,12 +215,12 @@ impl Snapshots {
             .max()
     }
 
-    /// `(chunk, wave, rows)` of every chunk whose facts row is in.
-    pub(super) async fn chunks_done(&self, snapshot: Lsn) -> Result<Vec<(i32, i64, u64)>> {
+    /// Every chunk of `snapshot` whose facts row is in.
+    pub(super) async fn chunks_done(&self, snapshot: Lsn) -> Result<Vec<ChunkDone>> {
         let rows = self
             .facts
             .query_text(&format!(
-                "SELECT detail, rows FROM t WHERE app_id = '{}' AND event = '{}' AND min_lsn >= '{snapshot}'",
+                "SELECT detail, rows, min_lsn FROM t WHERE app_id = '{}' AND event = '{}' AND min_lsn >= '{snapshot}'",
                 quoted(&self.config.app_id),
                 events::SNAPSHOT_CHUNK
             ))
@@ -229,13 +229,27 @@ impl Snapshots {
         for row in rows {
             let detail = facts::detail_of(row[0].as_deref());
             if detail["snapshot"].as_str() == Some(&snapshot.to_string()) {
-                done.push((
-                    detail["chunk"].as_i64().unwrap_or(-1) as i32,
-                    detail["wave"].as_i64().unwrap_or(0),
-                    row[1].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0),
-                ));
+                done.push(ChunkDone {
+                    chunk: detail["chunk"].as_i64().unwrap_or(-1) as i32,
+                    wave: detail["wave"].as_i64().unwrap_or(0),
+                    rows: row[1].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0),
+                    stamp: row[2]
+                        .as_deref()
+                        .and_then(|lsn| lsn.parse().ok())
+                        .unwrap_or(snapshot),
+                });
             }
         }
         Ok(done)
     }
+}
+
+/// A chunk whose facts row is in: its wave, rows, and the stamp its read was taken at (its
+/// row's `min_lsn`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ChunkDone {
+    pub(super) chunk: i32,
+    pub(super) wave: i64,
+    pub(super) rows: u64,
+    pub(super) stamp: Lsn,
 }

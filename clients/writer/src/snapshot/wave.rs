@@ -11,13 +11,14 @@ use serde_json::json;
 
 use super::operator::operator_pause;
 use super::read::PendingFiles;
+use super::recorded::ChunkDone;
 use super::{
     BackfillOptions, BackfillStatus, KeysetOpen, PlannedChunk, PlansRows, SnapshotMode, Snapshots,
     WaveProgress, micros_now, quoted, snapshot_event,
 };
 use crate::error::{Result, WriterError};
 use crate::events;
-use crate::facts::{self, FactsRow};
+use crate::facts::FactsRow;
 use crate::tables;
 
 /// A wave between its read and its commit.
@@ -180,7 +181,7 @@ impl Snapshots {
         let mut in_flight: Option<WaveInFlight> = None;
         loop {
             let taken = |chunk: &PlannedChunk| {
-                done.iter().any(|(id, ..)| *id == chunk.chunk)
+                done.iter().any(|done| done.chunk == chunk.chunk)
                     || in_flight
                         .as_ref()
                         .is_some_and(|wave| wave.chunks.iter().any(|c| c.chunk == chunk.chunk))
@@ -213,7 +214,7 @@ impl Snapshots {
                 None => {
                     let wave = done
                         .iter()
-                        .map(|(_, wave, _)| *wave)
+                        .map(|done| done.wave)
                         .chain(in_flight.as_ref().map(|w| w.wave))
                         .max()
                         .unwrap_or(0)
@@ -269,13 +270,13 @@ impl Snapshots {
             };
             let (finished, read) = tokio::join!(finishing, reading);
             if let Some((wave, wave_rows)) = finished? {
-                rows_read += wave_rows.iter().map(|(_, rows)| rows).sum::<u64>();
-                done.extend(wave_rows.iter().map(|(chunk, rows)| (*chunk, wave, *rows)));
+                rows_read += wave_rows.iter().map(|chunk| chunk.rows).sum::<u64>();
+                done.extend(wave_rows);
                 waves_read += 1;
                 let rows_per_second = rows_read as f64 / call.elapsed().as_secs_f64().max(1e-9);
                 let rows_left: u64 = plan
                     .iter()
-                    .filter(|chunk| !done.iter().any(|(id, ..)| *id == chunk.chunk))
+                    .filter(|chunk| !done.iter().any(|done| done.chunk == chunk.chunk))
                     .map(|chunk| chunk.rows)
                     .sum();
                 on_wave(&WaveProgress {
@@ -310,11 +311,10 @@ impl Snapshots {
                     let (state, reason, paused) = stop.unwrap_or_default();
                     let complete = plan
                         .iter()
-                        .all(|chunk| done.iter().any(|(id, ..)| *id == chunk.chunk));
+                        .all(|chunk| done.iter().any(|done| done.chunk == chunk.chunk));
                     if complete {
-                        let rows = done.iter().map(|(_, _, rows)| rows).sum();
                         let resnapshot = recorded.resnapshots.contains(&snapshot);
-                        self.complete(snapshot, &plan, rows, resnapshot).await?;
+                        self.complete(snapshot, &plan, &done, resnapshot).await?;
                     }
                     return Ok(BackfillStatus {
                         snapshot: Some(snapshot),
@@ -383,7 +383,7 @@ impl Snapshots {
         snapshot: Lsn,
         plan: &[PlannedChunk],
         in_flight: WaveInFlight,
-    ) -> Result<(i64, Vec<(i32, u64)>)> {
+    ) -> Result<(i64, Vec<ChunkDone>)> {
         let WaveInFlight {
             wave,
             chunks,
@@ -433,38 +433,32 @@ impl Snapshots {
             wave,
             outcome
                 .iter()
-                .map(|(chunk, rows, ..)| (*chunk, *rows))
+                .map(|(chunk, rows, stamp, _)| ChunkDone {
+                    chunk: *chunk,
+                    wave,
+                    rows: *rows,
+                    stamp: *stamp,
+                })
                 .collect(),
         ))
     }
 
-    /// Writes the completion row once every chunk is in, with the chunks' rows.
+    /// Writes the completion row once every chunk is in (`done`), with the chunks' rows and,
+    /// as the seed's completion payload, the newest stamp of its chunks.
     pub(super) async fn complete(
         &self,
         snapshot: Lsn,
         plan: &[PlannedChunk],
-        rows: u64,
+        done: &[ChunkDone],
         resnapshot: bool,
     ) -> Result<()> {
         let event = events::completion(resnapshot);
-        // The seed's completion payload carries the newest stamp of its chunks.
-        let stamps = self
-            .facts
-            .query_text(&format!(
-                "SELECT detail, min_lsn FROM t WHERE app_id = '{}' AND event = '{}' AND min_lsn >= '{snapshot}'",
-                quoted(&self.config.app_id),
-                events::SNAPSHOT_CHUNK
-            ))
-            .await?;
-        let last_lsn = stamps
+        let rows: u64 = done.iter().map(|chunk| chunk.rows).sum();
+        let last_lsn = done
             .iter()
-            .filter(|row| {
-                facts::detail_of(row[0].as_deref())["snapshot"].as_str()
-                    == Some(snapshot.to_string().as_str())
-            })
-            .filter_map(|row| row[1].clone())
+            .map(|chunk| chunk.stamp)
             .max()
-            .unwrap_or_else(|| snapshot.to_string());
+            .unwrap_or(snapshot);
         self.append_facts(
             &self.txn("snapdone", snapshot),
             0,
