@@ -21,7 +21,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Commands {
     /// Run the Flight server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Create and drive a simulated CDC database.
     #[command(subcommand)]
     Sim(SimCommand),
@@ -105,6 +105,11 @@ pub struct ServeArgs {
     /// docs/security.md). Without it every caller reads every table.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_TOKENS_FILE")]
     pub tokens_file: Option<PathBuf>,
+    /// Columns served masked (JSON: per table, column → "hash", "truncate(n)" or "null",
+    /// and the hash key file; docs/security.md). Every caller gets them masked but a
+    /// principal whose `clear` grant names the table.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_MASKS")]
+    pub masks: Option<PathBuf>,
     /// Serve a non-loopback address without authentication (anyone who reaches the port
     /// reads every table). Refused without this flag.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_INSECURE_NO_AUTH")]

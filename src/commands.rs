@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use mssql_cdc_flight::client::{CdcClient, ClientTls};
 use mssql_cdc_flight::flight::auth::Authenticator;
 use mssql_cdc_flight::flight::local::LocalServer;
+use mssql_cdc_flight::flight::masking::MaskPolicy;
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::flight::{self, Limits, ServiceOptions, TlsIdentity};
 use mssql_cdc_flight::mssql::{SqlServerConfig, SqlServerSource};
@@ -307,12 +308,24 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.tail_interval
         );
     }
+    let masks = match given(&args.masks) {
+        Some(path) => {
+            let masks = MaskPolicy::from_file(&path)?;
+            if let Some(key) = masks.hash_key_file() {
+                warn_if_exposed("mask hash key", key);
+            }
+            tracing::info!(masks = ?masks, "serving masked columns");
+            masks
+        }
+        None => MaskPolicy::none(),
+    };
     let options = ServiceOptions {
         signer,
         limits: args.limits.limits()?,
         authenticator,
         health_interval: flight::HEALTH_PROBE_INTERVAL,
         tail_interval: Duration::from_secs_f64(args.tail_interval),
+        masks: Arc::new(masks),
     };
     if let Some(address) = args.metrics_listen {
         metrics_exporter_prometheus::PrometheusBuilder::new()

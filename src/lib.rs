@@ -23,7 +23,7 @@ pub mod source;
 
 pub use mssql_cdc_proto::{
     Error, Lsn, Result, catalog, chunking, client, digest, error, install_crypto_provider, keys,
-    lsn, offset, protocol, selection, status, types,
+    lsn, masking, offset, protocol, selection, status, types,
 };
 pub use offset::{CommitTime, Offset};
 

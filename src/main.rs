@@ -20,7 +20,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     match command {
-        Commands::Serve(args) => runtime.block_on(commands::serve(args)),
+        Commands::Serve(args) => runtime.block_on(commands::serve(*args)),
         Commands::Sim(command) => commands::sim(command),
         Commands::Read(args) => runtime.block_on(commands::read(args)),
         Commands::Demo(args) => runtime.block_on(commands::demo(args)),

@@ -207,7 +207,11 @@ fn signer() -> TicketSigner {
 fn ticket_body() -> impl Strategy<Value = TicketBody> {
     let columns = || {
         prop::collection::vec(
-            (text(), text()).prop_map(|(name, sql_type)| TicketColumn { name, sql_type }),
+            (text(), text(), text()).prop_map(|(name, sql_type, mask)| TicketColumn {
+                name,
+                sql_type,
+                mask,
+            }),
             0..4,
         )
     };

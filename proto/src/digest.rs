@@ -99,6 +99,24 @@ pub fn row_digests(columns: &[&dyn Array]) -> Result<Vec<i64>> {
     Ok(digests)
 }
 
+/// Calls `each` with the canonical text of every value of `column` as UTF-8 bytes, in
+/// order, `None` for a NULL: what the server's hash mask keys
+/// ([`crate::masking::Mask::Hash`]), so a value hashes alike whatever integer width or
+/// string layout it arrives in.
+pub fn each_text(column: &dyn Array, mut each: impl FnMut(Option<&[u8]>)) -> Result<()> {
+    let reader = Canonical::of(column)?;
+    let mut ascii = Vec::new();
+    for row in 0..column.len() {
+        ascii.clear();
+        match reader.write(row, &mut ascii) {
+            None => each(None),
+            Some(Value::Ascii) => each(Some(&ascii)),
+            Some(Value::Text(text)) => each(Some(text.as_bytes())),
+        }
+    }
+    Ok(())
+}
+
 /// A value's part of its row, as UTF-16LE: its length in UTF-16 units, `:`, its text.
 fn push_joined(bytes: &mut Vec<u8>, units: usize, text: impl FnOnce(&mut Vec<u8>)) {
     push_ascii(bytes, itoa::Buffer::new().format(units).as_bytes());

@@ -85,6 +85,10 @@ pub enum Error {
         /// The table asked for.
         table: String,
     },
+    /// The call needs a column in clear that the server serves this caller masked (a key
+    /// to cut or seek on, a value to digest, a ticket planned for a clearer caller).
+    #[error("{0}")]
+    Masked(String),
     /// A limit of the server is reached for now (open streams); retry after a while.
     #[error("{what}; retry in about {retry_after_seconds} s")]
     Busy {

@@ -28,6 +28,7 @@ pub mod error;
 pub mod keys;
 pub mod logging;
 pub mod lsn;
+pub mod masking;
 pub mod offset;
 pub mod protocol;
 pub mod selection;

@@ -26,7 +26,9 @@ pub fn code_of(error: &Error) -> Code {
         Error::SchemaChanged(_) | Error::TicketExpired { .. } | Error::GrantMissing(_) => {
             Code::FailedPrecondition
         }
-        Error::TicketForged | Error::NotAuthorized { .. } => Code::PermissionDenied,
+        Error::TicketForged | Error::NotAuthorized { .. } | Error::Masked(_) => {
+            Code::PermissionDenied
+        }
         Error::Unauthenticated(_) => Code::Unauthenticated,
         Error::Busy { .. } => Code::ResourceExhausted,
         Error::DeadlineExceeded(_) | Error::StreamStalled(_) => Code::DeadlineExceeded,
@@ -50,6 +52,7 @@ pub fn reason_of(error: &Error) -> &'static str {
         Error::GrantMissing(_) => "SOURCE_GRANT_MISSING",
         Error::TicketForged => "TICKET_FORGED",
         Error::NotAuthorized { .. } => "TABLE_NOT_GRANTED",
+        Error::Masked(_) => "COLUMN_MASKED",
         Error::Unauthenticated(_) => "UNAUTHENTICATED",
         Error::Busy { .. } => "SERVER_BUSY",
         Error::DeadlineExceeded(_) => "DEADLINE_EXCEEDED",

@@ -20,6 +20,7 @@ impl TicketColumn {
         TicketColumn {
             name: column.name.clone(),
             sql_type: column.sql_type.to_string(),
+            mask: String::new(),
         }
     }
 

@@ -7,6 +7,7 @@ use std::num::NonZeroU32;
 use arrow_flight::Action;
 
 use super::auth::Principal;
+use super::masking::MaskPolicy;
 use super::{CdcFlightService, json_bytes, planner, snapshot};
 use crate::error::{Error, Result};
 use crate::keys::KeysetSeek;
@@ -244,6 +245,18 @@ impl CdcFlightService {
         }
     }
 
+    /// `Masked` when `principal` gets a key column of `table` masked: key calls answer key
+    /// values (bounds, maxima) or count rows between bounds a client picks.
+    fn refuse_masked_keys<'a>(
+        &self,
+        principal: &Principal,
+        table: &TableName,
+        keys: impl IntoIterator<Item = &'a str>,
+    ) -> Result<()> {
+        self.masks
+            .refuse_masked(principal, table, keys, "seek or count on it")
+    }
+
     /// `table` parsed, and `PERMISSION_DENIED` unless `principal` may read it.
     fn granted(principal: &Principal, table: &str) -> Result<TableName> {
         let table: TableName = table.parse()?;
@@ -352,11 +365,15 @@ impl CdcFlightService {
             ActionKind::KeyExtent => {
                 let body: TableBody = parse_body(name, body)?;
                 let table = Self::granted(principal, &body.table)?;
-                json_bytes(&source.key_extent(&table).await?)
+                let extent = source.key_extent(&table).await?;
+                self.refuse_masked_keys(principal, &table, [extent.column.as_str()])?;
+                json_bytes(&extent)
             }
             ActionKind::KeyBuckets => {
                 let body: protocol::KeyBucketsBody = parse_body(name, body)?;
                 let table = Self::granted(principal, &body.table)?;
+                let (keys, _) = snapshot::table_keys(source, &table, None).await?;
+                self.refuse_masked_keys(principal, &table, keys.iter().map(|key| &*key.name))?;
                 let grid = KeyGrid::new(body.lo, body.hi, body.width)?;
                 if grid.slices() > 100_000 {
                     return Err(Error::invalid(
@@ -368,13 +385,14 @@ impl CdcFlightService {
             ActionKind::KeySums => {
                 let body: protocol::KeySumsBody = parse_body(name, body)?;
                 let table = Self::granted(principal, &body.table)?;
-                json_bytes(&key_sums(source, &table, &body).await?)
+                json_bytes(&key_sums(source, (&self.masks, principal), &table, &body).await?)
             }
             ActionKind::KeyMax => {
                 let body: protocol::KeyMaxBody = parse_body(name, body)?;
                 let table = Self::granted(principal, &body.table)?;
                 let (keys, unique) =
                     snapshot::table_keys(source, &table, body.keys.as_deref()).await?;
+                self.refuse_masked_keys(principal, &table, keys.iter().map(|key| &*key.name))?;
                 let max = source.key_max(&table, &keys).await?;
                 json_bytes(&protocol::KeyMaxAnswer { keys, unique, max })
             }
@@ -383,6 +401,7 @@ impl CdcFlightService {
                 let table = Self::granted(principal, &body.table)?;
                 self.limits.check_seek_rows(body.seek.n)?;
                 let (keys, _) = snapshot::table_keys(source, &table, body.keys.as_deref()).await?;
+                self.refuse_masked_keys(principal, &table, keys.iter().map(|key| &*key.name))?;
                 let seek = KeysetSeek::new(keys, body.seek)?;
                 json_bytes(&protocol::KeyBoundAnswer {
                     bound: source.key_bound(&table, &seek).await?,
@@ -497,11 +516,26 @@ fn range_of(body: &RangeBody) -> InstanceRange<'_> {
 /// counting every row on a grid covering the extent and the body's `cover`.
 async fn key_sums(
     source: &dyn crate::source::CdcSource,
+    (masks, principal): (&MaskPolicy, &Principal),
     table: &TableName,
     body: &protocol::KeySumsBody,
 ) -> Result<protocol::KeySumsAnswer> {
     let names = body.key.clone().map(|key| vec![key]);
     let (keys, _) = snapshot::table_keys(source, table, names.as_deref()).await?;
+    masks.refuse_masked(
+        principal,
+        table,
+        keys.iter().map(|key| key.name.as_str()),
+        "count on it",
+    )?;
+    // The source digests values in clear: a digest of a masked column would compare clear
+    // values with the masked ones a reader holds, and test guesses at the clear ones.
+    masks.refuse_masked(
+        principal,
+        table,
+        body.values.iter().flatten().map(String::as_str),
+        "digest its values at the source",
+    )?;
     let [key] = keys.as_slice() else {
         return Err(Error::invalid(format!(
             "key_sums counts on one column; the unique index of {table} has {} ({}): name one \

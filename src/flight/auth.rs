@@ -31,18 +31,28 @@ pub struct Principal {
     /// The principal's name (logged; never a secret).
     pub name: String,
     tables: Vec<String>,
+    /// Tables whose masked columns this principal reads in clear (globs as `tables`).
+    clear: Vec<String>,
     anonymous: bool,
 }
 
 impl Principal {
     /// The caller of a server without authentication (loopback or `--insecure-no-auth`): it
-    /// may read every table.
+    /// may read every table, its masked columns masked.
     pub fn anonymous() -> Self {
         Principal {
             name: "anonymous".into(),
             tables: vec!["*".into()],
+            clear: Vec::new(),
             anonymous: true,
         }
+    }
+
+    /// Whether this principal reads the masked columns of `table` in clear (its `clear`
+    /// grant); never without authentication.
+    pub fn reads_clear(&self, table: &TableName) -> bool {
+        let name = table.to_string().to_lowercase();
+        !self.anonymous && self.clear.iter().any(|glob| glob_matches(glob, &name))
     }
 
     /// The name per-principal bounds count this caller under; `None` for the anonymous
@@ -106,6 +116,9 @@ fn glob_matches(glob: &str, name: &str) -> bool {
 struct PrincipalEntry {
     name: String,
     tables: Vec<String>,
+    /// Tables whose masked columns the principal reads in clear.
+    #[serde(default)]
+    clear: Vec<String>,
     #[serde(default)]
     token_sha256: Option<String>,
     #[serde(default)]
@@ -296,6 +309,7 @@ impl Authenticator {
                 principal: Arc::new(Principal {
                     name: entry.name,
                     tables: entry.tables,
+                    clear: entry.clear,
                     anonymous: false,
                 }),
                 token,

@@ -23,6 +23,7 @@ mod frames;
 pub mod gate;
 pub mod limits;
 pub mod local;
+pub mod masking;
 mod metered;
 pub mod metrics;
 pub mod planner;
@@ -55,9 +56,10 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::error::{Error, Result};
 use crate::protocol::{self, CaptureInstanceInfo, ChangesCommand, Command};
 use crate::source::{CdcSource, TableName};
-use crate::types::output_schema;
+use crate::types::{OutputColumn, metadata_column_count, output_schema};
 use auth::{Authenticator, BasicCredentials, Principal, principal_of};
 use gate::StreamGate;
+use masking::{MaskPolicy, ServedMasks};
 use stream::{BoxedStream, StreamRead};
 use ticket::{ChangeRangeTicket, TicketBody, TicketColumn, TicketKind, TicketSigner};
 
@@ -89,6 +91,8 @@ pub struct ServiceOptions {
     pub health_interval: Duration,
     /// How often the live tail reads `max_lsn` while `wait_for_commits` calls wait.
     pub tail_interval: Duration,
+    /// The columns served masked (`--masks`), and to whom.
+    pub masks: Arc<MaskPolicy>,
 }
 
 impl ServiceOptions {
@@ -100,6 +104,7 @@ impl ServiceOptions {
             authenticator: None,
             health_interval: HEALTH_PROBE_INTERVAL,
             tail_interval: tail::TAIL_INTERVAL,
+            masks: Arc::new(MaskPolicy::none()),
         }
     }
 }
@@ -112,6 +117,7 @@ pub struct CdcFlightService {
     streams: Arc<StreamGate>,
     calls: Arc<gate::CallGate>,
     commits: tail::CommitWatch,
+    masks: Arc<MaskPolicy>,
 }
 
 /// TLS of the server, PEM encoded.
@@ -259,6 +265,7 @@ impl CdcFlightService {
                 limits.stream_memory,
             ),
             calls: gate::CallGate::new(limits.max_calls_per_principal),
+            masks: options.masks,
             limits,
         }
     }
@@ -280,16 +287,18 @@ impl CdcFlightService {
                 return Ok(Response::new(stream));
             }
             let body = self.signer.verify(&request.get_ref().ticket)?;
-            let (mut read, compression, table) = match body.kind {
+            let (mut read, compression, table, columns) = match body.kind {
                 Some(TicketKind::ChangeRange(ticket)) => (
                     StreamRead::changes(&ticket)?,
                     ticket.compression,
                     ticket.table,
+                    ticket.columns,
                 ),
                 Some(TicketKind::Snapshot(ticket)) => (
                     StreamRead::Snapshot(snapshot::ticket_read(&ticket)?),
                     ticket.compression,
                     ticket.table,
+                    ticket.columns,
                 ),
                 None => {
                     return Err(Status::invalid_argument(
@@ -297,12 +306,19 @@ impl CdcFlightService {
                     ));
                 }
             };
-            // Checked again at redemption: a ticket may travel to another principal.
-            principal.check(&table.parse()?)?;
+            // Checked again at redemption: a ticket may travel to another principal, who
+            // must be allowed the table and served the ticket's masks.
+            let table: TableName = table.parse()?;
+            principal.check(&table)?;
+            let masks =
+                self.masks
+                    .served(&principal, &table, &TicketColumn::to_output(&columns)?)?;
+            masks.check_ticket(&columns)?;
             let slot = self.streams.enter(principal.bounded_name())?;
             read.share(self.streams.batch_share());
             let stall = self.limits.stall_timeout;
-            let stream = stream::respond(Arc::clone(&self.source), read, compression, stall)?;
+            let stream =
+                stream::respond(Arc::clone(&self.source), read, masks, compression, stall)?;
             // The slot is held until the response is dropped: read to its end, or abandoned.
             Ok(Response::new(
                 stream
@@ -334,15 +350,40 @@ impl CdcFlightService {
         })?
     }
 
-    async fn table_info(&self, table: &TableName) -> Result<FlightInfo> {
+    async fn table_info(&self, principal: &Principal, table: &TableName) -> Result<FlightInfo> {
         let instances = self.source.capture_instances(table).await?;
-        self.table_info_of(table, &instances).await
+        self.table_info_of(principal, table, &instances).await
+    }
+
+    /// The masks `principal` is served `columns` of `table` with.
+    fn served_masks(
+        &self,
+        principal: &Principal,
+        table: &TableName,
+        columns: &[OutputColumn],
+    ) -> Result<ServedMasks> {
+        self.masks.served(principal, table, columns)
+    }
+
+    /// The change schema of `columns` as `principal` is served them.
+    fn served_schema(
+        &self,
+        principal: &Principal,
+        table: &TableName,
+        columns: &[OutputColumn],
+        include_command_id: bool,
+    ) -> Result<arrow::datatypes::SchemaRef> {
+        Ok(self.served_masks(principal, table, columns)?.schema(
+            output_schema(columns, include_command_id),
+            metadata_column_count(include_command_id),
+        ))
     }
 
     /// A table's `FlightInfo` from its capture instances (as the catalog listed them, so a
     /// listing reads the catalog once, not once per table).
     async fn table_info_of(
         &self,
+        principal: &Principal,
         table: &TableName,
         instances: &[crate::source::CaptureInstance],
     ) -> Result<FlightInfo> {
@@ -352,7 +393,10 @@ impl CdcFlightService {
             infos.push(self.instance_info(instance.clone()).await?);
         }
         Ok(FlightInfo::new()
-            .try_with_schema(&output_schema(&columns, true))?
+            .try_with_schema(
+                self.served_schema(principal, table, &columns, true)?
+                    .as_ref(),
+            )?
             .with_descriptor(table_descriptor(table))
             .with_app_metadata(json_bytes(&serde_json::json!({
                 "table": table.to_string(),
@@ -382,6 +426,7 @@ impl CdcFlightService {
 
     async fn changes_info(
         &self,
+        principal: &Principal,
         command: &ChangesCommand,
         descriptor: FlightDescriptor,
     ) -> Result<FlightInfo> {
@@ -390,9 +435,15 @@ impl CdcFlightService {
             .batch_bounds(command.serve.batch_rows, command.serve.batch_bytes)?;
         let include_command_id = command.serve.include_command_id.unwrap_or(true);
         let plan = planner::plan_changes(self.source.as_ref(), command).await?;
-        let columns: Vec<TicketColumn> = plan.columns.iter().map(TicketColumn::of).collect();
+        let table: TableName = command.table.parse()?;
+        let masks = self.served_masks(principal, &table, &plan.columns)?;
+        let columns = masks.ticket_columns(&plan.columns);
+        let schema = masks.schema(
+            output_schema(&plan.columns, include_command_id),
+            metadata_column_count(include_command_id),
+        );
         let mut info = FlightInfo::new()
-            .try_with_schema(&output_schema(&plan.columns, include_command_id))?
+            .try_with_schema(&schema)?
             .with_descriptor(descriptor)
             .with_ordered(true)
             .with_total_records(i64::try_from(plan.metadata.rows).unwrap_or(i64::MAX))
@@ -487,7 +538,7 @@ impl FlightService for CdcFlightService {
                             continue;
                         }
                         let info = self
-                            .table_info_of(&tracked.table, &tracked.capture_instances)
+                            .table_info_of(&principal, &tracked.table, &tracked.capture_instances)
                             .await;
                         infos.push(Ok(match info {
                             Ok(info) => info,
@@ -523,12 +574,14 @@ impl FlightService for CdcFlightService {
             let info = self
                 .within_deadline(&principal, async {
                     match command {
-                        Command::Table(command) => self.table_info(&command.table.parse()?).await,
-                        Command::Changes(command) => self.changes_info(&command, descriptor).await,
+                        Command::Table(command) => {
+                            self.table_info(&principal, &command.table.parse()?).await
+                        }
+                        Command::Changes(command) => {
+                            self.changes_info(&principal, &command, descriptor).await
+                        }
                         Command::Snapshot(command) => {
-                            let source = self.source.as_ref();
-                            snapshot::plan(source, &self.signer, &self.limits, &command, descriptor)
-                                .await
+                            self.snapshot_info(&principal, &command, descriptor).await
                         }
                     }
                 })
@@ -562,7 +615,7 @@ impl FlightService for CdcFlightService {
                     let command = Command::parse(&request.get_ref().cmd)?;
                     let table = command_table(&command)?;
                     principal.check(&table)?;
-                    let schema = self.command_schema(&table, &command);
+                    let schema = self.command_schema(&principal, &table, &command);
                     self.within_deadline(&principal, schema).await?
                 }
             };
@@ -678,9 +731,27 @@ fn command_table(command: &Command) -> Result<TableName> {
 }
 
 impl CdcFlightService {
-    /// The schema `command` would serve.
+    /// The plan of a `snapshot` command of `principal`.
+    async fn snapshot_info(
+        &self,
+        principal: &Principal,
+        command: &protocol::SnapshotCommand,
+        descriptor: FlightDescriptor,
+    ) -> Result<FlightInfo> {
+        snapshot::plan(
+            self.source.as_ref(),
+            (&self.signer, &self.limits),
+            (&self.masks, principal),
+            command,
+            descriptor,
+        )
+        .await
+    }
+
+    /// The schema `command` would serve `principal`.
     async fn command_schema(
         &self,
+        principal: &Principal,
         table: &TableName,
         command: &Command,
     ) -> Result<arrow::datatypes::SchemaRef> {
@@ -697,16 +768,23 @@ impl CdcFlightService {
             Command::Table(_) => self.source.capture_instances(table).await?,
         };
         let columns = planner::union_columns(table, &instances)?;
-        Ok(match command {
-            Command::Table(_) => output_schema(&columns, true),
-            Command::Changes(command) => output_schema(
-                &planner::served_columns(table, columns, &command.serve)?,
+        let (columns, include_command_id) = match command {
+            Command::Table(_) => (columns, true),
+            Command::Changes(command) => (
+                planner::served_columns(table, columns, &command.serve)?,
                 command.serve.include_command_id.unwrap_or(true),
             ),
-            Command::Snapshot(command) => crate::types::snapshot_schema(
-                &planner::served_columns(table, columns, &command.serve)?,
+            Command::Snapshot(command) => (
+                planner::served_columns(table, columns, &command.serve)?,
                 command.serve.include_command_id.unwrap_or(true),
             ),
-        })
+        };
+        let schema = match command {
+            Command::Snapshot(_) => crate::types::snapshot_schema(&columns, include_command_id),
+            _ => output_schema(&columns, include_command_id),
+        };
+        Ok(self
+            .served_masks(principal, table, &columns)?
+            .schema(schema, metadata_column_count(include_command_id)))
     }
 }

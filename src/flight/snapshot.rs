@@ -9,8 +9,10 @@
 
 use arrow_flight::{FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
 
+use super::auth::Principal;
 use super::json_bytes;
 use super::limits::Limits;
+use super::masking::MaskPolicy;
 use super::planner;
 use super::ticket::{
     SnapshotPieceTicket, SnapshotTicket, TicketBody, TicketColumn, TicketKind, TicketSigner,
@@ -28,7 +30,7 @@ use crate::source::{
     BatchBytes, CaptureInstance, CdcSource, KeyBucket, KeyGrid, KeyRange, SnapshotPiece,
     SnapshotRead, TableName,
 };
-use crate::types::snapshot_schema;
+use crate::types::{metadata_column_count, snapshot_schema};
 
 /// Counts key slices straight from a source.
 struct SourceCounter<'a> {
@@ -43,11 +45,12 @@ impl BucketCounter for SourceCounter<'_> {
     }
 }
 
-/// Plans a `snapshot` command into a `FlightInfo` with one signed ticket per endpoint.
+/// Plans a `snapshot` command of `principal` into a `FlightInfo` with one signed ticket per
+/// endpoint, its columns masked as `masks` serve them to `principal`.
 pub async fn plan(
     source: &dyn CdcSource,
-    signer: &TicketSigner,
-    limits: &Limits,
+    (signer, limits): (&TicketSigner, &Limits),
+    (masks, principal): (&MaskPolicy, &Principal),
     command: &SnapshotCommand,
     descriptor: FlightDescriptor,
 ) -> Result<FlightInfo> {
@@ -77,6 +80,14 @@ pub async fn plan(
         true => cut_keys(&table, instance, command.keys.as_deref())?.0,
         false => Vec::new(),
     };
+    // Bounds on a masked key would hand out (chunk bounds, split points) or probe (a
+    // client's bounds) its values in clear.
+    masks.refuse_masked(
+        principal,
+        &table,
+        keys.iter().map(|key| key.name.as_str()),
+        "cut a snapshot on it",
+    )?;
     let extent = match keyset {
         true => None,
         false => match source.key_extent(&table).await {
@@ -91,6 +102,16 @@ pub async fn plan(
             Err(error) => return Err(error),
         },
     };
+    if let Some(extent) = &extent
+        && (command.chunks.is_some() || command.partitions.is_some_and(|n| n > 1))
+    {
+        masks.refuse_masked(
+            principal,
+            &table,
+            [extent.column.as_str()],
+            "cut a snapshot on it",
+        )?;
+    }
     let endpoints: Vec<Vec<SnapshotPiece>> = match &command.chunks {
         Some(chunks) => {
             if chunks.is_empty() {
@@ -139,7 +160,8 @@ pub async fn plan(
                 .collect()
         }
     };
-    let ticket_columns: Vec<TicketColumn> = columns.iter().map(TicketColumn::of).collect();
+    let served = masks.served(principal, &table, &columns)?;
+    let ticket_columns = served.ticket_columns(&columns);
     let metadata = SnapshotPlanMetadata {
         table: table.to_string(),
         capture_instance: newest.clone(),
@@ -155,7 +177,10 @@ pub async fn plan(
         rows: extent.as_ref().map_or(0, |extent| extent.rows),
     };
     let mut info = FlightInfo::new()
-        .try_with_schema(&snapshot_schema(&columns, include_command_id))?
+        .try_with_schema(&served.schema(
+            snapshot_schema(&columns, include_command_id),
+            metadata_column_count(include_command_id),
+        ))?
         .with_descriptor(descriptor)
         .with_ordered(true)
         .with_total_records(
@@ -193,6 +218,7 @@ pub async fn plan(
                     .map(|key| TicketColumn {
                         name: key.name.clone(),
                         sql_type: key.sql_type.to_string(),
+                        mask: String::new(),
                     })
                     .collect(),
                 include_command_id,

@@ -29,12 +29,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::encode::{BatchEncoder, Message, ipc_options};
+use super::masking::ServedMasks;
 use super::ticket::{ChangeRangeTicket, TicketColumn, batch_bound};
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
 use crate::protocol::{COMPLETION_TYPE, Completion};
 use crate::source::{BatchBytes, BatchStream, CdcSource, ChangeRead, SnapshotRead};
-use crate::types::{batch_slice_size, output_schema, snapshot_schema};
+use crate::types::{batch_slice_size, metadata_column_count, output_schema, snapshot_schema};
 
 /// Encoded batches the producer may queue ahead of the connection (one of the
 /// [`super::gate::BATCHES_PER_STREAM`]).
@@ -86,6 +87,7 @@ impl StreamRead {
         *bound = BatchBytes::shared(bound.requested(), share);
     }
 
+    /// The schema the source reads, before masks.
     fn schema(&self) -> SchemaRef {
         match self {
             StreamRead::Changes { read, .. } => {
@@ -101,6 +103,14 @@ impl StreamRead {
             StreamRead::Changes { .. } => "changes",
             StreamRead::Snapshot(_) => "snapshot",
         }
+    }
+
+    /// Where the captured columns start.
+    fn first_captured(&self) -> usize {
+        metadata_column_count(match self {
+            StreamRead::Changes { read, .. } => read.include_command_id,
+            StreamRead::Snapshot(read) => read.include_command_id,
+        })
     }
 
     fn capture_instance(&self) -> &str {
@@ -186,22 +196,25 @@ impl StreamRead {
     }
 }
 
-/// The `do_get` response for `read`: its batches in IPC with `compression` (the ticket's
-/// code: 0 none, 1 LZ4 frame, 2 ZSTD), then its completion marker, or the status the read
-/// ended with; `STREAM_STALLED` once the client took no batch for `stall`.
+/// The `do_get` response for `read`: its batches masked by `masks`, in IPC with
+/// `compression` (the ticket's code: 0 none, 1 LZ4 frame, 2 ZSTD), then its completion
+/// marker, or the status the read ended with; `STREAM_STALLED` once the client took no
+/// batch for `stall`.
 pub fn respond(
     source: Arc<dyn CdcSource>,
     read: StreamRead,
+    masks: ServedMasks,
     compression: u32,
     stall: Option<Duration>,
 ) -> Result<BoxedStream<Message>> {
-    let encoder = BatchEncoder::new(read.schema(), ipc_options(compression)?)?;
+    let schema = masks.schema(read.schema(), read.first_captured());
+    let encoder = BatchEncoder::new(Arc::clone(&schema), ipc_options(compression)?)?;
     let first = encoder.schema();
     let (batch_sender, batch_receiver) = mpsc::channel(BATCHES_AHEAD);
     let (end_sender, end_receiver) = oneshot::channel();
     tokio::spawn(produce(
         source,
-        read,
+        (read, masks, schema),
         encoder,
         stall,
         batch_sender,
@@ -225,7 +238,7 @@ pub fn respond(
 /// succeeded, or the status it failed with.
 async fn produce(
     source: Arc<dyn CdcSource>,
-    mut read: StreamRead,
+    (mut read, masks, schema): (StreamRead, ServedMasks, SchemaRef),
     mut encoder: BatchEncoder,
     stall: Option<Duration>,
     batches: mpsc::Sender<Message>,
@@ -243,7 +256,8 @@ async fn produce(
                 () = batches.closed() => return Ok(None),
             };
             let Some(batch) = next else { break };
-            let batch = batch?;
+            // Masked before anything leaves the producer: the clear values are dropped here.
+            let batch = masks.apply(batch?, read.first_captured(), &schema)?;
             rows += batch.num_rows() as u64;
             bytes += batch_slice_size(&batch) as u64;
             for message in encoder.encode(&batch)? {

@@ -242,6 +242,7 @@ mod tests {
                 columns: vec![TicketColumn {
                     name: "order_id".into(),
                     sql_type: "bigint".into(),
+                    mask: String::new(),
                 }],
                 include_command_id: true,
                 batch_rows: 10,

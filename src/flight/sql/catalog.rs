@@ -19,7 +19,6 @@ use super::super::auth::Principal;
 use super::super::planner;
 use super::CdcFlightService;
 use crate::error::{Error, Result};
-use crate::types::output_schema;
 
 /// The one catalog's name.
 const CATALOG: &str = "";
@@ -244,8 +243,11 @@ impl CdcFlightService {
                         planner::union_columns(&tracked.table, &tracked.capture_instances);
                     // A table no schema describes (a type without a mapping) is listed with
                     // none rather than hiding the others.
-                    let schema = match columns {
-                        Ok(columns) => output_schema(&columns, true).as_ref().clone(),
+                    let schema = columns.and_then(|columns| {
+                        self.served_schema(principal, &tracked.table, &columns, true)
+                    });
+                    let schema = match schema {
+                        Ok(schema) => schema.as_ref().clone(),
                         Err(_) => Schema::empty(),
                     };
                     let table = &tracked.table;

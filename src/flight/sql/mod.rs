@@ -262,13 +262,11 @@ impl CdcFlightService {
                     }
                     None => command.partitions = Some(partitions),
                 }
-                let source = self.source.as_ref();
-                super::snapshot::plan(source, &self.signer, &self.limits, &command, descriptor)
-                    .await
+                self.snapshot_info(principal, &command, descriptor).await
             }
             Statement::Changes(query) => {
                 let command = self.changes_command(principal, &query, partitions).await?;
-                self.changes_info(&command, descriptor).await
+                self.changes_info(principal, &command, descriptor).await
             }
             Statement::Function(function) => {
                 if let Some(table) = function.table() {
@@ -315,7 +313,7 @@ impl CdcFlightService {
             }
         };
         principal.check(&table)?;
-        self.command_schema(&table, &command).await
+        self.command_schema(principal, &table, &command).await
     }
 
     /// `BETWEEN` bounds only the table's own integer key, the one a chunk is cut on.

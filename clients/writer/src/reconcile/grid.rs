@@ -48,12 +48,20 @@ fn judge_read(bucket: &mut Bucket, found: &[KeyFinding], changed: &InFlight, exa
 }
 
 /// Whether `error` is the source refusing or failing a request (not a cut connection, a
-/// purge or a denial): one asking for value sums is then asked again without them.
+/// purge or a denial), or the server refusing to digest a column it serves masked: one
+/// asking for value sums is then asked again without them.
 fn digest_refused(error: &ClientError) -> bool {
-    matches!(
-        error.code(),
-        Some(tonic::Code::Internal | tonic::Code::InvalidArgument | tonic::Code::Unknown)
-    ) && !error.is_transient()
+    let masked = match error {
+        ClientError::Status(status) => {
+            mssql_cdc_proto::status::reason_of_status(status).as_deref() == Some("COLUMN_MASKED")
+        }
+        _ => false,
+    };
+    masked
+        || matches!(
+            error.code(),
+            Some(tonic::Code::Internal | tonic::Code::InvalidArgument | tonic::Code::Unknown)
+        ) && !error.is_transient()
 }
 
 /// Tiers 1 and 2 on a grid key.
