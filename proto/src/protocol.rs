@@ -608,6 +608,10 @@ pub struct CaptureInstanceInfo {
     pub columns: Vec<crate::catalog::CapturedColumn>,
     /// Unique index columns.
     pub index_columns: Vec<String>,
+    /// The captured columns the server serves this caller masked, each with its mask
+    /// (`hash`, `truncate(n)`, `null`; [`crate::masking::Mask`]); absent when none is.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub masks: std::collections::BTreeMap<String, String>,
 }
 
 /// [`RangeEvent::event`] of a range that crosses into a newer capture instance.

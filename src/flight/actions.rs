@@ -335,7 +335,7 @@ impl CdcFlightService {
                 let table = Self::granted(principal, &body.table)?;
                 let mut infos = Vec::new();
                 for instance in source.capture_instances(&table).await? {
-                    infos.push(self.instance_info(instance).await?);
+                    infos.push(self.instance_info(principal, instance).await?);
                 }
                 json_bytes(&infos)
             }

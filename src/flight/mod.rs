@@ -390,7 +390,7 @@ impl CdcFlightService {
         let columns = planner::union_columns(table, instances)?;
         let mut infos = Vec::new();
         for instance in instances {
-            infos.push(self.instance_info(instance.clone()).await?);
+            infos.push(self.instance_info(principal, instance.clone()).await?);
         }
         Ok(FlightInfo::new()
             .try_with_schema(
@@ -406,6 +406,7 @@ impl CdcFlightService {
 
     async fn instance_info(
         &self,
+        principal: &Principal,
         instance: crate::source::CaptureInstance,
     ) -> Result<CaptureInstanceInfo> {
         // A pending instance has no low endpoint yet; asking would be UNAVAILABLE.
@@ -413,7 +414,17 @@ impl CdcFlightService {
             Some(_) => Some(self.source.min_lsn(&instance.name).await?),
             None => None,
         };
+        let masks = instance
+            .columns
+            .iter()
+            .filter_map(|column| {
+                self.masks
+                    .mask_of(principal, &instance.table, &column.name)
+                    .map(|mask| (column.name.clone(), mask.to_string()))
+            })
+            .collect();
         Ok(CaptureInstanceInfo {
+            masks,
             min_lsn,
             name: instance.name,
             table: instance.table.to_string(),

@@ -216,6 +216,7 @@ mod tests {
                 })
                 .collect(),
             index_columns: keys.iter().map(|key| key.to_string()).collect(),
+            masks: Default::default(),
         }
     }
 

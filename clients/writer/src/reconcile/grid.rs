@@ -82,8 +82,8 @@ pub(super) async fn compare(
     let values = (config.value_sums
         && config.sample < 1.0
         && hashing.digestible
-        && !hashing.columns.is_empty())
-    .then_some(hashing.columns.as_slice());
+        && !hashing.summed.is_empty())
+    .then_some(hashing.summed.as_slice());
     let cover = buckets::silver_span(context, key).await?;
     let body = KeySumsBody {
         table: config.table.clone(),

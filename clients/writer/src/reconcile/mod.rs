@@ -203,6 +203,11 @@ pub struct ReconcileResult {
     /// `values_verified`.
     #[serde(default)]
     pub excluded_columns: Vec<String>,
+    /// Compared columns the server serves masked (docs/security.md): their values are
+    /// compared in the masked form, row by row only (the source digests no masked value), so
+    /// they are `values_verified` only when every bucket was read row by row.
+    #[serde(default)]
+    pub masked_columns: Vec<String>,
     /// The seed of the sample.
     pub seed: u64,
     /// Every bucket, in key order.
@@ -552,6 +557,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         values_verified: false,
         uncompared_columns: hashing.uncompared.clone(),
         excluded_columns: hashing.excluded.clone(),
+        masked_columns: hashing.masked.clone(),
         seed: sample.seed,
         bucket_list,
         findings: Vec::new(),
@@ -564,9 +570,11 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
     // loss, so no MISMATCH; but silver is then not known equal to the source, whatever those
     // keys hold, and no LSN is verified.
     result.verified = result.clean() && pending_snapshot.is_none();
-    // Every value was compared: by equal value sums in tier 1, or row by row in tier 2.
+    // Every value was compared: by equal value sums in tier 1 (which cover no masked
+    // column), or row by row in tier 2.
     result.values_verified = result.verified
-        && (result.value_sums || result.hashed == result.buckets)
+        && ((result.value_sums && result.masked_columns.is_empty())
+            || result.hashed == result.buckets)
         && result.uncompared_columns.is_empty();
 
     // 6. The report, then the verified LSN.
@@ -670,6 +678,14 @@ pub fn render(result: &ReconcileResult) -> String {
             text,
             "  the source could not sum its rows' value digests ({error}): values compared \
              only in the buckets read row by row"
+        );
+    }
+    if !result.masked_columns.is_empty() {
+        let _ = writeln!(
+            text,
+            "  columns the server serves masked, compared in their masked form row by row \
+             only (no value sums): {}",
+            result.masked_columns.join(", ")
         );
     }
     if result.value_sum_rereads > 0 {

@@ -193,13 +193,18 @@ pub(super) struct Hashing {
     /// Captured columns of the newest instance the stream's selection leaves out and silver
     /// does not hold: not copied, so not compared, and no part of what is verified.
     pub(super) excluded: Vec<String>,
+    /// The compared columns the server serves masked (`capture_instances` says so): it
+    /// digests no masked value at the source, so they are compared row by row only.
+    pub(super) masked: Vec<String>,
+    /// The compared columns the value sums cover: `columns` but the masked ones.
+    pub(super) summed: Vec<String>,
     /// Silver's schema of `columns`: both sides are cast to it.
     pub(super) types: SchemaRef,
     /// Whether silver holds every compared column in the type the server serves it as (up
     /// to string and binary views and a timestamp's zone): the cast to `types` then changes
     /// no value, and rows equal here are equal as served.
     pub(super) exact: bool,
-    /// Whether the value sums can cover the compared columns: each of silver's types has a
+    /// Whether the value sums can cover the summed columns: each of silver's types has a
     /// canonical text ([`mssql_cdc_proto::digest::supports`]) and they are few enough for
     /// one call.
     pub(super) digestible: bool,
@@ -236,15 +241,22 @@ impl Hashing {
                 .and_then(|column| column.sql_type.arrow_type())
                 .is_some_and(|served| same_values(&served, field.data_type()))
         });
-        let digestible = columns.len() <= mssql_cdc_proto::protocol::MAX_DIGEST_COLUMNS
+        let (masked, summed): (Vec<String>, Vec<String>) = columns
+            .iter()
+            .cloned()
+            .partition(|name| instance.masks.contains_key(name));
+        let digestible = summed.len() <= mssql_cdc_proto::protocol::MAX_DIGEST_COLUMNS
             && fields
                 .iter()
+                .filter(|field| summed.contains(field.name()))
                 .all(|field| mssql_cdc_proto::digest::supports(field.data_type()));
         Ok(Hashing {
             key: key.clone(),
             columns,
             uncompared,
             excluded,
+            masked,
+            summed,
             types: Arc::new(arrow::datatypes::Schema::new(fields)),
             exact,
             digestible,
@@ -651,6 +663,8 @@ mod tests {
             columns: vec!["id".into(), "name".into(), "score".into()],
             uncompared: Vec::new(),
             excluded: Vec::new(),
+            masked: Vec::new(),
+            summed: vec!["id".into(), "name".into(), "score".into()],
             types: Arc::new(Schema::new(vec![
                 Field::new("id", DataType::Int64, false),
                 Field::new("name", DataType::Utf8View, true),

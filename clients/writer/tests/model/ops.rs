@@ -47,6 +47,16 @@ impl Table {
         }
     }
 
+    /// The column the world's servers serve masked (their masks file), and how: the busy
+    /// table's note hashed, the quiet table's external id cut to 8 characters. No table of
+    /// the lake may hold its clear value.
+    pub(crate) fn masked_column(self) -> (&'static str, &'static str) {
+        match self {
+            Table::Busy => ("note", "hash"),
+            Table::Quiet => ("external_id", "truncate(8)"),
+        }
+    }
+
     /// A column an operator leaves out of its stream and takes back in (`Op::Reselect`):
     /// once it was, silver's copy of it is unchecked (stale until a re-snapshot).
     pub(crate) fn toggled_column(self) -> &'static str {

@@ -9,11 +9,15 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use mssql_cdc_flight::flight::ServiceOptions;
 use mssql_cdc_flight::flight::local::LocalServer;
+use mssql_cdc_flight::flight::masking::MaskPolicy;
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::SimDb;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
+
+use crate::ops::Table;
 
 /// The ticket key the servers of the world sign with, until a restart draws another.
 const TICKET_KEY: &[u8] = b"the model test's shared ticket key";
@@ -101,11 +105,35 @@ impl Drop for Servers {
     }
 }
 
+/// The key the world's servers hash masked columns with (every restart keeps it, as a
+/// deployment's secret file would).
+pub(crate) const HASH_KEY: &[u8] = b"the model test's hash key for masked columns";
+
+/// The masks every server of the world serves ([`Table::masked_column`]).
+fn masks() -> MaskPolicy {
+    let tables: serde_json::Map<String, serde_json::Value> = Table::ALL
+        .iter()
+        .map(|table| {
+            let (column, mask) = table.masked_column();
+            (
+                table.source().to_string(),
+                serde_json::json!({ column: mask }),
+            )
+        })
+        .collect();
+    let json = serde_json::json!({"hash_key_file": "mask.key", "tables": tables});
+    MaskPolicy::parse(json.to_string().as_bytes(), |_| Ok(HASH_KEY.to_vec())).expect("masks")
+}
+
 /// A server of `db` signing with the world's `key`-th ticket key.
 async fn serve(db: &SimDb, key: u64) -> LocalServer {
     let secret = [TICKET_KEY, &key.to_be_bytes()].concat();
     let signer = TicketSigner::new(&secret).expect("ticket key");
-    LocalServer::start(Arc::new(db.clone()), signer)
+    let options = ServiceOptions {
+        masks: Arc::new(masks()),
+        ..ServiceOptions::new(signer)
+    };
+    LocalServer::start_with(Arc::new(db.clone()), options)
         .await
         .expect("server")
 }
