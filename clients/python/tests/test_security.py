@@ -3,6 +3,8 @@
 Two principals in a tokens file: `writer` reads every table, `analyst` only dbo.customers.
 """
 
+import hashlib
+import hmac
 import json
 import re
 import signal
@@ -10,6 +12,7 @@ import subprocess
 import threading
 import time
 
+import adbc_driver_flightsql.dbapi as adbc
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
@@ -436,3 +439,96 @@ def test_a_principal_looping_planning_calls_is_bounded(tmp_path):
 def action_as(client, options, name, body):
     results = list(client.do_action(flight.Action(name, json.dumps(body).encode()), options))
     return json.loads(results[0].body.to_pybytes())
+
+
+def test_a_masked_column_never_reaches_a_pyarrow_client_or_the_log(tmp_path):
+    """The server's masks file hashes dbo.customers.email for every caller but `writer`,
+    whose clear grant names the table: `analyst` reads keyed HMACs (the same for equal
+    values, as Python's own hmac computes them), cannot redeem the writer's clear ticket,
+    and the server's debug log holds no clear address."""
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "30", "--orders", "0")
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(
+        json.dumps(
+            {
+                "principals": [
+                    {
+                        "name": "writer",
+                        "tables": ["*"],
+                        "clear": ["dbo.customers"],
+                        "token_sha256": sha256(WRITER_TOKEN),
+                    },
+                    {"name": "analyst", "tables": ["*"], "token_sha256": sha256(ANALYST_TOKEN)},
+                ]
+            }
+        )
+    )
+    key = b"the pytest hash key of the masks, 32+ bytes"
+    (tmp_path / "mask.key").write_bytes(key + b"\n")
+    masks = tmp_path / "masks.json"
+    masks.write_text(
+        json.dumps({"hash_key_file": "mask.key", "tables": {"dbo.customers": {"email": "hash"}}})
+    )
+    env = {"PATH": "/usr/bin:/bin", "RUST_LOG": "debug"}
+    process, url = start_server(
+        directory,
+        "--tokens-file",
+        str(tokens),
+        "--masks",
+        str(masks),
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        client = flight.FlightClient(url)
+        command = json.dumps({"type": "snapshot", "table": "dbo.customers"})
+
+        def read_as(token):
+            options = bearer(token)
+            info = client.get_flight_info(flight.FlightDescriptor.for_command(command), options)
+            [endpoint] = info.endpoints
+            batches, marker = read_endpoint(client, endpoint, options)
+            assert marker is not None
+            return pa.Table.from_batches(batches), endpoint
+
+        clear, clear_endpoint = read_as(WRITER_TOKEN)
+        masked, _ = read_as(ANALYST_TOKEN)
+        emails = [email for email in clear.column("email").to_pylist() if email is not None]
+        assert len(emails) > 5
+        expected = [
+            None if email is None else hmac.new(key, email.encode(), hashlib.sha256).hexdigest()
+            for email in clear.column("email").to_pylist()
+        ]
+        assert masked.column("email").to_pylist() == expected
+        field = masked.schema.field("email")
+        assert field.metadata[b"mssql_cdc.mask"] == b"hash"
+        assert b"mssql_cdc.mask" not in (clear.schema.field("email").metadata or {})
+        with pytest.raises(flight.FlightUnauthorizedError, match="masks"):
+            read_endpoint(client, clear_endpoint, bearer(ANALYST_TOKEN))
+        # Flight SQL plans through the same masks (the ADBC driver, as a SQL tool reads).
+        options = {"adbc.flight.sql.authorization_header": f"Bearer {ANALYST_TOKEN}"}
+        with (
+            adbc.connect(url, db_kwargs=options, autocommit=True) as connection,
+            connection.cursor() as cursor,
+        ):
+            cursor.execute("SELECT * FROM dbo.customers")
+            sql_rows = cursor.fetch_arrow_table()
+        by_key = dict(zip(clear.column("customer_id").to_pylist(), expected, strict=True))
+        assert (
+            dict(
+                zip(
+                    sql_rows.column("customer_id").to_pylist(),
+                    sql_rows.column("email").to_pylist(),
+                    strict=True,
+                )
+            )
+            == by_key
+        )
+    finally:
+        process.terminate()
+        log = process.communicate(timeout=30)[1]
+    assert "serving masked columns" in log
+    leaked = [email for email in emails if email in log]
+    assert not leaked, f"clear values in the server's log: {leaked[:3]}"
+    assert key.decode() not in log

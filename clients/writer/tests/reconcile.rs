@@ -1213,3 +1213,141 @@ async fn a_chunked_snapshot_under_other_columns_than_the_tables_is_abandoned_not
         .expect("backfill");
     assert_eq!(status.state, "abandoned", "{status:?}");
 }
+
+/// The key the masked lab's server hashes with.
+const HASH_KEY: &[u8] = b"the reconcile test's hash key, 32+ bytes";
+
+/// dbo.orders served with its note hashed and its status cut to two characters.
+fn order_masks() -> mssql_cdc_flight::flight::masking::MaskPolicy {
+    let json = serde_json::json!({
+        "hash_key_file": "mask.key",
+        "tables": {"dbo.orders": {"note": "hash", "status": "truncate(2)"}},
+    });
+    mssql_cdc_flight::flight::masking::MaskPolicy::parse(json.to_string().as_bytes(), |_| {
+        Ok(HASH_KEY.to_vec())
+    })
+    .expect("masks")
+}
+
+/// `(order_id, note, status)` of every row `batches` hold, texts as Rust strings.
+fn orders_texts(
+    batches: &[arrow::array::RecordBatch],
+) -> Vec<(i64, Option<String>, Option<String>)> {
+    use arrow::array::{Array, AsArray};
+    let mut rows = Vec::new();
+    for batch in batches {
+        let text = |name: &str| {
+            let column = batch.column_by_name(name).expect("column");
+            arrow::compute::cast(column, &arrow::datatypes::DataType::Utf8).expect("text")
+        };
+        let (note, status) = (text("note"), text("status"));
+        let ids = arrow::compute::cast(
+            batch.column_by_name("order_id").expect("key"),
+            &arrow::datatypes::DataType::Int64,
+        )
+        .expect("ids");
+        let ids = ids.as_primitive::<arrow::datatypes::Int64Type>();
+        let value = |column: &arrow::array::ArrayRef, row: usize| {
+            let column = column.as_string::<i32>();
+            (!column.is_null(row)).then(|| column.value(row).to_string())
+        };
+        for row in 0..batch.num_rows() {
+            rows.push((ids.value(row), value(&note, row), value(&status, row)));
+        }
+    }
+    rows.sort();
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masked_columns_reach_the_lake_masked_and_reconcile_compares_them_so() {
+    let lab = Lab::masked(order_masks()).await;
+    pipeline(&lab).await;
+    // The clear rows, from a server of the same database without masks.
+    let clear_server = mssql_cdc_flight::flight::local::LocalServer::start(
+        std::sync::Arc::new(lab.db.clone()),
+        mssql_cdc_flight::flight::ticket::TicketSigner::random().expect("key"),
+    )
+    .await
+    .expect("server");
+    let client = mssql_cdc_flight::client::CdcClient::connect(&clear_server.url)
+        .await
+        .expect("connect");
+    let plan = client
+        .plan_snapshot(&mssql_cdc_proto::protocol::SnapshotCommand::new(
+            "dbo.orders",
+        ))
+        .await
+        .expect("plan");
+    let mut clear = Vec::new();
+    for endpoint in &plan.info.endpoint {
+        let ticket = endpoint.ticket.as_ref().expect("ticket");
+        clear.extend(client.collect_endpoint(ticket).await.expect("read").0);
+    }
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, HASH_KEY);
+    let expected: Vec<_> = orders_texts(&clear)
+        .into_iter()
+        .map(|(id, note, status)| {
+            let hash = note.map(|note| hex::encode(ring::hmac::sign(&key, note.as_bytes())));
+            (
+                id,
+                hash,
+                status.map(|status| status.chars().take(2).collect::<String>()),
+            )
+        })
+        .collect();
+    assert!(expected.iter().any(|row| row.1.is_some()), "notes to hash");
+    // Silver holds the masked form of every current row: the keyed hash, the cut text.
+    let silver = common::query(&lab.lake("silver_orders"), "SELECT * FROM t").await;
+    assert_eq!(orders_texts(&silver), expected);
+    // Bronze holds no clear note or status either.
+    let bronze = common::query(&lab.lake("bronze_orders"), "SELECT * FROM t").await;
+    let clear_notes: BTreeSet<String> = orders_texts(&clear)
+        .into_iter()
+        .filter_map(|row| row.1)
+        .collect();
+    for (_, note, status) in orders_texts(&bronze) {
+        assert!(note.is_none_or(|note| note.len() == 64 && !clear_notes.contains(&note)));
+        assert!(status.is_none_or(|status| status.chars().count() <= 2));
+    }
+    clear_server.stop().await.expect("stopped");
+
+    // Value sums cover the unmasked columns; the masked ones are compared row by row.
+    let result = reconcile(&config(&lab)).await.expect("reconcile");
+    let rendered = mssql_cdc_writer::reconcile::render(&result);
+    assert!(result.verified && result.value_sums, "{rendered}");
+    assert_eq!(result.masked_columns, ["status", "note"], "{rendered}");
+    assert!(!result.values_verified, "masked columns unread: {rendered}");
+    assert!(rendered.contains("serves masked"), "{rendered}");
+    let every_row = ReconcileConfig {
+        sample: 1.0,
+        ..config(&lab)
+    };
+    let result = reconcile(&every_row).await.expect("reconcile");
+    assert!(
+        result.values_verified,
+        "{}",
+        mssql_cdc_writer::reconcile::render(&result)
+    );
+    // A masked value changed in silver is found, compared in its masked form.
+    let changed = silver_keys(&lab).await[3];
+    update_lake(
+        &lab.lake("silver_orders"),
+        &format!("order_id = {changed}"),
+        "note",
+        "'0000000000000000000000000000000000000000000000000000000000000000'",
+    )
+    .await;
+    let result = reconcile(&every_row).await.expect("reconcile");
+    let found: Vec<(i64, FailureType)> = result
+        .findings
+        .iter()
+        .map(|finding| {
+            (
+                finding.key["order_id"].as_i64().expect("key"),
+                finding.failure_type,
+            )
+        })
+        .collect();
+    assert_eq!(found, [(changed, FailureType::RecordDiff)]);
+}

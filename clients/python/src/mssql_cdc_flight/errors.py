@@ -115,6 +115,7 @@ _BY_REASON: dict[str, type[CdcFlightError]] = {
     "TICKET_MALFORMED": InvalidRequestError,
     "UNAUTHENTICATED": UnauthenticatedError,
     "TABLE_NOT_GRANTED": PermissionDeniedError,
+    "COLUMN_MASKED": PermissionDeniedError,
     "TICKET_FORGED": PermissionDeniedError,
     "SCHEMA_CHANGED": SchemaChangedError,
     "TICKET_EXPIRED": TicketExpiredError,

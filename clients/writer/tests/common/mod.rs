@@ -12,7 +12,9 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use deltalake::datafusion::prelude::SessionContext;
 use mssql_cdc_flight::CommitTime;
 use mssql_cdc_flight::client::CdcClient;
+use mssql_cdc_flight::flight::ServiceOptions;
 use mssql_cdc_flight::flight::local::LocalServer;
+use mssql_cdc_flight::flight::masking::MaskPolicy;
 use mssql_cdc_flight::flight::ticket::TicketSigner;
 use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
 use mssql_cdc_flight::sim::{Clock, SimDb, SimWriter, sample};
@@ -41,9 +43,27 @@ impl Lab {
 
     /// A lab whose simulated database holds these tables.
     pub async fn with_tables(tables: &[mssql_cdc_flight::sim::TableSpec]) -> Self {
+        let signer = TicketSigner::random().expect("key");
+        Self::with_options(tables, ServiceOptions::new(signer)).await
+    }
+
+    /// A lab of the sample tables whose server masks columns as `masks` says.
+    pub async fn masked(masks: MaskPolicy) -> Self {
+        let options = ServiceOptions {
+            masks: Arc::new(masks),
+            ..ServiceOptions::new(TicketSigner::random().expect("key"))
+        };
+        Self::with_options(&sample::sample_tables(), options).await
+    }
+
+    /// A lab whose simulated database holds these tables, served with `options`.
+    pub async fn with_options(
+        tables: &[mssql_cdc_flight::sim::TableSpec],
+        options: ServiceOptions,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("temp");
         let db = SimDb::create(&dir.path().join("db"), tables, START).expect("sim");
-        let server = LocalServer::start(Arc::new(db.clone()), TicketSigner::random().expect("key"))
+        let server = LocalServer::start_with(Arc::new(db.clone()), options)
             .await
             .expect("server");
         Lab {
