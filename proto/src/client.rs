@@ -92,12 +92,13 @@ impl ClientError {
     }
 
     /// Whether the server refused a ticket it signed before (a restart with another key, a
-    /// ticket past its lifetime): planning again gives fresh tickets.
+    /// ticket past its lifetime, other masks than the caller's): planning again gives fresh
+    /// tickets.
     pub fn is_stale_ticket(&self) -> bool {
         match self {
             ClientError::Status(status) => matches!(
                 crate::status::reason_of_status(status).as_deref(),
-                Some("TICKET_FORGED" | "TICKET_EXPIRED")
+                Some("TICKET_FORGED" | "TICKET_EXPIRED" | "TICKET_MASKS_CHANGED")
             ),
             _ => false,
         }

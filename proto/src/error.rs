@@ -89,6 +89,9 @@ pub enum Error {
     /// to cut or seek on, a value to digest, a ticket planned for a clearer caller).
     #[error("{0}")]
     Masked(String),
+    /// A ticket planned under other masks than its redeemer is served: plan again.
+    #[error("{0}")]
+    TicketMasksChanged(String),
     /// A limit of the server is reached for now (open streams); retry after a while.
     #[error("{what}; retry in about {retry_after_seconds} s")]
     Busy {

@@ -23,9 +23,10 @@ pub fn code_of(error: &Error) -> Code {
         Error::ChangesPurged { .. } | Error::PurgedDuringRead { .. } => Code::DataLoss,
         Error::TableNotFound { .. } | Error::CaptureInstanceNotFound { .. } => Code::NotFound,
         Error::InvalidArgument(_) | Error::TicketMalformed(_) => Code::InvalidArgument,
-        Error::SchemaChanged(_) | Error::TicketExpired { .. } | Error::GrantMissing(_) => {
-            Code::FailedPrecondition
-        }
+        Error::SchemaChanged(_)
+        | Error::TicketExpired { .. }
+        | Error::TicketMasksChanged(_)
+        | Error::GrantMissing(_) => Code::FailedPrecondition,
         Error::TicketForged | Error::NotAuthorized { .. } | Error::Masked(_) => {
             Code::PermissionDenied
         }
@@ -49,6 +50,7 @@ pub fn reason_of(error: &Error) -> &'static str {
         Error::TicketMalformed(_) => "TICKET_MALFORMED",
         Error::SchemaChanged(_) => "SCHEMA_CHANGED",
         Error::TicketExpired { .. } => "TICKET_EXPIRED",
+        Error::TicketMasksChanged(_) => "TICKET_MASKS_CHANGED",
         Error::GrantMissing(_) => "SOURCE_GRANT_MISSING",
         Error::TicketForged => "TICKET_FORGED",
         Error::NotAuthorized { .. } => "TABLE_NOT_GRANTED",

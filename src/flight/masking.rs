@@ -13,11 +13,12 @@
 //! that would hand out or compare values in clear (keys to cut or seek on, values to digest
 //! at the source) is refused for a masked column ([`MaskPolicy::refuse_masked`]).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, BinaryArray, StringArray, StringBuilder, new_null_array};
+use arrow::array::{
+    Array, ArrayRef, AsArray, BinaryArray, StringArray, StringBuilder, new_null_array,
+};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use ring::hmac;
@@ -40,8 +41,44 @@ struct MasksFile {
     /// The secret keying `hash` (relative to the masks file's folder).
     #[serde(default)]
     hash_key_file: Option<PathBuf>,
-    /// `schema.table` → column → mask.
-    tables: BTreeMap<String, BTreeMap<String, String>>,
+    /// `schema.table` → column → mask, in the file's order; a name given twice is refused
+    /// (a JSON map would keep the last silently, and serve the first one's column clear).
+    #[serde(deserialize_with = "entries")]
+    tables: Vec<(String, Entries<String>)>,
+}
+
+/// A JSON object's entries in order, duplicates kept for the parser to refuse.
+struct Entries<V>(Vec<(String, V)>);
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Entries<V> {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
+        struct Visit<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Visit<V> {
+            type Value = Entries<V>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Entries<V>, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(Entries(entries))
+            }
+        }
+        deserializer.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
+fn entries<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Vec<(String, Entries<String>)>, D::Error> {
+    Entries::deserialize(deserializer).map(|entries| entries.0)
 }
 
 /// One table's masked columns, names lower-cased (SQL Server's default collations ignore
@@ -103,7 +140,7 @@ impl MaskPolicy {
         let file: MasksFile = serde_json::from_slice(text)
             .map_err(|error| Error::invalid(format!("masks file: {error}")))?;
         let mut tables: Vec<TableMasks> = Vec::new();
-        for (table, columns) in file.tables {
+        for (table, Entries(columns)) in file.tables {
             let name: TableName = table
                 .parse()
                 .map_err(|error| Error::invalid(format!("masks file: table '{table}': {error}")))?;
@@ -151,24 +188,75 @@ impl MaskPolicy {
         })
     }
 
-    /// Whether any column of any table is masked.
+    /// Whether no column of any table is masked.
     pub fn is_empty(&self) -> bool {
         self.tables.is_empty()
     }
 
-    /// The masked columns of `table` for `principal` (none with a `clear` grant).
-    fn masked(&self, principal: &Principal, table: &TableName) -> &[(String, Mask)] {
+    /// The masks file's entries of `table`, whoever asks.
+    fn of_table(&self, table: &TableName) -> Option<&TableMasks> {
         let name = table.to_string().to_lowercase();
-        match self.tables.iter().find(|masks| masks.table == name) {
+        self.tables.iter().find(|masks| masks.table == name)
+    }
+
+    /// The masked columns of `table` for `principal` (none with a `clear` grant).
+    fn masks_for(&self, principal: &Principal, table: &TableName) -> &[(String, Mask)] {
+        match self.of_table(table) {
             Some(masks) if !principal.reads_clear(table) => &masks.columns,
             _ => &[],
         }
     }
 
+    /// Whether the masks file masks a column of `table` (for some caller).
+    pub fn masks_table(&self, table: &TableName) -> bool {
+        self.of_table(table).is_some()
+    }
+
+    /// `INVALID_ARGUMENT` when the masks file does not fit `table`'s capture instances: a
+    /// masked name no instance captures (a typo, or a column renamed: its new name would be
+    /// served clear) or a column of the unique index CDC uses (a truncated or nulled key
+    /// merges rows, and a hashed one still shows its order in every read). The table's plans
+    /// are refused until the masks file is fixed: failing closed, never serving clear.
+    pub fn check_table(
+        &self,
+        table: &TableName,
+        instances: &[crate::source::CaptureInstance],
+    ) -> Result<()> {
+        let Some(masks) = self.of_table(table) else {
+            return Ok(());
+        };
+        for (column, mask) in &masks.columns {
+            let same = |name: &String| name.to_lowercase() == *column;
+            if !instances
+                .iter()
+                .any(|instance| instance.columns.iter().any(|captured| same(&captured.name)))
+            {
+                return Err(Error::invalid(format!(
+                    "the server's masks file masks {table}.{column} ({mask}), which no capture \
+                     instance of the table captures: its reads are refused until the masks \
+                     file names the column as captured (a renamed column would be served \
+                     clear under its new name)"
+                )));
+            }
+            if instances
+                .iter()
+                .any(|instance| instance.index_columns.iter().any(same))
+            {
+                return Err(Error::invalid(format!(
+                    "the server's masks file masks {table}.{column} ({mask}), a column of the \
+                     unique index CDC uses: a key cannot be masked (truncated or nulled keys \
+                     merge rows, and every read shows a key's order); its reads are refused \
+                     until the masks file leaves it out"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The mask of `column` of `table` served to `principal`.
     pub fn mask_of(&self, principal: &Principal, table: &TableName, column: &str) -> Option<Mask> {
         let column = column.to_lowercase();
-        self.masked(principal, table)
+        self.masks_for(principal, table)
             .iter()
             .find(|(name, _)| *name == column)
             .map(|(_, mask)| *mask)
@@ -207,6 +295,24 @@ impl MaskPolicy {
         })
     }
 
+    /// `TicketMasksChanged` unless the key columns a snapshot ticket is cut on carry the
+    /// masks `principal` is served them with (its bounds hold their values).
+    pub fn check_ticket_keys(
+        &self,
+        principal: &Principal,
+        table: &TableName,
+        keys: &[TicketColumn],
+    ) -> Result<()> {
+        let differs = keys.iter().any(|key| {
+            let mask = self.mask_of(principal, table, &key.name);
+            mask.map(|mask| mask.to_string()).unwrap_or_default() != key.mask
+        });
+        match differs {
+            true => Err(masks_changed()),
+            false => Ok(()),
+        }
+    }
+
     /// `Masked` when `principal` gets a column of `names` of `table` masked: `what` needs
     /// its values in clear.
     pub fn refuse_masked<'a>(
@@ -228,6 +334,15 @@ impl MaskPolicy {
         }
         Ok(())
     }
+}
+
+/// A ticket planned under other masks than its redeemer's.
+fn masks_changed() -> Error {
+    Error::TicketMasksChanged(
+        "the ticket's masks are not this caller's (planned by a caller the server serves \
+         another form, or before the masks file changed): plan the read again"
+            .into(),
+    )
 }
 
 /// A hash key: the file's bytes, a final line break left off.
@@ -277,8 +392,8 @@ impl ServedMasks {
             .collect()
     }
 
-    /// `Masked` unless a ticket's columns carry exactly these masks: a ticket planned for
-    /// another caller (or before the masks changed) is not redeemed.
+    /// `TicketMasksChanged` unless a ticket's columns carry exactly these masks: a ticket
+    /// planned for another caller (or before the masks changed) is not redeemed.
     pub fn check_ticket(&self, columns: &[TicketColumn]) -> Result<()> {
         let asked: Vec<Option<Mask>> = columns
             .iter()
@@ -289,17 +404,13 @@ impl ServedMasks {
             .collect::<Result<_>>()?;
         match asked == self.masks {
             true => Ok(()),
-            false => Err(Error::Masked(
-                "the ticket's masks are not this caller's (planned by a caller the server \
-                 serves another form, or before the masks file changed): plan the read again"
-                    .into(),
-            )),
+            false => Err(masks_changed()),
         }
     }
 
-    /// `schema` with its captured columns (from `first` on) as masked: the served type, and
+    /// `schema` with its captured columns (from `first_captured` on) as masked: the served type, and
     /// the mask in the field's metadata.
-    pub fn schema(&self, schema: SchemaRef, first: usize) -> SchemaRef {
+    pub fn schema(&self, schema: SchemaRef, first_captured: usize) -> SchemaRef {
         if self.is_clear() {
             return schema;
         }
@@ -309,7 +420,7 @@ impl ServedMasks {
             .enumerate()
             .map(|(index, field)| {
                 let mask = index
-                    .checked_sub(first)
+                    .checked_sub(first_captured)
                     .and_then(|index| self.masks.get(index).copied().flatten());
                 match mask {
                     Some(mask) => masked_field(field, mask),
@@ -320,12 +431,12 @@ impl ServedMasks {
         Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
     }
 
-    /// `batch` with its captured columns (from `first` on) masked, under `schema` (what
+    /// `batch` with its captured columns (from `first_captured` on) masked, under `schema` (what
     /// [`ServedMasks::schema`] made of the batch's).
     pub fn apply(
         &self,
         batch: RecordBatch,
-        first: usize,
+        first_captured: usize,
         schema: &SchemaRef,
     ) -> Result<RecordBatch> {
         if self.is_clear() {
@@ -334,15 +445,16 @@ impl ServedMasks {
         let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
         for (index, mask) in self.masks.iter().enumerate() {
             let Some(mask) = mask else { continue };
-            let column = columns.get_mut(first + index).ok_or_else(|| {
+            let column = columns.get_mut(first_captured + index).ok_or_else(|| {
                 Error::Internal(format!("a masked column {index} past the batch's columns"))
             })?;
-            *column = self.masked(column, *mask)?;
+            *column = self.masked_column(column, *mask)?;
         }
         Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
     }
 
-    fn masked(&self, column: &ArrayRef, mask: Mask) -> Result<ArrayRef> {
+    /// `column` masked by `mask`.
+    fn masked_column(&self, column: &ArrayRef, mask: Mask) -> Result<ArrayRef> {
         Ok(match mask {
             Mask::Null => new_null_array(column.data_type(), column.len()),
             Mask::Truncate(n) => truncated(column, n as usize)?,
@@ -364,6 +476,97 @@ impl ServedMasks {
             }
         })
     }
+}
+
+/// Cuts a masked read's batches again on their served sizes. The source cuts on the sizes
+/// of the values it read, masked ones in clear; a client choosing `batch_bytes` (or the
+/// server's share under load) could then tell a masked value's length by where a batch
+/// ended. Here a batch ends after `rows` rows, or at the first row that brings it to `bytes`
+/// bytes as served: where depends on served values only.
+pub struct Recut {
+    schema: SchemaRef,
+    rows: usize,
+    bytes: usize,
+    pending: Vec<RecordBatch>,
+    pending_rows: usize,
+    pending_bytes: usize,
+}
+
+impl Recut {
+    /// Batches of `schema` cut at `rows` rows or `bytes` served bytes (each at least 1).
+    pub fn new(schema: SchemaRef, rows: usize, bytes: usize) -> Self {
+        Recut {
+            schema,
+            rows: rows.max(1),
+            bytes: bytes.max(1),
+            pending: Vec::new(),
+            pending_rows: 0,
+            pending_bytes: 0,
+        }
+    }
+
+    /// Takes in `batch` (served form); returns the batches it completes.
+    pub fn push(&mut self, batch: &RecordBatch) -> Result<Vec<RecordBatch>> {
+        let sizes = served_row_sizes(batch);
+        let mut done = Vec::new();
+        let mut start = 0;
+        for (row, size) in sizes.into_iter().enumerate() {
+            self.pending_rows += 1;
+            self.pending_bytes += size;
+            if self.pending_rows >= self.rows || self.pending_bytes >= self.bytes {
+                self.pending.push(batch.slice(start, row + 1 - start));
+                start = row + 1;
+                done.push(self.take()?);
+            }
+        }
+        if start < batch.num_rows() {
+            self.pending
+                .push(batch.slice(start, batch.num_rows() - start));
+        }
+        Ok(done)
+    }
+
+    /// The rows still held, as the read's last batch.
+    pub fn finish(&mut self) -> Result<Option<RecordBatch>> {
+        match self.pending_rows {
+            0 => Ok(None),
+            _ => self.take().map(Some),
+        }
+    }
+
+    fn take(&mut self) -> Result<RecordBatch> {
+        let batch = arrow::compute::concat_batches(&self.schema, &self.pending)?;
+        self.pending.clear();
+        (self.pending_rows, self.pending_bytes) = (0, 0);
+        Ok(batch)
+    }
+}
+
+/// Each row's bytes in `batch` as served: fixed widths, and a text's or binary value's own
+/// length with its offset.
+fn served_row_sizes(batch: &RecordBatch) -> Vec<usize> {
+    let mut sizes = vec![0usize; batch.num_rows()];
+    for column in batch.columns() {
+        let variable = match column.data_type() {
+            DataType::Utf8 => Some(column.as_string::<i32>().offsets().clone()),
+            DataType::Binary => Some(column.as_binary::<i32>().offsets().clone()),
+            _ => None,
+        };
+        match variable {
+            Some(offsets) => {
+                for (size, ends) in sizes.iter_mut().zip(offsets.windows(2)) {
+                    *size += 4 + usize::try_from(ends[1] - ends[0]).unwrap_or(0);
+                }
+            }
+            None => {
+                let width = column.data_type().primitive_width().unwrap_or(1);
+                for size in &mut sizes {
+                    *size += width;
+                }
+            }
+        }
+    }
+    sizes
 }
 
 /// `bytes` in lower-case hex, written into `out`.

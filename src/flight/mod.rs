@@ -287,18 +287,20 @@ impl CdcFlightService {
                 return Ok(Response::new(stream));
             }
             let body = self.signer.verify(&request.get_ref().ticket)?;
-            let (mut read, compression, table, columns) = match body.kind {
+            let (mut read, compression, table, columns, keys) = match body.kind {
                 Some(TicketKind::ChangeRange(ticket)) => (
                     StreamRead::changes(&ticket)?,
                     ticket.compression,
                     ticket.table,
                     ticket.columns,
+                    Vec::new(),
                 ),
                 Some(TicketKind::Snapshot(ticket)) => (
                     StreamRead::Snapshot(snapshot::ticket_read(&ticket)?),
                     ticket.compression,
                     ticket.table,
                     ticket.columns,
+                    ticket.keys,
                 ),
                 None => {
                     return Err(Status::invalid_argument(
@@ -314,6 +316,7 @@ impl CdcFlightService {
                 self.masks
                     .served(&principal, &table, &TicketColumn::to_output(&columns)?)?;
             masks.check_ticket(&columns)?;
+            self.masks.check_ticket_keys(&principal, &table, &keys)?;
             let slot = self.streams.enter(principal.bounded_name())?;
             read.share(self.streams.batch_share());
             let stall = self.limits.stall_timeout;
@@ -355,25 +358,30 @@ impl CdcFlightService {
         self.table_info_of(principal, table, &instances).await
     }
 
-    /// The masks `principal` is served `columns` of `table` with.
-    fn served_masks(
+    /// The masks `principal` is served `columns` of `table` with, once the masks file is
+    /// checked against the table's capture instances (read only for a masked table).
+    async fn served_masks(
         &self,
         principal: &Principal,
         table: &TableName,
         columns: &[OutputColumn],
     ) -> Result<ServedMasks> {
+        if self.masks.masks_table(table) {
+            let instances = self.source.capture_instances(table).await?;
+            self.masks.check_table(table, &instances)?;
+        }
         self.masks.served(principal, table, columns)
     }
 
     /// The change schema of `columns` as `principal` is served them.
-    fn served_schema(
+    async fn served_schema(
         &self,
         principal: &Principal,
         table: &TableName,
         columns: &[OutputColumn],
         include_command_id: bool,
     ) -> Result<arrow::datatypes::SchemaRef> {
-        Ok(self.served_masks(principal, table, columns)?.schema(
+        Ok(self.served_masks(principal, table, columns).await?.schema(
             output_schema(columns, include_command_id),
             metadata_column_count(include_command_id),
         ))
@@ -394,7 +402,8 @@ impl CdcFlightService {
         }
         Ok(FlightInfo::new()
             .try_with_schema(
-                self.served_schema(principal, table, &columns, true)?
+                self.served_schema(principal, table, &columns, true)
+                    .await?
                     .as_ref(),
             )?
             .with_descriptor(table_descriptor(table))
@@ -447,7 +456,7 @@ impl CdcFlightService {
         let include_command_id = command.serve.include_command_id.unwrap_or(true);
         let plan = planner::plan_changes(self.source.as_ref(), command).await?;
         let table: TableName = command.table.parse()?;
-        let masks = self.served_masks(principal, &table, &plan.columns)?;
+        let masks = self.served_masks(principal, &table, &plan.columns).await?;
         let columns = masks.ticket_columns(&plan.columns);
         let schema = masks.schema(
             output_schema(&plan.columns, include_command_id),
@@ -795,7 +804,8 @@ impl CdcFlightService {
             _ => output_schema(&columns, include_command_id),
         };
         Ok(self
-            .served_masks(principal, table, &columns)?
+            .served_masks(principal, table, &columns)
+            .await?
             .schema(schema, metadata_column_count(include_command_id)))
     }
 }

@@ -160,6 +160,7 @@ pub async fn plan(
                 .collect()
         }
     };
+    masks.check_table(&table, &instances)?;
     let served = masks.served(principal, &table, &columns)?;
     let ticket_columns = served.ticket_columns(&columns);
     let metadata = SnapshotPlanMetadata {
@@ -218,7 +219,12 @@ pub async fn plan(
                     .map(|key| TicketColumn {
                         name: key.name.clone(),
                         sql_type: key.sql_type.to_string(),
-                        mask: String::new(),
+                        // A ticket's bounds on a key its redeemer gets masked would hand them
+                        // its clear values: redemption checks these too.
+                        mask: masks
+                            .mask_of(principal, &table, &key.name)
+                            .map(|mask| mask.to_string())
+                            .unwrap_or_default(),
                     })
                     .collect(),
                 include_command_id,

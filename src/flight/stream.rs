@@ -22,6 +22,7 @@ use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::sync::{mpsc, oneshot};
@@ -29,7 +30,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::encode::{BatchEncoder, Message, ipc_options};
-use super::masking::ServedMasks;
+use super::masking::{Recut, ServedMasks};
 use super::ticket::{ChangeRangeTicket, TicketColumn, batch_bound};
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
@@ -102,6 +103,15 @@ impl StreamRead {
         match self {
             StreamRead::Changes { .. } => "changes",
             StreamRead::Snapshot(_) => "snapshot",
+        }
+    }
+
+    /// The rows and bytes a batch of the ticket may hold (bytes as asked, before the
+    /// server's share under load).
+    fn batch_bounds(&self) -> (usize, usize) {
+        match self {
+            StreamRead::Changes { read, .. } => (read.batch_rows, read.batch_bytes.requested()),
+            StreamRead::Snapshot(read) => (read.batch_rows, read.batch_bytes.requested()),
         }
     }
 
@@ -234,6 +244,43 @@ pub fn respond(
     Ok(data.chain(end).boxed())
 }
 
+/// Encodes `batch` and queues its messages; `false` when the client left. A client that
+/// stops reading (HTTP/2's windows full, then this queue) would hold the source read and its
+/// connection for ever: past `stall` the read ends, which releases both.
+async fn send(
+    encoder: &mut BatchEncoder,
+    batch: &RecordBatch,
+    batches: &mpsc::Sender<Message>,
+    stall: Option<Duration>,
+    (kind, rows): (&str, u64),
+) -> Result<bool> {
+    for message in encoder.encode(batch)? {
+        let sent = match stall {
+            None => batches.send(message).await,
+            Some(stall) => match tokio::time::timeout(stall, batches.send(message)).await {
+                Ok(sent) => sent,
+                Err(_) => {
+                    tracing::info!(
+                        kind,
+                        rows,
+                        "a stream's client took no batch for the stall timeout: ended"
+                    );
+                    return Err(Error::StreamStalled(format!(
+                        "the client took no batch for {} s: the stream was ended and its \
+                         source read released (the server's --stall-timeout); read the ticket \
+                         again from its start",
+                        stall.as_secs_f64()
+                    )));
+                }
+            },
+        };
+        if sent.is_err() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// Reads `read` into `batches`; then sends to `end` the completion marker when the whole read
 /// succeeded, or the status it failed with.
 async fn produce(
@@ -248,6 +295,13 @@ async fn produce(
     let outcome = async {
         let mut stream = read.open(source.as_ref()).await?;
         let (mut rows, mut bytes) = (0u64, 0u64);
+        // A masked read is cut again on its served sizes: the source cut on the clear ones,
+        // and a client choosing `batch_bytes` could measure a masked value by where it cut.
+        let mut recut = (!masks.is_clear()).then(|| {
+            let (batch_rows, batch_bytes) = read.batch_bounds();
+            Recut::new(Arc::clone(&schema), batch_rows, batch_bytes)
+        });
+        let first = read.first_captured();
         loop {
             // A client that leaves stops the read at once, also while the source is still
             // working towards its next batch (dropping the stream cancels the source query).
@@ -255,37 +309,30 @@ async fn produce(
                 next = stream.next() => next,
                 () = batches.closed() => return Ok(None),
             };
-            let Some(batch) = next else { break };
-            // Masked before anything leaves the producer: the clear values are dropped here.
-            let batch = masks.apply(batch?, read.first_captured(), &schema)?;
-            rows += batch.num_rows() as u64;
-            bytes += batch_slice_size(&batch) as u64;
-            for message in encoder.encode(&batch)? {
-                // A client that stops reading (HTTP/2's windows full, then this queue) would
-                // hold the source read and its connection for ever: past `stall` the read
-                // ends, which releases both.
-                let sent = match stall {
-                    None => batches.send(message).await,
-                    Some(stall) => match tokio::time::timeout(stall, batches.send(message)).await {
-                        Ok(sent) => sent,
-                        Err(_) => {
-                            tracing::info!(
-                                kind = read.kind(),
-                                rows,
-                                "a stream's client took no batch for the stall timeout: ended"
-                            );
-                            return Err(Error::StreamStalled(format!(
-                                "the client took no batch for {} s: the stream was ended and \
-                                 its source read released (the server's --stall-timeout); \
-                                 read the ticket again from its start",
-                                stall.as_secs_f64()
-                            )));
-                        }
-                    },
-                };
-                if sent.is_err() {
+            let served = match next {
+                // Masked before anything leaves the producer: the clear values are dropped here.
+                Some(batch) => {
+                    let batch = masks.apply(batch?, first, &schema)?;
+                    match &mut recut {
+                        Some(recut) => recut.push(&batch)?,
+                        None => vec![batch],
+                    }
+                }
+                None => break,
+            };
+            for batch in served {
+                rows += batch.num_rows() as u64;
+                bytes += batch_slice_size(&batch) as u64;
+                if !send(&mut encoder, &batch, &batches, stall, (read.kind(), rows)).await? {
                     return Ok(None);
                 }
+            }
+        }
+        if let Some(last) = recut.as_mut().map(Recut::finish).transpose()?.flatten() {
+            rows += last.num_rows() as u64;
+            bytes += batch_slice_size(&last) as u64;
+            if !send(&mut encoder, &last, &batches, stall, (read.kind(), rows)).await? {
+                return Ok(None);
             }
         }
         drop(stream);

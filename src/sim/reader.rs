@@ -281,9 +281,10 @@ fn cast_exactly(array: &ArrayRef, to: &DataType) -> std::result::Result<ArrayRef
     {
         let factor = 10i128.pow(u32::from(from_scale.abs_diff(*to_scale)));
         let decimals = array.as_primitive::<Decimal128Type>();
-        if let Some(value) = decimals.iter().flatten().find(|value| value % factor != 0) {
+        // The value is not said: it may be a masked column's.
+        if decimals.iter().flatten().any(|value| value % factor != 0) {
             return Err(format!(
-                "the value {value} at scale {from_scale} would lose digits at scale {to_scale}"
+                "a value at scale {from_scale} would lose digits at scale {to_scale}"
             ));
         }
     }
@@ -291,7 +292,9 @@ fn cast_exactly(array: &ArrayRef, to: &DataType) -> std::result::Result<ArrayRef
         safe: false,
         ..CastOptions::default()
     };
-    cast_with_options(array, to, &options).map_err(|error| error.to_string())
+    // Arrow's cast errors quote the value: only the types are said.
+    cast_with_options(array, to, &options)
+        .map_err(|_| format!("a value of type {} does not fit {to}", array.data_type()))
 }
 
 /// `rows` cut from a batch of `whole_rows`, copied when they are a small part of it: a slice

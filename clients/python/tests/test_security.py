@@ -504,7 +504,7 @@ def test_a_masked_column_never_reaches_a_pyarrow_client_or_the_log(tmp_path):
         field = masked.schema.field("email")
         assert field.metadata[b"mssql_cdc.mask"] == b"hash"
         assert b"mssql_cdc.mask" not in (clear.schema.field("email").metadata or {})
-        with pytest.raises(flight.FlightUnauthorizedError, match="masks"):
+        with pytest.raises(pa.ArrowInvalid, match="precondition failed.*masks"):
             read_endpoint(client, clear_endpoint, bearer(ANALYST_TOKEN))
         # Flight SQL plans through the same masks (the ADBC driver, as a SQL tool reads).
         options = {"adbc.flight.sql.authorization_header": f"Bearer {ANALYST_TOKEN}"}

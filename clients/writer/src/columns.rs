@@ -143,7 +143,7 @@ pub async fn record(table: &str, target: &str, resolved: Resolved) -> Result<()>
 }
 
 /// Checks `table`'s `selection` over its capture instances: no key column of an instance or
-/// of `keys` left out, every excluded name captured.
+/// of `keys` left out or served masked, every excluded name captured.
 pub fn check_against(
     table: &str,
     selection: &ColumnSelection,
@@ -163,6 +163,27 @@ pub fn check_against(
             return Err(WriterError::invalid(format!(
                 "{table}: {flag} leaves out the key column '{key}' ({owner}): silver, chunked \
                  snapshots and reconcile need every key column"
+            )));
+        }
+        // A key the server masks for this writer: truncated or nulled keys merge rows in
+        // silver, and the server refuses to cut or seek on a masked column anyway.
+        let masked = |key: &&String| {
+            instances.iter().find_map(|instance| {
+                instance
+                    .masks
+                    .iter()
+                    .find(|(name, _)| name.eq_ignore_ascii_case(key))
+                    .map(|(_, mask)| mask.clone())
+            })
+        };
+        if let Some((key, mask)) = keys
+            .iter()
+            .find_map(|key| masked(&key).map(|mask| (key, mask)))
+        {
+            return Err(WriterError::invalid(format!(
+                "{table}: the key column '{key}' ({owner}) is served to this writer masked \
+                 ({mask}, the server's masks file): a masked column cannot key silver, chunked \
+                 snapshots or reconcile; name an unmasked key"
             )));
         }
     }

@@ -65,6 +65,17 @@ fn a_masks_file_is_checked_whole() {
         let error = policy(bad).expect_err(why).to_string();
         assert!(error.contains(why), "{why}: {error}");
     }
+    // A name given twice word for word: JSON maps keep the last silently, which would serve
+    // the first entry's column clear.
+    for text in [
+        r#"{"tables": {"dbo.customers": {"email": "hash"}, "dbo.customers": {"name": "null"}}}"#,
+        r#"{"tables": {"dbo.customers": {"email": "null", "email": "truncate(2)"}}}"#,
+    ] {
+        let error = MaskPolicy::parse(text.as_bytes(), |_| Ok(KEY.to_vec()))
+            .expect_err("a name twice")
+            .to_string();
+        assert!(error.contains("twice"), "{error}");
+    }
     let short = MaskPolicy::parse(br#"{"hash_key_file": "k", "tables": {}}"#, |_| {
         Ok(b"short\n".to_vec())
     });
@@ -103,7 +114,7 @@ fn a_clear_grant_is_the_only_way_to_the_clear_form() {
     let refused = served(&masked)
         .check_ticket(&clear_ticket)
         .expect_err("clear");
-    assert!(matches!(refused, Error::Masked(_)), "{refused}");
+    assert!(matches!(refused, Error::TicketMasksChanged(_)), "{refused}");
     served(&clear)
         .check_ticket(&masked_ticket)
         .expect_err("masked");
@@ -225,4 +236,47 @@ fn a_mask_that_does_not_fit_its_column_is_refused_at_the_plan() {
         error.to_string().contains("dbo.customers.segment"),
         "{error}"
     );
+}
+
+#[test]
+fn a_masked_read_is_cut_on_served_sizes_only() {
+    let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Utf8, true)]));
+    let batch = |values: &[&str]| {
+        RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(StringArray::from(values.to_vec()))],
+        )
+        .expect("batch")
+    };
+    let rows = |batches: &[RecordBatch]| {
+        batches
+            .iter()
+            .map(RecordBatch::num_rows)
+            .collect::<Vec<_>>()
+    };
+    // Each row is 4 bytes of offset and its text: a bound of 10 bytes ends a batch at the
+    // row that reaches it, wherever the source's batches ended.
+    let cut = |source: &[&[&str]]| {
+        let mut recut = Recut::new(Arc::clone(&schema), 100, 10);
+        let mut out = Vec::new();
+        for values in source {
+            out.extend(recut.push(&batch(values)).expect("push"));
+        }
+        out.extend(recut.finish().expect("finish"));
+        out
+    };
+    let one = cut(&[&["ab", "cdef", "g", "hi", "j"]]);
+    let other = cut(&[&["ab"], &["cdef", "g"], &[], &["hi", "j"]]);
+    assert_eq!(rows(&one), [2, 2, 1]);
+    assert_eq!(rows(&other), rows(&one));
+    assert_eq!(one, other, "the same rows, the same batches");
+    // The row bound alone, too.
+    let mut recut = Recut::new(Arc::clone(&schema), 2, usize::MAX);
+    let done = recut.push(&batch(&["a", "b", "c"])).expect("push");
+    assert_eq!(rows(&done), [2]);
+    assert_eq!(
+        recut.finish().expect("finish").map(|b| b.num_rows()),
+        Some(1)
+    );
+    assert!(recut.finish().expect("empty").is_none());
 }

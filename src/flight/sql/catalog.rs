@@ -243,9 +243,13 @@ impl CdcFlightService {
                         planner::union_columns(&tracked.table, &tracked.capture_instances);
                     // A table no schema describes (a type without a mapping) is listed with
                     // none rather than hiding the others.
-                    let schema = columns.and_then(|columns| {
-                        self.served_schema(principal, &tracked.table, &columns, true)
-                    });
+                    let schema = match columns {
+                        Ok(columns) => {
+                            self.served_schema(principal, &tracked.table, &columns, true)
+                                .await
+                        }
+                        Err(error) => Err(error),
+                    };
                     let schema = match schema {
                         Ok(schema) => schema.as_ref().clone(),
                         Err(_) => Schema::empty(),

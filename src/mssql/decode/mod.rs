@@ -372,8 +372,9 @@ fn rescale(value: i128, from: u8, to: u8) -> Result<i128> {
     };
     scaled.ok_or_else(|| {
         Error::SchemaChanged(format!(
-            "a decimal value {value} at scale {from} does not fit the planned scale {to}: the \
-             column's type changed since the read was planned; plan the range again"
+            "a decimal value at scale {from} does not fit the planned scale {to} (the value is \
+             not said: it may be a masked column's): the column's type changed since the read \
+             was planned; plan the range again"
         ))
     })
 }

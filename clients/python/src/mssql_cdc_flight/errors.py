@@ -119,6 +119,7 @@ _BY_REASON: dict[str, type[CdcFlightError]] = {
     "TICKET_FORGED": PermissionDeniedError,
     "SCHEMA_CHANGED": SchemaChangedError,
     "TICKET_EXPIRED": TicketExpiredError,
+    "TICKET_MASKS_CHANGED": TicketExpiredError,
     "SOURCE_GRANT_MISSING": FailedPreconditionError,
     "SERVER_BUSY": ServerBusyError,
     "DEADLINE_EXCEEDED": DeadlineExceededError,

@@ -233,12 +233,24 @@ impl Hashing {
             .filter(|column| !columns.contains(&column.name))
             .map(|column| column.name.clone())
             .partition(|name| selection.excludes(name) && schema.field_with_name(name).is_err());
+        // Served as: a masked column in its mask's type (a hash is text).
+        let served_type = |column: &mssql_cdc_proto::catalog::CapturedColumn| match instance
+            .masks
+            .get(&column.name)
+        {
+            Some(mask) => mask
+                .parse::<mssql_cdc_proto::masking::Mask>()
+                .ok()
+                .and_then(|mask| mask.served_type(&column.sql_type).ok()),
+            None => Some(column.sql_type.clone()),
+        };
         let exact = fields.iter().all(|field| {
             instance
                 .columns
                 .iter()
                 .find(|column| &column.name == field.name())
-                .and_then(|column| column.sql_type.arrow_type())
+                .and_then(served_type)
+                .and_then(|served| served.arrow_type())
                 .is_some_and(|served| same_values(&served, field.data_type()))
         });
         let (masked, summed): (Vec<String>, Vec<String>) = columns

@@ -25,6 +25,7 @@ use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use deltalake::datafusion::prelude::{ParquetReadOptions, SessionContext};
 use futures::StreamExt;
+use mssql_cdc_proto::masking::Mask;
 use mssql_cdc_proto::protocol::{LsnAnswer, SnapshotCommand};
 use mssql_cdc_proto::types::RESERVED_COLUMN_NAMES;
 use mssql_cdc_proto::{CommitTime, Lsn, Offset};
@@ -249,6 +250,22 @@ impl Snapshots {
                 .try_decode_schema()
                 .map_err(|error| WriterError::Internal(format!("snapshot schema: {error}")))?,
         );
+        // A copy holds clear values: it may not stand in for columns the server masks for
+        // this writer, or bronze would hold what the server never serves it.
+        let masked: Vec<String> = schema
+            .fields()
+            .iter()
+            .filter(|field| Mask::of_field(field).is_some())
+            .map(|field| field.name().clone())
+            .collect();
+        if !masked.is_empty() {
+            return Err(WriterError::invalid(format!(
+                "{}: the server serves this writer {} masked (its masks file), and a copy holds \
+                 them in clear: seed a masked table from a snapshot (bootstrap) instead",
+                self.config.table,
+                masked.join(", ")
+            )));
+        }
         let instances: serde_json::Value = self
             .client
             .action("capture_instances", &json!({"table": self.config.table}))
