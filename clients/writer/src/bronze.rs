@@ -149,6 +149,9 @@ pub struct Appender {
     /// The column selection its rows were read with, checked against bronze's record on
     /// every table state the commit starts from ([`Appender::reading`]).
     selection: Option<ColumnSelection>,
+    /// The schema its rows were served in: their masks are checked against bronze's record
+    /// when prepared and on every table state the commit starts from.
+    served: Arc<Schema>,
 }
 
 impl Appender {
@@ -161,7 +164,9 @@ impl Appender {
         target: &str,
         rows: BronzeRows,
     ) -> Result<Self> {
-        let incoming = rows.convert(&RecordBatch::new_empty(Arc::new(incoming.clone())))?;
+        crate::masks::check(&table, incoming, target)?;
+        let served = Arc::new(incoming.clone());
+        let incoming = rows.convert(&RecordBatch::new_empty(Arc::clone(&served)))?;
         let existing = table.snapshot()?.schema();
         conform(&existing, target, vec![incoming.clone()])?;
         let (table, added) =
@@ -176,6 +181,7 @@ impl Appender {
             rows,
             added,
             selection: None,
+            served,
         })
     }
 
@@ -230,6 +236,7 @@ impl Appender {
             if let Some(selection) = &self.selection {
                 crate::columns::check_recorded(base, selection, &self.target)?;
             }
+            crate::masks::check(base, &self.served, &self.target)?;
             let properties = CommitProperties::default()
                 .with_application_transaction(Transaction::new(app_id, version))
                 .with_metadata([(

@@ -48,6 +48,8 @@ pub struct Resolved {
     /// For a stream given a selection bronze does not record: the one bronze records now,
     /// which [`record`] replaces.
     pub replaces: Option<ColumnSelection>,
+    /// The columns of `selection` the server serves this writer masked, and how.
+    pub masks: crate::masks::Masks,
 }
 
 /// The selection bronze records; `None` when it records none (every column).
@@ -112,13 +114,12 @@ pub async fn resolve(
             )));
         }
     };
-    if selection != ColumnSelection::All {
-        let instances: Vec<CaptureInstanceInfo> = client
-            .action("capture_instances", &serde_json::json!({ "table": table }))
-            .await?;
-        check_against(table, &selection, keys, &instances)?;
-    }
+    let instances: Vec<CaptureInstanceInfo> = client
+        .action("capture_instances", &serde_json::json!({ "table": table }))
+        .await?;
+    check_against(table, &selection, keys, &instances)?;
     Ok(Resolved {
+        masks: crate::masks::served_of(&instances, &selection),
         selection,
         replaces: (change && bronze.is_some()).then_some(holds),
         bronze,
@@ -127,7 +128,12 @@ pub async fn resolve(
 
 /// Records the stream's `resolved` selection on bronze when it replaces another (a metadata
 /// commit, so a bronze append in flight from before it fails its commit and reads again).
-pub async fn record(table: &str, target: &str, resolved: Resolved) -> Result<()> {
+pub async fn record(table: &str, target: &str, mut resolved: Resolved) -> Result<()> {
+    if let Some(bronze) = &resolved.bronze
+        && crate::masks::record(bronze, &resolved.masks, table, target).await?
+    {
+        resolved.bronze = tables::open(bronze.table_url()).await?;
+    }
     let (Some(from), Some(bronze)) = (resolved.replaces, resolved.bronze) else {
         return Ok(());
     };

@@ -20,6 +20,7 @@ pub mod features;
 pub mod keyset;
 pub mod ledger;
 pub mod maintenance;
+pub mod masks;
 pub mod metrics;
 pub mod owner;
 pub mod reconcile;

@@ -306,8 +306,9 @@ impl Stream {
             )?
             .abandon_under_other_columns()
             .await?;
-            columns::record(&config.table, &config.target, resolved).await?;
         }
+        // The selection when it changed, and the masks the server serves now.
+        columns::record(&config.table, &config.target, resolved).await?;
         Ok(Stream {
             columns: selection,
             target: tables::table_url(&config.target)?,
@@ -1093,7 +1094,10 @@ impl Stream {
                     TableKind::Bronze,
                     bronze::fields(&bronze::stream_rows(&empty, batch_id)?.schema())?,
                     "bronze",
-                    columns::creation_properties(&self.columns),
+                    columns::creation_properties(&self.columns)
+                        .into_iter()
+                        .chain(crate::masks::creation_properties(&plan.schema))
+                        .collect(),
                 )
                 .await?
             }

@@ -1310,6 +1310,30 @@ async fn masked_columns_reach_the_lake_masked_and_reconcile_compares_them_so() {
         assert!(note.is_none_or(|note| note.len() == 64 && !clear_notes.contains(&note)));
         assert!(status.is_none_or(|status| status.chars().count() <= 2));
     }
+    // Bronze records what it holds masked; a stream through a server that serves the
+    // column clear (a replica started without the masks file) is refused before it reads.
+    let recorded =
+        mssql_cdc_writer::masks::recorded(&common::open_table(&lab.lake("bronze_orders")).await)
+            .expect("recorded");
+    assert_eq!(
+        recorded,
+        mssql_cdc_writer::masks::Masks::from([
+            ("note".into(), "hash".into()),
+            ("status".into(), "truncate(2)".into()),
+        ])
+    );
+    let mut through_clear = lab.config();
+    through_clear.server = clear_server.url.clone();
+    let refused = Stream::connect(through_clear)
+        .await
+        .err()
+        .expect("a clear replica");
+    assert!(
+        refused
+            .to_string()
+            .contains("no clear value joins the lake"),
+        "{refused}"
+    );
     clear_server.stop().await.expect("stopped");
 
     // Value sums cover the unmasked columns; the masked ones are compared row by row.

@@ -142,7 +142,10 @@ impl Snapshots {
             TableKind::Bronze,
             bronze::fields(&rows_kind.convert(&empty)?.schema())?,
             "bronze",
-            crate::columns::creation_properties(&self.columns),
+            crate::columns::creation_properties(&self.columns)
+                .into_iter()
+                .chain(crate::masks::creation_properties(schema))
+                .collect(),
         )
         .await?;
         Ok(Arc::new(

@@ -54,42 +54,45 @@ impl World {
         Ok(())
     }
 
-    /// The masked column of `table` holds only its masked form in `kind` at `location`:
-    /// hashes (64 lower-case hex digits), or values cut to the mask's length.
+    /// The masked columns of `table` hold only their masked forms in `kind` at `location`:
+    /// hashes (64 lower-case hex digits), values cut to the mask's length, or NULL.
     async fn check_masked(&self, table: Table, kind: &str, location: &str) -> Result<(), Failure> {
-        let (column, mask) = table.masked_column();
-        let values = common::query(
-            location,
-            &format!("SELECT {column} FROM t WHERE {column} IS NOT NULL"),
-        )
-        .await;
-        let held = values.iter().flat_map(|batch| {
-            // Delta hands strings out as views: cast to read them one way.
-            let texts = arrow::compute::cast(batch.column(0), &arrow::datatypes::DataType::Utf8)
-                .expect("a text column");
-            let texts = arrow::array::AsArray::as_string::<i32>(&texts);
-            texts
-                .iter()
-                .flatten()
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        });
-        let masked = |value: &str| match mask {
-            "hash" => {
-                value.len() == 64
-                    && value
-                        .bytes()
-                        .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-            }
-            _ => value.chars().count() <= 8,
-        };
-        for value in held {
-            if !masked(&value) {
-                return Err(format!(
-                    "{kind} of {} holds {value:?} in {column}, which the server serves {mask}: \
-                     a clear value reached the lake",
-                    table.source()
-                ));
+        for (column, mask) in table.masked_columns() {
+            let values = common::query(
+                location,
+                &format!("SELECT {column} FROM t WHERE {column} IS NOT NULL"),
+            )
+            .await;
+            let held = values.iter().flat_map(|batch| {
+                // Delta hands strings out as views: cast to read them one way.
+                let texts =
+                    arrow::compute::cast(batch.column(0), &arrow::datatypes::DataType::Utf8)
+                        .expect("a column cast to text");
+                let texts = arrow::array::AsArray::as_string::<i32>(&texts);
+                texts
+                    .iter()
+                    .flatten()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            });
+            let masked = |value: &str| match *mask {
+                "hash" => {
+                    value.len() == 64
+                        && value
+                            .bytes()
+                            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+                }
+                "null" => false,
+                _ => value.chars().count() <= 8,
+            };
+            for value in held {
+                if !masked(&value) {
+                    return Err(format!(
+                        "{kind} of {} holds {value:?} in {column}, which the server serves \
+                         {mask}: a clear value reached the lake",
+                        table.source()
+                    ));
+                }
             }
         }
         Ok(())

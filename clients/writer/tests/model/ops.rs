@@ -47,13 +47,13 @@ impl Table {
         }
     }
 
-    /// The column the world's servers serve masked (their masks file), and how: the busy
-    /// table's note hashed, the quiet table's external id cut to 8 characters. No table of
-    /// the lake may hold its clear value.
-    pub(crate) fn masked_column(self) -> (&'static str, &'static str) {
+    /// The columns the world's servers serve masked (their masks file), and how: the busy
+    /// table's note hashed and its discount rate nulled, the quiet table's external id cut to
+    /// 8 characters. No table of the lake may hold their clear values.
+    pub(crate) fn masked_columns(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Table::Busy => ("note", "hash"),
-            Table::Quiet => ("external_id", "truncate(8)"),
+            Table::Busy => &[("note", "hash"), ("discount_rate", "null")],
+            Table::Quiet => &[("external_id", "truncate(8)")],
         }
     }
 

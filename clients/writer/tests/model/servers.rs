@@ -109,15 +109,19 @@ impl Drop for Servers {
 /// deployment's secret file would).
 pub(crate) const HASH_KEY: &[u8] = b"the model test's hash key for masked columns";
 
-/// The masks every server of the world serves ([`Table::masked_column`]).
+/// The masks every server of the world serves ([`Table::masked_columns`]).
 fn masks() -> MaskPolicy {
     let tables: serde_json::Map<String, serde_json::Value> = Table::ALL
         .iter()
         .map(|table| {
-            let (column, mask) = table.masked_column();
+            let columns: serde_json::Map<String, serde_json::Value> = table
+                .masked_columns()
+                .iter()
+                .map(|(column, mask)| (column.to_string(), serde_json::json!(mask)))
+                .collect();
             (
                 table.source().to_string(),
-                serde_json::json!({ column: mask }),
+                serde_json::Value::Object(columns),
             )
         })
         .collect();
