@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use arrow_flight::{Criteria, HandshakeRequest};
 use base64::Engine;
-use common::{FlightFixture, SimFixture, code, earliest, loaded, raw_client, test_signer};
+use common::{
+    FlightFixture, SimFixture, as_principal, code, earliest, loaded, raw_client, test_signer,
+};
 use mssql_cdc_flight::client::{CdcClient, ClientTls};
 use mssql_cdc_flight::flight::auth::{Authenticator, sha256};
 use mssql_cdc_flight::flight::ticket::TicketSigner;
@@ -44,14 +46,6 @@ async fn secured(sim: &SimFixture) -> FlightFixture {
         ..ServiceOptions::new(test_signer())
     };
     FlightFixture::start_with(Arc::new(sim.db.clone()), options).await
-}
-
-async fn as_principal(flight: &FlightFixture, token: &str) -> CdcClient {
-    CdcClient::connect(&flight.url)
-        .await
-        .expect("connect")
-        .with_token(token)
-        .expect("token")
 }
 
 fn initial(table: &str) -> InitialOffsetBody {

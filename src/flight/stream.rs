@@ -106,12 +106,12 @@ impl StreamRead {
         }
     }
 
-    /// The rows and bytes a batch of the ticket may hold (bytes as asked, before the
-    /// server's share under load).
+    /// The rows and bytes a batch may hold now (bytes within the server's share under
+    /// load, which depends on the streams open, not on any value).
     fn batch_bounds(&self) -> (usize, usize) {
         match self {
-            StreamRead::Changes { read, .. } => (read.batch_rows, read.batch_bytes.requested()),
-            StreamRead::Snapshot(read) => (read.batch_rows, read.batch_bytes.requested()),
+            StreamRead::Changes { read, .. } => (read.batch_rows, read.batch_bytes.now()),
+            StreamRead::Snapshot(read) => (read.batch_rows, read.batch_bytes.now()),
         }
     }
 

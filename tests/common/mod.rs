@@ -288,6 +288,15 @@ pub async fn raw_client(flight: &FlightFixture) -> FlightServiceClient<tonic::tr
     FlightServiceClient::new(channel)
 }
 
+/// A client of the fixture sending `token` on every call.
+pub async fn as_principal(flight: &FlightFixture, token: &str) -> CdcClient {
+    CdcClient::connect(&flight.url)
+        .await
+        .expect("connect")
+        .with_token(token)
+        .expect("token")
+}
+
 /// The gRPC code of a client error that must carry one.
 pub fn code(error: ClientError) -> Code {
     error

@@ -171,6 +171,10 @@ impl Appender {
         conform(&existing, target, vec![incoming.clone()])?;
         let (table, added) =
             crate::tables::add_missing_columns(table, &fields(&incoming.schema())?, target).await?;
+        let table = match added.is_empty() {
+            true => table,
+            false => crate::masks::record_added(table, &served, &added).await?,
+        };
         let snapshot = table.snapshot()?;
         Ok(Appender {
             schema: snapshot.schema().as_ref().clone(),

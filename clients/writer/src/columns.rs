@@ -48,8 +48,8 @@ pub struct Resolved {
     /// For a stream given a selection bronze does not record: the one bronze records now,
     /// which [`record`] replaces.
     pub replaces: Option<ColumnSelection>,
-    /// The columns of `selection` the server serves this writer masked, and how.
-    pub masks: crate::masks::Masks,
+    /// The form the server serves this writer each column of `selection` in.
+    pub masks: crate::masks::Forms,
 }
 
 /// The selection bronze records; `None` when it records none (every column).

@@ -26,6 +26,9 @@ pub const PROPERTY: &str = "mssql_cdc.masks";
 /// Column → mask.
 pub type Masks = BTreeMap<String, String>;
 
+/// Each column a reader is served now → its mask, `None` in clear.
+pub type Forms = BTreeMap<String, Option<String>>;
+
 /// The masks a served schema carries (field metadata).
 pub fn served_by(schema: &Schema) -> Masks {
     schema
@@ -38,21 +41,22 @@ pub fn served_by(schema: &Schema) -> Masks {
         .collect()
 }
 
-/// The masks the newest of `instances` says this caller is served, of the columns
-/// `selection` keeps.
-pub fn served_of(instances: &[CaptureInstanceInfo], selection: &ColumnSelection) -> Masks {
+/// The form the newest of `instances` says this caller is served each column `selection`
+/// keeps in.
+pub fn served_of(instances: &[CaptureInstanceInfo], selection: &ColumnSelection) -> Forms {
     instances
         .last()
         .map(|newest| {
             newest
-                .masks
+                .columns
                 .iter()
-                .filter(|(name, _)| !selection.excludes(name))
-                .filter(|(name, _)| match selection {
+                .map(|column| &column.name)
+                .filter(|name| !selection.excludes(name))
+                .filter(|name| match selection {
                     ColumnSelection::Only(names) => names.contains(name),
                     _ => true,
                 })
-                .map(|(name, mask)| (name.clone(), mask.clone()))
+                .map(|name| (name.clone(), newest.masks.get(name).cloned()))
                 .collect()
         })
         .unwrap_or_default()
@@ -88,13 +92,18 @@ fn form(mask: Option<&String>) -> String {
     mask.map_or_else(|| "in clear".to_string(), |mask| format!("masked ({mask})"))
 }
 
-/// Refuses rows served as `schema` into `bronze` when a column of theirs is served in
-/// another form than bronze records: the lake would hold both forms of it.
+/// Refuses rows served as `schema` into `bronze` when a column bronze holds is served in
+/// another form than bronze records: the lake would hold both forms of it. (A column bronze
+/// does not hold yet holds no row in any form: [`record_added`] records it as it is added.)
 pub fn check(bronze: &DeltaTable, schema: &Schema, target: &str) -> Result<()> {
     let recorded = recorded(bronze)?;
     let served = served_by(schema);
+    let holds = bronze.snapshot()?.schema();
     for field in schema.fields() {
         let name = field.name();
+        if holds.field(name).is_none() {
+            continue;
+        }
         let (was, is) = (recorded.get(name), served.get(name));
         if was != is {
             return Err(WriterError::invalid(format!(
@@ -111,41 +120,77 @@ pub fn check(bronze: &DeltaTable, schema: &Schema, target: &str) -> Result<()> {
     Ok(())
 }
 
-/// Records on `bronze` the masks its stream is now `served` when a column is newly masked;
-/// refuses a column served clearer than bronze records (see [`check`]).
-/// Returns whether it wrote the property.
+/// Records on `bronze` the masks of the columns its stream is now `served` when one is
+/// newly masked; refuses a column served clearer than, or otherwise than, bronze records
+/// (see [`check`]). A recorded column not served now (dropped by a DDL, left out by the
+/// selection) keeps its record. Returns whether it wrote the property.
 pub async fn record(
     bronze: &DeltaTable,
-    served: &Masks,
+    served: &Forms,
     table: &str,
     target: &str,
 ) -> Result<bool> {
     let recorded = recorded(bronze)?;
-    if &recorded == served {
-        return Ok(false);
-    }
-    if let Some((name, mask)) = recorded
-        .iter()
-        .find(|(name, mask)| served.get(*name) != Some(mask))
-    {
+    if let Some((name, mask)) = recorded.iter().find(|(name, mask)| {
+        served
+            .get(*name)
+            .is_some_and(|now| now.as_ref() != Some(*mask))
+    }) {
         return Err(WriterError::invalid(format!(
             "{table}: bronze {target} records {name} masked ({mask}), and the server now serves \
              it {} to this writer: refused, so no clear value joins the lake unseen (a replica \
              without --masks, or a clear grant given to this writer?). If it is meant, remove \
              the table property {PROPERTY} from bronze",
-            form(served.get(name))
+            form(served.get(name).and_then(Option::as_ref))
         )));
     }
-    bronze
-        .clone()
-        .set_tbl_properties()
-        .with_properties(HashMap::from([(PROPERTY.to_string(), json(served))]))
-        .with_raise_if_not_exists(false)
-        .await?;
-    tracing::warn!(%table, %target, masks = %json(served),
+    let mut merged = recorded.clone();
+    merged.extend(
+        served
+            .iter()
+            .filter_map(|(name, mask)| Some((name.clone(), mask.clone()?))),
+    );
+    if merged == recorded {
+        return Ok(false);
+    }
+    write(bronze, &merged).await?;
+    tracing::warn!(%table, %target, masks = %json(&merged),
         "the server masks more columns than bronze recorded: rows from now on hold them masked; \
          older rows keep their clear values until a re-snapshot and a vacuum");
     Ok(true)
+}
+
+/// Records the masks of `served` columns bronze did not hold before `added` them (a newer
+/// capture instance's): no row holds them in any form yet. Returns bronze as it is then.
+pub async fn record_added(
+    bronze: DeltaTable,
+    served: &Schema,
+    added: &[String],
+) -> Result<DeltaTable> {
+    let recorded = recorded(&bronze)?;
+    let mut merged = recorded.clone();
+    merged.extend(
+        served_by(served)
+            .into_iter()
+            .filter(|(name, _)| added.contains(name)),
+    );
+    if merged == recorded {
+        return Ok(bronze);
+    }
+    write(&bronze, &merged).await?;
+    crate::tables::open(bronze.table_url())
+        .await?
+        .ok_or_else(|| WriterError::Internal("bronze disappeared after its masks".into()))
+}
+
+async fn write(bronze: &DeltaTable, masks: &Masks) -> Result<()> {
+    bronze
+        .clone()
+        .set_tbl_properties()
+        .with_properties(HashMap::from([(PROPERTY.to_string(), json(masks))]))
+        .with_raise_if_not_exists(false)
+        .await?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -194,24 +239,44 @@ mod tests {
         let error = check(&table, &schema(&[("email", "null")]), "b").expect_err("another mask");
         assert!(error.to_string().contains("masked (null)"), "{error}");
         // A newly masked column is recorded by the stream; a clearer one is refused.
-        let stricter = Masks::from([
-            ("email".into(), "hash".into()),
-            ("note".into(), "null".into()),
+        let served = |forms: &[(&str, Option<&str>)]| -> Forms {
+            forms
+                .iter()
+                .map(|(name, mask)| (name.to_string(), mask.map(str::to_string)))
+                .collect()
+        };
+        let stricter = served(&[
+            ("id", None),
+            ("email", Some("hash")),
+            ("note", Some("null")),
         ]);
-        record(&table, &stricter, "dbo.t", "b")
-            .await
-            .expect("recorded");
+        assert!(
+            record(&table, &stricter, "dbo.t", "b")
+                .await
+                .expect("recorded")
+        );
         let table = crate::tables::open(table.table_url())
             .await
             .expect("open")
             .expect("exists");
-        assert_eq!(recorded(&table).expect("recorded"), stricter);
+        let both = Masks::from([
+            ("email".into(), "hash".into()),
+            ("note".into(), "null".into()),
+        ]);
+        assert_eq!(recorded(&table).expect("recorded"), both);
         check(&table, &schema(&[("email", "hash"), ("note", "null")]), "b").expect("new form");
-        let clearer = Masks::from([("note".into(), "null".into())]);
+        let clearer = served(&[("id", None), ("email", None), ("note", Some("null"))]);
         let error = record(&table, &clearer, "dbo.t", "b")
             .await
             .expect_err("clearer");
         assert!(error.to_string().contains("email masked (hash)"), "{error}");
+        // A masked column no longer served (dropped, or left out) keeps its record.
+        let dropped = served(&[("id", None), ("note", Some("null"))]);
+        assert!(
+            !record(&table, &dropped, "dbo.t", "b")
+                .await
+                .expect("dropped")
+        );
         // A table created clear records nothing, and takes clear rows.
         let (_dir, clear) = bronze(creation_properties(&schema(&[]))).await;
         check(&clear, &schema(&[]), "b").expect("clear");
