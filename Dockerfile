@@ -27,7 +27,8 @@ COPY clients/writer/Cargo.toml clients/writer/
 RUN mkdir -p src proto/src clients/writer/src benches clients/writer/benches tests clients/writer/tests/model \
     && touch src/lib.rs proto/src/lib.rs clients/writer/src/lib.rs \
     && for stub in src/main.rs clients/writer/src/main.rs benches/throughput.rs \
-        benches/catalog.rs tests/sqlserver_statements.rs tests/fuzz_parsers.rs \
+        benches/catalog.rs benches/masking.rs tests/sqlserver_statements.rs \
+        tests/fuzz_parsers.rs \
         clients/writer/benches/end_to_end.rs clients/writer/benches/snapshot.rs \
         clients/writer/benches/silver.rs clients/writer/benches/freshness.rs \
         clients/writer/benches/reconcile.rs clients/writer/benches/many_tables.rs \
