@@ -86,7 +86,7 @@ pub enum Error {
         table: String,
     },
     /// The call needs a column in clear that the server serves this caller masked (a key
-    /// to cut or seek on, a value to digest, a ticket planned for a clearer caller).
+    /// to cut or seek on, a value to digest).
     #[error("{0}")]
     Masked(String),
     /// A ticket planned under other masks than its redeemer is served: plan again.

@@ -16,6 +16,9 @@ pub const MASK_METADATA_KEY: &str = "mssql_cdc.mask";
 /// Characters of a hashed value: the HMAC-SHA256 in lower-case hex.
 pub const HASH_CHARS: u32 = 64;
 
+/// The type a hashed column is served as, whatever its own.
+pub const HASH_TYPE: SqlType = SqlType::Char(Length::Limited(HASH_CHARS));
+
 /// How a column is served masked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mask {
@@ -68,7 +71,7 @@ impl Mask {
     /// mask does not apply to it (a truncated number).
     pub fn served_type(&self, source: &SqlType) -> Result<SqlType, String> {
         match self {
-            Mask::Hash => Ok(SqlType::Char(Length::Limited(HASH_CHARS))),
+            Mask::Hash => Ok(HASH_TYPE),
             Mask::Null => Ok(source.clone()),
             Mask::Truncate(_) => match source.arrow_type() {
                 Some(arrow::datatypes::DataType::Utf8 | arrow::datatypes::DataType::Binary) => {

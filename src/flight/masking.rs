@@ -16,7 +16,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, BinaryArray, StringArray, StringBuilder, new_null_array};
+use arrow::array::{
+    Array, ArrayRef, AsArray, BinaryArray, StringArray, StringBuilder, new_null_array,
+};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use ring::hmac;
@@ -25,7 +27,7 @@ use serde::Deserialize;
 use super::auth::Principal;
 use super::ticket::TicketColumn;
 use crate::error::{Error, Result};
-use crate::masking::{MASK_METADATA_KEY, Mask};
+use crate::masking::{HASH_TYPE, MASK_METADATA_KEY, Mask};
 use crate::source::TableName;
 use crate::types::{OutputColumn, SQL_TYPE_METADATA_KEY};
 
@@ -184,11 +186,6 @@ impl MaskPolicy {
             key,
             key_file: None,
         })
-    }
-
-    /// Whether no column of any table is masked.
-    pub fn is_empty(&self) -> bool {
-        self.tables.is_empty()
     }
 
     /// The masks file's entries of `table`, whoever asks.
@@ -461,13 +458,16 @@ impl ServedMasks {
                     .key
                     .as_deref()
                     .ok_or_else(|| Error::Internal("a hashed column without a key".into()))?;
-                let mut hashes = StringBuilder::with_capacity(column.len(), 64 * column.len());
-                let mut hex = [0u8; 64];
+                let mut hex = [0u8; crate::masking::HASH_CHARS as usize];
+                let mut hashes =
+                    StringBuilder::with_capacity(column.len(), hex.len() * column.len());
                 crate::digest::each_text(column.as_ref(), |text| match text {
                     None => hashes.append_null(),
                     Some(text) => {
                         let tag = hmac::sign(key, text);
-                        hashes.append_value(hex_of(tag.as_ref(), &mut hex));
+                        hex::encode_to_slice(tag.as_ref(), &mut hex)
+                            .expect("an HMAC-SHA256 is 32 bytes, 64 hex digits");
+                        hashes.append_value(std::str::from_utf8(&hex).expect("hex is ASCII"));
                     }
                 })?;
                 Arc::new(hashes.finish())
@@ -476,25 +476,12 @@ impl ServedMasks {
     }
 }
 
-/// `bytes` in lower-case hex, written into `out`.
-fn hex_of<'a>(bytes: &[u8], out: &'a mut [u8; 64]) -> &'a str {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for (index, byte) in bytes.iter().take(32).enumerate() {
-        out[2 * index] = DIGITS[usize::from(byte >> 4)];
-        out[2 * index + 1] = DIGITS[usize::from(byte & 15)];
-    }
-    std::str::from_utf8(out).expect("hex digits")
-}
-
 /// The first `n` characters of each text, or bytes of each binary value.
 fn truncated(column: &ArrayRef, n: usize) -> Result<ArrayRef> {
     match column.data_type() {
         DataType::Utf8 => {
-            let texts = column
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .ok_or_else(|| Error::Internal("a Utf8 column that is no StringArray".into()))?;
-            let cut: StringArray = texts
+            let cut: StringArray = column
+                .as_string::<i32>()
                 .iter()
                 .map(|text| {
                     text.map(|text| match text.char_indices().nth(n) {
@@ -506,11 +493,8 @@ fn truncated(column: &ArrayRef, n: usize) -> Result<ArrayRef> {
             Ok(Arc::new(cut))
         }
         DataType::Binary => {
-            let values = column
-                .as_any()
-                .downcast_ref::<BinaryArray>()
-                .ok_or_else(|| Error::Internal("a Binary column that is no BinaryArray".into()))?;
-            let cut: BinaryArray = values
+            let cut: BinaryArray = column
+                .as_binary::<i32>()
                 .iter()
                 .map(|value| value.map(|value| &value[..value.len().min(n)]))
                 .collect();
@@ -528,11 +512,8 @@ fn masked_field(field: &Field, mask: Mask) -> Field {
     metadata.insert(MASK_METADATA_KEY.to_string(), mask.to_string());
     let data_type = match mask {
         Mask::Hash => {
-            metadata.insert(
-                SQL_TYPE_METADATA_KEY.to_string(),
-                format!("char({})", crate::masking::HASH_CHARS),
-            );
-            DataType::Utf8
+            metadata.insert(SQL_TYPE_METADATA_KEY.to_string(), HASH_TYPE.to_string());
+            HASH_TYPE.arrow_type().unwrap_or(DataType::Utf8)
         }
         Mask::Truncate(_) | Mask::Null => field.data_type().clone(),
     };

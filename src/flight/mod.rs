@@ -358,33 +358,43 @@ impl CdcFlightService {
         self.table_info_of(principal, table, &instances).await
     }
 
+    /// `INVALID_ARGUMENT` when the masks file does not fit `table`'s capture instances (read
+    /// only for a masked table): its plans and key calls are refused, never served clear.
+    async fn masks_fit(&self, table: &TableName) -> Result<()> {
+        if !self.masks.masks_table(table) {
+            return Ok(());
+        }
+        let instances = self.source.capture_instances(table).await?;
+        self.masks.check_table(table, &instances)
+    }
+
     /// The masks `principal` is served `columns` of `table` with, once the masks file is
-    /// checked against the table's capture instances (read only for a masked table).
+    /// checked against the table.
     async fn served_masks(
         &self,
         principal: &Principal,
         table: &TableName,
         columns: &[OutputColumn],
     ) -> Result<ServedMasks> {
-        if self.masks.masks_table(table) {
-            let instances = self.source.capture_instances(table).await?;
-            self.masks.check_table(table, &instances)?;
-        }
+        self.masks_fit(table).await?;
         self.masks.served(principal, table, columns)
     }
 
-    /// The change schema of `columns` as `principal` is served them.
-    async fn served_schema(
+    /// The change schema of `table` as `principal` is served it, from every capture instance
+    /// of it (as a listing read them: the masks file is checked against them, no second
+    /// catalog read).
+    fn table_schema(
         &self,
         principal: &Principal,
         table: &TableName,
-        columns: &[OutputColumn],
-        include_command_id: bool,
+        instances: &[crate::source::CaptureInstance],
     ) -> Result<arrow::datatypes::SchemaRef> {
-        Ok(self.served_masks(principal, table, columns).await?.schema(
-            output_schema(columns, include_command_id),
-            metadata_column_count(include_command_id),
-        ))
+        self.masks.check_table(table, instances)?;
+        let columns = planner::union_columns(table, instances)?;
+        Ok(self
+            .masks
+            .served(principal, table, &columns)?
+            .schema(output_schema(&columns, true), metadata_column_count(true)))
     }
 
     /// A table's `FlightInfo` from its capture instances (as the catalog listed them, so a
@@ -395,17 +405,13 @@ impl CdcFlightService {
         table: &TableName,
         instances: &[crate::source::CaptureInstance],
     ) -> Result<FlightInfo> {
-        let columns = planner::union_columns(table, instances)?;
+        let schema = self.table_schema(principal, table, instances)?;
         let mut infos = Vec::new();
         for instance in instances {
             infos.push(self.instance_info(principal, instance.clone()).await?);
         }
         Ok(FlightInfo::new()
-            .try_with_schema(
-                self.served_schema(principal, table, &columns, true)
-                    .await?
-                    .as_ref(),
-            )?
+            .try_with_schema(&schema)?
             .with_descriptor(table_descriptor(table))
             .with_app_metadata(json_bytes(&serde_json::json!({
                 "table": table.to_string(),

@@ -114,6 +114,18 @@ impl BronzeRows {
     }
 }
 
+/// The table properties of a new bronze whose rows are read with `selection` and served as
+/// `served`: the column selection and the masks it records.
+pub fn creation_properties(
+    selection: &ColumnSelection,
+    served: &Schema,
+) -> HashMap<String, String> {
+    crate::columns::creation_properties(selection)
+        .into_iter()
+        .chain(crate::masks::creation_properties(served))
+        .collect()
+}
+
 /// Delta fields for a bronze schema, with the writer's comments on the metadata columns.
 pub fn fields(schema: &Schema) -> Result<Vec<StructField>> {
     let comments: HashMap<&str, &str> = TableKind::Bronze

@@ -52,10 +52,6 @@ pub fn served_of(instances: &[CaptureInstanceInfo], selection: &ColumnSelection)
                 .iter()
                 .map(|column| &column.name)
                 .filter(|name| !selection.excludes(name))
-                .filter(|name| match selection {
-                    ColumnSelection::Only(names) => names.contains(name),
-                    _ => true,
-                })
                 .map(|name| (name.clone(), newest.masks.get(name).cloned()))
                 .collect()
         })

@@ -1094,10 +1094,7 @@ impl Stream {
                     TableKind::Bronze,
                     bronze::fields(&bronze::stream_rows(&empty, batch_id)?.schema())?,
                     "bronze",
-                    columns::creation_properties(&self.columns)
-                        .into_iter()
-                        .chain(crate::masks::creation_properties(&plan.schema))
-                        .collect(),
+                    bronze::creation_properties(&self.columns, &plan.schema),
                 )
                 .await?
             }

@@ -16,7 +16,6 @@ use arrow_flight::sql::{
 };
 
 use super::super::auth::Principal;
-use super::super::planner;
 use super::CdcFlightService;
 use crate::error::{Error, Result};
 
@@ -239,21 +238,11 @@ impl CdcFlightService {
                 }
                 let mut builder = query.into_builder();
                 for tracked in tables().await? {
-                    let columns =
-                        planner::union_columns(&tracked.table, &tracked.capture_instances);
-                    // A table no schema describes (a type without a mapping) is listed with
-                    // none rather than hiding the others.
-                    let schema = match columns {
-                        Ok(columns) => {
-                            self.served_schema(principal, &tracked.table, &columns, true)
-                                .await
-                        }
-                        Err(error) => Err(error),
-                    };
-                    let schema = match schema {
-                        Ok(schema) => schema.as_ref().clone(),
-                        Err(_) => Schema::empty(),
-                    };
+                    // A table no schema describes (a type without a mapping, a masks file
+                    // that does not fit it) is listed with none rather than hiding the others.
+                    let schema = self
+                        .table_schema(principal, &tracked.table, &tracked.capture_instances)
+                        .map_or_else(|_| Schema::empty(), |schema| schema.as_ref().clone());
                     let table = &tracked.table;
                     builder
                         .append(CATALOG, &table.schema, &table.name, TABLE, &schema)

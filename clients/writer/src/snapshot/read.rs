@@ -142,10 +142,7 @@ impl Snapshots {
             TableKind::Bronze,
             bronze::fields(&rows_kind.convert(&empty)?.schema())?,
             "bronze",
-            crate::columns::creation_properties(&self.columns)
-                .into_iter()
-                .chain(crate::masks::creation_properties(schema))
-                .collect(),
+            bronze::creation_properties(&self.columns, schema),
         )
         .await?;
         Ok(Arc::new(

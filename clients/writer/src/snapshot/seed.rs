@@ -25,7 +25,6 @@ use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use deltalake::datafusion::prelude::{ParquetReadOptions, SessionContext};
 use futures::StreamExt;
-use mssql_cdc_proto::masking::Mask;
 use mssql_cdc_proto::protocol::{LsnAnswer, SnapshotCommand};
 use mssql_cdc_proto::types::RESERVED_COLUMN_NAMES;
 use mssql_cdc_proto::{CommitTime, Lsn, Offset};
@@ -252,12 +251,7 @@ impl Snapshots {
         );
         // A copy holds clear values: it may not stand in for columns the server masks for
         // this writer, or bronze would hold what the server never serves it.
-        let masked: Vec<String> = schema
-            .fields()
-            .iter()
-            .filter(|field| Mask::of_field(field).is_some())
-            .map(|field| field.name().clone())
-            .collect();
+        let masked: Vec<String> = crate::masks::served_by(&schema).into_keys().collect();
         if !masked.is_empty() {
             return Err(WriterError::invalid(format!(
                 "{}: the server serves this writer {} masked (its masks file), and a copy holds \
