@@ -321,7 +321,9 @@ impl Board {
         let until = until.map(|time| time.to_iso_millis());
         self.update(table, |entry, _| match layer {
             "silver" => entry.silver_verdict = until.or(entry.silver_verdict.take()),
-            _ => entry.bronze_verdict = until.or(entry.bronze_verdict.take()),
+            "bronze" => entry.bronze_verdict = until.or(entry.bronze_verdict.take()),
+            // History's verdict is in its metric and control row, not on the board.
+            _ => {}
         });
     }
 

@@ -104,7 +104,10 @@ fn refusals(protocol: &Value, metadata: &Value, kind: TableKind) -> Vec<String> 
             version("minWriterVersion")
         ));
     }
-    let merged = matches!(kind, TableKind::Silver | TableKind::Control);
+    let merged = matches!(
+        kind,
+        TableKind::Silver | TableKind::History | TableKind::Control
+    );
     let features = ["readerFeatures", "writerFeatures"]
         .iter()
         .flat_map(|key| protocol[*key].as_array().cloned().unwrap_or_default())

@@ -8,9 +8,9 @@
 //!    at least `min_files` files smaller than half its target file size, they are bin-packed
 //!    ([`crate::compaction`]: a commit of `dataChange = false` removes and adds, which no
 //!    other compaction of the same files can also land; readers of the change log, silver
-//!    included, read bronze by `_start_lsn`, not by file, so they see no change). Silver is
-//!    not compacted here: its copy-on-write apply folds its small files into one on every
-//!    call already.
+//!    included, read bronze by `_start_lsn`, not by file, so they see no change). Silver and
+//!    history are not compacted here: their copy-on-write applies fold their small files
+//!    into one on every call already.
 //! 2. **A log checkpoint** at the table's version, so readers and the next commit load
 //!    one Parquet file instead of replaying JSON commits.
 //! 3. **`VACUUM`** (full: the files of removed versions and the orphans of batches a crash
@@ -118,7 +118,7 @@ pub async fn maintain(
         files_before: table.snapshot()?.log_data().num_files(),
         ..TableMaintenance::default()
     };
-    if kind != TableKind::Silver {
+    if !matches!(kind, TableKind::Silver | TableKind::History) {
         report.compacted = compact(&url, options.min_files).await?;
     }
     // The table compaction committed to, else the one loaded.

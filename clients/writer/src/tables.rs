@@ -50,6 +50,8 @@ pub enum TableKind {
     Plans,
     /// The current state of a source table, kept by `apply_changes`.
     Silver,
+    /// Every version of every row of a source table (SCD type 2), kept by `apply_history`.
+    History,
     /// The reconcile report: the bucket, key and chunk rows of every run.
     Reconcile,
 }
@@ -70,12 +72,13 @@ fn column(
 
 impl TableKind {
     /// Every kind.
-    pub const ALL: [TableKind; 6] = [
+    pub const ALL: [TableKind; 7] = [
         TableKind::Bronze,
         TableKind::Facts,
         TableKind::Control,
         TableKind::Plans,
         TableKind::Silver,
+        TableKind::History,
         TableKind::Reconcile,
     ];
 
@@ -92,6 +95,7 @@ impl TableKind {
             TableKind::Control => "control",
             TableKind::Plans => "plans",
             TableKind::Silver => "silver",
+            TableKind::History => "history",
             TableKind::Reconcile => "reconcile",
         }
     }
@@ -114,6 +118,9 @@ impl TableKind {
             TableKind::Silver => {
                 "mssql_cdc silver: current state of a SQL Server table, kept by apply_changes from its bronze change log; deleted rows are removed"
             }
+            TableKind::History => {
+                "mssql_cdc history: every version of every row of a SQL Server table (SCD type 2), kept by apply_history from its bronze change log; one row per version, __is_current on the live one"
+            }
             TableKind::Reconcile => {
                 "mssql_cdc reconcile report: per run, one row per key bucket compared (MATCH, IN_FLIGHT, MISMATCH), one per key found different row by row and one per failed chunk check"
             }
@@ -128,6 +135,7 @@ impl TableKind {
             TableKind::Control => 6,
             TableKind::Plans => 1,
             TableKind::Silver => 1,
+            TableKind::History => 1,
             TableKind::Reconcile => 1,
         }
     }
@@ -440,6 +448,56 @@ impl TableKind {
                     "_commit_ts",
                     T::TIMESTAMP_NTZ,
                     "commit time (UTC) of the row's current image",
+                    0,
+                ),
+            ],
+            TableKind::History => vec![
+                column(
+                    "_start_lsn",
+                    T::STRING,
+                    "commit LSN of the image the version's values come from (a snapshot row: its stamp)",
+                    0,
+                ),
+                column(
+                    "_commit_ts",
+                    T::TIMESTAMP_NTZ,
+                    "commit time (UTC) of that image",
+                    0,
+                ),
+                column(
+                    "__valid_from",
+                    T::STRING,
+                    "LSN the version starts at: the commit that made it, or the S of the snapshot that found it; NULL when the row existed before the first change or snapshot bronze holds",
+                    0,
+                ),
+                column(
+                    "__valid_from_ts",
+                    T::TIMESTAMP_NTZ,
+                    "commit time (UTC) of __valid_from (at a snapshot's S: the time of its earliest stamp)",
+                    0,
+                ),
+                column(
+                    "__valid_to",
+                    T::STRING,
+                    "LSN the version ends at (exclusive): the commit that replaced or deleted it, or the S of the snapshot that found it different or gone; NULL while current",
+                    0,
+                ),
+                column(
+                    "__valid_to_ts",
+                    T::TIMESTAMP_NTZ,
+                    "commit time (UTC) of __valid_to",
+                    0,
+                ),
+                column(
+                    "__is_current",
+                    T::BOOLEAN,
+                    "true on the live version of a key (at most one per key), false on ended ones",
+                    0,
+                ),
+                column(
+                    "__ended_by",
+                    T::STRING,
+                    "what ended the version: update (a tracked column changed, or the key moved), delete, or resnapshot (a snapshot found the row different or gone: the change that did it is not in bronze); NULL while current",
                     0,
                 ),
             ],

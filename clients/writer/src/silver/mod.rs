@@ -28,6 +28,7 @@
 //! open snapshot's new chunks, are in [`snapshot`].
 
 mod deletion_vectors;
+pub mod history;
 mod ranking;
 mod rewrite;
 mod snapshot;
@@ -160,31 +161,15 @@ async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {
     let context = query_context()?;
     context.register_table("bronze", bronze.table_provider().await?)?;
     let schema = bronze.snapshot()?.schema();
-    for key in &config.keys {
-        if schema.field(key).is_none() {
-            return Err(WriterError::invalid(format!(
-                "key column '{key}' is not a column of bronze {}",
-                config.bronze
-            )));
-        }
-    }
-    if let Some(instance) = &config.capture_instance {
-        let others = collect_text(
-            &context,
-            &format!(
-                "SELECT DISTINCT _capture_instance FROM bronze WHERE _capture_instance <> {} LIMIT 1",
-                text(instance)
-            ),
-        )
-        .await?;
-        if let Some(other) = others.first().and_then(|row| row[0].clone()) {
-            return Err(WriterError::invalid(format!(
-                "bronze {} holds rows of capture instance '{other}', not only '{instance}': \
-                 one silver table follows one bronze table of one capture instance",
-                config.bronze
-            )));
-        }
-    }
+    check_bronze(
+        &context,
+        &schema,
+        &config.keys,
+        config.capture_instance.as_deref(),
+        &config.bronze,
+        &config.target,
+    )
+    .await?;
 
     // 2. The newest complete snapshot: the facts' completion rows or whole operation-0 rows
     //    (Amendment 3: only those past the snapshot silver was rebuilt from).
@@ -403,6 +388,48 @@ async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {
         finalized_until,
         bronze_found: true,
     })
+}
+
+/// Refuses a bronze (registered as `bronze` in `context`, of `schema`) that lacks a key
+/// column, or holds rows of another capture instance than `instance`, for `target`.
+async fn check_bronze(
+    context: &SessionContext,
+    schema: &deltalake::kernel::StructType,
+    keys: &[String],
+    instance: Option<&str>,
+    bronze: &str,
+    target: &str,
+) -> Result<()> {
+    if keys.is_empty() {
+        return Err(WriterError::invalid(format!(
+            "{target} needs key columns: the capture instance has no unique index CDC could \
+             name, so pass the columns that identify a row"
+        )));
+    }
+    for key in keys {
+        if schema.field(key).is_none() {
+            return Err(WriterError::invalid(format!(
+                "key column '{key}' is not a column of bronze {bronze}"
+            )));
+        }
+    }
+    if let Some(instance) = instance {
+        let others = collect_text(
+            context,
+            &format!(
+                "SELECT DISTINCT _capture_instance FROM bronze WHERE _capture_instance <> {} LIMIT 1",
+                text(instance)
+            ),
+        )
+        .await?;
+        if let Some(other) = others.first().and_then(|row| row[0].clone()) {
+            return Err(WriterError::invalid(format!(
+                "bronze {bronze} holds rows of capture instance '{other}', not only '{instance}': \
+                 {target} follows one bronze table of one capture instance"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// DataFusion's memory for one call's queries, in MiB, unless `QUERY_MEMORY_VARIABLE` says

@@ -210,10 +210,10 @@ impl Changes {
 
 /// How the writers of new files are configured (silver's own settings).
 #[derive(Clone)]
-struct FileSettings {
-    store: ObjectStoreRef,
-    schema: SchemaRef,
-    target_file_size: std::num::NonZeroU64,
+pub(super) struct FileSettings {
+    pub(super) store: ObjectStoreRef,
+    pub(super) schema: SchemaRef,
+    pub(super) target_file_size: std::num::NonZeroU64,
     stats: WriterStatsConfig,
     vectors: Vectors,
     /// Whether the merge marks rows in deletion vectors instead of writing files again.
@@ -221,7 +221,7 @@ struct FileSettings {
 }
 
 impl FileSettings {
-    fn of(table: &DeltaTable) -> Result<Self> {
+    pub(super) fn of(table: &DeltaTable) -> Result<Self> {
         let state = table.snapshot()?;
         Ok(FileSettings {
             store: table.log_store().object_store(None),
@@ -233,17 +233,17 @@ impl FileSettings {
         })
     }
 
-    fn writer(&self) -> DeltaWriter {
+    pub(super) fn writer(&self) -> DeltaWriter {
         self.writer_without_dictionary(&[])
     }
 
     /// A silver file, read in ranges.
-    fn reader(&self, file: &LogicalFileView) -> StoredFile {
+    pub(super) fn reader(&self, file: &LogicalFileView) -> StoredFile {
         StoredFile::new(self.store.clone(), file)
     }
 
     /// A writer that does not try a dictionary for `plain` columns.
-    fn writer_without_dictionary(&self, plain: &[ColumnPath]) -> DeltaWriter {
+    pub(super) fn writer_without_dictionary(&self, plain: &[ColumnPath]) -> DeltaWriter {
         let properties = plain
             .iter()
             .fold(tables::file_properties(), |properties, column| {
@@ -267,7 +267,7 @@ impl FileSettings {
 /// A file smaller than the target file size over this is small: merges fold small files
 /// together (the inserts of one call each) so a silver fed by a steady cadence of calls does
 /// not gather thousands of files.
-const SMALL_FILE_FRACTION: u64 = 8;
+pub(super) const SMALL_FILE_FRACTION: u64 = 8;
 
 /// A file with more than this fraction of its rows deleted (by its vector and this merge) is
 /// written again without them instead of given a larger vector: each read of a file decodes
@@ -481,7 +481,7 @@ pub async fn merge(
 /// Removes `removes` and adds `adds` in one commit on the version `table` was read at, and
 /// only there: a table that moved since (another engine's OPTIMIZE among others) refuses it
 /// ([`tables::rewrite_commit`]), and the caller applies again.
-async fn commit(
+pub(super) async fn commit(
     table: &DeltaTable,
     removes: Vec<Remove>,
     adds: Vec<Add>,
@@ -503,7 +503,7 @@ async fn commit(
 
 /// Whether `file` may hold one of the `sorted` keys, by its statistics' range of `key`
 /// (true when it has none).
-fn may_hold(file: &LogicalFileView, key: &str, sorted: &[i64]) -> bool {
+pub(super) fn may_hold(file: &LogicalFileView, key: &str, sorted: &[i64]) -> bool {
     let Some(stats) = file
         .stats()
         .and_then(|stats| serde_json::from_str::<serde_json::Value>(&stats).ok())
@@ -633,7 +633,7 @@ struct Marks {
 /// The columns whose data pages the file holds without a dictionary: the writer gave it up
 /// (too many distinct values: keys, amounts, times). Written again, they skip the attempt,
 /// which would intern up to a dictionary page of values per row group only to drop them.
-fn plain_columns(metadata: &ParquetMetaData) -> Vec<ColumnPath> {
+pub(super) fn plain_columns(metadata: &ParquetMetaData) -> Vec<ColumnPath> {
     let Some(group) = metadata.row_groups().first() else {
         return Vec::new();
     };
@@ -806,7 +806,7 @@ fn string_column(batch: &RecordBatch, name: &str) -> Result<StringArray> {
 
 /// `batch` in `schema`'s columns and types: a column it lacks (silver gained one after a
 /// capture-instance switch) is NULL.
-fn conform(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+pub(super) fn conform(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
     if batch.schema().as_ref() == schema.as_ref() {
         return Ok(batch.clone());
     }

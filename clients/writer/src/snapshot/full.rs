@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use mssql_cdc_proto::Lsn;
-use mssql_cdc_proto::protocol::SnapshotCommand;
+use mssql_cdc_proto::protocol::{LsnAnswer, SnapshotCommand};
 use serde_json::json;
 
 use super::{FullSnapshot, SnapshotMode, Snapshots, micros_now, snapshot_event};
@@ -115,20 +115,35 @@ impl Snapshots {
         let started_at = micros_now();
         let clock = Instant::now();
         let bronze_txn = self.txn("snap", snapshot);
-        let rows = match self.held_by_bronze(&bronze_txn, 0).await? {
-            true => self
-                .count_snapshot_rows(snapshot, None)
-                .await?
-                .iter()
-                .map(|c| c.1)
-                .sum(),
+        // Where the read ended (the source's max_lsn after it): history applies the rows
+        // once the stream has passed it (docs/silver.md, "History"). A crashed run's read
+        // ended before now, so the max_lsn now is past it.
+        let (rows, read_end): (u64, Option<Lsn>) = match self.held_by_bronze(&bronze_txn, 0).await?
+        {
+            true => (
+                self.count_snapshot_rows(snapshot, None)
+                    .await?
+                    .iter()
+                    .map(|c| c.1)
+                    .sum(),
+                self.client
+                    .action::<LsnAnswer>("max_lsn", &json!({}))
+                    .await?
+                    .lsn,
+            ),
             false => {
                 let mut command = SnapshotCommand::new(self.config.table.clone());
                 command.partitions = Some(self.config.partitions.max(1));
                 let read = self
                     .read_into_bronze(snapshot, command, &bronze_txn, 0)
                     .await?;
-                read.rows.iter().sum()
+                (
+                    read.rows.iter().sum(),
+                    read.completions
+                        .iter()
+                        .filter_map(|completion| completion.max_lsn)
+                        .max(),
+                )
             }
         };
         self.append_facts(
@@ -139,7 +154,9 @@ impl Snapshots {
                 started_at: Some(started_at),
                 duration_ms: Some(clock.elapsed().as_millis() as i64),
                 detail: Some(
-                    json!({"mode": SnapshotMode::Full.as_str(), "snapshot": snapshot}).to_string(),
+                    json!({"mode": SnapshotMode::Full.as_str(), "snapshot": snapshot,
+                        "read_end": read_end.map(|lsn| lsn.max(snapshot))})
+                    .to_string(),
                 ),
                 ..snapshot_event(kind, snapshot)
             }],

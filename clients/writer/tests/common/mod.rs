@@ -2,6 +2,8 @@
 //! in a temporary directory, and queries over the lake's tables.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod history;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;

@@ -1,0 +1,384 @@
+//! What one call applies: the snapshots whose reads the stream has passed, the changes up
+//! to the stream's end, the position they leave, and the queries of their events.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int64Array, StringArray, new_null_array};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use deltalake::datafusion::datasource::MemTable;
+use deltalake::datafusion::prelude::SessionContext;
+
+use super::super::{quote, text};
+use super::snapshots::Facts;
+use crate::control::Position;
+use crate::error::Result;
+
+/// The kinds of event rows, in the order the fold takes them at one position.
+pub(super) const CHANGE: i64 = 0;
+pub(super) const IMAGE: i64 = 1;
+pub(super) const ABSENT: i64 = 2;
+
+/// The snapshot rows and changes one call applies, and the position they leave.
+pub(super) struct Plan {
+    /// `(S, chunks, complete)`: a snapshot's rows to apply (`None`: all of a full
+    /// snapshot's; `Some`: these chunks), and whether it is complete with them (the keys it
+    /// lacks end at S).
+    snapshots: Vec<(String, Option<Vec<i32>>, bool)>,
+    /// Changes are applied up to the stream's end (the facts' newest batch end).
+    pub(super) changes_to: Option<String>,
+    /// The position once they are.
+    pub(super) position: Position,
+}
+
+impl Plan {
+    pub(super) fn of(facts: &Facts, position: &Position) -> Self {
+        let end = facts.end.as_deref();
+        let mut new_position = position.clone();
+        let mut applied = Vec::new();
+        for snapshot in facts.snapshots.iter().filter(|snapshot| {
+            position
+                .snapshot_lsn
+                .as_ref()
+                .is_none_or(|done| &snapshot.lsn > done)
+        }) {
+            if !snapshot.chunked {
+                if !snapshot.ripe(end, std::iter::empty()) {
+                    break;
+                }
+                applied.push((snapshot.lsn.clone(), None, true));
+                new_position.snapshot_lsn = Some(snapshot.lsn.clone());
+                continue;
+            }
+            let done_wave = match &position.open_snapshot_lsn {
+                Some(open) if open == &snapshot.lsn => position.snapshot_wave.unwrap_or(0),
+                _ => 0,
+            };
+            let mut waves: Vec<i32> = snapshot
+                .chunks
+                .iter()
+                .map(|chunk| chunk.wave)
+                .filter(|wave| *wave > done_wave)
+                .collect();
+            waves.dedup();
+            let mut chunks = Vec::new();
+            let mut last_wave = done_wave;
+            for wave in &waves {
+                let of_wave = || snapshot.chunks.iter().filter(|chunk| chunk.wave == *wave);
+                if !snapshot.ripe(end, of_wave()) {
+                    break;
+                }
+                chunks.extend(of_wave().map(|chunk| chunk.chunk));
+                last_wave = *wave;
+            }
+            let whole =
+                snapshot.complete && last_wave == waves.last().copied().unwrap_or(done_wave);
+            if !chunks.is_empty() || whole {
+                applied.push((snapshot.lsn.clone(), Some(chunks), whole));
+            }
+            if whole {
+                new_position.snapshot_lsn = Some(snapshot.lsn.clone());
+                new_position.open_snapshot_lsn = None;
+                new_position.snapshot_wave = None;
+            } else {
+                new_position.open_snapshot_lsn = Some(snapshot.lsn.clone());
+                new_position.snapshot_wave = Some(last_wave);
+                break;
+            }
+        }
+        Plan {
+            snapshots: applied,
+            changes_to: end.map(str::to_string),
+            position: new_position,
+        }
+    }
+
+    /// The query of this call's events, sorted by key and order ([`super::fold`]); `None`
+    /// when there are none to look for. The keys a complete snapshot lacks are found first
+    /// and registered as `markers` (their rows carry only the key).
+    pub(super) async fn events_sql(
+        &self,
+        context: &SessionContext,
+        facts: &Facts,
+        applied: Option<&str>,
+        values: &SchemaRef,
+        keys: &[String],
+    ) -> Result<Option<String>> {
+        let sql = Sql {
+            facts,
+            keys,
+            applied: text(applied.unwrap_or_default()),
+        };
+        let columns = |alias: &str| {
+            values
+                .fields()
+                .iter()
+                .map(|field| format!("{alias}.{}", quote(field.name())))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut parts = Vec::new();
+        if let Some(end) = &self.changes_to {
+            parts.push(format!(
+                "SELECT {}, b._operation, b._command_id, b._seqval, b._start_lsn AS __position, \
+                 {CHANGE} AS __kind FROM bronze b WHERE b._operation <> 0 AND b._start_lsn > {} \
+                 AND b._start_lsn <= {}",
+                columns("b"),
+                sql.applied,
+                text(end)
+            ));
+        }
+        let mut earlier_images: Vec<String> = Vec::new();
+        let mut markers = Vec::new();
+        for (s, chunks, complete) in &self.snapshots {
+            if let Some(rows) = sql.rows_of(s, chunks.as_deref()) {
+                parts.push(format!(
+                    "SELECT {}, b._operation, b._command_id, b._seqval, {} AS __position, \
+                     {IMAGE} AS __kind FROM bronze b WHERE {rows} AND {}",
+                    columns("b"),
+                    text(s),
+                    sql.no_change_after(s, "b")
+                ));
+                earlier_images.push(format!(
+                    "SELECT {} FROM bronze b WHERE {rows}",
+                    sql.key_list()
+                ));
+            }
+            if *complete {
+                for batch in context
+                    .sql(&sql.lacked_keys(s, &earlier_images))
+                    .await?
+                    .collect()
+                    .await?
+                {
+                    markers.push(marker_rows(&batch, s, values, keys)?);
+                }
+            }
+        }
+        if let Some(first) = markers.first() {
+            let schema = first.schema();
+            if context.table_exist("markers")? {
+                context.deregister_table("markers")?;
+            }
+            context.register_table(
+                "markers",
+                Arc::new(MemTable::try_new(schema, vec![markers])?),
+            )?;
+            parts.push("SELECT * FROM markers".into());
+        }
+        Ok((!parts.is_empty()).then(|| {
+            format!(
+                "SELECT * FROM ({}) ORDER BY {}, __position, __kind, _command_id, _seqval, _operation",
+                parts.join(" UNION ALL "),
+                sql.key_list()
+            )
+        }))
+    }
+}
+
+/// The SQL pieces of a call's events.
+struct Sql<'a> {
+    facts: &'a Facts,
+    keys: &'a [String],
+    /// The position's `applied_lsn` as an SQL literal.
+    applied: String,
+}
+
+impl Sql<'_> {
+    fn key_list(&self) -> String {
+        self.keys
+            .iter()
+            .map(|key| quote(key))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn key_match(&self, a: &str, b: &str) -> String {
+        self.keys
+            .iter()
+            .map(|key| format!("{a}.{k} IS NOT DISTINCT FROM {b}.{k}", k = quote(key)))
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    }
+
+    /// Bronze row `b` is a row of the snapshot at `s`.
+    fn of_snapshot(&self, s: &str) -> String {
+        format!(
+            "b._operation = 0 AND COALESCE(b._snapshot, b._start_lsn) = {}",
+            text(s)
+        )
+    }
+
+    /// The condition on bronze row `b` of the snapshot at `s`'s rows to apply; `None` for no
+    /// chunk.
+    fn rows_of(&self, s: &str, chunks: Option<&[i32]>) -> Option<String> {
+        let snapshot = self.of_snapshot(s);
+        match chunks {
+            None => Some(format!("{snapshot} AND b._chunk IS NULL")),
+            Some([]) => None,
+            Some(chunks) => Some(format!(
+                "{snapshot} AND b._chunk IN ({})",
+                chunks
+                    .iter()
+                    .map(i32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+
+    /// Row `alias`'s key has no change between S and the next snapshot: a key with one takes
+    /// its state at S from that change's before-image (exact), not from a snapshot row that
+    /// may have been read after it.
+    fn no_change_after(&self, s: &str, alias: &str) -> String {
+        let until = self
+            .facts
+            .next_after(s)
+            .map(|next| format!(" AND c._start_lsn <= {}", text(next)))
+            .unwrap_or_default();
+        format!(
+            "NOT EXISTS (SELECT 1 FROM bronze c WHERE c._operation <> 0 AND c._start_lsn > {}{until} AND {})",
+            text(s),
+            self.key_match("c", alias)
+        )
+    }
+
+    /// The keys the fold may hold open at S (history's current ones, those of this call's
+    /// events before S) that the complete snapshot at S lacks and no change after it
+    /// explains.
+    fn lacked_keys(&self, s: &str, earlier_images: &[String]) -> String {
+        let key_list = self.key_list();
+        let mut candidates = vec![
+            format!("SELECT {key_list} FROM history WHERE __is_current"),
+            format!(
+                "SELECT {key_list} FROM bronze WHERE _operation <> 0 AND _start_lsn > {} \
+                 AND _start_lsn < {}",
+                self.applied,
+                text(s)
+            ),
+        ];
+        candidates.extend(earlier_images.iter().cloned());
+        format!(
+            "SELECT DISTINCT {key_list} FROM ({}) k WHERE NOT EXISTS (SELECT 1 FROM bronze b \
+             WHERE {} AND {}) AND {}",
+            candidates.join(" UNION ALL "),
+            self.of_snapshot(s),
+            self.key_match("b", "k"),
+            self.no_change_after(s, "k"),
+        )
+    }
+}
+
+/// Event rows saying the snapshot at `s` lacks the keys of `keys_batch`: the key columns,
+/// every other column NULL.
+fn marker_rows(
+    keys_batch: &RecordBatch,
+    s: &str,
+    values: &SchemaRef,
+    keys: &[String],
+) -> Result<RecordBatch> {
+    let rows = keys_batch.num_rows();
+    let mut fields: Vec<Field> = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for field in values.fields() {
+        let column = match keys.iter().position(|key| key == field.name()) {
+            Some(index) => cast(keys_batch.column(index), field.data_type())?,
+            None => new_null_array(field.data_type(), rows),
+        };
+        fields.push(field.as_ref().clone().with_nullable(true));
+        columns.push(column);
+    }
+    for (name, data_type) in [
+        ("_operation", DataType::Int32),
+        ("_command_id", DataType::Int32),
+        ("_seqval", DataType::Utf8),
+    ] {
+        fields.push(Field::new(name, data_type.clone(), true));
+        columns.push(new_null_array(&data_type, rows));
+    }
+    fields.push(Field::new("__position", DataType::Utf8, true));
+    columns.push(Arc::new(StringArray::from(vec![s; rows])));
+    fields.push(Field::new("__kind", DataType::Int64, true));
+    columns.push(Arc::new(Int64Array::from(vec![ABSENT; rows])));
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::silver::history::snapshots::{Chunk, Snapshot};
+
+    fn snapshot(lsn: &str, chunks: &[(i32, i32, &str)], complete: bool) -> Snapshot {
+        Snapshot {
+            lsn: lsn.into(),
+            chunked: !chunks.is_empty(),
+            complete,
+            read_end: None,
+            chunks: chunks
+                .iter()
+                .map(|(chunk, wave, end)| Chunk {
+                    chunk: *chunk,
+                    wave: *wave,
+                    read_end: end.to_string(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_plan_applies_snapshots_in_order_and_the_waves_the_stream_has_passed() {
+        let facts = Facts {
+            end: Some("0x25".into()),
+            snapshots: vec![
+                snapshot("0x10", &[], true),
+                snapshot(
+                    "0x20",
+                    &[(0, 1, "0x22"), (1, 1, "0x23"), (2, 2, "0x26")],
+                    false,
+                ),
+            ],
+        };
+        let plan = Plan::of(&facts, &Position::default());
+        assert_eq!(
+            plan.snapshots,
+            [
+                ("0x10".to_string(), None, true),
+                ("0x20".to_string(), Some(vec![0, 1]), false)
+            ]
+        );
+        assert_eq!(plan.position.snapshot_lsn.as_deref(), Some("0x10"));
+        assert_eq!(plan.position.open_snapshot_lsn.as_deref(), Some("0x20"));
+        assert_eq!(plan.position.snapshot_wave, Some(1));
+        assert_eq!(plan.changes_to.as_deref(), Some("0x25"));
+        // Once complete and passed: the last wave, and the keys it lacks.
+        let facts = Facts {
+            end: Some("0x30".into()),
+            snapshots: vec![
+                snapshot("0x10", &[], true),
+                snapshot(
+                    "0x20",
+                    &[(0, 1, "0x22"), (1, 1, "0x23"), (2, 2, "0x26")],
+                    true,
+                ),
+            ],
+        };
+        let plan = Plan::of(&facts, &plan.position);
+        assert_eq!(plan.snapshots, [("0x20".to_string(), Some(vec![2]), true)]);
+        assert_eq!(plan.position.snapshot_lsn.as_deref(), Some("0x20"));
+        assert_eq!(plan.position.open_snapshot_lsn, None);
+        // A full snapshot whose read the stream has not passed waits, and so do later ones.
+        let mut waiting = snapshot("0x40", &[], true);
+        waiting.read_end = Some("0x45".into());
+        let facts = Facts {
+            end: Some("0x44".into()),
+            snapshots: vec![waiting, snapshot("0x50", &[], true)],
+        };
+        let plan = Plan::of(&facts, &Position::default());
+        assert!(plan.snapshots.is_empty());
+        assert_eq!(plan.position, Position::default());
+    }
+}
