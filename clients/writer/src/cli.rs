@@ -28,6 +28,9 @@ pub enum Commands {
     Backfill(Box<BackfillArgs>),
     /// Apply bronze's changes to a current-state silver table (see docs/silver.md).
     Apply(Box<ApplyArgs>),
+    /// Apply bronze's changes to a history table: every version of every row, SCD type 2
+    /// (see docs/silver.md, "History").
+    History(Box<HistoryArgs>),
     /// Open, inspect, pause or resume a table's snapshot (see docs/snapshots.md).
     #[command(subcommand)]
     Snapshot(Box<SnapshotCommand>),
@@ -380,6 +383,55 @@ pub struct ApplyArgs {
     /// them keeps them without this flag.
     #[arg(long, env = "MSSQL_CDC_WRITER_DELETION_VECTORS")]
     pub deletion_vectors: bool,
+}
+
+#[derive(Args)]
+pub struct HistoryArgs {
+    /// Source table (schema.table): names bronze's verdict in the control table.
+    #[arg(long, env = "MSSQL_CDC_WRITER_TABLE")]
+    pub table: String,
+    /// Bronze location (as the stream's --target).
+    #[arg(long, env = "MSSQL_CDC_WRITER_BRONZE")]
+    pub bronze: String,
+    /// History location.
+    #[arg(long, env = "MSSQL_CDC_WRITER_TARGET")]
+    pub target: String,
+    /// Key columns, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required = true,
+        env = "MSSQL_CDC_WRITER_KEYS"
+    )]
+    pub keys: Vec<String>,
+    /// Control table location.
+    #[arg(long, env = "MSSQL_CDC_WRITER_CONTROL")]
+    pub control: String,
+    /// Facts table location: where the stream has read to, and the snapshots.
+    #[arg(long, env = "MSSQL_CDC_WRITER_FACTS")]
+    pub facts: String,
+    /// Refuse bronze rows of any other capture instance.
+    #[arg(long, env = "MSSQL_CDC_WRITER_CAPTURE_INSTANCE")]
+    pub capture_instance: Option<String>,
+    /// Verdict granularity: minute, hour or day.
+    #[arg(long, default_value = "hour", env = "MSSQL_CDC_WRITER_GRANULARITY")]
+    pub granularity: String,
+    /// Only changes of these columns open a new version (comma-separated); a change of
+    /// another updates the current version in place. Default: every captured column.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        conflicts_with = "track_history_except_columns",
+        env = "MSSQL_CDC_WRITER_TRACK_HISTORY_COLUMNS"
+    )]
+    pub track_history_columns: Vec<String>,
+    /// Changes of every captured column but these open a new version (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "MSSQL_CDC_WRITER_TRACK_HISTORY_EXCEPT_COLUMNS"
+    )]
+    pub track_history_except_columns: Vec<String>,
 }
 
 #[derive(Args)]

@@ -7,6 +7,7 @@ use mssql_cdc_writer::control::Granularity;
 use mssql_cdc_writer::maintenance::{self, MaintenanceOptions};
 use mssql_cdc_writer::reconcile::ReconcileConfig;
 use mssql_cdc_writer::schema_policy::SchemaChangePolicy;
+use mssql_cdc_writer::silver::history::{HistoryConfig, Tracked, apply_history};
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SeedOptions, SnapshotMode, Snapshots};
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
@@ -14,8 +15,8 @@ use mssql_cdc_writer::tail::Waiting;
 use mssql_cdc_writer::{admin, sidecar};
 
 use crate::cli::{
-    AdminArgs, ApplyArgs, BackfillArgs, MaintainArgs, ReconcileArgs, RunArgs, SeedArgs,
-    SnapshotCommand, TableArgs,
+    AdminArgs, ApplyArgs, BackfillArgs, HistoryArgs, MaintainArgs, ReconcileArgs, RunArgs,
+    SeedArgs, SnapshotCommand, TableArgs,
 };
 
 /// `run`: one table from flags, or every table of a sidecar file.
@@ -121,6 +122,37 @@ pub async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
         serde_json::json!({
             "rebuilt": outcome.rebuilt,
             "applied_lsn": outcome.applied_lsn,
+            "finalized_until": outcome.finalized_until.map(|time| time.to_iso_millis()),
+            "bronze_found": outcome.bronze_found,
+        })
+    );
+    Ok(())
+}
+
+pub async fn history(args: HistoryArgs) -> anyhow::Result<()> {
+    let config = HistoryConfig {
+        table: args.table,
+        bronze: args.bronze,
+        target: args.target,
+        capture_instance: args.capture_instance,
+        keys: args.keys,
+        control: args.control,
+        facts: args.facts,
+        granularity: args.granularity.parse()?,
+        tracked: Tracked::of(
+            args.track_history_columns,
+            args.track_history_except_columns,
+        )?,
+    };
+    let outcome = apply_history(&config).await?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "applied_lsn": outcome.applied_lsn,
+            "snapshot_lsn": outcome.snapshot_lsn,
+            "waiting_snapshot": outcome.waiting_snapshot,
+            "keys_changed": outcome.keys_changed,
+            "versions_written": outcome.versions_written,
             "finalized_until": outcome.finalized_until.map(|time| time.to_iso_millis()),
             "bronze_found": outcome.bronze_found,
         })

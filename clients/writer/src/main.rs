@@ -36,6 +36,7 @@ fn main() -> anyhow::Result<()> {
             Commands::Backfill(args) => commands::backfill(*args).await,
             Commands::Snapshot(command) => commands::snapshot_command(*command).await,
             Commands::Apply(args) => commands::apply(*args).await,
+            Commands::History(args) => commands::history(*args).await,
             Commands::Reconcile(args) => commands::reconcile(*args).await,
             Commands::Seed(args) => commands::seed(*args).await,
             #[cfg(feature = "sim")]

@@ -29,6 +29,9 @@
 //! silver = "/lake/silver_orders"   # optional: keep a current-state table (apply_changes)
 //! keys = ["order_id"]              # the silver table's key columns
 //! silver_deletion_vectors = true   # optional: merge-on-read silver (deletion vectors)
+//! history = "/lake/history_orders" # optional: keep every version of every row (SCD type 2)
+//! track_history_columns = ["status"] # optional: only these open a version (or
+//!                                  # track_history_except_columns; default every column)
 //! apply_seconds = 60.0             # optional: apply interval (default poll_seconds)
 //! reconcile_minutes = 60.0         # optional: reconcile silver with the source this often
 //! reconcile_keys = ["order_id"]    # optional: the columns compared on (default the unique index)
@@ -72,6 +75,7 @@ use crate::maintenance::MaintenanceOptions;
 use crate::reconcile::{ReconcileConfig, reconcile};
 use crate::schema_policy::SchemaChangePolicy;
 use crate::shared_table::SharedTable;
+use crate::silver::history::{HistoryConfig, Tracked, apply_history};
 use crate::silver::{ApplyConfig, apply_changes};
 use crate::slots::{MAX_TABLE_SLOTS, TableSlots, slot, table_slots};
 use crate::snapshot::{self, BackfillOptions, SnapshotMode, Snapshots};
@@ -245,7 +249,17 @@ pub struct TableEntry {
     /// (docs/silver.md); turned on for the silver table, never off.
     #[serde(default)]
     pub silver_deletion_vectors: bool,
-    /// Seconds between `apply_changes` calls (continuous; default `poll_seconds`).
+    /// History location: `apply_history` keeps every version of every row (SCD type 2).
+    #[serde(default)]
+    pub history: Option<String>,
+    /// Only changes of these columns open a history version (default every column).
+    #[serde(default)]
+    pub track_history_columns: Vec<String>,
+    /// Changes of every column but these open a history version.
+    #[serde(default)]
+    pub track_history_except_columns: Vec<String>,
+    /// Seconds between `apply_changes` (and `apply_history`) calls (continuous; default
+    /// `poll_seconds`).
     #[serde(default)]
     pub apply_seconds: Option<f64>,
     /// Minutes between reconciles of the silver table (continuous; available-now runs one
@@ -290,6 +304,62 @@ fn apply_config(config: &SidecarConfig, entry: &TableEntry) -> Option<ApplyConfi
         granularity: config.granularity,
         deletion_vectors: entry.silver_deletion_vectors,
     })
+}
+
+/// The `apply_history` configuration of an entry with a history table (its track lists
+/// were checked at load).
+fn history_config(config: &SidecarConfig, entry: &TableEntry) -> Option<HistoryConfig> {
+    let history = entry.history.as_ref()?;
+    Some(HistoryConfig {
+        table: entry.table.clone(),
+        bronze: entry.target.clone(),
+        target: history.clone(),
+        capture_instance: None,
+        keys: entry.keys.clone(),
+        control: config.control.clone(),
+        facts: config.facts.clone(),
+        granularity: config.granularity,
+        tracked: Tracked::of(
+            entry.track_history_columns.clone(),
+            entry.track_history_except_columns.clone(),
+        )
+        .unwrap_or_default(),
+    })
+}
+
+/// What the sidecar applies of one table after its stream: silver, history, or both.
+#[derive(Clone)]
+struct Applies {
+    silver: Option<ApplyConfig>,
+    history: Option<HistoryConfig>,
+}
+
+impl Applies {
+    fn of(config: &SidecarConfig, entry: &TableEntry) -> Option<Self> {
+        let applies = Applies {
+            silver: apply_config(config, entry),
+            history: history_config(config, entry),
+        };
+        (applies.silver.is_some() || applies.history.is_some()).then_some(applies)
+    }
+
+    async fn run(&self) -> Result<()> {
+        if let Some(silver) = &self.silver {
+            apply_changes(silver).await?;
+        }
+        if let Some(history) = &self.history {
+            apply_history(history).await?;
+        }
+        Ok(())
+    }
+
+    fn table(&self) -> &str {
+        match (&self.silver, &self.history) {
+            (Some(silver), _) => &silver.table,
+            (None, Some(history)) => &history.table,
+            (None, None) => "",
+        }
+    }
 }
 
 /// The reconcile of an entry with a silver table (scheduled with `reconcile_minutes`, or
@@ -564,6 +634,20 @@ impl SidecarConfig {
             if entry.silver.is_some() && entry.keys.is_empty() {
                 return refuse("has a silver table but no keys");
             }
+            if entry.history.is_some() && entry.keys.is_empty() {
+                return refuse("has a history table but no keys");
+            }
+            let tracks = !entry.track_history_columns.is_empty()
+                || !entry.track_history_except_columns.is_empty();
+            if tracks && entry.history.is_none() {
+                return refuse("has track_history_columns but no history table");
+            }
+            if let Err(error) = Tracked::of(
+                entry.track_history_columns.clone(),
+                entry.track_history_except_columns.clone(),
+            ) {
+                return refuse(&error.to_string());
+            }
             if entry.reconcile_minutes.is_some() && entry.silver.is_none() {
                 return refuse("has reconcile_minutes but no silver table to reconcile");
             }
@@ -603,6 +687,12 @@ impl SidecarConfig {
                     .silver
                     .iter()
                     .map(|silver| (silver.clone(), TableKind::Silver)),
+            );
+            lake.extend(
+                entry
+                    .history
+                    .iter()
+                    .map(|history| (history.clone(), TableKind::History)),
             );
         }
         lake
@@ -683,7 +773,7 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
     let mut tasks = Vec::new();
     for entry in &config.tables {
         let mut stream_config = config.stream(entry);
-        let apply = apply_config(config, entry);
+        let apply = Applies::of(config, entry);
         let check = entry
             .reconcile_minutes
             .and_then(|_| reconcile_config(config, entry));
@@ -702,7 +792,7 @@ pub async fn run_available_now(config: &SidecarConfig) -> Vec<(String, Result<Ve
                         let outcomes = stream.run_available_now().await?;
                         backfill_to_end(&entry, &stream_config).await?;
                         if let Some(apply) = &apply {
-                            apply_changes(apply).await?;
+                            apply.run().await?;
                         }
                         if let Some(check) = &check {
                             reconcile_logged(check).await?;
@@ -814,7 +904,7 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
         )));
     }
     for entry in &config.tables {
-        if let Some(apply) = apply_config(config, entry) {
+        if let Some(apply) = Applies::of(config, entry) {
             let every = Duration::from_secs_f64(entry.apply_seconds.unwrap_or(config.poll_seconds));
             tasks.push(tokio::spawn(apply_loop(
                 apply,
@@ -1058,10 +1148,10 @@ async fn maintenance_loop(
     }
 }
 
-/// Applies bronze to silver every `every` until `stop`; a failing call is logged and retried
-/// at the next tick (each call is idempotent).
+/// Applies bronze to silver and history every `every` until `stop`; a failing call is
+/// logged and retried at the next tick (each call is idempotent).
 async fn apply_loop(
-    apply: ApplyConfig,
+    apply: Applies,
     every: Duration,
     slots: TableSlots,
     stop: tokio::sync::watch::Receiver<bool>,
@@ -1069,11 +1159,11 @@ async fn apply_loop(
     while !*stop.borrow() {
         let applied = {
             let _slot = slot(&slots).await;
-            apply_changes(&apply).await
+            apply.run().await
         };
         if let Err(error) = applied {
-            board().failure(&apply.table, &format!("apply_changes: {error}"));
-            tracing::warn!(silver = %apply.target, %error, "apply_changes failed; retrying");
+            board().failure(apply.table(), &format!("apply: {error}"));
+            tracing::warn!(table = %apply.table(), %error, "apply failed; retrying");
         }
         sleep_unless_stopped(every, &stop).await;
     }
