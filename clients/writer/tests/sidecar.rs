@@ -633,12 +633,11 @@ async fn history_differences(lab: &Lab, name: &str, key: &str, tracked: &[&str])
         &|row, content| history::generated(&lab.db, &table, tracked, row, content),
     );
     assert!(expected.len() > 10, "{} versions expected", expected.len());
-    let held = history::held(&location, key, tracked).await;
-    let missing: Vec<_> = expected.difference(&held).take(3).collect();
-    let extra: Vec<_> = held.difference(&expected).take(3).collect();
-    match missing.is_empty() && extra.is_empty() {
-        true => String::new(),
-        false => format!("history of {table}: missing {missing:?}, extra {extra:?}"),
+    match history::held(&location, key, tracked).await {
+        Ok(held) => history::differences(&expected, &held)
+            .map(|differences| format!("history of {table}: {differences}"))
+            .unwrap_or_default(),
+        Err(error) => error,
     }
 }
 

@@ -152,9 +152,13 @@ pub fn expected(
 }
 
 /// The versions a history table holds, `tracked` the text of its tracked columns joined by
-/// `|`; also checks each key has at most one current version, and that a version's times
-/// are there when its LSNs are.
-pub async fn held(location: &str, key: &str, tracked: &[&str]) -> BTreeSet<VersionRow> {
+/// `|`; an error where a key has two current versions, a version is there twice, its
+/// `__is_current` disagrees with its end, or its times are missing where its LSNs are.
+pub async fn held(
+    location: &str,
+    key: &str,
+    tracked: &[&str],
+) -> Result<BTreeSet<VersionRow>, String> {
     let columns = tracked
         .iter()
         .map(|column| format!("CAST({column} AS VARCHAR)"))
@@ -172,39 +176,53 @@ pub async fn held(location: &str, key: &str, tracked: &[&str]) -> BTreeSet<Versi
     let mut current = BTreeSet::new();
     for batch in &batches {
         for row in 0..batch.num_rows() {
-            let key: i64 = text(batch, 0, row).expect("key").parse().expect("integer");
-            let (from, to, ended) = (
-                text(batch, 1, row),
-                text(batch, 2, row),
-                text(batch, 3, row),
-            );
+            let key: i64 = text(batch, 0, row)
+                .and_then(|key| key.parse().ok())
+                .ok_or("a version without a key")?;
+            let (from, to, ended) = (text(batch, 1, row), text(batch, 2, row), text(batch, 3, row));
             let is_current = text(batch, 4, row) == Some("true".into());
-            assert_eq!(
-                is_current,
-                to.is_none() && ended.is_none(),
-                "key {key}: {to:?} {ended:?}"
-            );
-            if is_current {
-                assert!(current.insert(key), "key {key} has two current versions");
+            if is_current != (to.is_none() && ended.is_none()) {
+                return Err(format!(
+                    "{location}: key {key} is_current {is_current}, ended {to:?} by {ended:?}"
+                ));
             }
-            assert_eq!(
+            if is_current && !current.insert(key) {
+                return Err(format!("{location}: key {key} has two current versions"));
+            }
+            let (from_ts_null, to_ts_null) = (
                 text(batch, 5, row) == Some("true".into()),
-                from.is_none(),
-                "key {key}: __valid_from_ts is there exactly when __valid_from is"
+                text(batch, 6, row) == Some("true".into()),
             );
-            assert_eq!(text(batch, 6, row) == Some("true".into()), to.is_none());
+            if from_ts_null != from.is_none() || to_ts_null != to.is_none() {
+                return Err(format!(
+                    "{location}: key {key} from {from:?} to {to:?} lacks a commit time"
+                ));
+            }
             let values = (7..batch.num_columns())
                 .map(|column| text(batch, column, row).unwrap_or_else(|| "NULL".into()))
                 .collect::<Vec<_>>()
                 .join("|");
             let version = (key, from, to, ended, values);
-            assert!(
-                versions.insert(version.clone()),
-                "a version of {location} twice: {version:?}"
-            );
+            if !versions.insert(version.clone()) {
+                return Err(format!("{location}: a version twice: {version:?}"));
+            }
         }
     }
-    versions
+    Ok(versions)
+}
+
+/// Where a history differs from the model's versions (its first few), if it does.
+pub fn differences(expected: &BTreeSet<VersionRow>, held: &BTreeSet<VersionRow>) -> Option<String> {
+    let missing: Vec<_> = expected.difference(held).take(3).collect();
+    let extra: Vec<_> = held.difference(expected).take(3).collect();
+    (!missing.is_empty() || !extra.is_empty()).then(|| {
+        format!(
+            "{} of {} versions as the journal says; missing {missing:?}; not in the journal \
+             {extra:?}",
+            expected.intersection(held).count(),
+            expected.len()
+        )
+    })
 }
 
 /// The `(lsn, key)` of every change row of bronze at `location`.

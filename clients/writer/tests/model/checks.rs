@@ -28,9 +28,9 @@ impl World {
 
     /// No table of the lake holds a column the table's stream leaves out, nor the clear value
     /// of a column the server masks: not bronze (stream, snapshots, healing re-snapshots,
-    /// crashed runs, the sidecar), not silver.
+    /// crashed runs, the sidecar), not silver, not history.
     pub(crate) async fn check_left_out(&self, table: Table) -> Result<(), Failure> {
-        for kind in ["bronze", "silver"] {
+        for kind in ["bronze", "silver", "history"] {
             let location = self.lab.lake(&format!("{kind}_{}", table.name()));
             let url = tables::table_url(&location).expect("url");
             let Some(delta) = tables::open(&url).await.expect("open") else {

@@ -17,6 +17,9 @@
 //! - no verdict is ahead of the checkpoint's last committed batch;
 //! - silver, applied over a current bronze of a table that lost nothing (or was rebuilt from
 //!   a snapshot taken after its loss), equals the source;
+//! - history, applied with every snapshot in, equals the journal's versions at the points
+//!   bronze saw (its changes, its snapshots), unless a skipped purge took changes for good;
+//!   its invariants (one current version per key, ends and times) always hold;
 //! - reconcile records a verified LSN only for a silver equal to the source;
 //! - at the end, every table reads in the Python `deltalake` package as it does here.
 //!
@@ -34,6 +37,7 @@
 mod checks;
 #[path = "../common/mod.rs"]
 mod common;
+mod history;
 mod ops;
 mod processes;
 mod servers;

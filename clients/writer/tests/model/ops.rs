@@ -82,6 +82,15 @@ impl Table {
         }
     }
 
+    /// The column whose changes open a version of its history (`track_history_columns`):
+    /// the quiet table's is a bit, so half its updates change the current version in place.
+    pub(crate) fn tracked_history_column(self) -> &'static str {
+        match self {
+            Table::Busy => "customer_id",
+            Table::Quiet => "is_active",
+        }
+    }
+
     /// A text column no row holds NULL in: where another engine changes a value.
     pub(crate) fn text_column(self) -> &'static str {
         match self {
@@ -96,6 +105,7 @@ impl Table {
 pub(crate) enum Maintained {
     Bronze(Table),
     Silver(Table),
+    History(Table),
     Facts,
     Control,
 }
@@ -157,7 +167,7 @@ pub(crate) enum Op {
     Schema { table: Table, change: SchemaChange },
     /// An operator pauses (or resumes) the open chunked snapshot of `table`.
     Pause { table: Table, paused: bool },
-    /// Silver of `table` applied (after an available-now stream).
+    /// Silver and history of `table` applied (after an available-now stream).
     Apply {
         table: Table,
         deletion_vectors: bool,
@@ -235,6 +245,7 @@ pub(crate) fn kind(op: &Op) -> String {
             match target {
                 Maintained::Bronze(_) => "bronze",
                 Maintained::Silver(_) => "silver",
+                Maintained::History(_) => "history",
                 Maintained::Facts => "facts",
                 Maintained::Control => "control",
             },
@@ -315,7 +326,8 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
         44..55 => Op::Maintain {
             target: match rng.random_range(0..10) {
                 0..5 => Maintained::Bronze(table),
-                5..7 => Maintained::Silver(table),
+                5 => Maintained::Silver(table),
+                6 => Maintained::History(table),
                 7..9 => Maintained::Facts,
                 _ => Maintained::Control,
             },

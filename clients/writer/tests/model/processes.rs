@@ -90,7 +90,8 @@ impl World {
                  max_commits = 50\nfail_on_data_loss = {}\non_data_loss = \"{}\"\n{}\
                  except_columns = {:?}\n\
                  chunk_rows = {}\nsilver = \"{}\"\nkeys = [\"{}\"]\n\
-                 silver_deletion_vectors = {deletion_vectors}\napply_seconds = 0.5\n",
+                 silver_deletion_vectors = {deletion_vectors}\napply_seconds = 0.5\n\
+                 history = \"{}\"\ntrack_history_columns = [\"{}\"]\n",
                 table.source(),
                 config.target,
                 config.app_id,
@@ -107,6 +108,8 @@ impl World {
                 chunk_rows(table),
                 self.lab.lake(&format!("silver_{}", table.name())),
                 table.key(),
+                self.lab.lake(&format!("history_{}", table.name())),
+                table.tracked_history_column(),
             ));
             let state = snapshot::state(&config)
                 .await
@@ -201,6 +204,7 @@ impl World {
             self.completed(table, done);
         }
         self.observe_silver(table).await?;
-        Ok(())
+        // A sidecar stopped or killed mid-apply leaves history's invariants whole.
+        self.check_history(table, false).await
     }
 }

@@ -36,6 +36,10 @@ pub(crate) struct Knowledge {
     /// Tables whose silver lacks what a purge took, since the cut (until a rebuild from a
     /// snapshot after the cut).
     pub(crate) lost_at: BTreeMap<Table, Lsn>,
+    /// Tables whose bronze lost changes for good (a purge skipped, not healed by a
+    /// re-snapshot): history keeps what it made of them, so it is not compared with the
+    /// journal's model from then on (its invariants still are).
+    pub(crate) history_inexact: BTreeSet<Table>,
     /// How each table's stream meets a purge (skip when not set).
     pub(crate) on_loss: BTreeMap<Table, OnLoss>,
     /// Tables under `resnapshot` whose stream the anti-loop guard stopped (a purge met after
@@ -551,6 +555,10 @@ impl World {
                 self.lab.lake(&format!("silver_{}", table.name())),
                 TableKind::Silver,
             ),
+            Maintained::History(table) => (
+                self.lab.lake(&format!("history_{}", table.name())),
+                TableKind::History,
+            ),
             Maintained::Facts => (self.lab.lake("facts"), TableKind::Facts),
             Maintained::Control => (self.lab.lake("control"), TableKind::Control),
         };
@@ -616,6 +624,9 @@ impl World {
             if missing || (behind && on_loss == OnLoss::Resnapshot) {
                 known.lost_at.insert(table, cut);
             }
+            if missing && on_loss != OnLoss::Resnapshot {
+                known.history_inexact.insert(table);
+            }
         }
         Ok(())
     }
@@ -629,6 +640,7 @@ impl World {
         silver::apply_changes(&self.apply_config(table, deletion_vectors))
             .await
             .map_err(|error| format!("apply {}: {error}", table.source()))?;
+        self.apply_history(table).await?;
         let silver_url =
             tables::table_url(&self.lab.lake(&format!("silver_{}", table.name()))).expect("url");
         let made = tables::open(&silver_url).await.expect("open").is_some();
