@@ -33,8 +33,19 @@ fn workload(lab: &Lab, seed: u64, commits: u64) {
         tables: vec![TABLE.parse().expect("table")],
         ..Default::default()
     };
+    // Ten seconds between commits: verdicts of minute granularity move between calls.
+    let mut writer = lab
+        .db
+        .writer(
+            mssql_cdc_flight::sim::Clock::Virtual {
+                step_micros: 10_000_000,
+            },
+            seed,
+        )
+        .expect("writer");
+    writer.set_journal(&lab.journal()).expect("journal");
     mssql_cdc_flight::sim::workload::run(
-        &mut lab.writer(seed),
+        &mut writer,
         &spec,
         &std::sync::atomic::AtomicBool::new(false),
     )
@@ -394,4 +405,65 @@ async fn bad_history_calls_are_refused_with_the_reason_and_nothing_written() {
         Tracked::of(vec!["a".into()], vec!["b".into()]).is_err(),
         "both lists at once are refused"
     );
+}
+
+/// Runs `snapshot open --mode full --resnapshot` for the test's table, aborting at
+/// `crash_at` when given.
+async fn full_resnapshot_command(lab: &Lab, crash_at: Option<&str>) -> std::process::Output {
+    let config = stream_config(lab);
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"));
+    command
+        .args(["snapshot", "open", "--server", &lab.url, "--table", TABLE])
+        .args(["--target", &config.target, "--facts", &config.facts])
+        .args(["--app-id", &config.app_id, "--mode", "full", "--resnapshot"])
+        .env("RUST_LOG", "warn");
+    if let Some(step) = crash_at {
+        command.env(mssql_cdc_writer::stream::CRASH_AT_VARIABLE, step);
+    }
+    tokio::task::spawn_blocking(move || command.output().expect("run"))
+        .await
+        .expect("join")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_snapshot_still_being_read_holds_the_verdict_until_its_rows_are_in() {
+    let lab = Lab::new().await;
+    workload(&lab, 81, 120);
+    let mut config = stream_config(&lab);
+    snapshot::bootstrap(&mut config, SnapshotMode::Full)
+        .await
+        .expect("bootstrap");
+    workload(&lab, 82, 40);
+    common::run_now(config.clone()).await;
+    let before = apply_all(&lab).await;
+    assert!(before[0].finalized_until.is_some(), "{before:?}");
+    // A full re-snapshot whose process died after recording its S, before its rows.
+    let crashed = full_resnapshot_command(&lab, Some("after_snapshot_open")).await;
+    assert!(!crashed.status.success(), "aborted after the open");
+    workload(&lab, 83, 40);
+    common::run_now(config.clone()).await;
+    let during = apply_all(&lab).await;
+    for (outcome, before) in during.iter().zip(&before) {
+        assert!(outcome.waiting_snapshot.is_some(), "{outcome:?}");
+        assert_eq!(
+            outcome.finalized_until, before.finalized_until,
+            "the verdict holds while a snapshot's rows are still to come"
+        );
+    }
+    // The rerun finds the open and reads it; the stream passes its read; history takes it.
+    let finished = full_resnapshot_command(&lab, None).await;
+    assert!(
+        finished.status.success(),
+        "{}",
+        String::from_utf8_lossy(&finished.stderr)
+    );
+    workload(&lab, 84, 20);
+    common::run_now(config.clone()).await;
+    let after = apply_all(&lab).await;
+    assert!(
+        after.iter().all(|outcome| outcome.waiting_snapshot.is_none()
+            && outcome.finalized_until > before[0].finalized_until),
+        "{after:?}"
+    );
+    assert_as_journal(&lab, "after the re-snapshot completed").await;
 }

@@ -106,6 +106,7 @@ impl Snapshots {
             0,
             vec![FactsRow {
                 rows: Some(0),
+                min_commit_ts: self.time_of(snapshot).await?,
                 detail: Some(detail.to_string()),
                 ..snapshot_event(events::SNAPSHOT_OPEN, snapshot)
             }],

@@ -47,7 +47,7 @@ use arrow::record_batch::RecordBatch;
 use mssql_cdc_proto::Lsn;
 use mssql_cdc_proto::client::CdcClient;
 use mssql_cdc_proto::keys::{Bound, KeyColumn, KeyTuple};
-use mssql_cdc_proto::protocol::LsnAnswer;
+use mssql_cdc_proto::protocol::{LsnAnswer, TimeAnswer};
 use mssql_cdc_proto::selection::ColumnSelection;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -353,6 +353,16 @@ impl Snapshots {
 
     fn txn(&self, kind: &str, snapshot: Lsn) -> String {
         format!("{}#{kind}.{snapshot}", self.config.app_id)
+    }
+
+    /// The commit time of `snapshot`'s S, recorded on its open (history places versions at
+    /// S with it: docs/silver.md, "History").
+    async fn time_of(&self, snapshot: Lsn) -> Result<Option<i64>> {
+        let answer: TimeAnswer = self
+            .client
+            .action("lsn_to_time", &json!({"lsn": snapshot}))
+            .await?;
+        Ok(answer.commit_ts.map(|time| time.micros()))
     }
 
     async fn stamp(&self) -> Result<Lsn> {

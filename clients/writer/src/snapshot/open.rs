@@ -203,6 +203,7 @@ impl Snapshots {
                     )
                         .to_string(),
                 ),
+                min_commit_ts: self.time_of(snapshot).await?,
                 ..snapshot_event(events::SNAPSHOT_OPEN, snapshot)
             }],
             )

@@ -163,6 +163,7 @@ impl Snapshots {
                         "lost_from_ts": null, "lost_to_ts": null, "seed": options.copy})
                         .to_string(),
                 ),
+                min_commit_ts: self.time_of(lsn).await?,
                 ..snapshot_event(events::SNAPSHOT_OPEN, lsn)
             }],
         )
@@ -178,6 +179,9 @@ impl Snapshots {
         } else {
             self.append_copy(copy, &options.copy, &bronze_txn).await?
         };
+        // The copy may be newer than L ("earlier is safe"): its reads ended by now at the
+        // latest, so history applies its rows once the stream has read past this.
+        let read_end: LsnAnswer = self.client.action("max_lsn", &json!({})).await?;
         self.append_facts(
             &self.txn("snapdone", lsn),
             0,
@@ -185,7 +189,8 @@ impl Snapshots {
                 rows: Some(rows as i64),
                 end_commit_ts: offset.commit_ts.map(CommitTime::micros),
                 detail: Some(
-                    json!({"mode": SnapshotMode::Full.as_str(), "snapshot": lsn, "seed": options.copy})
+                    json!({"mode": SnapshotMode::Full.as_str(), "snapshot": lsn, "seed": options.copy,
+                        "read_end": read_end.lsn.map(|end| end.max(lsn))})
                         .to_string(),
                 ),
                 ..snapshot_event(events::BOOTSTRAP, lsn)

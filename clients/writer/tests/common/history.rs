@@ -168,18 +168,23 @@ pub async fn held(
         location,
         &format!(
             "SELECT CAST({key} AS BIGINT), __valid_from, __valid_to, __ended_by, __is_current, \
-             __valid_from_ts IS NULL, __valid_to_ts IS NULL, {columns} FROM t"
+             CAST(__valid_from_ts AS VARCHAR), CAST(__valid_to_ts AS VARCHAR), {columns} FROM t"
         ),
     )
     .await;
     let mut versions = BTreeSet::new();
     let mut current = BTreeSet::new();
+    let mut intervals: BTreeMap<i64, Vec<(Option<String>, Option<String>)>> = BTreeMap::new();
     for batch in &batches {
         for row in 0..batch.num_rows() {
             let key: i64 = text(batch, 0, row)
                 .and_then(|key| key.parse().ok())
                 .ok_or("a version without a key")?;
-            let (from, to, ended) = (text(batch, 1, row), text(batch, 2, row), text(batch, 3, row));
+            let (from, to, ended) = (
+                text(batch, 1, row),
+                text(batch, 2, row),
+                text(batch, 3, row),
+            );
             let is_current = text(batch, 4, row) == Some("true".into());
             if is_current != (to.is_none() && ended.is_none()) {
                 return Err(format!(
@@ -189,15 +194,20 @@ pub async fn held(
             if is_current && !current.insert(key) {
                 return Err(format!("{location}: key {key} has two current versions"));
             }
-            let (from_ts_null, to_ts_null) = (
-                text(batch, 5, row) == Some("true".into()),
-                text(batch, 6, row) == Some("true".into()),
-            );
-            if from_ts_null != from.is_none() || to_ts_null != to.is_none() {
+            let (from_ts, to_ts) = (text(batch, 5, row), text(batch, 6, row));
+            if from_ts.is_none() != from.is_none() || to_ts.is_none() != to.is_none() {
                 return Err(format!(
                     "{location}: key {key} from {from:?} to {to:?} lacks a commit time"
                 ));
             }
+            if let (Some(from), Some(to)) = (&from, &to)
+                && (from >= to || from_ts > to_ts)
+            {
+                return Err(format!(
+                    "{location}: key {key} valid from {from} ({from_ts:?}) to {to} ({to_ts:?})"
+                ));
+            }
+            intervals.entry(key).or_default().push((from.clone(), to.clone()));
             let values = (7..batch.num_columns())
                 .map(|column| text(batch, column, row).unwrap_or_else(|| "NULL".into()))
                 .collect::<Vec<_>>()
@@ -208,7 +218,50 @@ pub async fn held(
             }
         }
     }
+    // A key's versions follow each other: each starts at or after the one before ended.
+    for (key, mut spans) in intervals {
+        spans.sort();
+        for pair in spans.windows(2) {
+            let (ended, next) = (&pair[0].1, &pair[1].0);
+            if ended.is_none() || next < ended {
+                return Err(format!("{location}: key {key} has overlapping versions {pair:?}"));
+            }
+        }
+    }
     Ok(versions)
+}
+
+/// The history as it stood at `micros` (a verdict's time): the versions valid from then or
+/// before, an end after it read as none. What a verdict covers never changes afterwards.
+pub async fn as_of(location: &str, key: &str, tracked: &[&str], micros: i64) -> BTreeSet<VersionRow> {
+    let columns = tracked
+        .iter()
+        .map(|column| format!("CAST({column} AS VARCHAR)"))
+        .collect::<Vec<_>>()
+        .join(" || '|' || ");
+    let ended = format!("CAST(__valid_to_ts AS BIGINT) <= {micros}");
+    let batches = query(
+        location,
+        &format!(
+            "SELECT CAST({key} AS BIGINT), __valid_from, CASE WHEN {ended} THEN __valid_to END, \
+             CASE WHEN {ended} THEN __ended_by END, {columns} FROM t \
+             WHERE __valid_from_ts IS NULL OR CAST(__valid_from_ts AS BIGINT) <= {micros}"
+        ),
+    )
+    .await;
+    let mut versions = BTreeSet::new();
+    for batch in &batches {
+        for row in 0..batch.num_rows() {
+            versions.insert((
+                text(batch, 0, row).and_then(|key| key.parse().ok()).unwrap_or_default(),
+                text(batch, 1, row),
+                text(batch, 2, row),
+                text(batch, 3, row),
+                text(batch, 4, row).unwrap_or_else(|| "NULL".into()),
+            ));
+        }
+    }
+    versions
 }
 
 /// Where a history differs from the model's versions (its first few), if it does.

@@ -36,7 +36,32 @@ impl World {
             .await
             .map_err(|error| format!("apply_history {}: {error}", table.source()))?;
         self.check_history(table, outcome.waiting_snapshot.is_none())
+            .await?;
+        self.check_history_verdict(table, outcome.finalized_until.map(|time| time.micros()))
             .await
+    }
+
+    /// What history's last verdict covered is still what it holds as of then; the new
+    /// verdict's cover is kept for the next check.
+    async fn check_history_verdict(&self, table: Table, verdict: Option<i64>) -> Result<(), Failure> {
+        let location = self.history_location(table);
+        let tracked = [table.tracked_history_column()];
+        let previous = self.known().history_verdicts.get(&table).cloned();
+        if let Some((at, covered)) = previous {
+            let now = model::as_of(&location, table.key(), &tracked, at).await;
+            if now != covered {
+                let changed: Vec<_> = covered.symmetric_difference(&now).take(4).collect();
+                return Err(format!(
+                    "history of {} changed before its verdict ({at} µs): {changed:?}",
+                    table.source()
+                ));
+            }
+        }
+        if let Some(verdict) = verdict {
+            let covered = model::as_of(&location, table.key(), &tracked, verdict).await;
+            self.known().history_verdicts.insert(table, (verdict, covered));
+        }
+        Ok(())
     }
 
     /// History's invariants; with `settled` (every snapshot the facts record applied), its

@@ -40,6 +40,9 @@ pub(crate) struct Knowledge {
     /// re-snapshot): history keeps what it made of them, so it is not compared with the
     /// journal's model from then on (its invariants still are).
     pub(crate) history_inexact: BTreeSet<Table>,
+    /// Each history's newest verdict (micros) and the versions it covered then: what a
+    /// verdict covers never changes afterwards.
+    pub(crate) history_verdicts: BTreeMap<Table, (i64, BTreeSet<common::history::VersionRow>)>,
     /// How each table's stream meets a purge (skip when not set).
     pub(crate) on_loss: BTreeMap<Table, OnLoss>,
     /// Tables under `resnapshot` whose stream the anti-loop guard stopped (a purge met after

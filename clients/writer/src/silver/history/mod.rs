@@ -342,14 +342,16 @@ fn tracked_columns(tracked: &Tracked, values: &[String], keys: &[String]) -> Res
     Ok(columns)
 }
 
-/// The commit time of each snapshot's S, where the fold may place a version boundary: the
-/// earliest `_commit_ts` of its rows (a full snapshot's rows are stamped S itself).
+/// The commit time of each snapshot's S, where the fold may place a version boundary: as
+/// its open recorded it; in lakes written before opens recorded it, the earliest
+/// `_commit_ts` of its rows (its first stamp's, at or after S).
 async fn snapshot_times(
     context: &SessionContext,
     facts: &snapshots::Facts,
 ) -> Result<HashMap<String, i64>> {
-    if facts.snapshots.is_empty() {
-        return Ok(HashMap::new());
+    let mut times = facts.times.clone();
+    if facts.points.iter().all(|s| times.contains_key(s)) {
+        return Ok(times);
     }
     let rows = collect_text(
         context,
@@ -357,8 +359,10 @@ async fn snapshot_times(
          WHERE _operation = 0 GROUP BY COALESCE(_snapshot, _start_lsn)",
     )
     .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|row| Some((row[0].clone()?, row[1].as_deref()?.parse().ok()?)))
-        .collect())
+    for row in rows {
+        if let (Some(s), Some(Ok(time))) = (row[0].clone(), row[1].as_deref().map(str::parse)) {
+            times.entry(s).or_insert(time);
+        }
+    }
+    Ok(times)
 }

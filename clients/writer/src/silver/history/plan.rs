@@ -20,12 +20,22 @@ pub(super) const CHANGE: i64 = 0;
 pub(super) const IMAGE: i64 = 1;
 pub(super) const ABSENT: i64 = 2;
 
+/// The rows of one snapshot a call applies.
+#[derive(Clone, Debug, PartialEq)]
+struct Unit {
+    /// S.
+    lsn: String,
+    /// `None`: all of a full snapshot's rows; `Some`: these chunks'.
+    chunks: Option<Vec<i32>>,
+    /// Whether the snapshot is complete with them: the keys it lacks end at S.
+    complete: bool,
+    /// Where the reads of these rows ended (`None`: unknown, taken as S).
+    read_end: Option<String>,
+}
+
 /// The snapshot rows and changes one call applies, and the position they leave.
 pub(super) struct Plan {
-    /// `(S, chunks, complete)`: a snapshot's rows to apply (`None`: all of a full
-    /// snapshot's; `Some`: these chunks), and whether it is complete with them (the keys it
-    /// lacks end at S).
-    snapshots: Vec<(String, Option<Vec<i32>>, bool)>,
+    snapshots: Vec<Unit>,
     /// Changes are applied up to the stream's end (the facts' newest batch end).
     pub(super) changes_to: Option<String>,
     /// The position once they are.
@@ -44,10 +54,16 @@ impl Plan {
                 .is_none_or(|done| &snapshot.lsn > done)
         }) {
             if !snapshot.chunked {
-                if !snapshot.ripe(end, std::iter::empty()) {
+                // A full snapshot's rows are in bronze once its completion is.
+                if !snapshot.complete || !snapshot.ripe(end, std::iter::empty()) {
                     break;
                 }
-                applied.push((snapshot.lsn.clone(), None, true));
+                applied.push(Unit {
+                    lsn: snapshot.lsn.clone(),
+                    chunks: None,
+                    complete: true,
+                    read_end: snapshot.read_end.clone(),
+                });
                 new_position.snapshot_lsn = Some(snapshot.lsn.clone());
                 continue;
             }
@@ -63,6 +79,7 @@ impl Plan {
                 .collect();
             waves.dedup();
             let mut chunks = Vec::new();
+            let mut read_end: Option<String> = None;
             let mut last_wave = done_wave;
             for wave in &waves {
                 let of_wave = || snapshot.chunks.iter().filter(|chunk| chunk.wave == *wave);
@@ -70,12 +87,18 @@ impl Plan {
                     break;
                 }
                 chunks.extend(of_wave().map(|chunk| chunk.chunk));
+                read_end = read_end.max(of_wave().map(|chunk| chunk.read_end.clone()).max());
                 last_wave = *wave;
             }
             let whole =
                 snapshot.complete && last_wave == waves.last().copied().unwrap_or(done_wave);
             if !chunks.is_empty() || whole {
-                applied.push((snapshot.lsn.clone(), Some(chunks), whole));
+                applied.push(Unit {
+                    lsn: snapshot.lsn.clone(),
+                    chunks: Some(chunks),
+                    complete: whole,
+                    read_end,
+                });
             }
             if whole {
                 new_position.snapshot_lsn = Some(snapshot.lsn.clone());
@@ -131,23 +154,24 @@ impl Plan {
         }
         let mut earlier_images: Vec<String> = Vec::new();
         let mut markers = Vec::new();
-        for (s, chunks, complete) in &self.snapshots {
-            if let Some(rows) = sql.rows_of(s, chunks.as_deref()) {
+        for unit in &self.snapshots {
+            let (s, read_end) = (&unit.lsn, unit.read_end.as_deref());
+            if let Some(rows) = sql.rows_of(s, unit.chunks.as_deref()) {
                 parts.push(format!(
                     "SELECT {}, b._operation, b._command_id, b._seqval, {} AS __position, \
                      {IMAGE} AS __kind FROM bronze b WHERE {rows} AND {}",
                     columns("b"),
                     text(s),
-                    sql.no_change_after(s, "b")
+                    sql.no_change_after(s, read_end, "b")
                 ));
                 earlier_images.push(format!(
                     "SELECT {} FROM bronze b WHERE {rows}",
                     sql.key_list()
                 ));
             }
-            if *complete {
+            if unit.complete {
                 for batch in context
-                    .sql(&sql.lacked_keys(s, &earlier_images))
+                    .sql(&sql.lacked_keys(s, read_end, &earlier_images))
                     .await?
                     .collect()
                     .await?
@@ -228,15 +252,17 @@ impl Sql<'_> {
         }
     }
 
-    /// Row `alias`'s key has no change between S and the next snapshot: a key with one takes
-    /// its state at S from that change's before-image (exact), not from a snapshot row that
-    /// may have been read after it.
-    fn no_change_after(&self, s: &str, alias: &str) -> String {
-        let until = self
-            .facts
-            .next_after(s)
-            .map(|next| format!(" AND c._start_lsn <= {}", text(next)))
-            .unwrap_or_default();
+    /// Row `alias`'s key has no change between S and the next snapshot or the end of the
+    /// reads (`read_end`), whichever is later: a key with one takes its state at S from that
+    /// change's before-image (exact), not from a snapshot row that may have been read after
+    /// it.
+    fn no_change_after(&self, s: &str, read_end: Option<&str>, alias: &str) -> String {
+        let until = match (self.facts.next_after(s), read_end) {
+            (Some(next), read_end) => Some(read_end.map_or(next, |end| end.max(next))),
+            (None, _) => None,
+        }
+        .map(|until| format!(" AND c._start_lsn <= {}", text(until)))
+        .unwrap_or_default();
         format!(
             "NOT EXISTS (SELECT 1 FROM bronze c WHERE c._operation <> 0 AND c._start_lsn > {}{until} AND {})",
             text(s),
@@ -247,7 +273,7 @@ impl Sql<'_> {
     /// The keys the fold may hold open at S (history's current ones, those of this call's
     /// events before S) that the complete snapshot at S lacks and no change after it
     /// explains.
-    fn lacked_keys(&self, s: &str, earlier_images: &[String]) -> String {
+    fn lacked_keys(&self, s: &str, read_end: Option<&str>, earlier_images: &[String]) -> String {
         let key_list = self.key_list();
         let mut candidates = vec![
             format!("SELECT {key_list} FROM history WHERE __is_current"),
@@ -265,7 +291,7 @@ impl Sql<'_> {
             candidates.join(" UNION ALL "),
             self.of_snapshot(s),
             self.key_match("b", "k"),
-            self.no_change_after(s, "k"),
+            self.no_change_after(s, read_end, "k"),
         )
     }
 }
@@ -341,15 +367,19 @@ mod tests {
                     false,
                 ),
             ],
+            ..Facts::default()
         };
         let plan = Plan::of(&facts, &Position::default());
+        let units: Vec<_> = plan
+            .snapshots
+            .iter()
+            .map(|unit| (unit.lsn.as_str(), unit.chunks.clone(), unit.complete))
+            .collect();
         assert_eq!(
-            plan.snapshots,
-            [
-                ("0x10".to_string(), None, true),
-                ("0x20".to_string(), Some(vec![0, 1]), false)
-            ]
+            units,
+            [("0x10", None, true), ("0x20", Some(vec![0, 1]), false)]
         );
+        assert_eq!(plan.snapshots[1].read_end.as_deref(), Some("0x23"));
         assert_eq!(plan.position.snapshot_lsn.as_deref(), Some("0x10"));
         assert_eq!(plan.position.open_snapshot_lsn.as_deref(), Some("0x20"));
         assert_eq!(plan.position.snapshot_wave, Some(1));
@@ -365,9 +395,18 @@ mod tests {
                     true,
                 ),
             ],
+            ..Facts::default()
         };
         let plan = Plan::of(&facts, &plan.position);
-        assert_eq!(plan.snapshots, [("0x20".to_string(), Some(vec![2]), true)]);
+        assert_eq!(
+            plan.snapshots,
+            [Unit {
+                lsn: "0x20".into(),
+                chunks: Some(vec![2]),
+                complete: true,
+                read_end: Some("0x26".into())
+            }]
+        );
         assert_eq!(plan.position.snapshot_lsn.as_deref(), Some("0x20"));
         assert_eq!(plan.position.open_snapshot_lsn, None);
         // A full snapshot whose read the stream has not passed waits, and so do later ones.
@@ -376,9 +415,17 @@ mod tests {
         let facts = Facts {
             end: Some("0x44".into()),
             snapshots: vec![waiting, snapshot("0x50", &[], true)],
+            ..Facts::default()
         };
         let plan = Plan::of(&facts, &Position::default());
         assert!(plan.snapshots.is_empty());
         assert_eq!(plan.position, Position::default());
+        // A full snapshot still being read (open, no completion) waits too.
+        let facts = Facts {
+            end: Some("0x99".into()),
+            snapshots: vec![snapshot("0x60", &[], false)],
+            ..Facts::default()
+        };
+        assert!(Plan::of(&facts, &Position::default()).snapshots.is_empty());
     }
 }

@@ -8,6 +8,8 @@
 //! which is exact, and a key without one was the same from S to R, so the row is its state
 //! at S.
 
+use std::collections::HashMap;
+
 use url::Url;
 
 use super::super::text;
@@ -65,28 +67,32 @@ impl Snapshot {
 pub(super) struct Facts {
     /// The end of the stream's last batch recorded: every change up to it is in bronze.
     pub(super) end: Option<String>,
-    /// The snapshots, oldest first: complete ones and open chunked ones not abandoned.
+    /// The snapshots whose rows history applies, oldest first: the complete ones, then the
+    /// open one (the newest opened with no completion at or after it, not abandoned; full
+    /// or chunked). A snapshot superseded before it completed is never applied.
     pub(super) snapshots: Vec<Snapshot>,
+    /// The S of every snapshot opened or completed, superseded and abandoned ones too:
+    /// where a change whose before-image disagrees with history places what bronze lacks.
+    pub(super) points: Vec<String>,
+    /// The commit time of each S its open recorded.
+    pub(super) times: HashMap<String, i64>,
 }
 
 impl Facts {
     /// The S of the newest snapshot at or before `lsn` and after `after`: where a change at
     /// `lsn` whose before-image disagrees with the history places the change bronze lacks.
     pub(super) fn snapshot_between(&self, after: Option<&str>, lsn: &str) -> Option<&str> {
-        self.snapshots
+        self.points
             .iter()
             .rev()
-            .map(|snapshot| snapshot.lsn.as_str())
+            .map(String::as_str)
             .find(|s| *s <= lsn)
             .filter(|s| after.is_none_or(|after| *s > after))
     }
 
-    /// The S of the snapshot after the one at `lsn`, if any.
+    /// The S of the snapshot opened after the one at `lsn`, if any.
     pub(super) fn next_after(&self, lsn: &str) -> Option<&str> {
-        self.snapshots
-            .iter()
-            .map(|snapshot| snapshot.lsn.as_str())
-            .find(|s| *s > lsn)
+        self.points.iter().map(String::as_str).find(|s| *s > lsn)
     }
 }
 
@@ -105,7 +111,8 @@ pub(super) async fn read(facts: &Url, bronze: &str) -> Result<Facts> {
     let rows = tables::query_text(
         facts,
         &format!(
-            "SELECT event, min_lsn, max_lsn, detail FROM t WHERE target = {} AND event IN ({})",
+            "SELECT event, min_lsn, max_lsn, detail, CAST(min_commit_ts AS BIGINT) FROM t \
+             WHERE target = {} AND event IN ({})",
             text(bronze),
             events::sql_list(&[
                 events::SNAPSHOT_OPEN,
@@ -117,10 +124,33 @@ pub(super) async fn read(facts: &Url, bronze: &str) -> Result<Facts> {
         ),
     )
     .await?;
+    let times = rows
+        .iter()
+        .filter(|row| row[0].as_deref() == Some(events::SNAPSHOT_OPEN))
+        .filter_map(|row| Some((row[1].clone()?, row[4].as_deref()?.parse().ok()?)))
+        .collect();
     Ok(Facts {
         end,
         snapshots: snapshots_of(&rows),
+        points: points_of(&rows),
+        times,
     })
+}
+
+/// The S of every open and completion among the facts rows `[event, min_lsn, ...]`.
+fn points_of(rows: &[Vec<Option<String>>]) -> Vec<String> {
+    let mut points: Vec<String> = rows
+        .iter()
+        .filter(|row| {
+            row[0].as_deref().is_some_and(|event| {
+                event == events::SNAPSHOT_OPEN || events::SNAPSHOT_COMPLETIONS.contains(&event)
+            })
+        })
+        .filter_map(|row| row[1].clone())
+        .collect();
+    points.sort();
+    points.dedup();
+    points
 }
 
 /// The snapshots the facts rows `[event, min_lsn, max_lsn, detail]` record.
@@ -149,17 +179,19 @@ fn snapshots_of(rows: &[Vec<Option<String>>]) -> Vec<Snapshot> {
             });
         }
     }
-    for (lsn, _, detail) in of(events::SNAPSHOT_OPEN) {
-        let chunked = SnapshotMode::of_detail(&detail) == SnapshotMode::Chunked;
-        if chunked && !abandoned.contains(&lsn) && !snapshots.iter().any(|s| s.lsn == lsn) {
-            snapshots.push(Snapshot {
-                lsn,
-                chunked,
-                complete: false,
-                read_end: None,
-                chunks: Vec::new(),
-            });
-        }
+    // The open one: the newest open, unless a completion at or after it or an abandon
+    // closed it (an older open a newer one superseded is never applied).
+    if let Some((lsn, _, detail)) = of(events::SNAPSHOT_OPEN).max_by(|a, b| a.0.cmp(&b.0))
+        && !abandoned.contains(&lsn)
+        && !snapshots.iter().any(|done| done.lsn >= lsn)
+    {
+        snapshots.push(Snapshot {
+            chunked: SnapshotMode::of_detail(&detail) == SnapshotMode::Chunked,
+            lsn,
+            complete: false,
+            read_end: None,
+            chunks: Vec::new(),
+        });
     }
     for (stamp, read_end, detail) in of(events::SNAPSHOT_CHUNK) {
         let Some(snapshot) = snapshots
@@ -243,14 +275,28 @@ mod tests {
         assert!(!open.ripe(Some("0x34"), open.chunks.iter()));
         assert!(open.ripe(Some("0x34"), open.chunks.iter().take(1)));
         assert!(!snapshots[0].ripe(None, std::iter::empty()));
+        // A newer open supersedes an older one never completed; every S is a point.
+        let mut superseded = rows.clone();
+        superseded.push(row("snapshot_open", "0x40", "0x40", r#"{"mode":"full"}"#));
+        let newer = snapshots_of(&superseded);
+        assert_eq!(
+            newer
+                .iter()
+                .map(|s| (s.lsn.as_str(), s.chunked, s.complete))
+                .collect::<Vec<_>>(),
+            [("0x10", false, true), ("0x40", false, false)]
+        );
+        assert_eq!(points_of(&superseded), ["0x10", "0x20", "0x30", "0x40"]);
         let facts = Facts {
             end: None,
+            points: points_of(&rows),
             snapshots,
+            ..Facts::default()
         };
-        assert_eq!(facts.snapshot_between(None, "0x2f"), Some("0x10"));
-        assert_eq!(facts.snapshot_between(Some("0x10"), "0x2f"), None);
+        assert_eq!(facts.snapshot_between(None, "0x2f"), Some("0x20"));
+        assert_eq!(facts.snapshot_between(Some("0x20"), "0x2f"), None);
         assert_eq!(facts.snapshot_between(Some("0x12"), "0x30"), Some("0x30"));
-        assert_eq!(facts.next_after("0x10"), Some("0x30"));
+        assert_eq!(facts.next_after("0x10"), Some("0x20"));
         assert_eq!(facts.next_after("0x30"), None);
     }
 }

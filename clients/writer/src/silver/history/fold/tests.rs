@@ -37,7 +37,7 @@ fn commit(lsn: &str, first: (i32, usize), last: (i32, usize)) -> Event {
 
 fn facts(snapshots: &[&str]) -> Facts {
     Facts {
-        end: None,
+        points: snapshots.iter().map(|lsn| lsn.to_string()).collect(),
         snapshots: snapshots
             .iter()
             .map(|lsn| Snapshot {
@@ -48,6 +48,7 @@ fn facts(snapshots: &[&str]) -> Facts {
                 chunks: Vec::new(),
             })
             .collect(),
+        ..Facts::default()
     }
 }
 
