@@ -33,6 +33,7 @@ RUN mkdir -p src proto/src clients/writer/src benches clients/writer/benches tes
         clients/writer/benches/silver.rs clients/writer/benches/freshness.rs \
         clients/writer/benches/reconcile.rs clients/writer/benches/many_tables.rs \
         clients/writer/benches/facts_appends.rs clients/writer/benches/busy_bronze.rs \
+        clients/writer/benches/history.rs \
         clients/writer/tests/model/main.rs; \
         do echo 'fn main() {}' > "$stub"; done
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

@@ -405,6 +405,15 @@ async fn bad_history_calls_are_refused_with_the_reason_and_nothing_written() {
         Tracked::of(vec!["a".into()], vec!["b".into()]).is_err(),
         "both lists at once are refused"
     );
+    // A history records what it tracks; a call asking otherwise is refused.
+    apply_history(&base).await.expect("apply");
+    let error = apply_history(&HistoryConfig {
+        tracked: Tracked::All,
+        ..base.clone()
+    })
+    .await
+    .expect_err("refused");
+    assert!(error.to_string().contains("tracks"), "{error}");
 }
 
 /// Runs `snapshot open --mode full --resnapshot` for the test's table, aborting at
@@ -461,9 +470,65 @@ async fn a_full_snapshot_still_being_read_holds_the_verdict_until_its_rows_are_i
     common::run_now(config.clone()).await;
     let after = apply_all(&lab).await;
     assert!(
-        after.iter().all(|outcome| outcome.waiting_snapshot.is_none()
-            && outcome.finalized_until > before[0].finalized_until),
+        after
+            .iter()
+            .all(|outcome| outcome.waiting_snapshot.is_none()
+                && outcome.finalized_until > before[0].finalized_until),
         "{after:?}"
     );
     assert_as_journal(&lab, "after the re-snapshot completed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_compares_a_history_with_the_source_and_replays_it_from_bronze() {
+    use mssql_cdc_writer::reconcile::{ReconcileConfig, reconcile};
+    let lab = Lab::new().await;
+    workload(&lab, 91, 120);
+    let mut config = stream_config(&lab);
+    snapshot::bootstrap(&mut config, SnapshotMode::Full)
+        .await
+        .expect("bootstrap");
+    workload(&lab, 92, 60);
+    common::run_now(config.clone()).await;
+    apply_all(&lab).await;
+    let (history, _) = configs(&lab)[0].clone();
+    let check = ReconcileConfig {
+        facts: Some(lab.lake("facts")),
+        bucket_rows: 20,
+        sample: 1.0,
+        ..ReconcileConfig::new(
+            &lab.url,
+            TABLE,
+            &history.target,
+            &config.target,
+            &history.control,
+        )
+    };
+    let clean = reconcile(&check).await.expect("reconcile");
+    let replay = clean.history_replay.clone().expect("a history is replayed");
+    assert!(
+        clean.verified && clean.values_verified && replay.differences == 0,
+        "{clean:?}"
+    );
+    assert!(replay.versions > 100, "{replay:?}");
+    // Another engine deletes an ended version: the current versions still match the source,
+    // the replay from bronze does not.
+    let table = common::open_table(&history.target).await;
+    let ended = common::query(
+        &history.target,
+        &format!("SELECT MIN({KEY}) FROM t WHERE NOT __is_current"),
+    )
+    .await;
+    let key = common::text(&ended[0], 0, 0).expect("an ended version");
+    common::delete_where(table, &format!("{KEY} = {key} AND NOT __is_current")).await;
+    let broken = reconcile(&check).await.expect("reconcile");
+    let replay = broken.history_replay.clone().expect("replayed");
+    assert!(
+        broken.mismatch == 0 && replay.differences > 0 && !broken.verified,
+        "{broken:?}"
+    );
+    assert!(
+        replay.first[0].contains("replayed, not held") && replay.first[0].contains(&key),
+        "{replay:?}"
+    );
 }

@@ -226,6 +226,10 @@ pub struct ReconcileResult {
     pub pending_snapshot: Option<Lsn>,
     /// What the chunk checks found.
     pub chunk_findings: Vec<ChunkFinding>,
+    /// For a history table: its versions replayed from bronze and compared with those it
+    /// holds (its current versions are what the buckets compared with the source).
+    #[serde(default)]
+    pub history_replay: Option<crate::silver::history::Replayed>,
 }
 
 impl ReconcileResult {
@@ -431,7 +435,34 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         .table_provider()
         .with_session(std::sync::Arc::new(context.state()))
         .await?;
-    context.register_table("silver", provider)?;
+    // A history table (SCD type 2) is compared by its current versions, and replayed from
+    // bronze ([`crate::silver::history::replay`]).
+    let history = silver_table
+        .snapshot()?
+        .schema()
+        .field("__is_current")
+        .is_some();
+    if history {
+        context.register_table("versions", provider)?;
+        let columns = silver_table
+            .snapshot()?
+            .schema()
+            .fields()
+            .map(|field| field.name().to_string())
+            .filter(|name| !name.starts_with("__"))
+            .map(|name| tables::quote_identifier(&name))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let current = context
+            .sql(&format!(
+                "SELECT {columns} FROM versions WHERE __is_current"
+            ))
+            .await?
+            .into_view();
+        context.register_table("silver", current)?;
+    } else {
+        context.register_table("silver", provider)?;
+    }
     let key = key_columns.in_silver(&context).await?;
     let columns = crate::columns::resolve(
         &client,
@@ -565,11 +596,22 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         checked_snapshot,
         chunk_findings,
         pending_snapshot,
+        history_replay: None,
     };
+    if history {
+        result.history_replay =
+            Some(replay_history(config, key_columns_names(config, &instance)).await?);
+    }
     // A snapshot silver has not taken in excuses the keys of its rows as in flight: lag, not
     // loss, so no MISMATCH; but silver is then not known equal to the source, whatever those
-    // keys hold, and no LSN is verified.
-    result.verified = result.clean() && pending_snapshot.is_none();
+    // keys hold, and no LSN is verified. A history is verified only when its replay from
+    // bronze lands on every version it holds.
+    result.verified = result.clean()
+        && pending_snapshot.is_none()
+        && result
+            .history_replay
+            .as_ref()
+            .is_none_or(|replayed| replayed.differences == 0);
     // Every value was compared: by equal value sums in tier 1 (which cover no masked
     // column), or row by row in tier 2.
     result.values_verified = result.verified
@@ -602,6 +644,40 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         "reconcile done"
     );
     Ok(result)
+}
+
+/// The key columns a history of `config`'s table was applied with: `keys`, or the unique
+/// index CDC uses.
+fn key_columns_names(config: &ReconcileConfig, instance: &CaptureInstanceInfo) -> Vec<String> {
+    config
+        .keys
+        .clone()
+        .unwrap_or_else(|| instance.index_columns.clone())
+}
+
+/// Replays the history at `config.silver` from bronze and the facts.
+async fn replay_history(
+    config: &ReconcileConfig,
+    keys: Vec<String>,
+) -> Result<crate::silver::history::Replayed> {
+    let facts = config.facts.clone().ok_or_else(|| {
+        WriterError::invalid(format!(
+            "{} is a history table: reconcile replays it from bronze and needs the facts table",
+            config.silver
+        ))
+    })?;
+    crate::silver::history::replay(&crate::silver::history::HistoryConfig {
+        table: config.table.clone(),
+        bronze: config.bronze.clone(),
+        target: config.silver.clone(),
+        capture_instance: None,
+        keys,
+        control: config.control.clone(),
+        facts,
+        granularity: control::Granularity::Minute,
+        tracked: crate::silver::history::Tracked::All,
+    })
+    .await
 }
 
 /// The newest capture instance of `table` the capture job has processed.

@@ -174,7 +174,8 @@ pub async fn held(
     .await;
     let mut versions = BTreeSet::new();
     let mut current = BTreeSet::new();
-    let mut intervals: BTreeMap<i64, Vec<(Option<String>, Option<String>)>> = BTreeMap::new();
+    type Span = (Option<String>, Option<String>);
+    let mut intervals: BTreeMap<i64, Vec<Span>> = BTreeMap::new();
     for batch in &batches {
         for row in 0..batch.num_rows() {
             let key: i64 = text(batch, 0, row)
@@ -207,7 +208,10 @@ pub async fn held(
                     "{location}: key {key} valid from {from} ({from_ts:?}) to {to} ({to_ts:?})"
                 ));
             }
-            intervals.entry(key).or_default().push((from.clone(), to.clone()));
+            intervals
+                .entry(key)
+                .or_default()
+                .push((from.clone(), to.clone()));
             let values = (7..batch.num_columns())
                 .map(|column| text(batch, column, row).unwrap_or_else(|| "NULL".into()))
                 .collect::<Vec<_>>()
@@ -224,7 +228,9 @@ pub async fn held(
         for pair in spans.windows(2) {
             let (ended, next) = (&pair[0].1, &pair[1].0);
             if ended.is_none() || next < ended {
-                return Err(format!("{location}: key {key} has overlapping versions {pair:?}"));
+                return Err(format!(
+                    "{location}: key {key} has overlapping versions {pair:?}"
+                ));
             }
         }
     }
@@ -233,7 +239,12 @@ pub async fn held(
 
 /// The history as it stood at `micros` (a verdict's time): the versions valid from then or
 /// before, an end after it read as none. What a verdict covers never changes afterwards.
-pub async fn as_of(location: &str, key: &str, tracked: &[&str], micros: i64) -> BTreeSet<VersionRow> {
+pub async fn as_of(
+    location: &str,
+    key: &str,
+    tracked: &[&str],
+    micros: i64,
+) -> BTreeSet<VersionRow> {
     let columns = tracked
         .iter()
         .map(|column| format!("CAST({column} AS VARCHAR)"))
@@ -253,7 +264,9 @@ pub async fn as_of(location: &str, key: &str, tracked: &[&str], micros: i64) -> 
     for batch in &batches {
         for row in 0..batch.num_rows() {
             versions.insert((
-                text(batch, 0, row).and_then(|key| key.parse().ok()).unwrap_or_default(),
+                text(batch, 0, row)
+                    .and_then(|key| key.parse().ok())
+                    .unwrap_or_default(),
                 text(batch, 1, row),
                 text(batch, 2, row),
                 text(batch, 3, row),

@@ -43,7 +43,11 @@ impl World {
 
     /// What history's last verdict covered is still what it holds as of then; the new
     /// verdict's cover is kept for the next check.
-    async fn check_history_verdict(&self, table: Table, verdict: Option<i64>) -> Result<(), Failure> {
+    async fn check_history_verdict(
+        &self,
+        table: Table,
+        verdict: Option<i64>,
+    ) -> Result<(), Failure> {
         let location = self.history_location(table);
         let tracked = [table.tracked_history_column()];
         let previous = self.known().history_verdicts.get(&table).cloned();
@@ -59,7 +63,9 @@ impl World {
         }
         if let Some(verdict) = verdict {
             let covered = model::as_of(&location, table.key(), &tracked, verdict).await;
-            self.known().history_verdicts.insert(table, (verdict, covered));
+            self.known()
+                .history_verdicts
+                .insert(table, (verdict, covered));
         }
         Ok(())
     }

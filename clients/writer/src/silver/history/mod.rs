@@ -32,9 +32,11 @@
 mod fold;
 mod plan;
 mod snapshots;
+mod verify;
 mod versions;
 mod write;
 
+pub use verify::{Replayed, replay};
 pub use write::WriteCounts;
 
 use std::collections::HashMap;
@@ -50,10 +52,11 @@ use crate::control::{self, Granularity};
 use crate::error::{Result, WriterError};
 use crate::tables::{self, TableKind};
 use plan::Plan;
-use versions::Folder;
+use versions::Events;
 
 /// Which column changes open a new version.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Tracked {
     /// Every captured column.
     #[default]
@@ -146,7 +149,8 @@ async fn apply_once(config: &HistoryConfig) -> Result<HistoryOutcome> {
     let bronze_verdict = control::row(&control_url, &config.table)
         .await?
         .and_then(|row| row.end);
-    let facts = snapshots::read(&tables::table_url(&config.facts)?, &config.bronze).await?;
+    let facts =
+        Arc::new(snapshots::read(&tables::table_url(&config.facts)?, &config.bronze).await?);
     let history_row = control::row(&control_url, &config.target)
         .await?
         .unwrap_or_default();
@@ -177,7 +181,15 @@ async fn apply_once(config: &HistoryConfig) -> Result<HistoryOutcome> {
         .filter(|name| !VERSION_COLUMNS.contains(&name.as_str()))
         .collect();
     let tracked = tracked_columns(&config.tracked, &value_names, &config.keys)?;
-    let table = tables::ensure(&history_url, TableKind::History, fields.clone(), "history").await?;
+    let table = tables::ensure_with(
+        &history_url,
+        TableKind::History,
+        fields.clone(),
+        "history",
+        HashMap::from([(TRACKED_PROPERTY.to_string(), tracked_text(&config.tracked))]),
+    )
+    .await?;
+    let table = check_tracked(table, &config.tracked, &config.target).await?;
     let (table, _) = tables::add_missing_columns(table, &fields, &config.target).await?;
     context.register_table("history", table.table_provider().await?)?;
 
@@ -214,21 +226,27 @@ async fn apply_once(config: &HistoryConfig) -> Result<HistoryOutcome> {
         ..HistoryOutcome::default()
     };
     if events.iter().any(|batch| batch.num_rows() > 0) {
-        // 3. The fold, 4. the write.
+        // 3. The fold, 4. the write, in one pass over history's files.
         let times = snapshot_times(&context, &facts).await?;
-        let folder = Folder {
-            context: &context,
-            history: history_schema.clone(),
-            values: values_schema.clone(),
-            keys: &config.keys,
-            tracked: &tracked,
-        };
-        let folded = folder.fold(events, &facts, &times).await?;
-        outcome.keys_changed = folded.keys;
-        outcome.versions_written = folded.versions.num_rows();
-        let counts = write::replace(&table, folded.index, folded.versions).await?;
-        tracing::debug!(target = %config.target, ?counts, keys = outcome.keys_changed,
-            elapsed = ?started.elapsed(), "history written");
+        let events = Events::new(
+            events,
+            history_schema.clone(),
+            values_schema.clone(),
+            &config.keys,
+            &tracked,
+            &times,
+        )?;
+        let counts = write::apply(
+            &table,
+            Arc::new(events),
+            Arc::clone(&facts),
+            Arc::new(times),
+        )
+        .await?;
+        outcome.keys_changed = counts.keys_changed;
+        outcome.versions_written = counts.versions_written;
+        tracing::debug!(target = %config.target, ?counts, elapsed = ?started.elapsed(),
+            "history written");
     }
     // 5. The position after the data, then the verdict.
     let mut new_position = plan.position.clone();
@@ -269,6 +287,54 @@ async fn apply_once(config: &HistoryConfig) -> Result<HistoryOutcome> {
     outcome.snapshot_lsn = lsn_of(&new_position.snapshot_lsn);
     outcome.waiting_snapshot = lsn_of(&waiting);
     Ok(outcome)
+}
+
+/// The table property a history records its [`Tracked`] in: a version means one thing for
+/// the table's life.
+pub const TRACKED_PROPERTY: &str = "mssql_cdc.history.tracked";
+
+fn tracked_text(tracked: &Tracked) -> String {
+    serde_json::to_string(tracked).unwrap_or_default()
+}
+
+/// What the history at `target` tracks, as its table property records it (`None` when it
+/// records nothing).
+pub fn recorded_tracked(table: &deltalake::DeltaTable) -> Result<Option<Tracked>> {
+    let snapshot = table.snapshot()?;
+    let Some(text) = snapshot.metadata().configuration().get(TRACKED_PROPERTY) else {
+        return Ok(None);
+    };
+    serde_json::from_str(text).map(Some).map_err(|error| {
+        WriterError::invalid(format!(
+            "history's {TRACKED_PROPERTY} is unreadable: {error}"
+        ))
+    })
+}
+
+/// Refuses a call that tracks otherwise than the history records; records it on a history
+/// that records nothing.
+async fn check_tracked(
+    table: deltalake::DeltaTable,
+    tracked: &Tracked,
+    target: &str,
+) -> Result<deltalake::DeltaTable> {
+    match recorded_tracked(&table)? {
+        Some(recorded) if &recorded == tracked => Ok(table),
+        Some(recorded) => Err(WriterError::invalid(format!(
+            "history {target} tracks {} but this call asks for {}: a history's versions mean \
+             one thing for its life; apply into a new history table to track otherwise",
+            tracked_text(&recorded),
+            tracked_text(tracked)
+        ))),
+        None => Ok(table
+            .set_tbl_properties()
+            .with_properties(HashMap::from([(
+                TRACKED_PROPERTY.to_string(),
+                tracked_text(tracked),
+            )]))
+            .with_raise_if_not_exists(false)
+            .await?),
+    }
 }
 
 /// History's fields: bronze's captured columns, `_start_lsn` and `_commit_ts` (bronze's

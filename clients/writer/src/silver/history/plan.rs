@@ -117,6 +117,45 @@ impl Plan {
         }
     }
 
+    /// A replay from nothing of what `position` says history applied: every snapshot up to
+    /// its `snapshot_lsn` whole, the open one's waves up to its wave, the changes up to its
+    /// `applied_lsn` ([`super::verify`]).
+    pub(super) fn replaying(facts: &Facts, position: &Position) -> Self {
+        let mut units = Vec::new();
+        for snapshot in &facts.snapshots {
+            let whole = position
+                .snapshot_lsn
+                .as_ref()
+                .is_some_and(|done| &snapshot.lsn <= done);
+            let waves = match &position.open_snapshot_lsn {
+                _ if whole => i32::MAX,
+                Some(open) if open == &snapshot.lsn => position.snapshot_wave.unwrap_or(0),
+                _ => continue,
+            };
+            let chunks: Vec<&super::snapshots::Chunk> = snapshot
+                .chunks
+                .iter()
+                .filter(|chunk| chunk.wave <= waves)
+                .collect();
+            units.push(Unit {
+                lsn: snapshot.lsn.clone(),
+                chunks: snapshot
+                    .chunked
+                    .then(|| chunks.iter().map(|chunk| chunk.chunk).collect()),
+                complete: whole,
+                read_end: match snapshot.chunked {
+                    true => chunks.iter().map(|chunk| chunk.read_end.clone()).max(),
+                    false => snapshot.read_end.clone(),
+                },
+            });
+        }
+        Plan {
+            snapshots: units,
+            changes_to: position.applied_lsn.clone(),
+            position: position.clone(),
+        }
+    }
+
     /// The query of this call's events, sorted by key and order ([`super::fold`]); `None`
     /// when there are none to look for. The keys a complete snapshot lacks are found first
     /// and registered as `markers` (their rows carry only the key).

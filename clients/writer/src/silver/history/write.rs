@@ -1,34 +1,37 @@
-//! History's write: a copy-on-write of the files holding a current row the fold replaced,
-//! and the new version rows, in one commit.
+//! History's write: each touched key folded where its current row is, in one pass over the
+//! files, and one commit.
 //!
-//! Ended versions never change, so only files holding a current row of a changed key are
-//! read whole and written again without it (one integer key: a file whose statistics' key
-//! range holds no changed key is not read at all); every other file stays. The version rows
-//! go into one new file together with the small files earlier calls left (under an eighth of
-//! the target file size), so a steady cadence of calls keeps a few files. History has no
-//! deletion vectors (its table features refuse them), so a file's rows are all live.
+//! Ended versions never change, so a file is read whole and written again only when it holds
+//! the current row of a key whose versions the events change: that row goes, the key's
+//! versions follow the file's other rows (a key stays in the file that held it). Every file
+//! has its key columns, `__is_current` and `__valid_to` read first (one integer key: a file
+//! whose statistics' key range holds no touched key is not read at all); a file holding no
+//! touched key's current row stays. Keys with no current row anywhere (new keys, keys whose
+//! last version ended) are folded after the pass, from the newest end their ended versions
+//! have, and go into one new file together with the small files earlier calls left (under an
+//! eighth of the target file size), so a steady cadence of calls keeps a few files. History
+//! has no deletion vectors (its table features refuse them): a file's rows are all live.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use arrow::array::{Array, BooleanArray};
-use arrow::compute::filter_record_batch;
+use arrow::array::{Array, BooleanArray, UInt32Array};
+use arrow::compute::{concat_batches, filter_record_batch, take_record_batch};
 use arrow::record_batch::RecordBatch;
 use deltalake::DeltaTable;
-use deltalake::datafile::writer::DeltaWriter;
 use deltalake::kernel::{Add, LogicalFileView};
 use deltalake::parquet::arrow::ProjectionMask;
 use deltalake::parquet::arrow::arrow_reader::ArrowReaderMetadata;
-use deltalake::parquet::arrow::async_reader::{
-    ParquetRecordBatchStream, ParquetRecordBatchStreamBuilder,
-};
+use deltalake::parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use deltalake::protocol::DeltaOperation;
 use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 
 use super::super::rewrite::{self, FileSettings, SMALL_FILE_FRACTION};
-use super::versions::KeyIndex;
+use super::fold::{At, KeyState};
+use super::snapshots::Facts;
+use super::versions::{Events, current_version, string_column};
 use crate::error::{Result, WriterError};
-use crate::stored_file::StoredFile;
 
 /// What a write changed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -37,18 +40,34 @@ pub struct WriteCounts {
     pub files_rewritten: usize,
     /// Files left as they were.
     pub files_kept: usize,
-    /// Current rows replaced.
-    pub rows_replaced: usize,
+    /// Keys whose versions changed.
+    pub keys_changed: usize,
+    /// Version rows written (current rows replaced, new versions).
+    pub versions_written: usize,
 }
 
-/// Replaces the current rows of `index.replaced`'s keys in `table` and adds `versions`.
-pub(super) async fn replace(
+/// What the pass over one file found and did.
+#[derive(Default)]
+struct FileOutcome {
+    /// The file, when it was written again, and what was written.
+    rewritten: Option<LogicalFileView>,
+    written: Vec<Add>,
+    /// Touched keys whose current row the file holds (folded here).
+    current: Vec<Box<[u8]>>,
+    /// Touched keys' ended versions' ends in the file.
+    ends: Vec<(Box<[u8]>, String)>,
+    keys_changed: usize,
+    versions_written: usize,
+}
+
+/// Folds `events` into `table` and commits.
+pub(super) async fn apply(
     table: &DeltaTable,
-    index: KeyIndex,
-    versions: RecordBatch,
+    events: Arc<Events>,
+    facts: Arc<Facts>,
+    times: Arc<HashMap<String, i64>>,
 ) -> Result<WriteCounts> {
     let settings = FileSettings::of(table)?;
-    let index = Arc::new(index);
     let state = table.snapshot()?;
     let small_size = settings.target_file_size.get() / SMALL_FILE_FRACTION;
     let (small, files): (Vec<LogicalFileView>, Vec<LogicalFileView>) = state
@@ -58,38 +77,62 @@ pub(super) async fn replace(
     let mut counts = WriteCounts::default();
     let mut removes = Vec::new();
     let mut adds: Vec<Add> = Vec::new();
+    let mut current: HashSet<Box<[u8]>> = HashSet::new();
+    let mut ends: HashMap<Box<[u8]>, String> = HashMap::new();
+    let mut absorb = |outcome: FileOutcome,
+                      counts: &mut WriteCounts,
+                      removes: &mut Vec<_>,
+                      adds: &mut Vec<Add>| {
+        match &outcome.rewritten {
+            Some(file) => {
+                counts.files_rewritten += 1;
+                removes.push(file.remove_action(true));
+            }
+            None => counts.files_kept += 1,
+        }
+        adds.extend(outcome.written);
+        counts.keys_changed += outcome.keys_changed;
+        counts.versions_written += outcome.versions_written;
+        current.extend(outcome.current);
+        for (key, end) in outcome.ends {
+            let newest = ends.entry(key).or_default();
+            if end > *newest {
+                *newest = end;
+            }
+        }
+    };
     let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut running = JoinSet::new();
     let mut pending = files.into_iter();
     let mut failure = None;
     loop {
-        while failure.is_none() && running.len() < parallel && !index.replaced.is_empty() {
+        while failure.is_none() && running.len() < parallel {
             let Some(file) = pending.next() else { break };
-            if let Some(sorted) = &index.integers
-                && !rewrite::may_hold(&file, &index.keys[0], sorted)
+            if let Some(sorted) = &events.integers
+                && !rewrite::may_hold(&file, &events.index.keys[0], sorted)
             {
                 counts.files_kept += 1;
                 continue;
             }
-            running.spawn(rewrite_file(file, Arc::clone(&index), settings.clone()));
+            running.spawn(fold_file(
+                file,
+                Arc::clone(&events),
+                Arc::clone(&facts),
+                Arc::clone(&times),
+                settings.clone(),
+            ));
         }
         let Some(joined) = running.join_next().await else {
             break;
         };
         match joined {
-            Ok(Ok(Some((file, written, replaced)))) => {
-                counts.files_rewritten += 1;
-                counts.rows_replaced += replaced;
-                removes.push(file.remove_action(true));
-                adds.extend(written);
-            }
-            Ok(Ok(None)) => counts.files_kept += 1,
+            Ok(Ok(outcome)) => absorb(outcome, &mut counts, &mut removes, &mut adds),
             Ok(Err(error)) => {
                 failure.get_or_insert(error);
             }
             Err(error) => {
                 failure.get_or_insert(WriterError::Internal(format!(
-                    "a history file rewrite stopped: {error}"
+                    "a history file's fold stopped: {error}"
                 )));
             }
         }
@@ -98,32 +141,42 @@ pub(super) async fn replace(
         // Written files are not committed; vacuum removes them.
         return Err(error);
     }
-    counts.files_kept += pending.len();
-    // The new versions, with the small files folded in when there is something to write or
-    // several of them.
-    if versions.num_rows() > 0 || small.len() > 1 {
-        let mut writer = settings.writer();
-        for file in &small {
-            let rows = ParquetRecordBatchStreamBuilder::new(settings.reader(file))
-                .await?
-                .build()?;
-            counts.rows_replaced += without_replaced(rows, &index, &settings, &mut writer).await?;
-            counts.files_rewritten += 1;
-            removes.push(file.remove_action(true));
+    // The small files, read whole into one new file with the keys no file holds current
+    // (one alone is folded in only when that file gets rows anyway).
+    let mut writer = settings.writer();
+    for file in small {
+        let (rows, outcome) =
+            fold_rows(read_whole(&settings, &file).await?, &events, &facts, &times)?;
+        for batch in [rows.0, rows.1] {
+            if batch.num_rows() > 0 {
+                writer.write(&batch).await?;
+            }
         }
-        if versions.num_rows() > 0 {
-            writer
-                .write(&rewrite::conform(&versions, &settings.schema)?)
-                .await?;
-        }
-        adds.extend(writer.close().await?);
-    } else {
-        counts.files_kept += small.len();
+        absorb(
+            FileOutcome {
+                rewritten: Some(file),
+                ..outcome
+            },
+            &mut counts,
+            &mut removes,
+            &mut adds,
+        );
     }
-    if removes.is_empty() && adds.is_empty() {
+    let (versions, keys) = events.fold_from_nothing(&facts, &times, &ends, &current)?;
+    counts.keys_changed += keys;
+    counts.versions_written += versions.num_rows();
+    if versions.num_rows() > 0 {
+        writer
+            .write(&rewrite::conform(&versions, &settings.schema)?)
+            .await?;
+    }
+    adds.extend(writer.close().await?);
+    if counts.keys_changed == 0 {
+        // Nothing to change (a replay): no commit, the small files' copies are orphans.
         return Ok(counts);
     }
-    let predicate = index
+    let predicate = events
+        .index
         .keys
         .iter()
         .map(|key| format!("target.{key} <=> source.{key}"))
@@ -146,82 +199,176 @@ pub(super) async fn replace(
     Ok(counts)
 }
 
-/// Writes `file` again without the current rows of replaced keys, when it holds one: the
-/// file, what was written and how many rows were replaced.
-async fn rewrite_file(
+/// One file: its touched keys' ends, and, when it holds a touched key's current row whose
+/// versions change, the file written again with them.
+async fn fold_file(
     file: LogicalFileView,
-    index: Arc<KeyIndex>,
+    events: Arc<Events>,
+    facts: Arc<Facts>,
+    times: Arc<HashMap<String, i64>>,
     settings: FileSettings,
-) -> Result<Option<(LogicalFileView, Vec<Add>, usize)>> {
-    // The key columns and `__is_current` first: most files hold no replaced row.
+) -> Result<FileOutcome> {
+    // The key columns, `__is_current` and `__valid_to` first: most files hold no touched key.
     let reader = settings.reader(&file);
     let mut probe = reader.clone();
     let metadata = ArrowReaderMetadata::load_async(&mut probe, Default::default()).await?;
+    let plain = rewrite::plain_columns(metadata.metadata());
     let builder =
         ParquetRecordBatchStreamBuilder::new_with_metadata(reader.clone(), metadata.clone());
-    let roots = index
+    let roots = events
+        .index
         .keys
         .iter()
         .map(String::as_str)
-        .chain(["__is_current"])
+        .chain(["__is_current", "__valid_to"])
         .map(|column| builder.schema().index_of(column))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-    let mut keys = builder.with_projection(mask).build()?;
-    let mut holds = false;
-    while let Some(batch) = keys.next().await {
-        if replaced_rows(&batch?, &index)?.true_count() > 0 {
-            holds = true;
-            break;
-        }
+    let mut scan = builder.with_projection(mask).build()?;
+    let mut outcome = FileOutcome::default();
+    while let Some(batch) = scan.next().await {
+        let batch = batch?;
+        let (current, ends) = touched(&batch, &events)?;
+        outcome.current.extend(current);
+        outcome.ends.extend(ends);
     }
-    if !holds {
-        return Ok(None);
+    if outcome.current.is_empty() {
+        return Ok(outcome);
     }
-    let rows = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata).build()?;
-    let mut writer = settings.writer();
-    let replaced = without_replaced(rows, &index, &settings, &mut writer).await?;
-    Ok(Some((file, writer.close().await?, replaced)))
-}
-
-/// Writes the rows of a file's stream but the current rows of replaced keys into `writer`;
-/// returns how many those were.
-async fn without_replaced(
-    mut rows: ParquetRecordBatchStream<StoredFile>,
-    index: &KeyIndex,
-    settings: &FileSettings,
-    writer: &mut DeltaWriter,
-) -> Result<usize> {
-    let mut replaced = 0;
-    while let Some(batch) = rows.next().await {
-        let batch = rewrite::conform(&batch?, &settings.schema)?;
-        let drop = replaced_rows(&batch, index)?;
-        replaced += drop.true_count();
-        let batch = filter_record_batch(&batch, &arrow::compute::not(&drop)?)?;
+    let rows = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata)
+        .build()?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .await?;
+    let batch = concat_batches(&settings.schema, &rows_in(&rows, &settings)?)?;
+    let ((kept, versions), folded) = fold_rows(batch, &events, &facts, &times)?;
+    if folded.keys_changed == 0 {
+        // Nothing changed for the keys it holds: the file stays.
+        return Ok(FileOutcome {
+            current: outcome.current,
+            ends: outcome.ends,
+            ..FileOutcome::default()
+        });
+    }
+    let mut writer = settings.writer_without_dictionary(&plain);
+    for batch in [kept, versions] {
         if batch.num_rows() > 0 {
             writer.write(&batch).await?;
         }
     }
-    Ok(replaced)
+    Ok(FileOutcome {
+        rewritten: Some(file),
+        written: writer.close().await?,
+        current: outcome.current,
+        ends: outcome.ends,
+        keys_changed: folded.keys_changed,
+        versions_written: folded.versions_written,
+    })
 }
 
-/// Which rows of `batch` are the current row of a replaced key.
-fn replaced_rows(batch: &RecordBatch, index: &KeyIndex) -> Result<BooleanArray> {
-    if index.replaced.is_empty() {
-        return Ok(BooleanArray::from(vec![false; batch.num_rows()]));
+/// The touched keys of a batch's rows: those whose current row it is, and the ends of the
+/// ended ones.
+#[allow(clippy::type_complexity)]
+fn touched(
+    batch: &RecordBatch,
+    events: &Events,
+) -> Result<(Vec<Box<[u8]>>, Vec<(Box<[u8]>, String)>)> {
+    let keys = events.index.rows(batch)?;
+    let current = current_column(batch)?;
+    let ends = string_column(batch, "__valid_to")?;
+    let (mut holds, mut ended) = (Vec::new(), Vec::new());
+    for row in 0..batch.num_rows() {
+        let key = keys.row(row);
+        if !events.touches(key.as_ref()) {
+            continue;
+        }
+        if current.is_valid(row) && current.value(row) {
+            holds.push(Box::from(key.as_ref()));
+        } else if ends.is_valid(row) {
+            ended.push((Box::from(key.as_ref()), ends.value(row).to_string()));
+        }
     }
-    let current = batch
+    Ok((holds, ended))
+}
+
+/// Folds the touched keys whose current row `batch` (a whole file, in history's columns)
+/// holds: the batch's rows but the changed keys' current ones, and those keys' versions;
+/// what changed, the touched keys' current rows and ends.
+#[allow(clippy::type_complexity)]
+fn fold_rows(
+    batch: RecordBatch,
+    events: &Events,
+    facts: &Facts,
+    times: &HashMap<String, i64>,
+) -> Result<((RecordBatch, RecordBatch), FileOutcome)> {
+    let keys = events.index.rows(&batch)?;
+    let current = current_column(&batch)?;
+    let ends = string_column(&batch, "__valid_to")?;
+    let mut outcome = FileOutcome::default();
+    // The touched keys' current rows, taken out: only they are compared with the events.
+    let mut picked: Vec<u32> = Vec::new();
+    for row in 0..batch.num_rows() {
+        let key = keys.row(row);
+        if !events.touches(key.as_ref()) {
+            continue;
+        }
+        if current.is_valid(row) && current.value(row) {
+            picked.push(row as u32);
+        } else if ends.is_valid(row) {
+            outcome
+                .ends
+                .push((Box::from(key.as_ref()), ends.value(row).to_string()));
+        }
+    }
+    let currents = take_record_batch(&batch, &UInt32Array::from(picked.clone()))?;
+    let local = events.local(&currents)?;
+    let mut keep = vec![true; batch.num_rows()];
+    let mut versions = Vec::new();
+    for (at_row, row) in picked.iter().enumerate() {
+        let key: Box<[u8]> = Box::from(keys.row(*row as usize).as_ref());
+        let at = At {
+            batch: events.local_batch(),
+            row: at_row,
+        };
+        let state = KeyState {
+            current: Some(current_version(&currents, at_row, at)?),
+            last_end: None,
+        };
+        if let Some(folded) = events.fold(&key, state, Some(&local), facts, times) {
+            outcome.keys_changed += 1;
+            versions.extend(folded);
+            keep[*row as usize] = false;
+        }
+        outcome.current.push(key);
+    }
+    let kept = filter_record_batch(&batch, &BooleanArray::from(keep))?;
+    let rows = events.rows(&versions, Some(&local))?;
+    outcome.versions_written = rows.num_rows();
+    Ok(((kept, rows), outcome))
+}
+
+async fn read_whole(settings: &FileSettings, file: &LogicalFileView) -> Result<RecordBatch> {
+    let rows = ParquetRecordBatchStreamBuilder::new(settings.reader(file))
+        .await?
+        .build()?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .await?;
+    Ok(concat_batches(
+        &settings.schema,
+        &rows_in(&rows, settings)?,
+    )?)
+}
+
+/// `rows` in history's columns.
+fn rows_in(rows: &[RecordBatch], settings: &FileSettings) -> Result<Vec<RecordBatch>> {
+    rows.iter()
+        .map(|batch| rewrite::conform(batch, &settings.schema))
+        .collect()
+}
+
+fn current_column(batch: &RecordBatch) -> Result<BooleanArray> {
+    batch
         .column_by_name("__is_current")
         .and_then(|column| column.as_any().downcast_ref::<BooleanArray>())
-        .ok_or_else(|| WriterError::Internal("history file without __is_current".into()))?;
-    let keys = index.rows(batch)?;
-    Ok((0..batch.num_rows())
-        .map(|row| {
-            Some(
-                current.is_valid(row)
-                    && current.value(row)
-                    && index.replaced.contains(keys.row(row).as_ref()),
-            )
-        })
-        .collect())
+        .cloned()
+        .ok_or_else(|| WriterError::Internal("history rows without __is_current".into()))
 }
