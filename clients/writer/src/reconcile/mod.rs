@@ -437,11 +437,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
         .await?;
     // A history table (SCD type 2) is compared by its current versions, and replayed from
     // bronze ([`crate::silver::history::replay`]).
-    let history = silver_table
-        .snapshot()?
-        .schema()
-        .field("__is_current")
-        .is_some();
+    let history = crate::silver::history::is_history(&silver_table)?;
     if history {
         context.register_table("versions", provider)?;
         let columns = silver_table
@@ -449,7 +445,7 @@ pub async fn reconcile(config: &ReconcileConfig) -> Result<ReconcileResult> {
             .schema()
             .fields()
             .map(|field| field.name().to_string())
-            .filter(|name| !name.starts_with("__"))
+            .filter(|name| !crate::silver::history::VERSION_COLUMNS.contains(&name.as_str()))
             .map(|name| tables::quote_identifier(&name))
             .collect::<Vec<_>>()
             .join(", ");

@@ -16,8 +16,8 @@
 //!    the same (a column outside them changed), else ends it (`update`) and opens one at the
 //!    commit; a delete ends it (`delete`), and so does an update that moved the row to
 //!    another key (`update`).
-//! 3. **A snapshot's row** (applied only when the key has no change between S and the next
-//!    snapshot) does what an after-image does, at S, ending with `resnapshot`; a complete
+//! 3. **A snapshot's row** (applied only when the key has no change between S and the end of
+//!    the row's read) does what an after-image does, at S, ending with `resnapshot`; a complete
 //!    snapshot that lacks a key ends its current version at S (`resnapshot`).
 //!
 //! An event at or before the newest LSN history already shows of the key (its current

@@ -14,7 +14,8 @@
 //! 2. takes the changes past the position up to the stream's end, and the rows of every
 //!    snapshot not yet applied whose reads the stream has passed (waves of an open chunked
 //!    one in order), in order: a snapshot's row of a key only when the key has no change
-//!    between S and the next snapshot, and, when a snapshot is complete, the keys it lacks;
+//!    between S and the end of the row's read, and, when a snapshot is complete, the keys it
+//!    lacks;
 //! 3. folds each touched key's events into its versions from what history holds of it
 //!    ([`fold`]: a commit is one event, Microsoft's order `_start_lsn`, `_command_id`,
 //!    `_seqval`, `_operation` inside it);
@@ -124,7 +125,7 @@ pub struct HistoryOutcome {
 }
 
 /// History's own columns after the captured ones, `_start_lsn` and `_commit_ts`.
-const VERSION_COLUMNS: [&str; 6] = [
+pub const VERSION_COLUMNS: [&str; 6] = [
     "__valid_from",
     "__valid_from_ts",
     "__valid_to",
@@ -211,7 +212,6 @@ async fn apply_once(config: &HistoryConfig) -> Result<HistoryOutcome> {
     let events = match plan
         .events_sql(
             &context,
-            &facts,
             position.applied_lsn.as_deref(),
             &values_schema,
             &config.keys,
@@ -287,6 +287,19 @@ async fn apply_once(config: &HistoryConfig) -> Result<HistoryOutcome> {
     outcome.snapshot_lsn = lsn_of(&new_position.snapshot_lsn);
     outcome.waiting_snapshot = lsn_of(&waiting);
     Ok(outcome)
+}
+
+/// Whether `table` is a history: it records what it tracks, or holds every version column.
+pub fn is_history(table: &deltalake::DeltaTable) -> Result<bool> {
+    let snapshot = table.snapshot()?;
+    let schema = snapshot.schema();
+    Ok(snapshot
+        .metadata()
+        .configuration()
+        .contains_key(TRACKED_PROPERTY)
+        || VERSION_COLUMNS
+            .iter()
+            .all(|column| schema.field(column).is_some()))
 }
 
 /// The table property a history records its [`Tracked`] in: a version means one thing for

@@ -29,8 +29,51 @@ struct Unit {
     chunks: Option<Vec<i32>>,
     /// Whether the snapshot is complete with them: the keys it lacks end at S.
     complete: bool,
-    /// Where the reads of these rows ended (`None`: unknown, taken as S).
+    /// Where the snapshot's reads ended (a chunked one's: its last chunk's); `None`: unknown,
+    /// taken as S.
     read_end: Option<String>,
+    /// Where each chunk's read ended, for the chunks applied.
+    chunk_ends: Vec<(i32, String)>,
+}
+
+impl Unit {
+    /// The `chunks` of chunked `snapshot`, complete with them when `complete`.
+    fn chunked(snapshot: &super::snapshots::Snapshot, chunks: Vec<i32>, complete: bool) -> Self {
+        Unit {
+            lsn: snapshot.lsn.clone(),
+            read_end: snapshot
+                .chunks
+                .iter()
+                .map(|chunk| chunk.read_end.clone())
+                .max(),
+            chunk_ends: snapshot
+                .chunks
+                .iter()
+                .filter(|chunk| chunks.contains(&chunk.chunk))
+                .map(|chunk| (chunk.chunk, chunk.read_end.clone()))
+                .collect(),
+            chunks: Some(chunks),
+            complete,
+        }
+    }
+
+    /// Where the read of bronze row `b` of this unit ended, as an SQL expression; `None`
+    /// when unknown (the row is taken as read at S).
+    fn row_end(&self) -> Option<String> {
+        if self.chunks.is_none() {
+            return self.read_end.as_deref().map(text);
+        }
+        if self.chunk_ends.is_empty() {
+            return None;
+        }
+        let cases = self
+            .chunk_ends
+            .iter()
+            .map(|(chunk, end)| format!("WHEN {chunk} THEN {}", text(end)))
+            .collect::<Vec<_>>()
+            .join(" ");
+        Some(format!("CASE b._chunk {cases} END"))
+    }
 }
 
 /// The snapshot rows and changes one call applies, and the position they leave.
@@ -63,6 +106,7 @@ impl Plan {
                     chunks: None,
                     complete: true,
                     read_end: snapshot.read_end.clone(),
+                    chunk_ends: Vec::new(),
                 });
                 new_position.snapshot_lsn = Some(snapshot.lsn.clone());
                 continue;
@@ -79,7 +123,6 @@ impl Plan {
                 .collect();
             waves.dedup();
             let mut chunks = Vec::new();
-            let mut read_end: Option<String> = None;
             let mut last_wave = done_wave;
             for wave in &waves {
                 let of_wave = || snapshot.chunks.iter().filter(|chunk| chunk.wave == *wave);
@@ -87,18 +130,12 @@ impl Plan {
                     break;
                 }
                 chunks.extend(of_wave().map(|chunk| chunk.chunk));
-                read_end = read_end.max(of_wave().map(|chunk| chunk.read_end.clone()).max());
                 last_wave = *wave;
             }
             let whole =
                 snapshot.complete && last_wave == waves.last().copied().unwrap_or(done_wave);
             if !chunks.is_empty() || whole {
-                applied.push(Unit {
-                    lsn: snapshot.lsn.clone(),
-                    chunks: Some(chunks),
-                    complete: whole,
-                    read_end,
-                });
+                applied.push(Unit::chunked(snapshot, chunks, whole));
             }
             if whole {
                 new_position.snapshot_lsn = Some(snapshot.lsn.clone());
@@ -132,20 +169,23 @@ impl Plan {
                 Some(open) if open == &snapshot.lsn => position.snapshot_wave.unwrap_or(0),
                 _ => continue,
             };
-            let chunks: Vec<&super::snapshots::Chunk> = snapshot
-                .chunks
-                .iter()
-                .filter(|chunk| chunk.wave <= waves)
-                .collect();
-            units.push(Unit {
-                lsn: snapshot.lsn.clone(),
-                chunks: snapshot
-                    .chunked
-                    .then(|| chunks.iter().map(|chunk| chunk.chunk).collect()),
-                complete: whole,
-                read_end: match snapshot.chunked {
-                    true => chunks.iter().map(|chunk| chunk.read_end.clone()).max(),
-                    false => snapshot.read_end.clone(),
+            units.push(match snapshot.chunked {
+                true => Unit::chunked(
+                    snapshot,
+                    snapshot
+                        .chunks
+                        .iter()
+                        .filter(|chunk| chunk.wave <= waves)
+                        .map(|chunk| chunk.chunk)
+                        .collect(),
+                    whole,
+                ),
+                false => Unit {
+                    lsn: snapshot.lsn.clone(),
+                    chunks: None,
+                    complete: whole,
+                    read_end: snapshot.read_end.clone(),
+                    chunk_ends: Vec::new(),
                 },
             });
         }
@@ -162,13 +202,11 @@ impl Plan {
     pub(super) async fn events_sql(
         &self,
         context: &SessionContext,
-        facts: &Facts,
         applied: Option<&str>,
         values: &SchemaRef,
         keys: &[String],
     ) -> Result<Option<String>> {
         let sql = Sql {
-            facts,
             keys,
             applied: text(applied.unwrap_or_default()),
         };
@@ -194,14 +232,14 @@ impl Plan {
         let mut earlier_images: Vec<String> = Vec::new();
         let mut markers = Vec::new();
         for unit in &self.snapshots {
-            let (s, read_end) = (&unit.lsn, unit.read_end.as_deref());
+            let s = &unit.lsn;
             if let Some(rows) = sql.rows_of(s, unit.chunks.as_deref()) {
                 parts.push(format!(
                     "SELECT {}, b._operation, b._command_id, b._seqval, {} AS __position, \
                      {IMAGE} AS __kind FROM bronze b WHERE {rows} AND {}",
                     columns("b"),
                     text(s),
-                    sql.no_change_after(s, read_end, "b")
+                    sql.no_change_until(s, unit.row_end(), "b")
                 ));
                 earlier_images.push(format!(
                     "SELECT {} FROM bronze b WHERE {rows}",
@@ -210,7 +248,7 @@ impl Plan {
             }
             if unit.complete {
                 for batch in context
-                    .sql(&sql.lacked_keys(s, read_end, &earlier_images))
+                    .sql(&sql.lacked_keys(s, unit.read_end.as_deref(), &earlier_images))
                     .await?
                     .collect()
                     .await?
@@ -242,7 +280,6 @@ impl Plan {
 
 /// The SQL pieces of a call's events.
 struct Sql<'a> {
-    facts: &'a Facts,
     keys: &'a [String],
     /// The position's `applied_lsn` as an SQL literal.
     applied: String,
@@ -291,22 +328,22 @@ impl Sql<'_> {
         }
     }
 
-    /// Row `alias`'s key has no change between S and the next snapshot or the end of the
-    /// reads (`read_end`), whichever is later: a key with one takes its state at S from that
-    /// change's before-image (exact), not from a snapshot row that may have been read after
-    /// it.
-    fn no_change_after(&self, s: &str, read_end: Option<&str>, alias: &str) -> String {
-        let until = match (self.facts.next_after(s), read_end) {
-            (Some(next), read_end) => Some(read_end.map_or(next, |end| end.max(next))),
-            (None, _) => None,
+    /// Row `alias`'s key has no change between S and where the read of its row ended
+    /// (`until`, an SQL expression): a row read then was the key's state at S. A key with
+    /// one takes its state at S from that change's before-image instead (exact: every change
+    /// up to the read's end is in bronze once the snapshot is applied); later changes'
+    /// before-images agree with the row. The window is fixed once the snapshot is, so a
+    /// replay from nothing decides as the calls did. `until` unknown: the row is the state.
+    fn no_change_until(&self, s: &str, until: Option<String>, alias: &str) -> String {
+        match until {
+            None => "TRUE".into(),
+            Some(until) => format!(
+                "NOT EXISTS (SELECT 1 FROM bronze c WHERE c._operation <> 0 AND c._start_lsn > {} \
+                 AND c._start_lsn <= {until} AND {})",
+                text(s),
+                self.key_match("c", alias)
+            ),
         }
-        .map(|until| format!(" AND c._start_lsn <= {}", text(until)))
-        .unwrap_or_default();
-        format!(
-            "NOT EXISTS (SELECT 1 FROM bronze c WHERE c._operation <> 0 AND c._start_lsn > {}{until} AND {})",
-            text(s),
-            self.key_match("c", alias)
-        )
     }
 
     /// The keys the fold may hold open at S (history's current ones, those of this call's
@@ -330,7 +367,7 @@ impl Sql<'_> {
             candidates.join(" UNION ALL "),
             self.of_snapshot(s),
             self.key_match("b", "k"),
-            self.no_change_after(s, read_end, "k"),
+            self.no_change_until(s, read_end.map(text), "k"),
         )
     }
 }
@@ -418,7 +455,11 @@ mod tests {
             units,
             [("0x10", None, true), ("0x20", Some(vec![0, 1]), false)]
         );
-        assert_eq!(plan.snapshots[1].read_end.as_deref(), Some("0x23"));
+        assert_eq!(plan.snapshots[1].read_end.as_deref(), Some("0x26"));
+        assert_eq!(
+            plan.snapshots[1].row_end().as_deref(),
+            Some("CASE b._chunk WHEN 0 THEN '0x22' WHEN 1 THEN '0x23' END")
+        );
         assert_eq!(plan.position.snapshot_lsn.as_deref(), Some("0x10"));
         assert_eq!(plan.position.open_snapshot_lsn.as_deref(), Some("0x20"));
         assert_eq!(plan.position.snapshot_wave, Some(1));
@@ -443,7 +484,8 @@ mod tests {
                 lsn: "0x20".into(),
                 chunks: Some(vec![2]),
                 complete: true,
-                read_end: Some("0x26".into())
+                read_end: Some("0x26".into()),
+                chunk_ends: vec![(2, "0x26".into())],
             }]
         );
         assert_eq!(plan.position.snapshot_lsn.as_deref(), Some("0x20"));

@@ -89,11 +89,6 @@ impl Facts {
             .find(|s| *s <= lsn)
             .filter(|s| after.is_none_or(|after| *s > after))
     }
-
-    /// The S of the snapshot opened after the one at `lsn`, if any.
-    pub(super) fn next_after(&self, lsn: &str) -> Option<&str> {
-        self.points.iter().map(String::as_str).find(|s| *s > lsn)
-    }
 }
 
 pub(super) async fn read(facts: &Url, bronze: &str) -> Result<Facts> {
@@ -296,7 +291,5 @@ mod tests {
         assert_eq!(facts.snapshot_between(None, "0x2f"), Some("0x20"));
         assert_eq!(facts.snapshot_between(Some("0x20"), "0x2f"), None);
         assert_eq!(facts.snapshot_between(Some("0x12"), "0x30"), Some("0x30"));
-        assert_eq!(facts.next_after("0x10"), Some("0x20"));
-        assert_eq!(facts.next_after("0x30"), None);
     }
 }

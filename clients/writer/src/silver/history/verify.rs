@@ -95,7 +95,7 @@ pub async fn replay(config: &HistoryConfig) -> Result<Replayed> {
     let tracked = super::tracked_columns(&tracked, &value_names, &config.keys)?;
     let plan = Plan::replaying(&facts, &position);
     let events = match plan
-        .events_sql(&context, &facts, None, &values_schema, &config.keys)
+        .events_sql(&context, None, &values_schema, &config.keys)
         .await?
     {
         Some(sql) => context.sql(&sql).await?.collect().await?,

@@ -345,9 +345,11 @@ struct Pair<'a> {
 
 impl Pair<'_> {
     fn of(&self, at: At) -> &Values {
-        match self.events.get(at.batch) {
-            Some(values) => values,
-            None => self.local.unwrap_or(&self.events[0]),
+        match (self.events.get(at.batch), self.local) {
+            (Some(values), _) => values,
+            (None, Some(local)) => local,
+            // The fold only names rows of the batches it was given.
+            (None, None) => unreachable!("a row past the events without a local batch"),
         }
     }
 }

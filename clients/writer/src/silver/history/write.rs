@@ -141,8 +141,8 @@ pub(super) async fn apply(
         // Written files are not committed; vacuum removes them.
         return Err(error);
     }
-    // The small files, read whole into one new file with the keys no file holds current
-    // (one alone is folded in only when that file gets rows anyway).
+    // The small files, read whole into one new file with the keys no file holds current (a
+    // call that changes nothing commits nothing: their copies are orphans for VACUUM).
     let mut writer = settings.writer();
     for file in small {
         let (rows, outcome) =
