@@ -462,6 +462,17 @@ pub async fn merge(
         .map(|key| format!("target.{key} <=> source.{key}"))
         .collect::<Vec<_>>()
         .join(" AND ");
+    commit_merge(table, removes, adds, predicate).await?;
+    Ok(counts)
+}
+
+/// [`commit`] as a `MERGE` on `predicate` (what the log shows of it).
+pub(super) async fn commit_merge(
+    table: &DeltaTable,
+    removes: Vec<Remove>,
+    adds: Vec<Add>,
+    predicate: String,
+) -> Result<()> {
     commit(
         table,
         removes,
@@ -474,14 +485,13 @@ pub async fn merge(
             not_matched_by_source_predicates: Vec::new(),
         },
     )
-    .await?;
-    Ok(counts)
+    .await
 }
 
 /// Removes `removes` and adds `adds` in one commit on the version `table` was read at, and
 /// only there: a table that moved since (another engine's OPTIMIZE among others) refuses it
 /// ([`tables::rewrite_commit`]), and the caller applies again.
-pub(super) async fn commit(
+async fn commit(
     table: &DeltaTable,
     removes: Vec<Remove>,
     adds: Vec<Add>,

@@ -196,17 +196,7 @@ async fn apply_once(config: &HistoryConfig) -> Result<HistoryOutcome> {
 
     // 2. What this call applies, and its events in order.
     let history_schema: SchemaRef = table.snapshot()?.snapshot().arrow_schema();
-    let values_schema = Arc::new(
-        history_schema.project(
-            &history_schema
-                .fields()
-                .iter()
-                .enumerate()
-                .filter(|(_, field)| !VERSION_COLUMNS.contains(&field.name().as_str()))
-                .map(|(index, _)| index)
-                .collect::<Vec<_>>(),
-        )?,
-    );
+    let values_schema = values_of(&history_schema)?;
     let plan = Plan::of(&facts, &position);
     let started = std::time::Instant::now();
     let events = match plan
@@ -348,6 +338,18 @@ async fn check_tracked(
             .with_raise_if_not_exists(false)
             .await?),
     }
+}
+
+/// The columns of `history` a version's values are in: all but [`VERSION_COLUMNS`].
+fn values_of(history: &SchemaRef) -> Result<SchemaRef> {
+    let values: Vec<usize> = history
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, field)| !VERSION_COLUMNS.contains(&field.name().as_str()))
+        .map(|(index, _)| index)
+        .collect();
+    Ok(Arc::new(history.project(&values)?))
 }
 
 /// History's fields: bronze's captured columns, `_start_lsn` and `_commit_ts` (bronze's

@@ -18,7 +18,7 @@ use deltalake::datafusion::datasource::MemTable;
 
 use super::plan::Plan;
 use super::versions::Events;
-use super::{HistoryConfig, VERSION_COLUMNS, recorded_tracked, snapshot_times, snapshots};
+use super::{HistoryConfig, recorded_tracked, snapshot_times, snapshots, values_of};
 use crate::control;
 use crate::error::{Result, WriterError};
 use crate::silver::{check_bronze, query_context, rewrite};
@@ -76,17 +76,7 @@ pub async fn replay(config: &HistoryConfig) -> Result<Replayed> {
         "history",
         Arc::new(MemTable::try_new(history_schema.clone(), vec![vec![]])?),
     )?;
-    let values_schema = Arc::new(
-        history_schema.project(
-            &history_schema
-                .fields()
-                .iter()
-                .enumerate()
-                .filter(|(_, field)| !VERSION_COLUMNS.contains(&field.name().as_str()))
-                .map(|(index, _)| index)
-                .collect::<Vec<_>>(),
-        )?,
-    );
+    let values_schema = values_of(&history_schema)?;
     let value_names: Vec<String> = values_schema
         .fields()
         .iter()

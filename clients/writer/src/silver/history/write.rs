@@ -23,7 +23,6 @@ use deltalake::kernel::{Add, LogicalFileView};
 use deltalake::parquet::arrow::ProjectionMask;
 use deltalake::parquet::arrow::arrow_reader::ArrowReaderMetadata;
 use deltalake::parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
-use deltalake::protocol::DeltaOperation;
 use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 
@@ -183,19 +182,7 @@ pub(super) async fn apply(
         .chain(["target.__is_current".to_string()])
         .collect::<Vec<_>>()
         .join(" AND ");
-    rewrite::commit(
-        table,
-        removes,
-        adds,
-        DeltaOperation::Merge {
-            predicate: None,
-            merge_predicate: Some(predicate),
-            matched_predicates: Vec::new(),
-            not_matched_predicates: Vec::new(),
-            not_matched_by_source_predicates: Vec::new(),
-        },
-    )
-    .await?;
+    rewrite::commit_merge(table, removes, adds, predicate).await?;
     Ok(counts)
 }
 
