@@ -16,19 +16,20 @@
 //!    one in order), in order: a snapshot's row of a key only when the key has no change
 //!    between S and the end of the row's read, and, when a snapshot is complete, the keys it
 //!    lacks;
-//! 3. folds each touched key's events into its versions from what history holds of it
-//!    ([`fold`]: a commit is one event, Microsoft's order `_start_lsn`, `_command_id`,
-//!    `_seqval`, `_operation` inside it);
-//! 4. replaces the current rows of the keys whose versions changed and adds their new
-//!    versions in one commit ([`write`]): ended versions are never written again;
+//! 3. and 4., in one pass over history's files ([`write`]): folds each touched key's events
+//!    onto its current row where that file holds it ([`fold`]: a commit is one event,
+//!    Microsoft's order `_start_lsn`, `_command_id`, `_seqval`, `_operation` inside it),
+//!    writes the file again with that row replaced by the key's versions when they changed,
+//!    folds the keys no file holds current into a new file, and commits once: ended versions
+//!    are never written again;
 //! 5. writes the position (`applied_lsn`, `snapshot_lsn`, `open_snapshot_lsn`,
 //!    `snapshot_wave`) in history's control row after the data and moves its verdict to
 //!    bronze's, held while a snapshot is still to be applied.
 //!
 //! A call that crashed before step 5 leaves the position behind: the next one folds the same
-//! events again onto what step 4 wrote, and since each event either finds its state already
-//! there (an image equal to the current version, an end already made) or is past it, lands
-//! on the same rows. Replaying the same call twice changes nothing.
+//! events again onto what step 4 wrote, skipping each event at or before what history already
+//! shows of its key, so it lands on the same rows. [`replay`] folds a history again from
+//! nothing and compares (reconcile runs it).
 
 mod fold;
 mod plan;
