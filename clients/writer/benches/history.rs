@@ -88,44 +88,6 @@ versions = pa.Table.from_arrays(versions.columns, names=versions.column_names)
 write_deltalake(history, versions, mode="append")
 "#;
 
-/// Runs `command` to its end: its seconds and peak RSS (MiB, its last `VmHWM` read every
-/// 10 ms; the high-water mark only grows).
-async fn timed(mut command: tokio::process::Command) -> anyhow::Result<(f64, f64)> {
-    let started = Instant::now();
-    let mut child = command
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    let status_file = format!("/proc/{}/status", child.id().unwrap_or_default());
-    let mut peak = 0.0f64;
-    let mut stderr = child.stderr.take();
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if let Ok(text) = std::fs::read_to_string(&status_file)
-            && let Some(kib) = text
-                .lines()
-                .find(|line| line.starts_with("VmHWM:"))
-                .and_then(|line| line.split_whitespace().nth(1))
-                .and_then(|kib| kib.parse::<f64>().ok())
-        {
-            peak = peak.max(kib / 1024.0);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    };
-    let seconds = started.elapsed().as_secs_f64();
-    if !status.success() {
-        let mut text = String::new();
-        if let Some(stderr) = stderr.as_mut() {
-            use tokio::io::AsyncReadExt;
-            stderr.read_to_string(&mut text).await?;
-        }
-        anyhow::bail!("{command:?} failed: {status}: {text}");
-    }
-    Ok((seconds, peak))
-}
-
 fn history_command(config: &HistoryConfig) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"));
     command
@@ -233,13 +195,13 @@ fn main() -> anyhow::Result<()> {
         copy_dir(&base.join("lake").join("history"), &base.join("lake").join("python"))?;
         common::settle()?;
 
-        let (ours, rss_ours) = timed(history_command(&config)).await?;
+        let (ours, rss_ours) = common::run_measured(history_command(&config)).await?;
         common::settle()?;
         let mut python_command = tokio::process::Command::new(python());
         python_command
             .args(["-c", PYTHON_MERGE])
             .args([&lake("bronze"), &lake("python"), &applied]);
-        let (theirs, rss_theirs) = timed(python_command).await?;
+        let (theirs, rss_theirs) = common::run_measured(python_command).await?;
         let (ours_shape, theirs_shape) = (shape(&lake("history")).await?, shape(&lake("python")).await?);
         anyhow::ensure!(
             ours_shape == theirs_shape,

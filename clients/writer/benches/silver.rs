@@ -92,28 +92,7 @@ async fn apply_in_a_process(config: &ApplyConfig) -> anyhow::Result<(f64, f64)> 
     if config.deletion_vectors {
         command.arg("--deletion-vectors");
     }
-    let started = Instant::now();
-    let mut child = command.stdout(std::process::Stdio::null()).spawn()?;
-    let status_file = format!("/proc/{}/status", child.id().unwrap_or_default());
-    let mut peak = 0.0f64;
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if let Ok(text) = std::fs::read_to_string(&status_file)
-            && let Some(kib) = text
-                .lines()
-                .find(|line| line.starts_with("VmHWM:"))
-                .and_then(|line| line.split_whitespace().nth(1))
-                .and_then(|kib| kib.parse::<f64>().ok())
-        {
-            peak = peak.max(kib / 1024.0);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    };
-    let seconds = started.elapsed().as_secs_f64();
-    anyhow::ensure!(status.success(), "mssql-cdc-writer apply failed: {status}");
-    Ok((seconds, peak))
+    common::run_measured(command).await
 }
 
 /// How a workload picks the keys it updates.

@@ -303,9 +303,7 @@ async fn python_reads(location: &str) {
     let ours = history::held(location, KEY, &["is_active"])
         .await
         .expect("history's invariants");
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let python = std::env::var_os("MSSQL_CDC_PYTHON")
-        .map_or_else(|| root.join("../../.venv/bin/python"), Into::into);
+    let python = common::python();
     let mut child = Command::new(&python)
         .args([
             "-c",

@@ -42,6 +42,44 @@ pub fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// The Flight server serving `db` on 127.0.0.1 in this process.
+/// Runs `command` to its end: its seconds and peak RSS (MiB, its last `VmHWM` read every
+/// 10 ms; the high-water mark only grows). Its standard error is in the error when it fails.
+pub async fn run_measured(mut command: tokio::process::Command) -> anyhow::Result<(f64, f64)> {
+    let started = std::time::Instant::now();
+    let mut child = command
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let status_file = format!("/proc/{}/status", child.id().unwrap_or_default());
+    let mut peak = 0.0f64;
+    let mut stderr = child.stderr.take();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if let Ok(text) = std::fs::read_to_string(&status_file)
+            && let Some(kib) = text
+                .lines()
+                .find(|line| line.starts_with("VmHWM:"))
+                .and_then(|line| line.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse::<f64>().ok())
+        {
+            peak = peak.max(kib / 1024.0);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    if !status.success() {
+        let mut text = String::new();
+        if let Some(stderr) = stderr.as_mut() {
+            use tokio::io::AsyncReadExt;
+            stderr.read_to_string(&mut text).await?;
+        }
+        anyhow::bail!("{command:?} failed: {status}: {text}");
+    }
+    Ok((seconds, peak))
+}
+
 pub async fn start_server(db: &SimDb) -> anyhow::Result<LocalServer> {
     Ok(LocalServer::start(Arc::new(db.clone()), TicketSigner::random()?).await?)
 }

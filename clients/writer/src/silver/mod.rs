@@ -159,11 +159,9 @@ async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {
         });
     };
     let context = query_context()?;
-    context.register_table("bronze", bronze.table_provider().await?)?;
-    let schema = bronze.snapshot()?.schema();
-    check_bronze(
+    let schema = register_bronze(
         &context,
-        &schema,
+        &bronze,
         &config.keys,
         config.capture_instance.as_deref(),
         &config.bronze,
@@ -390,16 +388,19 @@ async fn apply_once(config: &ApplyConfig) -> Result<ApplyOutcome> {
     })
 }
 
-/// Refuses a bronze (registered as `bronze` in `context`, of `schema`) that lacks a key
-/// column, or holds rows of another capture instance than `instance`, for `target`.
-async fn check_bronze(
+/// Registers `table` (bronze at `bronze`) as `bronze` in `context` and returns its schema;
+/// refuses it when it lacks a key column, or holds rows of another capture instance than
+/// `instance`, for `target`.
+async fn register_bronze(
     context: &SessionContext,
-    schema: &deltalake::kernel::StructType,
+    table: &deltalake::DeltaTable,
     keys: &[String],
     instance: Option<&str>,
     bronze: &str,
     target: &str,
-) -> Result<()> {
+) -> Result<Arc<deltalake::kernel::StructType>> {
+    context.register_table("bronze", table.table_provider().await?)?;
+    let schema = table.snapshot()?.schema();
     if keys.is_empty() {
         return Err(WriterError::invalid(format!(
             "{target} needs key columns: the capture instance has no unique index CDC could \
@@ -429,7 +430,7 @@ async fn check_bronze(
             )));
         }
     }
-    Ok(())
+    Ok(schema)
 }
 
 /// DataFusion's memory for one call's queries, in MiB, unless `QUERY_MEMORY_VARIABLE` says

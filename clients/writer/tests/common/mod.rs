@@ -27,6 +27,15 @@ use mssql_cdc_writer::stream::StreamConfig;
 use mssql_cdc_writer::tables;
 use std::collections::BTreeMap;
 
+/// The Python with pyarrow and the `deltalake` package the tests call: `MSSQL_CDC_PYTHON`,
+/// else the repository's `.venv` (scripts/test makes it).
+pub fn python() -> PathBuf {
+    std::env::var_os("MSSQL_CDC_PYTHON").map_or_else(
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"),
+        Into::into,
+    )
+}
+
 /// 2026-01-01T00:00:00Z.
 pub const START: CommitTime = CommitTime(1_767_225_600_000_000);
 

@@ -9,9 +9,9 @@ use mssql_cdc_writer::checkpoint::{BatchRecord, Checkpoint};
 use mssql_cdc_writer::control;
 use mssql_cdc_writer::tables;
 
+use crate::common::python;
 use crate::common::{self, Lab, Rows};
 use crate::ops::Table;
-use crate::python;
 use crate::world::{Failure, World};
 
 impl World {

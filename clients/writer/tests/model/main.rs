@@ -47,6 +47,7 @@ mod world;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use common::python;
 use ops::{Op, schedule};
 use world::{Failure, World};
 
@@ -360,15 +361,6 @@ async fn shrink(mut schedule: Vec<Op>, failed_at: usize, first: &str) -> (Vec<Op
 fn same_kind(found: &str, first: &str) -> bool {
     let head = |text: &str| text.split(": ").next().unwrap_or(text).to_string();
     head(found) == head(first)
-}
-
-/// The Python with the `deltalake` package: `MSSQL_CDC_PYTHON`, else the repository's `.venv`
-/// (scripts/test makes it).
-fn python() -> std::path::PathBuf {
-    if let Some(python) = std::env::var_os("MSSQL_CDC_PYTHON") {
-        return python.into();
-    }
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
 }
 
 struct Args {

@@ -49,7 +49,7 @@ use deltalake::datafusion::prelude::SessionContext;
 use deltalake::kernel::StructField;
 use mssql_cdc_proto::{CommitTime, Lsn};
 
-use super::{CHANGE_ONLY_COLUMNS, check_bronze, collect_text, query_context, text};
+use super::{CHANGE_ONLY_COLUMNS, collect_text, query_context, register_bronze, text};
 use crate::control::{self, Granularity};
 use crate::error::{Result, WriterError};
 use crate::tables::{self, TableKind};
@@ -165,11 +165,9 @@ async fn apply_once(config: &HistoryConfig) -> Result<HistoryOutcome> {
         });
     };
     let context = query_context()?;
-    context.register_table("bronze", bronze.table_provider().await?)?;
-    let schema = bronze.snapshot()?.schema();
-    check_bronze(
+    let schema = register_bronze(
         &context,
-        &schema,
+        &bronze,
         &config.keys,
         config.capture_instance.as_deref(),
         &config.bronze,
@@ -200,18 +198,14 @@ async fn apply_once(config: &HistoryConfig) -> Result<HistoryOutcome> {
     let values_schema = values_of(&history_schema)?;
     let plan = Plan::of(&facts, &position);
     let started = std::time::Instant::now();
-    let events = match plan
-        .events_sql(
+    let events = plan
+        .events(
             &context,
             position.applied_lsn.as_deref(),
             &values_schema,
             &config.keys,
         )
-        .await?
-    {
-        Some(sql) => context.sql(&sql).await?.collect().await?,
-        None => Vec::new(),
-    };
+        .await?;
     let mut outcome = HistoryOutcome {
         bronze_found: true,
         ..HistoryOutcome::default()

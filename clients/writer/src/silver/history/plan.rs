@@ -196,16 +196,16 @@ impl Plan {
         }
     }
 
-    /// The query of this call's events, sorted by key and order ([`super::fold`]); `None`
-    /// when there are none to look for. The keys a complete snapshot lacks are found first
-    /// and registered as `markers` (their rows carry only the key).
-    pub(super) async fn events_sql(
+    /// This call's events, sorted by key and order ([`super::fold`]). The keys a complete
+    /// snapshot lacks are found first and registered as `markers` (their rows carry only
+    /// the key).
+    pub(super) async fn events(
         &self,
         context: &SessionContext,
         applied: Option<&str>,
         values: &SchemaRef,
         keys: &[String],
-    ) -> Result<Option<String>> {
+    ) -> Result<Vec<RecordBatch>> {
         let sql = Sql {
             keys,
             applied: text(applied.unwrap_or_default()),
@@ -268,13 +268,15 @@ impl Plan {
             )?;
             parts.push("SELECT * FROM markers".into());
         }
-        Ok((!parts.is_empty()).then(|| {
-            format!(
-                "SELECT * FROM ({}) ORDER BY {}, __position, __kind, _command_id, _seqval, _operation",
-                parts.join(" UNION ALL "),
-                sql.key_list()
-            )
-        }))
+        if parts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sorted = format!(
+            "SELECT * FROM ({}) ORDER BY {}, __position, __kind, _command_id, _seqval, _operation",
+            parts.join(" UNION ALL "),
+            sql.key_list()
+        );
+        Ok(context.sql(&sorted).await?.collect().await?)
     }
 }
 

@@ -21,7 +21,7 @@ use super::versions::Events;
 use super::{HistoryConfig, recorded_tracked, snapshot_times, snapshots, values_of};
 use crate::control;
 use crate::error::{Result, WriterError};
-use crate::silver::{check_bronze, query_context, rewrite};
+use crate::silver::{query_context, register_bronze, rewrite};
 use crate::tables;
 
 /// What a replay found.
@@ -59,11 +59,9 @@ pub async fn replay(config: &HistoryConfig) -> Result<Replayed> {
         .ok_or_else(|| missing("history", &config.target))?;
     let tracked = recorded_tracked(&history)?.unwrap_or_else(|| config.tracked.clone());
     let context = query_context()?;
-    context.register_table("bronze", bronze.table_provider().await?)?;
-    let schema = bronze.snapshot()?.schema();
-    check_bronze(
+    register_bronze(
         &context,
-        &schema,
+        &bronze,
         &config.keys,
         config.capture_instance.as_deref(),
         &config.bronze,
@@ -84,13 +82,9 @@ pub async fn replay(config: &HistoryConfig) -> Result<Replayed> {
         .collect();
     let tracked = super::tracked_columns(&tracked, &value_names, &config.keys)?;
     let plan = Plan::replaying(&facts, &position);
-    let events = match plan
-        .events_sql(&context, None, &values_schema, &config.keys)
-        .await?
-    {
-        Some(sql) => context.sql(&sql).await?.collect().await?,
-        None => Vec::new(),
-    };
+    let events = plan
+        .events(&context, None, &values_schema, &config.keys)
+        .await?;
     let times = snapshot_times(&context, &facts).await?;
     let events = Events::new(
         events,

@@ -214,10 +214,11 @@ async fn fold_file(
     let mut scan = builder.with_projection(mask).build()?;
     let mut outcome = FileOutcome::default();
     while let Some(batch) = scan.next().await {
-        let batch = batch?;
-        let (current, ends) = touched(&batch, &events)?;
-        outcome.current.extend(current);
-        outcome.ends.extend(ends);
+        let touched = Touched::of(&batch?, &events)?;
+        outcome
+            .current
+            .extend(touched.current.iter().map(|row| touched.key(*row)));
+        outcome.ends.extend(touched.ends);
     }
     if outcome.current.is_empty() {
         return Ok(outcome);
@@ -252,29 +253,44 @@ async fn fold_file(
     })
 }
 
-/// The touched keys of a batch's rows: those whose current row it is, and the ends of the
-/// ended ones.
-#[allow(clippy::type_complexity)]
-fn touched(
-    batch: &RecordBatch,
-    events: &Events,
-) -> Result<(Vec<Box<[u8]>>, Vec<(Box<[u8]>, String)>)> {
-    let keys = events.index.rows(batch)?;
-    let current = current_column(batch)?;
-    let ends = string_column(batch, "__valid_to")?;
-    let (mut holds, mut ended) = (Vec::new(), Vec::new());
-    for row in 0..batch.num_rows() {
-        let key = keys.row(row);
-        if !events.touches(key.as_ref()) {
-            continue;
+/// What a batch of history rows holds of the touched keys.
+struct Touched {
+    /// The key bytes of every row.
+    keys: arrow::row::Rows,
+    /// The rows that are a touched key's current version.
+    current: Vec<u32>,
+    /// The touched keys' ended versions' ends.
+    ends: Vec<(Box<[u8]>, String)>,
+}
+
+impl Touched {
+    fn of(batch: &RecordBatch, events: &Events) -> Result<Self> {
+        let keys = events.index.rows(batch)?;
+        let current = current_column(batch)?;
+        let ends = string_column(batch, "__valid_to")?;
+        let mut touched = Touched {
+            current: Vec::new(),
+            ends: Vec::new(),
+            keys,
+        };
+        for row in 0..batch.num_rows() {
+            let key = touched.keys.row(row);
+            if !events.touches(key.as_ref()) {
+                continue;
+            }
+            if current.is_valid(row) && current.value(row) {
+                touched.current.push(row as u32);
+            } else if ends.is_valid(row) {
+                let end = ends.value(row).to_string();
+                touched.ends.push((Box::from(key.as_ref()), end));
+            }
         }
-        if current.is_valid(row) && current.value(row) {
-            holds.push(Box::from(key.as_ref()));
-        } else if ends.is_valid(row) {
-            ended.push((Box::from(key.as_ref()), ends.value(row).to_string()));
-        }
+        Ok(touched)
     }
-    Ok((holds, ended))
+
+    fn key(&self, row: u32) -> Box<[u8]> {
+        Box::from(self.keys.row(row as usize).as_ref())
+    }
 }
 
 /// Folds the touched keys whose current row `batch` (a whole file, in history's columns)
@@ -287,31 +303,18 @@ fn fold_rows(
     facts: &Facts,
     times: &HashMap<String, i64>,
 ) -> Result<((RecordBatch, RecordBatch), FileOutcome)> {
-    let keys = events.index.rows(&batch)?;
-    let current = current_column(&batch)?;
-    let ends = string_column(&batch, "__valid_to")?;
-    let mut outcome = FileOutcome::default();
     // The touched keys' current rows, taken out: only they are compared with the events.
-    let mut picked: Vec<u32> = Vec::new();
-    for row in 0..batch.num_rows() {
-        let key = keys.row(row);
-        if !events.touches(key.as_ref()) {
-            continue;
-        }
-        if current.is_valid(row) && current.value(row) {
-            picked.push(row as u32);
-        } else if ends.is_valid(row) {
-            outcome
-                .ends
-                .push((Box::from(key.as_ref()), ends.value(row).to_string()));
-        }
-    }
-    let currents = take_record_batch(&batch, &UInt32Array::from(picked.clone()))?;
+    let mut touched = Touched::of(&batch, events)?;
+    let mut outcome = FileOutcome {
+        ends: std::mem::take(&mut touched.ends),
+        ..FileOutcome::default()
+    };
+    let currents = take_record_batch(&batch, &UInt32Array::from(touched.current.clone()))?;
     let local = events.local(&currents)?;
     let mut keep = vec![true; batch.num_rows()];
     let mut versions = Vec::new();
-    for (at_row, row) in picked.iter().enumerate() {
-        let key: Box<[u8]> = Box::from(keys.row(*row as usize).as_ref());
+    for (at_row, row) in touched.current.iter().enumerate() {
+        let key = touched.key(*row);
         let at = At {
             batch: events.local_batch(),
             row: at_row,
