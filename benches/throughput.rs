@@ -5,10 +5,12 @@
 //! (b) the same range through `do_get` of the real server binary, on loopback, read by the
 //! Rust client, and reports rows/s, MB/s (Arrow memory of the batches), (b)/(a), and the
 //! server process's peak RSS (`VmHWM`). Each path reads the range once before it is timed,
-//! so both run with a warm page cache and a warm allocator. Then (c) the same `do_get` from a
-//! second server secured as off loopback (a tokens file, the bearer token on every call, TLS
-//! with a certificate for `localhost`, `--stall-timeout 60`), read in rounds alternating with
-//! (b), and the cost of authentication per call: sequential `max_lsn` actions on both servers.
+//! so both run with a warm page cache and a warm allocator; (b)'s server runs without the
+//! stall timeout. Then (c) the same `do_get` from a second server secured as off loopback (a
+//! tokens file, the bearer token on every call, TLS with a certificate for `localhost`,
+//! `--stall-timeout 60`) and (e) from a third with the tokens file and the default bounds but
+//! no TLS, read in rounds alternating with (b), and the cost of authentication per call:
+//! sequential `max_lsn` actions on the servers.
 //! Then (d) P1 of issue 22: our `do_get` against a stock arrow-flight server serving the same
 //! batches from memory ([`stock_server`]), read by the same client, with 1 and 2 endpoints,
 //! in alternating rounds so both see the same machine load; the ratio is of the medians.
@@ -155,8 +157,9 @@ fn tls_files(dir: &Path) -> anyhow::Result<(std::path::PathBuf, std::path::PathB
 }
 
 impl Server {
-    /// The server over `dir`; with `tokens`, authenticated, and with `tls` (certificate and
-    /// key files), over TLS with a stall timeout, as a server off loopback runs.
+    /// The server over `dir`; with `tokens`, authenticated with the default bounds (else
+    /// without the stall timeout), and with `tls` (certificate and key files), over TLS with
+    /// a stall timeout of a minute, as a server off loopback runs.
     fn start(
         dir: &Path,
         tokens: Option<&Path>,
@@ -169,8 +172,9 @@ impl Server {
             "--listen".into(),
             "127.0.0.1:0".into(),
         ];
-        if let Some(tokens) = tokens {
-            args.extend(["--tokens-file".into(), tokens.display().to_string()]);
+        match tokens {
+            Some(tokens) => args.extend(["--tokens-file".into(), tokens.display().to_string()]),
+            None => args.extend(["--stall-timeout".into(), "0".into()]),
         }
         if let Some((certificate, key)) = tls {
             args.extend([
@@ -251,6 +255,12 @@ struct Credentials<'a> {
 
 const OPEN: Credentials<'static> = Credentials {
     token: None,
+    tls: None,
+};
+
+/// The bearer token over h2c (loopback), for the server of (e).
+const BEARER: Credentials<'static> = Credentials {
+    token: Some(TOKEN),
     tls: None,
 };
 
@@ -429,6 +439,8 @@ struct Peers {
     ours: [Vec<Costed>; 2],
     stock: [Vec<Costed>; 2],
     secured: Vec<Costed>,
+    /// (e): tokens and the default bounds, no TLS.
+    authenticated: Vec<Costed>,
 }
 
 /// The first argument that makes this binary the stock server.
@@ -452,7 +464,8 @@ fn main() -> anyhow::Result<()> {
     if arguments.get(1).map(String::as_str) == Some(STOCK_SERVER) {
         return stock_server_main(&arguments[2], &arguments[3]);
     }
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    // The client's TLS as the project's clients have it.
+    mssql_cdc_flight::install_crypto_provider();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -481,9 +494,9 @@ fn main() -> anyhow::Result<()> {
     let mut call_costs = Vec::new();
     let mut stock_rows = Vec::new();
     println!(
-        "| table | rows | generate rows/s | (a) in-process rows/s | (a) MB/s | (b) do_get rows/s | (b) MB/s | (b)/(a) | (b) 2 partitions rows/s | server peak RSS MiB | (c) do_get with auth, TLS and stall timeout rows/s | (c)/(b) | server CPU-s per 1M rows, (b) / (c) |"
+        "| table | rows | generate rows/s | (a) in-process rows/s | (a) MB/s | (b) do_get rows/s | (b) MB/s | (b)/(a) | (b) 2 partitions rows/s | server peak RSS MiB | (c) do_get with auth, TLS and stall timeout rows/s | (c)/(b) | (e) do_get with auth and bounds, no TLS, rows/s | (e)/(b) | server CPU-s per 1M rows, (b) / (e) / (c) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, spec, rows) in cases {
         let dir = base.join(spec.table.name.clone());
         let db = if dir.join("manifest.json").exists() {
@@ -507,9 +520,11 @@ fn main() -> anyhow::Result<()> {
             let server = Server::start(&dir, None, None)?;
             let stock = Server::stock(&dir, &spec.table)?;
             let secured = Server::start(&dir, Some(&tokens), Some((&certificate, &key)))?;
+            let authenticated = Server::start(&dir, Some(&tokens), None)?;
             // Warm the servers the same way (an allocator's first pass pays the page faults).
             let warm = read_through_flight(&server.url, &spec.table, 1, OPEN).await?;
             read_through_flight(&secured.url, &spec.table, 1, secure).await?;
+            read_through_flight(&authenticated.url, &spec.table, 1, BEARER).await?;
             let warm_stock = read_stock(&stock.url, 1).await?;
             assert_eq!(
                 warm.rows, warm_stock.rows,
@@ -519,6 +534,7 @@ fn main() -> anyhow::Result<()> {
                 ours: [Vec::new(), Vec::new()],
                 stock: [Vec::new(), Vec::new()],
                 secured: Vec::new(),
+                authenticated: Vec::new(),
             };
             for _ in 0..ROUNDS {
                 for (slot, endpoints) in [1u32, 2].into_iter().enumerate() {
@@ -529,6 +545,10 @@ fn main() -> anyhow::Result<()> {
                 }
                 let guarded = read_through_flight(&secured.url, &spec.table, 1, secure);
                 peers.secured.push(costed(&secured, guarded).await?);
+                let bearer = read_through_flight(&authenticated.url, &spec.table, 1, BEARER);
+                peers
+                    .authenticated
+                    .push(costed(&authenticated, bearer).await?);
             }
             drop(stock);
             let rss = server.peak_rss_mib()?;
@@ -546,8 +566,9 @@ fn main() -> anyhow::Result<()> {
         let flight = median(&rates(&peers.ours[0]));
         let flight_two = median(&rates(&peers.ours[1]));
         let secured = median(&rates(&peers.secured));
+        let authenticated = median(&rates(&peers.authenticated));
         println!(
-            "| {name} | {} | {generated} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} |",
+            "| {name} | {} | {generated} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} / {:.2} / {:.2} |",
             scan.rows,
             scan.rows_per_second(),
             scan.mb_per_second(),
@@ -558,7 +579,10 @@ fn main() -> anyhow::Result<()> {
             rss,
             secured,
             secured / flight,
+            authenticated,
+            authenticated / flight,
             median_of(&peers.ours[0], |read| read.server_cpu),
+            median_of(&peers.authenticated, |read| read.server_cpu),
             median_of(&peers.secured, |read| read.server_cpu),
         );
         stock_rows.push((name, peers));

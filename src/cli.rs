@@ -172,6 +172,17 @@ pub struct LimitArgs {
     /// more is closed as soon as it is accepted.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_CONNECTIONS_PER_PEER", default_value_t = Limits::default().max_connections_per_peer)]
     pub max_connections_per_peer: usize,
+    /// Most connections open at once from everyone.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_CONNECTIONS", default_value_t = Limits::default().max_connections)]
+    pub max_connections: usize,
+    /// With a tokens file: seconds a connection may stay open before one of its calls
+    /// presents valid credentials; then it is closed.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_UNAUTHENTICATED_TIMEOUT", default_value_t = Limits::default().unauthenticated_timeout.as_secs_f64())]
+    pub unauthenticated_timeout: f64,
+    /// With a tokens file: connections open at once from one address before any of their
+    /// calls presented valid credentials; one more is closed as soon as it is accepted.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_UNAUTHENTICATED_PER_PEER", default_value_t = Limits::default().max_unauthenticated_per_peer)]
+    pub max_unauthenticated_per_peer: usize,
     /// Bytes all open do_get streams may hold together on their way to clients; each
     /// stream's batches are cut to its share, so many slow readers get smaller batches, not
     /// more memory (docs/operations.md, "Memory").
@@ -191,10 +202,15 @@ pub struct LimitArgs {
     #[arg(long, env = "MSSQL_CDC_FLIGHT_KEEPALIVE_TIMEOUT", default_value_t = Limits::default().keepalive_timeout.as_secs_f64())]
     pub keepalive_timeout: f64,
     /// Seconds a do_get stream may wait for its client to take a batch; then it ends
-    /// (STREAM_STALLED) and its source read and connection are released (default: no
-    /// limit; longer than any chunk the writer drains, docs/security.md).
-    #[arg(long, env = "MSSQL_CDC_FLIGHT_STALL_TIMEOUT")]
-    pub stall_timeout: Option<f64>,
+    /// (STREAM_STALLED) and its source read and connection are released (0: no limit; keep
+    /// it longer than any chunk the writer drains, docs/security.md).
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_STALL_TIMEOUT", default_value_t = Limits::default().stall_timeout.map_or(0.0, |timeout| timeout.as_secs_f64()))]
+    pub stall_timeout: f64,
+    /// Source reads (streams and planning calls) one principal may run at once, so that no
+    /// principal holds every pooled connection (default: the SQL Server pool's size less
+    /// one; 0: no bound).
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_SOURCE_SHARE")]
+    pub source_share: Option<usize>,
 }
 
 #[derive(Subcommand)]

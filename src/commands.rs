@@ -62,10 +62,16 @@ impl LimitArgs {
             keepalive_interval: seconds("keepalive-interval", self.keepalive_interval)?,
             keepalive_timeout: seconds("keepalive-timeout", self.keepalive_timeout)?,
             max_connections_per_peer: self.max_connections_per_peer,
-            stall_timeout: self
-                .stall_timeout
-                .map(|value| seconds("stall-timeout", value))
+            max_connections: self.max_connections,
+            max_unauthenticated_per_peer: self.max_unauthenticated_per_peer,
+            unauthenticated_timeout: seconds(
+                "unauthenticated-timeout",
+                self.unauthenticated_timeout,
+            )?,
+            stall_timeout: (self.stall_timeout != 0.0)
+                .then(|| seconds("stall-timeout", self.stall_timeout))
                 .transpose()?,
+            source_share: self.source_share,
         };
         limits.check()?;
         Ok(limits)
@@ -151,14 +157,21 @@ async fn open_source(text: &str) -> anyhow::Result<Arc<dyn CdcSource>> {
 }
 
 /// Warns when the secret file at `path` may be read by its group or by others: whoever
-/// reads it holds the secret.
+/// reads it holds the secret. One shape only is let pass: Kubernetes mounts a secret
+/// `root:<fsGroup>` readable by that group alone, and the pod runs with that group as its own
+/// (a group other than root's, read and nothing more).
 fn warn_if_exposed(what: &str, path: &std::path::Path) {
     #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         if let Ok(metadata) = std::fs::metadata(path) {
             let mode = metadata.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
+            // `/proc/self` belongs to the process's effective user and group (Linux).
+            let mounted_for_our_group = mode & 0o077 == 0o040
+                && metadata.uid() == 0
+                && metadata.gid() != 0
+                && std::fs::metadata("/proc/self").is_ok_and(|own| own.gid() == metadata.gid());
+            if mode & 0o077 != 0 && !mounted_for_our_group {
                 tracing::warn!(file = %path.display(), mode = format!("{mode:04o}"),
                     "the {what} file may be read by its group or others: `chmod 600` it");
             }

@@ -325,6 +325,15 @@ pub struct SnapshotRead {
     pub batch_bytes: BatchBytes,
 }
 
+/// A source's pool of connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SourcePool {
+    /// Connections it holds at most.
+    pub size: usize,
+    /// How long a read waits in line for one.
+    pub checkout_timeout: std::time::Duration,
+}
+
 /// What the Flight service needs from a CDC database.
 ///
 /// Implementations are cheap to share (`Arc<dyn CdcSource>`) and hold no per-client state:
@@ -333,6 +342,12 @@ pub struct SnapshotRead {
 pub trait CdcSource: Send + Sync + 'static {
     /// A short description for logs (never a secret).
     fn describe(&self) -> String;
+
+    /// The source's connection pool, when reads share one (SQL Server): the server then gives
+    /// each principal a share of it ([`crate::flight::share`]).
+    fn pool(&self) -> Option<SourcePool> {
+        None
+    }
 
     /// Tracked tables and their capture instances (`sys.sp_cdc_help_change_data_capture`).
     async fn tracked_tables(&self) -> Result<Vec<TrackedTable>>;
@@ -467,6 +482,11 @@ pub trait CdcSource: Send + Sync + 'static {
 
     /// The key column, its type and extent, and the row count of a table.
     async fn key_extent(&self, table: &TableName) -> Result<KeyExtent>;
+
+    /// About how many rows `table` holds (SQL Server's `sp_spaceused`, from the catalog
+    /// without a scan): how a full snapshot on a key without integer bounds is cut into
+    /// partitions of about equal rows.
+    async fn table_rows(&self, table: &TableName) -> Result<u64>;
 
     /// Row counts of the grid's slices of the table's key; empty slices are left out.
     async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>>;

@@ -450,6 +450,12 @@ impl mssql_cdc_flight::source::CdcSource for KeylessSource {
             "{table}: snapshots are cut on one integer key column; the unique index is (a, b)"
         )))
     }
+    async fn table_rows(
+        &self,
+        table: &mssql_cdc_flight::source::TableName,
+    ) -> mssql_cdc_flight::Result<u64> {
+        self.0.table_rows(table).await
+    }
     async fn key_buckets(
         &self,
         table: &mssql_cdc_flight::source::TableName,
@@ -497,8 +503,11 @@ impl mssql_cdc_flight::source::CdcSource for KeylessSource {
     }
 }
 
+/// Without an integer key, a full snapshot of one partition is read whole in one stream, and
+/// one of `partitions` is cut on keyset bounds of the unique index the source seeks (as the
+/// seed cuts a composite or text key); chunks still need keyset bounds from the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_table_without_an_integer_key_is_read_whole_in_one_stream_and_not_chunked() {
+async fn a_table_without_an_integer_key_is_cut_on_keyset_bounds_of_its_index() {
     let (sim, flight) = loaded(5, 120).await;
     let expected = current(&flight.client).await;
     let keyless = FlightFixture::start(Arc::new(KeylessSource(sim.db.clone()))).await;
@@ -522,8 +531,33 @@ async fn a_table_without_an_integer_key_is_read_whole_in_one_stream_and_not_chun
     let plan = client
         .plan_snapshot(&partitioned)
         .await
-        .expect("partitions are an upper bound");
-    assert_eq!(plan.info.endpoint.len(), 1, "no key to cut on: one stream");
+        .expect("cut on the unique index");
+    assert_eq!(plan.info.endpoint.len(), 4, "four keyset ranges");
+    assert_eq!(
+        plan.metadata.key, "order_id",
+        "the index the ranges are cut on"
+    );
+    let read = read_snapshot(client, &partitioned).await;
+    let mut keys: Vec<i64> = read.rows.iter().map(|(key, ..)| *key).collect();
+    let every: Vec<i64> = expected.keys().copied().collect();
+    assert_eq!(keys.len(), every.len(), "every row once, none twice");
+    keys.sort_unstable();
+    assert_eq!(keys, every, "the four ranges tile the table");
+    let rows: Rows = read
+        .rows
+        .iter()
+        .map(|(key, values, ..)| (*key, values.clone()))
+        .collect();
+    assert_eq!(rows, expected);
+    // About equal: each range holds about a quarter of the rows (its completion's count).
+    let counts: Vec<usize> = read.completions.iter().map(|c| c.rows as usize).collect();
+    assert_eq!(counts.len(), 4, "one completion per range");
+    let quarter = every.len().div_ceil(4);
+    assert!(
+        counts[..3].iter().all(|count| *count == quarter),
+        "{counts:?} of {}",
+        every.len()
+    );
     let mut chunked = SnapshotCommand::new(TABLE);
     chunked.chunks = Some(vec![ChunkSpec {
         chunk: 1,
@@ -593,4 +627,73 @@ async fn a_column_added_later_reads_null_in_the_rows_no_write_touched_since() {
         "{valued} of the {} rows written since the ADD have a value",
         written.len()
     );
+}
+
+/// A full snapshot in keyset partitions on the keys the simulator's odd tables have: the
+/// composite index of `dbo.accounts` (a repeated leading column), and `snapshot_keys` on the
+/// heap `dbo.events` (repeated, case-mixed, sometimes NULL values: not unique). Each plan's
+/// ranges hold every row once, whatever the keys; a heap without keys is read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyset_partitions_tile_composite_and_repeating_keys() {
+    use mssql_cdc_flight::sim::sample;
+    use mssql_cdc_flight::sim::workload::{self, WorkloadSpec};
+    let sim = common::SimFixture::with_tables(&[sample::accounts(), sample::events()]);
+    let mut writer = sim.writer(23);
+    let spec = WorkloadSpec {
+        commits: Some(300),
+        max_rows_per_statement: 6,
+        ..WorkloadSpec::default()
+    };
+    workload::run(
+        &mut writer,
+        &spec,
+        &std::sync::atomic::AtomicBool::new(false),
+    )
+    .expect("workload");
+    let flight = FlightFixture::start(Arc::new(sim.db.clone())).await;
+    let client = &flight.client;
+    // The ids every endpoint of a plan of `command` reads, and how many endpoints.
+    let ids_of = |command: SnapshotCommand| async move {
+        let plan = client.plan_snapshot(&command).await.expect("plan");
+        let mut ids = Vec::new();
+        for endpoint in &plan.info.endpoint {
+            let (batches, _) = client
+                .collect_endpoint(endpoint.ticket.as_ref().expect("ticket"))
+                .await
+                .expect("a range");
+            for batch in &batches {
+                let column = batch.column_by_name("id").expect("id");
+                let id = arrow::compute::cast(column, &arrow::datatypes::DataType::Int64)
+                    .expect("an integer id");
+                let id = id.as_any().downcast_ref::<Int64Array>().expect("int64");
+                ids.extend(id.values().iter().copied());
+            }
+        }
+        (plan.info.endpoint.len(), ids)
+    };
+    for (table, keys) in [
+        ("dbo.accounts", None),
+        (
+            "dbo.events",
+            Some(vec!["source".to_string(), "kind".to_string()]),
+        ),
+    ] {
+        let mut whole = SnapshotCommand::new(table);
+        whole.keys = keys.clone();
+        let (one, mut expected) = ids_of(whole.clone()).await;
+        assert_eq!(one, 1, "{table}: one partition, one stream");
+        expected.sort_unstable();
+        assert!(expected.len() > 20, "{table}: {} rows", expected.len());
+        let mut partitioned = whole;
+        partitioned.partitions = Some(5);
+        let (ranges, mut ids) = ids_of(partitioned).await;
+        assert!((2..=5).contains(&ranges), "{table}: {ranges} ranges");
+        ids.sort_unstable();
+        assert_eq!(ids, expected, "{table}: every row once");
+    }
+    let mut heap = SnapshotCommand::new("dbo.events");
+    heap.partitions = Some(5);
+    let (ranges, _) = ids_of(heap).await;
+    assert_eq!(ranges, 1, "a heap without keys: one stream");
+    flight.shutdown_and_wait().await;
 }

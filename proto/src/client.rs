@@ -69,8 +69,8 @@ impl ClientError {
 
     /// Whether the server did not answer: it could not be reached, the connection was cut
     /// (a restart: a status the transport made, without the server's error details), a
-    /// stream ended without its completion marker, or the server ended a stream its client
-    /// stopped reading (`STREAM_STALLED`). The server is stateless and its calls
+    /// stream ended without its completion marker, the server ended a stream its client
+    /// stopped reading (`STREAM_STALLED`), or refused a call for a moment (`SERVER_BUSY`). The server is stateless and its calls
     /// read only, so the same call, to it or another replica, may succeed a moment later.
     /// What the server answered (a pending capture instance, a source it cannot reach) is
     /// its own error, and not this.
@@ -80,8 +80,10 @@ impl ClientError {
             ClientError::Status(status) => {
                 let reason = crate::status::reason_of_status(status);
                 // A stream the server ended because this client took too long between
-                // batches (a slow commit, a paused process): reading again is safe.
-                reason.as_deref() == Some("STREAM_STALLED")
+                // batches (a slow commit, a paused process), or a call it refused for a
+                // moment (its principal's streams or share of the source taken: the
+                // retry hint says a moment): the same call again is safe.
+                matches!(reason.as_deref(), Some("STREAM_STALLED" | "SERVER_BUSY"))
                     || matches!(
                         status.code(),
                         tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown
@@ -691,6 +693,12 @@ mod tests {
             message: "refused".into(),
         };
         assert!(connect.is_transient());
+        // A call the server refused for a moment, with its retry hint, may be made again.
+        let busy = status(to_status(&Error::Busy {
+            what: "principal 'writer' runs 7 source reads at once".into(),
+            retry_after_seconds: 2,
+        }));
+        assert!(busy.is_transient());
         // What the server answered, and the client's own settings, are not.
         let answered = status(to_status(&Error::SourceUnavailable("down".into())));
         assert!(!answered.is_transient() && !answered.is_stale_ticket());

@@ -266,6 +266,61 @@ pub fn check_tuple(tuple: &KeyTuple, columns: &[KeyColumn]) -> Result<()> {
     Ok(())
 }
 
+/// Bounds about `rows` rows apart from the first key up to `to` (inclusive; `None`: the last
+/// key), at most `most` of them, in the source's order: `[None, b1), [b1, b2), ..., [bn, ...)`
+/// tile the key. `seek` asks the source for the key of the `(n + 1)`-th row of a range. Each
+/// range holds at least one row: on columns that repeat (`unique` false), the `(rows + 1)`-th
+/// row can hold the range's own first value (equal only under the source's collation, maybe),
+/// so the walk seeks twice as far until the range holds a row (seed ADR 0028 Amendment 6).
+pub async fn walk<E, F, Fut>(
+    mut seek: F,
+    (unique, to): (bool, Option<&KeyTuple>),
+    rows: u64,
+    most: Option<usize>,
+) -> std::result::Result<Vec<KeyTuple>, E>
+where
+    F: FnMut(KeySeek) -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<Option<KeyTuple>, E>>,
+{
+    let mut bounds: Vec<KeyTuple> = Vec::new();
+    while most.is_none_or(|most| bounds.len() < most) {
+        let lo = bounds.last().cloned();
+        let mut n = rows;
+        let bound = loop {
+            let Some(bound) = seek(KeySeek {
+                from: lo.clone(),
+                from_inclusive: true,
+                to: to.cloned(),
+                to_inclusive: true,
+                n,
+            })
+            .await?
+            else {
+                break None;
+            };
+            let holds_a_row = unique
+                || seek(KeySeek {
+                    from: lo.clone(),
+                    from_inclusive: true,
+                    to: Some(bound.clone()),
+                    to_inclusive: false,
+                    n: 0,
+                })
+                .await?
+                .is_some();
+            if holds_a_row {
+                break Some(bound);
+            }
+            n = n.saturating_mul(2);
+        };
+        match bound {
+            Some(bound) => bounds.push(bound),
+            None => break,
+        }
+    }
+    Ok(bounds)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -188,7 +188,12 @@ impl CdcFlightService {
         // instance that captures it. Resolved once per call, with one catalog read. A table
         // CDC does not track (yet) has no changes: it is not an error, so one such table
         // among many does not stop the wait of the others (its own reads report it).
-        let tracked = self.source.tracked_tables().await?;
+        // The wait takes no place in the principal's share; its source reads do, each its own.
+        let share = || self.share.wait(principal.bounded_name(), None);
+        let tracked = {
+            let _permit = share().await?;
+            self.source.tracked_tables().await?
+        };
         let mut instances: Vec<(String, usize)> = Vec::new();
         for (position, name) in names.iter().enumerate() {
             if let Some(found) = tracked.iter().find(|tracked| &tracked.table == name) {
@@ -216,6 +221,7 @@ impl CdcFlightService {
             let found = if instance_names.is_empty() {
                 Vec::new()
             } else {
+                let _permit = share().await?;
                 self.source
                     .instances_with_changes(&instance_names, checked, lsn)
                     .await?

@@ -17,6 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use base64::Engine;
+use mssql_cdc_proto::serving::Admissions;
 use ring::digest;
 use serde::Deserialize;
 use tonic::metadata::MetadataMap;
@@ -84,8 +85,13 @@ impl Principal {
     }
 }
 
-/// Whether `name` matches `glob` (`*` any run, `?` one character; the glob lower-cased).
+/// Whether `name` matches `glob` (the glob lower-cased): `*` any run and `?` one character,
+/// neither crossing the dot between schema and table, so `sales*` grants no table of a
+/// schema `sales_private`; a lone `*` grants every table.
 fn glob_matches(glob: &str, name: &str) -> bool {
+    if glob == "*" {
+        return true;
+    }
     let glob: Vec<char> = glob.to_lowercase().chars().collect();
     let name: Vec<char> = name.chars().collect();
     // Iterative matching with one backtrack point: at worst glob × name steps, never
@@ -93,13 +99,15 @@ fn glob_matches(glob: &str, name: &str) -> bool {
     let (mut g, mut n) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while n < name.len() {
-        if g < glob.len() && (glob[g] == '?' || glob[g] == name[n]) {
+        if g < glob.len() && ((glob[g] == '?' && name[n] != '.') || glob[g] == name[n]) {
             g += 1;
             n += 1;
         } else if g < glob.len() && glob[g] == '*' {
             star = Some((g, n));
             g += 1;
-        } else if let Some((star_g, star_n)) = star {
+        } else if let Some((star_g, star_n)) = star
+            && name[star_n] != '.'
+        {
             g = star_g + 1;
             n = star_n + 1;
             star = Some((star_g, star_n + 1));
@@ -279,6 +287,21 @@ impl Authenticator {
                     entry.name
                 )));
             }
+            // Globs match schema and table apart since `*` stopped crossing the dot: one
+            // without a dot would now grant nothing, silently.
+            if let Some(glob) = entry
+                .tables
+                .iter()
+                .chain(&entry.clear)
+                .find(|glob| glob.as_str() != "*" && !glob.contains('.'))
+            {
+                return Err(Error::invalid(format!(
+                    "tokens file: principal '{}': '{glob}' names no schema.table: `*` does not \
+                     cross the dot between them, so write '{glob}.*' or 'dbo.{glob}' (or '*' \
+                     for every table)",
+                    entry.name
+                )));
+            }
             if let Some(hash) = &token
                 && let Some(weak) = WEAK_TOKENS
                     .iter()
@@ -344,6 +367,36 @@ impl Authenticator {
             .iter()
             .find(|known| known.certificate.as_ref() == Some(&presented))
             .map(|known| Arc::clone(&known.principal))
+    }
+
+    /// The principal that a call's bearer token and client certificate name together. A
+    /// principal pinned to both needs both: its token alone, or its certificate alone, is
+    /// refused, and so are a token and a certificate of two principals.
+    pub fn admit(
+        &self,
+        by_token: Option<Arc<Principal>>,
+        by_certificate: Option<Arc<Principal>>,
+    ) -> Result<Option<Arc<Principal>>> {
+        let pinned = |principal: &Principal| {
+            self.current()
+                .iter()
+                .find(|known| known.principal.name == principal.name)
+                .map(|known| (known.token.is_some(), known.certificate.is_some()))
+                .unwrap_or_default()
+        };
+        match (by_token, by_certificate) {
+            (Some(token), Some(certificate)) if token.name != certificate.name => Err(
+                unauthenticated("the bearer token and the client certificate name two principals"),
+            ),
+            (Some(token), Some(_)) => Ok(Some(token)),
+            (Some(token), None) if pinned(&token).1 => Err(unauthenticated(
+                "this principal is pinned to a client certificate too: present it with the token",
+            )),
+            (None, Some(certificate)) if pinned(&certificate).0 => Err(unauthenticated(
+                "this principal is pinned to a bearer token too: send it with the certificate",
+            )),
+            (token, certificate) => Ok(token.or(certificate)),
+        }
     }
 
     /// The principal of basic credentials: user = its name, password = its token.
@@ -414,6 +467,7 @@ impl std::fmt::Debug for BasicCredentials {
 /// every caller is [`Principal::anonymous`].
 pub fn interceptor(
     authenticator: Option<Arc<Authenticator>>,
+    admissions: Option<Admissions>,
 ) -> impl Fn(Request<()>) -> std::result::Result<Request<()>, Status> + Clone {
     let refusals = Arc::new(super::refusals::RefusalLog::default());
     move |mut request: Request<()>| {
@@ -454,23 +508,34 @@ pub fn interceptor(
         }
         let principal = match presented {
             Some(Presented::Bearer(token)) => {
-                Some(authenticator.by_token(&token).ok_or_else(|| {
+                let by_token = authenticator.by_token(&token).ok_or_else(|| {
                     refuse(unauthenticated(
                         "the bearer token is not known to this server",
                     ))
-                })?)
+                })?;
+                authenticator
+                    .admit(Some(by_token), by_certificate)
+                    .map_err(refuse)?
             }
             Some(Presented::Basic { user, password }) => {
                 let principal = authenticator
                     .by_basic(&user, &password)
                     .ok_or_else(|| refuse(unauthenticated("wrong user or token")))?;
+                // A principal pinned to a certificate too needs it for the handshake as well.
+                authenticator
+                    .admit(Some(Arc::clone(&principal)), by_certificate.clone())
+                    .map_err(refuse)?;
                 request.extensions_mut().insert(BasicCredentials {
                     principal,
                     token: password,
                 });
-                by_certificate
+                // The handshake trades the basic login for the bearer token; other calls
+                // need the token, with the certificate where the principal is pinned to both.
+                authenticator
+                    .admit(None, by_certificate)
+                    .unwrap_or_default()
             }
-            None => by_certificate,
+            None => authenticator.admit(None, by_certificate).map_err(refuse)?,
         };
         match principal {
             Some(principal) => {
@@ -482,6 +547,10 @@ pub fn interceptor(
                 return Err(refuse(missing_credentials()));
             }
             None => {}
+        }
+        // Valid credentials: the connection may stay past its unauthenticated deadline.
+        if let (Some(admissions), Some(peer)) = (&admissions, peer) {
+            admissions.admit(peer);
         }
         Ok(request)
     }
@@ -524,6 +593,18 @@ mod tests {
         assert!(!glob_matches("", "dbo.orders"));
         assert!(glob_matches("a*b*c*d", "axxbyyczzd"));
         assert!(!glob_matches("a*b*c*d", "axxbyyczz"));
+        assert!(glob_matches("*.*", "sales.orders"));
+        assert!(glob_matches("sales*.*", "sales_eu.orders"));
+        assert!(
+            !glob_matches("sales*", "sales_private.orders"),
+            "no crossing the dot"
+        );
+        assert!(!glob_matches("*orders", "private.orders"));
+        assert!(!glob_matches("sales?orders", "sales.orders"));
+        assert!(
+            !glob_matches("dbo.*", "dbo.x.y"),
+            "a dot in the table part stays a dot"
+        );
     }
 
     #[test]
@@ -551,6 +632,50 @@ mod tests {
     }
 
     #[test]
+    fn a_principal_pinned_to_a_token_and_a_certificate_needs_both() {
+        let json = format!(
+            r#"{{"principals": [
+                {{"name": "both", "tables": ["*"], "token_sha256": "{}",
+                  "certificate_sha256": "{}"}},
+                {{"name": "token", "tables": ["*"], "token_sha256": "{}"}},
+                {{"name": "certificate", "tables": ["*"], "certificate_sha256": "{}"}}
+            ]}}"#,
+            hex::encode(sha256(b"both-secret-token")),
+            hex::encode(sha256(b"both-certificate")),
+            hex::encode(sha256(b"token-only-secret")),
+            hex::encode(sha256(b"certificate-only")),
+        );
+        let auth = Authenticator::from_json(json.as_bytes()).expect("valid file");
+        let token = |text: &str| auth.by_token(text);
+        let certificate = |der: &[u8]| auth.by_certificate(der);
+        let admitted = |by_token, by_certificate| {
+            auth.admit(by_token, by_certificate)
+                .map(|principal| principal.map(|principal| principal.name.clone()))
+        };
+        let both = admitted(token("both-secret-token"), certificate(b"both-certificate"));
+        assert_eq!(both.expect("both presented"), Some("both".into()));
+        let alone = admitted(token("both-secret-token"), None).expect_err("its token alone");
+        assert!(
+            alone.to_string().contains("client certificate too"),
+            "{alone}"
+        );
+        let alone = admitted(None, certificate(b"both-certificate")).expect_err("its certificate");
+        assert!(alone.to_string().contains("bearer token too"), "{alone}");
+        let mixed = admitted(token("token-only-secret"), certificate(b"certificate-only"))
+            .expect_err("two principals");
+        assert!(mixed.to_string().contains("two principals"), "{mixed}");
+        assert_eq!(
+            admitted(token("token-only-secret"), None).expect("a token principal"),
+            Some("token".into())
+        );
+        assert_eq!(
+            admitted(None, certificate(b"certificate-only")).expect("a certificate principal"),
+            Some("certificate".into())
+        );
+        assert_eq!(admitted(None, None).expect("nothing"), None);
+    }
+
+    #[test]
     fn a_bad_tokens_file_is_refused_with_the_reason() {
         for (json, expected) in [
             (r#"{"principals": []}"#, "no principals"),
@@ -563,6 +688,10 @@ mod tests {
                 "64 hex digits",
             ),
             (r#"{"principal": []}"#, "unknown field"),
+            (
+                r#"{"principals": [{"name": "a", "tables": ["sales*"], "token_sha256": "0101010101010101010101010101010101010101010101010101010101010101"}]}"#,
+                "'sales*' names no schema.table",
+            ),
             (
                 // SHA-256 of the empty string: `printf %s "$TOKEN" | sha256sum`, TOKEN unset.
                 r#"{"principals": [{"name": "a", "tables": [], "token_sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"}]}"#,

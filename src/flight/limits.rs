@@ -11,6 +11,9 @@ use super::gate::{BATCHES_PER_STREAM, MIN_SHARE_BYTES};
 use crate::error::{Error, Result};
 use crate::protocol::{DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS};
 
+/// How long a stream waits for its client to take a batch, unless told otherwise.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// The service's bounds (docs/protocol.md, "Limits").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -44,13 +47,25 @@ pub struct Limits {
     pub keepalive_interval: Duration,
     /// How long a keepalive ping may go unanswered.
     pub keepalive_timeout: Duration,
-    /// Most connections open at once from one address; one more is closed when accepted.
+    /// Most connections open at once from one address (an IPv6 /64); one more is closed when
+    /// accepted.
     pub max_connections_per_peer: usize,
+    /// Most connections open at once from everyone.
+    pub max_connections: usize,
+    /// With authentication: how long a connection may stay open before one of its calls
+    /// presents valid credentials; then it is closed.
+    pub unauthenticated_timeout: Duration,
+    /// With authentication: connections open at once from one address before any of their
+    /// calls presented valid credentials.
+    pub max_unauthenticated_per_peer: usize,
     /// How long a `do_get` stream may wait for its client to take a batch: past it the
     /// stream ends (`STREAM_STALLED`) and its source read, with its connection, is released.
-    /// Off by default: the writer's snapshot reads open the next chunk's stream while they
-    /// drain the one before, and leave it unread that long (docs/security.md).
+    /// Ten minutes by default, longer than the writer leaves a chunk's stream unread while it
+    /// drains the one before (docs/security.md); `None`: no limit.
     pub stall_timeout: Option<Duration>,
+    /// Source reads (streams and planning calls) one principal may run at once ([`super::share`]);
+    /// `None`: the source's pool less one, `Some(0)`: no bound.
+    pub source_share: Option<usize>,
 }
 
 impl Default for Limits {
@@ -72,7 +87,15 @@ impl Default for Limits {
             // second partition's reader), and clients behind one NAT or proxy share an
             // address: room for a thousand tables, not a bound on every client.
             max_connections_per_peer: 4_096,
-            stall_timeout: None,
+            max_connections: 16_384,
+            // A client sends its credentials with its first call; a health probe needs none
+            // and is done well within it.
+            unauthenticated_timeout: Duration::from_secs(10),
+            // A sidecar's clients connect in a burst at start, each admitted with its first
+            // call a moment later.
+            max_unauthenticated_per_peer: 256,
+            stall_timeout: Some(DEFAULT_STALL_TIMEOUT),
+            source_share: None,
         }
     }
 }
@@ -108,9 +131,13 @@ impl Limits {
                 self.stream_memory, self.max_streams
             )));
         }
-        if self.max_connections_per_peer == 0 {
+        if self.max_connections_per_peer == 0
+            || self.max_connections == 0
+            || self.max_unauthenticated_per_peer == 0
+        {
             return Err(Error::invalid(
-                "--max-connections-per-peer must be at least 1",
+                "--max-connections-per-peer, --max-connections and \
+                 --max-unauthenticated-per-peer must be at least 1",
             ));
         }
         Ok(())

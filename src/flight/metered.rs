@@ -38,6 +38,10 @@ impl CdcSource for MeteredSource {
         self.0.describe()
     }
 
+    fn pool(&self) -> Option<crate::source::SourcePool> {
+        self.0.pool()
+    }
+
     async fn tracked_tables(&self) -> Result<Vec<TrackedTable>> {
         timed("tracked_tables", self.0.tracked_tables()).await
     }
@@ -109,6 +113,10 @@ impl CdcSource for MeteredSource {
 
     async fn key_extent(&self, table: &TableName) -> Result<KeyExtent> {
         timed("key_extent", self.0.key_extent(table)).await
+    }
+
+    async fn table_rows(&self, table: &TableName) -> Result<u64> {
+        timed("table_rows", self.0.table_rows(table)).await
     }
 
     async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>> {

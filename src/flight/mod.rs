@@ -28,6 +28,7 @@ mod metered;
 pub mod metrics;
 pub mod planner;
 mod refusals;
+pub mod share;
 pub mod snapshot;
 pub mod sql;
 pub mod stream;
@@ -116,6 +117,8 @@ pub struct CdcFlightService {
     limits: Limits,
     streams: Arc<StreamGate>,
     calls: Arc<gate::CallGate>,
+    /// Each principal's share of the source's connections.
+    share: Arc<share::SourceShare>,
     commits: tail::CommitWatch,
     masks: Arc<MaskPolicy>,
 }
@@ -176,10 +179,23 @@ pub async fn serve(
     let local: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(address = ?local, source = %source.describe(),
         authentication = options.authenticator.is_some(), "serving flight");
-    let interceptor = auth::interceptor(options.authenticator.clone());
+    // With authentication, a connection none of whose calls is admitted in time is closed.
+    let admissions = options
+        .authenticator
+        .as_ref()
+        .map(|_| mssql_cdc_proto::serving::Admissions::default());
+    let interceptor = auth::interceptor(options.authenticator.clone(), admissions.clone());
     let max_request_bytes = options.limits.max_request_bytes;
     let keepalive = options.limits.keepalive_interval;
-    let per_peer = options.limits.max_connections_per_peer;
+    let bounds = mssql_cdc_proto::serving::ConnectionBounds {
+        per_peer: options.limits.max_connections_per_peer,
+        total: options.limits.max_connections,
+        unadmitted: admissions.map(|admissions| mssql_cdc_proto::serving::Unadmitted {
+            within: options.limits.unauthenticated_timeout,
+            per_peer: options.limits.max_unauthenticated_per_peer,
+            admissions,
+        }),
+    };
     let service = Arc::new(CdcFlightService::new(source, options));
     let flight = frames::ZeroCopyDoGet::new(
         FlightServiceServer::from_arc(Arc::clone(&service))
@@ -197,7 +213,7 @@ pub async fn serve(
         // TCP_NODELAY and keepalive on each connection (tonic's builder settings for them do
         // not apply to an incoming stream).
         .serve_with_incoming_shutdown(
-            mssql_cdc_proto::serving::accepted_at_most(listener, keepalive, per_peer),
+            mssql_cdc_proto::serving::accepted_at_most(listener, keepalive, bounds),
             shutdown,
         )
         .await
@@ -255,6 +271,8 @@ impl CdcFlightService {
     pub fn new(source: Arc<dyn CdcSource>, options: ServiceOptions) -> Self {
         let limits = options.limits;
         let source: Arc<dyn CdcSource> = Arc::new(metered::MeteredSource(source));
+        let share =
+            share::SourceShare::of_pool(limits.source_share, source.pool().map(|pool| pool.size));
         CdcFlightService {
             commits: tail::CommitWatch::new(Arc::clone(&source), options.tail_interval),
             source,
@@ -265,6 +283,7 @@ impl CdcFlightService {
                 limits.stream_memory,
             ),
             calls: gate::CallGate::new(limits.max_calls_per_principal),
+            share: share::SourceShare::new(share),
             masks: options.masks,
             limits,
         }
@@ -318,10 +337,21 @@ impl CdcFlightService {
             masks.check_ticket(&columns)?;
             self.masks.check_ticket_keys(&principal, &table, &keys)?;
             let slot = self.streams.enter(principal.bounded_name())?;
+            // A stream waits for its share as long as it would wait for a pooled connection.
+            let within = self
+                .source
+                .pool()
+                .map_or(self.limits.call_timeout, |pool| pool.checkout_timeout);
+            let permit = self.share.wait(principal.bounded_name(), Some(within));
             read.share(self.streams.batch_share());
             let stall = self.limits.stall_timeout;
-            let stream =
-                stream::respond(Arc::clone(&self.source), read, masks, compression, stall)?;
+            let stream = stream::respond(
+                Arc::clone(&self.source),
+                read,
+                masks,
+                (compression, stall),
+                permit,
+            )?;
             // The slot is held until the response is dropped: read to its end, or abandoned.
             Ok(Response::new(
                 stream
@@ -335,15 +365,36 @@ impl CdcFlightService {
         .await
     }
 
-    /// Runs a planning call of `principal` within the server's deadline and its bound on
-    /// calls at once.
+    /// Runs a planning call of `principal` within the server's deadline, its bound on
+    /// calls at once and its share of the source's connections.
     async fn within_deadline<T>(
         &self,
         principal: &Principal,
         call: impl Future<Output = Result<T>>,
     ) -> Result<T> {
+        self.bounded_call(principal, true, call).await
+    }
+
+    /// [`Self::within_deadline`]; a call that mostly waits (`wait_for_commits`, on the shared
+    /// watcher) takes no place in the share while it waits (`shared` false: its source reads
+    /// take one each), so a sidecar's waits on many tables do not hold up its streams. The
+    /// wait for the share is bounded by the deadline too, and answered `SERVER_BUSY`.
+    async fn bounded_call<T>(
+        &self,
+        principal: &Principal,
+        shared: bool,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
         let _slot = self.calls.enter(principal.bounded_name())?;
         let limit = self.limits.call_timeout;
+        let _permit = match shared {
+            true => Some(
+                self.share
+                    .wait(principal.bounded_name(), Some(limit))
+                    .await?,
+            ),
+            false => None,
+        };
         tokio::time::timeout(limit, call).await.map_err(|_| {
             Error::DeadlineExceeded(format!(
                 "the call ran past the server's deadline of {} s (--call-timeout); ask for \
@@ -685,8 +736,9 @@ impl FlightService for CdcFlightService {
                     self.within_deadline(&principal, answer).await?
                 }
                 false => {
+                    let waits = action.r#type == actions::ActionKind::WaitForCommits.name();
                     let answer = self.action(&principal, action);
-                    self.within_deadline(&principal, answer).await?
+                    self.bounded_call(&principal, !waits, answer).await?
                 }
             };
             let result = arrow_flight::Result { body: answer };

@@ -21,7 +21,8 @@ use super::ticket::{
 use crate::chunking::{self, BucketCounter};
 use crate::error::{Error, Result};
 use crate::keys::{
-    Bound, KeyColumn, KeyTuple, KeyValue, KeysetRange, check_tuple, resolve_columns,
+    Bound, KeyColumn, KeySeek, KeyTuple, KeyValue, KeysetRange, KeysetSeek, check_tuple,
+    resolve_columns,
 };
 use crate::protocol::{
     ChunkSpec, MAX_PARTITIONS, SnapshotCommand, SnapshotEndpointMetadata, SnapshotPlanMetadata,
@@ -76,9 +77,48 @@ pub async fn plan(
                 matches!(chunk.lo, Some(Bound::Keys(_))) || matches!(chunk.hi, Some(Bound::Keys(_)))
             })
     });
-    let keys = match keyset {
-        true => cut_keys(&table, instance, command.keys.as_deref())?.0,
-        false => Vec::new(),
+    let extent = match keyset {
+        true => None,
+        false => match source.key_extent(&table).await {
+            Ok(extent) => Some(extent),
+            // No single integer key to cut on (a composite or text key, a heap): a full
+            // snapshot is cut on keyset bounds of the unique index instead, or read whole in
+            // one stream when there is none (the seed's rule for tables without a usable
+            // index); chunks need keyset bounds.
+            Err(Error::InvalidArgument(reason)) if command.chunks.is_none() => {
+                tracing::debug!(%table, %reason, "no integer key to cut the snapshot on");
+                None
+            }
+            Err(error) => return Err(error),
+        },
+    };
+    let partitions = command.partitions.unwrap_or(1);
+    if partitions == 0 || partitions > MAX_PARTITIONS {
+        return Err(Error::invalid(format!(
+            "partitions must be between 1 and {MAX_PARTITIONS}"
+        )));
+    }
+    let mut keyset_partitions = command.chunks.is_none()
+        && !keyset
+        && extent.is_none()
+        && partitions > 1
+        && (!instance.index_columns.is_empty() || command.keys.is_some());
+    // Partitions of a unique index nobody named are the server's choice: an index it cannot
+    // cut on (a `bit` or `sql_variant` column) reads the table whole in one stream instead,
+    // as before, rather than refusing a plain full snapshot. (A masks file cannot mask a
+    // unique index's column: `MaskPolicy::check_table` refuses it.)
+    let (keys, unique) = match (keyset, keyset_partitions) {
+        (true, _) => cut_keys(&table, instance, command.keys.as_deref())?,
+        (false, true) => match cut_keys(&table, instance, command.keys.as_deref()) {
+            Ok(cut) => cut,
+            Err(reason) if command.keys.is_none() => {
+                tracing::debug!(%table, %reason, "an index not to cut on: the snapshot is read whole");
+                keyset_partitions = false;
+                (Vec::new(), false)
+            }
+            Err(error) => return Err(error),
+        },
+        (false, false) => (Vec::new(), false),
     };
     // Bounds on a masked key would hand out (chunk bounds, split points) or probe (a
     // client's bounds) its values in clear.
@@ -88,20 +128,6 @@ pub async fn plan(
         keys.iter().map(|key| key.name.as_str()),
         "cut a snapshot on it",
     )?;
-    let extent = match keyset {
-        true => None,
-        false => match source.key_extent(&table).await {
-            Ok(extent) => Some(extent),
-            // No single integer key to cut on (a composite or text key, a heap): a full
-            // snapshot reads the table whole, in one stream whatever `partitions` asked (the
-            // seed's rule for tables without a usable index); chunks need keyset bounds.
-            Err(Error::InvalidArgument(reason)) if command.chunks.is_none() => {
-                tracing::debug!(%table, %reason, "snapshot read whole: no key to cut on");
-                None
-            }
-            Err(error) => return Err(error),
-        },
-    };
     if let Some(extent) = &extent
         && (command.chunks.is_some() || command.partitions.is_some_and(|n| n > 1))
     {
@@ -122,13 +148,13 @@ pub async fn plan(
                 .map(|chunk| chunk_piece(chunk, &keys).map(|piece| vec![piece]))
                 .collect::<Result<_>>()?
         }
+        None if keyset_partitions => {
+            let cut = (&keys[..], unique);
+            // Half the call's deadline for the walk, so the plan is answered in time.
+            let bounds = (limits.max_seek_rows, limits.call_timeout / 2);
+            keyset_partitions_of(source, &table, cut, partitions, bounds).await?
+        }
         None => {
-            let partitions = command.partitions.unwrap_or(1);
-            if partitions == 0 || partitions > MAX_PARTITIONS {
-                return Err(Error::invalid(format!(
-                    "partitions must be between 1 and {MAX_PARTITIONS}"
-                )));
-            }
             let mut ranges = if let (Some(extent), true) = (&extent, partitions > 1) {
                 let bounds = extent.min.zip(extent.max);
                 let chunk_rows = extent.rows.div_ceil(u64::from(partitions)).max(1);
@@ -241,6 +267,52 @@ pub async fn plan(
         );
     }
     Ok(info)
+}
+
+/// A full snapshot of `table` in at most `partitions` keyset ranges of about equal rows on the
+/// columns `keys` (the unique index, or `snapshot_keys`: `unique` says which) as `[None, b1)`,
+/// ..., `[bn, None)`, so every row is read once: the bounds are sought by the source,
+/// `rows / partitions` rows apart (at most `max_seek_rows`, the seek's own bound), for at most
+/// `budget`; the last range holds what the walk did not reach.
+async fn keyset_partitions_of(
+    source: &dyn CdcSource,
+    table: &TableName,
+    (keys, unique): (&[KeyColumn], bool),
+    partitions: u32,
+    (max_seek_rows, budget): (u64, std::time::Duration),
+) -> Result<Vec<Vec<SnapshotPiece>>> {
+    let rows = source.table_rows(table).await?;
+    let apart = rows
+        .div_ceil(u64::from(partitions))
+        .max(1)
+        .min(max_seek_rows.max(1));
+    // Each seek reads the rows it skips: past the budget (or a seek past the bound, which a
+    // walk on repeating values can double into) the walk stops, and the last range, open
+    // above, holds the rest. The ranges tile the table whatever the walk found.
+    let started = std::time::Instant::now();
+    let seek = |seek: KeySeek| async move {
+        if seek.n > max_seek_rows || started.elapsed() > budget {
+            return Ok(None);
+        }
+        let seek = KeysetSeek::new(keys.to_vec(), seek)?;
+        source.key_bound(table, &seek).await
+    };
+    let most = partitions as usize - 1;
+    let bounds = crate::keys::walk(seek, (unique, None), apart, Some(most)).await?;
+    let mut lows = vec![None];
+    lows.extend(bounds.iter().cloned().map(Some));
+    let highs = bounds.into_iter().map(Some).chain([None]);
+    Ok(lows
+        .into_iter()
+        .zip(highs)
+        .map(|(lo, hi)| {
+            vec![SnapshotPiece {
+                chunk: None,
+                range: KeyRange { lo: None, hi: None },
+                keyset: Some(KeysetRange { lo, hi }),
+            }]
+        })
+        .collect())
 }
 
 /// The columns a snapshot of `table` is cut on: `names` (`snapshot_keys`, unique or not) or

@@ -31,6 +31,7 @@ use tonic::Status;
 
 use super::encode::{BatchEncoder, Message, ipc_options};
 use super::masking::{Recut, ServedMasks};
+use super::share::SharePermit;
 use super::ticket::{ChangeRangeTicket, TicketColumn, batch_bound};
 use crate::error::{Error, Result};
 use crate::lsn::Lsn;
@@ -209,13 +210,15 @@ impl StreamRead {
 /// The `do_get` response for `read`: its batches masked by `masks`, in IPC with
 /// `compression` (the ticket's code: 0 none, 1 LZ4 frame, 2 ZSTD), then its completion
 /// marker, or the status the read ended with; `STREAM_STALLED` once the client took no
-/// batch for `stall`.
+/// batch for `stall`. The read starts once `share` gives it a place in its principal's share
+/// of the source, which is given back when the read ends, before the client has taken the
+/// last batches.
 pub fn respond(
     source: Arc<dyn CdcSource>,
     read: StreamRead,
     masks: ServedMasks,
-    compression: u32,
-    stall: Option<Duration>,
+    (compression, stall): (u32, Option<Duration>),
+    share: impl Future<Output = Result<SharePermit>> + Send + 'static,
 ) -> Result<BoxedStream<Message>> {
     let schema = masks.schema(read.schema(), read.first_captured());
     let encoder = BatchEncoder::new(Arc::clone(&schema), ipc_options(compression)?)?;
@@ -225,8 +228,7 @@ pub fn respond(
     tokio::spawn(produce(
         source,
         (read, masks, schema),
-        encoder,
-        stall,
+        (encoder, stall, share),
         batch_sender,
         end_sender,
     ));
@@ -286,13 +288,21 @@ async fn send(
 async fn produce(
     source: Arc<dyn CdcSource>,
     (mut read, masks, schema): (StreamRead, ServedMasks, SchemaRef),
-    mut encoder: BatchEncoder,
-    stall: Option<Duration>,
+    (mut encoder, stall, share): (
+        BatchEncoder,
+        Option<Duration>,
+        impl Future<Output = Result<SharePermit>>,
+    ),
     batches: mpsc::Sender<Message>,
     end: oneshot::Sender<std::result::Result<Message, Status>>,
 ) {
     let started = Instant::now();
     let outcome = async {
+        // Held until the read and its checks are done (the outcome's end).
+        let _permit = tokio::select! {
+            permit = share => permit?,
+            () = batches.closed() => return Ok(None),
+        };
         let mut stream = read.open(source.as_ref()).await?;
         let (mut rows, mut bytes) = (0u64, 0u64);
         // A masked read is cut again on its served sizes: the source cut on the clear ones,

@@ -248,6 +248,18 @@ impl SqlServerConfig {
 
     fn from_url(rest: &str) -> Result<Self> {
         let (location, query) = rest.split_once('?').unwrap_or((rest, ""));
+        // A '?' in a password cuts the URL before its '@': the password's start would be
+        // read as the address and its end as the options, and echoed in their errors. Say
+        // so without a word of the URL.
+        let password_cut = query
+            .find('@')
+            .is_some_and(|at| query.find('=').is_none_or(|equals| at < equals));
+        if !location.contains('@') && password_cut {
+            return Err(Error::invalid(
+                "the source URL has a '?' before its '@': percent-encode ? (%3F), @ (%40) \
+                 and % (%25) in the user and the password",
+            ));
+        }
         let (login, address) = match location.rsplit_once('@') {
             Some((login, address)) => (Some(login), address),
             None => (None, location),
@@ -256,8 +268,14 @@ impl SqlServerConfig {
         let (host, port) = match server.rsplit_once(':') {
             Some((host, port)) => (
                 host,
-                port.parse::<u16>()
-                    .map_err(|_| Error::invalid(format!("port '{port}' is not a number")))?,
+                // Not echoed: with a ':' in an unencoded password, what is read as the port
+                // may be part of it.
+                port.parse::<u16>().map_err(|_| {
+                    Error::invalid(
+                        "the port after the host's ':' is not a number (percent-encode : \
+                         (%3A) and @ (%40) in the user and the password)",
+                    )
+                })?,
             ),
             None => (server, 1433),
         };
@@ -509,6 +527,25 @@ mod tests {
         let shown = format!("{ado:?} {}", ado.describe());
         assert!(!shown.contains("hunter2"), "{shown}");
         assert_eq!(ado.describe(), "mssql://localhost:1433/db");
+        // A '?' in an unencoded password: refused without a piece of it.
+        for url in [
+            "mssql://reader:hun?ter2@localhost/db",
+            "mssql://reader:hun:ter?2@localhost:1433/db?encrypt=true",
+        ] {
+            let error = SqlServerConfig::parse(url).expect_err(url).to_string();
+            assert!(error.contains("percent-encode"), "{url}: {error}");
+            assert!(!error.contains("ter"), "{url}: {error}");
+        }
+        let encoded = SqlServerConfig::parse("mssql://reader:hun%3Fter2@localhost/db");
+        assert!(encoded.is_ok(), "an encoded '?' parses");
+        // An option value holding '@' in a URL without a login is not taken for a password.
+        let options = SqlServerConfig::parse("mssql://localhost/db?access_token_file=/s/a@b");
+        assert!(options.is_ok(), "{options:?}");
+        // A login without its host reads the password as a port: not echoed.
+        let error = SqlServerConfig::parse("mssql://reader:hunter2")
+            .expect_err("the port is not a number")
+            .to_string();
+        assert!(!error.contains("hunter2"), "{error}");
     }
 
     #[test]

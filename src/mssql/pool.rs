@@ -3,7 +3,10 @@
 //! A connection is marked dirty when a result stream starts and clean only when the stream
 //! was read to its end or the query was cancelled (TDS attention); the pool drops a dirty
 //! connection instead of handing it out, because a half-read result would be drained by the
-//! next query. Every streaming read holds its own connection for its whole stream, so the
+//! next query. A statement whose caller stopped waiting (a call past its deadline, a client
+//! gone) still runs on SQL Server until it is told: the pool first cancels it (at most
+//! [`CANCEL_TIMEOUT`]) and keeps the connection's place meanwhile, so no more than
+//! `pool_size` statements run for this server, abandoned ones included. Every streaming read holds its own connection for its whole stream, so the
 //! partitions of one plan read in parallel.
 //!
 //! The pool is ours (no pool crate supports tiberius 0.13, and bb8 0.9 connects in the
@@ -125,6 +128,12 @@ pub trait Connector: Send + Sync + 'static {
         &self,
         connection: &mut Self::Connection,
     ) -> impl Future<Output = tiberius::Result<()>> + Send;
+    /// Tells the server to stop the statement a broken connection may still run (TDS
+    /// attention).
+    fn cancel(
+        &self,
+        connection: &mut Self::Connection,
+    ) -> impl Future<Output = tiberius::Result<()>> + Send;
 }
 
 impl Connector for Manager {
@@ -179,6 +188,10 @@ impl Connector for Manager {
         connection.session_options
     }
 
+    async fn cancel(&self, connection: &mut Connection) -> tiberius::Result<()> {
+        connection.client.cancel_query().await
+    }
+
     /// Restores the session defaults as a plain batch (a `SET` there lasts for the session).
     async fn reset(&self, connection: &mut Connection) -> tiberius::Result<()> {
         connection
@@ -191,6 +204,10 @@ impl Connector for Manager {
         Ok(())
     }
 }
+
+/// How long the pool waits for SQL Server to acknowledge the cancel of an abandoned
+/// statement before it closes the connection anyway.
+pub const CANCEL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Most callers waiting in line for a connection at once; one more is refused at once.
 pub const MAX_WAITING: usize = 1024;
@@ -305,7 +322,7 @@ impl<C: Connector> Pool<C> {
         Ok(Pooled {
             connection: Some(connection),
             pool: Arc::clone(shared),
-            _permit: permit,
+            permit: Some(permit),
         })
     }
 }
@@ -314,8 +331,9 @@ impl<C: Connector> Pool<C> {
 pub struct Pooled<C: Connector> {
     connection: Option<C::Connection>,
     pool: Arc<Shared<C>>,
-    // Dropped after the connection went back, so the next in line finds it idle.
-    _permit: OwnedSemaphorePermit,
+    // Dropped after the connection went back, so the next in line finds it idle; or, for a
+    // broken one, once its statement is cancelled.
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl<C: Connector> std::ops::Deref for Pooled<C> {
@@ -338,15 +356,35 @@ impl<C: Connector> std::ops::DerefMut for Pooled<C> {
 
 impl<C: Connector> Drop for Pooled<C> {
     fn drop(&mut self) {
-        if let Some(connection) = self.connection.take()
-            && !C::is_broken(&connection)
-        {
+        let Some(mut connection) = self.connection.take() else {
+            return;
+        };
+        if !C::is_broken(&connection) {
             self.pool
                 .idle
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .push((Instant::now(), connection));
+            return;
         }
+        // A statement may still run on it (its caller's future was dropped): SQL Server goes
+        // on until told, so tell it, then close the connection. Its place in the pool is
+        // held until then.
+        let (Ok(runtime), Some(permit)) =
+            (tokio::runtime::Handle::try_current(), self.permit.take())
+        else {
+            return;
+        };
+        let pool = Arc::clone(&self.pool);
+        runtime.spawn(async move {
+            let cancelled =
+                tokio::time::timeout(CANCEL_TIMEOUT, pool.connector.cancel(&mut connection)).await;
+            if !matches!(cancelled, Ok(Ok(()))) {
+                tracing::debug!("an abandoned statement's cancel failed; its connection is closed");
+            }
+            drop(connection);
+            drop(permit);
+        });
     }
 }
 
@@ -470,6 +508,10 @@ mod tests {
         refuse: std::sync::atomic::AtomicBool,
         refuse_reset: std::sync::atomic::AtomicBool,
         resets: AtomicU32,
+        cancels: AtomicU32,
+        /// Released by the test to let a cancel finish.
+        cancel_gate: tokio::sync::Notify,
+        slow_cancel: std::sync::atomic::AtomicBool,
     }
 
     struct FakeConnection {
@@ -527,6 +569,51 @@ mod tests {
                 Ok(())
             }
         }
+
+        fn cancel(
+            &self,
+            _connection: &mut FakeConnection,
+        ) -> impl Future<Output = tiberius::Result<()>> + Send {
+            let fake = Arc::clone(self);
+            async move {
+                if fake.slow_cancel.load(Ordering::SeqCst) {
+                    fake.cancel_gate.notified().await;
+                }
+                fake.cancels.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_abandoned_statement_is_cancelled_before_its_place_is_given_back() {
+        let fake = Arc::new(Fake::default());
+        fake.slow_cancel.store(true, Ordering::SeqCst);
+        let pool = Pool::new(Arc::clone(&fake), 1, Duration::from_secs(30));
+        let mut abandoned = pool.get().await.expect("a connection");
+        abandoned.broken = true;
+        let first = abandoned.number;
+        drop(abandoned);
+        let next = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.get().await.map(|connection| connection.number) }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !next.is_finished(),
+            "the place is held while the abandoned statement is cancelled"
+        );
+        fake.cancel_gate.notify_one();
+        let number = tokio::time::timeout(Duration::from_secs(5), next)
+            .await
+            .expect("the place is given back")
+            .expect("joined")
+            .expect("a connection");
+        assert_eq!(fake.cancels.load(Ordering::SeqCst), 1);
+        assert_ne!(
+            number, first,
+            "the cancelled connection is closed, not reused"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -646,6 +646,11 @@ impl CdcSource for SeedFake {
         })
     }
 
+    async fn table_rows(&self, table: &TableName) -> Result<u64> {
+        self.files.catalog()?.table_types(table)?;
+        Ok(self.files.rows(&table.name)?.len() as u64)
+    }
+
     async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>> {
         let catalog = self.files.catalog()?;
         let key = self.integer_key(&catalog, table)?;

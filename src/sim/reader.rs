@@ -568,6 +568,11 @@ impl CdcSource for SimDb {
         self.extent(table)
     }
 
+    async fn table_rows(&self, table: &TableName) -> Result<u64> {
+        self.simulate_latency().await;
+        self.row_count(table)
+    }
+
     async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>> {
         self.simulate_latency().await;
         self.buckets(table, grid)

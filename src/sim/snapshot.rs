@@ -62,6 +62,12 @@ impl SimDb {
             })
     }
 
+    /// The rows of a table now.
+    pub(super) fn row_count(&self, table: &TableName) -> Result<u64> {
+        let definition = self.table_def(table)?;
+        Ok(self.store.read_state(&definition)?.len() as u64)
+    }
+
     /// The key column and extent of a table.
     pub(super) fn extent(&self, table: &TableName) -> Result<KeyExtent> {
         let definition = self.table_def(table)?;

@@ -165,6 +165,9 @@ impl CdcSource for FaultySource {
     async fn key_extent(&self, table: &TableName) -> Result<KeyExtent> {
         self.db.key_extent(table).await
     }
+    async fn table_rows(&self, table: &TableName) -> Result<u64> {
+        self.db.table_rows(table).await
+    }
     async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>> {
         self.db.key_buckets(table, grid).await
     }

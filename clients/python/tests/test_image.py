@@ -152,7 +152,7 @@ def test_the_compose_file_and_the_ci_workflow():
     assert writer_health[writer_health.index("--service") + 1] == ""
     admin_port = writer_health[writer_health.index("--server") + 1].rsplit(":", 1)[1]
     assert f'admin_listen = "127.0.0.1:{admin_port}"' in sidecar
-    assert 'status_listen = "0.0.0.0:8088"' in sidecar and "admin_token_file" in sidecar
+    assert 'status_listen = "0.0.0.0:8088"' in sidecar and "status_token_file" in sidecar
     workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "image.yml").read_text())
     steps = " ".join(step.get("run", "") for step in workflow["jobs"]["image"]["steps"])
     assert "docker build" in steps and "mssql-cdc-flight health" in steps

@@ -6,6 +6,7 @@ Two principals in a tokens file: `writer` reads every table, `analyst` only dbo.
 import hashlib
 import hmac
 import json
+import os
 import re
 import signal
 import subprocess
@@ -322,13 +323,17 @@ def test_a_revoked_token_is_refused_after_sighup_and_a_bad_file_changes_nothing(
 
 
 def test_a_secret_file_others_may_read_is_warned_about(tmp_path):
-    """Operator mistake: a ticket key or source file readable by every user of the host."""
+    """Operator mistake: a ticket key or source file readable by every user of the host, or
+    by its group (also the server's own group, unless the file is root's, as Kubernetes
+    mounts secrets `root:<fsGroup>` 0440 for a pod running with that group: not tested here,
+    it needs root to make)."""
     directory = tmp_path / "db"
     run("sim", "init", str(directory), "--customers", "0", "--orders", "1")
     key = tmp_path / "ticket.key"
     key.write_text("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n")
+    assert key.stat().st_gid == os.getegid(), "created with the test's own group"
     logs = []
-    for mode in (0o644, 0o600):
+    for mode in (0o644, 0o600, 0o640):
         key.chmod(mode)
         process, _ = start_server(
             directory, "--ticket-key-file", str(key), stderr=subprocess.PIPE, env=LOGGING_INFO
@@ -336,10 +341,11 @@ def test_a_secret_file_others_may_read_is_warned_about(tmp_path):
         process.terminate()
         logs.append(process.stderr.read())
         process.wait(timeout=30)
-    exposed, private = logs
+    exposed, private, own_group = logs
     assert "ticket key file may be read by its group or others" in exposed, exposed
     assert "0644" in exposed
     assert "may be read by its group or others" not in private, private
+    assert "may be read by its group or others" in own_group, "not root's: warned about"
 
 
 def test_a_caller_without_credentials_is_refused_before_its_request_is_read(secured):
@@ -355,6 +361,43 @@ def test_a_caller_without_credentials_is_refused_before_its_request_is_read(secu
     with pytest.raises(pa.ArrowException) as read:
         client.do_get(oversized, bearer(WRITER_TOKEN)).read_all()
     assert not isinstance(read.value, flight.FlightUnauthenticatedError), read.value
+
+
+def test_oversized_and_malformed_messages_of_a_valid_principal_are_refused(secured):
+    """Attack with a valid token: messages over the size bound, tickets that are not ours
+    (garbage, a signed one with a byte changed), commands that are not JSON or name nothing
+    served, and unknown actions. Each is refused with a reason, and the server serves the
+    same principal right after."""
+    client = flight.FlightClient(secured)
+    writer = bearer(WRITER_TOKEN)
+    with pytest.raises(pa.ArrowException, match="(?i)message|larger|length|size"):
+        list(client.do_action(flight.Action("max_lsn", b"x" * (2 << 20)), writer))
+    for ticket in (b"", b"\x00" * 64, b"not a ticket at all", bytes(range(256)) * 8):
+        with pytest.raises(pa.ArrowException, match="(?i)ticket") as refused:
+            client.do_get(flight.Ticket(ticket), writer).read_all()
+        assert not isinstance(refused.value, flight.FlightInternalError), refused.value
+    start = action_as(client, writer, "initial_offset", {"table": "dbo.orders"})
+    command = {"type": "changes", "table": "dbo.orders", "from": start["lsn"]}
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(json.dumps(command)), writer)
+    forged = bytearray(info.endpoints[0].ticket.ticket)
+    forged[len(forged) // 2] ^= 0x01
+    with pytest.raises(pa.ArrowException, match="(?i)ticket") as refused:
+        client.do_get(flight.Ticket(bytes(forged)), writer).read_all()
+    assert not isinstance(refused.value, flight.FlightInternalError), refused.value
+    for body in (
+        b"{not json",
+        b"[]",
+        b'{"type": "changes"}',
+        b'{"type": "drop", "table": "dbo.orders"}',
+    ):
+        with pytest.raises(pa.ArrowInvalid):
+            client.get_flight_info(flight.FlightDescriptor.for_command(body), writer)
+    with pytest.raises(pa.ArrowInvalid, match="unknown action"):
+        action_as(client, writer, "shutdown", {})
+    with pytest.raises(pa.ArrowInvalid):
+        list(client.do_action(flight.Action("max_lsn", b"\xff\xfe not json"), writer))
+    batches, marker = read_endpoint(client, info.endpoints[0], writer)
+    assert marker is not None and marker["rows"] == sum(b.num_rows for b in batches)
 
 
 def test_the_unauthenticated_server_still_answers_actions_on_loopback(tmp_path):
@@ -402,17 +445,7 @@ def test_a_principal_looping_planning_calls_is_bounded(tmp_path):
     principal's is served, and once the first returns the principal is served again."""
     directory = tmp_path / "db"
     run("sim", "init", str(directory), "--customers", "0", "--orders", "3")
-    tokens = tmp_path / "tokens.json"
-    tokens.write_text(
-        json.dumps(
-            {
-                "principals": [
-                    {"name": "writer", "tables": ["*"], "token_sha256": sha256(WRITER_TOKEN)},
-                    {"name": "analyst", "tables": ["*"], "token_sha256": sha256(ANALYST_TOKEN)},
-                ]
-            }
-        )
-    )
+    tokens = writer_and_analyst(tmp_path)
     process, url = start_server(
         directory, "--tokens-file", str(tokens), "--max-calls-per-principal", "1"
     )
@@ -434,6 +467,119 @@ def test_a_principal_looping_planning_calls_is_bounded(tmp_path):
         assert action_as(client, writer, "max_lsn", {})["lsn"] == now
     finally:
         stop_server(process)
+
+
+def test_one_principal_cannot_hold_every_source_connection(tmp_path):
+    """The starvation attack with the pool's share: a principal redeems tickets of small
+    batches and never reads them. It holds at most its share of the source's reads (here 2,
+    as `--source-share 2` sets; on SQL Server the default is the pool less one): its third
+    stream and its planning calls wait for its share, and are refused with a retry hint when
+    none frees up in time (here the call deadline, 1 s), while another principal
+    streams and plans as before. The stall timeout then ends its reads and gives the share
+    back."""
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "0", "--orders", "100000")
+    tokens = writer_and_analyst(tmp_path)
+    process, url = start_server(
+        directory,
+        "--tokens-file",
+        str(tokens),
+        "--source-share",
+        "2",
+        "--stall-timeout",
+        "6",
+        "--call-timeout",
+        "1",
+    )
+    try:
+        client = flight.FlightClient(url)
+        writer, analyst = bearer(WRITER_TOKEN), bearer(ANALYST_TOKEN)
+        command = {"type": "snapshot", "table": "dbo.orders", "batch_rows": 20}
+        descriptor = flight.FlightDescriptor.for_command(json.dumps(command))
+        [endpoint] = client.get_flight_info(descriptor, analyst).endpoints
+        held = [client.do_get(endpoint.ticket, writer) for _ in range(2)]
+        for stream in held:
+            stream.read_chunk()
+        # pyarrow raises RESOURCE_EXHAUSTED as ArrowInvalid.
+        with pytest.raises(pa.ArrowInvalid, match="2 source reads at once.*none ended within 1 s"):
+            client.do_get(endpoint.ticket, writer).read_chunk()
+        with pytest.raises(pa.ArrowInvalid, match="2 source reads at once"):
+            action_as(client, writer, "max_lsn", {})
+        # The other principal is served whole meanwhile: planned and read.
+        assert action_as(client, analyst, "max_lsn", {})["lsn"].startswith("0x")
+        batches, marker = read_endpoint(client, endpoint, analyst)
+        assert marker is not None and marker["rows"] == 100_000
+        # Past the stall timeout the held reads end and the share is the writer's again.
+        time.sleep(8)
+        for stream in held:
+            with pytest.raises(flight.FlightError, match="took no batch"):
+                while True:
+                    stream.read_chunk()
+        assert action_as(client, writer, "max_lsn", {})["lsn"].startswith("0x")
+        batches, marker = read_endpoint(client, endpoint, writer)
+        assert marker is not None and marker["rows"] == 100_000
+    finally:
+        stop_server(process)
+
+
+def test_connections_that_never_authenticate_are_closed_and_bounded(tmp_path):
+    """Slowloris: connections that open and never present credentials (silent, or a
+    request without a token) are closed at `--unauthenticated-timeout`, so they cannot keep
+    the places of a peer or of the server for ever; past `--max-connections` one more is
+    closed as it is accepted. A client whose call was admitted keeps its idle connection."""
+    import socket
+
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "1", "--orders", "1")
+    tokens = tokens_file(tmp_path / "tokens.json", {"writer": (["*"], WRITER_TOKEN)})
+    process, url = start_server(
+        directory,
+        "--tokens-file",
+        str(tokens),
+        "--unauthenticated-timeout",
+        "3",
+        "--max-connections",
+        "3",
+    )
+    host, port = url.removeprefix("grpc://").rsplit(":", 1)
+    try:
+        admitted = flight.FlightClient(url)
+        assert action_as(admitted, bearer(WRITER_TOKEN), "max_lsn", {})["lsn"].startswith("0x")
+        silent = socket.create_connection((host, int(port)))
+        refused = flight.FlightClient(url)
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            action(refused, "max_lsn", {})
+        # Three open: a fourth is closed at once, before a byte is read.
+        extra = socket.create_connection((host, int(port)))
+        extra.settimeout(5)
+        assert extra.recv(1) == b"", "past --max-connections a connection is closed"
+        silent.settimeout(10)
+        started = time.monotonic()
+        assert silent.recv(64) != b"", "served: the server's HTTP/2 settings come first"
+        while silent.recv(1024 * 1024) != b"":
+            pass
+        assert time.monotonic() - started < 8, "closed at its deadline"
+        time.sleep(1.5)
+        # The refused client's connection is closed too, and the admitted client's, idle past
+        # the deadline, is not: of the three places, two are free again (a new connection
+        # reads the server's settings) and the third is still the admitted client's (one
+        # more is closed as it is accepted).
+        fresh = [socket.create_connection((host, int(port))) for _ in range(3)]
+        for connection in fresh:
+            connection.settimeout(5)
+        assert fresh[0].recv(64) != b"" and fresh[1].recv(64) != b"", "two places freed"
+        assert fresh[2].recv(64) == b"", "the admitted connection still holds its place"
+        for connection in fresh:
+            connection.close()
+        assert action_as(admitted, bearer(WRITER_TOKEN), "max_lsn", {})["lsn"].startswith("0x")
+    finally:
+        stop_server(process)
+
+
+def writer_and_analyst(directory):
+    """A tokens file of two principals that read every table."""
+    principals = {"writer": (["*"], WRITER_TOKEN), "analyst": (["*"], ANALYST_TOKEN)}
+    return tokens_file(directory / "tokens.json", principals)
 
 
 def action_as(client, options, name, body):

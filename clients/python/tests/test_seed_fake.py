@@ -76,6 +76,17 @@ def test_our_server_serves_the_seeds_history_as_the_seeds_own_client_reads_it(tm
         assert [{c: normalized(row)[c] for c in columns} for row in snapshot] == [
             {c: row.get(c) for c in columns} for row in expected
         ]
+        # A composite key, no integer bounds: three keyset ranges the source seeks, read in
+        # parallel, hold the seed's rows once each.
+        plan = client.plan_snapshot("dbo.lines", partitions=3)
+        assert len(plan.endpoints) == 3
+        lines = client.read_snapshot("dbo.lines", partitions=3).to_pylist()
+        columns = captured(LINES, "lines")
+        key = lambda row: (row["order_id"], row["line"])  # noqa: E731
+        assert sorted(({c: normalized(row)[c] for c in columns} for row in lines), key=key) == [
+            {c: row.get(c) for c in columns}
+            for row in sorted(workload.rows["lines"].values(), key=key)
+        ]
     finally:
         stop_server(process)
 

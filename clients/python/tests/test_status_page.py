@@ -288,13 +288,17 @@ def test_the_status_page_follows_a_chunked_snapshot_and_the_probes_follow_the_se
     assert sidecar.returncode == 0, "SIGTERM stops the sidecar cleanly"
 
 
-def test_the_page_asks_for_the_admin_token_and_the_probes_do_not(tmp_path):
+def test_the_page_asks_for_its_own_token_and_the_probes_do_not(tmp_path):
+    """The page's token is a viewer's (`status_token_file`): the admin token, which pauses,
+    resumes and re-snapshots, does not open the page."""
     directory = tmp_path / "db"
     workload_database(directory, "--commits", "20", "--seed", "3", "--clock", "virtual")
     server_port, page_port = free_port(), free_port()
     server, _ = start_server(directory, port=server_port)
     token = "status-page-token-0123456789"
+    admin_token = "admin-service-token-0123456789"
     (tmp_path / "token").write_text(token + "\n")
+    (tmp_path / "admin.token").write_text(admin_token + "\n")
     lake = tmp_path / "lake"
     config = tmp_path / "sidecar.toml"
     config.write_text(
@@ -302,7 +306,8 @@ def test_the_page_asks_for_the_admin_token_and_the_probes_do_not(tmp_path):
         f'facts = "{lake / "facts"}"\n'
         f'control = "{lake / "control"}"\n'
         f'checkpoints = "{lake / "checkpoints"}"\n'
-        f'admin_token_file = "{tmp_path / "token"}"\n'
+        f'admin_token_file = "{tmp_path / "admin.token"}"\n'
+        f'status_token_file = "{tmp_path / "token"}"\n'
         f'status_listen = "127.0.0.1:{page_port}"\n\n'
         "[[tables]]\n"
         'table = "dbo.orders"\n'
@@ -325,6 +330,8 @@ def test_the_page_asks_for_the_admin_token_and_the_probes_do_not(tmp_path):
             )
             wrong = get(base + path, {"Authorization": "Bearer not-the-token-at-all"})
             assert wrong[0] == 401
+            admin = get(base + path, {"Authorization": f"Bearer {admin_token}"})
+            assert admin[0] == 401, "the admin token is not the page's"
         assert get(base + "/", {"Authorization": f"Bearer {token}"})[0] == 200
         login = base64.b64encode(f"operator:{token}".encode()).decode()
         status, _, body = get(base + "/status.json", {"Authorization": f"Basic {login}"})

@@ -95,6 +95,8 @@ const ADMIN_TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections open at once from one address to the admin service: an operator's tools and
 /// probes need a few; one more is closed as it is accepted.
 const ADMIN_CONNECTIONS_PER_PEER: usize = 64;
+/// Connections open at once to the admin service from everyone.
+const ADMIN_CONNECTIONS: usize = 256;
 
 /// The admin service's bearer token. `Debug` never shows it.
 #[derive(Clone)]
@@ -133,6 +135,11 @@ impl AdminToken {
             ));
         }
         Ok(AdminToken(Arc::from(text)))
+    }
+
+    /// Whether `other` is the same token.
+    pub fn same_as(&self, other: &AdminToken) -> bool {
+        self.equals(other.0.as_bytes())
     }
 
     /// Whether an `authorization` header value is `Bearer <this token>`; the comparison takes
@@ -554,7 +561,11 @@ impl AdminServer {
                 mssql_cdc_proto::serving::accepted_at_most(
                     self.listener,
                     ADMIN_TCP_KEEPALIVE,
-                    ADMIN_CONNECTIONS_PER_PEER,
+                    mssql_cdc_proto::serving::ConnectionBounds {
+                        per_peer: ADMIN_CONNECTIONS_PER_PEER,
+                        total: ADMIN_CONNECTIONS,
+                        unadmitted: None,
+                    },
                 ),
                 async move {
                     let _ = stop.wait_for(|stopped| *stopped).await;

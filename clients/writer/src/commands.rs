@@ -10,6 +10,7 @@ use mssql_cdc_writer::schema_policy::SchemaChangePolicy;
 use mssql_cdc_writer::silver::history::{HistoryConfig, Tracked, apply_history};
 use mssql_cdc_writer::silver::{ApplyConfig, apply_changes};
 use mssql_cdc_writer::snapshot::{self, BackfillOptions, SeedOptions, SnapshotMode, Snapshots};
+use mssql_cdc_writer::status_page::StatusPage;
 use mssql_cdc_writer::stream::{Stream, StreamConfig};
 use mssql_cdc_writer::tail::Waiting;
 use mssql_cdc_writer::{admin, sidecar};
@@ -407,12 +408,16 @@ async fn serve_status_page(
     let Some(address) = &config.status_listen else {
         return Ok(());
     };
-    let token = config
-        .admin_token_file
-        .as_deref()
-        .map(admin::AdminToken::from_file)
-        .transpose()?;
-    let page = mssql_cdc_writer::status_page::StatusPage::bind(address, token).await?;
+    let read = |file: &Option<std::path::PathBuf>| {
+        file.as_deref()
+            .map(admin::AdminToken::from_file)
+            .transpose()
+    };
+    let token = StatusPage::token_of(
+        read(&config.status_token_file)?,
+        read(&config.admin_token_file)?,
+    )?;
+    let page = StatusPage::bind(address, token).await?;
     println!("status page on http://{}/", page.local_addr()?);
     tokio::spawn(async move {
         if let Err(error) = page.serve(stopped).await {

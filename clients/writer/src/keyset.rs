@@ -34,46 +34,8 @@ impl Keyset<'_> {
     }
 
     /// Bounds about `rows` rows apart from the first key up to `to` (inclusive; `None`: the
-    /// last key), in the source's order: `[None, b1), [b1, b2), ..., [bn, ...)` tile the key.
-    /// Each range holds at least one row: on columns that repeat, the `(rows + 1)`-th row can
-    /// hold the range's own first value (equal only under the source's collation, maybe), so
-    /// the walk seeks twice as far until the range holds a row (seed ADR 0028 Amendment 6).
+    /// last key), sought by the server ([`mssql_cdc_proto::keys::walk`]).
     pub async fn walk(&self, to: Option<&KeyTuple>, rows: u64) -> Result<Vec<KeyTuple>> {
-        let mut bounds: Vec<KeyTuple> = Vec::new();
-        loop {
-            let lo = bounds.last().cloned();
-            let mut n = rows;
-            let bound = loop {
-                let seek = KeySeek {
-                    from: lo.clone(),
-                    from_inclusive: true,
-                    to: to.cloned(),
-                    to_inclusive: true,
-                    n,
-                };
-                let Some(bound) = self.seek(seek).await? else {
-                    break None;
-                };
-                let holds_a_row = self.unique
-                    || self
-                        .seek(KeySeek {
-                            from: lo.clone(),
-                            from_inclusive: true,
-                            to: Some(bound.clone()),
-                            to_inclusive: false,
-                            n: 0,
-                        })
-                        .await?
-                        .is_some();
-                if holds_a_row {
-                    break Some(bound);
-                }
-                n = n.saturating_mul(2);
-            };
-            match bound {
-                Some(bound) => bounds.push(bound),
-                None => return Ok(bounds),
-            }
-        }
+        mssql_cdc_proto::keys::walk(|seek| self.seek(seek), (self.unique, to), rows, None).await
     }
 }

@@ -126,9 +126,13 @@ pub struct SidecarConfig {
     pub admin_tls_key: Option<PathBuf>,
     /// Address of the status page and the `/healthz` and `/readyz` probes
     /// (`crate::status_page`), for example `127.0.0.1:8088`; none when unset. An address
-    /// other than loopback needs `admin_token_file`, which the page then asks for.
+    /// other than loopback needs `status_token_file` (or `admin_token_file`, warned about).
     #[serde(default)]
     pub status_listen: Option<String>,
+    /// A file holding the status page's token (one line, at least 16 characters, not the
+    /// admin token): viewers see the page with it and can change nothing.
+    #[serde(default)]
+    pub status_token_file: Option<PathBuf>,
     /// The report table of scheduled reconciles; none when unset.
     #[serde(default)]
     pub reconcile_report: Option<String>,
@@ -1258,6 +1262,20 @@ mod tests {
             assert_eq!(
                 backoff(continuous_attempt_after(attempt, &fenced)),
                 Duration::from_secs(60)
+            );
+        }
+    }
+
+    #[test]
+    fn the_deployed_sidecar_files_load() {
+        // Compose's and Kubernetes' files (deploy/): what a deployment starts with must parse.
+        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+        for file in ["sidecar.toml", "k8s/sidecar.toml"] {
+            let config = SidecarConfig::load(&deploy.join(file)).expect(file);
+            assert!(!config.tables.is_empty(), "{file}");
+            assert!(
+                config.status_token_file.is_some(),
+                "{file}: the page's own token"
             );
         }
     }

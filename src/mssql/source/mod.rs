@@ -187,6 +187,13 @@ impl CdcSource for SqlServerSource {
         self.config.describe()
     }
 
+    fn pool(&self) -> Option<crate::source::SourcePool> {
+        Some(crate::source::SourcePool {
+            size: self.config.pool_size as usize,
+            checkout_timeout: self.config.checkout_timeout,
+        })
+    }
+
     async fn tracked_tables(&self) -> Result<Vec<TrackedTable>> {
         let rows = self.rows(sql::help_change_data_capture(), &[]).await?;
         let mut tables: BTreeMap<TableName, Vec<CaptureInstance>> = BTreeMap::new();
@@ -455,7 +462,17 @@ impl CdcSource for SqlServerSource {
             Some(row) => (int_at(row, 0), int_at(row, 1)),
             None => (None, None),
         };
-        let rows = self
+        Ok(KeyExtent {
+            column: key,
+            sql_type,
+            min,
+            max,
+            rows: self.table_rows(table).await?,
+        })
+    }
+
+    async fn table_rows(&self, table: &TableName) -> Result<u64> {
+        Ok(self
             .first_row(
                 sql::space_used(),
                 &[Param::Text(ident::quote_table(table)?)],
@@ -463,14 +480,7 @@ impl CdcSource for SqlServerSource {
             .await?
             .and_then(|row| named_int(&row, "rows"))
             .unwrap_or(0)
-            .max(0) as u64;
-        Ok(KeyExtent {
-            column: key,
-            sql_type,
-            min,
-            max,
-            rows,
-        })
+            .max(0) as u64)
     }
 
     async fn key_buckets(&self, table: &TableName, grid: KeyGrid) -> Result<Vec<KeyBucket>> {

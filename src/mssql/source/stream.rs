@@ -169,8 +169,10 @@ pub(super) async fn read_statement(
         }
     }
     if client_gone {
-        // Stop the server's work; a connection whose cancel fails stays dirty and is dropped.
-        if connection.client.cancel_query().await.is_ok() {
+        // Stop the server's work; a connection whose cancel fails, or takes too long, stays
+        // dirty and is dropped.
+        let cancel = connection.client.cancel_query();
+        if let Ok(Ok(())) = tokio::time::timeout(super::super::pool::CANCEL_TIMEOUT, cancel).await {
             connection.dirty = false;
         }
         return Ok(false);
