@@ -38,6 +38,20 @@ def run(*args: str) -> str:
     return done.stdout
 
 
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory):
+    """The lake the writer's demo makes (300 commits): bronze, facts, plans, control, silver
+    and reconcile of its three tables, each bootstrapped by a chunked snapshot."""
+    directory = tmp_path_factory.mktemp("demo")
+    subprocess.run(
+        [writer_binary(), "demo", "--dir", str(directory), "--commits", "300"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return directory / "lake"
+
+
 def workload_database(directory, *workload: str) -> None:
     """A simulated database with empty sample tables, then `sim run` with these flags."""
     run("sim", "init", str(directory), "--customers", "0", "--orders", "0")

@@ -12,7 +12,6 @@ from decimal import Decimal
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import pytest
 from conftest import (
     change_rows,
     journal_rows,
@@ -57,23 +56,11 @@ FACTS_COLUMNS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("demo")
-    subprocess.run(
-        [writer_binary(), "demo", "--dir", str(directory), "--commits", "300"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return directory / "lake"
-
-
 def test_tables_carry_their_schema_version_and_comments(lake):
     for name, version in [
         ("bronze_orders", "2"),
         ("bronze_customers", "2"),
-        ("facts", "12"),
+        ("facts", "13"),
         ("control", "6"),
         ("reconcile", "1"),
     ]:
@@ -246,6 +233,23 @@ def test_the_data_loss_demo_heals_by_resnapshot_and_its_tables_say_how(tmp_path)
     kinds = {row["min_lsn"]: json.loads(row["detail"])["kind"] for row in opens}
     assert kinds[loss["max_lsn"]] == "resnapshot"
     assert sorted(kinds.values()) == ["bootstrap", "resnapshot"]
+    # As the seed's: the healing open carries the gap, from the stream's position to the
+    # commit time of the min_lsn cleanup had reached (at or before S's, the data_loss row's
+    # end), and its completion copies it; no other open has one.
+    for row in opens:
+        if row["min_lsn"] != loss["max_lsn"]:
+            assert (row["lost_from_ts"], row["lost_to_ts"]) == (None, None)
+            continue
+        gap = (row["lost_from_ts"], row["lost_to_ts"])
+        assert row["lost_from_ts"] == loss["lost_from_ts"]
+        assert row["lost_to_ts"] is not None and row["lost_to_ts"] <= loss["lost_to_ts"]
+    completed = resnapshot.to_pylist()[0]
+    assert (completed["lost_from_ts"], completed["lost_to_ts"]) == gap
+    # Event rows count no change: 0, as the seed writes them.
+    for row in facts.to_pylist():
+        if row["event"] is not None:
+            counts = (row["deletes"], row["inserts"], row["updates"])
+            assert counts == (0, 0, 0), row
     # Every snapshot payload has the keys and value types the seed's readers take
     # (mssql_cdc.payloads, the seed library's own TypedDicts).
     for row in facts.to_pylist():

@@ -21,6 +21,25 @@ def keyed_rows(rows):
     )
 
 
+def run_available_now(spark, server, sink, checkpoint, **options):
+    """One `trigger(availableNow=True)` run of a stream of dbo.orders into Parquet at `sink`,
+    to its end; the finished query."""
+    stream = spark.readStream.format("mssql_cdc_flight").option("server", server)
+    for key, value in {"table": "dbo.orders", **options}.items():
+        stream = stream.option(key, value)
+    query = (
+        stream.load()
+        .writeStream.format("parquet")
+        .option("path", str(sink))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    return query
+
+
 def reader(spark, server, **options):
     read = spark.read.format("mssql_cdc_flight").option("server", server)
     for key, value in {"table": "dbo.orders", **options}.items():
@@ -105,23 +124,7 @@ def test_a_stream_stopped_and_restarted_while_a_workload_runs_lands_every_change
     sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
 
     def run_stream_once():
-        stream = (
-            spark.readStream.format("mssql_cdc_flight")
-            .option("server", url)
-            .option("table", "dbo.orders")
-            .option("numPartitions", "2")
-            .load()
-        )
-        query = (
-            stream.writeStream.format("parquet")
-            .option("path", str(sink))
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(300)
-        assert query.exception() is None, query.exception()
-        return query
+        return run_available_now(spark, url, sink, checkpoint, numPartitions="2")
 
     try:
         first = run_stream_once()
@@ -151,5 +154,33 @@ def test_a_stream_stopped_and_restarted_while_a_workload_runs_lands_every_change
         landed = spark.read.parquet(str(sink)).collect()
         assert keyed_rows(landed) == journal_rows(journal, "dbo.orders")
         assert len(landed) > 300
+    finally:
+        stop_server(process)
+
+
+def test_an_available_now_run_capped_per_batch_reads_every_change_in_many_batches(spark, tmp_path):
+    """Spark 4.2's admission control: `maxCommitsPerBatch` caps each batch, the first one
+    after the start included, and `trigger(availableNow=True)` reads batch after batch until
+    the `max_lsn` the run began at (on Spark 4.0 a capped run read one batch)."""
+    from mssql_cdc_flight.spark import HAS_ADMISSION_CONTROL
+
+    assert HAS_ADMISSION_CONTROL, "requirements-test.txt pins a pyspark with admission control"
+    directory, journal = tmp_path / "db", tmp_path / "journal.jsonl"
+    workload_database(directory, "--commits", "120", "--seed", "12", "--journal", str(journal))
+    process, url = start_server(directory)
+    sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+    try:
+        query = run_available_now(spark, url, sink, checkpoint, maxCommitsPerBatch="25")
+        batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
+        landed = spark.read.parquet(str(sink)).collect()
+        assert keyed_rows(landed) == journal_rows(journal, "dbo.orders")
+        # At most 25 commits per batch: at least one batch per 25 of the table's commits.
+        commits = len({row["_start_lsn"] for row in landed})
+        assert commits > 50
+        assert len(batches) >= -(-commits // 25), (commits, len(batches))
+        for progress in batches:
+            source = progress["sources"][0]
+            start, end = source["startOffset"], source["endOffset"]
+            assert start is None or start != end
     finally:
         stop_server(process)

@@ -95,7 +95,21 @@ pub fn to_batch(rows: &[FactsRow]) -> Result<RecordBatch> {
     let mut decoder = arrow::json::ReaderBuilder::new(schema.clone())
         .with_strict_mode(true)
         .build_decoder()?;
-    decoder.serialize(rows)?;
+    // An event row changes no row: its counts are 0, as the seed's `event_row` and
+    // `write_event` write them, where its writer left them unset.
+    let rows: Vec<FactsRow> = rows
+        .iter()
+        .map(|row| {
+            let mut row = row.clone();
+            if row.event.is_some() {
+                for count in [&mut row.deletes, &mut row.inserts, &mut row.updates] {
+                    count.get_or_insert(0);
+                }
+            }
+            row
+        })
+        .collect();
+    decoder.serialize(&rows)?;
     Ok(decoder
         .flush()?
         .unwrap_or_else(|| RecordBatch::new_empty(schema)))
@@ -123,6 +137,32 @@ mod tests {
             "min_lsn unknown stays NULL"
         );
         assert!(to_batch(&[]).expect("empty").num_rows() == 0);
+    }
+
+    #[test]
+    fn an_event_row_counts_no_change_and_a_batch_row_keeps_what_it_counted() {
+        use arrow::array::{Array, AsArray};
+        use arrow::datatypes::Int64Type;
+        let event = FactsRow {
+            event: Some("snapshot_open".into()),
+            ..FactsRow::default()
+        };
+        let batch_row = FactsRow {
+            batch_id: Some(1),
+            ..FactsRow::default()
+        };
+        let batch = to_batch(&[event, batch_row]).expect("batch");
+        for name in ["deletes", "inserts", "updates"] {
+            let counts = batch
+                .column_by_name(name)
+                .expect(name)
+                .as_primitive::<Int64Type>();
+            assert_eq!(counts.value(0), 0, "{name} of an event row");
+            assert!(
+                counts.is_null(1),
+                "{name} of a batch row left unset stays NULL"
+            );
+        }
     }
 
     #[test]

@@ -672,7 +672,7 @@ impl Stream {
                 .find(|event| event.event == mssql_cdc_proto::protocol::CAPTURE_INSTANCE_SWITCHED)
         {
             // Before the batch's commits: a replay after a crash finds this snapshot open.
-            let snapshot = self.snapshots()?.open_resnapshot().await?;
+            let snapshot = self.snapshots()?.open_on_switch(record.batch_id).await?;
             tracing::info!(table = %self.config.table, %snapshot, switch = %switch.detail,
                 "a newer capture instance is active: re-snapshot opened (snapshot_on_switch)");
         }

@@ -131,7 +131,8 @@ impl TableKind {
     pub fn schema_version(self) -> u32 {
         match self {
             TableKind::Bronze => 2,
-            TableKind::Facts => 12,
+            // 13: the seed's "key values in the plans table" (its 0.7.0 layout of them).
+            TableKind::Facts => 13,
             TableKind::Control => 6,
             TableKind::Plans => 1,
             TableKind::Silver => 1,
@@ -346,7 +347,7 @@ impl TableKind {
                 column(
                     "detail",
                     T::STRING,
-                    "schema_change: DDL text; capture_instance_switched: old -> new; JSON payloads for snapshot and data_skipped events; micro-batch: {\"warnings\": [...]} when there are warnings",
+                    "schema_change: DDL text; capture_instance_switched: old -> new; JSON payloads for snapshot and data_skipped events, a chunked snapshot's key values in the plans table beside bronze (<bronze>_snapshot_plans, each row's detail whole); micro-batch: {\"warnings\": [...]} when there are warnings",
                     6,
                 ),
                 column("target", T::STRING, "the bronze table written", 0),

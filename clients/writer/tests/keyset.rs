@@ -70,6 +70,23 @@ async fn snapshot_rows(
 }
 
 /// Plans rows of one event, as JSON.
+/// What this writer reads of a plans row: nested under `extent` (open) and `planned` (plan,
+/// chunk) beside the seed's keys (the writer's `snapshot::seed_layout`).
+fn ours(row: serde_json::Value) -> serde_json::Value {
+    if let Some(extent) = row.get("extent").filter(|extent| extent.is_object()) {
+        return extent.clone();
+    }
+    match row.get("planned").cloned() {
+        Some(serde_json::Value::Array(chunks)) => serde_json::json!({"chunks": chunks}),
+        Some(mut chunk @ serde_json::Value::Object(_)) => {
+            chunk["wave"] = row["wave"].clone();
+            chunk
+        }
+        _ => row,
+    }
+}
+
+/// Our part ([`ours`]) of every plans row of `event`.
 async fn plans_rows(bronze: &str, event: &str) -> Vec<serde_json::Value> {
     let batches = query(
         &snapshot::plans_location(bronze),
@@ -79,7 +96,8 @@ async fn plans_rows(bronze: &str, event: &str) -> Vec<serde_json::Value> {
     let mut rows = Vec::new();
     for batch in &batches {
         for row in 0..batch.num_rows() {
-            rows.push(serde_json::from_str(&text(batch, 0, row).expect("detail")).expect("json"));
+            let detail = serde_json::from_str(&text(batch, 0, row).expect("detail"));
+            rows.push(ours(detail.expect("json")));
         }
     }
     rows
@@ -355,7 +373,8 @@ async fn each_resnapshot_wave_on_a_datetime2_key_deletes_the_keys_its_chunks_lac
     })
     .filter(|chunk| chunk["wave"] == 1)
     .map(|chunk| {
-        let bound = |value: &serde_json::Value| value[0].as_str().map(str::to_string);
+        // The seed's bound of one key column: the value itself.
+        let bound = |value: &serde_json::Value| value.as_str().map(str::to_string);
         (bound(&chunk["lo"]), bound(&chunk["hi"]))
     })
     .collect();

@@ -767,7 +767,9 @@ async fn the_chunks_of_a_chunked_snapshot_are_checked_against_facts_plans_and_br
         serde_json::from_str(&common::text(&plans_rows[0], 0, 0).expect("detail")).expect("json");
     let lo = detail["lo"].as_i64().expect("an integer plan");
     let mut moved = detail.clone();
+    // The seed's bound and the writer's own chunk (`planned`) alike.
     moved["lo"] = serde_json::json!(lo - 5);
+    moved["planned"]["lo"] = serde_json::json!(lo - 5);
     update_lake(
         &plans,
         "event = 'snapshot_chunk' AND detail LIKE '%\"chunk\":3,%'",

@@ -88,7 +88,7 @@ async fn available_now_writes_every_change_once_with_facts_and_verdict() {
             .unknown_properties
             .get(SCHEMA_VERSION_KEY)
             .map(String::as_str),
-        Some("12")
+        Some("13")
     );
     // Nothing new: another run writes nothing.
     let again = run_now(config).await;

@@ -164,12 +164,17 @@ class Client:
             self.action("initial_offset", {"table": table, "starting": starting})
         )
 
-    def latest_offset(self, start: OffsetLike, max_commits: int | None = None) -> Offset:
-        """The end of the next range after ``start``: ``max_lsn``, capped at ``max_commits``
-        commits (the seed's ``maxCommitsPerBatch``); ``start`` itself when nothing is newer."""
+    def latest_offset(
+        self, start: OffsetLike, max_commits: int | None = None, upper: str | None = None
+    ) -> Offset:
+        """The end of the next range after ``start``: ``max_lsn`` (or ``upper``, an LSN the
+        range may not pass: an available-now run's target), capped at ``max_commits`` commits
+        (the seed's ``maxCommitsPerBatch``); ``start`` itself when nothing is newer."""
         body: dict[str, Any] = {"start": _offset(start).to_dict()}
         if max_commits is not None:
             body["max_commits"] = max_commits
+        if upper is not None:
+            body["upper"] = upper
         return Offset.from_json(self.action("latest_offset", body))
 
     def wait_for_commits(self, after: OffsetLike, timeout: float = 10.0) -> bool:

@@ -27,7 +27,8 @@ Options (the seed library's names where they mean the same thing):
   an LSN already processed, or an offset's JSON; the end defaults to the latest;
 - ``snapshot`` = ``true``: the table's current rows instead of changes;
 - ``startingOffsets`` for streams (``earliest`` default, ``latest``, an LSN or an offset's
-  JSON) and ``maxCommitsPerBatch``;
+  JSON) and ``maxCommitsPerBatch`` (on Spark 4.2+ Spark's admission control: every batch
+  capped, and ``trigger(availableNow=True)`` reads batch after batch up to where it began);
 - ``numPartitions`` (default 4): endpoints per capture instance; ``columns`` or
   ``exceptColumns`` (comma separated; the server leaves the latter out, matched ignoring
   case), ``includeCommandId`` (default true), ``batchRows``, ``compression``,
@@ -53,6 +54,18 @@ from pyspark.sql.types import StructType
 
 from .client import Client, Endpoint, Plan, connect
 from .offset import Offset
+
+try:  # Spark 4.2+: admission control and Trigger.AvailableNow for Python sources (SPARK-55304)
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+
+    HAS_ADMISSION_CONTROL = True
+except ImportError:  # Spark 4.0 and 4.1
+    HAS_ADMISSION_CONTROL = False
 
 NAME = "mssql_cdc_flight"
 
@@ -239,6 +252,8 @@ class CdcFlightDataSource(DataSource):
         return BatchReader(self.settings, self._plan())
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if HAS_ADMISSION_CONTROL:
+            return AdmittingStreamReader(self.settings, self.lower, self.partitions)
         return StreamReader(self.settings, self.lower, self.partitions)
 
 
@@ -258,14 +273,15 @@ class BatchReader(DataSourceReader):
 
 
 class StreamReader(DataSourceStreamReader):
-    """A stream: offsets are :class:`Offset` JSON, each micro-batch the range ``(start, end]``
-    planned on the driver with one partition per endpoint.
+    """A stream on Spark 4.0 and 4.1: offsets are :class:`Offset` JSON, each micro-batch the
+    range ``(start, end]`` planned on the driver with one partition per endpoint.
 
     ``latestOffset`` is capped at ``maxCommitsPerBatch`` commits after the end of the last
     batch this reader planned; the first batch after a restart from a checkpoint, whose start
-    this reader has not seen yet, reads up to ``max_lsn``. Spark 4.0's Python API has no
+    this reader has not seen yet, reads up to ``max_lsn``. These releases' Python API has no
     admission control: under ``trigger(availableNow=True)`` Spark asks ``latestOffset`` once
-    per run, so a capped run reads one batch. Leave ``maxCommitsPerBatch`` unset there.
+    per run, so a capped run reads one batch. Leave ``maxCommitsPerBatch`` unset there; Spark
+    4.2 reads with :class:`AdmittingStreamReader` instead.
     """
 
     def __init__(self, settings: Settings, lower: dict[str, str], partitions: int) -> None:
@@ -309,3 +325,38 @@ class StreamReader(DataSourceStreamReader):
 
     def commit(self, end: dict) -> None:
         self.last_end = Offset.from_json(end)
+
+
+if HAS_ADMISSION_CONTROL:
+
+    class AdmittingStreamReader(StreamReader, SupportsTriggerAvailableNow):
+        """A stream on Spark 4.2+, with admission control: Spark hands ``latestOffset`` the
+        batch's start and a limit, so every batch, the first after a restart included, holds
+        at most ``maxCommitsPerBatch`` commits; under ``trigger(availableNow=True)`` a run
+        reads batch after batch up to the ``max_lsn`` it started at, then stops.
+
+        ``maxCommitsPerBatch`` travels as a ``ReadMaxRows`` counting commits, as the seed's
+        reader does: Python sources take only Spark's own limits, and a batch ends on a commit
+        boundary."""
+
+        def __init__(self, settings: Settings, lower: dict[str, str], partitions: int) -> None:
+            super().__init__(settings, lower, partitions)
+            self.target: Offset | None = None
+
+        def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - Spark's name
+            if self.max_commits:
+                return ReadMaxRows(self.max_commits)
+            return ReadAllAvailable()
+
+        def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - Spark's name
+            with self.settings.client() as client:
+                self.target = client.initial_offset(self.settings.table, starting="latest")
+
+        def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
+            begin = Offset.from_json(start)
+            if self.target is not None and self.target.lsn <= begin.lsn:
+                return begin.to_dict()  # AvailableNow: its target reached, the run ends
+            cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+            upper = self.target.lsn if self.target is not None else None
+            with self.settings.client() as client:
+                return client.latest_offset(begin, cap, upper=upper).to_dict()

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, WriterError};
 use crate::events;
 use crate::facts;
-use crate::snapshot::{PlannedChunk, SnapshotMode, plans_location};
+use crate::snapshot::{PlannedChunk, SnapshotMode, plans_location, seed_layout};
 use crate::tables;
 
 /// What a chunk check found wrong.
@@ -153,15 +153,16 @@ pub(super) async fn check(
         match row[0].as_deref() {
             Some(events::SNAPSHOT_PLAN) => {
                 plan = Some(
-                    serde_json::from_value(detail["chunks"].clone()).map_err(|error| {
-                        WriterError::Internal(format!("the plan's chunks: {error}"))
-                    })?,
+                    serde_json::from_value(seed_layout::plan_chunks(&detail).clone()).map_err(
+                        |error| WriterError::Internal(format!("the plan's chunks: {error}")),
+                    )?,
                 );
             }
             Some(events::SNAPSHOT_CHUNK) => {
-                let chunk: PlannedChunk = serde_json::from_value(detail).map_err(|error| {
-                    WriterError::Internal(format!("a chunk's plans row: {error}"))
-                })?;
+                let chunk: PlannedChunk = serde_json::from_value(
+                    seed_layout::chunk_of(&detail).clone(),
+                )
+                .map_err(|error| WriterError::Internal(format!("a chunk's plans row: {error}")))?;
                 read.insert(chunk.chunk, chunk);
             }
             _ => {}

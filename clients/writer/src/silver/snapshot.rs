@@ -132,15 +132,20 @@ pub(super) async fn range_deletes(
     let Some(kind) = details
         .iter()
         .filter(|(event, _)| event == events::SNAPSHOT_OPEN)
-        .find_map(|(_, open)| RangeKey::of_open(open, key))
+        .find_map(|(_, open)| {
+            RangeKey::of_open(crate::snapshot::seed_layout::open_extent(open), key)
+        })
     else {
         return Ok(None);
     };
     let k = quote(key);
     let mut stale = Vec::new();
     for (chunk, _, stamp) in new_chunks {
-        let Some((_, planned)) = details.iter().find(|(event, detail)| {
-            event == events::SNAPSHOT_CHUNK && detail["chunk"].as_i64() == Some(i64::from(*chunk))
+        let Some(planned) = details.iter().find_map(|(event, detail)| {
+            let planned = crate::snapshot::seed_layout::chunk_of(detail);
+            (event == events::SNAPSHOT_CHUNK
+                && planned["chunk"].as_i64() == Some(i64::from(*chunk)))
+            .then_some(planned)
         }) else {
             continue;
         };

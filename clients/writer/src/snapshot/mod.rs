@@ -31,6 +31,7 @@ mod plan;
 mod read;
 mod recorded;
 mod seed;
+pub(crate) mod seed_layout;
 mod status;
 mod wave;
 
@@ -293,6 +294,12 @@ impl PlansRows {
             .map(|(_, detail)| detail)
     }
 
+    /// Our extent of the last `snapshot_open` row.
+    fn open_extent(&self) -> Option<&serde_json::Value> {
+        self.last(events::SNAPSHOT_OPEN)
+            .map(seed_layout::open_extent)
+    }
+
     /// The chunks recorded for `wave`.
     fn wave(&self, wave: i64) -> Vec<PlannedChunk> {
         self.0
@@ -300,7 +307,9 @@ impl PlansRows {
             .filter(|(name, detail)| {
                 name == events::SNAPSHOT_CHUNK && detail["wave"].as_i64() == Some(wave)
             })
-            .filter_map(|(_, detail)| serde_json::from_value(detail.clone()).ok())
+            .filter_map(|(_, detail)| {
+                serde_json::from_value(seed_layout::chunk_of(detail).clone()).ok()
+            })
             .collect()
     }
 }

@@ -2,14 +2,14 @@
 //! (or the keyset and its largest key) recorded in the plans table with a `snapshot_open`
 //! facts row, before any chunk is read; the stream may start at S at once.
 
-use mssql_cdc_proto::Lsn;
 use mssql_cdc_proto::catalog::KeyExtent;
 use mssql_cdc_proto::protocol::KeyMaxAnswer;
+use mssql_cdc_proto::{CommitTime, Lsn};
 use serde_json::json;
 
 use super::recorded::Recorded;
 use super::status::{SnapshotState, state};
-use super::{KeysetOpen, SnapshotMode, Snapshots, snapshot_event};
+use super::{KeysetOpen, SnapshotMode, Snapshots, seed_layout, snapshot_event};
 use crate::error::{Result, WriterError};
 use crate::events;
 use crate::facts::FactsRow;
@@ -75,7 +75,7 @@ impl Snapshots {
         if let Some((done, _)) = recorded.completions.iter().max() {
             return Ok(*done);
         }
-        self.open_chunked_generation(&recorded, None, Lost::default())
+        self.open_chunked_generation(&recorded, None, Lost::default(), None)
             .await
     }
 
@@ -92,10 +92,26 @@ impl Snapshots {
         }
         let Some(previous) = recorded.completions.iter().map(|(lsn, _)| *lsn).max() else {
             return self
-                .open_chunked_generation(&recorded, None, Lost::default())
+                .open_chunked_generation(&recorded, None, Lost::default(), None)
                 .await;
         };
-        self.open_chunked_generation(&recorded, Some(previous), Lost::default())
+        self.open_chunked_generation(&recorded, Some(previous), Lost::default(), None)
+            .await
+    }
+
+    /// Opens the chunked snapshot `snapshot_on_switch` takes after batch `batch_id` first read
+    /// a newer capture instance, so that rows unchanged since carry the columns only it
+    /// captures. As the seed's, its open names the batch (`switch_batch_id`) and its kind is
+    /// `bootstrap` (no change was lost), so its completion is a `bootstrap` row; unlike the
+    /// seed's, its S is `max_lsn` now, as any re-snapshot's. An open chunked snapshot is
+    /// returned as it is.
+    pub async fn open_on_switch(&self, batch_id: i64) -> Result<Lsn> {
+        let recorded = self.recorded().await?;
+        if let Some(open) = Self::open_chunked_of(&recorded) {
+            return Ok(open);
+        }
+        let previous = recorded.completions.iter().map(|(lsn, _)| *lsn).max();
+        self.open_chunked_generation(&recorded, previous, Lost::default(), Some(batch_id))
             .await
     }
 
@@ -114,7 +130,7 @@ impl Snapshots {
         }
         self.healing_guard(lost.at.unwrap_or(position)).await?;
         let previous = recorded.completions.iter().map(|(lsn, _)| *lsn).max();
-        self.open_chunked_generation(&recorded, previous, lost)
+        self.open_chunked_generation(&recorded, previous, lost, None)
             .await
     }
 
@@ -124,6 +140,7 @@ impl Snapshots {
         recorded: &Recorded,
         previous: Option<Lsn>,
         lost: Lost,
+        switch_batch_id: Option<i64>,
     ) -> Result<Lsn> {
         let released = self.release_expired_full(recorded.clone()).await?;
         let recorded = &released;
@@ -139,7 +156,8 @@ impl Snapshots {
             )));
         }
         let generation = recorded.generation_of(snapshot);
-        let kind = events::completion(previous.is_some());
+        // A switch's snapshot is a bootstrap, as the seed's: it fills columns, nothing was lost.
+        let kind = events::completion(previous.is_some() && switch_batch_id.is_none());
         // The columns to cut on, checked and typed by the server, and MAX read after S.
         let cut: KeyMaxAnswer = self
             .client
@@ -148,7 +166,7 @@ impl Snapshots {
                 &json!({"table": self.config.table, "keys": self.config.snapshot_keys}),
             )
             .await?;
-        let mut open_detail = match cut.keys.as_slice() {
+        let extent = match cut.keys.as_slice() {
             // One integer unique key: chunks packed from counted slices.
             [key] if cut.unique && key.is_integer() => {
                 let extent: KeyExtent = self
@@ -167,21 +185,32 @@ impl Snapshots {
                 serde_json::to_value(&open).unwrap_or_default()
             }
         };
-        // The columns its waves read: whoever reads them later reads these or none.
-        if let Some(open) = open_detail.as_object_mut() {
-            let serve = self.columns.serve();
-            open.extend([
-                ("columns".to_string(), json!(serve.columns)),
-                ("except_columns".to_string(), json!(serve.except_columns)),
-            ]);
-            open.retain(|_, value| !value.is_null());
+        // The key names live in the plans row: the seed takes a facts open that carries
+        // them for an old release's whole payload.
+        let mut payload = healing_detail(
+            json!({"mode": SnapshotMode::Chunked.as_str(), "kind": kind, "generation": generation,
+                "lost_from_ts": lost.from, "lost_to_ts": lost.to}),
+            &lost,
+        );
+        if let Some(batch_id) = switch_batch_id {
+            payload["switch_batch_id"] = json!(batch_id);
         }
+        // The columns its waves read: whoever reads them later reads these or none.
+        let serve = self.columns.serve();
+        let open_row = seed_layout::open_row(
+            &payload,
+            extent,
+            &[
+                ("columns", json!(serve.columns)),
+                ("except_columns", json!(serve.except_columns)),
+            ],
+        );
         // Plans first: the key values live beside bronze, not in the facts.
         self.append_plans(
             &self.txn("snapopen", snapshot),
             0,
             snapshot,
-            vec![(events::SNAPSHOT_OPEN, open_detail)],
+            vec![(events::SNAPSHOT_OPEN, open_row)],
         )
         .await?;
         // The facts row is the open, keyed by its generation: of two opens racing for one
@@ -192,20 +221,14 @@ impl Snapshots {
                 &format!("{}#{GENERATION_TXN}", self.config.app_id),
                 i64::try_from(generation).unwrap_or(i64::MAX),
                 vec![FactsRow {
-                rows: Some(0),
-                detail: Some(
-                    healing_detail(
-                        // The key names live in the plans row: the seed takes a facts open
-                        // that carries them for an old release's whole payload.
-                        json!({"mode": SnapshotMode::Chunked.as_str(), "kind": kind, "generation": generation,
-                            "lost_from_ts": lost.from, "lost_to_ts": lost.to}),
-                        &lost,
-                    )
-                        .to_string(),
-                ),
-                min_commit_ts: self.time_of(snapshot).await?,
-                ..snapshot_event(events::SNAPSHOT_OPEN, snapshot)
-            }],
+                    rows: Some(0),
+                    detail: Some(payload.to_string()),
+                    min_commit_ts: self.time_of(snapshot).await?,
+                    // As the seed's: the heal's gap on its open row, which its completion copies.
+                    lost_from_ts: lost.from.map(CommitTime::micros),
+                    lost_to_ts: lost.to.map(CommitTime::micros),
+                    ..snapshot_event(events::SNAPSHOT_OPEN, snapshot)
+                }],
             )
             .await?;
         if !opened {

@@ -12,7 +12,9 @@ use mssql_cdc_proto::protocol::KeyBucketsBody;
 use mssql_cdc_proto::selection::ColumnSelection;
 use serde_json::json;
 
-use super::{KeysetOpen, PlannedChunk, PlansRows, Snapshots, keyset_of, plans_location};
+use super::{
+    KeysetOpen, PlannedChunk, PlansRows, Snapshots, keyset_of, plans_location, seed_layout,
+};
 use crate::error::{Result, WriterError};
 use crate::events;
 use crate::facts::FactsRow;
@@ -58,27 +60,19 @@ impl Snapshots {
                 tracing::warn!(planned = %plan["chunk_rows"], asked = chunk_rows,
                     "the snapshot is planned already: its chunk_rows stays");
             }
-            return serde_json::from_value(plan["chunks"].clone())
+            return serde_json::from_value(seed_layout::plan_chunks(plan).clone())
                 .map_err(|error| WriterError::Internal(format!("recorded plan: {error}")));
         }
-        let open = recorded
-            .last(events::SNAPSHOT_OPEN)
-            .cloned()
-            .ok_or_else(|| {
-                WriterError::invalid(format!(
-                    "snapshot {snapshot} has no snapshot_open row in {}: a range without bounds \
+        let open = recorded.open_extent().cloned().ok_or_else(|| {
+            WriterError::invalid(format!(
+                "snapshot {snapshot} has no snapshot_open row in {}: a range without bounds \
                      is never read as the whole table",
-                    plans_location(&self.config.target)
-                ))
-            })?;
+                plans_location(&self.config.target)
+            ))
+        })?;
         // The seed's `snapshot_plan` payload names the extent's kind and the key columns.
-        let (extent_kind, key_names) = match keyset_of(&open)? {
-            Some(keyset) => ("keyset", keyset.names()),
-            None => (
-                "int",
-                vec![open["column"].as_str().unwrap_or_default().to_string()],
-            ),
-        };
+        let (key_names, seed_plan) = seed_layout::seed_extent(&open);
+        let extent_kind = seed_plan["kind"].as_str().unwrap_or("keyset");
         let chunks = match keyset_of(&open)? {
             Some(keyset) => self.plan_keyset(&keyset, chunk_rows).await?,
             None => {
@@ -121,7 +115,7 @@ impl Snapshots {
                 snapshot,
                 vec![(
                     events::SNAPSHOT_PLAN,
-                    json!({"chunk_rows": chunk_rows, "chunk_count": chunks.len(), "chunks": chunks}),
+                    seed_layout::plan_row(snapshot, extent_kind, &key_names, chunk_rows, &chunks),
                 )],
             )
             .await?;
@@ -132,9 +126,11 @@ impl Snapshots {
                 event: Some(events::SNAPSHOT_PLAN.into()),
                 min_lsn: Some(snapshot.to_string()),
                 max_lsn: Some(snapshot.to_string()),
-                rows: Some(chunks.iter().map(|c| c.rows as i64).sum()),
+                // As the seed's: a plan reads no row; its estimate is in the detail.
+                rows: Some(0),
                 detail: Some(
-                    json!({"snapshot": snapshot, "kind": extent_kind, "keys": key_names, "chunk_rows": chunk_rows, "chunk_count": chunks.len()})
+                    json!({"snapshot": snapshot, "kind": extent_kind, "keys": key_names, "chunk_rows": chunk_rows,
+                        "chunk_count": chunks.len(), "planned_rows": chunks.iter().map(|c| c.rows).sum::<u64>()})
                         .to_string(),
                 ),
                 ..FactsRow::default()
@@ -301,7 +297,7 @@ impl Snapshots {
         snapshot: Lsn,
         recorded: &PlansRows,
     ) -> Result<Option<KeysetOpen>> {
-        let Some(open) = recorded.last(events::SNAPSHOT_OPEN) else {
+        let Some(open) = recorded.open_extent() else {
             return Ok(None);
         };
         let keyset = keyset_of(open)?;

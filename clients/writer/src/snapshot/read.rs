@@ -13,7 +13,7 @@ use mssql_cdc_proto::protocol::{ChunkSpec, Completion, SnapshotCommand};
 use serde_json::json;
 
 use super::wave::WaveStage;
-use super::{KeysetOpen, PlannedChunk, Snapshots, poisoned};
+use super::{KeysetOpen, PlannedChunk, Snapshots, poisoned, seed_layout};
 use crate::bronze::{self, BronzeRows};
 use crate::error::{Result, WriterError};
 use crate::tables::{self, TableKind};
@@ -59,6 +59,8 @@ pub(super) struct PendingFiles {
     pub(super) read: SnapshotRead,
     pub(super) total: u64,
     pub(super) metadata: String,
+    /// The capture instance the rows were read under.
+    pub(super) capture_instance: String,
 }
 
 /// Rows and completion markers of a snapshot read, one per endpoint in plan order.
@@ -76,6 +78,7 @@ impl Snapshots {
         snapshot: Lsn,
         wave: i64,
         chunks: &[PlannedChunk],
+        plan_last: Option<i32>,
         keyset: Option<&KeysetOpen>,
     ) -> Result<WaveStage> {
         let bronze_txn = self.txn("snap", snapshot);
@@ -111,9 +114,9 @@ impl Snapshots {
                 .collect(),
         );
         command.keys = keyset.map(KeysetOpen::names);
-        Ok(WaveStage::Read(
-            self.read_files(snapshot, command, wave).await?,
-        ))
+        let mut pending = self.read_files(snapshot, command, wave).await?;
+        pending.metadata = wave_metadata(&bronze_txn, snapshot, wave, chunks, plan_last, &pending);
+        Ok(WaveStage::Read(pending))
     }
 
     /// Reads every endpoint of a snapshot command in parallel into bronze files and commits
@@ -277,20 +280,12 @@ impl Snapshots {
             out.completions.push(completion);
         }
         let total: u64 = out.rows.iter().sum();
+        // A full snapshot's commit; a wave's is the seed's `WaveMetadata` (read_wave_files).
         let metadata = json!({
             "snapshot": plan.metadata.capture_instance,
             "lsn": snapshot,
             "wave": version,
             "rows": total,
-            "chunks": command.chunks.as_ref().map(|chunks| chunks
-                .iter()
-                .zip(out.rows.iter().zip(&out.completions))
-                .map(|(chunk, (rows, completion))| json!({
-                    "chunk": chunk.chunk, "lo": chunk.lo, "hi": chunk.hi, "rows": rows,
-                    "stamp": completion.snapshot_lsn, "high_lsn": completion.max_lsn,
-                    "read_seconds": completion.seconds, "read_mb": completion.bytes as f64 / 1e6,
-                }))
-                .collect::<Vec<_>>()),
         });
         Ok(PendingFiles {
             appender,
@@ -298,6 +293,7 @@ impl Snapshots {
             read: out,
             total,
             metadata: metadata.to_string(),
+            capture_instance: plan.metadata.capture_instance,
         })
     }
 
@@ -317,4 +313,47 @@ impl Snapshots {
         }
         Ok(pending.read)
     }
+}
+
+/// The userMetadata of a wave's bronze commit, the seed's `WaveMetadata`: its transaction
+/// (`backfill`, `wave`), the stamp it read under (`lsn`: its chunks' oldest), an `attempt` id
+/// telling this commit from an earlier attempt's, and each chunk's bounds (the seed's JSON),
+/// rows and read; with ours beside them (the capture instance, the rows, each chunk's stamp).
+fn wave_metadata(
+    txn: &str,
+    snapshot: Lsn,
+    wave: i64,
+    chunks: &[PlannedChunk],
+    plan_last: Option<i32>,
+    pending: &PendingFiles,
+) -> String {
+    let read = &pending.read;
+    let stamps = read.completions.iter().filter_map(|c| c.snapshot_lsn);
+    let described: Vec<serde_json::Value> = chunks
+        .iter()
+        .zip(read.rows.iter().zip(&read.completions))
+        .map(|(chunk, (rows, completion))| {
+            json!({
+                "chunk": chunk.chunk,
+                "lo": seed_layout::seed_bound(chunk.lo.as_ref()),
+                "hi": seed_layout::seed_bound(chunk.hi.as_ref()),
+                "last": Some(chunk.chunk) == plan_last,
+                "rows": rows,
+                "high_lsn": completion.max_lsn,
+                "read_seconds": completion.seconds,
+                "read_mb": completion.bytes as f64 / 1e6,
+                "stamp": completion.snapshot_lsn,
+            })
+        })
+        .collect();
+    json!({
+        "backfill": txn,
+        "wave": wave,
+        "lsn": stamps.min().unwrap_or(snapshot),
+        "attempt": uuid::Uuid::new_v4().to_string(),
+        "chunks": described,
+        "capture_instance": pending.capture_instance,
+        "rows": pending.total,
+    })
+    .to_string()
 }

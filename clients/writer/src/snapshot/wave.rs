@@ -14,7 +14,7 @@ use super::read::PendingFiles;
 use super::recorded::ChunkDone;
 use super::{
     BackfillOptions, BackfillStatus, KeysetOpen, PlannedChunk, PlansRows, SnapshotMode, Snapshots,
-    WaveProgress, micros_now, quoted, snapshot_event,
+    WaveProgress, micros_now, quoted, seed_layout, snapshot_event,
 };
 use crate::error::{Result, WriterError};
 use crate::events;
@@ -171,6 +171,7 @@ impl Snapshots {
         tracing::debug!(%snapshot, chunks = plan.len(), ms = planning.elapsed().as_millis() as u64,
             "backfill planned");
         let total = plan.len() as u64;
+        let plan_last = plan.last().map(|chunk| chunk.chunk);
         let partitions = self.config.partitions.max(1) as usize;
         let mut rounds = 1usize;
         let mut waves_read = 0u32;
@@ -260,7 +261,7 @@ impl Snapshots {
                     Some((wave, chunks)) => {
                         let clock = Instant::now();
                         let stage = self
-                            .read_wave_files(snapshot, *wave, chunks, keyset.as_ref())
+                            .read_wave_files(snapshot, *wave, chunks, plan_last, keyset.as_ref())
                             .await?;
                         tracing::debug!(wave, ms = clock.elapsed().as_millis() as u64, "wave read");
                         Ok(Some((stage, clock.elapsed())))
@@ -358,12 +359,13 @@ impl Snapshots {
         {
             last.hi = self.last_bound(keyset).await?.map(Bound::Keys);
         }
+        let plan_last = remaining.last().map(|chunk| chunk.chunk);
         let rows = chunks
             .iter()
             .map(|chunk| {
-                let mut detail = serde_json::to_value(chunk).unwrap_or_default();
-                detail["wave"] = json!(wave);
-                (events::SNAPSHOT_CHUNK, detail)
+                let last = Some(chunk.chunk) == plan_last;
+                let row = seed_layout::chunk_row(snapshot, wave, chunk, last);
+                (events::SNAPSHOT_CHUNK, row)
             })
             .collect();
         if self
@@ -453,6 +455,7 @@ impl Snapshots {
         resnapshot: bool,
     ) -> Result<()> {
         let event = events::completion(resnapshot);
+        let (lost_from_ts, lost_to_ts) = self.lost_of_open(snapshot).await?;
         let rows: u64 = done.iter().map(|chunk| chunk.rows).sum();
         let last_lsn = done
             .iter()
@@ -468,12 +471,32 @@ impl Snapshots {
                     json!({"mode": SnapshotMode::Chunked.as_str(), "snapshot": snapshot, "chunks": plan.len(), "rows": rows, "last_lsn": last_lsn})
                         .to_string(),
                 ),
+                lost_from_ts,
+                lost_to_ts,
                 ..snapshot_event(event, snapshot)
             }],
         )
         .await?;
         tracing::info!(table = %self.config.table, %snapshot, rows, event, "chunked snapshot complete");
         Ok(())
+    }
+
+    /// The gap a healing open at `snapshot` recorded (`lost_from_ts`, `lost_to_ts`), which its
+    /// completion row carries too, as the seed's does; `None`s for any other open.
+    async fn lost_of_open(&self, snapshot: Lsn) -> Result<(Option<i64>, Option<i64>)> {
+        let rows = self
+            .facts
+            .query_text(&format!(
+                "SELECT CAST(lost_from_ts AS BIGINT), CAST(lost_to_ts AS BIGINT) FROM t \
+                 WHERE app_id = '{}' AND event = '{}' AND min_lsn = '{snapshot}'",
+                quoted(&self.config.app_id),
+                events::SNAPSHOT_OPEN,
+            ))
+            .await?;
+        let micros = |value: &Option<String>| value.as_deref().and_then(|text| text.parse().ok());
+        Ok(rows
+            .first()
+            .map_or((None, None), |row| (micros(&row[0]), micros(&row[1]))))
     }
 
     pub(super) async fn held_by_bronze(&self, txn: &str, version: i64) -> Result<bool> {

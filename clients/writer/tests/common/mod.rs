@@ -465,10 +465,16 @@ pub fn run_orders_workload(writer: &mut SimWriter, commits: u64, mix: workload::
 /// `dbo_orders_v2` capturing every column (the DBA's switch); returns the writer for the
 /// changes after it.
 pub fn add_discount_and_switch(lab: &Lab, seed: u64) -> SimWriter {
+    add_column_and_switch(lab, seed, "discount", "decimal(9,2)")
+}
+
+/// A DBA's `ALTER TABLE dbo.orders ADD <name> <sql_type> NULL` and a second capture
+/// instance `dbo_orders_v2` capturing every column; returns the lab's writer to go on with.
+pub fn add_column_and_switch(lab: &Lab, seed: u64, name: &str, sql_type: &str) -> SimWriter {
     let orders: mssql_cdc_flight::source::TableName = "dbo.orders".parse().expect("table");
     let mut writer = lab.writer(seed);
     writer
-        .add_column(&orders, "discount", "decimal(9,2)", true)
+        .add_column(&orders, name, sql_type, true)
         .expect("ddl");
     let columns = lab.db.columns_of(&orders).expect("columns");
     writer
