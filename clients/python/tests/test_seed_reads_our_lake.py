@@ -9,10 +9,12 @@ machines do not reach (docs/design-notes.md). Its two reading primitives,
 package's reader instead; every query after them is the seed's own."""
 
 import json
+import subprocess
 from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pytest
+from conftest import writer_binary
 from deltalake import DeltaTable
 
 # The demo's tables by the key silver keeps one row per (the unique index CDC uses).
@@ -74,56 +76,88 @@ def facts_targets(lake):
     return sorted({row["target"] for row in facts.to_pylist() if row["event"] == "snapshot_open"})
 
 
-def test_the_seeds_facts_and_plans_readers_read_every_chunked_snapshot_whole(seed, spark, lake):
+def read_chunked_snapshots(seed, spark, lake, target):
+    """Every chunked snapshot of `target` as the seed's readers find it, checked whole: its
+    open's payload, its plan tiling the key, every chunk read once with the plan's bounds, and
+    its completion. Returns `(info, completion row)` of each, by S."""
     events, _, silver = seed
+    columns = ["event", "detail", "min_lsn", "max_lsn", "lost_from_ts", "lost_to_ts"]
+    rows = events.read(spark, str(lake / "facts"), target, SNAPSHOT_EVENTS, columns)
+    opens = events.chunked_opens(rows)
+    assert opens, f"{target}: the seed finds its chunked open"
+    completed = events.completions(rows)
+    found = {}
+    for open_row in opens:
+        s = open_row["max_lsn"]
+        kept = events.plans(spark, target, s)
+        info = kept.whole("snapshot_open", json.loads(open_row["detail"]))
+        assert info["mode"] == "chunked" and info["kind"] in ("bootstrap", "resnapshot")
+        assert info["keys"] and all(isinstance(key, str) for key in info["keys"])
+        extent = info["plan"]
+        if extent["kind"] == "int":
+            assert len(info["keys"]) == 1 and extent["lo"] <= extent["hi"]
+            assert isinstance(extent["rows"], int)
+        else:
+            assert extent["kind"] == "keyset" and "max" in extent
+        plan = events.plan_of(rows, s, kept)
+        assert plan is not None, f"{target}: the seed finds the plan of {s}"
+        assert plan["kind"] == extent["kind"] and plan["keys"] == info["keys"]
+        pairs = plan["chunks"]
+        assert len(pairs) == plan["chunk_count"] > 0
+        # The seed's tiling: the first chunk open below, each starting where the one before
+        # it ended.
+        assert pairs[0][0] is None
+        for before, after in zip(pairs, pairs[1:], strict=False):
+            assert before[1] == after[0], f"{target}: {before} then {after}"
+        announced = [r for _, r in events.chunks_of(rows, s)]
+        chunks = silver._chunks(announced, kept)
+        assert sorted(chunks) == list(range(len(pairs))), "every chunk read once"
+        for index, chunk in chunks.items():
+            assert chunk.lo == pairs[index][0]
+            last = index == len(pairs) - 1
+            # A keyset plan's last chunk, open when planned, ends where it was sought.
+            assert chunk.hi == pairs[index][1] or (last and pairs[index][1] is None)
+            assert chunk.stamp >= s
+        assert s in completed, f"{target}: the seed sees {s} complete"
+        done = [r for r in rows if r["event"] in ("bootstrap", "resnapshot") and r["max_lsn"] == s]
+        found[s] = (info, done[0])
+    return found
+
+
+def test_the_seeds_facts_and_plans_readers_read_every_chunked_snapshot_whole(seed, spark, lake):
     targets = facts_targets(lake)
     assert len(targets) == 3, "the demo's three tables each opened a chunked snapshot"
     kinds = set()
     for target in targets:
-        rows = events.read(
-            spark,
-            str(lake / "facts"),
-            target,
-            SNAPSHOT_EVENTS,
-            ["event", "detail", "min_lsn", "max_lsn"],
-        )
-        opens = events.chunked_opens(rows)
-        assert opens, f"{target}: the seed finds its chunked open"
-        completed = events.completions(rows)
-        for open_row in opens:
-            s = open_row["max_lsn"]
-            kept = events.plans(spark, target, s)
-            info = kept.whole("snapshot_open", json.loads(open_row["detail"]))
-            assert info["mode"] == "chunked" and info["kind"] in ("bootstrap", "resnapshot")
-            assert info["keys"] and all(isinstance(key, str) for key in info["keys"])
-            extent = info["plan"]
-            kinds.add(extent["kind"])
-            if extent["kind"] == "int":
-                assert len(info["keys"]) == 1 and extent["lo"] <= extent["hi"]
-                assert isinstance(extent["rows"], int)
-            else:
-                assert extent["kind"] == "keyset" and "max" in extent
-            plan = events.plan_of(rows, s, kept)
-            assert plan is not None, f"{target}: the seed finds the plan of {s}"
-            assert plan["kind"] == extent["kind"] and plan["keys"] == info["keys"]
-            pairs = plan["chunks"]
-            assert len(pairs) == plan["chunk_count"] > 0
-            # The seed's tiling: the first chunk open below, each starting where the one
-            # before it ended.
-            assert pairs[0][0] is None
-            for before, after in zip(pairs, pairs[1:], strict=False):
-                assert before[1] == after[0], f"{target}: {before} then {after}"
-            announced = [r for _, r in events.chunks_of(rows, s)]
-            chunks = silver._chunks(announced, kept)
-            assert sorted(chunks) == list(range(len(pairs))), "every chunk read once"
-            for index, chunk in chunks.items():
-                assert chunk.lo == pairs[index][0]
-                last = index == len(pairs) - 1
-                # A keyset plan's last chunk, open when planned, ends where it was sought.
-                assert chunk.hi == pairs[index][1] or (last and pairs[index][1] is None)
-                assert chunk.stamp >= s
-            assert s in completed, f"{target}: the seed sees {s} complete"
+        for info, _ in read_chunked_snapshots(seed, spark, lake, target).values():
+            kinds.add(info["plan"]["kind"])
     assert kinds == {"int", "keyset"}, "an integer key and a composite text key"
+
+
+def test_the_seeds_readers_find_a_heals_gap_on_its_open_and_its_resnapshot_row(
+    seed, spark, tmp_path
+):
+    """The data-loss demo: a purge healed by a chunked re-snapshot. The seed reads the gap
+    from the healing open's payload and from its 'resnapshot' row's lost_* columns."""
+    subprocess.run(
+        [writer_binary(), "demo", "--scenario", "data-loss", "--dir", str(tmp_path)]
+        + ["--commits", "200"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    lake = tmp_path / "lake"
+    [target] = facts_targets(lake)
+    found = read_chunked_snapshots(seed, spark, lake, target)
+    kinds = sorted(info["kind"] for info, _ in found.values())
+    assert kinds == ["bootstrap", "resnapshot"]
+    for info, done in found.values():
+        if info["kind"] == "bootstrap":
+            assert done["event"] == "bootstrap" and done["lost_to_ts"] is None
+            continue
+        assert done["event"] == "resnapshot"
+        assert info["lost_to_ts"] is not None, info
+        assert done["lost_to_ts"] is not None, done
 
 
 def test_the_seeds_verdict_reads_give_our_control_tables_verdict(seed, spark, lake):

@@ -706,6 +706,49 @@ async fn a_purge_while_a_chunked_snapshot_is_open_is_healed_by_a_newer_generatio
     );
 }
 
+/// A purge met while a snapshot that is not a heal is open past it (here a switch's
+/// bootstrap) is healed by that snapshot: its completion is then a `resnapshot` row carrying
+/// the gap from the `data_loss` row, as the seed's readers look for a heal's gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_healed_by_a_snapshot_already_open_completes_it_as_a_resnapshot_with_the_gap() {
+    let lab = Lab::new().await;
+    workload(&lab, 66, 150, churn());
+    let mut config = stream_config(&lab);
+    config.on_data_loss = mssql_cdc_writer::data_loss::OnDataLoss::Resnapshot;
+    let (_, snapshots) = chunked_bootstrap(&mut config).await;
+    read_all(&snapshots, &WHOLE).await;
+    run_now(config.clone()).await;
+    purged_gap(&lab, 67).await;
+    let open = snapshots
+        .open_on_switch(7)
+        .await
+        .expect("a switch's snapshot");
+    run_now(config.clone()).await;
+    let state = snapshot::state(&config).await.expect("state");
+    assert_eq!(
+        state.status.snapshot,
+        Some(open),
+        "the open snapshot heals the purge"
+    );
+    read_all(&snapshots, &WHOLE).await;
+    run_now(config.clone()).await;
+    let completed = common::query(
+        &lab.lake("facts"),
+        &format!(
+            "SELECT event, CAST(lost_to_ts AS BIGINT) AS lost_to FROM t WHERE min_lsn = '{open}' \
+             AND event IN ('bootstrap', 'resnapshot')"
+        ),
+    )
+    .await;
+    assert_eq!(
+        common::text(&completed[0], 0, 0).as_deref(),
+        Some("resnapshot")
+    );
+    assert!(common::text(&completed[0], 1, 0).is_some(), "the gap's end");
+    assert!(apply(&lab).await.rebuilt);
+    assert_in_step(&lab, "healed by the snapshot already open").await;
+}
+
 /// The seed's anti-loop guard: a second purge met within `resnapshot_interval_days` of the
 /// first heal stops the table, naming the setting (a rerun stops again: nothing was opened);
 /// the operator's rerun with the guard at 0 heals it; a guard shorter than the time since the

@@ -341,7 +341,7 @@ if HAS_ADMISSION_CONTROL:
 
         def __init__(self, settings: Settings, lower: dict[str, str], partitions: int) -> None:
             super().__init__(settings, lower, partitions)
-            self.target: Offset | None = None
+            self.target: str | None = None  # an available-now run's max_lsn at its start
 
         def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - Spark's name
             if self.max_commits:
@@ -350,13 +350,13 @@ if HAS_ADMISSION_CONTROL:
 
         def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - Spark's name
             with self.settings.client() as client:
-                self.target = client.initial_offset(self.settings.table, starting="latest")
+                # The source's max_lsn, as the seed's: nothing committed after the run began.
+                self.target = client.action("max_lsn", {})["lsn"] or ""
 
         def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
             begin = Offset.from_json(start)
-            if self.target is not None and self.target.lsn <= begin.lsn:
-                return begin.to_dict()  # AvailableNow: its target reached, the run ends
+            if self.target is not None and self.target <= begin.lsn:
+                return start  # AvailableNow: its target reached, the run ends
             cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-            upper = self.target.lsn if self.target is not None else None
             with self.settings.client() as client:
-                return client.latest_offset(begin, cap, upper=upper).to_dict()
+                return client.latest_offset(begin, cap, upper=self.target).to_dict()

@@ -300,15 +300,18 @@ impl PlansRows {
             .map(seed_layout::open_extent)
     }
 
-    /// The chunks recorded for `wave`.
-    fn wave(&self, wave: i64) -> Vec<PlannedChunk> {
+    /// The chunks recorded for `wave`; a chunk row that does not read is an error, never a
+    /// wave taken for unrecorded.
+    fn wave(&self, wave: i64) -> Result<Vec<PlannedChunk>> {
         self.0
             .iter()
             .filter(|(name, detail)| {
                 name == events::SNAPSHOT_CHUNK && detail["wave"].as_i64() == Some(wave)
             })
-            .filter_map(|(_, detail)| {
-                serde_json::from_value(seed_layout::chunk_of(detail).clone()).ok()
+            .map(|(_, detail)| {
+                serde_json::from_value(seed_layout::chunk_of(detail).clone()).map_err(|error| {
+                    WriterError::Internal(format!("wave {wave}'s chunk row {detail}: {error}"))
+                })
             })
             .collect()
     }

@@ -30,7 +30,7 @@ pub struct Lost {
 
 /// The `reason` a healing re-snapshot's `snapshot_open` payload carries: the anti-loop guard
 /// measures from the newest such open.
-const HEALING_REASON: &str = "data_loss";
+pub(super) const HEALING_REASON: &str = "data_loss";
 
 /// The facts transaction (`<app_id>#snapgen`, version = generation) of a chunked open.
 const GENERATION_TXN: &str = "snapgen";

@@ -344,7 +344,7 @@ impl Snapshots {
         count: usize,
         keyset: Option<&KeysetOpen>,
     ) -> Result<Vec<PlannedChunk>> {
-        let recorded = recorded.wave(wave);
+        let recorded = recorded.wave(wave)?;
         if !recorded.is_empty() {
             return Ok(recorded);
         }
@@ -375,7 +375,7 @@ impl Snapshots {
             return Ok(chunks);
         }
         // Another call recorded this wave first: its chunks win.
-        Ok(self.plans_rows(snapshot).await?.wave(wave))
+        self.plans_rows(snapshot).await?.wave(wave)
     }
 
     /// Commits a wave read by [`Self::read_wave_files`] (one bronze append unless bronze
@@ -454,8 +454,11 @@ impl Snapshots {
         done: &[ChunkDone],
         resnapshot: bool,
     ) -> Result<()> {
-        let event = events::completion(resnapshot);
-        let (lost_from_ts, lost_to_ts) = self.lost_of_open(snapshot).await?;
+        let healed = self.gap_healed_by(snapshot).await?;
+        // A heal completes as a re-snapshot, as the seed's: also one that took over a snapshot
+        // already open (a switch's bootstrap, an operator's re-snapshot).
+        let event = events::completion(resnapshot || healed.is_some());
+        let (lost_from_ts, lost_to_ts) = healed.unwrap_or_default();
         let rows: u64 = done.iter().map(|chunk| chunk.rows).sum();
         let last_lsn = done
             .iter()
@@ -481,22 +484,34 @@ impl Snapshots {
         Ok(())
     }
 
-    /// The gap a healing open at `snapshot` recorded (`lost_from_ts`, `lost_to_ts`), which its
-    /// completion row carries too, as the seed's does; `None`s for any other open.
-    async fn lost_of_open(&self, snapshot: Lsn) -> Result<(Option<i64>, Option<i64>)> {
+    /// The gap the snapshot at `snapshot` heals (`lost_from_ts`, `lost_to_ts`), which its
+    /// completion row carries, as the seed's does: its healing open's, or, when the heal took
+    /// over a snapshot already open, the `data_loss` row naming it (whose end is S's commit
+    /// time); `None` when it heals nothing. A `data_loss` row the stream has not committed
+    /// yet when the last wave lands is not seen: that completion then carries no gap.
+    async fn gap_healed_by(&self, snapshot: Lsn) -> Result<Option<(Option<i64>, Option<i64>)>> {
         let rows = self
             .facts
             .query_text(&format!(
-                "SELECT CAST(lost_from_ts AS BIGINT), CAST(lost_to_ts AS BIGINT) FROM t \
-                 WHERE app_id = '{}' AND event = '{}' AND min_lsn = '{snapshot}'",
+                "SELECT event, detail, CAST(lost_from_ts AS BIGINT), CAST(lost_to_ts AS BIGINT) \
+                 FROM t WHERE app_id = '{}' AND ((event = '{}' AND min_lsn = '{snapshot}') OR \
+                 (event = '{}' AND max_lsn = '{snapshot}'))",
                 quoted(&self.config.app_id),
                 events::SNAPSHOT_OPEN,
+                events::DATA_LOSS,
             ))
             .await?;
         let micros = |value: &Option<String>| value.as_deref().and_then(|text| text.parse().ok());
-        Ok(rows
-            .first()
-            .map_or((None, None), |row| (micros(&row[0]), micros(&row[1]))))
+        let gap = |row: &Vec<Option<String>>| (micros(&row[2]), micros(&row[3]));
+        let healing_open = rows.iter().find(|row| {
+            row[0].as_deref() == Some(events::SNAPSHOT_OPEN)
+                && crate::facts::detail_of(row[1].as_deref())["reason"]
+                    == super::open::HEALING_REASON
+        });
+        let loss = rows
+            .iter()
+            .find(|row| row[0].as_deref() == Some(events::DATA_LOSS));
+        Ok(healing_open.or(loss).map(gap))
     }
 
     pub(super) async fn held_by_bronze(&self, txn: &str, version: i64) -> Result<bool> {
