@@ -144,18 +144,35 @@ async fn a_column_a_newer_capture_instance_adds_reaches_silver() {
     }
 }
 
-/// A lab of 80 commits (`seed`) with `snapshot_on_switch` on: a chunked bootstrap read whole,
-/// the stream run and silver applied.
-async fn streaming_with_snapshot_on_switch(seed: u64) -> (Lab, StreamConfig, Snapshots) {
+/// A lab of `commits` commits (`seed`) streamed under `configure`d options: a chunked
+/// bootstrap read whole, the stream run and silver applied.
+async fn bootstrapped(
+    seed: u64,
+    commits: u64,
+    configure: impl FnOnce(&mut StreamConfig),
+) -> (Lab, StreamConfig, Snapshots) {
     let lab = Lab::new().await;
-    workload(&lab, seed, 80, churn());
+    workload(&lab, seed, commits, churn());
     let mut config = stream_config(&lab);
-    config.snapshot_on_switch = true;
+    configure(&mut config);
     let (_, snapshots) = chunked_bootstrap(&mut config).await;
     read_all(&snapshots, &WHOLE).await;
     run_now(config.clone()).await;
     apply(&lab).await;
     (lab, config, snapshots)
+}
+
+/// [`bootstrapped`] with `snapshot_on_switch` on (80 commits).
+async fn streaming_with_snapshot_on_switch(seed: u64) -> (Lab, StreamConfig, Snapshots) {
+    bootstrapped(seed, 80, |config| config.snapshot_on_switch = true).await
+}
+
+/// [`bootstrapped`] healing purges by re-snapshot (150 commits).
+async fn streaming_healing_purges(seed: u64) -> (Lab, StreamConfig, Snapshots) {
+    bootstrapped(seed, 150, |config| {
+        config.on_data_loss = mssql_cdc_writer::data_loss::OnDataLoss::Resnapshot;
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -711,13 +728,7 @@ async fn a_purge_while_a_chunked_snapshot_is_open_is_healed_by_a_newer_generatio
 /// the gap from the `data_loss` row, as the seed's readers look for a heal's gap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_healed_by_a_snapshot_already_open_completes_it_as_a_resnapshot_with_the_gap() {
-    let lab = Lab::new().await;
-    workload(&lab, 66, 150, churn());
-    let mut config = stream_config(&lab);
-    config.on_data_loss = mssql_cdc_writer::data_loss::OnDataLoss::Resnapshot;
-    let (_, snapshots) = chunked_bootstrap(&mut config).await;
-    read_all(&snapshots, &WHOLE).await;
-    run_now(config.clone()).await;
+    let (lab, config, snapshots) = streaming_healing_purges(66).await;
     purged_gap(&lab, 67).await;
     let open = snapshots
         .open_on_switch(7)
@@ -857,14 +868,7 @@ async fn skipping_purged_changes_abandons_the_open_chunked_snapshot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_mid_stream_heals_by_resnapshot_and_silver_ends_equal_to_the_source() {
-    let lab = Lab::new().await;
-    workload(&lab, 51, 150, churn());
-    let mut config = stream_config(&lab);
-    config.on_data_loss = mssql_cdc_writer::data_loss::OnDataLoss::Resnapshot;
-    let (_, snapshots) = chunked_bootstrap(&mut config).await;
-    read_all(&snapshots, &WHOLE).await;
-    run_now(config.clone()).await;
-    apply(&lab).await;
+    let (lab, config, snapshots) = streaming_healing_purges(51).await;
     assert_in_step(&lab, "before the gap").await;
     let deleted = purged_gap(&lab, 52).await;
     // The stream meets the purge, opens a re-snapshot at S and resumes at S.
