@@ -175,6 +175,10 @@ pub struct LimitArgs {
     /// Most connections open at once from everyone.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_CONNECTIONS", default_value_t = Limits::default().max_connections)]
     pub max_connections: usize,
+    /// Most calls (HTTP/2 streams) open at once on one connection; the peer is told in the
+    /// connection's settings and one more is refused.
+    #[arg(long, env = "MSSQL_CDC_FLIGHT_MAX_STREAMS_PER_CONNECTION", default_value_t = Limits::default().max_streams_per_connection)]
+    pub max_streams_per_connection: u32,
     /// With a tokens file: seconds a connection may stay open before one of its calls
     /// presents valid credentials; then it is closed.
     #[arg(long, env = "MSSQL_CDC_FLIGHT_UNAUTHENTICATED_TIMEOUT", default_value_t = Limits::default().unauthenticated_timeout.as_secs_f64())]

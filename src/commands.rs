@@ -63,6 +63,7 @@ impl LimitArgs {
             keepalive_timeout: seconds("keepalive-timeout", self.keepalive_timeout)?,
             max_connections_per_peer: self.max_connections_per_peer,
             max_connections: self.max_connections,
+            max_streams_per_connection: self.max_streams_per_connection,
             max_unauthenticated_per_peer: self.max_unauthenticated_per_peer,
             unauthenticated_timeout: seconds(
                 "unauthenticated-timeout",
@@ -156,31 +157,6 @@ async fn open_source(text: &str) -> anyhow::Result<Arc<dyn CdcSource>> {
     )
 }
 
-/// Warns when the secret file at `path` may be read by its group or by others: whoever
-/// reads it holds the secret. One shape only is let pass: Kubernetes mounts a secret
-/// `root:<fsGroup>` readable by that group alone, and the pod runs with that group as its own
-/// (a group other than root's, read and nothing more).
-fn warn_if_exposed(what: &str, path: &std::path::Path) {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        if let Ok(metadata) = std::fs::metadata(path) {
-            let mode = metadata.permissions().mode() & 0o777;
-            // `/proc/self` belongs to the process's effective user and group (Linux).
-            let mounted_for_our_group = mode & 0o077 == 0o040
-                && metadata.uid() == 0
-                && metadata.gid() != 0
-                && std::fs::metadata("/proc/self").is_ok_and(|own| own.gid() == metadata.gid());
-            if mode & 0o077 != 0 && !mounted_for_our_group {
-                tracing::warn!(file = %path.display(), mode = format!("{mode:04o}"),
-                    "the {what} file may be read by its group or others: `chmod 600` it");
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = (what, path);
-}
-
 /// Reads the tokens file again on each SIGHUP (`kill -HUP`, `systemctl reload`): a revoked
 /// token is refused from the next call on; a file that fails its checks is logged and the
 /// principals stay as they were.
@@ -261,7 +237,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     ];
     for (what, path) in secrets {
         if let Some(path) = path.filter(|path| !path.as_os_str().is_empty()) {
-            warn_if_exposed(what, path);
+            mssql_cdc_proto::secrets::warn_if_exposed(what, path);
         }
     }
     let read =
@@ -325,7 +301,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(path) => {
             let masks = MaskPolicy::from_file(&path)?;
             if let Some(key) = masks.hash_key_file() {
-                warn_if_exposed("mask hash key", key);
+                mssql_cdc_proto::secrets::warn_if_exposed("mask hash key", key);
             }
             tracing::info!(masks = ?masks, "serving masked columns");
             masks
@@ -341,13 +317,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         masks: Arc::new(masks),
     };
     if let Some(address) = args.metrics_listen {
-        metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(address)
-            .set_buckets(&[
+        mssql_cdc_proto::pages::serve_metrics(
+            address,
+            &[
                 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0,
-            ])?
-            .install()
-            .with_context(|| format!("serving metrics on {address}"))?;
+            ],
+        )
+        .await
+        .map_err(anyhow::Error::msg)?;
         tracing::info!(%address, "serving Prometheus metrics at /metrics");
     }
     let listener = tokio::net::TcpListener::bind(&args.listen)

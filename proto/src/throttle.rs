@@ -1,6 +1,6 @@
 //! Events of network peers (refused logins, refused connections) logged at most once a
-//! minute per peer address, with how many went unlogged since: a flood is a line a minute,
-//! and the memory it can take is bounded.
+//! minute per peer (an address, or an IPv6 /64), with how many went unlogged since: a flood
+//! is a line a minute, and the memory it can take is bounded.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -30,6 +30,8 @@ impl PeerThrottle {
     /// Whether an event of `address` at `now` is logged, with how many of its events went
     /// unlogged since the last logged one.
     pub fn due(&self, address: Option<IpAddr>, now: Instant) -> Option<u64> {
+        // One host is usually given a whole IPv6 /64: its addresses are one peer.
+        let address = address.map(crate::serving::peer_of);
         let mut peers = self
             .peers
             .lock()
@@ -90,6 +92,16 @@ mod tests {
             log.due(one, start + LOG_INTERVAL + Duration::from_secs(1)),
             None
         );
+    }
+
+    #[test]
+    fn the_addresses_of_one_ipv6_64_are_one_peer() {
+        let log = PeerThrottle::default();
+        let start = Instant::now();
+        let address = |text: &str| Some(text.parse::<IpAddr>().expect("an address"));
+        assert_eq!(log.due(address("2001:db8:0:1::1"), start), Some(0));
+        assert_eq!(log.due(address("2001:db8:0:1:ffff::2"), start), None);
+        assert_eq!(log.due(address("2001:db8:0:2::1"), start), Some(0));
     }
 
     #[test]

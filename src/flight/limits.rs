@@ -52,6 +52,9 @@ pub struct Limits {
     pub max_connections_per_peer: usize,
     /// Most connections open at once from everyone.
     pub max_connections: usize,
+    /// Most calls (HTTP/2 streams) open at once on one connection: a writer multiplexes its
+    /// tables' streams and planning calls over few connections.
+    pub max_streams_per_connection: u32,
     /// With authentication: how long a connection may stay open before one of its calls
     /// presents valid credentials; then it is closed.
     pub unauthenticated_timeout: Duration,
@@ -88,6 +91,10 @@ impl Default for Limits {
             // address: room for a thousand tables, not a bound on every client.
             max_connections_per_peer: 4_096,
             max_connections: 16_384,
+            // Above a sidecar's table slots with their planning calls (the stream and call
+            // bounds refuse the excess anyway), far below what would let one connection hold
+            // an unbounded number of requests the server has to read.
+            max_streams_per_connection: 1_024,
             // A client sends its credentials with its first call; a health probe needs none
             // and is done well within it.
             unauthenticated_timeout: Duration::from_secs(10),
@@ -134,10 +141,12 @@ impl Limits {
         if self.max_connections_per_peer == 0
             || self.max_connections == 0
             || self.max_unauthenticated_per_peer == 0
+            || self.max_streams_per_connection == 0
         {
             return Err(Error::invalid(
-                "--max-connections-per-peer, --max-connections and \
-                 --max-unauthenticated-per-peer must be at least 1",
+                "--max-connections-per-peer, --max-connections, \
+                 --max-unauthenticated-per-peer and --max-streams-per-connection must be at \
+                 least 1",
             ));
         }
         Ok(())

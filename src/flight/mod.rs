@@ -144,7 +144,7 @@ pub async fn serve(
     tls: Option<TlsIdentity>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let (health_reporter, health_service) = mssql_cdc_proto::health::health_reporter();
     health_reporter
         .set_serving::<FlightServiceServer<CdcFlightService>>()
         .await;
@@ -158,7 +158,8 @@ pub async fn serve(
         .initial_stream_window_size(Some(REQUEST_STREAM_WINDOW))
         .initial_connection_window_size(Some(REQUEST_CONNECTION_WINDOW))
         .http2_keepalive_interval(Some(limits.keepalive_interval))
-        .http2_keepalive_timeout(Some(limits.keepalive_timeout));
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .max_concurrent_streams(Some(limits.max_streams_per_connection));
     if let Some(identity) = tls {
         crate::install_crypto_provider();
         // A peer that never finishes its handshake is dropped instead of holding its
@@ -195,6 +196,7 @@ pub async fn serve(
             per_peer: options.limits.max_unauthenticated_per_peer,
             admissions,
         }),
+        lifetime: None,
     };
     let service = Arc::new(CdcFlightService::new(source, options));
     let flight = frames::ZeroCopyDoGet::new(

@@ -266,8 +266,9 @@ impl<C: Connector> Pool<C> {
         let permit = match Arc::clone(&shared.permits).try_acquire_owned() {
             Ok(permit) => permit,
             Err(_) => {
-                if shared.waiting.fetch_add(1, Ordering::SeqCst) >= MAX_WAITING {
-                    shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                // Leaves the line when the wait ends, also when its caller drops it.
+                let in_line = InLine::join(&shared.waiting);
+                if in_line.ahead >= MAX_WAITING {
                     return Err(Error::SourceUnavailable(format!(
                         "{MAX_WAITING} reads already wait for one of the {} SQL Server \
                          connections; raise pool_size or read fewer partitions at once",
@@ -279,7 +280,7 @@ impl<C: Connector> Pool<C> {
                     Arc::clone(&shared.permits).acquire_owned(),
                 )
                 .await;
-                shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                drop(in_line);
                 match waited {
                     Ok(permit) => {
                         permit.map_err(|_| Error::Internal("the pool is closed".into()))?
@@ -324,6 +325,26 @@ impl<C: Connector> Pool<C> {
             pool: Arc::clone(shared),
             permit: Some(permit),
         })
+    }
+}
+
+/// A caller's place in the line for a connection, counted while it lasts.
+struct InLine<'a> {
+    waiting: &'a AtomicUsize,
+    /// Callers in line before this one.
+    ahead: usize,
+}
+
+impl<'a> InLine<'a> {
+    fn join(waiting: &'a AtomicUsize) -> Self {
+        let ahead = waiting.fetch_add(1, Ordering::SeqCst);
+        InLine { waiting, ahead }
+    }
+}
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -692,19 +713,26 @@ mod tests {
         assert_eq!(pool.get().await.expect("connection").number, 1, "reused");
     }
 
+    /// [`MAX_WAITING`] callers waiting for a connection of `pool`, once all are in line.
+    async fn fill_the_line(pool: &Pool<Arc<Fake>>) -> Vec<tokio::task::JoinHandle<Result<()>>> {
+        let waiting: Vec<_> = (0..MAX_WAITING)
+            .map(|_| {
+                let pool = pool.clone();
+                tokio::spawn(async move { pool.get().await.map(|_| ()) })
+            })
+            .collect();
+        while pool.shared.waiting.load(Ordering::SeqCst) < MAX_WAITING {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        waiting
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_line_is_bounded() {
         let fake = Arc::new(Fake::default());
         let pool = Pool::new(Arc::clone(&fake), 1, Duration::from_secs(30));
         let held = pool.get().await.expect("connection");
-        let mut waiting = Vec::new();
-        for _ in 0..MAX_WAITING {
-            let pool = pool.clone();
-            waiting.push(tokio::spawn(async move { pool.get().await.map(|_| ()) }));
-        }
-        while pool.shared.waiting.load(Ordering::SeqCst) < MAX_WAITING {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let waiting = fill_the_line(&pool).await;
         let Err(error) = pool.get().await else {
             panic!("the line is full");
         };
@@ -713,6 +741,23 @@ mod tests {
         for waiter in waiting {
             waiter.await.expect("waiter").expect("served in the end");
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_that_give_up_leave_the_line() {
+        let fake = Arc::new(Fake::default());
+        let pool = Pool::new(Arc::clone(&fake), 1, Duration::from_secs(30));
+        let held = pool.get().await.expect("connection");
+        let waiting = fill_the_line(&pool).await;
+        for waiter in &waiting {
+            waiter.abort();
+        }
+        for waiter in waiting {
+            assert!(waiter.await.expect_err("aborted").is_cancelled());
+        }
+        assert_eq!(pool.shared.waiting.load(Ordering::SeqCst), 0);
+        drop(held);
+        pool.get().await.expect("the line is free again");
     }
 
     #[tokio::test]

@@ -17,7 +17,16 @@ import adbc_driver_flightsql.dbapi as adbc
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from conftest import ROOT, binary, run, sha256, start_server, stop_server, tokens_file
+from conftest import (
+    ROOT,
+    binary,
+    free_port,
+    run,
+    sha256,
+    start_server,
+    stop_server,
+    tokens_file,
+)
 from test_pyarrow_flight import action, read_endpoint
 
 WRITER_TOKEN = "writer-token-0123456789"
@@ -678,3 +687,37 @@ def test_a_masked_column_never_reaches_a_pyarrow_client_or_the_log(tmp_path):
     leaked = [email for email in emails if email in log]
     assert not leaked, f"clear values in the server's log: {leaked[:3]}"
     assert key.decode() not in log
+
+
+def test_silent_connections_to_the_metrics_page_hold_only_their_peers_places(tmp_path):
+    """Slowloris on `--metrics-listen`: connections that never send a request take at most
+    the pages' 32 places of their peer (one more is closed unanswered), and each lasts at
+    most 30 s; once one leaves, a scrape is answered again."""
+    import socket
+    import urllib.request
+
+    directory = tmp_path / "db"
+    run("sim", "init", str(directory), "--customers", "1", "--orders", "1")
+    port = free_port()
+    process, _ = start_server(directory, "--metrics-listen", f"127.0.0.1:{port}")
+    silent = []
+    try:
+        for _ in range(32):
+            silent.append(socket.create_connection(("127.0.0.1", port)))
+        time.sleep(0.5)
+        extra = socket.create_connection(("127.0.0.1", port))
+        extra.settimeout(5)
+        try:
+            extra.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            answer = extra.recv(64)
+        except OSError:
+            answer = b""
+        assert answer == b"", "past the peer's places a connection is closed unanswered"
+        silent.pop().close()
+        time.sleep(0.5)
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert page.status == 200
+    finally:
+        for connection in silent:
+            connection.close()
+        stop_server(process)

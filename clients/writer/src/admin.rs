@@ -97,6 +97,8 @@ const ADMIN_TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const ADMIN_CONNECTIONS_PER_PEER: usize = 64;
 /// Connections open at once to the admin service from everyone.
 const ADMIN_CONNECTIONS: usize = 256;
+/// Calls (HTTP/2 streams) open at once on one admin connection: an admin call is short.
+const ADMIN_STREAMS_PER_CONNECTION: u32 = 16;
 
 /// The admin service's bearer token. `Debug` never shows it.
 #[derive(Clone)]
@@ -111,6 +113,7 @@ impl std::fmt::Debug for AdminToken {
 impl AdminToken {
     /// The token in the first line of `path`, surrounding whitespace removed.
     pub fn from_file(path: &Path) -> Result<Self> {
+        mssql_cdc_proto::secrets::warn_if_exposed("token", path);
         let text = std::fs::read_to_string(path).map_err(|source| WriterError::Io {
             context: format!("reading the admin token file {}", path.display()),
             source,
@@ -483,6 +486,7 @@ impl AdminServer {
             .transpose()?;
         let tls = match (&config.admin_tls_cert, &config.admin_tls_key) {
             (Some(certificate), Some(key)) => {
+                mssql_cdc_proto::secrets::warn_if_exposed("admin TLS key", key);
                 let read = |path: &Path| {
                     std::fs::read(path).map_err(|source| WriterError::Io {
                         context: format!("reading {}", path.display()),
@@ -536,7 +540,8 @@ impl AdminServer {
 
     /// Serves until `stop` turns true.
     pub async fn serve(self, mut stop: tokio::sync::watch::Receiver<bool>) -> Result<()> {
-        let mut builder = tonic::transport::Server::builder();
+        let mut builder = tonic::transport::Server::builder()
+            .max_concurrent_streams(Some(ADMIN_STREAMS_PER_CONNECTION));
         if let Some(identity) = self.tls {
             mssql_cdc_proto::install_crypto_provider();
             builder = builder
@@ -547,7 +552,7 @@ impl AdminServer {
                 )
                 .map_err(|error| WriterError::invalid(format!("admin TLS identity: {error}")))?;
         }
-        let (reporter, health) = tonic_health::server::health_reporter();
+        let (reporter, health) = mssql_cdc_proto::health::health_reporter();
         tokio::spawn(report_readiness(reporter, stop.clone()));
         let token = self.token;
         let service = SnapshotAdminServer::with_interceptor(
@@ -565,6 +570,7 @@ impl AdminServer {
                         per_peer: ADMIN_CONNECTIONS_PER_PEER,
                         total: ADMIN_CONNECTIONS,
                         unadmitted: None,
+                        lifetime: None,
                     },
                 ),
                 async move {

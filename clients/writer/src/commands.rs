@@ -23,7 +23,7 @@ use crate::cli::{
 /// `run`: one table from flags, or every table of a sidecar file.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(address) = args.metrics_listen {
-        mssql_cdc_writer::metrics::serve(address)?;
+        mssql_cdc_writer::metrics::serve(address).await?;
         tracing::info!(%address, "serving Prometheus metrics at /metrics");
     }
     if let Some(path) = &args.config {

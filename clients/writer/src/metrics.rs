@@ -123,13 +123,12 @@ pub fn backfill_failed(table: &str) {
         .increment(1);
 }
 
-/// Serves the metrics at `http://address/metrics`.
-pub fn serve(address: std::net::SocketAddr) -> crate::error::Result<()> {
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(address)
-        .set_buckets(&[0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0])
-        .and_then(|builder| builder.install())
-        .map_err(|error| {
-            crate::error::WriterError::invalid(format!("serving metrics on {address}: {error}"))
-        })
+/// Serves the metrics at `http://address/metrics`, within the pages' connection bounds.
+pub async fn serve(address: std::net::SocketAddr) -> crate::error::Result<()> {
+    mssql_cdc_proto::pages::serve_metrics(
+        address,
+        &[0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0],
+    )
+    .await
+    .map_err(crate::error::WriterError::invalid)
 }

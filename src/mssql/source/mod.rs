@@ -94,6 +94,9 @@ impl SqlServerSource {
     /// Opens the pool and checks one connection (retrying transient failures), so a wrong
     /// address or login fails at start with SQL Server's message.
     pub async fn connect(config: SqlServerConfig) -> Result<Self> {
+        if let Some(path) = &config.access_token_file {
+            mssql_cdc_proto::secrets::warn_if_exposed("access token", path);
+        }
         let manager = Manager::new(
             config.tiberius.clone(),
             config.trusts_any_certificate,

@@ -211,7 +211,12 @@ impl SqlServerSource {
             .any(|(statement, _, _)| self.sets_session_options(statement));
         tokio::spawn(async move {
             let outcome = async {
-                let mut connection = pool.get().await?;
+                // A stream dropped while its read waits for a connection leaves the pool's
+                // queue at once instead of taking the next free connection for nobody.
+                let mut connection = tokio::select! {
+                    connection = pool.get() => connection?,
+                    () = sender.closed() => return Ok(()),
+                };
                 connection.session_options |= sets_options;
                 for (statement, params, fills) in &statements {
                     let finished = read_statement(

@@ -108,7 +108,14 @@ impl StatusPage {
                 token: self.token,
                 refusals: Arc::new(PeerThrottle::default()),
             });
-        axum::serve(self.listener, app)
+        let listener =
+            mssql_cdc_proto::pages::PageListener::new(self.listener).map_err(|source| {
+                WriterError::Io {
+                    context: "the status page's address".into(),
+                    source,
+                }
+            })?;
+        axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 let _ = stop.wait_for(|stopped| *stopped).await;
             })
