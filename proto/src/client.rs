@@ -337,15 +337,15 @@ impl CdcClient {
             message,
         };
         let read = |variable: &str| -> ClientResult<Option<Vec<u8>>> {
-            match std::env::var_os(variable) {
-                Some(path) => std::fs::read(&path).map(Some).map_err(|error| {
-                    setting(format!(
-                        "reading {variable} {}: {error}",
-                        std::path::Path::new(&path).display()
-                    ))
-                }),
-                None => Ok(None),
+            let Some(path) = std::env::var_os(variable).map(std::path::PathBuf::from) else {
+                return Ok(None);
+            };
+            if [TOKEN_FILE_VARIABLE, TLS_CLIENT_KEY_VARIABLE].contains(&variable) {
+                crate::secrets::warn_if_exposed(variable, &path);
             }
+            std::fs::read(&path)
+                .map(Some)
+                .map_err(|error| setting(format!("reading {variable} {}: {error}", path.display())))
         };
         let tls = match url.starts_with("https://") {
             false => None,

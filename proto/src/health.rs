@@ -1,16 +1,20 @@
-//! gRPC health whose `Watch` streams are bounded in number.
+//! gRPC health whose `Watch` streams are bounded in number and end at shutdown.
 //!
 //! Health answers without credentials (orchestrators' probes carry none), so anyone who
-//! reaches the port may call it. `Check` is one short answer; `Watch` is a stream that lasts
-//! as long as its caller keeps it open, so without a bound a peer could hold any number of
-//! them. At most [`MAX_WATCHERS`] are open at once; one more is refused with
-//! `RESOURCE_EXHAUSTED` (a client falls back to `Check`, as probes use anyway).
+//! reaches the port may call it. `Check` is one short answer to a request of at most
+//! [`MAX_REQUEST_BYTES`]; `Watch` is a stream that lasts as long as its caller keeps it
+//! open, so at most [`MAX_WATCHERS_PER_PEER`] are open from one peer (an address, or an IPv6
+//! /64) and [`MAX_WATCHERS`] from everyone; one more is refused with `RESOURCE_EXHAUSTED` (a
+//! client falls back to `Check`, as probes use anyway). Every `Watch` ends when the server
+//! begins its shutdown, which would otherwise wait for them.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tonic::{Request, Response, Status};
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
@@ -18,27 +22,87 @@ use tonic_health::server::{HealthReporter, HealthService};
 
 /// Most `Watch` streams open at once, from everyone.
 pub const MAX_WATCHERS: usize = 256;
+/// Most `Watch` streams open at once from one peer.
+pub const MAX_WATCHERS_PER_PEER: usize = 8;
+/// Largest health request read: a service name.
+pub const MAX_REQUEST_BYTES: usize = 1024;
 
 /// The health service with its reporter, as `tonic_health::server::health_reporter` makes
-/// them, with `Watch` bounded.
-pub fn health_reporter() -> (HealthReporter, HealthServer<BoundedHealth>) {
+/// them, with `Watch` bounded and ended once `closing` turns true.
+pub fn health_reporter(
+    closing: watch::Receiver<bool>,
+) -> (HealthReporter, HealthServer<BoundedHealth>) {
     let reporter = HealthReporter::new();
-    let service = BoundedHealth::of(&reporter);
-    (reporter, HealthServer::new(service))
+    let service = BoundedHealth::of(&reporter, closing);
+    let server = HealthServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES);
+    (reporter, server)
 }
 
-/// [`HealthService`] with at most [`MAX_WATCHERS`] `Watch` streams open.
+/// [`HealthService`] with its `Watch` streams bounded.
 #[derive(Debug)]
 pub struct BoundedHealth {
     inner: HealthService,
     watchers: Arc<Semaphore>,
+    by_peer: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    closing: watch::Receiver<bool>,
 }
 
 impl BoundedHealth {
-    fn of(reporter: &HealthReporter) -> Self {
+    fn of(reporter: &HealthReporter, closing: watch::Receiver<bool>) -> Self {
         BoundedHealth {
             inner: HealthService::from_health_reporter(reporter.clone()),
             watchers: Arc::new(Semaphore::new(MAX_WATCHERS)),
+            by_peer: Arc::default(),
+            closing,
+        }
+    }
+
+    /// A place for one more `Watch` of `peer`, or the refusal.
+    fn place(&self, peer: Option<IpAddr>) -> Result<WatchPlace, Status> {
+        let refused = || {
+            Status::resource_exhausted(format!(
+                "as many health watches are open as allowed ({MAX_WATCHERS_PER_PEER} a peer, \
+                 {MAX_WATCHERS} in all); use Check"
+            ))
+        };
+        let permit = Arc::clone(&self.watchers)
+            .try_acquire_owned()
+            .map_err(|_| refused())?;
+        let peer = peer.map(crate::serving::peer_of);
+        if let Some(peer) = peer {
+            let mut by_peer = self.by_peer.lock().unwrap_or_else(|e| e.into_inner());
+            let count = by_peer.entry(peer).or_insert(0);
+            if *count >= MAX_WATCHERS_PER_PEER {
+                return Err(refused());
+            }
+            *count += 1;
+        }
+        Ok(WatchPlace {
+            _permit: permit,
+            peer,
+            by_peer: Arc::clone(&self.by_peer),
+        })
+    }
+}
+
+/// A `Watch` stream's place, given back when the stream is dropped.
+struct WatchPlace {
+    _permit: OwnedSemaphorePermit,
+    peer: Option<IpAddr>,
+    by_peer: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl Drop for WatchPlace {
+    fn drop(&mut self) {
+        let Some(peer) = self.peer else {
+            return;
+        };
+        let mut by_peer = self.by_peer.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = by_peer.get_mut(&peer) {
+            *count -= 1;
+            if *count == 0 {
+                by_peer.remove(&peer);
+            }
         }
     }
 }
@@ -60,17 +124,14 @@ impl Health for BoundedHealth {
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let permit = Arc::clone(&self.watchers)
-            .try_acquire_owned()
-            .map_err(|_| {
-                Status::resource_exhausted(format!(
-                    "{MAX_WATCHERS} health watches are open already; use Check"
-                ))
-            })?;
+        let place = self.place(request.remote_addr().map(|address| address.ip()))?;
         let statuses = self.inner.watch(request).await?.into_inner();
-        // The place is given back when the stream is dropped (its caller went away).
-        let statuses = statuses.map(move |status| {
-            let _held = &permit;
+        let mut closing = self.closing.clone();
+        let closed = async move {
+            let _ = closing.wait_for(|closing| *closing).await;
+        };
+        let statuses = statuses.take_until(closed).map(move |status| {
+            let _held = &place;
             status
         });
         Ok(Response::new(Box::pin(statuses)))
@@ -81,39 +142,67 @@ impl Health for BoundedHealth {
 mod tests {
     use super::*;
 
+    fn watch_from(peer: &str) -> Request<HealthCheckRequest> {
+        let mut request = Request::new(HealthCheckRequest {
+            service: String::new(),
+        });
+        let address: std::net::SocketAddr = peer.parse().expect("an address");
+        request
+            .extensions_mut()
+            .insert(tonic::transport::server::TcpConnectInfo {
+                local_addr: None,
+                remote_addr: Some(address),
+            });
+        request
+    }
+
     #[tokio::test]
-    async fn watches_past_the_bound_are_refused_and_a_closed_one_frees_its_place() {
+    async fn watches_past_the_bounds_are_refused_a_closed_one_frees_its_place_and_shutdown_ends_them()
+     {
         let reporter = HealthReporter::new();
         reporter
             .set_service_status("", tonic_health::ServingStatus::Serving)
             .await;
-        let service = BoundedHealth::of(&reporter);
-        let watch = || {
-            service.watch(Request::new(HealthCheckRequest {
-                service: String::new(),
-            }))
-        };
+        let (closing, closed) = watch::channel(false);
+        let service = BoundedHealth::of(&reporter, closed);
         let mut open = Vec::new();
-        for _ in 0..MAX_WATCHERS {
-            open.push(watch().await.expect("within the bound").into_inner());
+        for _ in 0..MAX_WATCHERS_PER_PEER {
+            let watched = service.watch(watch_from("192.0.2.1:1000")).await;
+            open.push(watched.expect("within the peer's bound").into_inner());
         }
-        let Err(refused) = watch().await else {
-            panic!("one watch past the bound was let through");
+        let Err(refused) = service.watch(watch_from("192.0.2.1:1001")).await else {
+            panic!("a watch past the peer's bound was let through");
         };
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
         let first = open[0].next().await.expect("a status").expect("serving");
         assert_eq!(first.status, tonic_health::ServingStatus::Serving as i32);
         drop(open.pop());
-        watch().await.expect("a place was given back");
+        let again = service.watch(watch_from("192.0.2.1:1002")).await;
+        open.push(again.expect("a place was given back").into_inner());
+        // Others have places of their own, up to the total.
+        let mut peer = 0u32;
+        while open.len() < MAX_WATCHERS {
+            let address = format!("198.51.{}.{}:1", peer / 8 / 256, peer / 8 % 256);
+            peer += 1;
+            let watched = service.watch(watch_from(&address)).await;
+            open.push(watched.expect("within the total").into_inner());
+        }
+        let Err(refused) = service.watch(watch_from("203.0.113.9:1")).await else {
+            panic!("a watch past the total was let through");
+        };
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
         let answer = service
-            .check(Request::new(HealthCheckRequest {
-                service: String::new(),
-            }))
+            .check(watch_from("203.0.113.9:2"))
             .await
             .expect("check is not bounded");
         assert_eq!(
             answer.into_inner().status,
             tonic_health::ServingStatus::Serving as i32
         );
+        // Shutdown ends every watch.
+        closing.send(true).expect("watches listen");
+        let last = open.last_mut().expect("open");
+        let _first_status = last.next().await;
+        assert!(last.next().await.is_none(), "a watch outlived the shutdown");
     }
 }

@@ -39,10 +39,6 @@ pub struct ConnectionBounds {
     pub total: usize,
     /// With authentication: the bounds on connections none of whose calls was admitted yet.
     pub unadmitted: Option<Unadmitted>,
-    /// Longest a connection stays open, for servers whose requests are short (the HTTP
-    /// pages): a peer that sends its request slowly, or not at all, holds its place only that
-    /// long.
-    pub lifetime: Option<Duration>,
 }
 
 /// The bounds on connections that have not presented valid credentials yet.
@@ -93,9 +89,6 @@ pub fn accepted_at_most(
                     stream,
                     _slot: Some(slot),
                     pending,
-                    expiry: bounds
-                        .lifetime
-                        .map(|lifetime| Box::pin(tokio::time::sleep(lifetime))),
                 })),
                 Err(full) => {
                     if let Some(suppressed) =
@@ -277,8 +270,6 @@ pub struct Counted {
     stream: TcpStream,
     _slot: Option<Slot>,
     pending: Option<Pending>,
-    /// When the connection is closed whatever it does ([`ConnectionBounds::lifetime`]).
-    expiry: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Counted {
@@ -287,21 +278,7 @@ impl Counted {
             stream,
             _slot: None,
             pending: None,
-            expiry: None,
         }
-    }
-
-    /// The peer's address.
-    pub fn peer_addr(&self) -> std::io::Result<SocketAddr> {
-        self.stream.peer_addr()
-    }
-
-    /// Whether the connection lived as long as it may. Polled with every read, as
-    /// [`Counted::unadmitted_too_long`].
-    fn expired(&mut self, context: &mut Context<'_>) -> bool {
-        self.expiry
-            .as_mut()
-            .is_some_and(|expiry| expiry.as_mut().poll(context).is_ready())
     }
 
     /// Whether the connection's time to present valid credentials ran out: it then reads
@@ -339,12 +316,6 @@ impl AsyncRead for Counted {
             return Poll::Ready(Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "no call presented valid credentials in time",
-            )));
-        }
-        if self.expired(context) {
-            return Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the connection lived as long as it may",
             )));
         }
         Pin::new(&mut self.stream).poll_read(context, buffer)
@@ -421,7 +392,6 @@ mod tests {
             per_peer: 2,
             total: 100,
             unadmitted: None,
-            lifetime: None,
         };
         let mut incoming = Box::pin(accepted_at_most(listener, Duration::from_secs(60), bounds));
         let mut clients = Vec::new();
@@ -451,7 +421,6 @@ mod tests {
             per_peer: 10,
             total: 1,
             unadmitted: None,
-            lifetime: None,
         };
         let mut incoming = Box::pin(accepted_at_most(listener, Duration::from_secs(60), bounds));
         let _first = TcpStream::connect(address).await.expect("connect");
@@ -470,30 +439,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_connection_is_closed_at_the_end_of_its_lifetime() {
-        use tokio::io::AsyncReadExt;
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let address = listener.local_addr().expect("address");
-        let bounds = ConnectionBounds {
-            per_peer: 10,
-            total: 10,
-            unadmitted: None,
-            lifetime: Some(Duration::from_millis(200)),
-        };
-        let mut incoming = Box::pin(accepted_at_most(listener, Duration::from_secs(60), bounds));
-        let _client = TcpStream::connect(address).await.expect("connect");
-        let mut served = incoming.next().await.expect("one").expect("accepted");
-        let mut buffer = [0u8; 8];
-        let read = tokio::time::timeout(Duration::from_secs(5), served.read(&mut buffer))
-            .await
-            .expect("the lifetime ends the wait");
-        assert_eq!(
-            read.expect_err("closed").kind(),
-            std::io::ErrorKind::TimedOut
-        );
-    }
-
-    #[tokio::test]
     async fn a_connection_without_an_admitted_call_is_closed_at_its_deadline() {
         use tokio::io::AsyncReadExt;
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -507,7 +452,6 @@ mod tests {
                 per_peer: 2,
                 admissions: admissions.clone(),
             }),
-            lifetime: None,
         };
         let mut incoming = Box::pin(accepted_at_most(listener, Duration::from_secs(60), bounds));
         let idle_client = TcpStream::connect(address).await.expect("connect");

@@ -91,10 +91,10 @@ impl Default for Limits {
             // address: room for a thousand tables, not a bound on every client.
             max_connections_per_peer: 4_096,
             max_connections: 16_384,
-            // Above a sidecar's table slots with their planning calls (the stream and call
-            // bounds refuse the excess anyway), far below what would let one connection hold
-            // an unbounded number of requests the server has to read.
-            max_streams_per_connection: 1_024,
+            // hyper's own default, which the server had before it was a flag: above what a
+            // client multiplexes on one connection (the stream and call bounds refuse the
+            // excess anyway), far below letting one connection hold requests without end.
+            max_streams_per_connection: 200,
             // A client sends its credentials with its first call; a health probe needs none
             // and is done well within it.
             unauthenticated_timeout: Duration::from_secs(10),

@@ -144,7 +144,13 @@ pub async fn serve(
     tls: Option<TlsIdentity>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
-    let (health_reporter, health_service) = mssql_cdc_proto::health::health_reporter();
+    // Health's Watch streams end as the shutdown begins, which would otherwise wait for them.
+    let (closing, closed) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = closing.send(true);
+    };
+    let (health_reporter, health_service) = mssql_cdc_proto::health::health_reporter(closed);
     health_reporter
         .set_serving::<FlightServiceServer<CdcFlightService>>()
         .await;
@@ -196,7 +202,6 @@ pub async fn serve(
             per_peer: options.limits.max_unauthenticated_per_peer,
             admissions,
         }),
-        lifetime: None,
     };
     let service = Arc::new(CdcFlightService::new(source, options));
     let flight = frames::ZeroCopyDoGet::new(

@@ -303,7 +303,12 @@ async fn produce(
             permit = share => permit?,
             () = batches.closed() => return Ok(None),
         };
-        let mut stream = read.open(source.as_ref()).await?;
+        // Opening runs source queries (the range's checks, the snapshot's LSN): a client
+        // that leaves meanwhile stops them too.
+        let mut stream = tokio::select! {
+            stream = read.open(source.as_ref()) => stream?,
+            () = batches.closed() => return Ok(None),
+        };
         let (mut rows, mut bytes) = (0u64, 0u64);
         // A masked read is cut again on its served sizes: the source cut on the clear ones,
         // and a client choosing `batch_bytes` could measure a masked value by where it cut.

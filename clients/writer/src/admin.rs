@@ -552,7 +552,7 @@ impl AdminServer {
                 )
                 .map_err(|error| WriterError::invalid(format!("admin TLS identity: {error}")))?;
         }
-        let (reporter, health) = mssql_cdc_proto::health::health_reporter();
+        let (reporter, health) = mssql_cdc_proto::health::health_reporter(stop.clone());
         tokio::spawn(report_readiness(reporter, stop.clone()));
         let token = self.token;
         let service = SnapshotAdminServer::with_interceptor(
@@ -570,7 +570,6 @@ impl AdminServer {
                         per_peer: ADMIN_CONNECTIONS_PER_PEER,
                         total: ADMIN_CONNECTIONS,
                         unadmitted: None,
-                        lifetime: None,
                     },
                 ),
                 async move {

@@ -108,22 +108,11 @@ impl StatusPage {
                 token: self.token,
                 refusals: Arc::new(PeerThrottle::default()),
             });
-        let listener =
-            mssql_cdc_proto::pages::PageListener::new(self.listener).map_err(|source| {
-                WriterError::Io {
-                    context: "the status page's address".into(),
-                    source,
-                }
-            })?;
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|stopped| *stopped).await;
-            })
-            .await
-            .map_err(|source| WriterError::Io {
-                context: "serving the status page".into(),
-                source,
-            })
+        mssql_cdc_proto::pages::serve_page(self.listener, app, async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        })
+        .await;
+        Ok(())
     }
 }
 
