@@ -742,3 +742,41 @@ async fn an_operator_pauses_and_resumes_a_chunked_snapshot_from_the_cli() {
         "one pause and one resume recorded"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_started_after_an_operators_bootstrap_starts_at_its_s_and_meets_a_purge() {
+    let lab = Lab::new().await;
+    lab.workload(91, 60);
+    let config = lab.config();
+    // An operator opens the table's bootstrap before any stream ran; then the stream runs,
+    // not bootstrapped itself (no `bootstrap` setting).
+    let opened = snapshot::open(&config, SnapshotMode::Chunked, true)
+        .await
+        .expect("open");
+    let snapshot = opened.status.snapshot.expect("its S");
+    lab.workload(92, 30);
+    let outcomes = common::try_run_now(config.clone()).await.expect("stream");
+    assert_eq!(
+        outcomes[0].start.lsn, snapshot,
+        "the first batch starts after S"
+    );
+
+    // Another table's bootstrap, then a cleanup past its S before its stream first ran: the
+    // stream meets the purge (here: fails) instead of starting at the cleanup's low
+    // watermark and losing the changes between S and it without a word.
+    let purged = Lab::new().await;
+    purged.workload(93, 60);
+    let config = purged.config();
+    snapshot::open(&config, SnapshotMode::Chunked, true)
+        .await
+        .expect("open");
+    purged.workload(94, 30);
+    purged.purge_to_max_lsn(95).await.expect("purged");
+    let Err(error) = common::try_run_now(config).await else {
+        panic!("the stream passed a purge of changes after its bootstrap's S");
+    };
+    assert!(
+        matches!(error, mssql_cdc_writer::WriterError::DataLoss { .. }),
+        "{error}"
+    );
+}

@@ -13,6 +13,7 @@ use super::{FullSnapshot, SnapshotMode, Snapshots, micros_now, snapshot_event};
 use crate::error::Result;
 use crate::events;
 use crate::facts::FactsRow;
+use crate::shared_table::SharedTable;
 use crate::stream::StreamConfig;
 
 /// Bootstraps a stream whose checkpoint is new: takes (or finds) the snapshot of `mode` and
@@ -33,8 +34,36 @@ pub async fn bootstrap(config: &mut StreamConfig, mode: SnapshotMode) -> Result<
         SnapshotMode::Full => snapshots.bootstrap_full().await?.snapshot,
         SnapshotMode::Chunked => snapshots.open_chunked().await?,
     };
-    config.starting = snapshot.to_string();
-    Ok(Some(snapshot))
+    // A completed snapshot older than the one open is silver's base until the open one
+    // completes: the stream starts after it, as one not bootstrapped would.
+    let start = recorded_start(config).await?.unwrap_or(snapshot);
+    config.starting = start.to_string();
+    Ok(Some(start))
+}
+
+/// Where a stream whose checkpoint is new starts (also when it is not bootstrapped itself):
+/// after the S of the newest snapshot the facts record complete for its app id, or, before
+/// any completed, of the newest chunked one open and not abandoned (one an operator opened
+/// before any stream ran). S's rows and the changes after S rebuild the table (ADR 0028): a
+/// stream starting later would lose those between S and its start without meeting the purge
+/// that took them (a newer snapshot still open heals that purge, recording its gap). A full
+/// snapshot left open by a crash is not a start: it is read again whole, or abandoned once a
+/// cleanup passed its S.
+pub async fn recorded_start(config: &StreamConfig) -> Result<Option<Lsn>> {
+    let facts = SharedTable::of(&crate::tables::table_url(&config.facts)?);
+    let recorded = super::recorded::recorded_of(&facts, &config.app_id).await?;
+    let completed = recorded.completions.iter().map(|(lsn, _)| *lsn).max();
+    let open = || {
+        recorded
+            .opens
+            .iter()
+            .filter(|(lsn, mode)| {
+                *mode == SnapshotMode::Chunked && !recorded.abandoned.contains(lsn)
+            })
+            .map(|(lsn, _)| *lsn)
+            .max()
+    };
+    Ok(completed.or_else(open))
 }
 
 impl Snapshots {

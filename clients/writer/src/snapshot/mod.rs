@@ -35,7 +35,7 @@ pub(crate) mod seed_layout;
 mod status;
 mod wave;
 
-pub use full::bootstrap;
+pub use full::{bootstrap, recorded_start};
 pub use open::{Lost, open};
 pub use operator::{operator_pause, set_paused};
 pub use recorded::{SnapshotProgress, open_chunked_apps, progress};

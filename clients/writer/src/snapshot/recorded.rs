@@ -183,22 +183,26 @@ pub async fn open_chunked_apps(facts: &SharedTable) -> Result<std::collections::
         .collect())
 }
 
+/// What the facts table `facts` records of the snapshots of `app_id`.
+pub(super) async fn recorded_of(facts: &SharedTable, app_id: &str) -> Result<Recorded> {
+    let rows = facts
+        .query_text(&format!(
+            "SELECT event, min_lsn, detail, rows FROM t WHERE app_id = '{}' AND event IN ({})",
+            quoted(app_id),
+            events::sql_list(&RECORDED_EVENTS)
+        ))
+        .await?;
+    let mut recorded = Recorded::default();
+    for row in &rows {
+        recorded.add(row)?;
+    }
+    Ok(recorded)
+}
+
 impl Snapshots {
     /// What the facts table records of this app id's snapshots.
     pub(super) async fn recorded(&self) -> Result<Recorded> {
-        let rows = self
-            .facts
-            .query_text(&format!(
-                "SELECT event, min_lsn, detail, rows FROM t WHERE app_id = '{}' AND event IN ({})",
-                quoted(&self.config.app_id),
-                events::sql_list(&RECORDED_EVENTS)
-            ))
-            .await?;
-        let mut recorded = Recorded::default();
-        for row in &rows {
-            recorded.add(row)?;
-        }
-        Ok(recorded)
+        recorded_of(&self.facts, &self.config.app_id).await
     }
 
     /// The newest chunked snapshot opened and not complete.

@@ -1,5 +1,6 @@
 //! The lake under every schedule: a seeded random schedule of what a deployment does (workload
-//! commits to a busy and a quiet table, streams in every mode, purges met by fail, skip or a
+//! commits to a busy and a quiet table and one whose snapshots are cut on a composite unique
+//! index, streams in every mode, purges met by fail, skip or a
 //! healing re-snapshot, full and chunked re-snapshots with their backfill waves, an
 //! operator's pause and resume, added columns with a capture-instance switch and widened
 //! columns, maintenance in this process and in another, silver applies, reconciles after a
@@ -101,6 +102,37 @@ const REGRESSIONS: &[(&str, &str)] = &[
         {"Reconcile":{"table":"Quiet","corrupt":true,"value":true}}]"#,
     ),
     (
+        "coverage, not a failure: the table keyed by a composite, case-insensitive unique \
+         index through its bootstrap, a full re-snapshot read in two keyset partitions, a \
+         chunked one cut on keyset bounds with commits between its waves, a column added with \
+         a capture-instance switch, a purge healed by re-snapshot, silver and reconciles",
+        r#"[{"Commit":{"table":"Keyed","commits":60,"seed":1}},
+        {"Stream":{"table":"Keyed","continuous":false,"live_tail":false,"max_commits":null}},
+        {"Apply":{"table":"Keyed","deletion_vectors":false}},
+        {"Commit":{"table":"Keyed","commits":40,"seed":2}},
+        {"Snapshot":{"table":"Keyed","chunked":false}},
+        {"Stream":{"table":"Keyed","continuous":false,"live_tail":false,"max_commits":null}},
+        {"Apply":{"table":"Keyed","deletion_vectors":true}},
+        {"Reconcile":{"table":"Keyed","corrupt":false,"value":true}},
+        {"Commit":{"table":"Keyed","commits":40,"seed":3}},
+        {"Snapshot":{"table":"Keyed","chunked":true}},
+        {"Backfill":{"table":"Keyed","waves":1}},
+        {"Commit":{"table":"Keyed","commits":30,"seed":4}},
+        {"Stream":{"table":"Keyed","continuous":false,"live_tail":false,"max_commits":null}},
+        {"Backfill":{"table":"Keyed","waves":4}},
+        {"Apply":{"table":"Keyed","deletion_vectors":false}},
+        {"Reconcile":{"table":"Keyed","corrupt":true,"value":false}},
+        {"Schema":{"table":"Keyed","change":"AddColumnAndSwitch"}},
+        {"Commit":{"table":"Keyed","commits":30,"seed":5}},
+        {"Stream":{"table":"Keyed","continuous":false,"live_tail":false,"max_commits":null}},
+        {"Purge":{"on_loss":["Skip","Skip","Resnapshot"]}},
+        {"Commit":{"table":"Keyed","commits":30,"seed":6}},
+        {"Stream":{"table":"Keyed","continuous":false,"live_tail":false,"max_commits":null}},
+        {"Backfill":{"table":"Keyed","waves":6}},
+        {"Apply":{"table":"Keyed","deletion_vectors":true}},
+        {"Reconcile":{"table":"Keyed","corrupt":false,"value":true}}]"#,
+    ),
+    (
         "coverage, not a failure: a second purge of a table under resnapshot, met within \
          resnapshot_interval_days of the first heal, stops its stream by the anti-loop guard; \
          the operator's rerun with the guard at 0 heals it (issue 55)",
@@ -117,6 +149,16 @@ const REGRESSIONS: &[(&str, &str)] = &[
         {"Stream":{"table":"Busy","continuous":false,"live_tail":false,"max_commits":null}},
         {"Apply":{"table":"Busy","deletion_vectors":false}},
         {"Reconcile":{"table":"Busy","corrupt":false}}]"#,
+    ),
+    (
+        "a stream first run after an operator's chunked bootstrap and a cleanup past its S \
+         started at the cleanup's low watermark: the changes between S and it were lost \
+         without a data_loss row or a heal, and history lacked a key (seed 4)",
+        r#"[{"Snapshot":{"table":"Quiet","chunked":true}},
+        {"Backfill":{"table":"Quiet","waves":2}},
+        {"Commit":{"table":"Quiet","commits":2,"seed":7466566959123160176}},
+        {"Purge":{"on_loss":["Skip","Resnapshot","Resnapshot"]}},
+        {"Apply":{"table":"Quiet","deletion_vectors":false}}]"#,
     ),
     (
         "reconcile of a caught-up quiet table read the change table from the control row's \

@@ -89,7 +89,7 @@ impl World {
                 "\n[[tables]]\ntable = \"{}\"\ntarget = \"{}\"\napp_id = \"{}\"\n\
                  max_commits = 50\nfail_on_data_loss = {}\non_data_loss = \"{}\"\n{}\
                  except_columns = {:?}\n\
-                 chunk_rows = {}\nsilver = \"{}\"\nkeys = [\"{}\"]\n\
+                 chunk_rows = {}\npartitions = {}\nsilver = \"{}\"\nkeys = [\"{}\"]\n\
                  silver_deletion_vectors = {deletion_vectors}\napply_seconds = 0.5\n\
                  history = \"{}\"\ntrack_history_columns = [\"{}\"]\n",
                 table.source(),
@@ -106,6 +106,7 @@ impl World {
                     .unwrap_or_default(),
                 self.selection(table).names(),
                 chunk_rows(table),
+                table.partitions(),
                 self.lab.lake(&format!("silver_{}", table.name())),
                 table.key(),
                 self.lab.lake(&format!("history_{}", table.name())),

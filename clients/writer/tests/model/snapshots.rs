@@ -164,5 +164,6 @@ pub(crate) fn chunk_rows(table: Table) -> u64 {
     match table {
         Table::Busy => 400,
         Table::Quiet => 8,
+        Table::Keyed => 25,
     }
 }
