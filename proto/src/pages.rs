@@ -31,6 +31,9 @@ pub const PAGE_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub const PAGE_CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
 /// TCP keepalive's first probe of a page's idle connection.
 const PAGE_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+/// Most bytes of a request's head held (hyper's default is about 400 KiB): room for a
+/// browser's cookies, and a slow sender holds little while its headers come.
+const PAGE_MAX_HEAD_BYTES: usize = 64 << 10;
 
 /// Serves `app` on `listener` within the pages' bounds until `stop` resolves; the exchanges
 /// under way then finish on their own (each within [`PAGE_CONNECTION_LIFETIME`]).
@@ -78,6 +81,7 @@ async fn serve_within(
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
+                .max_buf_size(PAGE_MAX_HEAD_BYTES)
                 .keep_alive(false);
             let exchange = http.serve_connection(TokioIo::new(connection), service);
             // Dropping the exchange closes the connection and gives its place back.
@@ -137,8 +141,9 @@ mod tests {
         Ok(answer)
     }
 
-    /// Short times, so that the tests of the bounds wait little.
-    const TIMES: (Duration, Duration) = (Duration::from_millis(300), Duration::from_secs(1));
+    /// Short times, so that the tests of the bounds wait little, yet long beside a loaded
+    /// machine's stalls.
+    const TIMES: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(4));
 
     async fn page() -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -159,6 +164,19 @@ mod tests {
         let answer = fetch(address).await.expect("answered");
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         assert!(answer.ends_with("page"), "{answer}");
+        // A head larger than the pages hold is refused, not buffered.
+        let mut client = TcpStream::connect(address).await.expect("connect");
+        let cookie = "x".repeat(PAGE_MAX_HEAD_BYTES * 2);
+        let head = format!("GET / HTTP/1.1\r\nhost: x\r\ncookie: {cookie}\r\n\r\n");
+        let _ = client.write_all(head.as_bytes()).await;
+        let mut refused = Vec::new();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut refused)).await;
+        assert!(
+            !refused.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&refused)
+        );
         // Silent peers fill the peer's places; the next connection is closed unanswered.
         let mut silent = Vec::new();
         for _ in 0..PAGE_CONNECTIONS_PER_PEER {
@@ -173,7 +191,7 @@ mod tests {
         );
         // The silent ones are closed at the header timeout: a request is answered again, once
         // the server has seen them go (a loaded machine may take a moment).
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
             match fetch(address).await {
                 Ok(answer) if answer.ends_with("page") => break,
@@ -186,7 +204,8 @@ mod tests {
         let mut closed = 0;
         for mut connection in silent {
             let mut buffer = [0u8; 64];
-            if matches!(connection.read(&mut buffer).await, Ok(0) | Err(_)) {
+            let read = tokio::time::timeout(Duration::from_secs(5), connection.read(&mut buffer));
+            if matches!(read.await, Ok(Ok(0) | Err(_))) {
                 closed += 1;
             }
         }
@@ -214,7 +233,9 @@ mod tests {
         // does not read, past the lifetime.
         tokio::time::sleep(TIMES.1 * 3).await;
         let mut answer = Vec::new();
-        let _ = client.read_to_end(&mut answer).await;
+        let read = tokio::time::timeout(Duration::from_secs(20), client.read_to_end(&mut answer));
+        assert!(read.await.is_ok(), "the connection was never closed");
+        assert!(answer.starts_with(b"HTTP/1.1 200"), "the answer had begun");
         assert!(answer.len() < BIG, "the whole answer waited for its reader");
     }
 }

@@ -12,7 +12,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import binary, free_port, start_server, workload_database, writer_binary
+from conftest import binary, free_port, run, start_server, workload_database, writer_binary
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -184,6 +184,8 @@ def test_the_status_page_follows_a_chunked_snapshot_and_the_probes_follow_the_se
     # it open, part-way, until it is resumed.
     snapshot_command("open", url, lake, "--mode", "chunked")
     snapshot_command("pause", url, lake, "--reason", "test")
+    # Commits after its S: the stream, which starts after the snapshot, has batches to write.
+    run("sim", "run", str(directory), "--commits", "20", "--seed", "8", "--clock", "virtual")
     config = tmp_path / "sidecar.toml"
     config.write_text(
         f'server = "{url}"\n'
