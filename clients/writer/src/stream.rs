@@ -464,11 +464,12 @@ impl Stream {
                     .initial_offset(&self.config.table, &self.config.starting)
                     .await?;
                 // Nothing new: no batch, and no read of the facts on every idle poll.
-                if self.latest(fallback, upper).await?.lsn <= fallback.lsn {
+                let fallback_end = self.latest(fallback, upper).await?;
+                if fallback_end.lsn <= fallback.lsn {
                     self.tail.caught_up(fallback.lsn);
                     return Ok(None);
                 }
-                let start = match crate::snapshot::recorded_start(&self.config).await? {
+                let (start, end) = match crate::snapshot::recorded_start(&self.config).await? {
                     Some(snapshot) if snapshot.to_string() != self.config.starting => {
                         if self.config.starting != "earliest" {
                             tracing::warn!(table = %self.config.table, %snapshot,
@@ -476,13 +477,14 @@ impl Stream {
                                 "a new checkpoint starts after the snapshot the facts record, \
                                  not where `starting` says");
                         }
-                        self.client
+                        let start = self
+                            .client
                             .initial_offset(&self.config.table, &snapshot.to_string())
-                            .await?
+                            .await?;
+                        (start, self.latest(start, upper).await?)
                     }
-                    _ => fallback,
+                    _ => (fallback, fallback_end),
                 };
-                let end = self.latest(start, upper).await?;
                 if end.lsn <= start.lsn {
                     self.tail.caught_up(start.lsn);
                     return Ok(None);

@@ -53,17 +53,7 @@ pub async fn recorded_start(config: &StreamConfig) -> Result<Option<Lsn>> {
     let facts = SharedTable::of(&crate::tables::table_url(&config.facts)?);
     let recorded = super::recorded::recorded_of(&facts, &config.app_id).await?;
     let completed = recorded.completions.iter().map(|(lsn, _)| *lsn).max();
-    let open = || {
-        recorded
-            .opens
-            .iter()
-            .filter(|(lsn, mode)| {
-                *mode == SnapshotMode::Chunked && !recorded.abandoned.contains(lsn)
-            })
-            .map(|(lsn, _)| *lsn)
-            .max()
-    };
-    Ok(completed.or_else(open))
+    Ok(completed.or_else(|| Snapshots::open_chunked_of(&recorded)))
 }
 
 impl Snapshots {
