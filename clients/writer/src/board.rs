@@ -44,6 +44,11 @@ pub enum TableState {
     Finished,
     /// Stopped by a signal.
     Stopped,
+    /// Run by another replica of the fleet (`holder`, when one holds its lease).
+    Elsewhere {
+        /// The replica that holds its lease.
+        holder: Option<String>,
+    },
 }
 
 impl TableState {
@@ -56,12 +61,17 @@ impl TableState {
             TableState::Failed => "failed",
             TableState::Finished => "finished",
             TableState::Stopped => "stopped",
+            TableState::Elsewhere { .. } => "elsewhere",
         }
     }
 
-    /// Whether the table counts as ready: streaming, or an available-now run done.
+    /// Whether the table counts as ready: streaming, an available-now run done, or another
+    /// replica's to run.
     pub fn is_ready(&self) -> bool {
-        matches!(self, TableState::Running | TableState::Finished)
+        matches!(
+            self,
+            TableState::Running | TableState::Finished | TableState::Elsewhere { .. }
+        )
     }
 }
 

@@ -17,6 +17,7 @@ pub mod error;
 pub mod events;
 pub mod facts;
 pub mod features;
+pub mod fleet;
 pub mod keyset;
 pub mod ledger;
 pub mod maintenance;

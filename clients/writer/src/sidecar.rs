@@ -70,6 +70,8 @@ use crate::checkpoint::Checkpoint;
 use crate::control::{self, Granularity};
 use crate::data_loss::OnDataLoss;
 use crate::error::{Result, WriterError};
+use crate::fleet::FleetConfig;
+use crate::fleet::ownership::Ownership;
 use crate::ledger::Ledger;
 use crate::maintenance::MaintenanceOptions;
 use crate::reconcile::{ReconcileConfig, reconcile};
@@ -149,6 +151,10 @@ pub struct SidecarConfig {
     /// wait their turn ([`crate::slots`]).
     #[serde(default = "default_table_slots")]
     pub table_slots: usize,
+    /// Replicas sharing this file's tables by lease (`[fleet]`; [`crate::fleet`]); none:
+    /// this process runs every table.
+    #[serde(default)]
+    pub fleet: Option<FleetConfig>,
     /// The tables.
     pub tables: Vec<TableEntry>,
 }
@@ -417,7 +423,7 @@ async fn reconcile_logged(config: &ReconcileConfig) -> Result<()> {
 /// Reconciles every `every` until `stop`, the first after one interval (silver is applied
 /// first); a failing run is logged and tried again at the next tick.
 async fn reconcile_loop(
-    config: ReconcileConfig,
+    config: &ReconcileConfig,
     every: Duration,
     slots: TableSlots,
     stop: tokio::sync::watch::Receiver<bool>,
@@ -425,7 +431,7 @@ async fn reconcile_loop(
     while !sleep_unless_stopped(every, &stop).await {
         let reconciled = {
             let _slot = slot(&slots).await;
-            reconcile_logged(&config).await
+            reconcile_logged(config).await
         };
         if let Err(error) = reconciled {
             board().failure(&config.table, &format!("reconcile: {error}"));
@@ -620,6 +626,11 @@ impl SidecarConfig {
                 "vacuum_retention_hours must be a positive number of hours",
             ));
         }
+        if let Some(fleet) = &config.fleet {
+            fleet
+                .check()
+                .map_err(|error| WriterError::invalid(format!("{}: {error}", path.display())))?;
+        }
         if !(1..=MAX_TABLE_SLOTS).contains(&config.table_slots) {
             return Err(WriterError::invalid(format!(
                 "table_slots must be 1 to {MAX_TABLE_SLOTS}, not {}",
@@ -674,29 +685,43 @@ impl SidecarConfig {
     /// Every lake table of the file, with its kind: facts, control, the reconcile report,
     /// and each table's bronze, snapshot plans and silver.
     pub fn lake_tables(&self) -> Vec<(String, TableKind)> {
+        self.lake_tables_by_app_id()
+            .into_iter()
+            .map(|(location, kind, _)| (location, kind))
+            .collect()
+    }
+
+    /// [`Self::lake_tables`], each with the app id of the entry it belongs to (none for the
+    /// tables every entry shares).
+    pub fn lake_tables_by_app_id(&self) -> Vec<(String, TableKind, Option<String>)> {
         let mut lake = vec![
-            (self.facts.clone(), TableKind::Facts),
-            (self.control.clone(), TableKind::Control),
+            (self.facts.clone(), TableKind::Facts, None),
+            (self.control.clone(), TableKind::Control, None),
         ];
         lake.extend(
             self.reconcile_report
                 .iter()
-                .map(|report| (report.clone(), TableKind::Reconcile)),
+                .map(|report| (report.clone(), TableKind::Reconcile, None)),
         );
         for entry in &self.tables {
-            lake.push((entry.target.clone(), TableKind::Bronze));
-            lake.push((snapshot::plans_location(&entry.target), TableKind::Plans));
+            let app_id = Some(entry.app_id.clone());
+            lake.push((entry.target.clone(), TableKind::Bronze, app_id.clone()));
+            lake.push((
+                snapshot::plans_location(&entry.target),
+                TableKind::Plans,
+                app_id.clone(),
+            ));
             lake.extend(
                 entry
                     .silver
                     .iter()
-                    .map(|silver| (silver.clone(), TableKind::Silver)),
+                    .map(|silver| (silver.clone(), TableKind::Silver, app_id.clone())),
             );
             lake.extend(
                 entry
                     .history
                     .iter()
-                    .map(|history| (history.clone(), TableKind::History)),
+                    .map(|history| (history.clone(), TableKind::History, app_id.clone())),
             );
         }
         lake
@@ -863,7 +888,8 @@ fn is_final(error: &WriterError) -> bool {
     )
 }
 
-/// Runs every table until `stop` turns true; a failing table is retried with backoff.
+/// Runs every table until `stop` turns true; a failing table is retried with backoff. In a
+/// fleet (`[fleet]`), only the tables this replica holds the lease of ([`crate::fleet`]).
 pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Receiver<bool>) {
     let poll = Duration::from_secs_f64(config.poll_seconds);
     let waiting = Waiting {
@@ -871,6 +897,26 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
         live_tail: config.live_tail,
     };
     let mut tasks = Vec::new();
+    let ownership = Ownership::new(
+        config
+            .tables
+            .iter()
+            .map(|entry| (entry.app_id.as_str(), entry.table.as_str())),
+        config.fleet.is_none(),
+    );
+    if let Some(fleet) = &config.fleet {
+        let (fleet, facts, ownership, stop) = (
+            fleet.clone(),
+            config.facts.clone(),
+            Arc::clone(&ownership),
+            stop.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            if let Err(error) = crate::fleet::run(fleet, facts, ownership, stop).await {
+                tracing::error!(%error, "this replica cannot join the fleet: it runs no table");
+            }
+        }));
+    }
     let slots = table_slots(config.table_slots);
     let shared_tail = if config.live_tail {
         shared_tail(config, poll, &stop, &mut tasks).await
@@ -901,74 +947,104 @@ pub async fn run_continuous(config: &SidecarConfig, stop: tokio::sync::watch::Re
     if config.maintenance_minutes > 0.0 {
         let every = Duration::from_secs_f64(config.maintenance_minutes * 60.0);
         tasks.push(tokio::spawn(maintenance_loop(
-            config.lake_tables(),
+            config.lake_tables_by_app_id(),
+            Arc::clone(&ownership),
             config.maintenance(),
             every,
             stop.clone(),
         )));
     }
     for entry in &config.tables {
-        if let Some(apply) = Applies::of(config, entry) {
-            let every = Duration::from_secs_f64(entry.apply_seconds.unwrap_or(config.poll_seconds));
-            tasks.push(tokio::spawn(apply_loop(
-                apply,
-                every,
-                Arc::clone(&slots),
-                stop.clone(),
-            )));
-        }
-        if let (Some(check), Some(minutes)) =
-            (reconcile_config(config, entry), entry.reconcile_minutes)
-        {
-            let every = Duration::from_secs_f64(minutes * 60.0);
-            tasks.push(tokio::spawn(reconcile_loop(
-                check,
-                every,
-                Arc::clone(&slots),
-                stop.clone(),
-            )));
-        }
-        let mut stream_config = config.stream(entry);
-        let stop = stop.clone();
-        let entry = entry.clone();
-        let wake = shared_tail
-            .as_ref()
-            .and_then(|shared| shared.wake(&entry.table));
-        let shared = Shared {
-            wake,
-            ledger: ledger.clone(),
-            slots: Arc::clone(&slots),
-            snapshot_wake: snapshot_wakes.get(&entry.app_id).cloned(),
+        let table = TableRun {
+            applies: Applies::of(config, entry).map(|apply| {
+                let every =
+                    Duration::from_secs_f64(entry.apply_seconds.unwrap_or(config.poll_seconds));
+                (Arc::new(apply), every)
+            }),
+            reconcile: reconcile_config(config, entry)
+                .zip(entry.reconcile_minutes)
+                .map(|(check, minutes)| (check, Duration::from_secs_f64(minutes * 60.0))),
+            stream: config.stream(entry),
+            entry: entry.clone(),
+            waiting,
+            shared: Shared {
+                wake: shared_tail
+                    .as_ref()
+                    .and_then(|shared| shared.wake(&entry.table)),
+                ledger: ledger.clone(),
+                slots: Arc::clone(&slots),
+                snapshot_wake: snapshot_wakes.get(&entry.app_id).cloned(),
+            },
         };
-        tasks.push(tokio::spawn(async move {
-            let mut attempt = 0;
-            while !*stop.borrow() {
-                let began = std::time::Instant::now();
-                if let Err(error) =
-                    continuous_attempt(&entry, &mut stream_config, waiting, &shared, &stop).await
-                {
-                    // A table that ran a while before failing starts its backoff over.
-                    if began.elapsed() > backoff(u32::MAX) {
-                        attempt = 0;
-                    }
-                    attempt = continuous_attempt_after(attempt, &error);
-                    crate::metrics::failure(&stream_config.table, &error);
-                    board().state(&stream_config.table, retrying(attempt));
-                    if is_final(&error) {
-                        tracing::error!(table = %stream_config.table, %error, retry_in_seconds = backoff(attempt).as_secs(),
-                            "table failed with an error retrying cannot fix; tried again every minute until an operator acts");
-                    } else {
-                        tracing::warn!(table = %stream_config.table, %error, attempt, "table failed; retrying");
-                    }
-                    sleep_unless_stopped(backoff(attempt), &stop).await;
-                    attempt += 1;
-                }
-            }
-            board().state(&stream_config.table, TableState::Stopped);
-        }));
+        let table = Arc::new(table);
+        tasks.push(tokio::spawn(Arc::clone(&ownership).while_held(
+            entry.app_id.clone(),
+            stop.clone(),
+            move |stop| Arc::clone(&table).run(stop),
+        )));
     }
     for task in tasks {
         let _ = task.await;
+    }
+}
+
+/// Everything one table of a continuous run needs to run, each time it is held.
+struct TableRun {
+    entry: TableEntry,
+    stream: StreamConfig,
+    waiting: Waiting,
+    shared: Shared,
+    /// Its silver and history applies and their interval.
+    applies: Option<(Arc<Applies>, Duration)>,
+    /// Its scheduled reconcile and its interval.
+    reconcile: Option<(ReconcileConfig, Duration)>,
+}
+
+impl TableRun {
+    /// Runs the table's stream (with its snapshot's waves), applies and reconcile until
+    /// `stop`; a failing stream is retried with backoff.
+    async fn run(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        let applying = async {
+            if let Some((apply, every)) = &self.applies {
+                apply_loop(apply, *every, Arc::clone(&self.shared.slots), stop.clone()).await;
+            }
+        };
+        let reconciling = async {
+            if let Some((check, every)) = &self.reconcile {
+                reconcile_loop(check, *every, Arc::clone(&self.shared.slots), stop.clone()).await;
+            }
+        };
+        tokio::join!(applying, reconciling, self.stream_until(stop.clone()));
+    }
+
+    async fn stream_until(&self, stop: tokio::sync::watch::Receiver<bool>) {
+        let entry = &self.entry;
+        let mut stream_config = self.stream.clone();
+        let mut attempt = 0;
+        while !*stop.borrow() {
+            let began = std::time::Instant::now();
+            if let Err(error) =
+                continuous_attempt(entry, &mut stream_config, self.waiting, &self.shared, &stop)
+                    .await
+            {
+                // A table that ran a while before failing starts its backoff over.
+                if began.elapsed() > backoff(u32::MAX) {
+                    attempt = 0;
+                }
+                attempt = continuous_attempt_after(attempt, &error);
+                crate::metrics::failure(&stream_config.table, &error);
+                board().state(&stream_config.table, retrying(attempt));
+                if is_final(&error) {
+                    tracing::error!(table = %stream_config.table, %error, retry_in_seconds = backoff(attempt).as_secs(),
+                        "table failed with an error retrying cannot fix; tried again every minute until an operator acts");
+                } else {
+                    tracing::warn!(table = %stream_config.table, %error, attempt, "table failed; retrying");
+                }
+                sleep_unless_stopped(backoff(attempt), &stop).await;
+                attempt += 1;
+            }
+        }
+        board().state(&stream_config.table, TableState::Stopped);
     }
 }
 
@@ -1008,6 +1084,7 @@ async fn shared_tail(
 }
 
 /// What a table's stream shares with the sidecar's other tables.
+#[derive(Clone)]
 struct Shared {
     /// Its wake from the shared live tail, when there is one.
     wake: Option<Arc<Notify>>,
@@ -1126,15 +1203,24 @@ async fn continuous_attempt(
 }
 
 /// Maintains every table of `lake` every `every` (the first pass one interval after start)
-/// until `stop`; a table that fails is logged and tried again at the next pass.
+/// until `stop`; a table that fails is logged and tried again at the next pass. Only the
+/// tables of held app ids, and the shared ones where [`Ownership::holds_shared`].
 async fn maintenance_loop(
-    lake: Vec<(String, TableKind)>,
+    lake: Vec<(String, TableKind, Option<String>)>,
+    ownership: Arc<Ownership>,
     options: MaintenanceOptions,
     every: Duration,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     while !sleep_unless_stopped(every, &stop).await {
-        for (location, kind) in &lake {
+        for (location, kind, app_id) in &lake {
+            let held = match app_id {
+                Some(app_id) => ownership.holds(app_id),
+                None => ownership.holds_shared(),
+            };
+            if !held {
+                continue;
+            }
             match crate::maintenance::maintain(location, *kind, &options).await {
                 Ok(Some(done)) => tracing::info!(table = %location, kind = kind.name(),
                     files_before = done.files_before, files_after = done.files_after,
@@ -1155,7 +1241,7 @@ async fn maintenance_loop(
 /// Applies bronze to silver and history every `every` until `stop`; a failing call is
 /// logged and retried at the next tick (each call is idempotent).
 async fn apply_loop(
-    apply: Applies,
+    apply: &Applies,
     every: Duration,
     slots: TableSlots,
     stop: tokio::sync::watch::Receiver<bool>,

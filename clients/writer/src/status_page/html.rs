@@ -13,7 +13,7 @@ h1{font-size:1.4em;margin:0}h2{font-size:1.15em;margin:1.5em 0 .5em}\
 table{border-collapse:collapse;font-size:.9em}th,td{border-bottom:1px solid #ddd;padding:.3em .6em;text-align:left;vertical-align:top}\
 th{background:#f4f4f4}td.number{text-align:right;font-variant-numeric:tabular-nums}\
 .state{font-weight:600}.state-running,.state-finished{color:#1a7f37}.state-retrying,.state-starting{color:#9a6700}\
-.state-failed{color:#cf222e}.state-stopped{color:#57606a}\
+.state-failed{color:#cf222e}.state-stopped,.state-elsewhere{color:#57606a}\
 #readiness{font-weight:600}.ready{color:#1a7f37}.not-ready{color:#cf222e}\
 .error{color:#cf222e;max-width:28em;overflow-wrap:anywhere}.plots{display:flex;flex-wrap:wrap;gap:1em}\
 figure{margin:0}figcaption{font-size:.8em;color:#57606a}.meta{color:#57606a;font-size:.85em}";
@@ -94,6 +94,9 @@ fn summary(html: &mut String, tables: &[TableBoard]) {
             TableState::Retrying { attempt, retry_at } => {
                 format!("retrying (attempt {attempt}, next at {retry_at})")
             }
+            TableState::Elsewhere {
+                holder: Some(holder),
+            } => format!("elsewhere (replica {holder})"),
             other => other.name().to_string(),
         };
         let last_batch = table.batches.back().map_or_else(

@@ -1,0 +1,256 @@
+//! The lease store: heartbeats and table leases, kept as small objects in the lake's own
+//! store (or any location the fleet names), with no coordinator service.
+//!
+//! - `replicas/<id>.json`, each replica's heartbeat, rewritten every round. A replica is
+//!   alive while its heartbeat is younger than the lease, measured on the store's clock:
+//!   against the last-modified time of the reader's own heartbeat, written just before, so
+//!   the replicas' clocks never meet.
+//! - `tables/<app id>/<epoch>.json`, a table's lease epochs, each **created only if absent**
+//!   and naming its holder (or none: given back). The newest epoch holds the table; of two
+//!   replicas claiming one epoch, one wins. An epoch never changes once written, so a
+//!   replica reads each one once.
+//!
+//! A round costs one put, two lists (a page holds 1,000 objects) and a get per epoch it has
+//! not seen; a claim or a release one conditional put, and the deletion of the epoch before.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use deltalake::ObjectStore;
+use deltalake::logstore::object_store::path::Path;
+use deltalake::logstore::object_store::{self, ObjectStoreExt, PutMode, PutOptions};
+use futures::{StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+
+use super::share::Lease;
+use crate::error::{Result, WriterError};
+
+/// How many epochs are read at once.
+const READS_AT_ONCE: usize = 16;
+
+/// The lease store at one location.
+pub struct Leases {
+    store: Arc<dyn ObjectStore>,
+    location: String,
+    /// The holder of every epoch read so far, by its object name.
+    holders: HashMap<Path, Option<String>>,
+}
+
+/// A table lease epoch's content.
+#[derive(Debug, Serialize, Deserialize)]
+struct Epoch {
+    /// The holder's replica id; none when given back.
+    holder: Option<String>,
+}
+
+/// A heartbeat's content, for people reading the store.
+#[derive(Debug, Serialize, Deserialize)]
+struct Heartbeat {
+    replica: String,
+    held: usize,
+    writer: String,
+}
+
+/// The replicas' heartbeats: each id with its age on the store's clock.
+pub struct Heartbeats {
+    /// Seconds since each replica's heartbeat was written, by replica id.
+    pub ages: BTreeMap<String, f64>,
+}
+
+impl Leases {
+    /// The lease store at `location` (a path or a URL); a local directory is created.
+    pub async fn open(location: &str) -> Result<Self> {
+        let store: Arc<dyn ObjectStore> = match location.split_once("://") {
+            Some((scheme, _)) if scheme != "file" => {
+                let url = crate::tables::table_url(location)?;
+                deltalake::logstore::store_for(&url, std::iter::empty::<(&str, &str)>())?
+            }
+            _ => {
+                let path = location.strip_prefix("file://").unwrap_or(location);
+                std::fs::create_dir_all(path).map_err(|source| WriterError::Io {
+                    context: format!("creating the lease directory {path}"),
+                    source,
+                })?;
+                Arc::new(object_store::local::LocalFileSystem::new_with_prefix(path)?)
+            }
+        };
+        Ok(Leases {
+            store,
+            location: location.to_string(),
+            holders: HashMap::new(),
+        })
+    }
+
+    /// Where the store is.
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    /// Writes this replica's heartbeat.
+    pub async fn beat(&self, id: &str, held: usize) -> Result<()> {
+        let body = serde_json::to_vec(&Heartbeat {
+            replica: id.to_string(),
+            held,
+            writer: env!("CARGO_PKG_VERSION").to_string(),
+        })
+        .map_err(|error| WriterError::Internal(error.to_string()))?;
+        self.store
+            .put(&heartbeat_path(id), body.into())
+            .await
+            .map(|_| ())
+            .map_err(Into::into)
+    }
+
+    /// Every heartbeat's age, measured against `id`'s own (just written); heartbeats older
+    /// than `forget_after` seconds are deleted. `None` when `id`'s heartbeat is not listed.
+    pub async fn heartbeats(&self, id: &str, forget_after: f64) -> Result<Option<Heartbeats>> {
+        let listed: Vec<_> = self
+            .store
+            .list(Some(&Path::from("replicas")))
+            .try_collect()
+            .await?;
+        let written: BTreeMap<String, SystemTime> = listed
+            .into_iter()
+            .filter_map(|meta| {
+                let name = meta.location.filename()?.strip_suffix(".json")?.to_string();
+                Some((name, SystemTime::from(meta.last_modified)))
+            })
+            .collect();
+        let Some(now) = written.get(id).copied() else {
+            return Ok(None);
+        };
+        let mut ages = BTreeMap::new();
+        for (replica, at) in written {
+            let age = now.duration_since(at).map_or(0.0, |age| age.as_secs_f64());
+            if age > forget_after {
+                // Best effort: another round or replica deletes it otherwise.
+                let _ = self.store.delete(&heartbeat_path(&replica)).await;
+            } else {
+                ages.insert(replica, age);
+            }
+        }
+        Ok(Some(Heartbeats { ages }))
+    }
+
+    /// The newest lease of every table in `tables` (app ids); a table without one has
+    /// epoch 0 and no holder.
+    pub async fn leases(&mut self, tables: &[String]) -> Result<BTreeMap<String, Lease>> {
+        let by_part: HashMap<String, &String> = tables
+            .iter()
+            .map(|table| (table_part(table), table))
+            .collect();
+        let listed: Vec<_> = self
+            .store
+            .list(Some(&Path::from("tables")))
+            .try_collect()
+            .await?;
+        let mut newest: HashMap<&String, (u64, Path)> = HashMap::new();
+        for meta in listed {
+            let parts: Vec<_> = meta.location.parts().collect();
+            let [_, table, epoch] = parts.as_slice() else {
+                continue;
+            };
+            let (Some(table), Some(epoch)) = (
+                by_part.get(table.as_ref()),
+                epoch
+                    .as_ref()
+                    .strip_suffix(".json")
+                    .and_then(|epoch| epoch.parse::<u64>().ok()),
+            ) else {
+                continue;
+            };
+            if newest.get(table).is_none_or(|(seen, _)| *seen < epoch) {
+                newest.insert(table, (epoch, meta.location.clone()));
+            }
+        }
+        let unread: Vec<Path> = newest
+            .values()
+            .map(|(_, path)| path.clone())
+            .filter(|path| !self.holders.contains_key(path))
+            .collect();
+        let store = &self.store;
+        let read: Vec<(Path, Option<String>)> = futures::stream::iter(unread)
+            .map(|path| async move {
+                let bytes = store.get(&path).await?.bytes().await?;
+                let epoch: Epoch = serde_json::from_slice(&bytes).map_err(|error| {
+                    WriterError::Internal(format!("lease {path} does not parse: {error}"))
+                })?;
+                Ok::<_, WriterError>((path, epoch.holder))
+            })
+            .buffer_unordered(READS_AT_ONCE)
+            .try_collect()
+            .await?;
+        // Only the newest epochs are worth remembering.
+        let current: std::collections::HashSet<&Path> =
+            newest.values().map(|(_, path)| path).collect();
+        self.holders.retain(|path, _| current.contains(path));
+        self.holders.extend(read);
+        Ok(tables
+            .iter()
+            .map(|table| {
+                let lease = match newest.get(table) {
+                    Some((epoch, path)) => Lease {
+                        epoch: *epoch,
+                        holder: self.holders.get(path).cloned().flatten(),
+                    },
+                    None => Lease {
+                        epoch: 0,
+                        holder: None,
+                    },
+                };
+                (table.clone(), lease)
+            })
+            .collect())
+    }
+
+    /// Creates epoch `epoch` of `table`'s lease naming `holder` (none: given back), unless
+    /// it exists; whether this call created it. The epoch before is deleted once it did.
+    pub async fn create(&mut self, table: &str, epoch: u64, holder: Option<&str>) -> Result<bool> {
+        let path = epoch_path(table, epoch);
+        let body = serde_json::to_vec(&Epoch {
+            holder: holder.map(str::to_string),
+        })
+        .map_err(|error| WriterError::Internal(error.to_string()))?;
+        match self
+            .store
+            .put_opts(&path, body.into(), PutOptions::from(PutMode::Create))
+            .await
+        {
+            Ok(_) => {
+                self.holders.insert(path, holder.map(str::to_string));
+                if epoch > 1 {
+                    let _ = self.store.delete(&epoch_path(table, epoch - 1)).await;
+                }
+                Ok(true)
+            }
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(object_store::Error::NotImplemented { .. }) => Err(WriterError::invalid(
+                "the fleet's lease store cannot put if absent: enable its conditional put \
+                 (on S3, AWS_CONDITIONAL_PUT=etag) or name another with `fleet.leases`",
+            )),
+            Err(error) => Err(error.into()),
+        }
+    }
+}
+
+fn heartbeat_path(id: &str) -> Path {
+    Path::from_iter(["replicas".to_string(), format!("{id}.json")])
+}
+
+/// A table's directory name: its app id as one path segment (characters a store refuses
+/// are percent-encoded).
+fn table_part(table: &str) -> String {
+    object_store::path::PathPart::from(table)
+        .as_ref()
+        .to_string()
+}
+
+fn epoch_path(table: &str, epoch: u64) -> Path {
+    // Zero-padded, so names sort as numbers for a person listing them.
+    Path::from_iter([
+        "tables".to_string(),
+        table.to_string(),
+        format!("{epoch:020}.json"),
+    ])
+}

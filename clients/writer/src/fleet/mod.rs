@@ -1,0 +1,493 @@
+//! A fleet: sidecar replicas sharing one configuration, each table run by one replica at a
+//! time through a lease in the lake's own store (docs/writer.md, "A fleet of writers").
+//!
+//! Every `lease / 4` a replica writes its heartbeat, reads the others' and the tables'
+//! leases ([`leases`]), and claims, keeps or gives back tables ([`share`]). A replica whose
+//! heartbeat is older than the lease is dead and its tables free; one that could not write
+//! its own for three quarters of the lease stops its tables itself, before another can take
+//! them. The lease spreads the work; it does not guard the data: a replica that stalls past
+//! its lease and wakes still meets the checkpoint's claim and bronze's transaction (the
+//! fence), which stop it before it writes a batch another replica wrote.
+//!
+//! A table given back is stopped first (after its batch or wave in flight) and its release
+//! written after, so the next holder starts on a table nobody runs; a replica stopped by a
+//! signal gives back all of its tables that way.
+
+pub mod leases;
+pub mod ownership;
+pub mod share;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use crate::board::{TableState, board};
+use crate::error::{Result, WriterError};
+use leases::Leases;
+use ownership::Ownership;
+use share::{View, moves};
+
+/// The `[fleet]` section of a sidecar file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConfig {
+    /// This replica's name, unique in the fleet (letters, digits, `.`, `_`, `-`; at most
+    /// 63): by default the `HOSTNAME` variable (a pod's name).
+    #[serde(default)]
+    pub replica: Option<String>,
+    /// Where the leases are kept (a path or a URL): by default `_fleet` beside the facts
+    /// table, on the lake's store.
+    #[serde(default)]
+    pub leases: Option<String>,
+    /// Seconds a replica's heartbeat holds its tables (default 20): a replica killed is
+    /// replaced within about this plus a quarter of it.
+    #[serde(default = "default_lease_seconds")]
+    pub lease_seconds: f64,
+    /// How many tables a replica gives back a round when the shares move (default 4).
+    #[serde(default = "default_release_per_round")]
+    pub release_per_round: usize,
+}
+
+fn default_lease_seconds() -> f64 {
+    20.0
+}
+
+fn default_release_per_round() -> usize {
+    4
+}
+
+impl FleetConfig {
+    /// Checks the section; `facts` is the facts table's location.
+    pub fn check(&self) -> Result<()> {
+        if !(self.lease_seconds.is_finite() && (1.0..=3600.0).contains(&self.lease_seconds)) {
+            return Err(WriterError::invalid(
+                "fleet.lease_seconds must be 1 to 3600 seconds",
+            ));
+        }
+        if self.release_per_round == 0 {
+            return Err(WriterError::invalid(
+                "fleet.release_per_round must be at least 1",
+            ));
+        }
+        self.name().map(|_| ())
+    }
+
+    /// The replica's name, from the file or `HOSTNAME`.
+    pub fn name(&self) -> Result<String> {
+        let name = match &self.replica {
+            Some(name) => name.clone(),
+            None => std::env::var("HOSTNAME").map_err(|_| {
+                WriterError::invalid(
+                    "fleet.replica is not set and neither is HOSTNAME: name this replica",
+                )
+            })?,
+        };
+        let valid = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !valid {
+            return Err(WriterError::invalid(format!(
+                "fleet replica name '{name}' must be 1 to 63 letters, digits, '.', '_' or '-'"
+            )));
+        }
+        Ok(name)
+    }
+
+    /// The lease store's location.
+    pub fn location(&self, facts: &str) -> String {
+        match &self.leases {
+            Some(location) => location.clone(),
+            None => match facts.trim_end_matches('/').rsplit_once('/') {
+                Some((parent, _)) => format!("{parent}/_fleet"),
+                None => "_fleet".to_string(),
+            },
+        }
+    }
+}
+
+/// This process's id in the fleet: its name and when it started (`<name>@<incarnation>`),
+/// so a restarted replica is told from the one before and takes its tables at once.
+fn replica_id(name: &str) -> String {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    format!("{name}@{millis:013}{:04x}", rand::random::<u16>())
+}
+
+/// The fresh heartbeats' replicas, each name's newest incarnation only.
+fn alive(ages: &std::collections::BTreeMap<String, f64>, lease: f64) -> BTreeSet<String> {
+    let mut newest: std::collections::BTreeMap<&str, &str> = Default::default();
+    for (id, age) in ages {
+        if *age > lease {
+            continue;
+        }
+        let name = id.split_once('@').map_or(id.as_str(), |(name, _)| name);
+        // Incarnations sort by start time.
+        if newest.get(name).is_none_or(|seen| *seen < id.as_str()) {
+            newest.insert(name, id);
+        }
+    }
+    newest.into_values().map(str::to_string).collect()
+}
+
+/// Runs this replica's rounds until `stop`, then gives its tables back once their tasks
+/// ended.
+pub async fn run(
+    config: FleetConfig,
+    facts: String,
+    ownership: Arc<Ownership>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<()> {
+    let name = config.name()?;
+    let id = replica_id(&name);
+    let mut leases = Leases::open(&config.location(&facts)).await?;
+    let lease = Duration::from_secs_f64(config.lease_seconds);
+    let round = lease / 4;
+    tracing::info!(replica = %id, leases = %leases.location(), lease_seconds = config.lease_seconds,
+        tables = ownership.app_ids().len(), "joined the fleet");
+    let (renewals, renewed) = watch::channel(None);
+    let watchdog = tokio::spawn(watchdog(Arc::clone(&ownership), renewed, lease * 3 / 4));
+    let mut fleet = Round {
+        id,
+        lease,
+        release_per_round: config.release_per_round,
+        ownership,
+        releasing: BTreeSet::new(),
+        renewals,
+    };
+    loop {
+        let done = match tokio::time::timeout(round, fleet.round(&mut leases)).await {
+            Ok(done) => done,
+            Err(_) => Err(WriterError::Internal(format!(
+                "the lease store did not answer within {round:?}"
+            ))),
+        };
+        if let Err(error) = done {
+            metrics::counter!("mssql_cdc_writer_fleet_round_failures_total").increment(1);
+            tracing::warn!(replica = %fleet.id, %error, "fleet round failed; the next tries again");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(round) => {}
+            _ = stop.wait_for(|stopped| *stopped) => break,
+        }
+    }
+    watchdog.abort();
+    fleet.leave(&mut leases).await;
+    Ok(())
+}
+
+/// Stops every table once no heartbeat was written for `within` (three quarters of the
+/// lease) since the last one began, whatever the rounds wait on: the others take the tables
+/// over once it is a lease old. A later round that writes one holds them again.
+async fn watchdog(
+    ownership: Arc<Ownership>,
+    mut renewed: watch::Receiver<Option<Instant>>,
+    within: Duration,
+) {
+    loop {
+        let deadline = renewed.borrow_and_update().map(|began| began + within);
+        let expired = match deadline {
+            Some(deadline) => tokio::select! {
+                _ = tokio::time::sleep_until(deadline.into()) => true,
+                changed = renewed.changed() => if changed.is_err() { return } else { false },
+            },
+            None => {
+                if renewed.changed().await.is_err() {
+                    return;
+                }
+                false
+            }
+        };
+        if expired {
+            let stopped = ownership
+                .held()
+                .iter()
+                .filter(|app_id| ownership.set_held(app_id, false))
+                .count();
+            if stopped > 0 {
+                metrics::counter!("mssql_cdc_writer_fleet_lost_total").increment(stopped as u64);
+                tracing::warn!(
+                    tables = stopped,
+                    "no heartbeat written for most of a lease: stopping every table before another replica takes it"
+                );
+            }
+            if renewed.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// One replica's state between rounds.
+struct Round {
+    id: String,
+    lease: Duration,
+    release_per_round: usize,
+    ownership: Arc<Ownership>,
+    /// Tables let go whose release is written once their tasks ended.
+    releasing: BTreeSet<String>,
+    /// When each heartbeat that was written began, for the watchdog.
+    renewals: watch::Sender<Option<Instant>>,
+}
+
+impl Round {
+    async fn round(&mut self, leases: &mut Leases) -> Result<()> {
+        let began = Instant::now();
+        leases.beat(&self.id, self.ownership.held().len()).await?;
+        self.renewals.send_replace(Some(began));
+        let lease = self.lease.as_secs_f64();
+        let Some(heartbeats) = leases.heartbeats(&self.id, lease * 10.0).await? else {
+            return Err(WriterError::Internal(
+                "this replica's heartbeat is not listed right after it was written".into(),
+            ));
+        };
+        let alive = alive(&heartbeats.ages, lease);
+        if !alive.contains(&self.id) {
+            self.let_go_of_everything("a newer process runs under this replica's name");
+            return Ok(());
+        }
+        let tables = self.ownership.app_ids();
+        let seen = leases.leases(&tables).await?;
+        let view = View {
+            me: self.id.clone(),
+            alive: alive.clone(),
+            leases: seen.clone(),
+        };
+        let moves = moves(&view, self.release_per_round);
+        for app_id in &tables {
+            let mine = moves.held.contains(app_id) && !self.releasing.contains(app_id);
+            if mine && self.ownership.set_held(app_id, true) {
+                tracing::info!(replica = %self.id, app_id, "holds its lease again");
+            }
+            if !mine && !self.releasing.contains(app_id) && self.ownership.set_held(app_id, false) {
+                metrics::counter!("mssql_cdc_writer_fleet_lost_total").increment(1);
+                tracing::warn!(replica = %self.id, app_id, holder = ?seen[app_id].holder,
+                    "lost its lease: stopping the table");
+            }
+        }
+        // Give back what was let go and has stopped.
+        for app_id in self.releasing.clone() {
+            if self.ownership.running(&app_id) {
+                continue;
+            }
+            let lease = &seen[&app_id];
+            if lease.holder.as_deref() == Some(self.id.as_str()) {
+                leases.create(&app_id, lease.epoch + 1, None).await?;
+                metrics::counter!("mssql_cdc_writer_fleet_releases_total").increment(1);
+                tracing::info!(replica = %self.id, app_id, "gave its lease back");
+            }
+            self.releasing.remove(&app_id);
+        }
+        for (app_id, _) in &moves.release {
+            if self.releasing.insert(app_id.clone()) {
+                self.ownership.set_held(app_id, false);
+            }
+        }
+        for (app_id, epoch) in &moves.claim {
+            if leases.create(app_id, *epoch, Some(&self.id)).await? {
+                metrics::counter!("mssql_cdc_writer_fleet_claims_total").increment(1);
+                tracing::info!(replica = %self.id, app_id, epoch, holder_before = ?seen[app_id].holder,
+                    "claimed the table");
+                self.ownership.set_held(app_id, true);
+            }
+        }
+        self.show(&alive, &seen);
+        Ok(())
+    }
+
+    /// Stops every table (their leases stay until they expire or are claimed back).
+    fn let_go_of_everything(&mut self, why: &str) {
+        let mut stopped = 0;
+        for app_id in self.ownership.held() {
+            stopped += usize::from(self.ownership.set_held(&app_id, false));
+        }
+        if stopped > 0 {
+            metrics::counter!("mssql_cdc_writer_fleet_lost_total").increment(stopped as u64);
+            tracing::warn!(replica = %self.id, tables = stopped, why, "stopping every table");
+        }
+    }
+
+    /// The gauges and the status board after a round.
+    fn show(
+        &self,
+        alive: &BTreeSet<String>,
+        seen: &std::collections::BTreeMap<String, share::Lease>,
+    ) {
+        let held = self.ownership.held();
+        metrics::gauge!("mssql_cdc_writer_fleet_tables_held").set(held.len() as f64);
+        metrics::gauge!("mssql_cdc_writer_fleet_replicas").set(alive.len() as f64);
+        for (app_id, lease) in seen {
+            if self.ownership.holds(app_id) || self.ownership.running(app_id) {
+                continue;
+            }
+            if let Some(table) = self.ownership.table(app_id) {
+                board().state(
+                    table,
+                    TableState::Elsewhere {
+                        holder: lease.holder.clone().filter(|holder| alive.contains(holder)),
+                    },
+                );
+            }
+        }
+    }
+
+    /// After `stop`: waits for every table's tasks to end, then gives back every lease this
+    /// replica holds, so the others take the tables at once instead of after the lease.
+    async fn leave(&mut self, leases: &mut Leases) {
+        self.ownership.all_stopped().await;
+        let tables = self.ownership.app_ids();
+        let seen = match leases.leases(&tables).await {
+            Ok(seen) => seen,
+            Err(error) => {
+                tracing::warn!(replica = %self.id, %error, "could not read the leases to give them back; they expire");
+                return;
+            }
+        };
+        let mut given = 0;
+        for (app_id, lease) in &seen {
+            if lease.holder.as_deref() == Some(self.id.as_str())
+                && matches!(leases.create(app_id, lease.epoch + 1, None).await, Ok(true))
+            {
+                given += 1;
+            }
+        }
+        tracing::info!(replica = %self.id, tables = given, "left the fleet, its leases given back");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_names_newest_fresh_incarnation_is_the_one_alive() {
+        let ages = [
+            ("a@00000000010000001".to_string(), 1.0),
+            ("a@00000000020000001".to_string(), 2.0),
+            ("b@00000000010000001".to_string(), 25.0),
+            ("c@00000000010000001".to_string(), 3.0),
+        ]
+        .into_iter()
+        .collect();
+        let alive = alive(&ages, 20.0);
+        let alive: Vec<&str> = alive.iter().map(String::as_str).collect();
+        assert_eq!(alive, vec!["a@00000000020000001", "c@00000000010000001"]);
+    }
+
+    /// A replica of `tables` on the lease store in `dir`, with a one-second lease.
+    fn replica(
+        dir: &std::path::Path,
+        name: &str,
+        tables: &[String],
+    ) -> (
+        Arc<Ownership>,
+        watch::Sender<bool>,
+        tokio::task::JoinHandle<Result<()>>,
+    ) {
+        let ownership = Ownership::new(tables.iter().map(|t| (t.as_str(), t.as_str())), false);
+        let (stop, stopped) = watch::channel(false);
+        let config = FleetConfig {
+            replica: Some(name.into()),
+            leases: Some(dir.display().to_string()),
+            lease_seconds: 1.0,
+            release_per_round: 1,
+        };
+        let task = tokio::spawn(run(
+            config,
+            "unused".into(),
+            Arc::clone(&ownership),
+            stopped,
+        ));
+        (ownership, stop, task)
+    }
+
+    /// Waits (up to 20 s) until `done` holds; how long that took.
+    async fn until(what: &str, done: impl Fn() -> bool) -> Duration {
+        let began = Instant::now();
+        while !done() {
+            assert!(began.elapsed() < Duration::from_secs(20), "never: {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        began.elapsed()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replicas_share_the_tables_hand_them_over_when_one_leaves_or_dies_and_when_one_joins() {
+        let dir = tempfile::tempdir().expect("temp");
+        let tables: Vec<String> = (0..6).map(|n| format!("t{n}")).collect();
+        let (a, stop_a, task_a) = replica(dir.path(), "a", &tables);
+        let (b, _stop_b, _task_b) = replica(dir.path(), "b", &tables);
+        let split = |a: &Ownership, b: &Ownership| {
+            let (a, b) = (a.held(), b.held());
+            a.len() + b.len() == 6 && a.iter().all(|table| !b.contains(table))
+        };
+        until("two replicas split six tables", || {
+            split(&a, &b) && a.held().len() == 3
+        })
+        .await;
+        // A replica stopped gives its leases back: the other holds all at once.
+        stop_a.send_replace(true);
+        task_a.await.expect("task").expect("run");
+        let handed = until("b holds every table after a left", || b.held().len() == 6).await;
+        assert!(handed < Duration::from_secs(2), "took {handed:?}");
+        // A replica that joins gets its share, one table a round.
+        let (c, _stop_c, task_c) = replica(dir.path(), "c", &tables);
+        until("c gets three tables", || {
+            split(&b, &c) && c.held().len() == 3
+        })
+        .await;
+        // A replica that dies (no release) is taken over once its lease expired.
+        task_c.abort();
+        let _ = task_c.await;
+        let taken = until("b takes c's tables over", || b.held().len() == 6).await;
+        assert!(
+            taken > Duration::from_millis(500) && taken < Duration::from_secs(4),
+            "taken over after {taken:?}, the lease being 1 s"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_cut_off_from_its_lease_store_stops_its_tables_before_the_lease_ends() {
+        let dir = tempfile::tempdir().expect("temp");
+        let store = dir.path().join("leases");
+        let tables: Vec<String> = vec!["t0".into(), "t1".into()];
+        let (a, _stop, _task) = replica(&store, "a", &tables);
+        until("a holds both tables", || a.held().len() == 2).await;
+        // The store goes away: no heartbeat can be written.
+        let moved = dir.path().join("gone");
+        std::fs::rename(&store, &moved).expect("rename");
+        std::fs::write(&store, b"not a directory").expect("block");
+        let stopped = until("a stops its tables", || a.held().is_empty()).await;
+        assert!(
+            stopped < Duration::from_secs(1),
+            "stopped after {stopped:?}: the others take over after the 1 s lease"
+        );
+        // Back: it holds them again (nobody took them).
+        std::fs::remove_file(&store).expect("unblock");
+        std::fs::rename(&moved, &store).expect("rename back");
+        until("a holds both again", || a.held().len() == 2).await;
+    }
+
+    #[test]
+    fn the_section_is_checked() {
+        let config = |replica: &str, lease: f64| FleetConfig {
+            replica: Some(replica.into()),
+            leases: None,
+            lease_seconds: lease,
+            release_per_round: 4,
+        };
+        assert!(config("writer-0", 20.0).check().is_ok());
+        assert!(config("writer@0", 20.0).check().is_err());
+        assert!(config("", 20.0).check().is_err());
+        assert!(config("writer-0", 0.1).check().is_err());
+        assert_eq!(
+            config("w", 20.0).location("s3://bucket/lake/facts"),
+            "s3://bucket/lake/_fleet"
+        );
+    }
+}
