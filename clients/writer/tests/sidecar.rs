@@ -738,3 +738,219 @@ async fn the_sidecar_reconciles_silver_after_its_run_and_on_an_admin_call() {
     .expect_err("no silver to reconcile");
     assert!(refused.to_string().contains("no silver table"), "{refused}");
 }
+
+/// The lease holders of `app_ids` in the fleet's store at `leases`.
+async fn holders(
+    leases: &str,
+    app_ids: &[String],
+) -> std::collections::BTreeMap<String, Option<String>> {
+    let mut store = mssql_cdc_writer::fleet::leases::Leases::open(leases)
+        .await
+        .expect("leases");
+    store
+        .leases(app_ids)
+        .await
+        .expect("read the leases")
+        .into_iter()
+        .map(|(app_id, lease)| (app_id, lease.holder))
+        .collect()
+}
+
+/// Whether every table's bronze holds exactly its journal (nothing lost or doubled).
+async fn every_bronze_is_its_journal(lab: &Lab, tables: &[(String, String)]) -> bool {
+    for (table, app_id) in tables {
+        let held = common::change_rows(
+            &lab.lake(&format!("bronze_{app_id}")),
+            "SELECT _start_lsn, _seqval, _operation, order_id FROM t",
+        )
+        .await;
+        if held.as_deref() != Some(lab.committed_of(table).as_slice()) {
+            return false;
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_of_three_replicas_shares_the_tables_and_takes_over_a_killed_ones() {
+    use std::process::{Command, Stdio};
+    const LEASE_SECONDS: f64 = 2.0;
+    let specs: Vec<_> = (0..6)
+        .map(|n| {
+            let mut spec = mssql_cdc_flight::sim::sample::orders();
+            spec.table = mssql_cdc_flight::catalog::TableName::new("dbo", format!("orders_{n}"));
+            spec
+        })
+        .collect();
+    let lab = Lab::with_tables(&specs).await;
+    lab.workload(57, 120);
+    let tables: Vec<(String, String)> = (0..6)
+        .map(|n| (format!("dbo.orders_{n}"), format!("orders_{n}")))
+        .collect();
+    let app_ids: Vec<String> = tables.iter().map(|(_, app_id)| app_id.clone()).collect();
+    let pairs: Vec<(&str, &str)> = tables
+        .iter()
+        .map(|(table, app_id)| (table.as_str(), app_id.as_str()))
+        .collect();
+    let path = write_config(&lab, &pairs);
+    let leases = lab.dir.path().join("leases").display().to_string();
+    let mut text = std::fs::read_to_string(&path).expect("config");
+    text = text.replacen(
+        "granularity",
+        "poll_seconds = 0.2\nmaintenance_minutes = 0.02\ngranularity",
+        1,
+    );
+    text.push_str(&format!(
+        "\n[fleet]\nleases = \"{leases}\"\nlease_seconds = {LEASE_SECONDS:?}\n"
+    ));
+    std::fs::write(&path, text).expect("config");
+    let start = |name: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"))
+            .args(["run", "--config"])
+            .arg(&path)
+            .env("HOSTNAME", name)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(lab.dir.path().join(format!("{name}.log"))).expect("log"))
+            .spawn()
+            .expect("replica")
+    };
+    let mut replicas: Vec<(String, std::process::Child)> = ["r0", "r1", "r2"]
+        .into_iter()
+        .map(|name| (name.to_string(), start(name)))
+        .collect();
+    let logs = |lab: &Lab| {
+        ["r0", "r1", "r2", "r3"]
+            .iter()
+            .map(|name| {
+                let log = std::fs::read_to_string(lab.dir.path().join(format!("{name}.log")));
+                format!("--- {name}:\n{}", log.unwrap_or_default())
+            })
+            .collect::<String>()
+    };
+    // Waits up to `seconds` for `done`, failing with the replicas' logs.
+    macro_rules! wait_for {
+        ($what:expr, $seconds:expr, $done:expr) => {{
+            let began = std::time::Instant::now();
+            loop {
+                if $done {
+                    break began.elapsed();
+                }
+                if began.elapsed() > std::time::Duration::from_secs($seconds) {
+                    panic!("never: {} within {} s\n{}", $what, $seconds, logs(&lab));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }};
+    }
+    let share = |holders: &std::collections::BTreeMap<String, Option<String>>| {
+        let mut counts = std::collections::BTreeMap::<String, usize>::new();
+        for holder in holders.values().flatten() {
+            let name = holder
+                .split_once('@')
+                .map_or(holder.as_str(), |(name, _)| name);
+            *counts.entry(name.to_string()).or_default() += 1;
+        }
+        counts
+    };
+    wait_for!("the three replicas hold two tables each", 60, {
+        let counts = share(&holders(&leases, &app_ids).await);
+        counts.len() == 3 && counts.values().all(|count| *count == 2)
+    });
+    wait_for!("every table's bronze holds its journal", 120, {
+        every_bronze_is_its_journal(&lab, &tables).await
+    });
+    // More commits, and the replica holding dbo.orders_0 killed while they stream.
+    lab.workload(58, 120);
+    let before = holders(&leases, &app_ids).await;
+    let victim = before["orders_0"].clone().expect("held");
+    let victim_name = victim.split_once('@').expect("id").0.to_string();
+    let orphans: Vec<&String> = before
+        .iter()
+        .filter(|(_, holder)| holder.as_deref() == Some(victim.as_str()))
+        .map(|(app_id, _)| app_id)
+        .collect();
+    let (_, child) = replicas
+        .iter_mut()
+        .find(|(name, _)| *name == victim_name)
+        .expect("victim");
+    child.kill().expect("kill");
+    let _ = child.wait();
+    let taken = wait_for!("the killed replica's tables are taken over", 60, {
+        let now = holders(&leases, &app_ids).await;
+        orphans.iter().all(|app_id| {
+            now[*app_id]
+                .as_deref()
+                .is_some_and(|holder| !holder.starts_with(&format!("{victim_name}@")))
+        })
+    });
+    println!(
+        "{} tables of a killed replica taken over {:.1} s after the kill (lease {LEASE_SECONDS} s)",
+        orphans.len(),
+        taken.as_secs_f64()
+    );
+    assert!(
+        taken.as_secs_f64() < LEASE_SECONDS * 3.0 + 2.0,
+        "taken over after {taken:?}"
+    );
+    wait_for!(
+        "every table's bronze holds its journal after the kill",
+        120,
+        { every_bronze_is_its_journal(&lab, &tables).await }
+    );
+    // A new replica joins: tables move to it until the shares are even again.
+    replicas.push(("r3".to_string(), start("r3")));
+    lab.workload(59, 60);
+    wait_for!("the joining replica gets its share", 60, {
+        let counts = share(&holders(&leases, &app_ids).await);
+        counts.get("r3").is_some_and(|count| *count == 2) && counts.len() == 3
+    });
+    wait_for!(
+        "every table's bronze holds its journal after the join",
+        120,
+        { every_bronze_is_its_journal(&lab, &tables).await }
+    );
+    // Stopped by SIGTERM, the replicas give their leases back.
+    for (name, child) in &mut replicas {
+        if *name == victim_name {
+            continue;
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+    }
+    for (name, child) in &mut replicas {
+        if *name != victim_name {
+            let status = child.wait().expect("wait");
+            assert!(
+                status.success(),
+                "{name} exited with {status}\n{}",
+                logs(&lab)
+            );
+        }
+    }
+    let after = holders(&leases, &app_ids).await;
+    assert!(
+        after.values().all(Option::is_none),
+        "leases given back at the stop: {after:?}"
+    );
+    assert!(every_bronze_is_its_journal(&lab, &tables).await);
+    // The facts hold one row per batch id of each table: no batch committed twice.
+    for (_, app_id) in &tables {
+        let rows = query(
+            &lab.lake("facts"),
+            &format!(
+                "SELECT COUNT(*) = COUNT(DISTINCT batch_id) FROM t WHERE app_id = '{app_id}' \
+                 AND batch_id IS NOT NULL AND event IS NULL"
+            ),
+        )
+        .await;
+        let once = rows[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<arrow::array::BooleanArray>()
+            .expect("bool")
+            .value(0);
+        assert!(once, "{app_id}: a batch id in the facts twice");
+    }
+}
