@@ -144,6 +144,9 @@ def test_services_and_budgets_select_their_pods():
     writer = next(doc for doc in found if doc["kind"] == "StatefulSet")
     # A rollout replaces a writer that is not ready (a failing table, a long snapshot).
     assert writer["spec"]["podManagementPolicy"] == "Parallel"
+    # Writers beyond one share the tables by lease; without [fleet] the second is fenced idle.
+    if writer["spec"]["replicas"] > 1:
+        assert "\n[fleet]\n" in (K8S / "sidecar.toml").read_text()
     accounts = {doc["metadata"]["name"] for doc in found if doc["kind"] == "ServiceAccount"}
     assert writer["spec"]["template"]["spec"]["serviceAccountName"] in accounts
 

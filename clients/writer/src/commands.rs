@@ -343,6 +343,17 @@ async fn run_sidecar(
 ) -> anyhow::Result<()> {
     let mut config = sidecar::SidecarConfig::load(path)?;
     config.status_listen = status_listen.or(config.status_listen);
+    if available_now && config.fleet.is_some() {
+        anyhow::bail!(
+            "{}: an available-now run runs every table of the file in this process, and a \
+             [fleet] shares the tables of continuous runs among replicas: run it without \
+             --available-now, or from a file without [fleet]",
+            path.display()
+        );
+    }
+    if let Some(fleet) = &config.fleet {
+        fleet.name()?;
+    }
     // An available-now run keeps the default signal handling (Ctrl-C ends it at once); its
     // status page serves until the run ends.
     let (_run_lasts, run_ends) = tokio::sync::watch::channel(false);
@@ -499,8 +510,10 @@ pub async fn print_freshness(control: &str, table: &str) -> anyhow::Result<()> {
 /// `status`: one line per table of a sidecar file.
 pub async fn print_status(path: PathBuf) -> anyhow::Result<()> {
     let config = sidecar::SidecarConfig::load(&path)?;
+    // A fleet's file names the replica holding each table's lease.
+    let fleet = config.fleet.is_some();
     println!(
-        "{:<24} {:>10} {:<24} {:<24} {:>10}  {:<24} {:<24} {:<24} snapshot",
+        "{:<24} {:>10} {:<24} {:<24} {:>10}  {:<24} {:<24} {:<24} {}snapshot",
         "table",
         "batch",
         "end lsn",
@@ -508,7 +521,12 @@ pub async fn print_status(path: PathBuf) -> anyhow::Result<()> {
         "lag s",
         "rows verified lsn",
         "verified at",
-        "values verified lsn"
+        "values verified lsn",
+        if fleet {
+            format!("{:<32} ", "replica")
+        } else {
+            String::new()
+        }
     );
     for status in sidecar::status(&config).await? {
         let batch = status
@@ -544,8 +562,13 @@ pub async fn print_status(path: PathBuf) -> anyhow::Result<()> {
             .values_verified
             .as_ref()
             .map_or("-", |(lsn, _)| lsn.as_str());
+        let replica = if fleet {
+            format!("{:<32} ", status.holder.as_deref().unwrap_or("-"))
+        } else {
+            String::new()
+        };
         println!(
-            "{:<24} {:>10} {:<24} {:<24} {:>10}  {verified_lsn:<24} {verified_at:<24} {values_lsn:<24} {snapshot}",
+            "{:<24} {:>10} {:<24} {:<24} {:>10}  {verified_lsn:<24} {verified_at:<24} {values_lsn:<24} {replica}{snapshot}",
             status.table,
             batch,
             status

@@ -44,6 +44,7 @@
 //! `reconcile_report = "/lake/reconcile"` at the top level names the report table every
 //! scheduled reconcile appends to (docs/reconcile.md); `status_listen = "127.0.0.1:8088"`
 //! serves the live status page and the `/healthz` and `/readyz` probes (docs/operations.md).
+//! A `[fleet]` section shares the tables among replicas by lease ([`crate::fleet`]).
 //!
 //! With `live_tail`, one shared call waits on the server for every table by name
 //! ([`SharedTail`]): only the streams of tables that changed wake, and a quiet table costs
@@ -431,6 +432,9 @@ async fn reconcile_loop(
     while !sleep_unless_stopped(every, &stop).await {
         let reconciled = {
             let _slot = slot(&slots).await;
+            if *stop.borrow() {
+                return;
+            }
             reconcile_logged(config).await
         };
         if let Err(error) = reconciled {
@@ -495,6 +499,9 @@ async fn backfill_continuous(
     while !*stop.borrow() {
         let wave = {
             let _slot = slot(&shared.slots).await;
+            if *stop.borrow() {
+                break;
+            }
             snapshots.backfill(&entry.backfill_options()).await
         };
         match wave {
@@ -1004,17 +1011,31 @@ impl TableRun {
     /// Runs the table's stream (with its snapshot's waves), applies and reconcile until
     /// `stop`; a failing stream is retried with backoff.
     async fn run(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
-        let applying = async {
-            if let Some((apply, every)) = &self.applies {
-                apply_loop(apply, *every, Arc::clone(&self.shared.slots), stop.clone()).await;
+        // Tasks of their own: they run in parallel, and one that panics leaves the others.
+        let mut tasks = Vec::new();
+        if self.applies.is_some() {
+            let (table, stop) = (Arc::clone(&self), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                if let Some((apply, every)) = &table.applies {
+                    apply_loop(apply, *every, Arc::clone(&table.shared.slots), stop).await;
+                }
+            }));
+        }
+        if self.reconcile.is_some() {
+            let (table, stop) = (Arc::clone(&self), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                if let Some((check, every)) = &table.reconcile {
+                    reconcile_loop(check, *every, Arc::clone(&table.shared.slots), stop).await;
+                }
+            }));
+        }
+        let table = Arc::clone(&self);
+        tasks.push(tokio::spawn(async move { table.stream_until(stop).await }));
+        for task in tasks {
+            if let Err(error) = task.await {
+                tracing::error!(table = %self.entry.table, %error, "a task of the table ended abnormally");
             }
-        };
-        let reconciling = async {
-            if let Some((check, every)) = &self.reconcile {
-                reconcile_loop(check, *every, Arc::clone(&self.shared.slots), stop.clone()).await;
-            }
-        };
-        tokio::join!(applying, reconciling, self.stream_until(stop.clone()));
+        }
     }
 
     async fn stream_until(&self, stop: tokio::sync::watch::Receiver<bool>) {
@@ -1249,6 +1270,10 @@ async fn apply_loop(
     while !*stop.borrow() {
         let applied = {
             let _slot = slot(&slots).await;
+            // Stopped while waiting its turn (the table moved to another replica).
+            if *stop.borrow() {
+                return;
+            }
             apply.run().await
         };
         if let Err(error) = applied {
@@ -1292,6 +1317,8 @@ pub struct TableStatus {
     pub verified: Option<(String, mssql_cdc_proto::CommitTime)>,
     /// The LSN every value of silver was last compared and verified at, and when.
     pub values_verified: Option<(String, mssql_cdc_proto::CommitTime)>,
+    /// In a fleet, the replica holding the table's lease (none: free or given back).
+    pub holder: Option<String>,
 }
 
 /// The status of every table: last batch, end offset, verdict, lag.
@@ -1299,6 +1326,16 @@ pub async fn status(config: &SidecarConfig) -> Result<Vec<TableStatus>> {
     let control_url = tables::table_url(&config.control)?;
     // One load of the facts table for every entry's snapshot progress.
     let facts = SharedTable::of(&tables::table_url(&config.facts)?);
+    let holders = match &config.fleet {
+        Some(fleet) => {
+            let app_ids: Vec<String> = config.tables.iter().map(|e| e.app_id.clone()).collect();
+            crate::fleet::leases::Leases::open(&fleet.location(&config.facts))
+                .await?
+                .leases(&app_ids)
+                .await?
+        }
+        None => Default::default(),
+    };
     let mut statuses = Vec::new();
     for entry in &config.tables {
         let last = Checkpoint::open(&config.checkpoint(&entry.app_id))
@@ -1323,6 +1360,9 @@ pub async fn status(config: &SidecarConfig) -> Result<Vec<TableStatus>> {
             snapshot: snapshot::progress(&facts, &entry.app_id).await?,
             verified: control_row.as_ref().and_then(|row| row.verified.clone()),
             values_verified: control_row.and_then(|row| row.values_verified),
+            holder: holders
+                .get(&entry.app_id)
+                .and_then(|lease| lease.holder.clone()),
         });
     }
     Ok(statuses)

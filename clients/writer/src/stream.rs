@@ -594,6 +594,11 @@ impl Stream {
                 Some(slots) => Some(slot(slots).await),
                 None => None,
             };
+            // Stopped while waiting its turn (a signal, or the table moved to another
+            // replica of a fleet): no batch begun after it.
+            if *stop.borrow() {
+                break;
+            }
             let batch = self.run_batch_retrying(None).await?;
             drop(slot);
             match batch {

@@ -747,13 +747,16 @@ async fn holders(
     let mut store = mssql_cdc_writer::fleet::leases::Leases::open(leases)
         .await
         .expect("leases");
-    store
-        .leases(app_ids)
-        .await
-        .expect("read the leases")
-        .into_iter()
-        .map(|(app_id, lease)| (app_id, lease.holder))
-        .collect()
+    // A lease that moved on between the listing and its read is left out: read again.
+    loop {
+        let seen = store.leases(app_ids).await.expect("read the leases");
+        if seen.len() == app_ids.len() {
+            return seen
+                .into_iter()
+                .map(|(app_id, lease)| (app_id, lease.holder))
+                .collect();
+        }
+    }
 }
 
 /// Whether every table's bronze holds exactly its journal (nothing lost or doubled).
@@ -833,7 +836,8 @@ async fn a_fleet_of_three_replicas_shares_the_tables_and_takes_over_a_killed_one
         ($what:expr, $seconds:expr, $done:expr) => {{
             let began = std::time::Instant::now();
             loop {
-                if $done {
+                let done: bool = $done;
+                if done {
                     break began.elapsed();
                 }
                 if began.elapsed() > std::time::Duration::from_secs($seconds) {
@@ -860,6 +864,21 @@ async fn a_fleet_of_three_replicas_shares_the_tables_and_takes_over_a_killed_one
     wait_for!("every table's bronze holds its journal", 120, {
         every_bronze_is_its_journal(&lab, &tables).await
     });
+    // `status` names each table's replica.
+    let status = Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"))
+        .args(["status", "--config"])
+        .arg(&path)
+        .output()
+        .expect("status");
+    let printed = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{printed}");
+    for name in ["r0@", "r1@", "r2@"] {
+        assert_eq!(
+            printed.matches(name).count(),
+            2,
+            "{name} holds two tables:\n{printed}"
+        );
+    }
     // More commits, and the replica holding dbo.orders_0 killed while they stream.
     lab.workload(58, 120);
     let before = holders(&leases, &app_ids).await;

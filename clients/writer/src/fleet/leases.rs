@@ -10,8 +10,10 @@
 //!   replicas claiming one epoch, one wins. An epoch never changes once written, so a
 //!   replica reads each one once.
 //!
-//! A round costs one put, two lists (a page holds 1,000 objects) and a get per epoch it has
-//! not seen; a claim or a release one conditional put, and the deletion of the epoch before.
+//! A round costs one put, a list of the heartbeats, a list of the leases (a page holds 1,000
+//! objects, two epochs a table at most) and a get per epoch it has not seen; a claim or a
+//! release one conditional put, and the deletion of the epoch two before (the one before
+//! stays for replicas that listed it just now).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -134,7 +136,8 @@ impl Leases {
     }
 
     /// The newest lease of every table in `tables` (app ids); a table without one has
-    /// epoch 0 and no holder.
+    /// epoch 0 and no holder. A table whose newest epoch moved on between the listing and
+    /// its read is left out (the next round sees it).
     pub async fn leases(&mut self, tables: &[String]) -> Result<BTreeMap<String, Lease>> {
         let by_part: HashMap<String, &String> = tables
             .iter()
@@ -170,17 +173,41 @@ impl Leases {
             .filter(|path| !self.holders.contains_key(path))
             .collect();
         let store = &self.store;
-        let read: Vec<(Path, Option<String>)> = futures::stream::iter(unread)
+        let mut reads = futures::stream::iter(unread)
             .map(|path| async move {
-                let bytes = store.get(&path).await?.bytes().await?;
-                let epoch: Epoch = serde_json::from_slice(&bytes).map_err(|error| {
-                    WriterError::Internal(format!("lease {path} does not parse: {error}"))
-                })?;
-                Ok::<_, WriterError>((path, epoch.holder))
+                let read = match store.get(&path).await {
+                    Ok(got) => got.bytes().await,
+                    Err(error) => Err(error),
+                };
+                (path, read)
             })
-            .buffer_unordered(READS_AT_ONCE)
-            .try_collect()
-            .await?;
+            .buffer_unordered(READS_AT_ONCE);
+        // Each epoch is kept as it is read, so a round cut short keeps what it read.
+        let mut read = Vec::new();
+        let mut unknown = std::collections::HashSet::new();
+        while let Some((path, got)) = reads.next().await {
+            match got {
+                Ok(bytes) => match serde_json::from_slice::<Epoch>(&bytes) {
+                    Ok(epoch) => read.push((path, epoch.holder)),
+                    Err(error) => {
+                        // Nobody holds what nobody can read: the next claim writes a newer
+                        // epoch over it.
+                        tracing::warn!(lease = %path, %error, "a lease epoch does not parse: the table counts as free");
+                        read.push((path, None));
+                    }
+                },
+                // Moved on since the listing (the epoch before a newer one is deleted):
+                // the next round reads the newer one.
+                Err(object_store::Error::NotFound { .. }) => {
+                    unknown.insert(path);
+                }
+                Err(error) => {
+                    self.holders.extend(read);
+                    return Err(error.into());
+                }
+            }
+        }
+        drop(reads);
         // Only the newest epochs are worth remembering.
         let current: std::collections::HashSet<&Path> =
             newest.values().map(|(_, path)| path).collect();
@@ -188,8 +215,9 @@ impl Leases {
         self.holders.extend(read);
         Ok(tables
             .iter()
-            .map(|table| {
+            .filter_map(|table| {
                 let lease = match newest.get(table) {
+                    Some((_, path)) if unknown.contains(path) => return None,
                     Some((epoch, path)) => Lease {
                         epoch: *epoch,
                         holder: self.holders.get(path).cloned().flatten(),
@@ -199,38 +227,70 @@ impl Leases {
                         holder: None,
                     },
                 };
-                (table.clone(), lease)
+                Some((table.clone(), lease))
             })
             .collect())
     }
 
-    /// Creates epoch `epoch` of `table`'s lease naming `holder` (none: given back), unless
-    /// it exists; whether this call created it. The epoch before is deleted once it did.
-    pub async fn create(&mut self, table: &str, epoch: u64, holder: Option<&str>) -> Result<bool> {
-        let path = epoch_path(table, epoch);
-        let body = serde_json::to_vec(&Epoch {
-            holder: holder.map(str::to_string),
-        })
-        .map_err(|error| WriterError::Internal(error.to_string()))?;
-        match self
-            .store
-            .put_opts(&path, body.into(), PutOptions::from(PutMode::Create))
+    /// Creates the epochs `epochs` (table, epoch) of the tables' leases naming `holder`
+    /// (none: given back), a few at once, each unless it exists; whether each call created
+    /// its epoch.
+    pub async fn create_all(
+        &self,
+        epochs: &[(String, u64)],
+        holder: Option<&str>,
+    ) -> Vec<Result<bool>> {
+        // Futures that own what they use, made before the stream: a stream holding a
+        // closure over borrowed values is not `Send` for every lifetime.
+        let creates: Vec<_> = epochs
+            .iter()
+            .map(|(table, epoch)| {
+                create(
+                    Arc::clone(&self.store),
+                    table.clone(),
+                    *epoch,
+                    holder.map(str::to_string),
+                )
+            })
+            .collect();
+        futures::stream::iter(creates)
+            .buffered(CREATES_AT_ONCE)
+            .collect()
             .await
-        {
-            Ok(_) => {
-                self.holders.insert(path, holder.map(str::to_string));
-                if epoch > 1 {
-                    let _ = self.store.delete(&epoch_path(table, epoch - 1)).await;
-                }
-                Ok(true)
+    }
+}
+
+/// How many lease epochs are created at once.
+const CREATES_AT_ONCE: usize = 16;
+
+/// Creates epoch `epoch` of `table`'s lease naming `holder` unless it exists; whether this
+/// call created it. The epoch before stays, for replicas that listed it just now; the one
+/// before that goes.
+async fn create(
+    store: Arc<dyn ObjectStore>,
+    table: String,
+    epoch: u64,
+    holder: Option<String>,
+) -> Result<bool> {
+    let path = epoch_path(&table, epoch);
+    let body = serde_json::to_vec(&Epoch { holder })
+        .map_err(|error| WriterError::Internal(error.to_string()))?;
+    match store
+        .put_opts(&path, body.into(), PutOptions::from(PutMode::Create))
+        .await
+    {
+        Ok(_) => {
+            if epoch > 2 {
+                let _ = store.delete(&epoch_path(&table, epoch - 2)).await;
             }
-            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
-            Err(object_store::Error::NotImplemented { .. }) => Err(WriterError::invalid(
-                "the fleet's lease store cannot put if absent: enable its conditional put \
-                 (on S3, AWS_CONDITIONAL_PUT=etag) or name another with `fleet.leases`",
-            )),
-            Err(error) => Err(error.into()),
+            Ok(true)
         }
+        Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+        Err(object_store::Error::NotImplemented { .. }) => Err(WriterError::invalid(
+            "the fleet's lease store cannot put if absent: enable its conditional put \
+             (on S3, AWS_CONDITIONAL_PUT=etag) or name another with `fleet.leases`",
+        )),
+        Err(error) => Err(error.into()),
     }
 }
 

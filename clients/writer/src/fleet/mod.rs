@@ -17,7 +17,7 @@ pub mod leases;
 pub mod ownership;
 pub mod share;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,7 +60,8 @@ fn default_release_per_round() -> usize {
 }
 
 impl FleetConfig {
-    /// Checks the section; `facts` is the facts table's location.
+    /// Checks the section (a name left to `HOSTNAME` is checked when the replica starts,
+    /// [`Self::name`]).
     pub fn check(&self) -> Result<()> {
         if !(self.lease_seconds.is_finite() && (1.0..=3600.0).contains(&self.lease_seconds)) {
             return Err(WriterError::invalid(
@@ -72,7 +73,10 @@ impl FleetConfig {
                 "fleet.release_per_round must be at least 1",
             ));
         }
-        self.name().map(|_| ())
+        match self.replica {
+            Some(_) => self.name().map(|_| ()),
+            None => Ok(()),
+        }
     }
 
     /// The replica's name, from the file or `HOSTNAME`.
@@ -120,8 +124,8 @@ fn replica_id(name: &str) -> String {
 }
 
 /// The fresh heartbeats' replicas, each name's newest incarnation only.
-fn alive(ages: &std::collections::BTreeMap<String, f64>, lease: f64) -> BTreeSet<String> {
-    let mut newest: std::collections::BTreeMap<&str, &str> = Default::default();
+fn alive(ages: &BTreeMap<String, f64>, lease: f64) -> BTreeSet<String> {
+    let mut newest: BTreeMap<&str, &str> = Default::default();
     for (id, age) in ages {
         if *age > lease {
             continue;
@@ -135,8 +139,8 @@ fn alive(ages: &std::collections::BTreeMap<String, f64>, lease: f64) -> BTreeSet
     newest.into_values().map(str::to_string).collect()
 }
 
-/// Runs this replica's rounds until `stop`, then gives its tables back once their tasks
-/// ended.
+/// Runs this replica's rounds until `stop`, then gives its tables back as their tasks end,
+/// renewing its heartbeat meanwhile.
 pub async fn run(
     config: FleetConfig,
     facts: String,
@@ -145,7 +149,17 @@ pub async fn run(
 ) -> Result<()> {
     let name = config.name()?;
     let id = replica_id(&name);
-    let mut leases = Leases::open(&config.location(&facts)).await?;
+    let location = config.location(&facts);
+    if location.contains("://")
+        && !location.starts_with("file://")
+        && config.lease_seconds < MIN_OBJECT_STORE_LEASE_SECONDS
+    {
+        return Err(WriterError::invalid(format!(
+            "fleet.lease_seconds must be at least {MIN_OBJECT_STORE_LEASE_SECONDS} on an object \
+             store, whose modification times may be whole seconds"
+        )));
+    }
+    let mut leases = Leases::open(&location).await?;
     let lease = Duration::from_secs_f64(config.lease_seconds);
     let round = lease / 4;
     tracing::info!(replica = %id, leases = %leases.location(), lease_seconds = config.lease_seconds,
@@ -159,65 +173,71 @@ pub async fn run(
         ownership,
         releasing: BTreeSet::new(),
         renewals,
+        beat: true,
+        stalled: BTreeMap::new(),
     };
     loop {
-        let done = match tokio::time::timeout(round, fleet.round(&mut leases)).await {
-            Ok(done) => done,
-            Err(_) => Err(WriterError::Internal(format!(
-                "the lease store did not answer within {round:?}"
-            ))),
-        };
-        if let Err(error) = done {
-            metrics::counter!("mssql_cdc_writer_fleet_round_failures_total").increment(1);
-            tracing::warn!(replica = %fleet.id, %error, "fleet round failed; the next tries again");
-        }
+        fleet.timed(&mut leases, round, false).await;
         tokio::select! {
             _ = tokio::time::sleep(round) => {}
             _ = stop.wait_for(|stopped| *stopped) => break,
         }
     }
+    // Every table stops now (the sidecar's stop reached them); each is given back once its
+    // tasks ended, the heartbeat renewed meanwhile so nobody takes a table still draining.
+    while fleet.ownership.any_running() {
+        fleet.timed(&mut leases, round, true).await;
+        tokio::time::sleep(round).await;
+    }
+    fleet.timed(&mut leases, round, true).await;
     watchdog.abort();
-    fleet.leave(&mut leases).await;
+    tracing::info!(replica = %fleet.id, "left the fleet, its leases given back");
     Ok(())
 }
 
-/// Stops every table once no heartbeat was written for `within` (three quarters of the
-/// lease) since the last one began, whatever the rounds wait on: the others take the tables
-/// over once it is a lease old. A later round that writes one holds them again.
+/// The shortest lease on an object store: S3 and Azure keep modification times in whole
+/// seconds, so a heartbeat may read up to a second older than it is.
+const MIN_OBJECT_STORE_LEASE_SECONDS: f64 = 10.0;
+
+/// Stops every table once no round completed for `within` (three quarters of the lease)
+/// since its heartbeat began, whatever the rounds wait on: the others take the tables over
+/// once the heartbeat is a lease old. A later round claims them again (if nobody took them
+/// meanwhile). When the rounds end for good (their task is gone), it stops every table.
 async fn watchdog(
     ownership: Arc<Ownership>,
     mut renewed: watch::Receiver<Option<Instant>>,
     within: Duration,
 ) {
+    let let_go = |why: &str| {
+        let stopped = ownership
+            .held()
+            .iter()
+            .filter(|app_id| ownership.set_held(app_id, false))
+            .count();
+        if stopped > 0 {
+            metrics::counter!("mssql_cdc_writer_fleet_lost_total").increment(stopped as u64);
+            tracing::warn!(tables = stopped, why, "stopping every table");
+        }
+    };
     loop {
         let deadline = renewed.borrow_and_update().map(|began| began + within);
-        let expired = match deadline {
+        let changed = match deadline {
             Some(deadline) => tokio::select! {
-                _ = tokio::time::sleep_until(deadline.into()) => true,
-                changed = renewed.changed() => if changed.is_err() { return } else { false },
+                _ = tokio::time::sleep_until(deadline.into()) => None,
+                changed = renewed.changed() => Some(changed),
             },
-            None => {
-                if renewed.changed().await.is_err() {
-                    return;
-                }
-                false
-            }
+            None => Some(renewed.changed().await),
         };
-        if expired {
-            let stopped = ownership
-                .held()
-                .iter()
-                .filter(|app_id| ownership.set_held(app_id, false))
-                .count();
-            if stopped > 0 {
-                metrics::counter!("mssql_cdc_writer_fleet_lost_total").increment(stopped as u64);
-                tracing::warn!(
-                    tables = stopped,
-                    "no heartbeat written for most of a lease: stopping every table before another replica takes it"
+        match changed {
+            Some(Ok(())) => {}
+            Some(Err(_)) => return let_go("the fleet's rounds ended"),
+            None => {
+                let_go(
+                    "no round completed for most of a lease: another replica may take the tables",
                 );
-            }
-            if renewed.changed().await.is_err() {
-                return;
+                if renewed.changed().await.is_err() {
+                    return let_go("the fleet's rounds ended");
+                }
             }
         }
     }
@@ -231,73 +251,181 @@ struct Round {
     ownership: Arc<Ownership>,
     /// Tables let go whose release is written once their tasks ended.
     releasing: BTreeSet<String>,
-    /// When each heartbeat that was written began, for the watchdog.
+    /// When each complete round's heartbeat began, for the watchdog.
     renewals: watch::Sender<Option<Instant>>,
+    /// Whether this round writes a heartbeat: only after a round that completed, so a
+    /// replica that can write but not list or claim stops holding its tables for the others.
+    beat: bool,
+    /// Replicas below the even share, with the count they had and since when, while free
+    /// tables wait: one that claims none for two leases is left out of the share, so the
+    /// others take the tables it does not.
+    stalled: BTreeMap<String, (usize, Instant)>,
 }
 
 impl Round {
-    async fn round(&mut self, leases: &mut Leases) -> Result<()> {
+    /// A round within `limit`, logged and counted when it fails; `leaving` claims nothing
+    /// and gives back every table whose tasks ended.
+    async fn timed(&mut self, leases: &mut Leases, limit: Duration, leaving: bool) {
+        let done = match tokio::time::timeout(limit * 4, self.round(leases, leaving)).await {
+            Ok(done) => done,
+            Err(_) => Err(WriterError::Internal(format!(
+                "the lease store did not answer within {:?}",
+                limit * 4
+            ))),
+        };
+        self.beat = done.is_ok();
+        if let Err(error) = done {
+            metrics::counter!("mssql_cdc_writer_fleet_round_failures_total").increment(1);
+            tracing::warn!(replica = %self.id, %error, "fleet round failed; the next tries again");
+        }
+    }
+
+    async fn round(&mut self, leases: &mut Leases, leaving: bool) -> Result<()> {
         let began = Instant::now();
-        leases.beat(&self.id, self.ownership.held().len()).await?;
-        self.renewals.send_replace(Some(began));
+        if self.beat {
+            leases.beat(&self.id, self.ownership.held().len()).await?;
+        }
         let lease = self.lease.as_secs_f64();
         let Some(heartbeats) = leases.heartbeats(&self.id, lease * 10.0).await? else {
             return Err(WriterError::Internal(
-                "this replica's heartbeat is not listed right after it was written".into(),
+                "this replica's heartbeat is not listed".into(),
             ));
         };
         let alive = alive(&heartbeats.ages, lease);
         if !alive.contains(&self.id) {
+            tracing::warn!(replica = %self.id, "a newer process runs under this replica's name: this one holds no table (name each replica apart)");
             self.let_go_of_everything("a newer process runs under this replica's name");
             return Ok(());
         }
         let tables = self.ownership.app_ids();
         let seen = leases.leases(&tables).await?;
+        let sharing = self.sharing(&alive, &seen);
         let view = View {
             me: self.id.clone(),
             alive: alive.clone(),
+            sharing,
             leases: seen.clone(),
         };
-        let moves = moves(&view, self.release_per_round);
-        for app_id in &tables {
-            let mine = moves.held.contains(app_id) && !self.releasing.contains(app_id);
-            if mine && self.ownership.set_held(app_id, true) {
-                tracing::info!(replica = %self.id, app_id, "holds its lease again");
-            }
-            if !mine && !self.releasing.contains(app_id) && self.ownership.set_held(app_id, false) {
-                metrics::counter!("mssql_cdc_writer_fleet_lost_total").increment(1);
-                tracing::warn!(replica = %self.id, app_id, holder = ?seen[app_id].holder,
-                    "lost its lease: stopping the table");
+        let mut moves = moves(&view, self.release_per_round);
+        if leaving {
+            moves.claim.clear();
+            moves.release = moves
+                .held
+                .iter()
+                .map(|app_id| (app_id.clone(), seen[app_id].epoch + 1))
+                .collect();
+        }
+        // Held by lease but not here (a lapse stopped it): claimed again by a newer epoch,
+        // so of this replica and another that saw it dead, only one runs it.
+        let mut claims = moves.claim.clone();
+        for app_id in &moves.held {
+            let releasing = self.releasing.contains(app_id)
+                || moves.release.iter().any(|(table, _)| table == app_id);
+            if !releasing && !self.ownership.holds(app_id) {
+                claims.push((app_id.clone(), seen[app_id].epoch + 1));
             }
         }
-        // Give back what was let go and has stopped.
-        for app_id in self.releasing.clone() {
-            if self.ownership.running(&app_id) {
-                continue;
+        for (app_id, lease) in &seen {
+            let mine = lease.holder.as_deref() == Some(self.id.as_str());
+            if !mine && self.ownership.set_held(app_id, false) {
+                metrics::counter!("mssql_cdc_writer_fleet_lost_total").increment(1);
+                tracing::warn!(replica = %self.id, app_id, holder = ?lease.holder,
+                    "lost its lease: stopping the table");
             }
-            let lease = &seen[&app_id];
-            if lease.holder.as_deref() == Some(self.id.as_str()) {
-                leases.create(&app_id, lease.epoch + 1, None).await?;
-                metrics::counter!("mssql_cdc_writer_fleet_releases_total").increment(1);
-                tracing::info!(replica = %self.id, app_id, "gave its lease back");
-            }
-            self.releasing.remove(&app_id);
         }
         for (app_id, _) in &moves.release {
             if self.releasing.insert(app_id.clone()) {
                 self.ownership.set_held(app_id, false);
             }
         }
-        for (app_id, epoch) in &moves.claim {
-            if leases.create(app_id, *epoch, Some(&self.id)).await? {
+        // Give back what was let go and has stopped.
+        let given: Vec<(String, u64)> = self
+            .releasing
+            .iter()
+            .filter(|app_id| !self.ownership.running(app_id))
+            .filter_map(|app_id| {
+                let lease = seen.get(app_id)?;
+                Some((app_id.clone(), lease.epoch + 1))
+            })
+            .collect();
+        let created = leases.create_all(&given, None).await;
+        for (app_id, result) in given.iter().map(|(app_id, _)| app_id).zip(created) {
+            let mine = seen[app_id].holder.as_deref() == Some(self.id.as_str());
+            match result {
+                Ok(true) => {
+                    metrics::counter!("mssql_cdc_writer_fleet_releases_total").increment(1);
+                    tracing::info!(replica = %self.id, app_id, "gave its lease back");
+                    self.releasing.remove(app_id);
+                }
+                Ok(false) | Err(_) if !mine => {
+                    self.releasing.remove(app_id);
+                }
+                Ok(false) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        let created = leases.create_all(&claims, Some(&self.id)).await;
+        for ((app_id, epoch), result) in claims.iter().zip(created) {
+            if result? {
                 metrics::counter!("mssql_cdc_writer_fleet_claims_total").increment(1);
                 tracing::info!(replica = %self.id, app_id, epoch, holder_before = ?seen[app_id].holder,
                     "claimed the table");
                 self.ownership.set_held(app_id, true);
             }
         }
+        if self.beat {
+            self.renewals.send_replace(Some(began));
+        }
         self.show(&alive, &seen);
         Ok(())
+    }
+
+    /// The live replicas the tables are shared among: all but those that stayed below the
+    /// even share for two leases while free tables waited (they claim nothing: a replica
+    /// whose rounds fail after its heartbeat, or one of another fleet on this store).
+    fn sharing(
+        &mut self,
+        alive: &BTreeSet<String>,
+        seen: &BTreeMap<String, share::Lease>,
+    ) -> BTreeSet<String> {
+        let mut counts: BTreeMap<&str, usize> = alive.iter().map(|id| (id.as_str(), 0)).collect();
+        let mut free = false;
+        for lease in seen.values() {
+            match lease
+                .holder
+                .as_deref()
+                .filter(|holder| alive.contains(*holder))
+            {
+                Some(holder) => *counts.entry(holder).or_default() += 1,
+                None => free = true,
+            }
+        }
+        let low = seen.len() / alive.len().max(1);
+        let now = Instant::now();
+        self.stalled.retain(|id, _| alive.contains(id));
+        for (id, count) in &counts {
+            if !free || *count >= low {
+                self.stalled.remove(*id);
+                continue;
+            }
+            match self.stalled.get(*id) {
+                Some((before, _)) if *count <= *before => {}
+                _ => {
+                    self.stalled.insert(id.to_string(), (*count, now));
+                }
+            }
+        }
+        alive
+            .iter()
+            .filter(|id| {
+                **id == self.id
+                    || self
+                        .stalled
+                        .get(*id)
+                        .is_none_or(|(_, since)| now - *since < self.lease * 2)
+            })
+            .cloned()
+            .collect()
     }
 
     /// Stops every table (their leases stay until they expire or are claimed back).
@@ -313,50 +441,22 @@ impl Round {
     }
 
     /// The gauges and the status board after a round.
-    fn show(
-        &self,
-        alive: &BTreeSet<String>,
-        seen: &std::collections::BTreeMap<String, share::Lease>,
-    ) {
+    fn show(&self, alive: &BTreeSet<String>, seen: &BTreeMap<String, share::Lease>) {
         let held = self.ownership.held();
         metrics::gauge!("mssql_cdc_writer_fleet_tables_held").set(held.len() as f64);
         metrics::gauge!("mssql_cdc_writer_fleet_replicas").set(alive.len() as f64);
+        let mut unheld = 0;
         for (app_id, lease) in seen {
+            let holder = lease.holder.clone().filter(|holder| alive.contains(holder));
+            unheld += usize::from(holder.is_none());
             if self.ownership.holds(app_id) || self.ownership.running(app_id) {
                 continue;
             }
             if let Some(table) = self.ownership.table(app_id) {
-                board().state(
-                    table,
-                    TableState::Elsewhere {
-                        holder: lease.holder.clone().filter(|holder| alive.contains(holder)),
-                    },
-                );
+                board().state(table, TableState::Elsewhere { holder });
             }
         }
-    }
-
-    /// After `stop`: waits for every table's tasks to end, then gives back every lease this
-    /// replica holds, so the others take the tables at once instead of after the lease.
-    async fn leave(&mut self, leases: &mut Leases) {
-        self.ownership.all_stopped().await;
-        let tables = self.ownership.app_ids();
-        let seen = match leases.leases(&tables).await {
-            Ok(seen) => seen,
-            Err(error) => {
-                tracing::warn!(replica = %self.id, %error, "could not read the leases to give them back; they expire");
-                return;
-            }
-        };
-        let mut given = 0;
-        for (app_id, lease) in &seen {
-            if lease.holder.as_deref() == Some(self.id.as_str())
-                && matches!(leases.create(app_id, lease.epoch + 1, None).await, Ok(true))
-            {
-                given += 1;
-            }
-        }
-        tracing::info!(replica = %self.id, tables = given, "left the fleet, its leases given back");
+        metrics::gauge!("mssql_cdc_writer_fleet_tables_unheld").set(unheld as f64);
     }
 }
 
@@ -471,6 +571,30 @@ mod tests {
         std::fs::remove_file(&store).expect("unblock");
         std::fs::rename(&moved, &store).expect("rename back");
         until("a holds both again", || a.held().len() == 2).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_live_replica_that_claims_nothing_leaves_its_share_to_the_others() {
+        let dir = tempfile::tempdir().expect("temp");
+        let tables: Vec<String> = (0..6).map(|n| format!("t{n}")).collect();
+        // A replica whose heartbeat lands but that never claims (its rounds fail after it).
+        let stuck = Leases::open(&dir.path().display().to_string())
+            .await
+            .expect("leases");
+        let beating = tokio::spawn(async move {
+            loop {
+                stuck.beat("stuck@1", 0).await.expect("beat");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        let (a, _stop, _task) = replica(dir.path(), "a", &tables);
+        until("a holds its even share", || a.held().len() == 3).await;
+        let all = until("a holds every table", || a.held().len() == 6).await;
+        assert!(
+            all > Duration::from_millis(1_500),
+            "the other was left out after two leases, not at once: {all:?}"
+        );
+        beating.abort();
     }
 
     #[test]

@@ -110,7 +110,8 @@ impl Ownership {
     }
 
     /// Runs `app_id`'s tasks (`run`, given a stop that turns true when the table is let go
-    /// or `stop` turns true) each time the table is held, until `stop`.
+    /// or `stop` turns true, spawned as a task of its own) each time the table is held, until
+    /// `stop`. A run that panics counts as ended, so its lease can be given back.
     pub async fn while_held<F, R>(
         self: Arc<Self>,
         app_id: String,
@@ -118,7 +119,7 @@ impl Ownership {
         run: R,
     ) where
         R: Fn(watch::Receiver<bool>) -> F,
-        F: Future<Output = ()>,
+        F: Future<Output = ()> + Send + 'static,
     {
         let Some(flags) = self.tables.get(&app_id) else {
             return;
@@ -134,20 +135,24 @@ impl Ownership {
                 return;
             }
             let (table_stop, table_stopped) = watch::channel(false);
-            let ended = async {
-                tokio::select! {
-                    _ = held.wait_for(|held| !*held) => {}
-                    _ = stopping.wait_for(|stopped| *stopped) => {}
-                }
-                let _ = table_stop.send(true);
-            };
             flags.running.send_replace(true);
-            let tasks = run(table_stopped);
-            tokio::pin!(tasks);
-            tokio::select! {
-                () = &mut tasks => {}
-                // The tasks end on their stop, after their work in flight.
-                () = ended => tasks.await,
+            let mut tasks = tokio::spawn(run(table_stopped));
+            let ended = tokio::select! {
+                ended = &mut tasks => Some(ended),
+                _ = held.wait_for(|held| !*held) => None,
+                _ = stopping.wait_for(|stopped| *stopped) => None,
+            };
+            let ended = match ended {
+                Some(ended) => ended,
+                None => {
+                    // The tasks end on their stop, after their work in flight.
+                    let _ = table_stop.send(true);
+                    tasks.await
+                }
+            };
+            if let Err(error) = ended {
+                tracing::error!(app_id, %error, "the table's tasks ended abnormally; started again in a second");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
             flags.running.send_replace(false);
             if *stop.borrow() {

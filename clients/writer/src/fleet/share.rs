@@ -8,7 +8,6 @@
 //! the tables another prefers, so two replicas rarely race for one claim.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{Hash, Hasher};
 
 /// A table's lease as the store shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,8 +23,11 @@ pub struct Lease {
 pub struct View {
     /// This replica's id.
     pub me: String,
-    /// The replica ids whose heartbeat is fresh, this one included.
+    /// The replica ids whose heartbeat is fresh, this one included: their leases hold.
     pub alive: BTreeSet<String>,
+    /// Those of them the tables are shared among (a live replica that claims nothing is
+    /// left out), this one included.
+    pub sharing: BTreeSet<String>,
     /// Every table of the shared configuration (by app id) and its lease.
     pub leases: BTreeMap<String, Lease>,
 }
@@ -43,16 +45,19 @@ pub struct Moves {
 
 /// The round's moves; at most `release_per_round` tables are given back.
 pub fn moves(view: &View, release_per_round: usize) -> Moves {
-    let alive = view.alive.len().max(1);
+    let sharing = view.sharing.len().max(1);
     let total = view.leases.len();
-    let (low, high) = (total / alive, total.div_ceil(alive));
-    let mut counts: BTreeMap<&str, usize> = view.alive.iter().map(|id| (id.as_str(), 0)).collect();
+    let (low, high) = (total / sharing, total.div_ceil(sharing));
+    let mut counts: BTreeMap<&str, usize> =
+        view.sharing.iter().map(|id| (id.as_str(), 0)).collect();
     let mut held = BTreeSet::new();
     let mut free = Vec::new();
     for (table, lease) in &view.leases {
         match lease.holder.as_deref() {
             Some(holder) if view.alive.contains(holder) => {
-                *counts.entry(holder).or_default() += 1;
+                if let Some(count) = counts.get_mut(holder) {
+                    *count += 1;
+                }
                 if holder == view.me {
                     held.insert(table.clone());
                 }
@@ -110,7 +115,7 @@ pub fn moves(view: &View, release_per_round: usize) -> Moves {
 fn preference(view: &View, table: &str) -> (bool, u64) {
     let mine = score(table, &view.me);
     let first = view
-        .alive
+        .sharing
         .iter()
         .filter(|id| **id != view.me)
         .all(|id| score(table, id) < mine);
@@ -121,9 +126,12 @@ fn preference(view: &View, table: &str) -> (bool, u64) {
 /// `@`), so a restarted replica prefers the tables it had.
 fn score(table: &str, id: &str) -> u64 {
     let name = id.split_once('@').map_or(id, |(name, _)| name);
-    let mut hasher = std::hash::DefaultHasher::new();
-    (table, name).hash(&mut hasher);
-    hasher.finish()
+    // XXH3 of a fixed seed, so every release of the writer ranks alike.
+    let mut key = Vec::with_capacity(table.len() + name.len() + 1);
+    key.extend_from_slice(table.as_bytes());
+    key.push(0);
+    key.extend_from_slice(name.as_bytes());
+    twox_hash::XxHash3_128::oneshot(&key) as u64
 }
 
 #[cfg(test)]
@@ -134,6 +142,7 @@ mod tests {
         View {
             me: me.to_string(),
             alive: alive.iter().map(|id| id.to_string()).collect(),
+            sharing: alive.iter().map(|id| id.to_string()).collect(),
             leases: leases
                 .iter()
                 .map(|(table, epoch, holder)| {
@@ -149,20 +158,22 @@ mod tests {
         }
     }
 
+    fn view_of(me: &str, alive: &[&str], leases: &BTreeMap<String, Lease>) -> View {
+        View {
+            me: me.to_string(),
+            alive: alive.iter().map(|id| id.to_string()).collect(),
+            sharing: alive.iter().map(|id| id.to_string()).collect(),
+            leases: leases.clone(),
+        }
+    }
+
     /// Runs rounds of every live replica in turn, each seeing the others' moves, until
     /// nothing moves; the holders by table.
     fn settle(alive: &[&str], leases: &mut BTreeMap<String, Lease>) -> usize {
         for round in 0..100 {
             let mut moved = false;
             for me in alive {
-                let moves = moves(
-                    &View {
-                        me: me.to_string(),
-                        alive: alive.iter().map(|id| id.to_string()).collect(),
-                        leases: leases.clone(),
-                    },
-                    2,
-                );
+                let moves = moves(&view_of(me, alive, leases), 2);
                 for (table, epoch) in moves.claim {
                     leases.insert(
                         table,
@@ -250,17 +261,7 @@ mod tests {
             "{counts_after_death:?}"
         );
         // c comes back as a new incarnation: two tables a round move to it.
-        let first = moves(
-            &View {
-                me: "a@1".into(),
-                alive: ["a@1", "b@1", "c@2"]
-                    .iter()
-                    .map(|id| id.to_string())
-                    .collect(),
-                leases: leases.clone(),
-            },
-            1,
-        );
+        let first = moves(&view_of("a@1", &["a@1", "b@1", "c@2"], &leases), 1);
         assert_eq!(first.release.len(), 1, "one table a round: {first:?}");
         settle(&["a@1", "b@1", "c@2"], &mut leases);
         let counts = counts(&leases);

@@ -65,6 +65,14 @@ const CI_STEPS: usize = 30;
 /// its run must count, so the schedule fails when what it covers is gone.
 const MUST_COVER: &[(&str, &str)] = &[
     (
+        "a killed replica's tables taken over",
+        "tables taken over from a killed fleet replica",
+    ),
+    (
+        "a stopped replica's tables taken over",
+        "tables taken over from a stopped fleet replica",
+    ),
+    (
         "stops its stream by the anti-loop guard",
         "re-snapshots refused by the anti-loop guard",
     ),
@@ -77,6 +85,19 @@ const MUST_COVER: &[(&str, &str)] = &[
 /// Schedules that once failed, kept as regressions, and a few that reach what random seeds
 /// rarely do: each runs in CI beside the seeds.
 const REGRESSIONS: &[(&str, &str)] = &[
+    (
+        "coverage, not a failure: fleets of sidecar replicas sharing the tables by lease, a \
+         killed replica's tables taken over by the others and a stopped replica's tables \
+         taken over once it gave them back, then a stream, silver and a reconcile (issue 57)",
+        r#"[{"Commit":{"table":"Busy","commits":30,"seed":1}},
+        {"Commit":{"table":"Keyed","commits":20,"seed":2}},
+        {"Sidecar":{"tenths":40,"kill":true,"deletion_vectors":false,"replicas":3}},
+        {"Commit":{"table":"Quiet","commits":10,"seed":3}},
+        {"Sidecar":{"tenths":40,"kill":false,"deletion_vectors":true,"replicas":2}},
+        {"Stream":{"table":"Busy","continuous":false,"live_tail":false,"max_commits":null}},
+        {"Apply":{"table":"Busy","deletion_vectors":false}},
+        {"Reconcile":{"table":"Busy","corrupt":false}}]"#,
+    ),
     (
         "coverage, not a failure: an operator leaves one more column of the quiet table out \
          while a chunked re-snapshot is open: its stream records the change and abandons the \

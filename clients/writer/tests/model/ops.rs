@@ -212,13 +212,18 @@ pub(crate) enum Op {
     SecondWriter { table: Table },
     /// The writer binary streaming `table` available-now, aborted at a crash point.
     Crash { table: Table, point: usize },
-    /// The sidecar (`run --config`, continuous) over both tables for `tenths` tenths of a
+    /// The sidecar (`run --config`, continuous) over every table for `tenths` tenths of a
     /// second: their streams, backfills, silver applies (`deletion_vectors` or not) and
-    /// maintenance; then stopped by SIGTERM, or killed (SIGKILL) when `kill`.
+    /// maintenance; then stopped by SIGTERM, or killed (SIGKILL) when `kill`. With
+    /// `replicas` above 1, a fleet of that many processes sharing the tables by lease, the
+    /// holder of the first table stopped (or killed) half-way and its tables taken over by
+    /// the others.
     Sidecar {
         tenths: u64,
         kill: bool,
         deletion_vectors: bool,
+        #[serde(default)]
+        replicas: u8,
     },
     /// The Flight server restarts after `tenths` tenths of a second: every connection in
     /// flight is cut, new ones are refused for `down` tenths, then a new server serves (with
@@ -312,7 +317,15 @@ pub(crate) fn kind(op: &Op) -> String {
         ),
         Op::SecondWriter { .. } => "second writer".into(),
         Op::Crash { point, .. } => format!("crash {}", CRASH_POINTS[*point]),
-        Op::Sidecar { kill, .. } => format!("sidecar {}", if *kill { "killed" } else { "stopped" }),
+        Op::Sidecar { kill, replicas, .. } => format!(
+            "{} {}",
+            if *replicas > 1 {
+                format!("fleet of {replicas}")
+            } else {
+                "sidecar".to_string()
+            },
+            if *kill { "killed" } else { "stopped" }
+        ),
         Op::Restart { rekey, .. } => format!(
             "server restart{}",
             if *rekey { " with a new ticket key" } else { "" }
@@ -390,6 +403,11 @@ pub(crate) fn random_op(rng: &mut StdRng, pairable: bool) -> Op {
             tenths: rng.random_range(10..60),
             kill: rng.random_bool(0.5),
             deletion_vectors: rng.random_bool(0.5),
+            replicas: if rng.random_bool(0.4) {
+                rng.random_range(2..=3)
+            } else {
+                1
+            },
         },
         120..126 => Op::Restart {
             tenths: if pairable { rng.random_range(0..30) } else { 0 },

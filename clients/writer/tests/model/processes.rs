@@ -73,6 +73,7 @@ impl World {
         tenths: u64,
         kill: bool,
         deletion_vectors: bool,
+        replicas: u8,
     ) -> Result<(), Failure> {
         let mut text = format!(
             "server = \"{}\"\nfacts = \"{}\"\ncontrol = \"{}\"\ncheckpoints = \"{}\"\n\
@@ -118,56 +119,110 @@ impl World {
             let paused = self.known().paused.get(&table).copied();
             before.insert(table, (state.status, paused));
         }
+        let fleet = replicas > 1;
+        let leases = self.lab.dir.path().join("leases").display().to_string();
+        if fleet {
+            text.push_str(&format!(
+                "\n[fleet]\nleases = \"{leases}\"\nlease_seconds = {FLEET_LEASE_SECONDS:?}\n"
+            ));
+        }
         let path = self.lab.dir.path().join("sidecar.toml");
         std::fs::write(&path, text).map_err(|error| format!("sidecar file: {error}"))?;
-        let log = self.lab.dir.path().join("sidecar.log");
-        let mut child = Command::new(WRITER)
-            .args(["run", "--config"])
-            .arg(&path)
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).map_err(|error| error.to_string())?)
-            .spawn()
-            .map_err(|error| format!("sidecar: {error}"))?;
-        tokio::time::sleep(Duration::from_millis(100 * tenths)).await;
-        if kill {
-            let _ = child.kill();
-        } else {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
+        let mut running = Vec::new();
+        for replica in 0..replicas.max(1) {
+            let name = format!("r{replica}");
+            let log = self.lab.dir.path().join(format!("sidecar-{name}.log"));
+            let child = Command::new(WRITER)
+                .args(["run", "--config"])
+                .arg(&path)
+                .env("RUST_LOG", "error")
+                .env("HOSTNAME", &name)
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).map_err(|error| error.to_string())?)
+                .spawn()
+                .map_err(|error| format!("sidecar: {error}"))?;
+            running.push((name, child, log));
         }
-        // A stopped sidecar finishes the batch, wave or apply in flight: 120 s at most.
-        let pid = child.id();
-        let waited = tokio::time::timeout(
-            Duration::from_secs(120),
-            tokio::task::spawn_blocking(move || child.wait()),
-        )
-        .await;
-        let status = match waited {
-            Ok(joined) => joined
-                .expect("task")
-                .map_err(|error| format!("sidecar: {error}"))?,
-            Err(_) => {
-                let _ = Command::new("kill")
-                    .args(["-KILL", &pid.to_string()])
-                    .status();
-                return Err(format!(
-                    "the sidecar did not stop within 120 s of SIGTERM: {}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                ));
-            }
-        };
-        if !kill && !status.success() {
-            return Err(format!(
-                "the sidecar stopped by SIGTERM exited with {status}: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            ));
+        if fleet {
+            tokio::time::sleep(Duration::from_millis(50 * tenths)).await;
+            self.hand_over(&leases, &mut running, kill).await?;
+            tokio::time::sleep(Duration::from_millis(50 * tenths)).await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(100 * tenths)).await;
+        }
+        // Signalled together, so the others do not take over a stopping replica's tables.
+        for (_, child, _) in &mut running {
+            signal(child, kill);
+        }
+        for (_, child, log) in running {
+            stop(child, kill, &log).await?;
         }
         for table in Table::ALL {
             let (status, paused) = &before[&table];
             self.learn_after_sidecar(table, status, *paused).await?;
         }
+        Ok(())
+    }
+
+    /// Half-way through a fleet's run: the holder of the first table held is stopped (or
+    /// killed), and the others must take its tables over within a few leases.
+    async fn hand_over(
+        &self,
+        leases: &str,
+        running: &mut Vec<(String, std::process::Child, std::path::PathBuf)>,
+        kill: bool,
+    ) -> Result<(), Failure> {
+        let app_ids: Vec<String> = Table::ALL
+            .iter()
+            .map(|table| self.config(*table).app_id)
+            .collect();
+        let holders = lease_holders(leases, &app_ids).await?;
+        let Some(victim) = holders.values().flatten().next().cloned() else {
+            return Ok(());
+        };
+        let name = victim
+            .split_once('@')
+            .map_or(victim.as_str(), |(name, _)| name);
+        let Some(at) = running.iter().position(|(running, ..)| running == name) else {
+            return Err(format!(
+                "the lease holder {victim} is no replica this run started"
+            ));
+        };
+        let (_, child, log) = running.remove(at);
+        let orphans: Vec<&String> = holders
+            .iter()
+            .filter(|(_, holder)| holder.as_deref() == Some(victim.as_str()))
+            .map(|(app_id, _)| app_id)
+            .collect();
+        stop(child, kill, &log).await?;
+        let began = std::time::Instant::now();
+        let limit = Duration::from_secs_f64(FLEET_LEASE_SECONDS * 10.0);
+        loop {
+            let now = lease_holders(leases, &app_ids).await?;
+            if orphans.iter().all(|app_id| {
+                now[*app_id]
+                    .as_deref()
+                    .is_some_and(|holder| !holder.starts_with(&format!("{name}@")))
+            }) {
+                break;
+            }
+            if began.elapsed() > limit {
+                return Err(format!(
+                    "the tables {orphans:?} of the fleet replica {name}, {}, were not taken \
+                     over within {limit:?}: {now:?}",
+                    if kill { "killed" } else { "stopped" }
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        *self
+            .known()
+            .covered
+            .entry(format!(
+                "tables taken over from a {} fleet replica",
+                if kill { "killed" } else { "stopped" }
+            ))
+            .or_default() += orphans.len() as u64;
         Ok(())
     }
 
@@ -207,5 +262,80 @@ impl World {
         self.observe_silver(table).await?;
         // A sidecar stopped or killed mid-apply leaves history's invariants whole.
         self.check_history(table, false).await
+    }
+}
+
+/// The lease of a fleet replica in the model: short, so a schedule's few seconds see a
+/// killed one taken over.
+const FLEET_LEASE_SECONDS: f64 = 1.0;
+
+/// The holder of each of `app_ids`' leases in the fleet's store at `leases`.
+async fn lease_holders(
+    leases: &str,
+    app_ids: &[String],
+) -> Result<BTreeMap<String, Option<String>>, Failure> {
+    let mut store = mssql_cdc_writer::fleet::leases::Leases::open(leases)
+        .await
+        .map_err(|error| format!("the fleet's leases: {error}"))?;
+    // A lease that moved on between the listing and its read is left out: read again.
+    loop {
+        let seen = store
+            .leases(app_ids)
+            .await
+            .map_err(|error| format!("the fleet's leases: {error}"))?;
+        if seen.len() == app_ids.len() {
+            return Ok(seen
+                .into_iter()
+                .map(|(app_id, lease)| (app_id, lease.holder))
+                .collect());
+        }
+    }
+}
+
+/// Stops a sidecar process by SIGTERM (it finishes the batch, wave or apply in flight: 120 s
+/// at most) or kills it (SIGKILL) when `kill`.
+async fn stop(
+    mut child: std::process::Child,
+    kill: bool,
+    log: &std::path::Path,
+) -> Result<(), Failure> {
+    signal(&mut child, kill);
+    let pid = child.id();
+    let waited = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::task::spawn_blocking(move || child.wait()),
+    )
+    .await;
+    let status = match waited {
+        Ok(joined) => joined
+            .expect("task")
+            .map_err(|error| format!("sidecar: {error}"))?,
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            return Err(format!(
+                "the sidecar did not stop within 120 s of SIGTERM: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            ));
+        }
+    };
+    if !kill && !status.success() {
+        return Err(format!(
+            "the sidecar stopped by SIGTERM exited with {status}: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        ));
+    }
+    Ok(())
+}
+
+/// Sends SIGTERM to a sidecar process, or SIGKILL when `kill`.
+fn signal(child: &mut std::process::Child, kill: bool) {
+    if kill {
+        let _ = child.kill();
+    } else {
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
     }
 }

@@ -349,7 +349,11 @@ impl World {
                     tenths,
                     kill,
                     deletion_vectors,
-                } => self.sidecar(*tenths, *kill, *deletion_vectors).await,
+                    replicas,
+                } => {
+                    self.sidecar(*tenths, *kill, *deletion_vectors, *replicas)
+                        .await
+                }
                 Op::Restart {
                     tenths,
                     down,
