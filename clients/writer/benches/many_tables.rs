@@ -18,6 +18,13 @@
 //!
 //! `cargo bench -p mssql-cdc-writer --bench many_tables`. The ratios printed last are the
 //! shared tail's source calls per second over the poll's, busy and idle.
+//!
+//! With `BENCH_FLEET=3` (replicas) a third mode runs the same tables on a fleet of that many
+//! sidecar processes sharing them by lease (`[fleet]`, `BENCH_LEASE_SECONDS`, default 20,
+//! the shared tail), measured as the others, its CPU and RSS summed over the replicas; then
+//! one replica is killed (SIGKILL), one row is committed to each of its tables, and the run
+//! prints how long until the others held its leases and until every one of its tables had
+//! streamed that row.
 
 mod common;
 
@@ -48,6 +55,18 @@ struct Report {
     commits: u64,
     /// How long the committer took: more than the rate asks when the database is slower.
     commit_seconds: f64,
+    /// In a fleet: the killed replica's tables, and the seconds until the others held them
+    /// and until each had streamed a row committed after the kill.
+    takeover: Option<(usize, f64, f64)>,
+}
+
+/// How the tables run: one sidecar (shared tail or polling) or a fleet of replicas.
+#[derive(Clone, Copy)]
+struct Mode {
+    live_tail: bool,
+    /// Sidecar processes sharing the tables by lease; 1: one sidecar without `[fleet]`.
+    replicas: usize,
+    lease_seconds: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -65,8 +84,38 @@ fn main() -> anyhow::Result<()> {
         "{tables} tables, {busy} busy at {rate} commits/s for {seconds} s, then {idle} s idle; \
          {granularity} verdicts"
     );
+    let fleet = env_number("BENCH_FLEET", 1) as usize;
+    let lease_seconds = env_number("BENCH_LEASE_SECONDS", 20);
+    let mut modes = vec![
+        (
+            "shared tail".to_string(),
+            Mode {
+                live_tail: true,
+                replicas: 1,
+                lease_seconds,
+            },
+        ),
+        (
+            "poll 5 s".to_string(),
+            Mode {
+                live_tail: false,
+                replicas: 1,
+                lease_seconds,
+            },
+        ),
+    ];
+    if fleet > 1 {
+        modes.push((
+            format!("fleet of {fleet}"),
+            Mode {
+                live_tail: true,
+                replicas: fleet,
+                lease_seconds,
+            },
+        ));
+    }
     let mut totals = Vec::new();
-    for (name, live_tail) in [("shared tail", true), ("poll 5 s", false)] {
+    for (name, mode) in modes {
         let sizes = Sizes {
             tables,
             busy,
@@ -75,7 +124,7 @@ fn main() -> anyhow::Result<()> {
             idle,
             granularity: granularity.clone(),
         };
-        let report = runtime.block_on(measure(live_tail, &sizes, &metrics))?;
+        let report = runtime.block_on(measure(mode, &sizes, &metrics))?;
         println!(
             "{name:>11}: first batch of every table in {:.1} s; {} commits in {:.1} s, caught up \
              {:.2} s after the last; sidecar CPU {:.1} s in the busy window for {} busy-table \
@@ -98,13 +147,33 @@ fn main() -> anyhow::Result<()> {
             total(&report.idle_calls),
             by_call(&report.idle_calls),
         );
-        totals.push((total(&report.busy_calls), total(&report.idle_calls)));
+        if let Some((tables, held, streamed)) = report.takeover {
+            println!(
+                "{name:>11}: a replica killed: its {tables} tables held by the others after \
+                 {held:.1} s, each streaming a row committed after the kill within {streamed:.1} s \
+                 (lease {lease_seconds} s)"
+            );
+        }
+        totals.push((
+            total(&report.busy_calls),
+            total(&report.idle_calls),
+            report.warm_up_seconds,
+        ));
     }
     println!(
         "source calls/s shared tail / poll: busy {:.3}, idle {:.3}",
         totals[0].0 / totals[1].0,
         totals[0].1 / totals[1].1.max(f64::MIN_POSITIVE)
     );
+    if let Some(fleet) = totals.get(2) {
+        println!(
+            "fleet / one sidecar (shared tail): first batch of every table {:.3}, source calls/s \
+             busy {:.3}, idle {:.3}",
+            fleet.2 / totals[0].2,
+            fleet.0 / totals[0].0,
+            fleet.1 / totals[0].1.max(f64::MIN_POSITIVE)
+        );
+    }
     Ok(())
 }
 
@@ -141,11 +210,7 @@ struct Sizes {
     granularity: String,
 }
 
-async fn measure(
-    live_tail: bool,
-    sizes: &Sizes,
-    metrics: &PrometheusHandle,
-) -> anyhow::Result<Report> {
+async fn measure(mode: Mode, sizes: &Sizes, metrics: &PrometheusHandle) -> anyhow::Result<Report> {
     let Sizes {
         tables,
         busy,
@@ -169,14 +234,8 @@ async fn measure(
     seed.commit()?;
     writer.publish()?;
     let server = start_server(&db).await?;
-    let config = sidecar_file(
-        dir.path(),
-        &server.url,
-        &specs,
-        live_tail,
-        &sizes.granularity,
-    )?;
-    let mut sidecar = Sidecar::start(&config, &dir.path().join("sidecar.log"))?;
+    let config = sidecar_file(dir.path(), &server.url, &specs, mode, &sizes.granularity)?;
+    let mut sidecar = Sidecars::start(&config, dir.path(), mode.replicas)?;
 
     // Every table's first batch.
     let started = Instant::now();
@@ -246,6 +305,11 @@ async fn measure(
     tokio::time::sleep(Duration::from_secs(idle)).await;
     let calls_idle = source_calls(metrics);
     let peak_rss_mib = sidecar.peak_rss_mib()?;
+    let takeover = if mode.replicas > 1 {
+        Some(kill_one(dir.path(), &specs, &mut sidecar, &mut writer_after(&db)?).await?)
+    } else {
+        None
+    };
     sidecar.stop();
     server.stop().await?;
     Ok(Report {
@@ -260,7 +324,94 @@ async fn measure(
         catch_up_seconds,
         commits: total,
         commit_seconds,
+        takeover,
     })
+}
+
+/// A writer of the database after the committer's (which moved into its thread).
+fn writer_after(db: &SimDb) -> anyhow::Result<mssql_cdc_flight::sim::SimWriter> {
+    Ok(db.writer(Clock::Wall, 8)?)
+}
+
+/// Kills the first replica of the fleet, commits one row to each of its tables, and waits
+/// until the others hold them and each streamed its row: its tables, and the seconds to
+/// both.
+async fn kill_one(
+    base: &Path,
+    specs: &[TableSpec],
+    fleet: &mut Sidecars,
+    writer: &mut mssql_cdc_flight::sim::SimWriter,
+) -> anyhow::Result<(usize, f64, f64)> {
+    let app_ids: Vec<String> = (0..specs.len()).map(|n| format!("t{n:04}")).collect();
+    let leases = base.join("leases").display().to_string();
+    let mut store = mssql_cdc_writer::fleet::leases::Leases::open(&leases).await?;
+    let holders = loop {
+        let seen = store.leases(&app_ids).await?;
+        if seen.len() == app_ids.len() {
+            break seen;
+        }
+    };
+    let orphans: Vec<usize> = (0..specs.len())
+        .filter(|n| {
+            holders[&app_ids[*n]]
+                .holder
+                .as_deref()
+                .is_some_and(|holder| holder.starts_with("r0@"))
+        })
+        .collect();
+    let checkpoints = base.join("checkpoints").display().to_string();
+    let mut batches_before = Vec::new();
+    for n in &orphans {
+        let location = checkpoint::location(Some(&checkpoints), "", &app_ids[*n]);
+        let last = Checkpoint::open(&location).await?.last().await?;
+        batches_before.push(last.map_or(-1, |batch| batch.batch_id));
+    }
+    let killed = Instant::now();
+    fleet.kill_first();
+    let mut tx = writer.begin();
+    for n in &orphans {
+        tx.insert(&specs[*n].table, 1)?;
+    }
+    tx.commit()?;
+    writer.publish()?;
+    let mut held = None;
+    loop {
+        fleet.check()?;
+        anyhow::ensure!(
+            killed.elapsed() < Duration::from_secs(600),
+            "the killed replica's tables were not all streamed again within 10 minutes"
+        );
+        if held.is_none() {
+            let seen = store.leases(&app_ids).await?;
+            let all_held = orphans.iter().all(|n| {
+                seen.get(&app_ids[*n]).is_some_and(|lease| {
+                    lease
+                        .holder
+                        .as_deref()
+                        .is_some_and(|holder| !holder.starts_with("r0@"))
+                })
+            });
+            if all_held {
+                held = Some(killed.elapsed().as_secs_f64());
+            }
+        }
+        if held.is_some() {
+            let mut streamed = true;
+            for (n, before) in orphans.iter().zip(&batches_before) {
+                let location = checkpoint::location(Some(&checkpoints), "", &app_ids[*n]);
+                let last = Checkpoint::open(&location).await?.last().await?;
+                if !last.is_some_and(|batch| batch.committed && batch.batch_id > *before) {
+                    streamed = false;
+                    break;
+                }
+            }
+            if streamed {
+                let streamed = killed.elapsed().as_secs_f64();
+                return Ok((orphans.len(), held.unwrap_or(streamed), streamed));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 fn lake(base: &Path, name: &str) -> String {
@@ -272,17 +423,25 @@ fn sidecar_file(
     base: &Path,
     url: &str,
     specs: &[TableSpec],
-    live_tail: bool,
+    mode: Mode,
     granularity: &str,
 ) -> anyhow::Result<std::path::PathBuf> {
     let mut text = format!(
         "server = \"{url}\"\nfacts = \"{}\"\ncontrol = \"{}\"\ncheckpoints = \"{}\"\n\
-         granularity = \"{granularity}\"\npoll_seconds = 5.0\nlive_tail = {live_tail}\n\
+         granularity = \"{granularity}\"\npoll_seconds = 5.0\nlive_tail = {}\n\
          maintenance_minutes = 0.0\n",
         lake(base, "facts"),
         lake(base, "control"),
         base.join("checkpoints").display(),
+        mode.live_tail,
     );
+    if mode.replicas > 1 {
+        text.push_str(&format!(
+            "\n[fleet]\nleases = \"{}\"\nlease_seconds = {}.0\n",
+            base.join("leases").display(),
+            mode.lease_seconds
+        ));
+    }
     for (n, spec) in specs.iter().enumerate() {
         text.push_str(&format!(
             "\n[[tables]]\ntable = \"{}\"\ntarget = \"{}\"\napp_id = \"t{n:04}\"\n",
@@ -342,18 +501,63 @@ async fn version(url: &url::Url) -> anyhow::Result<i64> {
         .map_or(-1, |version| version as i64))
 }
 
-/// The sidecar process.
+/// The sidecar processes: one, or the replicas of a fleet (`r0`, `r1`, ...).
+struct Sidecars {
+    replicas: Vec<Sidecar>,
+}
+
+impl Sidecars {
+    fn start(config: &Path, base: &Path, replicas: usize) -> anyhow::Result<Self> {
+        let replicas = (0..replicas)
+            .map(|n| {
+                Sidecar::start(
+                    config,
+                    &base.join(format!("sidecar-r{n}.log")),
+                    &format!("r{n}"),
+                )
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Sidecars { replicas })
+    }
+
+    /// Fails when a replica has exited (but the one killed).
+    fn check(&mut self) -> anyhow::Result<()> {
+        self.replicas.iter_mut().try_for_each(Sidecar::check)
+    }
+
+    /// CPU seconds of every replica so far.
+    fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        self.replicas.iter().map(Sidecar::cpu_seconds).sum()
+    }
+
+    /// The replicas' peak resident sets, summed.
+    fn peak_rss_mib(&self) -> anyhow::Result<f64> {
+        self.replicas.iter().map(Sidecar::peak_rss_mib).sum()
+    }
+
+    /// Kills the first replica (SIGKILL): its tables are left to the others.
+    fn kill_first(&mut self) {
+        self.replicas.remove(0).stop();
+    }
+
+    fn stop(self) {
+        self.replicas.into_iter().for_each(Sidecar::stop);
+    }
+}
+
+/// One sidecar process.
 struct Sidecar {
     child: Child,
 }
 
 impl Sidecar {
-    fn start(config: &Path, log: &Path) -> anyhow::Result<Self> {
+    fn start(config: &Path, log: &Path, name: &str) -> anyhow::Result<Self> {
         let log = std::fs::File::create(log)?;
         let child = Command::new(env!("CARGO_BIN_EXE_mssql-cdc-writer"))
             .args(["run", "--config"])
             .arg(config)
             .env("RUST_LOG", "warn")
+            .env("HOSTNAME", name)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()?;
