@@ -316,7 +316,9 @@ impl Round {
                 .collect();
         }
         // Held by lease but not here (a lapse stopped it): claimed again by a newer epoch,
-        // so of this replica and another that saw it dead, only one runs it.
+        // so of this replica and another that saw it dead, only one runs it. A round that
+        // wrote no heartbeat (the one before failed) claims nothing: the others may count
+        // this replica dead.
         let mut claims = moves.claim.clone();
         for app_id in &moves.held {
             let releasing = self.releasing.contains(app_id)
@@ -324,6 +326,9 @@ impl Round {
             if !releasing && !self.ownership.holds(app_id) {
                 claims.push((app_id.clone(), seen[app_id].epoch + 1));
             }
+        }
+        if !self.beat {
+            claims.clear();
         }
         for (app_id, lease) in &seen {
             let mine = lease.holder.as_deref() == Some(self.id.as_str());
@@ -338,30 +343,26 @@ impl Round {
                 self.ownership.set_held(app_id, false);
             }
         }
-        // Give back what was let go and has stopped.
+        // Give back what was let go and has stopped, where the lease is still this
+        // replica's (one another took meanwhile is not this replica's to give).
+        let id = self.id.clone();
+        self.releasing.retain(|app_id| {
+            seen.get(app_id)
+                .is_none_or(|lease| lease.holder.as_deref() == Some(id.as_str()))
+        });
         let given: Vec<(String, u64)> = self
             .releasing
             .iter()
             .filter(|app_id| !self.ownership.running(app_id))
-            .filter_map(|app_id| {
-                let lease = seen.get(app_id)?;
-                Some((app_id.clone(), lease.epoch + 1))
-            })
+            .filter_map(|app_id| Some((app_id.clone(), seen.get(app_id)?.epoch + 1)))
             .collect();
         let created = leases.create_all(&given, None).await;
-        for (app_id, result) in given.iter().map(|(app_id, _)| app_id).zip(created) {
-            let mine = seen[app_id].holder.as_deref() == Some(self.id.as_str());
-            match result {
-                Ok(true) => {
-                    metrics::counter!("mssql_cdc_writer_fleet_releases_total").increment(1);
-                    tracing::info!(replica = %self.id, app_id, "gave its lease back");
-                    self.releasing.remove(app_id);
-                }
-                Ok(false) | Err(_) if !mine => {
-                    self.releasing.remove(app_id);
-                }
-                Ok(false) => {}
-                Err(error) => return Err(error),
+        for ((app_id, _), result) in given.iter().zip(created) {
+            // Not created: another epoch came first (the next round sees whose).
+            if result? {
+                metrics::counter!("mssql_cdc_writer_fleet_releases_total").increment(1);
+                tracing::info!(replica = %self.id, app_id, "gave its lease back");
+                self.releasing.remove(app_id);
             }
         }
         let created = leases.create_all(&claims, Some(&self.id)).await;
