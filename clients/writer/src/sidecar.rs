@@ -1011,30 +1011,44 @@ impl TableRun {
     /// Runs the table's stream (with its snapshot's waves), applies and reconcile until
     /// `stop`; a failing stream is retried with backoff.
     async fn run(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
-        // Tasks of their own: they run in parallel, and one that panics leaves the others.
-        let mut tasks = Vec::new();
+        // Tasks of their own, so they run in parallel; one that ends before the stop (a
+        // panic) ends the others too, and the run ends so the table can start again.
+        let (end, ended) = tokio::sync::watch::channel(false);
+        let mut tasks = tokio::task::JoinSet::new();
+        let (mut outer, mut inner) = (stop.clone(), ended.clone());
+        tasks.spawn({
+            let end = end.clone();
+            async move {
+                tokio::select! {
+                    _ = outer.wait_for(|stopped| *stopped) => {}
+                    _ = inner.wait_for(|ended| *ended) => {}
+                }
+                let _ = end.send(true);
+            }
+        });
         if self.applies.is_some() {
-            let (table, stop) = (Arc::clone(&self), stop.clone());
-            tasks.push(tokio::spawn(async move {
+            let (table, stop) = (Arc::clone(&self), ended.clone());
+            tasks.spawn(async move {
                 if let Some((apply, every)) = &table.applies {
                     apply_loop(apply, *every, Arc::clone(&table.shared.slots), stop).await;
                 }
-            }));
+            });
         }
         if self.reconcile.is_some() {
-            let (table, stop) = (Arc::clone(&self), stop.clone());
-            tasks.push(tokio::spawn(async move {
+            let (table, stop) = (Arc::clone(&self), ended.clone());
+            tasks.spawn(async move {
                 if let Some((check, every)) = &table.reconcile {
                     reconcile_loop(check, *every, Arc::clone(&table.shared.slots), stop).await;
                 }
-            }));
+            });
         }
-        let table = Arc::clone(&self);
-        tasks.push(tokio::spawn(async move { table.stream_until(stop).await }));
-        for task in tasks {
-            if let Err(error) = task.await {
-                tracing::error!(table = %self.entry.table, %error, "a task of the table ended abnormally");
+        let (table, stop) = (Arc::clone(&self), ended.clone());
+        tasks.spawn(async move { table.stream_until(stop).await });
+        while let Some(done) = tasks.join_next().await {
+            if let Err(error) = done {
+                tracing::error!(table = %self.entry.table, %error, "a task of the table ended abnormally: its others stop, and it starts again");
             }
+            let _ = end.send(true);
         }
     }
 

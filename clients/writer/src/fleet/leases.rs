@@ -11,9 +11,9 @@
 //!   replica reads each one once.
 //!
 //! A round costs one put, a list of the heartbeats, a list of the leases (a page holds 1,000
-//! objects, two epochs a table at most) and a get per epoch it has not seen; a claim or a
-//! release one conditional put, and the deletion of the epoch two before (the one before
-//! stays for replicas that listed it just now).
+//! objects, [`KEPT_EPOCHS`] a table at most) and a get per epoch it has not seen; a claim or
+//! a release one conditional put, and the deletion of an epoch [`KEPT_EPOCHS`] before (the
+//! newer ones stay for replicas that listed them lately).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -58,7 +58,12 @@ struct Heartbeat {
 pub struct Heartbeats {
     /// Seconds since each replica's heartbeat was written, by replica id.
     pub ages: BTreeMap<String, f64>,
+    /// The replicas marked as leaving (stopped by a signal, draining their tables).
+    pub leaving: std::collections::BTreeSet<String>,
 }
+
+/// The suffix of a replica's leaving mark, beside its heartbeat.
+const LEAVING: &str = ".leaving";
 
 impl Leases {
     /// The lease store at `location` (a path or a URL); a local directory is created.
@@ -104,35 +109,69 @@ impl Leases {
             .map_err(Into::into)
     }
 
-    /// Every heartbeat's age, measured against `id`'s own (just written); heartbeats older
-    /// than `forget_after` seconds are deleted. `None` when `id`'s heartbeat is not listed.
-    pub async fn heartbeats(&self, id: &str, forget_after: f64) -> Result<Option<Heartbeats>> {
+    /// Every heartbeat's age on the store's clock: now is `id`'s own heartbeat's time plus
+    /// `since_own` (how long ago this process wrote it). Heartbeats older than
+    /// `forget_after` seconds are deleted. `None` when `id`'s heartbeat is not listed.
+    pub async fn heartbeats(
+        &self,
+        id: &str,
+        since_own: std::time::Duration,
+        forget_after: f64,
+    ) -> Result<Option<Heartbeats>> {
         let listed: Vec<_> = self
             .store
             .list(Some(&Path::from("replicas")))
             .try_collect()
             .await?;
-        let written: BTreeMap<String, SystemTime> = listed
-            .into_iter()
-            .filter_map(|meta| {
-                let name = meta.location.filename()?.strip_suffix(".json")?.to_string();
-                Some((name, SystemTime::from(meta.last_modified)))
-            })
-            .collect();
-        let Some(now) = written.get(id).copied() else {
+        let mut written = BTreeMap::new();
+        let mut leaving = std::collections::BTreeSet::new();
+        for meta in listed {
+            let Some(file) = meta.location.filename() else {
+                continue;
+            };
+            if let Some(replica) = file.strip_suffix(".json") {
+                written.insert(replica.to_string(), SystemTime::from(meta.last_modified));
+            } else if let Some(replica) = file.strip_suffix(LEAVING) {
+                leaving.insert(replica.to_string());
+            }
+        }
+        let Some(own) = written.get(id).copied() else {
             return Ok(None);
         };
+        let now = own + since_own;
         let mut ages = BTreeMap::new();
         for (replica, at) in written {
             let age = now.duration_since(at).map_or(0.0, |age| age.as_secs_f64());
             if age > forget_after {
                 // Best effort: another round or replica deletes it otherwise.
-                let _ = self.store.delete(&heartbeat_path(&replica)).await;
+                let _ = self.forget(&replica).await;
             } else {
                 ages.insert(replica, age);
             }
         }
-        Ok(Some(Heartbeats { ages }))
+        leaving.retain(|replica| ages.contains_key(replica));
+        Ok(Some(Heartbeats { ages, leaving }))
+    }
+
+    /// Marks `id` as leaving: the others share the tables without it while it drains the
+    /// ones it still holds.
+    pub async fn leaving(&self, id: &str) -> Result<()> {
+        self.store
+            .put(&marker_path(id), Vec::new().into())
+            .await
+            .map(|_| ())
+            .map_err(Into::into)
+    }
+
+    /// Deletes `id`'s heartbeat and leaving mark.
+    pub async fn forget(&self, id: &str) -> Result<()> {
+        for path in [heartbeat_path(id), marker_path(id)] {
+            match self.store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(())
     }
 
     /// The newest lease of every table in `tables` (app ids); a table without one has
@@ -260,12 +299,15 @@ impl Leases {
     }
 }
 
+/// The newest epochs of a table kept: a replica whose listing is a round or two old still
+/// finds the epoch it would claim taken, instead of creating one deleted since.
+const KEPT_EPOCHS: u64 = 4;
+
 /// How many lease epochs are created at once.
 const CREATES_AT_ONCE: usize = 16;
 
 /// Creates epoch `epoch` of `table`'s lease naming `holder` unless it exists; whether this
-/// call created it. The epoch before stays, for replicas that listed it just now; the one
-/// before that goes.
+/// call created it. The newest [`KEPT_EPOCHS`] stay, for replicas that listed them lately.
 async fn create(
     store: Arc<dyn ObjectStore>,
     table: String,
@@ -280,8 +322,8 @@ async fn create(
         .await
     {
         Ok(_) => {
-            if epoch > 2 {
-                let _ = store.delete(&epoch_path(&table, epoch - 2)).await;
+            if epoch > KEPT_EPOCHS {
+                let _ = store.delete(&epoch_path(&table, epoch - KEPT_EPOCHS)).await;
             }
             Ok(true)
         }
@@ -296,6 +338,10 @@ async fn create(
 
 fn heartbeat_path(id: &str) -> Path {
     Path::from_iter(["replicas".to_string(), format!("{id}.json")])
+}
+
+fn marker_path(id: &str) -> Path {
+    Path::from_iter(["replicas".to_string(), format!("{id}{LEAVING}")])
 }
 
 /// A table's directory name: its app id as one path segment (characters a store refuses

@@ -173,24 +173,42 @@ pub async fn run(
         ownership,
         releasing: BTreeSet::new(),
         renewals,
-        beat: true,
+        beaten: None,
         stalled: BTreeMap::new(),
     };
     loop {
-        fleet.timed(&mut leases, round, false).await;
+        // A failed round is tried again within a second, before the watchdog's deadline.
+        let pause = if fleet.timed(&mut leases, false).await {
+            round
+        } else {
+            round.min(Duration::from_secs(1))
+        };
         tokio::select! {
-            _ = tokio::time::sleep(round) => {}
+            _ = tokio::time::sleep(pause) => {}
             _ = stop.wait_for(|stopped| *stopped) => break,
         }
     }
-    // Every table stops now (the sidecar's stop reached them); each is given back once its
-    // tasks ended, the heartbeat renewed meanwhile so nobody takes a table still draining.
-    while fleet.ownership.any_running() {
-        fleet.timed(&mut leases, round, true).await;
-        tokio::time::sleep(round).await;
+    // Every table stops now (the sidecar's stop reached them). Marked as leaving, this
+    // replica is shared without while its heartbeat still holds the tables draining; each is
+    // given back once its tasks ended.
+    if let Err(error) = leases.leaving(&fleet.id).await {
+        tracing::warn!(replica = %fleet.id, %error, "could not mark this replica as leaving");
     }
-    fleet.timed(&mut leases, round, true).await;
+    loop {
+        let draining = fleet.ownership.any_running();
+        let done = fleet.timed(&mut leases, true).await;
+        if done && !draining {
+            break;
+        }
+        if !done && !draining && fleet.ownership.held().is_empty() && fleet.releasing.is_empty() {
+            break;
+        }
+        tokio::time::sleep(round.min(Duration::from_secs(1))).await;
+    }
     watchdog.abort();
+    if let Err(error) = leases.forget(&fleet.id).await {
+        tracing::warn!(replica = %fleet.id, %error, "could not delete this replica's heartbeat; it expires");
+    }
     tracing::info!(replica = %fleet.id, "left the fleet, its leases given back");
     Ok(())
 }
@@ -253,9 +271,10 @@ struct Round {
     releasing: BTreeSet<String>,
     /// When each complete round's heartbeat began, for the watchdog.
     renewals: watch::Sender<Option<Instant>>,
-    /// Whether this round writes a heartbeat: only after a round that completed, so a
-    /// replica that can write but not list or claim stops holding its tables for the others.
-    beat: bool,
+    /// When this process last wrote its heartbeat (the end of its last complete round, so
+    /// a replica that can write but not list or claim stops holding its tables for the
+    /// others), once written.
+    beaten: Option<Instant>,
     /// Replicas below the even share, with the count they had and since when, while free
     /// tables wait: one that claims none for two leases is left out of the share, so the
     /// others take the tables it does not.
@@ -263,32 +282,53 @@ struct Round {
 }
 
 impl Round {
-    /// A round within `limit`, logged and counted when it fails; `leaving` claims nothing
-    /// and gives back every table whose tasks ended.
-    async fn timed(&mut self, leases: &mut Leases, limit: Duration, leaving: bool) {
-        let done = match tokio::time::timeout(limit * 4, self.round(leases, leaving)).await {
+    /// A round within half a lease, logged and counted when it fails; whether it completed.
+    /// `leaving` claims nothing and gives back every table whose tasks ended.
+    async fn timed(&mut self, leases: &mut Leases, leaving: bool) -> bool {
+        let limit = self.lease / 2;
+        let done = match tokio::time::timeout(limit, self.round(leases, leaving)).await {
             Ok(done) => done,
             Err(_) => Err(WriterError::Internal(format!(
-                "the lease store did not answer within {:?}",
-                limit * 4
+                "the lease store did not answer within {limit:?}"
             ))),
         };
-        self.beat = done.is_ok();
-        if let Err(error) = done {
+        if let Err(error) = &done {
             metrics::counter!("mssql_cdc_writer_fleet_round_failures_total").increment(1);
-            tracing::warn!(replica = %self.id, %error, "fleet round failed; the next tries again");
+            tracing::warn!(replica = %self.id, %error, "fleet round failed; tried again in a second");
         }
+        done.is_ok()
     }
 
+    /// Writes this replica's heartbeat.
+    async fn beat(&mut self, leases: &Leases) -> Result<()> {
+        leases.beat(&self.id, self.ownership.held().len()).await?;
+        self.beaten = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Reads the heartbeats, leases and moves; writes the heartbeat once all went through.
     async fn round(&mut self, leases: &mut Leases, leaving: bool) -> Result<()> {
         let began = Instant::now();
-        if self.beat {
-            leases.beat(&self.id, self.ownership.held().len()).await?;
-        }
         let lease = self.lease.as_secs_f64();
-        let Some(heartbeats) = leases.heartbeats(&self.id, lease * 10.0).await? else {
+        let forget_after = lease * 10.0;
+        let mut heartbeats = match self.beaten {
+            Some(beaten) => {
+                leases
+                    .heartbeats(&self.id, beaten.elapsed(), forget_after)
+                    .await?
+            }
+            None => None,
+        };
+        // The first round, or one after this replica's heartbeat was forgotten (cut off for
+        // ten leases): write one to measure the others against.
+        if heartbeats.is_none() {
+            self.beat(leases).await?;
+            let beaten = self.beaten.map_or(Duration::ZERO, |at| at.elapsed());
+            heartbeats = leases.heartbeats(&self.id, beaten, forget_after).await?;
+        }
+        let Some(heartbeats) = heartbeats else {
             return Err(WriterError::Internal(
-                "this replica's heartbeat is not listed".into(),
+                "this replica's heartbeat is not listed right after it was written".into(),
             ));
         };
         let alive = alive(&heartbeats.ages, lease);
@@ -299,7 +339,7 @@ impl Round {
         }
         let tables = self.ownership.app_ids();
         let seen = leases.leases(&tables).await?;
-        let sharing = self.sharing(&alive, &seen);
+        let sharing = self.sharing(&alive, &heartbeats.leaving, &seen);
         let view = View {
             me: self.id.clone(),
             alive: alive.clone(),
@@ -315,10 +355,8 @@ impl Round {
                 .map(|app_id| (app_id.clone(), seen[app_id].epoch + 1))
                 .collect();
         }
-        // Held by lease but not here (a lapse stopped it): claimed again by a newer epoch,
-        // so of this replica and another that saw it dead, only one runs it. A round that
-        // wrote no heartbeat (the one before failed) claims nothing: the others may count
-        // this replica dead.
+        // Held by lease but not here (the watchdog stopped it): claimed again by a newer
+        // epoch, so of this replica and another that saw it dead, only one runs it.
         let mut claims = moves.claim.clone();
         for app_id in &moves.held {
             let releasing = self.releasing.contains(app_id)
@@ -327,7 +365,12 @@ impl Round {
                 claims.push((app_id.clone(), seen[app_id].epoch + 1));
             }
         }
-        if !self.beat {
+        // Past most of a lease since the heartbeat, the others may count this replica dead:
+        // it claims nothing before its next one.
+        if self
+            .beaten
+            .is_none_or(|beaten| beaten.elapsed() > self.lease * 3 / 4)
+        {
             claims.clear();
         }
         for (app_id, lease) in &seen {
@@ -356,37 +399,50 @@ impl Round {
             .filter(|app_id| !self.ownership.running(app_id))
             .filter_map(|app_id| Some((app_id.clone(), seen.get(app_id)?.epoch + 1)))
             .collect();
+        let mut failed = None;
         let created = leases.create_all(&given, None).await;
         for ((app_id, _), result) in given.iter().zip(created) {
             // Not created: another epoch came first (the next round sees whose).
-            if result? {
-                metrics::counter!("mssql_cdc_writer_fleet_releases_total").increment(1);
-                tracing::info!(replica = %self.id, app_id, "gave its lease back");
-                self.releasing.remove(app_id);
+            match result {
+                Ok(true) => {
+                    metrics::counter!("mssql_cdc_writer_fleet_releases_total").increment(1);
+                    tracing::info!(replica = %self.id, app_id, "gave its lease back");
+                    self.releasing.remove(app_id);
+                }
+                Ok(false) => {}
+                Err(error) => failed = failed.or(Some(error)),
             }
         }
         let created = leases.create_all(&claims, Some(&self.id)).await;
         for ((app_id, epoch), result) in claims.iter().zip(created) {
-            if result? {
-                metrics::counter!("mssql_cdc_writer_fleet_claims_total").increment(1);
-                tracing::info!(replica = %self.id, app_id, epoch, holder_before = ?seen[app_id].holder,
-                    "claimed the table");
-                self.ownership.set_held(app_id, true);
+            match result {
+                Ok(true) => {
+                    metrics::counter!("mssql_cdc_writer_fleet_claims_total").increment(1);
+                    tracing::info!(replica = %self.id, app_id, epoch, holder_before = ?seen[app_id].holder,
+                        "claimed the table");
+                    self.ownership.set_held(app_id, true);
+                }
+                Ok(false) => {}
+                Err(error) => failed = failed.or(Some(error)),
             }
         }
-        if self.beat {
-            self.renewals.send_replace(Some(began));
+        if let Some(error) = failed {
+            return Err(error);
         }
+        self.beat(leases).await?;
+        self.renewals.send_replace(Some(began));
         self.show(&alive, &seen);
         Ok(())
     }
 
-    /// The live replicas the tables are shared among: all but those that stayed below the
-    /// even share for two leases while free tables waited (they claim nothing: a replica
-    /// whose rounds fail after its heartbeat, or one of another fleet on this store).
+    /// The live replicas the tables are shared among: all but those leaving (draining
+    /// after a signal) and those that stayed below the even share for two leases since
+    /// tables waited (they claim nothing: one of another fleet on this store, or one of an
+    /// older file during a rolling change), until they claim.
     fn sharing(
         &mut self,
         alive: &BTreeSet<String>,
+        leaving: &BTreeSet<String>,
         seen: &BTreeMap<String, share::Lease>,
     ) -> BTreeSet<String> {
         let mut counts: BTreeMap<&str, usize> = alive.iter().map(|id| (id.as_str(), 0)).collect();
@@ -405,25 +461,28 @@ impl Round {
         let now = Instant::now();
         self.stalled.retain(|id, _| alive.contains(id));
         for (id, count) in &counts {
-            if !free || *count >= low {
-                self.stalled.remove(*id);
-                continue;
-            }
             match self.stalled.get(*id) {
-                Some((before, _)) if *count <= *before => {}
-                _ => {
+                // Claimed since, or at its share: sharing.
+                Some((before, _)) if *count > *before || *count >= low => {
+                    self.stalled.remove(*id);
+                }
+                Some(_) => {}
+                // Below its share while tables wait: watched from now on.
+                None if free && *count < low => {
                     self.stalled.insert(id.to_string(), (*count, now));
                 }
+                None => {}
             }
         }
         alive
             .iter()
             .filter(|id| {
                 **id == self.id
-                    || self
-                        .stalled
-                        .get(*id)
-                        .is_none_or(|(_, since)| now - *since < self.lease * 2)
+                    || (!leaving.contains(*id)
+                        && self
+                            .stalled
+                            .get(*id)
+                            .is_none_or(|(_, since)| now - *since < self.lease * 2))
             })
             .cloned()
             .collect()
@@ -450,7 +509,9 @@ impl Round {
         for (app_id, lease) in seen {
             let holder = lease.holder.clone().filter(|holder| alive.contains(holder));
             unheld += usize::from(holder.is_none());
-            if self.ownership.holds(app_id) || self.ownership.running(app_id) {
+            // A table of this replica's lease the watchdog stopped shows as stopped.
+            let own = lease.holder.as_deref() == Some(self.id.as_str());
+            if own || self.ownership.holds(app_id) || self.ownership.running(app_id) {
                 continue;
             }
             if let Some(table) = self.ownership.table(app_id) {
@@ -480,22 +541,31 @@ mod tests {
         assert_eq!(alive, vec!["a@00000000020000001", "c@00000000010000001"]);
     }
 
-    /// A replica of `tables` on the lease store in `dir`, with a one-second lease.
-    fn replica(
-        dir: &std::path::Path,
-        name: &str,
-        tables: &[String],
-    ) -> (
+    /// What a test replica is: its tables, its stop and its rounds' task.
+    type Replica = (
         Arc<Ownership>,
         watch::Sender<bool>,
         tokio::task::JoinHandle<Result<()>>,
-    ) {
+    );
+
+    /// A replica of `tables` on the lease store in `dir`, with a one-second lease.
+    fn replica(dir: &std::path::Path, name: &str, tables: &[String]) -> Replica {
+        replica_with_lease(dir, name, tables, 1.0)
+    }
+
+    /// A replica of `tables` on the lease store in `dir`, with a lease of `seconds`.
+    fn replica_with_lease(
+        dir: &std::path::Path,
+        name: &str,
+        tables: &[String],
+        seconds: f64,
+    ) -> Replica {
         let ownership = Ownership::new(tables.iter().map(|t| (t.as_str(), t.as_str())), false);
         let (stop, stopped) = watch::channel(false);
         let config = FleetConfig {
             replica: Some(name.into()),
             leases: Some(dir.display().to_string()),
-            lease_seconds: 1.0,
+            lease_seconds: seconds,
             release_per_round: 1,
         };
         let task = tokio::spawn(run(
@@ -595,7 +665,40 @@ mod tests {
             all > Duration::from_millis(1_500),
             "the other was left out after two leases, not at once: {all:?}"
         );
+        // And stays left out: the tables do not flap back to it.
+        let steady = Instant::now();
+        while steady.elapsed() < Duration::from_secs(4) {
+            assert_eq!(
+                a.held().len(),
+                6,
+                "a table went back to a replica that claims none"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         beating.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_stopped_hands_its_tables_over_in_a_round_not_a_lease() {
+        let dir = tempfile::tempdir().expect("temp");
+        let tables: Vec<String> = (0..4).map(|n| format!("t{n}")).collect();
+        // An 8 s lease: rounds every 2 s.
+        let (a, stop_a, task_a) = replica_with_lease(dir.path(), "a", &tables, 8.0);
+        let (b, _stop_b, _task_b) = replica_with_lease(dir.path(), "b", &tables, 8.0);
+        until("two replicas split four tables", || {
+            a.held().len() == 2 && b.held().len() == 2
+        })
+        .await;
+        stop_a.send_replace(true);
+        let handed = until("b holds every table after a stopped", || {
+            b.held().len() == 4
+        })
+        .await;
+        assert!(
+            handed < Duration::from_secs(6),
+            "handed over after {handed:?}, the lease being 8 s"
+        );
+        task_a.await.expect("task").expect("run");
     }
 
     #[test]

@@ -46,7 +46,14 @@ pub struct Moves {
 /// The round's moves; at most `release_per_round` tables are given back.
 pub fn moves(view: &View, release_per_round: usize) -> Moves {
     let sharing = view.sharing.len().max(1);
-    let total = view.leases.len();
+    // The tables of live replicas left out of the sharing stay theirs, outside the shares.
+    let kept = view
+        .leases
+        .values()
+        .filter_map(|lease| lease.holder.as_deref())
+        .filter(|holder| view.alive.contains(*holder) && !view.sharing.contains(*holder))
+        .count();
+    let total = view.leases.len() - kept;
     let (low, high) = (total / sharing, total.div_ceil(sharing));
     let mut counts: BTreeMap<&str, usize> =
         view.sharing.iter().map(|id| (id.as_str(), 0)).collect();
