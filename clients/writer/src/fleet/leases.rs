@@ -3,8 +3,9 @@
 //!
 //! - `replicas/<id>.json`, each replica's heartbeat, rewritten every round. A replica is
 //!   alive while its heartbeat is younger than the lease, measured on the store's clock:
-//!   against the last-modified time of the reader's own heartbeat, written just before, so
-//!   the replicas' clocks never meet.
+//!   against the last-modified time of the reader's own heartbeat plus the time since it
+//!   wrote it, so the replicas' clocks never meet. `replicas/<id>.leaving` marks a replica
+//!   draining its tables after a signal.
 //! - `tables/<app id>/<epoch>.json`, a table's lease epochs, each **created only if absent**
 //!   and naming its holder (or none: given back). The newest epoch holds the table; of two
 //!   replicas claiming one epoch, one wins. An epoch never changes once written, so a

@@ -1,17 +1,17 @@
 //! A fleet: sidecar replicas sharing one configuration, each table run by one replica at a
 //! time through a lease in the lake's own store (docs/writer.md, "A fleet of writers").
 //!
-//! Every `lease / 4` a replica writes its heartbeat, reads the others' and the tables'
-//! leases ([`leases`]), and claims, keeps or gives back tables ([`share`]). A replica whose
-//! heartbeat is older than the lease is dead and its tables free; one that could not write
-//! its own for three quarters of the lease stops its tables itself, before another can take
-//! them. The lease spreads the work; it does not guard the data: a replica that stalls past
+//! Every `lease / 4` a replica reads the others' heartbeats and the tables' leases
+//! ([`leases`]), claims, keeps or gives back tables ([`share`]), and writes its heartbeat
+//! once all of that went through. A replica whose heartbeat is older than the lease is dead
+//! and its tables free; one that completed no round for three quarters of the lease stops
+//! its tables itself (a watchdog), before another can take them. The lease spreads the work; it does not guard the data: a replica that stalls past
 //! its lease and wakes still meets the checkpoint's claim and bronze's transaction (the
 //! fence), which stop it before it writes a batch another replica wrote.
 //!
 //! A table given back is stopped first (after its batch or wave in flight) and its release
 //! written after, so the next holder starts on a table nobody runs; a replica stopped by a
-//! signal gives back all of its tables that way.
+//! signal marks itself leaving and gives back all of its tables that way.
 
 pub mod leases;
 pub mod ownership;
