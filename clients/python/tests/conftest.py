@@ -76,15 +76,16 @@ def journal_rows(journal: Path, table: str):
     return sorted(rows)
 
 
-def change_rows(table):
-    """The change rows of dbo.orders in a pyarrow table, keyed and sorted as the journal's."""
+def change_rows(table, key: str = "order_id"):
+    """The change rows of a pyarrow table (dbo.orders' unless `key` names another key
+    column), keyed and sorted as the journal's."""
     return sorted(
         zip(
             table.column("_start_lsn").to_pylist(),
             table.column("_command_id").to_pylist(),
             table.column("_seqval").to_pylist(),
             table.column("_operation").to_pylist(),
-            table.column("order_id").to_pylist(),
+            table.column(key).to_pylist(),
             strict=True,
         )
     )

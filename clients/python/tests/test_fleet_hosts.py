@@ -23,7 +23,7 @@ from pathlib import Path
 import boto3
 import pyarrow.compute as pc
 import pytest
-from conftest import binary, journal_rows, run, writer_binary
+from conftest import binary, change_rows, journal_rows, run, writer_binary
 from deltalake import DeltaTable
 
 TABLES = {"dbo.customers": "customer_id", "dbo.orders": "order_id", "dbo.types": "id"}
@@ -148,17 +148,7 @@ def holders(config: Path, env: dict) -> dict[str, str]:
 
 def bronze_changes(url: str, key: str, options: dict):
     table = DeltaTable(url, storage_options=options).to_pyarrow_table()
-    changes = table.filter(pc.not_equal(table["_operation"], 0))
-    return sorted(
-        zip(
-            changes["_start_lsn"].to_pylist(),
-            changes["_command_id"].to_pylist(),
-            changes["_seqval"].to_pylist(),
-            changes["_operation"].to_pylist(),
-            changes[key].to_pylist(),
-            strict=True,
-        )
-    )
+    return change_rows(table.filter(pc.not_equal(table["_operation"], 0)), key)
 
 
 def test_replicas_on_hosts_of_their_own_share_tables_through_cuts_kills_and_joins(hosts, tmp_path):

@@ -209,6 +209,19 @@ mod tests {
         panic!("the shares never settled: {leases:?}");
     }
 
+    /// `tables` tables `t0`, `t1`, ... no replica ever leased.
+    fn never_leased(tables: usize) -> BTreeMap<String, Lease> {
+        (0..tables)
+            .map(|n| {
+                let lease = Lease {
+                    epoch: 0,
+                    holder: None,
+                };
+                (format!("t{n}"), lease)
+            })
+            .collect()
+    }
+
     fn counts(leases: &BTreeMap<String, Lease>) -> BTreeMap<String, usize> {
         let mut counts = BTreeMap::new();
         for lease in leases.values() {
@@ -221,17 +234,7 @@ mod tests {
 
     #[test]
     fn free_tables_spread_evenly_and_every_table_is_held() {
-        let mut leases: BTreeMap<String, Lease> = (0..10)
-            .map(|n| {
-                (
-                    format!("t{n}"),
-                    Lease {
-                        epoch: 0,
-                        holder: None,
-                    },
-                )
-            })
-            .collect();
+        let mut leases = never_leased(10);
         settle(&["a@1", "b@1", "c@1"], &mut leases);
         let counts = counts(&leases);
         assert_eq!(counts.get(""), None, "every table is held: {counts:?}");
@@ -242,17 +245,7 @@ mod tests {
 
     #[test]
     fn a_dead_replicas_tables_are_claimed_and_a_joining_one_gets_its_share_gradually() {
-        let mut leases: BTreeMap<String, Lease> = (0..12)
-            .map(|n| {
-                (
-                    format!("t{n}"),
-                    Lease {
-                        epoch: 0,
-                        holder: None,
-                    },
-                )
-            })
-            .collect();
+        let mut leases = never_leased(12);
         settle(&["a@1", "b@1", "c@1"], &mut leases);
         // c dies: a and b take its tables over.
         settle(&["a@1", "b@1"], &mut leases);
