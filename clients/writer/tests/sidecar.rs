@@ -759,6 +759,18 @@ async fn holders(
     }
 }
 
+/// Writer processes, killed when dropped: a failing test leaves none running.
+struct Replicas(Vec<(String, std::process::Child)>);
+
+impl Drop for Replicas {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Whether every table's bronze holds exactly its journal (nothing lost or doubled).
 async fn every_bronze_is_its_journal(lab: &Lab, tables: &[(String, String)]) -> bool {
     for (table, app_id) in tables {
@@ -818,10 +830,12 @@ async fn a_fleet_of_three_replicas_shares_the_tables_and_takes_over_a_killed_one
             .spawn()
             .expect("replica")
     };
-    let mut replicas: Vec<(String, std::process::Child)> = ["r0", "r1", "r2"]
-        .into_iter()
-        .map(|name| (name.to_string(), start(name)))
-        .collect();
+    let mut replicas = Replicas(
+        ["r0", "r1", "r2"]
+            .into_iter()
+            .map(|name| (name.to_string(), start(name)))
+            .collect(),
+    );
     let logs = |lab: &Lab| {
         ["r0", "r1", "r2", "r3"]
             .iter()
@@ -890,6 +904,7 @@ async fn a_fleet_of_three_replicas_shares_the_tables_and_takes_over_a_killed_one
         .map(|(app_id, _)| app_id)
         .collect();
     let (_, child) = replicas
+        .0
         .iter_mut()
         .find(|(name, _)| *name == victim_name)
         .expect("victim");
@@ -918,7 +933,7 @@ async fn a_fleet_of_three_replicas_shares_the_tables_and_takes_over_a_killed_one
         { every_bronze_is_its_journal(&lab, &tables).await }
     );
     // A new replica joins: tables move to it until the shares are even again.
-    replicas.push(("r3".to_string(), start("r3")));
+    replicas.0.push(("r3".to_string(), start("r3")));
     lab.workload(59, 60);
     wait_for!("the joining replica gets its share", 60, {
         let counts = share(&holders(&leases, &app_ids).await);
@@ -930,7 +945,7 @@ async fn a_fleet_of_three_replicas_shares_the_tables_and_takes_over_a_killed_one
         { every_bronze_is_its_journal(&lab, &tables).await }
     );
     // Stopped by SIGTERM, the replicas give their leases back.
-    for (name, child) in &mut replicas {
+    for (name, child) in &mut replicas.0 {
         if *name == victim_name {
             continue;
         }
@@ -938,7 +953,7 @@ async fn a_fleet_of_three_replicas_shares_the_tables_and_takes_over_a_killed_one
             .args(["-TERM", &child.id().to_string()])
             .status();
     }
-    for (name, child) in &mut replicas {
+    for (name, child) in &mut replicas.0 {
         if *name != victim_name {
             let status = child.wait().expect("wait");
             assert!(

@@ -145,7 +145,14 @@ impl World {
         }
         if fleet {
             tokio::time::sleep(Duration::from_millis(50 * tenths)).await;
-            self.hand_over(&leases, &mut running, kill).await?;
+            if let Err(failure) = self.hand_over(&leases, &mut running, kill).await {
+                // No replica outlives a failed step.
+                for (_, mut child, _) in running {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                return Err(failure);
+            }
             tokio::time::sleep(Duration::from_millis(50 * tenths)).await;
         } else {
             tokio::time::sleep(Duration::from_millis(100 * tenths)).await;
