@@ -345,16 +345,10 @@ async fn kill_one(
     let app_ids: Vec<String> = (0..specs.len()).map(|n| format!("t{n:04}")).collect();
     let leases = base.join("leases").display().to_string();
     let mut store = mssql_cdc_writer::fleet::leases::Leases::open(&leases).await?;
-    let holders = loop {
-        let seen = store.leases(&app_ids).await?;
-        if seen.len() == app_ids.len() {
-            break seen;
-        }
-    };
+    let holders = store.holders(&app_ids).await?;
     let orphans: Vec<usize> = (0..specs.len())
         .filter(|n| {
             holders[&app_ids[*n]]
-                .holder
                 .as_deref()
                 .is_some_and(|holder| holder.starts_with("r0@"))
         })

@@ -272,6 +272,20 @@ impl Leases {
             .collect())
     }
 
+    /// The holder of every table in `tables` (none: free), read again until no table's
+    /// lease moved on between listing and read ([`Self::leases`]).
+    pub async fn holders(&mut self, tables: &[String]) -> Result<BTreeMap<String, Option<String>>> {
+        loop {
+            let seen = self.leases(tables).await?;
+            if seen.len() == tables.len() {
+                return Ok(seen
+                    .into_iter()
+                    .map(|(table, lease)| (table, lease.holder))
+                    .collect());
+            }
+        }
+    }
+
     /// Creates the epochs `epochs` (table, epoch) of the tables' leases naming `holder`
     /// (none: given back), a few at once, each unless it exists; whether each call created
     /// its epoch.

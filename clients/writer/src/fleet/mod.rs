@@ -165,7 +165,12 @@ pub async fn run(
     tracing::info!(replica = %id, leases = %leases.location(), lease_seconds = config.lease_seconds,
         tables = ownership.app_ids().len(), "joined the fleet");
     let (renewals, renewed) = watch::channel(None);
-    let watchdog = tokio::spawn(watchdog(Arc::clone(&ownership), renewed, lease * 3 / 4));
+    let watchdog = tokio::spawn(watchdog(
+        id.clone(),
+        Arc::clone(&ownership),
+        renewed,
+        lease * 3 / 4,
+    ));
     let mut fleet = Round {
         id,
         lease,
@@ -213,6 +218,20 @@ pub async fn run(
     Ok(())
 }
 
+/// Stops every table of `ownership` (their leases stay until they expire or are claimed
+/// back), counted and logged with `why`.
+fn let_go_of_everything(ownership: &Ownership, replica: &str, why: &str) {
+    let stopped = ownership
+        .held()
+        .iter()
+        .filter(|app_id| ownership.set_held(app_id, false))
+        .count();
+    if stopped > 0 {
+        metrics::counter!("mssql_cdc_writer_fleet_lost_total").increment(stopped as u64);
+        tracing::warn!(replica, tables = stopped, why, "stopping every table");
+    }
+}
+
 /// The shortest lease on an object store: S3 and Azure keep modification times in whole
 /// seconds, so a heartbeat may read up to a second older than it is.
 const MIN_OBJECT_STORE_LEASE_SECONDS: f64 = 10.0;
@@ -222,21 +241,12 @@ const MIN_OBJECT_STORE_LEASE_SECONDS: f64 = 10.0;
 /// once the heartbeat is a lease old. A later round claims them again (if nobody took them
 /// meanwhile). When the rounds end for good (their task is gone), it stops every table.
 async fn watchdog(
+    id: String,
     ownership: Arc<Ownership>,
     mut renewed: watch::Receiver<Option<Instant>>,
     within: Duration,
 ) {
-    let let_go = |why: &str| {
-        let stopped = ownership
-            .held()
-            .iter()
-            .filter(|app_id| ownership.set_held(app_id, false))
-            .count();
-        if stopped > 0 {
-            metrics::counter!("mssql_cdc_writer_fleet_lost_total").increment(stopped as u64);
-            tracing::warn!(tables = stopped, why, "stopping every table");
-        }
-    };
+    let let_go = |why: &str| let_go_of_everything(&ownership, &id, why);
     loop {
         let deadline = renewed.borrow_and_update().map(|began| began + within);
         let changed = match deadline {
@@ -334,7 +344,11 @@ impl Round {
         let alive = alive(&heartbeats.ages, lease);
         if !alive.contains(&self.id) {
             tracing::warn!(replica = %self.id, "a newer process runs under this replica's name: this one holds no table (name each replica apart)");
-            self.let_go_of_everything("a newer process runs under this replica's name");
+            let_go_of_everything(
+                &self.ownership,
+                &self.id,
+                "a newer process runs under this replica's name",
+            );
             return Ok(());
         }
         let tables = self.ownership.app_ids();
@@ -486,18 +500,6 @@ impl Round {
             })
             .cloned()
             .collect()
-    }
-
-    /// Stops every table (their leases stay until they expire or are claimed back).
-    fn let_go_of_everything(&mut self, why: &str) {
-        let mut stopped = 0;
-        for app_id in self.ownership.held() {
-            stopped += usize::from(self.ownership.set_held(&app_id, false));
-        }
-        if stopped > 0 {
-            metrics::counter!("mssql_cdc_writer_fleet_lost_total").increment(stopped as u64);
-            tracing::warn!(replica = %self.id, tables = stopped, why, "stopping every table");
-        }
     }
 
     /// The gauges and the status board after a round.

@@ -284,19 +284,10 @@ async fn lease_holders(
     let mut store = mssql_cdc_writer::fleet::leases::Leases::open(leases)
         .await
         .map_err(|error| format!("the fleet's leases: {error}"))?;
-    // A lease that moved on between the listing and its read is left out: read again.
-    loop {
-        let seen = store
-            .leases(app_ids)
-            .await
-            .map_err(|error| format!("the fleet's leases: {error}"))?;
-        if seen.len() == app_ids.len() {
-            return Ok(seen
-                .into_iter()
-                .map(|(app_id, lease)| (app_id, lease.holder))
-                .collect());
-        }
-    }
+    store
+        .holders(app_ids)
+        .await
+        .map_err(|error| format!("the fleet's leases: {error}"))
 }
 
 /// Stops a sidecar process by SIGTERM (it finishes the batch, wave or apply in flight: 120 s
